@@ -1,0 +1,109 @@
+/* The backend interface: the ops and memory calls the model and the schedule use.
+ *
+ * A backend is a struct of function pointers with a context (ggml's pattern). The CPU backend
+ * (cpu/) computes in fp32 and is the reference; the CUDA backend (cuda/) computes in bf16 with
+ * fp32 accumulation. Both implement the same signatures, so one test compares them op by op.
+ *
+ * Conventions for every op:
+ *  - `void *` tensors (weights, activations and activation gradients) are in the backend's
+ *    compute dtype (be->dtype: MT_F32 on cpu, MT_BF16 on cuda) and live on the compute side.
+ *  - `float *` tensors are fp32 always: statistics (rstd, lse, losses) and weight gradients.
+ *  - Weight gradients ACCUMULATE (+=) so that micro-batches sum; activation gradients are
+ *    written (=) unless the op's `accumulate` flag says +=.
+ *  - Shapes are row-major; letters as in config.h; N = B*T tokens, token-major (b, t).
+ *  - Ops are enqueued in order on the backend's compute stream; be->sync waits for them.
+ */
+#ifndef MT_BACKEND_H
+#define MT_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../core/dtype.h"
+
+typedef struct mt_backend mt_backend;
+
+struct mt_backend {
+    const char *name;
+    mt_dtype dtype; /* compute dtype of weights and activations */
+    void *ctx;
+
+    /* ---- memory on the compute side ---- */
+    void *(*alloc)(mt_backend *be, size_t bytes);   /* fatal on failure; 64-byte aligned */
+    void (*free)(mt_backend *be, void *p);
+    void (*zero)(mt_backend *be, void *p, size_t bytes);
+    void (*upload)(mt_backend *be, void *dst, const void *host_src, size_t bytes);
+    void (*download)(mt_backend *be, void *host_dst, const void *src, size_t bytes);
+    void (*sync)(mt_backend *be);
+    void (*destroy)(mt_backend *be);
+
+    /* ---- ops ---- */
+
+    /* out (N, C) = table[ids[n]] with table (V, C). */
+    void (*embedding_forward)(mt_backend *be, void *out, const int32_t *ids, const void *table,
+                              int N, int C);
+    /* dtable (V, C) += scatter of dout (N, C) rows by ids. */
+    void (*embedding_backward)(mt_backend *be, float *dtable, const void *dout, const int32_t *ids,
+                               int N, int C);
+
+    /* Over R rows of width C: rstd[r] = 1/sqrt(mean(inp[r]^2) + eps), out = inp * rstd * weight. */
+    void (*rmsnorm_forward)(mt_backend *be, void *out, float *rstd, const void *inp,
+                            const void *weight, int R, int C, float eps);
+    /* dinp (=, or += when accumulate) and dweight (+=) from dout; rstd from the forward. */
+    void (*rmsnorm_backward)(mt_backend *be, void *dinp, float *dweight, const void *dout,
+                             const void *inp, const void *weight, const float *rstd, int R, int C,
+                             int accumulate);
+
+    /* out (R, M) = inp (R, K) @ weight (M, K)^T (+ bias (M) when not NULL). */
+    void (*matmul_forward)(mt_backend *be, void *out, const void *inp, const void *weight,
+                           const void *bias, int R, int K, int M);
+    /* dinp (R, K) = (or += when accumulate) dout @ weight; dweight (M, K) += dout^T @ inp;
+     * dbias (M) += column sums of dout. Any of dinp, dweight, dbias may be NULL (skipped). */
+    void (*matmul_backward)(mt_backend *be, void *dinp, float *dweight, float *dbias,
+                            const void *dout, const void *inp, const void *weight, int R, int K,
+                            int M, int accumulate);
+
+    /* In place on x (N, nh, D): each head vector's pairs (i, i + D/2), i < D/2, are rotated by the
+     * angle pos[n] * inv_freq[i] (computed in fp32), as transformers' rotate_half does. */
+    void (*rope_forward)(mt_backend *be, void *x, const int32_t *pos, const float *inv_freq, int N,
+                         int nh, int D);
+    /* The gradient: rotation by the opposite angle, in place on dx (N, nh, D). */
+    void (*rope_backward)(mt_backend *be, void *dx, const int32_t *pos, const float *inv_freq,
+                          int N, int nh, int D);
+
+    /* Causal grouped-query attention with scale 1/sqrt(D). q (N, H, D); k, v (N, G, D); query head
+     * h uses kv head h / (H / G). out (N, H, D); lse (B, H, T) = log-sum-exp of the scaled scores of
+     * each query. When doc_start is not NULL, token t of row b attends only to tokens s with
+     * doc_start[b*T + t] <= s <= t (documents packed in one row do not see each other). */
+    void (*attention_forward)(mt_backend *be, void *out, float *lse, const void *q, const void *k,
+                              const void *v, const int32_t *doc_start, int B, int T, int H, int G,
+                              int D);
+    /* dq (N, H, D), dk and dv (N, G, D), all written (=). */
+    void (*attention_backward)(mt_backend *be, void *dq, void *dk, void *dv, const void *dout,
+                               const void *out, const float *lse, const void *q, const void *k,
+                               const void *v, const int32_t *doc_start, int B, int T, int H, int G,
+                               int D);
+
+    /* out[i] = silu(gate[i]) * up[i] over n elements. */
+    void (*swiglu_forward)(mt_backend *be, void *out, const void *gate, const void *up, size_t n);
+    /* dgate, dup (=) from dout. */
+    void (*swiglu_backward)(mt_backend *be, void *dgate, void *dup, const void *dout,
+                            const void *gate, const void *up, size_t n);
+
+    /* out = a + b over n elements (out may alias a or b). */
+    void (*add)(mt_backend *be, void *out, const void *a, const void *b, size_t n);
+
+    /* LM head fused with cross-entropy, in chunks of rows so that (N, V) logits never exist:
+     * logits = inp (N, C) @ weight (V, C)^T; losses[n] = logsumexp(logits[n]) - logits[n][targets[n]],
+     * and 0 where targets[n] < 0 (ignored). When dinp is not NULL, also the backward of
+     * loss_scale * sum(losses): dinp (N, C) = dlogits @ weight (=), dweight (V, C) += dlogits^T @ inp,
+     * dlogits = loss_scale * (softmax(logits) - onehot(target)), zero rows where ignored. */
+    void (*lm_head_loss)(mt_backend *be, float *losses, void *dinp, float *dweight, const void *inp,
+                         const void *weight, const int32_t *targets, int N, int C, int V,
+                         float loss_scale);
+};
+
+/* The fp32 CPU reference backend (BLAS matmuls, OpenMP). */
+mt_backend *mt_backend_cpu_create(void);
+
+#endif

@@ -1,0 +1,110 @@
+/* The CPU backend: host memory is the compute side, ops are the fp32 mt_cpu_* functions.
+ * Every op entry is a thin thunk that only casts the void tensors to float. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../core/error.h"
+#include "../backend.h"
+#include "cpu_ops.h"
+
+static void *cpu_alloc(mt_backend *be, size_t bytes) { return mt_aligned_alloc(bytes); }
+static void cpu_free(mt_backend *be, void *p) { free(p); }
+static void cpu_zero(mt_backend *be, void *p, size_t bytes) {
+    if (bytes) memset(p, 0, bytes);
+}
+static void cpu_copy(mt_backend *be, void *dst, const void *src, size_t bytes) {
+    if (bytes) memcpy(dst, src, bytes);
+}
+static void cpu_sync(mt_backend *be) {}
+static void cpu_destroy(mt_backend *be) { free(be); }
+
+static void cpu_embedding_forward(mt_backend *be, void *out, const int32_t *ids, const void *table,
+                                  int N, int C) {
+    mt_cpu_embedding_forward(out, ids, table, N, C);
+}
+static void cpu_embedding_backward(mt_backend *be, float *dtable, const void *dout,
+                                   const int32_t *ids, int N, int C) {
+    mt_cpu_embedding_backward(dtable, dout, ids, N, C);
+}
+static void cpu_rmsnorm_forward(mt_backend *be, void *out, float *rstd, const void *inp,
+                                const void *weight, int R, int C, float eps) {
+    mt_cpu_rmsnorm_forward(out, rstd, inp, weight, R, C, eps);
+}
+static void cpu_rmsnorm_backward(mt_backend *be, void *dinp, float *dweight, const void *dout,
+                                 const void *inp, const void *weight, const float *rstd, int R,
+                                 int C, int accumulate) {
+    mt_cpu_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, R, C, accumulate);
+}
+static void cpu_matmul_forward(mt_backend *be, void *out, const void *inp, const void *weight,
+                               const void *bias, int R, int K, int M) {
+    mt_cpu_matmul_forward(out, inp, weight, bias, R, K, M);
+}
+static void cpu_matmul_backward(mt_backend *be, void *dinp, float *dweight, float *dbias,
+                                const void *dout, const void *inp, const void *weight, int R,
+                                int K, int M, int accumulate) {
+    mt_cpu_matmul_backward(dinp, dweight, dbias, dout, inp, weight, R, K, M, accumulate);
+}
+static void cpu_rope_forward(mt_backend *be, void *x, const int32_t *pos, const float *inv_freq,
+                             int N, int nh, int D) {
+    mt_cpu_rope_forward(x, pos, inv_freq, N, nh, D);
+}
+static void cpu_rope_backward(mt_backend *be, void *dx, const int32_t *pos, const float *inv_freq,
+                              int N, int nh, int D) {
+    mt_cpu_rope_backward(dx, pos, inv_freq, N, nh, D);
+}
+static void cpu_attention_forward(mt_backend *be, void *out, float *lse, const void *q,
+                                  const void *k, const void *v, const int32_t *doc_start, int B,
+                                  int T, int H, int G, int D) {
+    mt_cpu_attention_forward(out, lse, q, k, v, doc_start, B, T, H, G, D);
+}
+static void cpu_attention_backward(mt_backend *be, void *dq, void *dk, void *dv, const void *dout,
+                                   const void *out, const float *lse, const void *q, const void *k,
+                                   const void *v, const int32_t *doc_start, int B, int T, int H,
+                                   int G, int D) {
+    mt_cpu_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, doc_start, B, T, H, G, D);
+}
+static void cpu_swiglu_forward(mt_backend *be, void *out, const void *gate, const void *up,
+                               size_t n) {
+    mt_cpu_swiglu_forward(out, gate, up, n);
+}
+static void cpu_swiglu_backward(mt_backend *be, void *dgate, void *dup, const void *dout,
+                                const void *gate, const void *up, size_t n) {
+    mt_cpu_swiglu_backward(dgate, dup, dout, gate, up, n);
+}
+static void cpu_add(mt_backend *be, void *out, const void *a, const void *b, size_t n) {
+    mt_cpu_add(out, a, b, n);
+}
+static void cpu_lm_head_loss(mt_backend *be, float *losses, void *dinp, float *dweight,
+                             const void *inp, const void *weight, const int32_t *targets, int N,
+                             int C, int V, float loss_scale) {
+    mt_cpu_lm_head_loss(losses, dinp, dweight, inp, weight, targets, N, C, V, loss_scale);
+}
+
+mt_backend *mt_backend_cpu_create(void) {
+    mt_backend *be = mt_calloc(1, sizeof *be);
+    be->name = "cpu";
+    be->dtype = MT_F32;
+    be->ctx = NULL;
+    be->alloc = cpu_alloc;
+    be->free = cpu_free;
+    be->zero = cpu_zero;
+    be->upload = cpu_copy;
+    be->download = cpu_copy;
+    be->sync = cpu_sync;
+    be->destroy = cpu_destroy;
+    be->embedding_forward = cpu_embedding_forward;
+    be->embedding_backward = cpu_embedding_backward;
+    be->rmsnorm_forward = cpu_rmsnorm_forward;
+    be->rmsnorm_backward = cpu_rmsnorm_backward;
+    be->matmul_forward = cpu_matmul_forward;
+    be->matmul_backward = cpu_matmul_backward;
+    be->rope_forward = cpu_rope_forward;
+    be->rope_backward = cpu_rope_backward;
+    be->attention_forward = cpu_attention_forward;
+    be->attention_backward = cpu_attention_backward;
+    be->swiglu_forward = cpu_swiglu_forward;
+    be->swiglu_backward = cpu_swiglu_backward;
+    be->add = cpu_add;
+    be->lm_head_loss = cpu_lm_head_loss;
+    return be;
+}

@@ -1,0 +1,58 @@
+/* The fp32 CPU reference ops.
+ *
+ * Each function mirrors the op of the same name in backend.h argument for argument, minus the
+ * backend pointer, with every tensor typed as float (the CUDA launcher takes the same arguments
+ * plus a stream). The semantics, shapes and (=) versus (+=) rules are those of backend.h.
+ * Matmuls go through cblas_sgemm; loops are OpenMP. Letters as in config.h.
+ */
+#ifndef MT_CPU_OPS_H
+#define MT_CPU_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Rows of the fused LM head handled per chunk (the (chunk, V) logits are the only scratch). */
+#define MT_CPU_LM_HEAD_CHUNK 256
+/* Query rows per attention tile (the scratch is two (tile, T) blocks per thread). */
+#define MT_CPU_ATTN_TILE 64
+
+void mt_cpu_embedding_forward(float *out, const int32_t *ids, const float *table, int N, int C);
+void mt_cpu_embedding_backward(float *dtable, const float *dout, const int32_t *ids, int N, int C);
+
+void mt_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int R,
+                            int C, float eps);
+void mt_cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                             const float *weight, const float *rstd, int R, int C, int accumulate);
+
+void mt_cpu_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                           int R, int K, int M);
+void mt_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, int R, int K, int M,
+                            int accumulate);
+
+void mt_cpu_rope_forward(float *x, const int32_t *pos, const float *inv_freq, int N, int nh, int D);
+void mt_cpu_rope_backward(float *dx, const int32_t *pos, const float *inv_freq, int N, int nh,
+                          int D);
+
+void mt_cpu_attention_forward(float *out, float *lse, const float *q, const float *k,
+                              const float *v, const int32_t *doc_start, int B, int T, int H, int G,
+                              int D);
+void mt_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                               const float *lse, const float *q, const float *k, const float *v,
+                               const int32_t *doc_start, int B, int T, int H, int G, int D);
+
+void mt_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+void mt_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                            const float *up, size_t n);
+void mt_cpu_add(float *out, const float *a, const float *b, size_t n);
+
+/* dinp == NULL: losses only. dweight may be NULL with dinp set (a frozen head). */
+void mt_cpu_lm_head_loss(float *losses, float *dinp, float *dweight, const float *inp,
+                         const float *weight, const int32_t *targets, int N, int C, int V,
+                         float loss_scale);
+/* The same with an explicit chunk of rows (tests use small chunks to cover the chunk seams). */
+void mt_cpu_lm_head_loss_chunked(float *losses, float *dinp, float *dweight, const float *inp,
+                                 const float *weight, const int32_t *targets, int N, int C, int V,
+                                 float loss_scale, int chunk);
+
+#endif

@@ -1,0 +1,75 @@
+/* The LM head fused with cross-entropy, chunked over rows so that (N, V) logits never exist. */
+#include <math.h>
+#include <stdlib.h>
+
+#include <cblas.h>
+
+#include "../../core/error.h"
+#include "cpu_ops.h"
+
+/* A chunk's logits stay under this many floats (256 MB) even for very large V. */
+#define LM_HEAD_MAX_CHUNK_FLOATS ((size_t)1 << 26)
+
+void mt_cpu_lm_head_loss(float *losses, float *dinp, float *dweight, const float *inp,
+                         const float *weight, const int32_t *targets, int N, int C, int V,
+                         float loss_scale) {
+    size_t rows = V > 0 ? LM_HEAD_MAX_CHUNK_FLOATS / (size_t)V : MT_CPU_LM_HEAD_CHUNK;
+    int chunk = rows < MT_CPU_LM_HEAD_CHUNK ? (int)rows : MT_CPU_LM_HEAD_CHUNK;
+    mt_cpu_lm_head_loss_chunked(losses, dinp, dweight, inp, weight, targets, N, C, V, loss_scale,
+                                chunk < 16 ? 16 : chunk);
+}
+
+/* Per chunk of nc rows (inp (N, C), weight (V, C), targets (N), losses (N)):
+ *   logits (nc, V) = inp_chunk @ weight^T                         sgemm
+ *   losses = logsumexp - logit[target]; in place, logits become
+ *   dlogits = loss_scale * (softmax - onehot), 0 rows where ignored
+ *   dinp_chunk (nc, C) = dlogits @ weight                          sgemm (=)
+ *   dweight (V, C) += dlogits^T @ inp_chunk                        sgemm (beta 1)
+ * The sgemms run outside any parallel region, so OpenBLAS threads them itself. */
+void mt_cpu_lm_head_loss_chunked(float *losses, float *dinp, float *dweight, const float *inp,
+                                 const float *weight, const int32_t *targets, int N, int C, int V,
+                                 float loss_scale, int chunk) {
+    MT_CHECK(chunk > 0 && V > 0, "lm_head_loss: chunk=%d V=%d", chunk, V);
+    if (N <= 0) return;
+    int nrows = chunk < N ? chunk : N;
+    float *logits = mt_aligned_alloc((size_t)nrows * V * sizeof(float));
+    for (int n0 = 0; n0 < N; n0 += chunk) {
+        int nc = N - n0 < chunk ? N - n0 : chunk;
+        const float *x = inp + (size_t)n0 * C;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nc, V, C, 1.0f, x, C, weight, C, 0.0f,
+                    logits, V);
+#pragma omp parallel for schedule(static) if ((size_t)nc * V > 32768)
+        for (int i = 0; i < nc; i++) {
+            float *row = logits + (size_t)i * V;
+            int tgt = targets[n0 + i];
+            MT_CHECK(tgt < V, "lm_head_loss: target %d of row %d is >= V=%d", tgt, n0 + i, V);
+            float mx = -INFINITY;
+            for (int j = 0; j < V; j++) mx = row[j] > mx ? row[j] : mx;
+            double sum = 0.0; /* V terms: keep the sum exact enough for any vocabulary */
+            float xt = tgt >= 0 ? row[tgt] : 0.0f;
+            if (dinp) {
+                for (int j = 0; j < V; j++) {
+                    row[j] = expf(row[j] - mx);
+                    sum += row[j];
+                }
+            } else {
+                for (int j = 0; j < V; j++) sum += expf(row[j] - mx);
+            }
+            float lse = mx + (float)log(sum);
+            losses[n0 + i] = tgt >= 0 ? lse - xt : 0.0f;
+            if (dinp) {
+                float k = tgt >= 0 ? (float)(loss_scale / sum) : 0.0f;
+#pragma omp simd
+                for (int j = 0; j < V; j++) row[j] *= k;
+                if (tgt >= 0) row[tgt] -= loss_scale;
+            }
+        }
+        if (!dinp) continue;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nc, C, V, 1.0f, logits, V, weight, C,
+                    0.0f, dinp + (size_t)n0 * C, C);
+        if (dweight)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, nc, 1.0f, logits, V, x, C,
+                        1.0f, dweight, C);
+    }
+    free(logits);
+}

@@ -1,0 +1,76 @@
+/* RMSNorm as transformers' LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) * w, in fp32. */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+
+#include "../../core/error.h"
+#include "cpu_ops.h"
+
+#define RMS_PAR_MIN 16384 /* elements below which one thread is faster */
+
+/* out (R, C), rstd (R), inp (R, C), weight (C). */
+void mt_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int R,
+                            int C, float eps) {
+#pragma omp parallel for schedule(static) if ((size_t)R * C > RMS_PAR_MIN)
+    for (int r = 0; r < R; r++) {
+        const float *x = inp + (size_t)r * C;
+        float *y = out + (size_t)r * C;
+        float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+        for (int c = 0; c < C; c++) ss += x[c] * x[c];
+        float s = 1.0f / sqrtf(ss / (float)C + eps);
+        rstd[r] = s;
+#pragma omp simd
+        for (int c = 0; c < C; c++) y[c] = (x[c] * s) * weight[c];
+    }
+}
+
+/* With y = x * s * w and s = (mean(x^2) + eps)^-1/2:
+ *   dx = s * (dy * w) - x * s^3 / C * sum_c(dy * w * x),   dw += sum_r dy * x * s.
+ * dweight sums over rows, so each thread sums its rows into its own (C) partial, and the partials
+ * are added in thread order afterwards: no races, and the same bits on every run. */
+void mt_cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                             const float *weight, const float *rstd, int R, int C, int accumulate) {
+    int nt = (size_t)R * C > RMS_PAR_MIN ? omp_get_max_threads() : 1;
+    float *part = dweight ? mt_aligned_alloc((size_t)nt * C * sizeof(float)) : NULL;
+#pragma omp parallel num_threads(nt)
+    {
+        int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+        float *dw = part ? part + (size_t)tid * C : NULL;
+        if (dw)
+            for (int c = 0; c < C; c++) dw[c] = 0.0f;
+#pragma omp for schedule(static)
+        for (int r = 0; r < R; r++) {
+            const float *x = inp + (size_t)r * C, *dy = dout + (size_t)r * C;
+            float s = rstd[r];
+            float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+            for (int c = 0; c < C; c++) dot += dy[c] * weight[c] * x[c];
+            if (dinp) {
+                float *dx = dinp + (size_t)r * C;
+                float k = dot * s * s * s / (float)C;
+                if (accumulate) {
+#pragma omp simd
+                    for (int c = 0; c < C; c++) dx[c] += s * dy[c] * weight[c] - k * x[c];
+                } else {
+#pragma omp simd
+                    for (int c = 0; c < C; c++) dx[c] = s * dy[c] * weight[c] - k * x[c];
+                }
+            }
+            if (dw) {
+#pragma omp simd
+                for (int c = 0; c < C; c++) dw[c] += dy[c] * x[c] * s;
+            }
+        }
+        /* implicit barrier of the omp for: every partial is complete */
+        if (dw) {
+#pragma omp for schedule(static)
+            for (int c = 0; c < C; c++) {
+                float acc = dweight[c];
+                for (int t = 0; t < nth; t++) acc += part[(size_t)t * C + c];
+                dweight[c] = acc;
+            }
+        }
+    }
+    free(part);
+}

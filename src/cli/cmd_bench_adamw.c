@@ -1,0 +1,113 @@
+/* megatrain bench adamw: the CPU AdamW update rate (Gparam/s) and the memory traffic it moves
+ * (GB/s), for the dispatched ISA path and for the plain C path beside it.
+ * Bytes counted per parameter: param, m, v read and written (24), the gradient read (4 or 2),
+ * the bf16 upload written (2): 30 with fp32 gradients, 28 with bf16 ones. With --alias the
+ * gradient buffer receives the upload (bf16 only), as in the engine. */
+#include <getopt.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../core/error.h"
+#include "../engine/adamw.h"
+#include "args.h"
+#include "commands.h"
+
+int mt_bench_adamw(int argc, char **argv);
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+typedef struct {
+    float *p, *m, *v, *gf;
+    mt_bf16 *gh, *up;
+    size_t n;
+    int bf16_grad, alias, threads;
+} bench_bufs;
+
+/* Best time of `reps` updates (after one warm-up), in seconds. */
+static double time_updates(bench_bufs *b, int reps) {
+    double best = 1e30;
+    for (int r = 0; r <= reps; r++) {
+        mt_adamw_step_args a = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
+                                .weight_decay = 0.1, .step = r + 1, .grad_scale = 0.5f};
+        double t0 = now_s();
+        if (b->bf16_grad)
+            mt_adamw_update_bf16(&a, b->p, b->m, b->v, b->gh, b->n, b->alias ? b->gh : b->up,
+                                 MT_BF16, b->threads);
+        else
+            mt_adamw_update(&a, b->p, b->m, b->v, b->gf, b->n, b->up, MT_BF16, b->threads);
+        double t = now_s() - t0;
+        if (r > 0 && t < best) best = t;
+    }
+    return best;
+}
+
+static void usage(void) {
+    fprintf(stderr, "usage: megatrain bench adamw [--params N] [--threads K] [--grad f32|bf16] "
+                    "[--alias] [--reps R] [--no-scalar]\n");
+}
+
+int mt_bench_adamw(int argc, char **argv) {
+    int64_t n = 64ll << 20, threads = omp_get_max_threads(), reps = 5;
+    int grad_kind = 0, alias = 0, scalar = 1;
+    static const struct option opts[] = {
+        {"params", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
+        {"grad", required_argument, 0, 'g'},   {"alias", no_argument, 0, 'a'},
+        {"reps", required_argument, 0, 'r'},   {"no-scalar", no_argument, 0, 's'},
+        {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
+    optind = 1;
+    for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
+        switch (c) {
+        case 'n': if (mt_arg_int("--params", optarg, 1, 1ll << 40, &n)) return mt_cli_fail(); break;
+        case 't': if (mt_arg_int("--threads", optarg, 1, 4096, &threads)) return mt_cli_fail(); break;
+        case 'g': if (mt_arg_choice("--grad", optarg, "f32|bf16", &grad_kind)) return mt_cli_fail(); break;
+        case 'r': if (mt_arg_int("--reps", optarg, 1, 1000, &reps)) return mt_cli_fail(); break;
+        case 'a': alias = 1; break;
+        case 's': scalar = 0; break;
+        default: usage(); return c == 'h' ? 0 : 1;
+        }
+    }
+    if (alias && !grad_kind) {
+        mt_error_set("--alias needs --grad bf16 (the upload is bf16)");
+        return mt_cli_fail();
+    }
+    bench_bufs b = {.n = (size_t)n, .bf16_grad = grad_kind, .alias = alias, .threads = (int)threads};
+    size_t nn = (size_t)n;
+    double gb = nn * (24.0 + (grad_kind ? 2 : 4) + 2) / 1e9;
+    printf("adamw: %zu params, %.2f GB state+grad+upload, %d threads, %s grad%s\n", nn,
+           nn * (12.0 + (grad_kind ? 2 : 4) + (alias ? 0 : 2)) / 1e9, (int)threads,
+           grad_kind ? "bf16" : "f32", alias ? ", upload aliases grad" : "");
+    b.p = mt_aligned_alloc(nn * 4);
+    b.m = mt_aligned_alloc(nn * 4);
+    b.v = mt_aligned_alloc(nn * 4);
+    b.gf = grad_kind ? NULL : mt_aligned_alloc(nn * 4);
+    b.gh = grad_kind ? mt_aligned_alloc(nn * 2) : NULL;
+    b.up = alias ? NULL : mt_aligned_alloc(nn * 2);
+    /* first touch in parallel, so pages spread as the update's threads will use them */
+#pragma omp parallel for num_threads((int)threads) schedule(static)
+    for (size_t i = 0; i < nn; i++) {
+        b.p[i] = 0.01f * (float)(i % 97);
+        b.m[i] = 0.0f;
+        b.v[i] = 0.0f;
+        if (b.gf) b.gf[i] = 1e-3f * (float)(i % 89) - 0.04f;
+        if (b.gh) b.gh[i] = mt_f32_to_bf16(1e-3f * (float)(i % 89) - 0.04f);
+        if (b.up) b.up[i] = 0;
+    }
+    mt_adamw_isa best = mt_adamw_isa_active();
+    for (int pass = 0; pass < 1 + (scalar && best != MT_ADAMW_SCALAR); pass++) {
+        mt_adamw_isa isa = pass ? MT_ADAMW_SCALAR : best;
+        if (mt_adamw_set_isa(isa)) return mt_cli_fail();
+        double t = time_updates(&b, (int)reps);
+        printf("  %-7s %6.3f Gparam/s  %6.1f GB/s  (%.1f ms per update)\n", mt_adamw_isa_name(isa),
+               nn / t / 1e9, gb / t, t * 1e3);
+    }
+    if (mt_adamw_set_isa(best)) return mt_cli_fail();
+    free(b.p); free(b.m); free(b.v); free(b.gf); free(b.gh); free(b.up);
+    return 0;
+}

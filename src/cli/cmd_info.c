@@ -1,0 +1,82 @@
+/* megatrain info: what a model is and what training it will hold in memory. */
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../core/error.h"
+#include "commands.h"
+#include "model_source.h"
+
+static const char *arch_names[] = {"llama", "mistral", "qwen2", "qwen3"};
+
+static void print_usage(FILE *out) {
+    fprintf(out,
+            "usage: megatrain info (--model DIR | --init CONFIG.json) [--tensors]\n"
+            "  Prints the model's shape, parameter count and the host memory training needs.\n"
+            "  --model DIR         Hugging Face directory (config.json + safetensors); weights are\n"
+            "                      validated but not kept\n"
+            "  --init CONFIG.json  a config.json alone\n"
+            "  --tensors           list every tensor: name, shape, owning layer\n");
+}
+
+static void print_gb(const char *what, double bytes) {
+    printf("  %-34s %10.2f GB\n", what, bytes / 1e9);
+}
+
+int mt_cmd_info(int argc, char **argv) {
+    const char *model_dir = NULL, *init = NULL;
+    int tensors = 0;
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"init", required_argument, 0, 'i'},
+                                         {"tensors", no_argument, 0, 't'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model_dir = optarg; break;
+        case 'i': init = optarg; break;
+        case 't': tensors = 1; break;
+        case 'h': print_usage(stdout); return 0;
+        default: print_usage(stderr); return 1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "megatrain info: unexpected argument '%s'\n", argv[optind]);
+        return 1;
+    }
+    mt_host_model m;
+    if (mt_host_model_open(&m, model_dir, init, 0, model_dir != NULL) != MT_OK) return mt_cli_fail();
+    const mt_config *cfg = &m.table.cfg;
+    double n = (double)m.table.n_real;
+    printf("%s: %d layers, hidden %d, MLP %d, heads %d (kv %d, head dim %d), vocab %d%s\n",
+           arch_names[cfg->arch], cfg->L, cfg->C, cfg->F, cfg->H, cfg->G, cfg->D, cfg->V,
+           cfg->tie_word_embeddings ? ", tied head" : "");
+    printf("rope: theta %g%s; rms_norm_eps %g%s%s%s\n", cfg->rope_theta,
+           cfg->rope_type == MT_ROPE_LLAMA3 ? ", llama3 scaling" : "", cfg->rms_norm_eps,
+           cfg->qkv_bias ? "; q/k/v bias" : "", cfg->o_bias ? "; o bias" : "",
+           cfg->qk_norm ? "; q/k norm" : "");
+    printf("parameters: %.0f (%.3f B); one layer %lld\n", n, n / 1e9,
+           (long long)m.table.layer_size);
+    printf("host memory for training (bytes/param):\n");
+    print_gb("fp32 master weights (4)", 4 * n);
+    print_gb("fp32 Adam moments (8)", 8 * n);
+    print_gb("bf16 upload copy (2)", 2 * n);
+    print_gb("total (14)", 14 * n);
+    if (model_dir) printf("weights: all %d tensors present and valid\n", m.table.n_params);
+    if (tensors) {
+        for (int i = 0; i < m.table.n_params; i++) {
+            const mt_param *p = &m.table.params[i];
+            char shape[64];
+            if (p->ndim == 1) snprintf(shape, sizeof shape, "(%lld)", (long long)p->shape[0]);
+            else snprintf(shape, sizeof shape, "(%lld, %lld)", (long long)p->shape[0], (long long)p->shape[1]);
+            const char *group = p->layer == MT_GROUP_EMBED ? "embed" : p->layer == cfg->L ? "head" : "layer";
+            printf("  %-56s %-16s %s", p->name, shape, group);
+            if (p->layer >= 0 && p->layer < cfg->L) printf(" %d", p->layer);
+            printf("\n");
+        }
+    }
+    mt_host_model_free(&m);
+    return 0;
+}

@@ -1,0 +1,12 @@
+/* The subcommands of `megatrain`; each returns the process exit code. */
+#ifndef MT_COMMANDS_H
+#define MT_COMMANDS_H
+
+int mt_cmd_info(int argc, char **argv);
+int mt_cmd_convert(int argc, char **argv);
+int mt_cmd_bench(int argc, char **argv);
+
+/* Prints "megatrain: <message>" for the current bad-input error and returns 1. */
+int mt_cli_fail(void);
+
+#endif

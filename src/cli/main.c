@@ -1,0 +1,46 @@
+/* megatrain: train Llama-family models far larger than GPU memory on one GPU. */
+#include <stdio.h>
+#include <string.h>
+
+#include "../core/error.h"
+#include "commands.h"
+
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} command;
+
+static const command commands[] = {
+    {"info", mt_cmd_info, "describe a model: config, parameters, tensors, memory"},
+    {"convert", mt_cmd_convert, "load a Hugging Face checkpoint and write it again (bf16/fp32, shards)"},
+    {"bench", mt_cmd_bench, "benchmarks: forward+backward tokens/s on the CPU backend"},
+};
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: megatrain <command> [options]   (megatrain <command> --help for its options)\n\n"
+                 "commands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+}
+
+int mt_cli_fail(void) {
+    fprintf(stderr, "megatrain: %s\n", mt_error_message());
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 1;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "megatrain: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 1;
+}

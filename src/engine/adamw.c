@@ -1,0 +1,188 @@
+/* CPU AdamW: constants, ISA dispatch, the thread split and the plain C kernel.
+ * The vector kernels live in adamw_avx2.c and adamw_avx512.c. */
+#include "adamw.h"
+
+#include <math.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/error.h"
+#include "adamw_kernel.h"
+
+/* Below this many elements per thread, thread start-up costs more than it saves. */
+#define MT_ADAMW_MIN_PER_THREAD ((size_t)1 << 15)
+/* Thread chunks are multiples of this many elements: whole cache lines for every stream. */
+#define MT_ADAMW_CHUNK_ALIGN ((size_t)64)
+
+/* ---- the plain C kernel ---- */
+
+void mt_adamw_kernel_scalar(const mt_adamw_consts *c, float *p, float *m, float *v,
+                            const void *grad, int grad_bf16, void *upload, int upload_kind,
+                            size_t n) {
+    const float *gf = grad;
+    const mt_bf16 *gh = grad;
+    mt_bf16 *uh = upload;
+    float *uf = upload;
+    for (size_t i = 0; i < n; i++) {
+        float g = grad_bf16 ? mt_bf16_to_f32(gh[i]) : gf[i]; /* read before upload[i] is written */
+        float np = mt_adamw_elem(c, p + i, m + i, v + i, g);
+        if (upload_kind == MT_ADAMW_UP_BF16) uh[i] = mt_f32_to_bf16(np);
+        else if (upload_kind == MT_ADAMW_UP_F32) uf[i] = np;
+    }
+}
+
+/* ---- dispatch ---- */
+
+static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
+static _Atomic int isa_current = MT_ADAMW_SCALAR;
+
+const char *mt_adamw_isa_name(mt_adamw_isa isa) {
+    switch (isa) {
+    case MT_ADAMW_AVX512: return "avx512";
+    case MT_ADAMW_AVX2: return "avx2";
+    default: return "scalar";
+    }
+}
+
+int mt_adamw_isa_supported(mt_adamw_isa isa) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    switch (isa) {
+    case MT_ADAMW_AVX512:
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
+    case MT_ADAMW_AVX2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    default: return 1;
+    }
+#else
+    return isa == MT_ADAMW_SCALAR;
+#endif
+}
+
+static void isa_init(void) {
+    mt_adamw_isa isa = MT_ADAMW_SCALAR;
+    if (mt_adamw_isa_supported(MT_ADAMW_AVX512)) isa = MT_ADAMW_AVX512;
+    else if (mt_adamw_isa_supported(MT_ADAMW_AVX2)) isa = MT_ADAMW_AVX2;
+    const char *env = getenv("MT_ADAMW_ISA");
+    if (env && *env) {
+        if (!strcmp(env, "avx512")) isa = MT_ADAMW_AVX512;
+        else if (!strcmp(env, "avx2")) isa = MT_ADAMW_AVX2;
+        else if (!strcmp(env, "scalar")) isa = MT_ADAMW_SCALAR;
+        else mt_fatal(__FILE__, __LINE__, "MT_ADAMW_ISA=%s: expected avx512, avx2 or scalar", env);
+        MT_CHECK(mt_adamw_isa_supported(isa), "MT_ADAMW_ISA=%s: this CPU lacks it", env);
+    }
+    atomic_store(&isa_current, (int)isa);
+}
+
+mt_adamw_isa mt_adamw_isa_active(void) {
+    pthread_once(&isa_once, isa_init);
+    return (mt_adamw_isa)atomic_load(&isa_current);
+}
+
+int mt_adamw_set_isa(mt_adamw_isa isa) {
+    pthread_once(&isa_once, isa_init);
+    if (!mt_adamw_isa_supported(isa))
+        return mt_error_set("AdamW path %s: this CPU lacks it", mt_adamw_isa_name(isa));
+    atomic_store(&isa_current, (int)isa);
+    return MT_OK;
+}
+
+static mt_adamw_kernel_fn kernel_for(mt_adamw_isa isa) {
+    switch (isa) {
+    case MT_ADAMW_AVX512: return mt_adamw_kernel_avx512;
+    case MT_ADAMW_AVX2: return mt_adamw_kernel_avx2;
+    default: return mt_adamw_kernel_scalar;
+    }
+}
+
+/* ---- constants and the thread split ---- */
+
+static mt_adamw_consts make_consts(const mt_adamw_step_args *a) {
+    MT_CHECK(a->step >= 1, "AdamW step is 1-based, got %lld", (long long)a->step);
+    mt_adamw_consts c;
+    memset(&c, 0, sizeof c);
+    c.gs = a->grad_scale;
+    c.do_decay = a->weight_decay != 0.0;
+    c.decay = (float)(1.0 - a->lr * a->weight_decay);
+    float w = (float)(1.0 - a->beta1);
+    c.lerp_small = fabsf(w) < 0.5f;
+    c.lerp_coef = c.lerp_small ? w : w - 1.0f;
+    c.b2 = (float)a->beta2;
+    c.c2 = (float)(1.0 - a->beta2);
+    /* Python: beta**step with a float step, bias_correction2**0.5 */
+    double bc1 = 1.0 - pow(a->beta1, (double)a->step);
+    double bc2 = 1.0 - pow(a->beta2, (double)a->step);
+    c.bc2s = (float)pow(bc2, 0.5);
+    c.eps = (float)a->eps;
+    c.neg_step = (float)(-(a->lr / bc1));
+    return c;
+}
+
+static int upload_kind(mt_dtype t, const void *upload) {
+    if (!upload) return MT_ADAMW_UP_NONE;
+    MT_CHECK(t == MT_BF16 || t == MT_F32, "AdamW upload dtype %s: expected BF16 or F32",
+             mt_dtype_name(t));
+    return t == MT_BF16 ? MT_ADAMW_UP_BF16 : MT_ADAMW_UP_F32;
+}
+
+static int overlaps(const void *a, size_t abytes, const void *b, size_t bbytes) {
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + bbytes && y < x + abytes;
+}
+
+static void run(const mt_adamw_step_args *a, float *param, float *m, float *v, const void *grad,
+                int grad_bf16, size_t n, void *upload, mt_dtype upload_dtype, int n_threads) {
+    if (n == 0) return;
+    mt_adamw_consts c = make_consts(a);
+    int uk = upload_kind(upload_dtype, upload);
+    size_t gsz = grad_bf16 ? 2 : 4, usz = uk == MT_ADAMW_UP_BF16 ? 2 : 4;
+    /* Only exact grad == upload aliasing with one element size is safe under the thread split. */
+    if (uk != MT_ADAMW_UP_NONE && overlaps(grad, n * gsz, upload, n * usz))
+        MT_CHECK(grad == upload && gsz == usz,
+                 "AdamW: upload overlaps grad other than exactly, with the same element type");
+    mt_adamw_kernel_fn fn = kernel_for(mt_adamw_isa_active());
+
+    size_t nt = n_threads > 0 ? (size_t)n_threads : (size_t)omp_get_max_threads();
+    if (nt > n / MT_ADAMW_MIN_PER_THREAD) nt = n / MT_ADAMW_MIN_PER_THREAD;
+    if (nt <= 1) {
+        fn(&c, param, m, v, grad, grad_bf16, upload, uk, n);
+        return;
+    }
+    const char *gb = grad;
+    char *ub = upload;
+#pragma omp parallel num_threads((int)nt)
+    {
+        size_t t = (size_t)omp_get_thread_num(), tn = (size_t)omp_get_num_threads();
+        size_t chunk = (n + tn - 1) / tn;
+        chunk = (chunk + MT_ADAMW_CHUNK_ALIGN - 1) / MT_ADAMW_CHUNK_ALIGN * MT_ADAMW_CHUNK_ALIGN;
+        size_t lo = t * chunk, hi = lo + chunk < n ? lo + chunk : n;
+        if (lo < hi)
+            fn(&c, param + lo, m + lo, v + lo, gb + lo * gsz, grad_bf16, ub ? ub + lo * usz : NULL,
+               uk, hi - lo);
+    }
+}
+
+void mt_adamw_update(const mt_adamw_step_args *a, float *param, float *m, float *v,
+                     const float *grad, size_t n, void *upload, mt_dtype upload_dtype,
+                     int n_threads) {
+    run(a, param, m, v, grad, 0, n, upload, upload_dtype, n_threads);
+}
+
+void mt_adamw_update_bf16(const mt_adamw_step_args *a, float *param, float *m, float *v,
+                          const mt_bf16 *grad, size_t n, void *upload, mt_dtype upload_dtype,
+                          int n_threads) {
+    run(a, param, m, v, grad, 1, n, upload, upload_dtype, n_threads);
+}
+
+float mt_adamw_clip_coef(float total_norm, double max_norm) {
+    if (!(max_norm > 0.0)) return 1.0f;
+    /* torch: clip_coef = max_norm / (total_norm + 1e-6) is Tensor.__rtruediv__, i.e.
+     * reciprocal(total_norm + 1e-6) * max_norm, in fp32; then clamp(max=1), NaN passes through. */
+    float d = total_norm + (float)1e-6;
+    float r = 1.0f / d;
+    float coef = r * (float)max_norm;
+    return coef > 1.0f ? 1.0f : coef;
+}

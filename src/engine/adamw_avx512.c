@@ -1,0 +1,88 @@
+/* AdamW kernel, AVX-512 (F, BW, VL), 16 floats a vector. The same operations in the same order
+ * as mt_adamw_elem (adamw_kernel.h), so the results are bitwise those of the plain C path.
+ * Compiled with a target attribute: no special flags; used only when the CPU has AVX-512. */
+#include "adamw_kernel.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#define MT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
+#define MT_AVX512_INLINE \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"), always_inline)) static inline
+
+/* bf16 <-> fp32 with mt_f32_to_bf16's rounding: nearest even, NaN stays a quiet NaN. (Not
+ * vcvtneps2bf16: it flushes denormals, and needs AVX512_BF16.) */
+MT_AVX512_INLINE __m512 load_bf16(const mt_bf16 *s) {
+    __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)s));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+}
+
+MT_AVX512_INLINE __m256i to_bf16(__m512 f) {
+    __m512i u = _mm512_castps_si512(f);
+    __m512i hi = _mm512_srli_epi32(u, 16);
+    __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+    __mmask16 isnan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+    r = _mm512_mask_or_epi32(r, isnan, hi, _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+MT_AVX512_INLINE void body(const mt_adamw_consts *c, float *p, float *m, float *v,
+                           const void *grad, const int grad_bf16, void *upload,
+                           const int upload_kind, size_t n) {
+    const float *gf = grad;
+    const mt_bf16 *gh = grad;
+    float *uf = upload;
+    mt_bf16 *uh = upload;
+    const __m512 gs = _mm512_set1_ps(c->gs), decay = _mm512_set1_ps(c->decay),
+                 lc = _mm512_set1_ps(c->lerp_coef), b2 = _mm512_set1_ps(c->b2),
+                 c2 = _mm512_set1_ps(c->c2), bc2s = _mm512_set1_ps(c->bc2s),
+                 eps = _mm512_set1_ps(c->eps), ns = _mm512_set1_ps(c->neg_step);
+    const int do_decay = c->do_decay, small = c->lerp_small;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 g = grad_bf16 ? load_bf16(gh + i) : _mm512_loadu_ps(gf + i);
+        g = _mm512_mul_ps(g, gs);
+        __m512 pp = _mm512_loadu_ps(p + i);
+        if (do_decay) pp = _mm512_mul_ps(pp, decay);
+        __m512 mm = _mm512_loadu_ps(m + i);
+        mm = _mm512_fmadd_ps(lc, _mm512_sub_ps(g, mm), small ? mm : g);
+        __m512 t = _mm512_mul_ps(_mm512_mul_ps(c2, g), g);
+        __m512 vv = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(v + i), b2), t);
+        __m512 d = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), bc2s), eps);
+        pp = _mm512_add_ps(pp, _mm512_div_ps(_mm512_mul_ps(ns, mm), d));
+        _mm512_storeu_ps(p + i, pp);
+        _mm512_storeu_ps(m + i, mm);
+        _mm512_storeu_ps(v + i, vv);
+        if (upload_kind == MT_ADAMW_UP_BF16) _mm256_storeu_si256((__m256i *)(uh + i), to_bf16(pp));
+        else if (upload_kind == MT_ADAMW_UP_F32) _mm512_storeu_ps(uf + i, pp);
+    }
+    for (; i < n; i++) {
+        float g = grad_bf16 ? mt_bf16_to_f32(gh[i]) : gf[i];
+        float np = mt_adamw_elem(c, p + i, m + i, v + i, g);
+        if (upload_kind == MT_ADAMW_UP_BF16) uh[i] = mt_f32_to_bf16(np);
+        else if (upload_kind == MT_ADAMW_UP_F32) uf[i] = np;
+    }
+}
+
+MT_AVX512 void mt_adamw_kernel_avx512(const mt_adamw_consts *c, float *p, float *m, float *v,
+                                      const void *grad, int grad_bf16, void *upload,
+                                      int upload_kind, size_t n) {
+    /* One specialised loop per (grad type, upload kind): no per-vector branching on them. */
+    switch (grad_bf16 * 3 + upload_kind) {
+    case 0: body(c, p, m, v, grad, 0, upload, MT_ADAMW_UP_NONE, n); break;
+    case 1: body(c, p, m, v, grad, 0, upload, MT_ADAMW_UP_BF16, n); break;
+    case 2: body(c, p, m, v, grad, 0, upload, MT_ADAMW_UP_F32, n); break;
+    case 3: body(c, p, m, v, grad, 1, upload, MT_ADAMW_UP_NONE, n); break;
+    case 4: body(c, p, m, v, grad, 1, upload, MT_ADAMW_UP_BF16, n); break;
+    default: body(c, p, m, v, grad, 1, upload, MT_ADAMW_UP_F32, n); break;
+    }
+}
+
+#else
+void mt_adamw_kernel_avx512(const mt_adamw_consts *c, float *p, float *m, float *v,
+                            const void *grad, int grad_bf16, void *upload, int upload_kind,
+                            size_t n) {
+    mt_adamw_kernel_scalar(c, p, m, v, grad, grad_bf16, upload, upload_kind, n);
+}
+#endif

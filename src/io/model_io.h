@@ -1,0 +1,27 @@
+/* Model weights <-> a Hugging Face model directory (config.json + safetensors, single or sharded).
+ * The parameter table says what to expect; the arena holds fp32 weights at the table's offsets. */
+#ifndef MT_MODEL_IO_H
+#define MT_MODEL_IO_H
+
+#include <stdint.h>
+
+#include "core/dtype.h"
+#include "model/params.h"
+
+/* Loads DIR's safetensors (model.safetensors or an index + shards) into arena (t->total floats).
+ * Every tensor the table expects must be present with exactly its shape (F32, BF16 or F16 on disk);
+ * any other tensor is refused by name, except "*rotary_emb.inv_freq" (ignored) and, for a tied
+ * model, "lm_head.weight" (ignored with a warning on stderr). All checks run before the arena is
+ * written, so on MT_ERR it is untouched. Padding between tensors is zeroed. */
+int mt_model_load(const mt_param_table *t, float *arena, const char *dir);
+
+/* Writes DIR/config.json (mt_config_save) and the weights in table order, as dtype (MT_F32 or
+ * MT_BF16, round-to-nearest-even), with metadata {"format": "pt"}: DIR/model.safetensors, or, when
+ * max_shard_bytes > 0 and the tensors exceed it, model-0000i-of-0000K.safetensors shards plus
+ * model.safetensors.index.json. Creates DIR (and parents) when missing. Each file is replaced
+ * atomically; files of an earlier save in the other layout are removed after the new one is
+ * complete. Memory: a 4 MiB conversion buffer, never a copy of the model. */
+int mt_model_save(const mt_param_table *t, const float *arena, const char *dir, mt_dtype dtype,
+                  int64_t max_shard_bytes);
+
+#endif

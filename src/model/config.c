@@ -1,0 +1,529 @@
+/* config.json (Hugging Face) <-> mt_config.
+ *
+ * Defaults for absent fields are those of transformers 5's config class of each model_type
+ * (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config). RoPE is read in both the transformers <5
+ * style (rope_theta + rope_scaling) and the transformers 5 style (rope_parameters), with the same
+ * precedence transformers 5 uses: rope_scaling over rope_parameters, keys inside the dict over the
+ * top-level rope_theta, "rope_type" over the legacy "type".
+ */
+#include "model/config.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/error.h"
+
+/* ---- typed field access: every error names the file and the field ---- */
+
+typedef struct {
+    const char *path; /* file name for messages */
+    json_t *root;
+} mt_cfg_src;
+
+/* Reads an integer field. Returns 1 when set, 0 when absent or null, MT_ERR on a wrong type. */
+static int cfg_int(const mt_cfg_src *s, json_t *obj, const char *prefix, const char *key, int *out) {
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) return 0;
+    /* transformers writes some ints as floats (e.g. 8192.0); accept integral reals */
+    double d;
+    if (json_is_integer(v)) {
+        d = (double)json_integer_value(v);
+    } else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v))) {
+        d = json_real_value(v);
+    } else {
+        return mt_error_set("%s: %s%s must be an integer", s->path, prefix, key);
+    }
+    if (d < -2147483647.0 || d > 2147483647.0)
+        return mt_error_set("%s: %s%s = %.0f is out of range", s->path, prefix, key, d);
+    *out = (int)d;
+    return 1;
+}
+
+static int cfg_num(const mt_cfg_src *s, json_t *obj, const char *prefix, const char *key, double *out) {
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_number(v)) return mt_error_set("%s: %s%s must be a number", s->path, prefix, key);
+    *out = json_number_value(v);
+    return 1;
+}
+
+static int cfg_bool(const mt_cfg_src *s, const char *key, int *out) {
+    json_t *v = json_object_get(s->root, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v)) return mt_error_set("%s: %s must be true or false", s->path, key);
+    *out = json_is_true(v);
+    return 1;
+}
+
+/* A required positive size. */
+static int cfg_size(const mt_cfg_src *s, const char *key, int *out) {
+    int r = cfg_int(s, s->root, "", key, out);
+    if (r == MT_ERR) return MT_ERR;
+    if (r == 0) return mt_error_set("%s: %s is missing (required)", s->path, key);
+    if (*out <= 0) return mt_error_set("%s: %s = %d must be positive", s->path, key, *out);
+    return MT_OK;
+}
+
+/* ---- refusals of what the runtime cannot honour ---- */
+
+static int cfg_refuse_unsupported(const mt_cfg_src *s) {
+    json_t *act = json_object_get(s->root, "hidden_act");
+    if (act && !json_is_null(act)) {
+        if (!json_is_string(act)) return mt_error_set("%s: hidden_act must be a string", s->path);
+        if (strcmp(json_string_value(act), "silu") != 0)
+            return mt_error_set("%s: hidden_act \"%s\" is not supported (supported: silu)", s->path,
+                                json_string_value(act));
+    }
+    static const char *moe[] = {"num_experts", "num_local_experts", "num_experts_per_tok",
+                                "n_routed_experts", "n_shared_experts", "moe_intermediate_size"};
+    for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) {
+        double n = 0;
+        if (cfg_num(s, s->root, "", moe[i], &n) == MT_ERR) return MT_ERR;
+        if (n > 0)
+            return mt_error_set("%s: %s = %g: mixture-of-experts models are not supported", s->path,
+                                moe[i], n);
+    }
+    double drop = 0;
+    if (cfg_num(s, s->root, "", "attention_dropout", &drop) == MT_ERR) return MT_ERR;
+    if (drop != 0)
+        return mt_error_set("%s: attention_dropout = %g is not supported (must be 0)", s->path, drop);
+    int sw = 0;
+    if (cfg_bool(s, "use_sliding_window", &sw) == MT_ERR) return MT_ERR;
+    if (sw) return mt_error_set("%s: use_sliding_window = true is not supported", s->path);
+    json_t *lt = json_object_get(s->root, "layer_types");
+    if (lt && !json_is_null(lt)) {
+        if (!json_is_array(lt)) return mt_error_set("%s: layer_types must be a list", s->path);
+        size_t i;
+        json_t *e;
+        json_array_foreach(lt, i, e) {
+            if (!json_is_string(e) || strcmp(json_string_value(e), "full_attention") != 0)
+                return mt_error_set("%s: layer_types[%zu] is not \"full_attention\" (only full "
+                                    "attention is supported)", s->path, i);
+        }
+    }
+    return MT_OK;
+}
+
+/* ---- RoPE ---- */
+
+static int cfg_partial_rotary(const mt_cfg_src *s, json_t *obj, const char *prefix) {
+    double f = 1.0;
+    if (cfg_num(s, obj, prefix, "partial_rotary_factor", &f) == MT_ERR) return MT_ERR;
+    if (f != 1.0)
+        return mt_error_set("%s: %spartial_rotary_factor = %g is not supported (must be 1)", s->path,
+                            prefix, f);
+    return MT_OK;
+}
+
+static int cfg_llama3_key(const mt_cfg_src *s, json_t *rp, const char *pre, const char *key, double *out) {
+    int r = cfg_num(s, rp, pre, key, out);
+    if (r == MT_ERR) return MT_ERR;
+    if (r == 0) return mt_error_set("%s: %s%s is missing (required by rope_type llama3)", s->path, pre, key);
+    return MT_OK;
+}
+
+static int cfg_parse_rope(mt_config *cfg, const mt_cfg_src *s) {
+    cfg->rope_theta = 10000.0; /* transformers' default_theta */
+    if (cfg_num(s, s->root, "", "rope_theta", &cfg->rope_theta) == MT_ERR) return MT_ERR;
+    MT_TRY(cfg_partial_rotary(s, s->root, ""));
+
+    const char *pre = "rope_scaling.";
+    json_t *rp = json_object_get(s->root, "rope_scaling");
+    if (rp && !json_is_null(rp) && !json_is_object(rp))
+        return mt_error_set("%s: rope_scaling must be an object or null", s->path);
+    if (!rp || json_is_null(rp) || json_object_size(rp) == 0) {
+        pre = "rope_parameters.";
+        rp = json_object_get(s->root, "rope_parameters");
+        if (rp && !json_is_null(rp) && !json_is_object(rp))
+            return mt_error_set("%s: rope_parameters must be an object or null", s->path);
+    }
+    cfg->rope_type = MT_ROPE_DEFAULT;
+    if (!rp || json_is_null(rp)) return MT_OK;
+
+    json_t *ty = json_object_get(rp, "rope_type");
+    const char *tkey = "rope_type";
+    if (!ty || json_is_null(ty)) { ty = json_object_get(rp, "type"); tkey = "type"; }
+    const char *tname = "default";
+    if (ty && !json_is_null(ty)) {
+        if (!json_is_string(ty)) return mt_error_set("%s: %s%s must be a string", s->path, pre, tkey);
+        tname = json_string_value(ty);
+    }
+    if (cfg_num(s, rp, pre, "rope_theta", &cfg->rope_theta) == MT_ERR) return MT_ERR;
+    MT_TRY(cfg_partial_rotary(s, rp, pre));
+    if (strcmp(tname, "default") == 0) return MT_OK;
+    if (strcmp(tname, "llama3") != 0)
+        return mt_error_set("%s: %s%s \"%s\" is not supported (supported: default, llama3)", s->path,
+                            pre, tkey, tname);
+    cfg->rope_type = MT_ROPE_LLAMA3;
+    MT_TRY(cfg_llama3_key(s, rp, pre, "factor", &cfg->rope_factor));
+    MT_TRY(cfg_llama3_key(s, rp, pre, "low_freq_factor", &cfg->rope_low_freq_factor));
+    MT_TRY(cfg_llama3_key(s, rp, pre, "high_freq_factor", &cfg->rope_high_freq_factor));
+    /* transformers falls back to max_position_embeddings */
+    cfg->rope_original_max_pos = cfg->max_position_embeddings;
+    if (cfg_int(s, rp, pre, "original_max_position_embeddings", &cfg->rope_original_max_pos) == MT_ERR)
+        return MT_ERR;
+    if (cfg->rope_factor <= 0 || cfg->rope_original_max_pos <= 0 || cfg->rope_low_freq_factor <= 0 ||
+        cfg->rope_high_freq_factor <= cfg->rope_low_freq_factor)
+        return mt_error_set("%s: %sfactor/low_freq_factor/high_freq_factor/original_max_position_"
+                            "embeddings must be positive with high_freq_factor > low_freq_factor",
+                            s->path, pre);
+    return MT_OK;
+}
+
+/* ---- the model type and its transformers defaults ---- */
+
+typedef struct {
+    const char *name, *architecture;
+    mt_arch arch;
+    int max_pos;     /* max_position_embeddings default */
+    int kv_default;  /* num_key_value_heads when absent (0: = H); null always means H */
+    int head_dim;    /* head_dim when absent (0: C / H) */
+} mt_arch_info;
+
+static const mt_arch_info mt_archs[] = {
+    {"llama", "LlamaForCausalLM", MT_ARCH_LLAMA, 2048, 0, 0},
+    {"mistral", "MistralForCausalLM", MT_ARCH_MISTRAL, 4096 * 32, 8, 0},
+    {"qwen2", "Qwen2ForCausalLM", MT_ARCH_QWEN2, 32768, 32, 0},
+    {"qwen3", "Qwen3ForCausalLM", MT_ARCH_QWEN3, 32768, 32, 128},
+};
+
+static const mt_arch_info *arch_info(mt_arch a) {
+    for (size_t i = 0; i < sizeof mt_archs / sizeof mt_archs[0]; i++)
+        if (mt_archs[i].arch == a) return &mt_archs[i];
+    MT_CHECK(0, "unknown arch %d", (int)a);
+}
+
+static int cfg_model_type(mt_config *cfg, const mt_cfg_src *s, const mt_arch_info **info) {
+    json_t *mt = json_object_get(s->root, "model_type");
+    if (!mt || json_is_null(mt)) return mt_error_set("%s: model_type is missing", s->path);
+    if (!json_is_string(mt)) return mt_error_set("%s: model_type must be a string", s->path);
+    const char *name = json_string_value(mt);
+    for (size_t i = 0; i < sizeof mt_archs / sizeof mt_archs[0]; i++) {
+        if (strcmp(name, mt_archs[i].name) == 0) {
+            *info = &mt_archs[i];
+            cfg->arch = mt_archs[i].arch;
+            snprintf(cfg->model_type, sizeof cfg->model_type, "%s", name);
+            return MT_OK;
+        }
+    }
+    return mt_error_set("%s: model_type \"%s\" is not supported (supported: llama, mistral, qwen2, "
+                        "qwen3)", s->path, name);
+}
+
+/* bos/eos: int, list of ints (the first is taken) or null. */
+static int cfg_token_id(const mt_cfg_src *s, const char *key, int *out) {
+    *out = -1;
+    json_t *v = json_object_get(s->root, key);
+    if (v && json_is_array(v)) {
+        if (json_array_size(v) == 0) return MT_OK;
+        json_t *wrap = json_object();
+        json_object_set(wrap, key, json_array_get(v, 0));
+        int r = cfg_int(s, wrap, "", key, out);
+        json_decref(wrap);
+        return r == MT_ERR ? MT_ERR : MT_OK;
+    }
+    return cfg_int(s, s->root, "", key, out) == MT_ERR ? MT_ERR : MT_OK;
+}
+
+static int cfg_sizes(mt_config *cfg, const mt_cfg_src *s, const mt_arch_info *info) {
+    MT_TRY(cfg_size(s, "hidden_size", &cfg->C));
+    MT_TRY(cfg_size(s, "intermediate_size", &cfg->F));
+    MT_TRY(cfg_size(s, "num_hidden_layers", &cfg->L));
+    MT_TRY(cfg_size(s, "num_attention_heads", &cfg->H));
+    MT_TRY(cfg_size(s, "vocab_size", &cfg->V));
+    json_t *kv = json_object_get(s->root, "num_key_value_heads");
+    cfg->G = (kv || !info->kv_default) ? cfg->H : info->kv_default;
+    if (cfg_int(s, s->root, "", "num_key_value_heads", &cfg->G) == MT_ERR) return MT_ERR;
+    json_t *hd = json_object_get(s->root, "head_dim");
+    cfg->D = (!hd && info->head_dim) ? info->head_dim : cfg->C / cfg->H;
+    if (cfg_int(s, s->root, "", "head_dim", &cfg->D) == MT_ERR) return MT_ERR;
+    cfg->max_position_embeddings = info->max_pos;
+    if (cfg_int(s, s->root, "", "max_position_embeddings", &cfg->max_position_embeddings) == MT_ERR)
+        return MT_ERR;
+    if (cfg->max_position_embeddings <= 0)
+        return mt_error_set("%s: max_position_embeddings = %d must be positive", s->path,
+                            cfg->max_position_embeddings);
+    if (cfg->arch == MT_ARCH_LLAMA && cfg->C % cfg->H != 0) /* LlamaConfig refuses it too */
+        return mt_error_set("%s: hidden_size %d is not a multiple of num_attention_heads %d", s->path,
+                            cfg->C, cfg->H);
+    return MT_OK;
+}
+
+static int cfg_flags(mt_config *cfg, const mt_cfg_src *s) {
+    int attn_bias = 0, mlp_bias = 0;
+    if (cfg->arch == MT_ARCH_LLAMA || cfg->arch == MT_ARCH_QWEN3)
+        if (cfg_bool(s, "attention_bias", &attn_bias) == MT_ERR) return MT_ERR;
+    if (cfg->arch == MT_ARCH_LLAMA && cfg_bool(s, "mlp_bias", &mlp_bias) == MT_ERR) return MT_ERR;
+    cfg->qkv_bias = cfg->arch == MT_ARCH_QWEN2 ? 1 : attn_bias;
+    cfg->o_bias = attn_bias;
+    cfg->mlp_bias = mlp_bias;
+    cfg->qk_norm = cfg->arch == MT_ARCH_QWEN3;
+    cfg->tie_word_embeddings = 0;
+    if (cfg_bool(s, "tie_word_embeddings", &cfg->tie_word_embeddings) == MT_ERR) return MT_ERR;
+
+    /* Only Mistral honours sliding_window without use_sliding_window; absent means its default. */
+    cfg->sliding_window = 0;
+    if (cfg->arch == MT_ARCH_MISTRAL) {
+        json_t *v = json_object_get(s->root, "sliding_window");
+        if (!v) cfg->sliding_window = 4096;
+        if (cfg_int(s, s->root, "", "sliding_window", &cfg->sliding_window) == MT_ERR) return MT_ERR;
+        if (cfg->sliding_window < 0)
+            return mt_error_set("%s: sliding_window = %d must be positive or null", s->path,
+                                cfg->sliding_window);
+    }
+    double eps = 1e-6, init = 0.02;
+    if (cfg_num(s, s->root, "", "rms_norm_eps", &eps) == MT_ERR) return MT_ERR;
+    if (cfg_num(s, s->root, "", "initializer_range", &init) == MT_ERR) return MT_ERR;
+    if (!(eps > 0)) return mt_error_set("%s: rms_norm_eps = %g must be positive", s->path, eps);
+    cfg->rms_norm_eps = (float)eps;
+    cfg->initializer_range = (float)init;
+    MT_TRY(cfg_token_id(s, "bos_token_id", &cfg->bos_token_id));
+    MT_TRY(cfg_token_id(s, "eos_token_id", &cfg->eos_token_id));
+    return MT_OK;
+}
+
+static int cfg_parse_root(mt_config *cfg, const mt_cfg_src *s) {
+    const mt_arch_info *info = NULL;
+    if (!json_is_object(s->root)) return mt_error_set("%s: the top level must be a JSON object", s->path);
+    MT_TRY(cfg_model_type(cfg, s, &info));
+    MT_TRY(cfg_refuse_unsupported(s));
+    MT_TRY(cfg_sizes(cfg, s, info));
+    MT_TRY(cfg_flags(cfg, s));
+    MT_TRY(cfg_parse_rope(cfg, s));
+    return mt_config_validate(cfg, s->path);
+}
+
+int mt_config_parse(mt_config *cfg, const char *json_text, const char *path) {
+    json_error_t jerr;
+    json_t *root = json_loads(json_text, 0, &jerr);
+    if (!root)
+        return mt_error_set("%s: invalid JSON at line %d, column %d: %s", path, jerr.line,
+                            jerr.column, jerr.text);
+    mt_config tmp;
+    memset(&tmp, 0, sizeof tmp);
+    mt_cfg_src s = {path, root};
+    int r = cfg_parse_root(&tmp, &s);
+    json_decref(root);
+    if (r == MT_OK) *cfg = tmp; /* nothing half-done on error */
+    return r;
+}
+
+int mt_config_load(mt_config *cfg, const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return mt_error_set("%s: cannot open: %s", path, strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0) { fclose(f); return mt_error_set("%s: cannot seek", path); }
+    long n = ftell(f);
+    if (n < 0 || n > (64L << 20)) {
+        fclose(f);
+        return mt_error_set("%s: not a plausible config.json (size %ld bytes)", path, n);
+    }
+    rewind(f);
+    char *text = mt_malloc((size_t)n + 1);
+    size_t got = fread(text, 1, (size_t)n, f);
+    fclose(f);
+    if (got != (size_t)n) {
+        free(text);
+        return mt_error_set("%s: short read (%zu of %ld bytes)", path, got, n);
+    }
+    text[n] = '\0';
+    int r = mt_config_parse(cfg, text, path);
+    free(text);
+    return r;
+}
+
+int mt_config_validate(const mt_config *cfg, const char *path) {
+    const struct { const char *name; int v; } sizes[] = {
+        {"hidden_size", cfg->C}, {"intermediate_size", cfg->F}, {"num_hidden_layers", cfg->L},
+        {"num_attention_heads", cfg->H}, {"num_key_value_heads", cfg->G}, {"head_dim", cfg->D},
+        {"vocab_size", cfg->V},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (sizes[i].v <= 0)
+            return mt_error_set("%s: %s = %d must be positive", path, sizes[i].name, sizes[i].v);
+    if (cfg->H % cfg->G != 0)
+        return mt_error_set("%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
+                            path, cfg->H, cfg->G);
+    if (cfg->D % 2 != 0) return mt_error_set("%s: head_dim = %d must be even (RoPE)", path, cfg->D);
+    if (!(cfg->rope_theta > 0))
+        return mt_error_set("%s: rope_theta = %g must be positive", path, cfg->rope_theta);
+    return MT_OK;
+}
+
+/* ---- writing ---- */
+
+/* The double whose shortest decimal form equals the float's, so 1e-6f is written as 1e-06
+ * (Python reads back exactly the value the original config.json said). */
+static double float_as_short_double(float f) {
+    char buf[32];
+    for (int prec = 1; prec <= 9; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, (double)f);
+        if (strtof(buf, NULL) == f) break;
+    }
+    return strtod(buf, NULL);
+}
+
+/* Fewest significant digits (<= 17) that give back the same double. */
+static int real_digits(double v) {
+    char buf[40];
+    /* at least the integer digits, so that 500000.0 is not written as 5e5 */
+    int first = fabs(v) >= 1 && fabs(v) < 1e16 ? (int)floor(log10(fabs(v))) + 1 : 1;
+    for (int prec = first; prec < 17; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v) return prec;
+    }
+    return 17;
+}
+
+/* jansson takes one precision for a whole document: the largest any real of it needs, so that
+ * every value is exact and 1e-05 is not written as 1.0000000000000001e-05. */
+static int json_real_digits(json_t *j) {
+    int best = 1;
+    if (json_is_real(j)) return real_digits(json_real_value(j));
+    if (json_is_object(j)) {
+        const char *k;
+        json_t *v;
+        json_object_foreach(j, k, v) {
+            int d = json_real_digits(v);
+            if (d > best) best = d;
+        }
+    } else if (json_is_array(j)) {
+        size_t i;
+        json_t *v;
+        json_array_foreach(j, i, v) {
+            int d = json_real_digits(v);
+            if (d > best) best = d;
+        }
+    }
+    return best;
+}
+
+static json_t *cfg_rope_json(const mt_config *cfg, int with_theta) {
+    json_t *r = json_object();
+    if (cfg->rope_type == MT_ROPE_LLAMA3) {
+        json_object_set_new(r, "factor", json_real(cfg->rope_factor));
+        json_object_set_new(r, "high_freq_factor", json_real(cfg->rope_high_freq_factor));
+        json_object_set_new(r, "low_freq_factor", json_real(cfg->rope_low_freq_factor));
+        json_object_set_new(r, "original_max_position_embeddings",
+                            json_integer(cfg->rope_original_max_pos));
+    }
+    if (with_theta) json_object_set_new(r, "rope_theta", json_real(cfg->rope_theta));
+    json_object_set_new(r, "rope_type",
+                        json_string(cfg->rope_type == MT_ROPE_LLAMA3 ? "llama3" : "default"));
+    return r;
+}
+
+static json_t *cfg_to_json(const mt_config *cfg) {
+    const mt_arch_info *info = arch_info(cfg->arch);
+    json_t *o = json_object();
+    json_t *archs = json_array();
+    json_array_append_new(archs, json_string(info->architecture));
+    json_object_set_new(o, "architectures", archs);
+    json_object_set_new(o, "model_type", json_string(info->name));
+    json_object_set_new(o, "hidden_size", json_integer(cfg->C));
+    json_object_set_new(o, "intermediate_size", json_integer(cfg->F));
+    json_object_set_new(o, "num_hidden_layers", json_integer(cfg->L));
+    json_object_set_new(o, "num_attention_heads", json_integer(cfg->H));
+    json_object_set_new(o, "num_key_value_heads", json_integer(cfg->G));
+    json_object_set_new(o, "head_dim", json_integer(cfg->D));
+    json_object_set_new(o, "vocab_size", json_integer(cfg->V));
+    json_object_set_new(o, "hidden_act", json_string("silu"));
+    json_object_set_new(o, "max_position_embeddings", json_integer(cfg->max_position_embeddings));
+    json_object_set_new(o, "rms_norm_eps", json_real(float_as_short_double(cfg->rms_norm_eps)));
+    json_object_set_new(o, "initializer_range",
+                        json_real(float_as_short_double(cfg->initializer_range)));
+    json_object_set_new(o, "tie_word_embeddings", json_boolean(cfg->tie_word_embeddings));
+    json_object_set_new(o, "attention_dropout", json_real(0.0));
+    if (cfg->arch == MT_ARCH_LLAMA || cfg->arch == MT_ARCH_QWEN3)
+        json_object_set_new(o, "attention_bias", json_boolean(cfg->o_bias));
+    if (cfg->arch == MT_ARCH_LLAMA) json_object_set_new(o, "mlp_bias", json_boolean(cfg->mlp_bias));
+    if (cfg->arch == MT_ARCH_MISTRAL)
+        json_object_set_new(o, "sliding_window",
+                            cfg->sliding_window > 0 ? json_integer(cfg->sliding_window) : json_null());
+    if (cfg->arch == MT_ARCH_QWEN2 || cfg->arch == MT_ARCH_QWEN3)
+        json_object_set_new(o, "use_sliding_window", json_false());
+    /* Both RoPE styles: transformers 5 reads rope_parameters, transformers 4 rope_theta +
+     * rope_scaling. transformers 5 prefers a non-null rope_scaling but then takes rope_theta from
+     * the top level, so both readers see the same RoPE. */
+    json_object_set_new(o, "rope_theta", json_real(cfg->rope_theta));
+    json_object_set_new(o, "rope_scaling",
+                        cfg->rope_type == MT_ROPE_LLAMA3 ? cfg_rope_json(cfg, 0) : json_null());
+    json_object_set_new(o, "rope_parameters", cfg_rope_json(cfg, 1));
+    if (cfg->bos_token_id >= 0) json_object_set_new(o, "bos_token_id", json_integer(cfg->bos_token_id));
+    if (cfg->eos_token_id >= 0) json_object_set_new(o, "eos_token_id", json_integer(cfg->eos_token_id));
+    /* No "dtype": with it absent, from_pretrained(dtype="auto") takes the safetensors' dtype. */
+    return o;
+}
+
+int mt_config_save(const mt_config *cfg, const char *path) {
+    MT_TRY(mt_config_validate(cfg, path));
+    size_t n = strlen(path) + 5;
+    char *tmp = mt_malloc(n);
+    snprintf(tmp, n, "%s.tmp", path);
+    json_t *o = cfg_to_json(cfg);
+    int r = MT_ERR;
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        mt_error_set("%s: cannot create: %s", tmp, strerror(errno));
+    } else {
+        int bad = json_dumpf(o, f, JSON_INDENT(2) | JSON_REAL_PRECISION(json_real_digits(o))) != 0;
+        bad |= fputc('\n', f) == EOF;
+        bad |= fflush(f) != 0;
+        bad |= fsync(fileno(f)) != 0;
+        bad |= fclose(f) != 0;
+        if (bad) {
+            mt_error_set("%s: write failed: %s", tmp, strerror(errno));
+            remove(tmp);
+        } else if (rename(tmp, path) != 0) {
+            mt_error_set("%s: cannot rename to %s: %s", tmp, path, strerror(errno));
+            remove(tmp);
+        } else {
+            r = MT_OK;
+        }
+    }
+    json_decref(o);
+    free(tmp);
+    return r;
+}
+
+/* ---- derived quantities ---- */
+
+int64_t mt_config_param_count(const mt_config *cfg) {
+    int64_t C = cfg->C, F = cfg->F, H = cfg->H, G = cfg->G, D = cfg->D, V = cfg->V;
+    int64_t layer = 2 * C                          /* input + post norms */
+                    + (H * D + 2 * G * D) * C      /* q, k, v */
+                    + C * H * D                    /* o */
+                    + 3 * F * C;                   /* gate, up, down */
+    if (cfg->qkv_bias) layer += H * D + 2 * G * D;
+    if (cfg->o_bias) layer += C;
+    if (cfg->mlp_bias) layer += 2 * F + C;
+    if (cfg->qk_norm) layer += 2 * D;
+    int64_t total = V * C + (int64_t)cfg->L * layer + C;
+    if (!cfg->tie_word_embeddings) total += V * C;
+    return total;
+}
+
+/* transformers' _compute_default_rope_parameters and _compute_llama3_parameters, in double. */
+void mt_config_rope_inv_freq(const mt_config *cfg, float *inv_freq) {
+    const double pi = 3.14159265358979323846;
+    int D = cfg->D;
+    for (int i = 0; i < D / 2; i++) {
+        double f = 1.0 / pow(cfg->rope_theta, (double)(2 * i) / (double)D);
+        if (cfg->rope_type == MT_ROPE_LLAMA3) {
+            double old = cfg->rope_original_max_pos;
+            double lo = cfg->rope_low_freq_factor, hi = cfg->rope_high_freq_factor;
+            double wavelen = 2 * pi / f;
+            if (wavelen > old / lo) {
+                f = f / cfg->rope_factor;
+            } else if (!(wavelen < old / hi)) {
+                double smooth = (old / wavelen - lo) / (hi - lo);
+                f = (1 - smooth) * f / cfg->rope_factor + smooth * f;
+            }
+        }
+        inv_freq[i] = (float)f;
+    }
+}

@@ -1,0 +1,70 @@
+/* Model configuration: what a Hugging Face config.json says about a Llama-family decoder.
+ *
+ * Letters used across the code base: B batch, T time, C channels (hidden), H query heads,
+ * G kv heads, D head dim, F MLP width, V vocab, L layers, N = B*T tokens.
+ */
+#ifndef MT_CONFIG_H
+#define MT_CONFIG_H
+
+#include <stdint.h>
+
+typedef enum {
+    MT_ARCH_LLAMA = 0,
+    MT_ARCH_MISTRAL = 1,
+    MT_ARCH_QWEN2 = 2,
+    MT_ARCH_QWEN3 = 3,
+} mt_arch;
+
+typedef enum {
+    MT_ROPE_DEFAULT = 0,
+    MT_ROPE_LLAMA3 = 1,
+} mt_rope_type;
+
+typedef struct {
+    mt_arch arch;
+    char model_type[16];      /* as written in config.json: "llama", "mistral", "qwen2", "qwen3" */
+    int C;                    /* hidden_size */
+    int F;                    /* intermediate_size */
+    int L;                    /* num_hidden_layers */
+    int H;                    /* num_attention_heads */
+    int G;                    /* num_key_value_heads (defaults to H) */
+    int D;                    /* head_dim (defaults to C / H) */
+    int V;                    /* vocab_size */
+    float rms_norm_eps;
+    double rope_theta;
+    mt_rope_type rope_type;
+    /* llama3 rope scaling (rope_type == MT_ROPE_LLAMA3) */
+    double rope_factor;
+    double rope_low_freq_factor;
+    double rope_high_freq_factor;
+    int rope_original_max_pos;
+    int max_position_embeddings;
+    int tie_word_embeddings;
+    int qkv_bias;             /* q/k/v projections carry a bias (qwen2 always; llama/qwen3 attention_bias) */
+    int o_bias;               /* o_proj carries a bias (llama/qwen3 attention_bias) */
+    int mlp_bias;             /* gate/up/down carry biases (llama mlp_bias) */
+    int qk_norm;              /* per-head RMSNorm of q and k before RoPE (qwen3) */
+    int sliding_window;       /* 0 = none; else sequences longer than this are refused */
+    float initializer_range;
+    int bos_token_id;         /* -1 when absent */
+    int eos_token_id;         /* -1 when absent; the first one when config.json gives a list */
+} mt_config;
+
+/* Parses config.json text; `path` names the file in error messages. Refuses by name every field
+ * the runtime cannot honour. Returns MT_OK or MT_ERR (mt_error_message() says why). */
+int mt_config_parse(mt_config *cfg, const char *json_text, const char *path);
+int mt_config_load(mt_config *cfg, const char *path);
+
+/* Writes a config.json that transformers loads as the same model (atomic: temp file + rename). */
+int mt_config_save(const mt_config *cfg, const char *path);
+
+/* Checks the derived constraints (H % G == 0, D even, sizes > 0); MT_ERR names the field. */
+int mt_config_validate(const mt_config *cfg, const char *path);
+
+/* Number of parameters of the whole model. */
+int64_t mt_config_param_count(const mt_config *cfg);
+
+/* RoPE inverse frequencies (D/2 values) in fp32, computed as transformers does (llama3 included). */
+void mt_config_rope_inv_freq(const mt_config *cfg, float *inv_freq);
+
+#endif

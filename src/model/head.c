@@ -1,0 +1,56 @@
+#include "head.h"
+
+#include "../core/error.h"
+
+void mt_head_ws_init(mt_head_ws *ws, const mt_layer_ctx *lc, int max_N) {
+    size_t act = (size_t)max_N * lc->cfg->C * mt_dtype_size(lc->be->dtype);
+    ws->max_N = max_N;
+    ws->xn = lc->be->alloc(lc->be, act);
+    ws->dxn = lc->be->alloc(lc->be, act);
+    ws->rstd = lc->be->alloc(lc->be, (size_t)max_N * sizeof(float));
+}
+
+void mt_head_ws_free(mt_head_ws *ws, const mt_layer_ctx *lc) {
+    lc->be->free(lc->be, ws->xn);
+    lc->be->free(lc->be, ws->dxn);
+    lc->be->free(lc->be, ws->rstd);
+    ws->xn = ws->dxn = NULL;
+    ws->rstd = NULL;
+}
+
+void mt_embed_forward(const mt_layer_ctx *lc, const mt_model_view *w, const int32_t *ids, int N,
+                      void *x0) {
+    lc->be->embedding_forward(lc->be, x0, ids, w->embed, N, lc->cfg->C);
+}
+
+void mt_embed_backward(const mt_layer_ctx *lc, const mt_model_view *grads, const int32_t *ids,
+                       int N, const void *dx0) {
+    lc->be->embedding_backward(lc->be, (float *)grads->embed, dx0, ids, N, lc->cfg->C);
+}
+
+void mt_head_loss(const mt_layer_ctx *lc, const mt_model_view *w, const mt_model_view *grads,
+                  const void *x, const int32_t *targets, int N, float loss_scale, float *losses,
+                  void *dx, mt_head_ws *ws) {
+    mt_backend *be = lc->be;
+    const mt_config *cfg = lc->cfg;
+    MT_CHECK(N <= ws->max_N, "head workspace holds %d tokens, asked for %d", ws->max_N, N);
+    be->rmsnorm_forward(be, ws->xn, ws->rstd, x, w->final_norm, N, cfg->C, cfg->rms_norm_eps);
+    if (!grads) {
+        be->lm_head_loss(be, losses, NULL, NULL, ws->xn, w->lm_head, targets, N, cfg->C, cfg->V,
+                         loss_scale);
+        return;
+    }
+    be->lm_head_loss(be, losses, ws->dxn, (float *)grads->lm_head, ws->xn, w->lm_head, targets, N,
+                     cfg->C, cfg->V, loss_scale);
+    be->rmsnorm_backward(be, dx, (float *)grads->final_norm, ws->dxn, x, w->final_norm, ws->rstd,
+                         N, cfg->C, 0);
+}
+
+void mt_head_logits(const mt_layer_ctx *lc, const mt_model_view *w, const void *x, int N,
+                    void *logits, mt_head_ws *ws) {
+    mt_backend *be = lc->be;
+    const mt_config *cfg = lc->cfg;
+    MT_CHECK(N <= ws->max_N, "head workspace holds %d tokens, asked for %d", ws->max_N, N);
+    be->rmsnorm_forward(be, ws->xn, ws->rstd, x, w->final_norm, N, cfg->C, cfg->rms_norm_eps);
+    be->matmul_forward(be, logits, ws->xn, w->lm_head, NULL, N, cfg->C, cfg->V);
+}

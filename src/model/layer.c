@@ -1,0 +1,184 @@
+#include "layer.h"
+
+#include <string.h>
+
+#include "../core/error.h"
+
+typedef struct {
+    int N, C, F, H, G, D, HD, GD;
+} dims;
+
+static dims dims_of(const mt_config *cfg, int N) {
+    dims d = {N, cfg->C, cfg->F, cfg->H, cfg->G, cfg->D, cfg->H * cfg->D, cfg->G * cfg->D};
+    return d;
+}
+
+/* One list of (field, elements per token) drives the allocation, the free and the byte count. */
+typedef struct {
+    size_t offset;   /* offsetof the pointer in mt_layer_ws */
+    int per_token;   /* elements per token */
+    int is_f32;      /* fp32 statistic rather than compute dtype */
+} ws_field;
+
+#define WS(field) offsetof(mt_layer_ws, field)
+
+static int ws_fields(const mt_config *cfg, ws_field *f) {
+    int C = cfg->C, F = cfg->F, HD = cfg->H * cfg->D, GD = cfg->G * cfg->D, n = 0;
+    ws_field list[] = {
+        {WS(xn1), C, 0},     {WS(q), HD, 0},      {WS(k), GD, 0},       {WS(v), GD, 0},
+        {WS(att), HD, 0},    {WS(h), C, 0},       {WS(hn), C, 0},       {WS(gate), F, 0},
+        {WS(up), F, 0},      {WS(act), F, 0},     {WS(rstd1), 1, 1},    {WS(rstd2), 1, 1},
+        {WS(lse), cfg->H, 1},
+        {WS(d_act), F, 0},   {WS(d_gate), F, 0},  {WS(d_up), F, 0},     {WS(d_hn), C, 0},
+        {WS(d_h), C, 0},     {WS(d_xn1), C, 0},   {WS(d_att), HD, 0},   {WS(dq), HD, 0},
+        {WS(dk), GD, 0},     {WS(dv), GD, 0},
+    };
+    for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) f[n++] = list[i];
+    if (cfg->qk_norm) {
+        ws_field extra[] = {{WS(q_raw), HD, 0}, {WS(k_raw), GD, 0}, {WS(q_rstd), cfg->H, 1},
+                            {WS(k_rstd), cfg->G, 1}, {WS(dq_raw), HD, 0}, {WS(dk_raw), GD, 0}};
+        for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) f[n++] = extra[i];
+    }
+    return n;
+}
+
+static size_t field_bytes(const ws_field *f, mt_dtype dtype, int max_N) {
+    size_t elem = f->is_f32 ? 4 : mt_dtype_size(dtype);
+    size_t bytes = (size_t)max_N * (size_t)f->per_token * elem;
+    return (bytes + 255) / 256 * 256;
+}
+
+size_t mt_layer_ws_bytes(const mt_config *cfg, mt_dtype dtype, int max_N) {
+    ws_field f[40];
+    int n = ws_fields(cfg, f);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += field_bytes(&f[i], dtype, max_N);
+    return total;
+}
+
+void mt_layer_ws_init(mt_layer_ws *ws, const mt_layer_ctx *lc, int max_N) {
+    memset(ws, 0, sizeof *ws);
+    ws->max_N = max_N;
+    ws_field f[40];
+    int n = ws_fields(lc->cfg, f);
+    for (int i = 0; i < n; i++) {
+        void **slot = (void **)((char *)ws + f[i].offset);
+        *slot = lc->be->alloc(lc->be, field_bytes(&f[i], lc->be->dtype, max_N));
+    }
+}
+
+void mt_layer_ws_free(mt_layer_ws *ws, const mt_layer_ctx *lc) {
+    ws_field f[40];
+    int n = ws_fields(lc->cfg, f);
+    for (int i = 0; i < n; i++) {
+        void **slot = (void **)((char *)ws + f[i].offset);
+        if (*slot) lc->be->free(lc->be, *slot);
+        *slot = NULL;
+    }
+}
+
+/* Attention half of the forward: fills xn1, q, k, v, att, h (and the q/k norm pieces). */
+static void attention_block_forward(const mt_layer_ctx *lc, const mt_tokens *tok,
+                                    const mt_layer_weights *w, const void *inp, mt_layer_ws *ws) {
+    mt_backend *be = lc->be;
+    const mt_config *cfg = lc->cfg;
+    dims d = dims_of(cfg, tok->B * tok->T);
+    be->rmsnorm_forward(be, ws->xn1, ws->rstd1, inp, w->input_norm, d.N, d.C, cfg->rms_norm_eps);
+    if (cfg->qk_norm) {
+        be->matmul_forward(be, ws->q_raw, ws->xn1, w->q, w->q_bias, d.N, d.C, d.HD);
+        be->matmul_forward(be, ws->k_raw, ws->xn1, w->k, w->k_bias, d.N, d.C, d.GD);
+        be->rmsnorm_forward(be, ws->q, ws->q_rstd, ws->q_raw, w->q_norm, d.N * d.H, d.D,
+                            cfg->rms_norm_eps);
+        be->rmsnorm_forward(be, ws->k, ws->k_rstd, ws->k_raw, w->k_norm, d.N * d.G, d.D,
+                            cfg->rms_norm_eps);
+    } else {
+        be->matmul_forward(be, ws->q, ws->xn1, w->q, w->q_bias, d.N, d.C, d.HD);
+        be->matmul_forward(be, ws->k, ws->xn1, w->k, w->k_bias, d.N, d.C, d.GD);
+    }
+    be->matmul_forward(be, ws->v, ws->xn1, w->v, w->v_bias, d.N, d.C, d.GD);
+    be->rope_forward(be, ws->q, tok->pos, lc->inv_freq, d.N, d.H, d.D);
+    be->rope_forward(be, ws->k, tok->pos, lc->inv_freq, d.N, d.G, d.D);
+    be->attention_forward(be, ws->att, ws->lse, ws->q, ws->k, ws->v, tok->doc_start, tok->B,
+                          tok->T, d.H, d.G, d.D);
+    be->matmul_forward(be, ws->h, ws->att, w->o, w->o_bias, d.N, d.HD, d.C);
+    be->add(be, ws->h, ws->h, inp, (size_t)d.N * d.C);
+}
+
+/* MLP half up to the down projection's input: fills hn, gate, up, act. */
+static void mlp_block_forward(const mt_layer_ctx *lc, const mt_tokens *tok,
+                              const mt_layer_weights *w, mt_layer_ws *ws) {
+    mt_backend *be = lc->be;
+    dims d = dims_of(lc->cfg, tok->B * tok->T);
+    be->rmsnorm_forward(be, ws->hn, ws->rstd2, ws->h, w->post_norm, d.N, d.C,
+                        lc->cfg->rms_norm_eps);
+    be->matmul_forward(be, ws->gate, ws->hn, w->gate, w->gate_bias, d.N, d.C, d.F);
+    be->matmul_forward(be, ws->up, ws->hn, w->up, w->up_bias, d.N, d.C, d.F);
+    be->swiglu_forward(be, ws->act, ws->gate, ws->up, (size_t)d.N * d.F);
+}
+
+void mt_layer_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_layer_weights *w,
+                      const void *inp, void *out, mt_layer_ws *ws) {
+    int N = tok->B * tok->T;
+    MT_CHECK(N <= ws->max_N, "layer workspace holds %d tokens, asked for %d", ws->max_N, N);
+    mt_backend *be = lc->be;
+    attention_block_forward(lc, tok, w, inp, ws);
+    mlp_block_forward(lc, tok, w, ws);
+    be->matmul_forward(be, out, ws->act, w->down, w->down_bias, N, lc->cfg->F, lc->cfg->C);
+    be->add(be, out, out, ws->h, (size_t)N * lc->cfg->C);
+}
+
+static float *f32(void *p) { return (float *)p; }
+
+void mt_layer_backward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_layer_weights *w,
+                       const mt_layer_weights *g, const void *inp, const void *dout, void *dinp,
+                       mt_layer_ws *ws, int recompute) {
+    mt_backend *be = lc->be;
+    const mt_config *cfg = lc->cfg;
+    dims d = dims_of(cfg, tok->B * tok->T);
+    MT_CHECK(d.N <= ws->max_N, "layer workspace holds %d tokens, asked for %d", ws->max_N, d.N);
+    if (recompute) {
+        attention_block_forward(lc, tok, w, inp, ws);
+        mlp_block_forward(lc, tok, w, ws);
+    }
+    size_t NC = (size_t)d.N * d.C;
+
+    /* MLP: out = h + down(act) */
+    be->matmul_backward(be, ws->d_act, f32(g->down), f32(g->down_bias), dout, ws->act, w->down,
+                        d.N, d.F, d.C, 0);
+    be->swiglu_backward(be, ws->d_gate, ws->d_up, ws->d_act, ws->gate, ws->up, (size_t)d.N * d.F);
+    be->matmul_backward(be, ws->d_hn, f32(g->gate), f32(g->gate_bias), ws->d_gate, ws->hn, w->gate,
+                        d.N, d.C, d.F, 0);
+    be->matmul_backward(be, ws->d_hn, f32(g->up), f32(g->up_bias), ws->d_up, ws->hn, w->up, d.N,
+                        d.C, d.F, 1);
+    /* d_h = dout + rmsnorm2'(d_hn); d_xn1 serves as scratch until the attention half needs it */
+    be->rmsnorm_backward(be, ws->d_xn1, f32(g->post_norm), ws->d_hn, ws->h, w->post_norm,
+                         ws->rstd2, d.N, d.C, 0);
+    be->add(be, ws->d_h, dout, ws->d_xn1, NC);
+
+    /* attention: h = x + o(att) */
+    be->matmul_backward(be, ws->d_att, f32(g->o), f32(g->o_bias), ws->d_h, ws->att, w->o, d.N,
+                        d.HD, d.C, 0);
+    be->attention_backward(be, ws->dq, ws->dk, ws->dv, ws->d_att, ws->att, ws->lse, ws->q, ws->k,
+                           ws->v, tok->doc_start, tok->B, tok->T, d.H, d.G, d.D);
+    be->rope_backward(be, ws->dq, tok->pos, lc->inv_freq, d.N, d.H, d.D);
+    be->rope_backward(be, ws->dk, tok->pos, lc->inv_freq, d.N, d.G, d.D);
+    void *dq = ws->dq, *dk = ws->dk;
+    if (cfg->qk_norm) {
+        be->rmsnorm_backward(be, ws->dq_raw, f32(g->q_norm), ws->dq, ws->q_raw, w->q_norm,
+                             ws->q_rstd, d.N * d.H, d.D, 0);
+        be->rmsnorm_backward(be, ws->dk_raw, f32(g->k_norm), ws->dk, ws->k_raw, w->k_norm,
+                             ws->k_rstd, d.N * d.G, d.D, 0);
+        dq = ws->dq_raw;
+        dk = ws->dk_raw;
+    }
+    be->matmul_backward(be, ws->d_xn1, f32(g->q), f32(g->q_bias), dq, ws->xn1, w->q, d.N, d.C,
+                        d.HD, 0);
+    be->matmul_backward(be, ws->d_xn1, f32(g->k), f32(g->k_bias), dk, ws->xn1, w->k, d.N, d.C,
+                        d.GD, 1);
+    be->matmul_backward(be, ws->d_xn1, f32(g->v), f32(g->v_bias), ws->dv, ws->xn1, w->v, d.N, d.C,
+                        d.GD, 1);
+    /* dinp = d_h + rmsnorm1'(d_xn1); dout is dead by now, so dinp may alias it */
+    be->rmsnorm_backward(be, dinp, f32(g->input_norm), ws->d_xn1, inp, w->input_norm, ws->rstd1,
+                         d.N, d.C, 0);
+    be->add(be, dinp, dinp, ws->d_h, NC);
+}

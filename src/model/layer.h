@@ -1,0 +1,72 @@
+/* One decoder layer as a stateless template: forward and hand-written backward of
+ *   h   = x + o_proj(attention(rope(qk_norm(q_proj(n1))), rope(qk_norm(k_proj(n1))), v_proj(n1)))
+ *   out = h + down_proj(silu(gate_proj(n2)) * up_proj(n2)),  n1 = rmsnorm(x), n2 = rmsnorm(h)
+ * for whatever layer's weights the caller points at. Nothing about a layer is kept between calls
+ * except what the caller passes in: the backward recomputes the internals from the saved layer
+ * input alone (activation checkpointing), which is what the streaming engine relies on.
+ */
+#ifndef MT_LAYER_H
+#define MT_LAYER_H
+
+#include <stdint.h>
+
+#include "../backend/backend.h"
+#include "config.h"
+#include "params.h"
+
+/* What every layer call shares. inv_freq (D/2 fp32) lives on the compute side. */
+typedef struct {
+    const mt_config *cfg;
+    mt_backend *be;
+    const float *inv_freq;
+} mt_layer_ctx;
+
+/* Where the N = B*T tokens of one micro-batch sit: RoPE positions (N) and, for packed rows, the
+ * position of each token's document start inside its row (N) or NULL. Both on the compute side. */
+typedef struct {
+    int B, T;
+    const int32_t *pos;
+    const int32_t *doc_start;
+} mt_tokens;
+
+/* Weights of one layer in the compute dtype, or the fp32 gradients of one layer. */
+typedef mt_layer_view mt_layer_weights;
+
+/* Working activations for one layer and up to max_N tokens (compute dtype unless noted). */
+typedef struct {
+    int max_N;
+    void *xn1;          /* (N, C)   rmsnorm(x) */
+    void *q_raw, *k_raw;/* (N, H*D), (N, G*D) before the q/k norm (qwen3 only) */
+    void *q, *k, *v;    /* (N, H*D), (N, G*D), (N, G*D) after norm and rope */
+    void *att;          /* (N, H*D) attention output */
+    void *h;            /* (N, C)   residual after attention */
+    void *hn;           /* (N, C)   rmsnorm(h) */
+    void *gate, *up;    /* (N, F) */
+    void *act;          /* (N, F)   silu(gate) * up */
+    float *rstd1, *rstd2;         /* (N) */
+    float *q_rstd, *k_rstd;       /* (N*H), (N*G) qwen3 only */
+    float *lse;                   /* (B, H, T) */
+    /* backward scratch */
+    void *d_act, *d_gate, *d_up;  /* (N, F) */
+    void *d_hn, *d_h, *d_xn1;     /* (N, C) */
+    void *d_att, *dq, *dq_raw;    /* (N, H*D) */
+    void *dk, *dv, *dk_raw;       /* (N, G*D) */
+} mt_layer_ws;
+
+void mt_layer_ws_init(mt_layer_ws *ws, const mt_layer_ctx *lc, int max_N);
+void mt_layer_ws_free(mt_layer_ws *ws, const mt_layer_ctx *lc);
+/* Bytes mt_layer_ws_init allocates on the compute side for max_N tokens. */
+size_t mt_layer_ws_bytes(const mt_config *cfg, mt_dtype dtype, int max_N);
+
+/* out (N, C) = layer(inp (N, C)); out may alias inp. Leaves the internals in ws. */
+void mt_layer_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_layer_weights *w,
+                      const void *inp, void *out, mt_layer_ws *ws);
+
+/* Backward from the gradient of the layer output dout (N, C): dinp (N, C) is written (it may
+ * alias dout), the fp32 gradients in `grads` accumulate (+=). When `recompute` is set the
+ * internals are recomputed from inp first; otherwise ws must still hold this forward's. */
+void mt_layer_backward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_layer_weights *w,
+                       const mt_layer_weights *grads, const void *inp, const void *dout, void *dinp,
+                       mt_layer_ws *ws, int recompute);
+
+#endif

@@ -1,0 +1,107 @@
+/* The parameter table: every tensor of the model, its Hugging Face name, shape and place.
+ *
+ * Weights live in one arena of elements laid out group by group:
+ *   [embed][layer 0][layer 1]...[layer L-1][head]
+ * The embed group holds model.embed_tokens.weight; the head group holds model.norm.weight and,
+ * when untied, lm_head.weight. Each layer group has the same layout, so a layer's tensors are
+ * found from the layer's base pointer and per-layer offsets alone (any layer in any slot).
+ * Offsets are in elements (the same for an fp32 master arena and a bf16 upload arena) and
+ * aligned to MT_PARAM_ALIGN elements for vectorized access.
+ * Everything that walks parameters (I/O, init, optimizer, checksums) walks this table.
+ */
+#ifndef MT_PARAMS_H
+#define MT_PARAMS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+
+#define MT_PARAM_ALIGN 32
+#define MT_GROUP_EMBED (-1) /* layer index of the embed group; the head group is L */
+
+typedef enum {
+    /* per layer */
+    MT_W_INPUT_NORM = 0, /* (C)       input_layernorm.weight */
+    MT_W_Q,              /* (H*D, C)  self_attn.q_proj.weight */
+    MT_W_Q_BIAS,         /* (H*D)     self_attn.q_proj.bias */
+    MT_W_K,              /* (G*D, C) */
+    MT_W_K_BIAS,         /* (G*D) */
+    MT_W_V,              /* (G*D, C) */
+    MT_W_V_BIAS,         /* (G*D) */
+    MT_W_O,              /* (C, H*D)  self_attn.o_proj.weight */
+    MT_W_O_BIAS,         /* (C) */
+    MT_W_Q_NORM,         /* (D)       self_attn.q_norm.weight (qwen3) */
+    MT_W_K_NORM,         /* (D)       self_attn.k_norm.weight (qwen3) */
+    MT_W_POST_NORM,      /* (C)       post_attention_layernorm.weight */
+    MT_W_GATE,           /* (F, C)    mlp.gate_proj.weight */
+    MT_W_GATE_BIAS,      /* (F) */
+    MT_W_UP,             /* (F, C)    mlp.up_proj.weight */
+    MT_W_UP_BIAS,        /* (F) */
+    MT_W_DOWN,           /* (C, F)    mlp.down_proj.weight */
+    MT_W_DOWN_BIAS,      /* (C) */
+    MT_LAYER_KINDS,
+    /* model-level */
+    MT_W_EMBED = MT_LAYER_KINDS, /* (V, C) model.embed_tokens.weight */
+    MT_W_FINAL_NORM,             /* (C)    model.norm.weight */
+    MT_W_LM_HEAD,                /* (V, C) lm_head.weight (untied only) */
+    MT_PARAM_KINDS,
+} mt_param_kind;
+
+typedef struct {
+    char name[96];       /* Hugging Face tensor name */
+    mt_param_kind kind;
+    int layer;           /* MT_GROUP_EMBED, 0..L-1, or L for the head group */
+    int ndim;            /* 1 or 2 */
+    int64_t shape[2];
+    int64_t numel;
+    int64_t offset;      /* element offset in the whole arena */
+    int64_t group_offset;/* element offset inside its group (for layers: the per-layer offset) */
+} mt_param;
+
+typedef struct {
+    mt_config cfg;
+    mt_param *params;    /* in arena order */
+    int n_params;
+    int64_t total;       /* elements in the arena (padding included) */
+    int64_t n_real;      /* parameters (padding excluded) */
+    int64_t embed_offset, embed_size;  /* group extents, in elements */
+    int64_t layer_offset0, layer_size; /* layer l starts at layer_offset0 + l * layer_size */
+    int64_t head_offset, head_size;
+    /* per-layer offset of each kind inside a layer group, -1 when absent */
+    int64_t layer_kind_offset[MT_LAYER_KINDS];
+} mt_param_table;
+
+void mt_param_table_init(mt_param_table *t, const mt_config *cfg);
+void mt_param_table_free(mt_param_table *t);
+
+/* Looks up a tensor by Hugging Face name; NULL when the model has no such tensor. */
+const mt_param *mt_param_find(const mt_param_table *t, const char *name);
+
+/* Element offset of a group's start: layer -1 embed, 0..L-1 layers, L head. */
+int64_t mt_group_offset(const mt_param_table *t, int layer);
+int64_t mt_group_size(const mt_param_table *t, int layer);
+
+/* Pointers to one layer's tensors inside a layer block whose elements are `elem_size` bytes.
+ * Absent tensors (biases, q/k norms) are NULL. */
+typedef struct {
+    void *input_norm, *q, *q_bias, *k, *k_bias, *v, *v_bias, *o, *o_bias;
+    void *q_norm, *k_norm, *post_norm;
+    void *gate, *gate_bias, *up, *up_bias, *down, *down_bias;
+} mt_layer_view;
+
+mt_layer_view mt_layer_view_of(const mt_param_table *t, void *layer_base, size_t elem_size);
+
+/* Pointers to the embed and head tensors in a whole arena (lm_head == embed when tied). */
+typedef struct {
+    void *embed, *final_norm, *lm_head;
+} mt_model_view;
+
+mt_model_view mt_model_view_of(const mt_param_table *t, void *arena_base, size_t elem_size);
+
+/* Random init as the contract says: normal(0, std) for matrices and embeddings, residual
+ * projections (o_proj, down_proj) scaled by 1/sqrt(2 L), norms 1, biases 0. Padding is zeroed.
+ * Deterministic in `seed`. */
+void mt_param_init(const mt_param_table *t, float *arena, float std, uint64_t seed);
+
+#endif

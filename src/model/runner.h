@@ -1,0 +1,47 @@
+/* The whole model on one batch, every weight already on the compute side: the non-streamed
+ * reference path used by the tests, `megatrain eval`/`generate` and the CPU benchmark. The
+ * streaming engine runs the same layer and head functions in its own schedule.
+ *
+ * Forward saves each layer's input (the checkpoints); backward recomputes each layer from it.
+ */
+#ifndef MT_RUNNER_H
+#define MT_RUNNER_H
+
+#include <stdint.h>
+
+#include "head.h"
+#include "layer.h"
+#include "params.h"
+
+typedef struct {
+    const mt_param_table *table;
+    mt_layer_ctx lc;
+    mt_layer_ws ws;
+    mt_head_ws head_ws;
+    int max_B, T, max_N;
+    void *acts;       /* (L+1, max_N, C) checkpoints: input of every layer, then the last output */
+    void *dx;         /* (max_N, C) gradient flowing down the residual stream */
+    float *losses;    /* (max_N) per-token losses */
+    int32_t *ids, *targets, *pos; /* (max_N) on the compute side */
+    float *inv_freq;  /* (D/2) on the compute side */
+} mt_runner;
+
+void mt_runner_init(mt_runner *r, const mt_param_table *t, mt_backend *be, int max_B, int T);
+void mt_runner_free(mt_runner *r);
+
+/* Compute-side bytes mt_runner_init allocates. */
+size_t mt_runner_bytes(const mt_param_table *t, mt_dtype dtype, int max_B, int T);
+
+/* Loss of B rows of T tokens: ids and targets (B, T) on the host, targets < 0 ignored.
+ * weights: the compute-side arena (be->dtype) laid out as the table. Returns the sum of the
+ * per-token losses and sets *count to the number of targets counted. When grads (fp32,
+ * compute side, table layout) is not NULL, the gradient of loss_scale * sum(losses)
+ * accumulates into it; loss_scale 0 means 1/count (the mean, as PyTorch's cross_entropy). */
+double mt_runner_step(mt_runner *r, const void *weights, float *grads, const int32_t *ids,
+                      const int32_t *targets, int B, float loss_scale, int64_t *count);
+
+/* fp32 logits (B, T, V) on the host of B rows of T tokens. */
+void mt_runner_logits(mt_runner *r, const void *weights, const int32_t *ids, int B,
+                      float *logits);
+
+#endif

@@ -1,0 +1,460 @@
+/* The fp32 CPU ops against plain double-precision references: embedding, RMSNorm, matmul, RoPE,
+ * SwiGLU, add, and the backend's memory calls. (Attention and the LM head have their own files.)
+ *
+ * Forward: fp32 op vs the double reference, atol 1e-6 rtol 1e-5.
+ * Backward: fp32 op vs central finite differences (h = 1e-4, in double, error ~1e-9) of the double
+ * reference for the scalar sum(out * Rw), Rw random; atol 1e-5 rtol 1e-4. Outputs written (=) are
+ * poisoned with NaN first; outputs accumulated (+=) are pre-filled and the fill is added to the
+ * reference. The odd sizes and the "large" cases reach the parallel paths and the block seams.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_ops.h"
+#include "util/testutil.h"
+
+#define FWD_ATOL 1e-6
+#define FWD_RTOL 1e-5
+#define BWD_ATOL 1e-5
+#define BWD_RTOL 1e-4
+#define FD_H 1e-4
+
+static mt_backend *be;
+
+static float *fnew(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
+static double *dnew(size_t n) { return malloc((n ? n : 1) * sizeof(double)); }
+static void poison(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = NAN;
+}
+static double *to_double(const float *x, size_t n) {
+    double *d = dnew(n);
+    for (size_t i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+static float *to_float(const double *x, size_t n) {
+    float *f = fnew(n);
+    for (size_t i = 0; i < n; i++) f[i] = (float)x[i];
+    return f;
+}
+static float *randn(mt_test_rng *rng, size_t n, float std) {
+    float *x = fnew(n);
+    mt_test_fill_normal(rng, x, n, std);
+    return x;
+}
+static float *copyf(const float *x, size_t n) {
+    float *y = fnew(n);
+    memcpy(y, x, n * sizeof(float));
+    return y;
+}
+/* ref[i] = base[i] + k * g[i]: the expected value of an accumulated output. */
+static float *plus(const float *base, const float *g, float k, size_t n) {
+    float *r = fnew(n);
+    for (size_t i = 0; i < n; i++) r[i] = (float)((double)base[i] + k * (double)g[i]);
+    return r;
+}
+
+/* Gradient of loss(ctx) with respect to the n doubles at x, by central differences. */
+typedef double (*loss_fn)(void *ctx);
+static float *fd_grad(loss_fn loss, void *ctx, double *x, size_t n) {
+    float *g = fnew(n);
+    for (size_t i = 0; i < n; i++) {
+        double save = x[i];
+        x[i] = save + FD_H;
+        double lp = loss(ctx);
+        x[i] = save - FD_H;
+        double lm = loss(ctx);
+        x[i] = save;
+        g[i] = (float)((lp - lm) / (2 * FD_H));
+    }
+    return g;
+}
+static double dot(const double *a, const double *b, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* ---------------- memory ---------------- */
+
+static void test_memory(void **state) {
+    size_t n = 1000;
+    float *p = be->alloc(be, n * sizeof(float));
+    assert_true(((uintptr_t)p & 63) == 0);
+    float *host = fnew(n), *back = fnew(n);
+    for (size_t i = 0; i < n; i++) host[i] = (float)i;
+    be->upload(be, p, host, n * sizeof(float));
+    be->sync(be);
+    be->download(be, back, p, n * sizeof(float));
+    assert_memory_equal(host, back, n * sizeof(float));
+    be->zero(be, p, n * sizeof(float));
+    be->download(be, back, p, n * sizeof(float));
+    for (size_t i = 0; i < n; i++) assert_true(back[i] == 0.0f);
+    be->free(be, p);
+    assert_string_equal(be->name, "cpu");
+    assert_int_equal(be->dtype, MT_F32);
+    free(host);
+    free(back);
+}
+
+/* ---------------- embedding ---------------- */
+
+typedef struct {
+    const int32_t *ids;
+    double *table, *Rw;
+    int N, C;
+} emb_ctx;
+
+static double emb_loss(void *p) {
+    emb_ctx *c = p;
+    double s = 0;
+    for (int n = 0; n < c->N; n++)
+        s += dot(c->table + (size_t)c->ids[n] * c->C, c->Rw + (size_t)n * c->C, c->C);
+    return s;
+}
+
+static void check_embedding(int N, int C, int V, uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    int32_t *ids = malloc(N * sizeof *ids);
+    for (int n = 0; n < N; n++) ids[n] = (int32_t)(mt_test_rng_u64(&rng) % (uint64_t)V);
+    ids[N - 1] = ids[0]; /* at least one repeat */
+    float *table = randn(&rng, (size_t)V * C, 1), *out = fnew((size_t)N * C);
+    float *ref = fnew((size_t)N * C);
+    for (int n = 0; n < N; n++) memcpy(ref + (size_t)n * C, table + (size_t)ids[n] * C, C * 4);
+    poison(out, (size_t)N * C);
+    be->embedding_forward(be, out, ids, table, N, C);
+    assert_memory_equal(out, ref, (size_t)N * C * sizeof(float)); /* a copy: exact */
+
+    float *Rw = randn(&rng, (size_t)N * C, 1), *prefill = randn(&rng, (size_t)V * C, 1);
+    emb_ctx c = {ids, to_double(table, (size_t)V * C), to_double(Rw, (size_t)N * C), N, C};
+    float *g = fd_grad(emb_loss, &c, c.table, (size_t)V * C);
+    float *dtable = copyf(prefill, (size_t)V * C);
+    be->embedding_backward(be, dtable, Rw, ids, N, C);
+    float *want = plus(prefill, g, 1, (size_t)V * C);
+    assert_true(mt_allclose("embedding_backward dtable (+=)", dtable, want, (size_t)V * C, BWD_ATOL,
+                            BWD_RTOL));
+    be->embedding_backward(be, dtable, Rw, ids, N, C);
+    float *want2 = plus(prefill, g, 2, (size_t)V * C);
+    assert_true(mt_allclose("embedding_backward twice", dtable, want2, (size_t)V * C, BWD_ATOL,
+                            BWD_RTOL));
+    free(ids), free(table), free(out), free(ref), free(Rw), free(prefill), free(c.table);
+    free(c.Rw), free(g), free(dtable), free(want), free(want2);
+}
+
+static void test_embedding(void **state) {
+    check_embedding(13, 24, 5, 1);   /* many repeats */
+    check_embedding(700, 150, 11, 2); /* parallel path, column blocks with a ragged last one */
+}
+
+/* ---------------- RMSNorm ---------------- */
+
+typedef struct {
+    double *x, *w, *Rw, *out, *rstd;
+    int R, C;
+    double eps;
+} rms_ctx;
+
+static void rms_ref(rms_ctx *c) {
+    for (int r = 0; r < c->R; r++) {
+        const double *x = c->x + (size_t)r * c->C;
+        double ms = dot(x, x, c->C) / c->C;
+        double s = 1.0 / sqrt(ms + c->eps);
+        c->rstd[r] = s;
+        for (int i = 0; i < c->C; i++) c->out[(size_t)r * c->C + i] = x[i] * s * c->w[i];
+    }
+}
+static double rms_loss(void *p) {
+    rms_ctx *c = p;
+    rms_ref(c);
+    return dot(c->out, c->Rw, (size_t)c->R * c->C);
+}
+
+static void check_rmsnorm(int R, int C, float eps, uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    size_t n = (size_t)R * C;
+    float *x = randn(&rng, n, 1), *w = randn(&rng, C, 1), *Rw = randn(&rng, n, 1);
+    x[0] = 1e-3f; /* a small element and (below) a small row */
+    if (R > 2)
+        for (int i = 0; i < C; i++) x[(size_t)2 * C + i] *= 0.05f;
+    rms_ctx c = {to_double(x, n), to_double(w, C), to_double(Rw, n), dnew(n), dnew(R), R, C, eps};
+    rms_ref(&c);
+    float *out = fnew(n), *rstd = fnew(R);
+    poison(out, n), poison(rstd, R);
+    be->rmsnorm_forward(be, out, rstd, x, w, R, C, eps);
+    float *ref_out = to_float(c.out, n), *ref_rstd = to_float(c.rstd, R);
+    assert_true(mt_allclose("rmsnorm_forward out", out, ref_out, n, FWD_ATOL, FWD_RTOL));
+    assert_true(mt_allclose("rmsnorm_forward rstd", rstd, ref_rstd, R, FWD_ATOL, FWD_RTOL));
+
+    float *gx = fd_grad(rms_loss, &c, c.x, n), *gw = fd_grad(rms_loss, &c, c.w, C);
+    float *dx = fnew(n), *pre_w = randn(&rng, C, 1), *dw = copyf(pre_w, C);
+    poison(dx, n);
+    be->rmsnorm_backward(be, dx, dw, Rw, x, w, rstd, R, C, 0);
+    float *want_w = plus(pre_w, gw, 1, C);
+    assert_true(mt_allclose("rmsnorm_backward dinp (=)", dx, gx, n, BWD_ATOL, BWD_RTOL));
+    assert_true(mt_allclose("rmsnorm_backward dweight (+=)", dw, want_w, C, BWD_ATOL, BWD_RTOL));
+
+    float *pre_x = randn(&rng, n, 1);
+    memcpy(dx, pre_x, n * 4);
+    be->rmsnorm_backward(be, dx, dw, Rw, x, w, rstd, R, C, 1);
+    float *want_x = plus(pre_x, gx, 1, n), *want_w2 = plus(pre_w, gw, 2, C);
+    assert_true(mt_allclose("rmsnorm_backward dinp (+=)", dx, want_x, n, BWD_ATOL, BWD_RTOL));
+    assert_true(mt_allclose("rmsnorm_backward dweight twice", dw, want_w2, C, BWD_ATOL, BWD_RTOL));
+
+    /* dinp NULL: only dweight */
+    be->rmsnorm_backward(be, NULL, dw, Rw, x, w, rstd, R, C, 0);
+    float *want_w3 = plus(pre_w, gw, 3, C);
+    assert_true(mt_allclose("rmsnorm_backward dinp NULL", dw, want_w3, C, BWD_ATOL, BWD_RTOL));
+
+    free(x), free(w), free(Rw), free(c.x), free(c.w), free(c.Rw), free(c.out), free(c.rstd);
+    free(out), free(rstd), free(ref_out), free(ref_rstd), free(gx), free(gw), free(dx);
+    free(pre_w), free(dw), free(want_w), free(pre_x), free(want_x), free(want_w2), free(want_w3);
+}
+
+static void test_rmsnorm(void **state) {
+    check_rmsnorm(7, 24, 1e-5f, 3);
+    check_rmsnorm(7, 24, 0.5f, 4); /* an eps that matters */
+    check_rmsnorm(1, 5, 1e-6f, 5);
+    check_rmsnorm(33, 520, 1e-6f, 6); /* above the parallel threshold: per-thread dweight partials */
+}
+
+/* ---------------- matmul ---------------- */
+
+typedef struct {
+    double *x, *w, *bias, *Rw, *out;
+    int R, K, M;
+} mm_ctx;
+
+static void mm_ref(mm_ctx *c) {
+    for (int r = 0; r < c->R; r++)
+        for (int m = 0; m < c->M; m++)
+            c->out[(size_t)r * c->M + m] =
+                dot(c->x + (size_t)r * c->K, c->w + (size_t)m * c->K, c->K) +
+                (c->bias ? c->bias[m] : 0);
+}
+static double mm_loss(void *p) {
+    mm_ctx *c = p;
+    mm_ref(c);
+    return dot(c->out, c->Rw, (size_t)c->R * c->M);
+}
+
+/* fd = 0: large shapes, checked against the exact double gradients with atol 1e-4, because a
+ * dweight entry sums R = 611 products of O(1) and is O(25): fp32 rounding alone reaches ~1e-5. */
+static void check_matmul(int R, int K, int M, int with_bias, int fd, uint64_t seed) {
+    double BATOL = fd ? BWD_ATOL : 1e-4;
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    size_t nx = (size_t)R * K, nw = (size_t)M * K, no = (size_t)R * M;
+    float *x = randn(&rng, nx, 1), *w = randn(&rng, nw, 1), *b = randn(&rng, M, 1);
+    float *Rw = randn(&rng, no, 1);
+    mm_ctx c = {to_double(x, nx), to_double(w, nw), with_bias ? to_double(b, M) : NULL,
+                to_double(Rw, no), dnew(no), R, K, M};
+    mm_ref(&c);
+    float *out = fnew(no), *ref = to_float(c.out, no);
+    poison(out, no);
+    be->matmul_forward(be, out, x, w, with_bias ? b : NULL, R, K, M);
+    assert_true(mt_allclose(with_bias ? "matmul_forward (bias)" : "matmul_forward", out, ref, no,
+                            FWD_ATOL, FWD_RTOL));
+
+    /* gradients: finite differences for small shapes, the exact double formulas for large ones */
+    float *gx, *gw, *gb = fnew(M);
+    if (fd) {
+        gx = fd_grad(mm_loss, &c, c.x, nx);
+        gw = fd_grad(mm_loss, &c, c.w, nw);
+    } else {
+        double *ax = dnew(nx), *aw = dnew(nw);
+        for (int r = 0; r < R; r++)
+            for (int k = 0; k < K; k++) {
+                double s = 0;
+                for (int m = 0; m < M; m++) s += c.Rw[(size_t)r * M + m] * c.w[(size_t)m * K + k];
+                ax[(size_t)r * K + k] = s;
+            }
+        for (int m = 0; m < M; m++)
+            for (int k = 0; k < K; k++) {
+                double s = 0;
+                for (int r = 0; r < R; r++) s += c.Rw[(size_t)r * M + m] * c.x[(size_t)r * K + k];
+                aw[(size_t)m * K + k] = s;
+            }
+        gx = to_float(ax, nx), gw = to_float(aw, nw);
+        free(ax), free(aw);
+    }
+    for (int m = 0; m < M; m++) {
+        double s = 0;
+        for (int r = 0; r < R; r++) s += c.Rw[(size_t)r * M + m];
+        gb[m] = (float)s;
+    }
+    float *dx = fnew(nx), *pre_w = randn(&rng, nw, 1), *pre_b = randn(&rng, M, 1);
+    float *dw = copyf(pre_w, nw), *db = copyf(pre_b, M);
+    poison(dx, nx);
+    be->matmul_backward(be, dx, dw, db, Rw, x, w, R, K, M, 0);
+    float *want_w = plus(pre_w, gw, 1, nw), *want_b = plus(pre_b, gb, 1, M);
+    assert_true(mt_allclose("matmul_backward dinp (=)", dx, gx, nx, BATOL, BWD_RTOL));
+    assert_true(mt_allclose("matmul_backward dweight (+=)", dw, want_w, nw, BATOL, BWD_RTOL));
+    assert_true(mt_allclose("matmul_backward dbias (+=)", db, want_b, M, BATOL, BWD_RTOL));
+
+    float *pre_x = randn(&rng, nx, 1);
+    memcpy(dx, pre_x, nx * 4);
+    be->matmul_backward(be, dx, dw, db, Rw, x, w, R, K, M, 1);
+    float *want_x = plus(pre_x, gx, 1, nx), *want_w2 = plus(pre_w, gw, 2, nw);
+    float *want_b2 = plus(pre_b, gb, 2, M);
+    assert_true(mt_allclose("matmul_backward dinp (+=)", dx, want_x, nx, BATOL, BWD_RTOL));
+    assert_true(mt_allclose("matmul_backward dweight twice", dw, want_w2, nw, BATOL, BWD_RTOL));
+    assert_true(mt_allclose("matmul_backward dbias twice", db, want_b2, M, BATOL, BWD_RTOL));
+
+    /* NULL outputs are skipped: only dinp, then only dbias */
+    poison(dx, nx);
+    float *dw_before = copyf(dw, nw);
+    be->matmul_backward(be, dx, NULL, NULL, Rw, x, w, R, K, M, 0);
+    assert_true(mt_allclose("matmul_backward dinp only", dx, gx, nx, BATOL, BWD_RTOL));
+    be->matmul_backward(be, NULL, NULL, db, Rw, x, w, R, K, M, 0);
+    float *want_b3 = plus(pre_b, gb, 3, M);
+    assert_true(mt_allclose("matmul_backward dbias only", db, want_b3, M, BATOL, BWD_RTOL));
+    assert_memory_equal(dw, dw_before, nw * sizeof(float)); /* dweight untouched */
+
+    free(x), free(w), free(b), free(Rw), free(c.x), free(c.w), free(c.bias), free(c.Rw);
+    free(c.out), free(out), free(ref), free(gx), free(gw), free(gb), free(dx), free(pre_w);
+    free(pre_b), free(dw), free(db), free(want_w), free(want_b), free(pre_x), free(want_x);
+    free(want_w2), free(want_b2), free(want_b3), free(dw_before);
+}
+
+static void test_matmul(void **state) {
+    check_matmul(7, 24, 13, 0, 1, 6);
+    check_matmul(7, 24, 13, 1, 1, 7);
+    check_matmul(1, 3, 1, 1, 1, 8);
+    check_matmul(611, 20, 130, 1, 0, 9); /* parallel bias rows and dbias column blocks */
+}
+
+/* ---------------- RoPE ---------------- */
+
+typedef struct {
+    double *x, *Rw, *out, *cs, *sn; /* cs, sn (N, D/2): cos and sin of the fp32 angle */
+    int N, nh, D;
+} rope_ctx;
+
+static void rope_ref(rope_ctx *c) {
+    int half = c->D / 2;
+    for (int n = 0; n < c->N; n++)
+        for (int h = 0; h < c->nh; h++)
+            for (int i = 0; i < half; i++) {
+                size_t a = ((size_t)n * c->nh + h) * c->D + i, b = a + half;
+                double cs = c->cs[(size_t)n * half + i], sn = c->sn[(size_t)n * half + i];
+                c->out[a] = c->x[a] * cs - c->x[b] * sn;
+                c->out[b] = c->x[b] * cs + c->x[a] * sn;
+            }
+}
+static double rope_loss(void *p) {
+    rope_ctx *c = p;
+    rope_ref(c);
+    return dot(c->out, c->Rw, (size_t)c->N * c->nh * c->D);
+}
+
+static void check_rope(int N, int nh, int D, int max_pos, int fd, uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    int half = D / 2;
+    size_t n = (size_t)N * nh * D;
+    int32_t *pos = malloc(N * sizeof *pos);
+    for (int i = 0; i < N; i++) pos[i] = (int32_t)(mt_test_rng_u64(&rng) % (uint64_t)max_pos);
+    float *inv_freq = fnew(half);
+    for (int i = 0; i < half; i++) /* as transformers: 1 / theta^(2i/D) in fp32 */
+        inv_freq[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)D);
+    float *x = randn(&rng, n, 1), *Rw = randn(&rng, n, 1);
+    rope_ctx c = {to_double(x, n), to_double(Rw, n), dnew(n), dnew((size_t)N * half),
+                  dnew((size_t)N * half), N, nh, D};
+    for (int t = 0; t < N; t++)
+        for (int i = 0; i < half; i++) {
+            float angle = (float)pos[t] * inv_freq[i]; /* the fp32 angle of the contract */
+            c.cs[(size_t)t * half + i] = cos((double)angle);
+            c.sn[(size_t)t * half + i] = sin((double)angle);
+        }
+    rope_ref(&c);
+    float *y = copyf(x, n), *ref = to_float(c.out, n);
+    be->rope_forward(be, y, pos, inv_freq, N, nh, D);
+    assert_true(mt_allclose("rope_forward", y, ref, n, FWD_ATOL, FWD_RTOL));
+
+    float *g;
+    if (fd) {
+        g = fd_grad(rope_loss, &c, c.x, n);
+    } else { /* the transpose of the rotation, in double */
+        double *a = dnew(n);
+        double *save = c.x;
+        c.x = c.Rw;
+        for (size_t i = 0; i < (size_t)N * half; i++) c.sn[i] = -c.sn[i];
+        rope_ref(&c);
+        memcpy(a, c.out, n * sizeof(double));
+        c.x = save;
+        g = to_float(a, n);
+        free(a);
+    }
+    float *dx = copyf(Rw, n);
+    be->rope_backward(be, dx, pos, inv_freq, N, nh, D);
+    assert_true(mt_allclose("rope_backward", dx, g, n, BWD_ATOL, BWD_RTOL));
+    free(pos), free(inv_freq), free(x), free(Rw), free(c.x), free(c.Rw), free(c.out), free(c.cs);
+    free(c.sn), free(y), free(ref), free(g), free(dx);
+}
+
+static void test_rope(void **state) {
+    check_rope(5, 3, 16, 4096, 1, 10);
+    check_rope(7, 1, 8, 100000, 1, 11); /* long-context positions: large fp32 angles */
+    check_rope(300, 8, 16, 32768, 0, 12); /* parallel path */
+}
+
+/* ---------------- SwiGLU and add ---------------- */
+
+static double silu(double g) { return g / (1 + exp(-g)); }
+
+static void check_swiglu(size_t n, uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    float *gate = fnew(n), *up = randn(&rng, n, 1), *Rw = randn(&rng, n, 1);
+    mt_test_fill_uniform(&rng, gate, n, -12, 12);
+    gate[0] = -40, gate[1 % n] = 40, gate[2 % n] = 0; /* saturated ends and the centre */
+    float *out = fnew(n), *ref = fnew(n), *gg = fnew(n), *gu = fnew(n);
+    for (size_t i = 0; i < n; i++) {
+        double g = gate[i], u = up[i], r = Rw[i];
+        ref[i] = (float)(silu(g) * u);
+        /* the scalar sum(out * Rw) depends on gate[i] and up[i] only through element i */
+        gg[i] = (float)(r * u * (silu(g + FD_H) - silu(g - FD_H)) / (2 * FD_H));
+        gu[i] = (float)(r * silu(g) * ((u + FD_H) - (u - FD_H)) / (2 * FD_H));
+    }
+    poison(out, n);
+    be->swiglu_forward(be, out, gate, up, n);
+    assert_true(mt_allclose("swiglu_forward", out, ref, n, FWD_ATOL, FWD_RTOL));
+    float *dg = fnew(n), *du = fnew(n);
+    poison(dg, n), poison(du, n);
+    be->swiglu_backward(be, dg, du, Rw, gate, up, n);
+    assert_true(mt_allclose("swiglu_backward dgate", dg, gg, n, BWD_ATOL, BWD_RTOL));
+    assert_true(mt_allclose("swiglu_backward dup", du, gu, n, BWD_ATOL, BWD_RTOL));
+
+    /* add, out aliasing a */
+    float *sum = fnew(n);
+    for (size_t i = 0; i < n; i++) sum[i] = (float)((double)up[i] + (double)Rw[i]);
+    poison(out, n);
+    be->add(be, out, up, Rw, n);
+    assert_memory_equal(out, sum, n * sizeof(float)); /* one fp32 rounding: exact */
+    be->add(be, up, up, Rw, n);
+    assert_memory_equal(up, sum, n * sizeof(float));
+    free(gate), free(up), free(Rw), free(out), free(ref), free(gg), free(gu), free(dg), free(du);
+    free(sum);
+}
+
+static void test_swiglu_add(void **state) {
+    check_swiglu(3, 13);
+    check_swiglu(1001, 14);
+    check_swiglu(100003, 15); /* parallel path */
+}
+
+int main(void) {
+    be = mt_backend_cpu_create();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_memory),  cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_rope),    cmocka_unit_test(test_swiglu_add),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    be->destroy(be);
+    return rc;
+}

@@ -1,0 +1,256 @@
+/* The fp32 CPU attention against a plain double-precision reference.
+ *
+ * Forward (out and lse): atol 1e-6 rtol 1e-5 against the double reference.
+ * Backward (dq, dk, dv): atol 1e-5 rtol 1e-4 against central finite differences (h = 1e-4, double)
+ * of the double forward for the scalar sum(out * dout). Outputs are poisoned with NaN first.
+ * Shapes cover G = 1, 1 < G < H and G = H, D = 4/8/16, T from 5 to 140 (three query tiles of 64),
+ * and rows packing one to three documents through doc_start. Packed documents must equal the same
+ * documents run one by one.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_ops.h"
+#include "util/testutil.h"
+
+#define FWD_ATOL 1e-6
+#define FWD_RTOL 1e-5
+#define BWD_ATOL 1e-5
+#define BWD_RTOL 1e-4
+#define FD_H 1e-4
+
+static mt_backend *be;
+
+static float *fnew(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
+static double *dnew(size_t n) { return malloc((n ? n : 1) * sizeof(double)); }
+static void poison(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = NAN;
+}
+static double *to_double(const float *x, size_t n) {
+    double *d = dnew(n);
+    for (size_t i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+static float *to_float(const double *x, size_t n) {
+    float *f = fnew(n);
+    for (size_t i = 0; i < n; i++) f[i] = (float)x[i];
+    return f;
+}
+static float *randn(mt_test_rng *rng, size_t n, float std) {
+    float *x = fnew(n);
+    mt_test_fill_normal(rng, x, n, std);
+    return x;
+}
+
+typedef double (*loss_fn)(void *ctx);
+static float *fd_grad(loss_fn loss, void *ctx, double *x, size_t n) {
+    float *g = fnew(n);
+    for (size_t i = 0; i < n; i++) {
+        double save = x[i];
+        x[i] = save + FD_H;
+        double lp = loss(ctx);
+        x[i] = save - FD_H;
+        double lm = loss(ctx);
+        x[i] = save;
+        g[i] = (float)((lp - lm) / (2 * FD_H));
+    }
+    return g;
+}
+
+/* ---------------- the double reference ---------------- */
+
+typedef struct {
+    double *q, *k, *v, *dout, *out, *lse;
+    const int32_t *doc_start;
+    int B, T, H, G, D;
+} attn_ctx;
+
+static void attn_ref(attn_ctx *c) {
+    int B = c->B, T = c->T, H = c->H, G = c->G, D = c->D, rep = H / G;
+    double scale = 1.0 / sqrt((double)D);
+    double *p = dnew(T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) {
+                int s0 = c->doc_start ? c->doc_start[b * T + t] : 0;
+                const double *qv = c->q + ((size_t)(b * T + t) * H + h) * D;
+                double mx = -INFINITY;
+                for (int s = s0; s <= t; s++) {
+                    const double *kv = c->k + ((size_t)(b * T + s) * G + h / rep) * D;
+                    double dot = 0;
+                    for (int d = 0; d < D; d++) dot += qv[d] * kv[d];
+                    p[s] = dot * scale;
+                    if (p[s] > mx) mx = p[s];
+                }
+                double sum = 0;
+                for (int s = s0; s <= t; s++) sum += (p[s] = exp(p[s] - mx));
+                c->lse[((size_t)b * H + h) * T + t] = mx + log(sum);
+                double *o = c->out + ((size_t)(b * T + t) * H + h) * D;
+                for (int d = 0; d < D; d++) o[d] = 0;
+                for (int s = s0; s <= t; s++) {
+                    const double *vv = c->v + ((size_t)(b * T + s) * G + h / rep) * D;
+                    for (int d = 0; d < D; d++) o[d] += p[s] / sum * vv[d];
+                }
+            }
+    free(p);
+}
+
+static double attn_loss(void *p) {
+    attn_ctx *c = p;
+    attn_ref(c);
+    size_t n = (size_t)c->B * c->T * c->H * c->D;
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += c->out[i] * c->dout[i];
+    return s;
+}
+
+/* doc_start for rows split at random into 1..3 documents (NULL when docs == 0). */
+static int32_t *make_docs(mt_test_rng *rng, int B, int T, int docs) {
+    if (!docs) return NULL;
+    int32_t *ds = malloc((size_t)B * T * sizeof *ds);
+    for (int b = 0; b < B; b++) {
+        int ndocs = 1 + (int)(mt_test_rng_u64(rng) % 3), start = 0;
+        for (int t = 0; t < T; t++) {
+            /* a new document begins here with probability (ndocs-1)/T */
+            if (t > 0 && (int)(mt_test_rng_u64(rng) % (uint64_t)T) < ndocs - 1) start = t;
+            ds[b * T + t] = start;
+        }
+    }
+    return ds;
+}
+
+static void check_attention(int B, int T, int H, int G, int D, int docs, uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * G * D, nl = (size_t)B * H * T;
+    float *q = randn(&rng, nq, 1), *k = randn(&rng, nk, 1), *v = randn(&rng, nk, 1);
+    float *dout = randn(&rng, nq, 1);
+    int32_t *ds = make_docs(&rng, B, T, docs);
+    attn_ctx c = {to_double(q, nq), to_double(k, nk), to_double(v, nk), to_double(dout, nq),
+                  dnew(nq), dnew(nl), ds, B, T, H, G, D};
+    attn_ref(&c);
+    float *out = fnew(nq), *lse = fnew(nl);
+    poison(out, nq), poison(lse, nl);
+    be->attention_forward(be, out, lse, q, k, v, ds, B, T, H, G, D);
+    float *ref_out = to_float(c.out, nq), *ref_lse = to_float(c.lse, nl);
+    fprintf(stderr, "attention B=%d T=%d H=%d G=%d D=%d%s\n", B, T, H, G, D,
+            docs ? " (packed documents)" : "");
+    assert_true(mt_allclose("attention_forward out", out, ref_out, nq, FWD_ATOL, FWD_RTOL));
+    assert_true(mt_allclose("attention_forward lse", lse, ref_lse, nl, FWD_ATOL, FWD_RTOL));
+
+    /* an input of batch row b changes only row b's outputs: difference one row at a time */
+    float *gq = fnew(nq), *gk = fnew(nk), *gv = fnew(nk);
+    size_t rq = (size_t)T * H * D, rk = (size_t)T * G * D;
+    for (int b = 0; b < B; b++) {
+        attn_ctx cb = {c.q + b * rq, c.k + b * rk, c.v + b * rk, c.dout + b * rq, c.out, c.lse,
+                       ds ? ds + (size_t)b * T : NULL, 1, T, H, G, D};
+        float *g1 = fd_grad(attn_loss, &cb, cb.q, rq), *g2 = fd_grad(attn_loss, &cb, cb.k, rk);
+        float *g3 = fd_grad(attn_loss, &cb, cb.v, rk);
+        memcpy(gq + b * rq, g1, rq * sizeof(float));
+        memcpy(gk + b * rk, g2, rk * sizeof(float));
+        memcpy(gv + b * rk, g3, rk * sizeof(float));
+        free(g1), free(g2), free(g3);
+    }
+    float *dq = fnew(nq), *dk = fnew(nk), *dv = fnew(nk);
+    poison(dq, nq), poison(dk, nk), poison(dv, nk);
+    be->attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, ds, B, T, H, G, D);
+    assert_true(mt_allclose("attention_backward dq", dq, gq, nq, BWD_ATOL, BWD_RTOL));
+    assert_true(mt_allclose("attention_backward dk", dk, gk, nk, BWD_ATOL, BWD_RTOL));
+    assert_true(mt_allclose("attention_backward dv", dv, gv, nk, BWD_ATOL, BWD_RTOL));
+
+    /* written, not accumulated: a second call gives the same bits */
+    float *dq2 = fnew(nq);
+    memcpy(dq2, dq, nq * sizeof(float));
+    be->attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, ds, B, T, H, G, D);
+    assert_memory_equal(dq, dq2, nq * sizeof(float));
+
+    free(q), free(k), free(v), free(dout), free(ds), free(c.q), free(c.k), free(c.v), free(c.dout);
+    free(c.out), free(c.lse), free(out), free(lse), free(ref_out), free(ref_lse), free(gq);
+    free(gk), free(gv), free(dq), free(dk), free(dv), free(dq2);
+}
+
+static void test_attention_gqa(void **state) {
+    check_attention(2, 5, 4, 2, 8, 0, 1);
+    check_attention(1, 33, 4, 1, 16, 0, 2); /* G = 1 (multi-query) */
+    check_attention(2, 17, 4, 4, 8, 0, 3);  /* G = H */
+    check_attention(1, 1, 2, 1, 8, 0, 4);   /* one token */
+}
+
+static void test_attention_docs(void **state) {
+    check_attention(2, 17, 4, 4, 8, 1, 5);
+    check_attention(3, 33, 4, 2, 16, 1, 6);
+    check_attention(1, 140, 2, 1, 4, 1, 7); /* three tiles, tiles starting inside a document */
+    check_attention(1, 130, 2, 2, 4, 0, 8);
+}
+
+/* Gathers rows [t0, t0+len) of row b of x (B*T, w) into y (len, w). */
+static void gather(float *y, const float *x, int b, int T, int t0, int len, int w) {
+    memcpy(y, x + ((size_t)b * T + t0) * w, (size_t)len * w * sizeof(float));
+}
+
+/* Rows packing two or three documents equal the documents run one at a time. */
+static void test_attention_packed_equals_separate(void **state) {
+    enum { B = 2, T = 33, H = 4, G = 2, D = 8 };
+    static const int starts[B][4] = {{0, 7, 19, T}, {0, 20, T, -1}};
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 9);
+    size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * G * D, nl = (size_t)B * H * T;
+    float *q = randn(&rng, nq, 1), *k = randn(&rng, nk, 1), *v = randn(&rng, nk, 1);
+    float *dout = randn(&rng, nq, 1);
+    int32_t ds[B * T];
+    for (int b = 0; b < B; b++)
+        for (int d = 0; starts[b][d] < T; d++)
+            for (int t = starts[b][d]; t < starts[b][d + 1]; t++) ds[b * T + t] = starts[b][d];
+    float *out = fnew(nq), *lse = fnew(nl), *dq = fnew(nq), *dk = fnew(nk), *dv = fnew(nk);
+    poison(out, nq), poison(lse, nl), poison(dq, nq), poison(dk, nk), poison(dv, nk);
+    be->attention_forward(be, out, lse, q, k, v, ds, B, T, H, G, D);
+    be->attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, ds, B, T, H, G, D);
+
+    float *eo = fnew(nq), *el = fnew(nl), *edq = fnew(nq), *edk = fnew(nk), *edv = fnew(nk);
+    for (int b = 0; b < B; b++)
+        for (int d = 0; starts[b][d] < T; d++) {
+            int t0 = starts[b][d], len = starts[b][d + 1] - t0;
+            float *sq = fnew((size_t)len * H * D), *sk = fnew((size_t)len * G * D);
+            float *sv = fnew((size_t)len * G * D), *sdo = fnew((size_t)len * H * D);
+            float *so = fnew((size_t)len * H * D), *sl = fnew((size_t)H * len);
+            float *sdq = fnew((size_t)len * H * D), *sdk = fnew((size_t)len * G * D);
+            float *sdv = fnew((size_t)len * G * D);
+            gather(sq, q, b, T, t0, len, H * D), gather(sk, k, b, T, t0, len, G * D);
+            gather(sv, v, b, T, t0, len, G * D), gather(sdo, dout, b, T, t0, len, H * D);
+            be->attention_forward(be, so, sl, sq, sk, sv, NULL, 1, len, H, G, D);
+            be->attention_backward(be, sdq, sdk, sdv, sdo, so, sl, sq, sk, sv, NULL, 1, len, H, G,
+                                   D);
+            memcpy(eo + ((size_t)b * T + t0) * H * D, so, (size_t)len * H * D * sizeof(float));
+            memcpy(edq + ((size_t)b * T + t0) * H * D, sdq, (size_t)len * H * D * sizeof(float));
+            memcpy(edk + ((size_t)b * T + t0) * G * D, sdk, (size_t)len * G * D * sizeof(float));
+            memcpy(edv + ((size_t)b * T + t0) * G * D, sdv, (size_t)len * G * D * sizeof(float));
+            for (int h = 0; h < H; h++)
+                memcpy(el + ((size_t)b * H + h) * T + t0, sl + (size_t)h * len,
+                       (size_t)len * sizeof(float));
+            free(sq), free(sk), free(sv), free(sdo), free(so), free(sl), free(sdq), free(sdk);
+            free(sdv);
+        }
+    assert_true(mt_allclose("packed vs separate: out", out, eo, nq, FWD_ATOL, FWD_RTOL));
+    assert_true(mt_allclose("packed vs separate: lse", lse, el, nl, FWD_ATOL, FWD_RTOL));
+    assert_true(mt_allclose("packed vs separate: dq", dq, edq, nq, FWD_ATOL, FWD_RTOL));
+    assert_true(mt_allclose("packed vs separate: dk", dk, edk, nk, FWD_ATOL, FWD_RTOL));
+    assert_true(mt_allclose("packed vs separate: dv", dv, edv, nk, FWD_ATOL, FWD_RTOL));
+    free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv);
+    free(eo), free(el), free(edq), free(edk), free(edv);
+}
+
+int main(void) {
+    be = mt_backend_cpu_create();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_attention_gqa),
+        cmocka_unit_test(test_attention_docs),
+        cmocka_unit_test(test_attention_packed_equals_separate),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    be->destroy(be);
+    return rc;
+}

@@ -1,0 +1,128 @@
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+int mt_allclose(const char *what, const float *got, const float *ref, size_t n, double atol,
+                double rtol) {
+    double max_abs = 0, worst_frac = 0;
+    size_t worst = 0, bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double err = fabs((double)got[i] - (double)ref[i]);
+        double tol = atol + rtol * fabs((double)ref[i]);
+        double frac = err / tol;
+        if (!(err <= tol)) { /* NaN fails too */
+            if (bad < 5)
+                fprintf(stderr, "  %s[%zu]: got %.9g ref %.9g err %.3g tol %.3g\n", what, i,
+                        got[i], ref[i], err, tol);
+            bad++;
+            if (isnan(err)) frac = INFINITY;
+        }
+        if (err > max_abs) max_abs = err;
+        if (frac > worst_frac || isnan(frac)) {
+            worst_frac = frac;
+            worst = i;
+        }
+    }
+    fprintf(stderr, "%-40s n=%-8zu max_abs_err=%.3g worst[%zu] %.1f%% of tol (atol %.1g rtol %.1g)%s\n",
+            what, n, max_abs, worst, 100.0 * worst_frac, atol, rtol, bad ? "  FAIL" : "");
+    if (bad) fprintf(stderr, "  %zu of %zu elements out of tolerance\n", bad, n);
+    return bad == 0;
+}
+
+double mt_max_rel_err(const float *got, const float *ref, size_t n) {
+    double max_err = 0, max_ref = 0;
+    for (size_t i = 0; i < n; i++) {
+        double err = fabs((double)got[i] - (double)ref[i]);
+        if (isnan(err)) return INFINITY;
+        if (err > max_err) max_err = err;
+        if (fabs((double)ref[i]) > max_ref) max_ref = fabs((double)ref[i]);
+    }
+    return max_ref > 0 ? max_err / max_ref : max_err;
+}
+
+int mt_check_rel(const char *what, const float *got, const float *ref, size_t n, double tol) {
+    double e = mt_max_rel_err(got, ref, n);
+    int ok = e <= tol;
+    fprintf(stderr, "%-48s n=%-8zu max|got-ref|/max|ref| = %.3g (tol %.1g, %.1f%% used)%s\n", what, n,
+            e, tol, 100.0 * e / tol, ok ? "" : "  FAIL");
+    return ok;
+}
+
+void mt_test_rng_seed(mt_test_rng *r, uint64_t seed) { r->s = seed ^ 0x9e3779b97f4a7c15ull; }
+
+uint64_t mt_test_rng_u64(mt_test_rng *r) {
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+float mt_test_rng_uniform(mt_test_rng *r) {
+    return (float)((mt_test_rng_u64(r) >> 40) * (1.0 / 16777216.0));
+}
+
+float mt_test_rng_normal(mt_test_rng *r) {
+    double u1 = ((mt_test_rng_u64(r) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
+    double u2 = (mt_test_rng_u64(r) >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+void mt_test_fill_normal(mt_test_rng *r, float *x, size_t n, float std) {
+    for (size_t i = 0; i < n; i++) x[i] = std * mt_test_rng_normal(r);
+}
+
+void mt_test_fill_uniform(mt_test_rng *r, float *x, size_t n, float lo, float hi) {
+    for (size_t i = 0; i < n; i++) x[i] = lo + (hi - lo) * mt_test_rng_uniform(r);
+}
+
+char *mt_fixture_path(const char *rel) {
+    const char *dir = getenv("MT_FIXTURES");
+    if (!dir || !*dir) dir = MT_SOURCE_DIR "/tests/fixtures";
+    size_t n = strlen(dir) + strlen(rel) + 2;
+    char *p = malloc(n);
+    snprintf(p, n, "%s/%s", dir, rel);
+    return p;
+}
+
+char *mt_test_tmpdir(void) {
+    const char *base = getenv("TMPDIR");
+    if (!base || !*base) base = "/tmp";
+    size_t n = strlen(base) + 32;
+    char *p = malloc(n);
+    snprintf(p, n, "%s/mt_test_XXXXXX", base);
+    if (!mkdtemp(p)) {
+        perror("mkdtemp");
+        abort();
+    }
+    return p;
+}
+
+void mt_test_rmtree(const char *path) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", path);
+}
+
+int mt_test_run(const char *cmd, char *buf, size_t buf_size) {
+    char full[8192];
+    snprintf(full, sizeof full, "%s 2>&1", cmd);
+    FILE *f = popen(full, "r");
+    if (!f) return -1;
+    size_t len = 0;
+    if (buf_size) buf[0] = '\0';
+    while (buf_size && len + 1 < buf_size) {
+        size_t got = fread(buf + len, 1, buf_size - 1 - len, f);
+        if (got == 0) break;
+        len += got;
+    }
+    if (buf_size) buf[len] = '\0';
+    char sink[4096];
+    while (fread(sink, 1, sizeof sink, f) > 0) {}
+    int status = pclose(f);
+    if (status == -1) return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}

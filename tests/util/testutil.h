@@ -1,0 +1,43 @@
+/* Helpers shared by the tests: tolerance checks that print what failed, a seeded RNG, paths. */
+#ifndef MT_TESTUTIL_H
+#define MT_TESTUTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+/* Elementwise check |got - ref| <= atol + rtol * |ref|. Prints one line with the max abs error, the
+ * worst element and the percent of tolerance used; on failure also the first offending values.
+ * Returns 1 when every element passes (NaN never passes). */
+int mt_allclose(const char *what, const float *got, const float *ref, size_t n, double atol,
+                double rtol);
+
+/* Tensor-relative error: max_i |got_i - ref_i| / max_i |ref_i| (ref all zero: the max abs error).
+ * This is the metric for whole-model comparisons against fixtures. */
+double mt_max_rel_err(const float *got, const float *ref, size_t n);
+
+/* Checks mt_max_rel_err <= tol, printing the numbers; returns 1 on pass. */
+int mt_check_rel(const char *what, const float *got, const float *ref, size_t n, double tol);
+
+/* Deterministic RNG (splitmix64 + Box-Muller). */
+typedef struct { uint64_t s; } mt_test_rng;
+void mt_test_rng_seed(mt_test_rng *r, uint64_t seed);
+uint64_t mt_test_rng_u64(mt_test_rng *r);
+float mt_test_rng_uniform(mt_test_rng *r);           /* [0, 1) */
+float mt_test_rng_normal(mt_test_rng *r);
+void mt_test_fill_normal(mt_test_rng *r, float *x, size_t n, float std);
+void mt_test_fill_uniform(mt_test_rng *r, float *x, size_t n, float lo, float hi);
+
+/* $MT_FIXTURES/<rel> (the source tree's tests/fixtures when unset), malloc'd; the caller frees. */
+char *mt_fixture_path(const char *rel);
+
+/* A fresh empty temporary directory (malloc'd path); mt_test_rmtree removes it. */
+char *mt_test_tmpdir(void);
+void mt_test_rmtree(const char *path);
+
+/* Runs a shell command, returns its exit status (or -1), captures stdout+stderr into buf. */
+int mt_test_run(const char *cmd, char *buf, size_t buf_size);
+
+#endif
