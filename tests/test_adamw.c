@@ -80,8 +80,9 @@ static void check_vs_double(size_t n, double wd, float gs, int threads, int bf16
     snprintf(what, sizeof what, "param n=%zu wd=%g gs=%g thr=%d bf16g=%d", n, wd, gs, threads,
              bf16_grad);
     for (size_t i = 0; i < n; i++) tmp[i] = (float)pd[i];
-    /* fp32 state vs exact maths after 10 steps: ~10 roundings of p, each <= 0.5 ulp */
-    assert_true(mt_allclose(what, p, tmp, n, 1e-9, 1e-6));
+    /* fp32 state vs exact maths after 10 steps: rtol for ~10 roundings of p (each <= 0.5 ulp),
+     * atol 1e-6 of the largest total movement (lr * steps) for the rounding inside the updates */
+    assert_true(mt_allclose(what, p, tmp, n, 1e-6 * 1e-3 * NSTEPS, 1e-6));
     for (size_t i = 0; i < n; i++) tmp[i] = (float)md[i];
     assert_true(mt_check_rel("exp_avg (tensor-relative)", m, tmp, n, 1e-6));
     for (size_t i = 0; i < n; i++) tmp[i] = (float)vd[i];
@@ -156,6 +157,7 @@ static void test_isa_alias_threads(void **state) {
     (void)state;
     const size_t sizes[] = {1, 15, 33, 4099, 3 * 32768 + 13};
     mt_adamw_isa saved = mt_adamw_isa_active();
+    int checked = 0;
     for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++)
         for (int bg = 0; bg < 2; bg++)
             for (int ub = 0; ub < 2; ub++) {
@@ -164,7 +166,6 @@ static void test_isa_alias_threads(void **state) {
                 double wd = (si + bg) % 2 ? 0.1 : 0.0;
                 assert_int_equal(mt_adamw_set_isa(MT_ADAMW_SCALAR), MT_OK);
                 run_out ref = run_steps(n, wd, bg, up_t, 0, 1);
-                int checked = 0;
                 for (int isa = MT_ADAMW_SCALAR; isa <= MT_ADAMW_AVX512; isa++) {
                     if (!mt_adamw_isa_supported((mt_adamw_isa)isa)) continue;
                     assert_int_equal(mt_adamw_set_isa((mt_adamw_isa)isa), MT_OK);
@@ -182,11 +183,10 @@ static void test_isa_alias_threads(void **state) {
                             checked++;
                         }
                 }
-                if (si == 4 && bg == 0 && ub == 1)
-                    printf("n=%zu: %d runs (ISA x threads x aliasing) bitwise equal to scalar\n", n,
-                           checked);
                 run_free(&ref);
             }
+    printf("%d runs of %d steps (sizes x grad/upload types x ISA x 1-3 threads x aliasing) "
+           "bitwise equal to scalar on 1 thread\n", checked, NSTEPS);
     assert_int_equal(mt_adamw_set_isa(saved), MT_OK);
 }
 
@@ -225,7 +225,9 @@ static void test_bf16_upload_exact(void **state) {
             size_t bad = 0;
             for (size_t i = 0; i < n; i++) {
                 mt_bf16 want = mt_f32_to_bf16(p[i]);
-                if (up[i] != want || memcmp(&p[i], &p0[i], 4)) {
+                /* param unchanged (lr = 0), except that arithmetic quiets a signalling NaN */
+                int same = !memcmp(&p[i], &p0[i], 4) || (isnan(p[i]) && isnan(p0[i]));
+                if (up[i] != want || !same) {
                     if (bad++ < 5)
                         printf("%s: element %zu param %08x -> upload %04x, want %04x\n",
                                mt_adamw_isa_name((mt_adamw_isa)isa), i,
@@ -319,6 +321,7 @@ static void test_vs_torch(void **state) {
         for (size_t i = 0; i < N; i++) same_bits += !memcmp(&p[i], &want[i], 4);
         total += N;
         assert_true(bits_equal("upload == param", gcopy, p, N * 4));
+        /* torch's sqrt is MKL's (not correctly rounded): a few params 1-2 ulp apart */
         char what[64];
         snprintf(what, sizeof what, "torch step %d param", s);
         assert_true(mt_allclose(what, p, want, N, 1e-8, 1e-6));
@@ -327,8 +330,18 @@ static void test_vs_torch(void **state) {
     assert_true(mt_check_rel("torch exp_avg", m, want, N, 1e-6));
     read_exact(f, want, N * 4);
     assert_true(mt_check_rel("torch exp_avg_sq", v, want, N, 1e-6));
-    printf("params bitwise equal to torch: %zu of %zu (%.2f%%)\n", same_bits, total,
+    printf("params bitwise equal to torch (MKL sqrt): %zu of %zu (%.2f%%)\n", same_bits, total,
            100.0 * same_bits / total);
+    /* torch with a correctly rounded sqrt: every other op is torch's kernel; bitwise equal */
+    read_exact(f, want, N * 4);
+    assert_true(bits_equal("param vs torch (true sqrt)", p, want, N * 4));
+    read_exact(f, want, N * 4);
+    assert_true(bits_equal("exp_avg vs torch (true sqrt)", m, want, N * 4));
+    read_exact(f, want, N * 4);
+    assert_true(bits_equal("exp_avg_sq vs torch (true sqrt)", v, want, N * 4));
+    printf("param, exp_avg, exp_avg_sq after %d steps bitwise equal to torch with a true sqrt\n", S);
+    char extra;
+    assert_int_equal(fread(&extra, 1, 1, f), 0); /* the whole file was read */
     fclose(f);
     free(path); free(p); free(m); free(v); free(g); free(want); free(gcopy); free(up);
 }

@@ -146,6 +146,24 @@ static void test_param_counts(void **state) {
         mt_config c = load_ref(ref[i].file);
         assert_int_equal(mt_config_param_count(&c), ref[i].n);
     }
+    /* the bias and head_dim variants, same method */
+    static const struct { const char *json; int64_t n; } inl[] = {
+        {"{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 100,"
+         " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+         " \"vocab_size\": 99, \"attention_bias\": true, \"mlp_bias\": true, \"head_dim\": 32}",
+         101712},
+        {"{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"intermediate_size\": 100,"
+         " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+         " \"vocab_size\": 99, \"attention_bias\": true}", 250688},
+        {"{\"model_type\": \"qwen2\", \"hidden_size\": 64, \"intermediate_size\": 100,"
+         " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+         " \"vocab_size\": 99, \"head_dim\": 24}", 88640},
+    };
+    for (size_t i = 0; i < sizeof inl / sizeof inl[0]; i++) {
+        mt_config c;
+        assert_int_equal(mt_config_parse(&c, inl[i].json, "config.json"), MT_OK);
+        assert_int_equal(mt_config_param_count(&c), inl[i].n);
+    }
 }
 
 static void test_v4_v5_rope_equal(void **state) {
@@ -213,6 +231,10 @@ static void test_refusals(void **state) {
                          "\"high_freq_factor\": 4.0}", "rope_scaling.factor"},
         {"rope_parameters", "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0}",
          "rope_parameters.high_freq_factor"},
+        {"rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 4,"
+                         " \"high_freq_factor\": 1}", "high_freq_factor"},
+        {"rms_norm_eps", "0", "rms_norm_eps"},
+        {"max_position_embeddings", "0", "max_position_embeddings"},
         {"partial_rotary_factor", "0.5", "partial_rotary_factor"},
         {"rope_parameters", "{\"rope_type\": \"default\", \"partial_rotary_factor\": 0.5}",
          "rope_parameters.partial_rotary_factor"},
@@ -335,6 +357,13 @@ static void test_rope_precedence(void **state) {
     assert_int_equal(c.rope_original_max_pos, 32768); /* Qwen3 max_position_embeddings default */
     assert_true(c.rope_theta == 10000.0);
     free(both);
+    char *top = with_field(base_json, "original_max_position_embeddings", "4096");
+    assert_int_equal(parse_with(&c, top, "rope_parameters",
+                                "{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1,"
+                                " \"high_freq_factor\": 4, \"original_max_position_embeddings\": 8192}"),
+                     MT_OK);
+    assert_int_equal(c.rope_original_max_pos, 8192); /* transformers 5 ignores the top-level one */
+    free(top);
     assert_int_equal(parse_with(&c, base_json, "rope_scaling", "{}"), MT_OK);
     assert_int_equal(c.rope_type, MT_ROPE_DEFAULT);
 }

@@ -92,6 +92,18 @@ static void test_memory(void **state) {
     be->zero(be, p, n * sizeof(float));
     be->download(be, back, p, n * sizeof(float));
     for (size_t i = 0; i < n; i++) assert_true(back[i] == 0.0f);
+    /* the copy streams: H2D then D2H, ordered by events */
+    float *hbuf = be->host_alloc(be, n * sizeof(float));
+    mt_event *ev = be->event_create(be);
+    for (size_t i = 0; i < n; i++) host[i] = (float)(2 * i);
+    be->copy_async(be, MT_STREAM_H2D, p, host, n * sizeof(float));
+    be->event_record(be, ev, MT_STREAM_H2D);
+    be->stream_wait(be, MT_STREAM_D2H, ev);
+    be->copy_async(be, MT_STREAM_D2H, hbuf, p, n * sizeof(float));
+    be->sync(be);
+    assert_memory_equal(host, hbuf, n * sizeof(float));
+    be->event_destroy(be, ev);
+    be->host_free(be, hbuf);
     be->free(be, p);
     assert_string_equal(be->name, "cpu");
     assert_int_equal(be->dtype, MT_F32);
@@ -447,12 +459,33 @@ static void test_swiglu_add(void **state) {
     check_swiglu(100003, 15); /* parallel path */
 }
 
+/* sumsq accumulates (+=) in double; from_f32 is a copy on the fp32 backend. */
+static void test_sumsq_from_f32(void **state) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 16);
+    size_t sizes[] = {0, 1, 37, 200003}; /* the last one runs threaded */
+    for (int k = 0; k < 4; k++) {
+        size_t n = sizes[k];
+        float *x = randn(&rng, n, 1), *y = fnew(n);
+        double ref = 0.5;
+        for (size_t i = 0; i < n; i++) ref += (double)x[i] * x[i];
+        float got = 0.5f, want = (float)ref;
+        be->sumsq(be, &got, x, n);
+        assert_true(mt_allclose("sumsq (+=)", &got, &want, 1, FWD_ATOL, FWD_RTOL));
+        poison(y, n);
+        be->from_f32(be, y, x, n);
+        if (n) assert_memory_equal(y, x, n * sizeof(float));
+        free(x), free(y);
+    }
+}
+
 int main(void) {
     be = mt_backend_cpu_create();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_memory),  cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_rope),    cmocka_unit_test(test_swiglu_add),
+        cmocka_unit_test(test_sumsq_from_f32),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     be->destroy(be);

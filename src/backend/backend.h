@@ -22,6 +22,16 @@
 #include "../core/dtype.h"
 
 typedef struct mt_backend mt_backend;
+typedef struct mt_event mt_event; /* opaque; one per backend kind */
+
+/* The three queues of the streaming schedule. Work on one stream runs in the order enqueued;
+ * streams are ordered against each other only through events. */
+typedef enum {
+    MT_STREAM_COMPUTE = 0, /* the ops below */
+    MT_STREAM_H2D = 1,     /* host -> compute side copies */
+    MT_STREAM_D2H = 2,     /* compute side -> host copies */
+    MT_STREAMS = 3,
+} mt_stream;
 
 struct mt_backend {
     const char *name;
@@ -34,8 +44,25 @@ struct mt_backend {
     void (*zero)(mt_backend *be, void *p, size_t bytes);
     void (*upload)(mt_backend *be, void *dst, const void *host_src, size_t bytes);
     void (*download)(mt_backend *be, void *host_dst, const void *src, size_t bytes);
-    void (*sync)(mt_backend *be);
+    void (*sync)(mt_backend *be); /* waits for every stream */
     void (*destroy)(mt_backend *be);
+
+    /* ---- host buffers the copy streams read and write (pinned on cuda) ---- */
+    void *(*host_alloc)(mt_backend *be, size_t bytes); /* fatal on failure; 64-byte aligned */
+    void (*host_free)(mt_backend *be, void *p);
+
+    /* ---- asynchronous copies and events (the schedule's only synchronization) ---- */
+    /* On MT_STREAM_H2D: host src -> compute-side dst; on MT_STREAM_D2H: compute-side src -> host
+     * dst. The buffers must stay untouched until an event recorded after the copy completes. */
+    void (*copy_async)(mt_backend *be, mt_stream s, void *dst, const void *src, size_t bytes);
+    mt_event *(*event_create)(mt_backend *be);
+    void (*event_destroy)(mt_backend *be, mt_event *ev);
+    /* ev completes when everything enqueued on s before this call has completed. */
+    void (*event_record)(mt_backend *be, mt_event *ev, mt_stream s);
+    /* Work enqueued on s after this call starts after the last record of ev has completed. */
+    void (*stream_wait)(mt_backend *be, mt_stream s, mt_event *ev);
+    /* The calling thread blocks until the last record of ev has completed. */
+    void (*event_sync)(mt_backend *be, mt_event *ev);
 
     /* ---- ops ---- */
 
@@ -92,6 +119,11 @@ struct mt_backend {
 
     /* out = a + b over n elements (out may alias a or b). */
     void (*add)(mt_backend *be, void *out, const void *a, const void *b, size_t n);
+
+    /* out[0] += sum of x[i]^2 over n fp32 elements (accumulated in fp32 or better). */
+    void (*sumsq)(mt_backend *be, float *out, const float *x, size_t n);
+    /* dst (compute dtype) = src (fp32) over n elements (rounded to nearest even for bf16). */
+    void (*from_f32)(mt_backend *be, void *dst, const float *src, size_t n);
 
     /* LM head fused with cross-entropy, in chunks of rows so that (N, V) logits never exist:
      * logits = inp (N, C) @ weight (V, C)^T; losses[n] = logsumexp(logits[n]) - logits[n][targets[n]],

@@ -68,6 +68,7 @@ static double sgemm_rate(int M, int K, int Ncols) {
 static void print_usage(FILE *out) {
     fprintf(out,
             "usage: megatrain bench fwdbwd [--init CONFIG.json] [--batch B] [--seq T] [--steps N]\n"
+            "       megatrain bench adamw [--help]\n"
             "  Times forward+backward (with recompute) of a random-init model on the CPU backend\n"
             "  and prints tokens/s and the GEMM rate beside a plain sgemm of a layer's shape.\n"
             "  Default model: llama, hidden 512, 8 layers, 8 heads (4 kv), MLP 1536, vocab 32000.\n"
@@ -77,6 +78,7 @@ static void print_usage(FILE *out) {
 }
 
 int mt_cmd_bench(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "adamw") == 0) return mt_bench_adamw(argc - 1, argv + 1);
     if (argc < 2 || strcmp(argv[1], "fwdbwd") != 0) {
         print_usage(argc >= 2 && !strcmp(argv[1], "--help") ? stdout : stderr);
         return argc >= 2 && !strcmp(argv[1], "--help") ? 0 : 1;

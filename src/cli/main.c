@@ -12,9 +12,14 @@ typedef struct {
 } command;
 
 static const command commands[] = {
+    {"train", mt_cmd_train, "train or fine-tune (state in host RAM, layers streamed)"},
+    {"eval", mt_cmd_eval, "loss of a model on token or text data"},
+    {"plan", mt_cmd_plan, "the memory plan of a run and whether it fits, without training"},
+    {"generate", mt_cmd_generate, "continue a prompt with a trained (byte-level) model"},
+    {"tokenize", mt_cmd_tokenize, "text to a token file"},
     {"info", mt_cmd_info, "describe a model: config, parameters, tensors, memory"},
     {"convert", mt_cmd_convert, "load a Hugging Face checkpoint and write it again (bf16/fp32, shards)"},
-    {"bench", mt_cmd_bench, "benchmarks: forward+backward tokens/s on the CPU backend"},
+    {"bench", mt_cmd_bench, "benchmarks: fwdbwd (CPU forward+backward), adamw (optimizer Gparam/s)"},
 };
 
 static void usage(FILE *out) {

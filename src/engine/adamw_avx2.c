@@ -46,8 +46,7 @@ MT_AVX2_INLINE void body(const mt_adamw_consts *c, float *p, float *m, float *v,
         if (do_decay) pp = _mm256_mul_ps(pp, decay);
         __m256 mm = _mm256_loadu_ps(m + i);
         mm = _mm256_fmadd_ps(lc, _mm256_sub_ps(g, mm), small ? mm : g);
-        __m256 t = _mm256_mul_ps(_mm256_mul_ps(c2, g), g);
-        __m256 vv = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), b2), t);
+        __m256 vv = _mm256_fmadd_ps(_mm256_mul_ps(c2, g), g, _mm256_mul_ps(_mm256_loadu_ps(v + i), b2));
         __m256 d = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), bc2s), eps);
         pp = _mm256_add_ps(pp, _mm256_div_ps(_mm256_mul_ps(ns, mm), d));
         _mm256_storeu_ps(p + i, pp);

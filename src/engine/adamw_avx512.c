@@ -47,8 +47,7 @@ MT_AVX512_INLINE void body(const mt_adamw_consts *c, float *p, float *m, float *
         if (do_decay) pp = _mm512_mul_ps(pp, decay);
         __m512 mm = _mm512_loadu_ps(m + i);
         mm = _mm512_fmadd_ps(lc, _mm512_sub_ps(g, mm), small ? mm : g);
-        __m512 t = _mm512_mul_ps(_mm512_mul_ps(c2, g), g);
-        __m512 vv = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(v + i), b2), t);
+        __m512 vv = _mm512_fmadd_ps(_mm512_mul_ps(c2, g), g, _mm512_mul_ps(_mm512_loadu_ps(v + i), b2));
         __m512 d = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), bc2s), eps);
         pp = _mm512_add_ps(pp, _mm512_div_ps(_mm512_mul_ps(ns, mm), d));
         _mm512_storeu_ps(p + i, pp);

@@ -18,7 +18,7 @@ typedef struct {
     float decay;      /* f32(1 - lr*wd) */
     int do_decay;     /* wd != 0 (torch skips the multiply then) */
     float lerp_coef;  /* f32(1-beta1), or f32(1-beta1) - 1 when not "small" (torch's lerp) */
-    int lerp_small;   /* |1-beta1| < 0.5: m + w*(g-m); else g - (1-w)*(g-m) */
+    int lerp_small;   /* |1-beta1| < 0.5: fma(w, g-m, m); else fma(w-1, g-m, g) */
     float b2, c2;     /* f32(beta2), f32(1-beta2) */
     float bc2s;       /* f32(sqrt(1 - beta2^step)) */
     float eps;
@@ -51,10 +51,8 @@ static inline float mt_adamw_elem(const mt_adamw_consts *c, float *p, float *m, 
     if (c->do_decay) pp = pp * c->decay;
     float mm = *m;
     mm = fmaf(c->lerp_coef, g - mm, c->lerp_small ? mm : g);
-    float t = c->c2 * g;
-    t = t * g;
     float vv = *v * c->b2;
-    vv = vv + t;
+    vv = fmaf(c->c2 * g, g, vv); /* torch's addcmul: fmadd(value * t1, t2, self) */
     float d = sqrtf(vv) / c->bc2s;
     d = d + c->eps;
     float u = c->neg_step * mm;

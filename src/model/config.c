@@ -163,15 +163,11 @@ static int cfg_parse_rope(mt_config *cfg, const mt_cfg_src *s) {
     MT_TRY(cfg_llama3_key(s, rp, pre, "factor", &cfg->rope_factor));
     MT_TRY(cfg_llama3_key(s, rp, pre, "low_freq_factor", &cfg->rope_low_freq_factor));
     MT_TRY(cfg_llama3_key(s, rp, pre, "high_freq_factor", &cfg->rope_high_freq_factor));
-    /* transformers falls back to max_position_embeddings */
+    /* transformers falls back to max_position_embeddings (a top-level
+     * original_max_position_embeddings is ignored for these model types) */
     cfg->rope_original_max_pos = cfg->max_position_embeddings;
     if (cfg_int(s, rp, pre, "original_max_position_embeddings", &cfg->rope_original_max_pos) == MT_ERR)
         return MT_ERR;
-    if (cfg->rope_factor <= 0 || cfg->rope_original_max_pos <= 0 || cfg->rope_low_freq_factor <= 0 ||
-        cfg->rope_high_freq_factor <= cfg->rope_low_freq_factor)
-        return mt_error_set("%s: %sfactor/low_freq_factor/high_freq_factor/original_max_position_"
-                            "embeddings must be positive with high_freq_factor > low_freq_factor",
-                            s->path, pre);
     return MT_OK;
 }
 
@@ -245,9 +241,6 @@ static int cfg_sizes(mt_config *cfg, const mt_cfg_src *s, const mt_arch_info *in
     cfg->max_position_embeddings = info->max_pos;
     if (cfg_int(s, s->root, "", "max_position_embeddings", &cfg->max_position_embeddings) == MT_ERR)
         return MT_ERR;
-    if (cfg->max_position_embeddings <= 0)
-        return mt_error_set("%s: max_position_embeddings = %d must be positive", s->path,
-                            cfg->max_position_embeddings);
     if (cfg->arch == MT_ARCH_LLAMA && cfg->C % cfg->H != 0) /* LlamaConfig refuses it too */
         return mt_error_set("%s: hidden_size %d is not a multiple of num_attention_heads %d", s->path,
                             cfg->C, cfg->H);
@@ -272,14 +265,10 @@ static int cfg_flags(mt_config *cfg, const mt_cfg_src *s) {
         json_t *v = json_object_get(s->root, "sliding_window");
         if (!v) cfg->sliding_window = 4096;
         if (cfg_int(s, s->root, "", "sliding_window", &cfg->sliding_window) == MT_ERR) return MT_ERR;
-        if (cfg->sliding_window < 0)
-            return mt_error_set("%s: sliding_window = %d must be positive or null", s->path,
-                                cfg->sliding_window);
     }
     double eps = 1e-6, init = 0.02;
     if (cfg_num(s, s->root, "", "rms_norm_eps", &eps) == MT_ERR) return MT_ERR;
     if (cfg_num(s, s->root, "", "initializer_range", &init) == MT_ERR) return MT_ERR;
-    if (!(eps > 0)) return mt_error_set("%s: rms_norm_eps = %g must be positive", s->path, eps);
     cfg->rms_norm_eps = (float)eps;
     cfg->initializer_range = (float)init;
     MT_TRY(cfg_token_id(s, "bos_token_id", &cfg->bos_token_id));
@@ -349,8 +338,22 @@ int mt_config_validate(const mt_config *cfg, const char *path) {
         return mt_error_set("%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
                             path, cfg->H, cfg->G);
     if (cfg->D % 2 != 0) return mt_error_set("%s: head_dim = %d must be even (RoPE)", path, cfg->D);
+    if (cfg->max_position_embeddings <= 0)
+        return mt_error_set("%s: max_position_embeddings = %d must be positive", path,
+                            cfg->max_position_embeddings);
+    if (cfg->sliding_window < 0)
+        return mt_error_set("%s: sliding_window = %d must be positive or null", path,
+                            cfg->sliding_window);
+    if (!(cfg->rms_norm_eps > 0))
+        return mt_error_set("%s: rms_norm_eps = %g must be positive", path, cfg->rms_norm_eps);
     if (!(cfg->rope_theta > 0))
         return mt_error_set("%s: rope_theta = %g must be positive", path, cfg->rope_theta);
+    if (cfg->rope_type == MT_ROPE_LLAMA3 &&
+        !(cfg->rope_factor > 0 && cfg->rope_original_max_pos > 0 && cfg->rope_low_freq_factor > 0 &&
+          cfg->rope_high_freq_factor > cfg->rope_low_freq_factor))
+        return mt_error_set("%s: rope_scaling (llama3): factor, low_freq_factor, high_freq_factor and "
+                            "original_max_position_embeddings must be positive, with "
+                            "high_freq_factor > low_freq_factor", path);
     return MT_OK;
 }
 

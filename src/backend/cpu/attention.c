@@ -14,6 +14,7 @@
 #include <cblas.h>
 
 #include "../../core/error.h"
+#include "cpu_math.h"
 #include "cpu_ops.h"
 
 #define TILE MT_CPU_ATTN_TILE
@@ -69,14 +70,18 @@ void mt_cpu_attention_forward(float *out, float *lse, const float *q, const floa
                 int t = t0 + i, s0 = first_key(doc_start, b, T, t) - lo, s1 = t - lo; /* keys [s0, s1] */
                 float *row = S + (size_t)i * nk;
                 float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
                 for (int j = s0; j <= s1; j++) mx = row[j] > mx ? row[j] : mx;
                 float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
                 for (int j = s0; j <= s1; j++) {
-                    row[j] = expf(row[j] - mx);
-                    sum += row[j];
+                    float e = mt_cpu_expf(row[j] - mx);
+                    row[j] = e;
+                    sum += e;
                 }
                 float inv = 1.0f / sum;
                 for (int j = 0; j < s0; j++) row[j] = 0.0f;
+#pragma omp simd
                 for (int j = s0; j <= s1; j++) row[j] *= inv;
                 for (int j = s1 + 1; j < nk; j++) row[j] = 0.0f;
                 lse[((size_t)b * H + h) * T + t] = mx + logf(sum);
@@ -133,12 +138,15 @@ void mt_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dou
                         float l = lse[((size_t)b * H + h) * T + t];
                         float di = 0.0f;
                         const float *dOi = dO + (size_t)i * H * D, *Oi = O + (size_t)i * H * D;
+#pragma omp simd reduction(+ : di)
                         for (int d = 0; d < D; d++) di += dOi[d] * Oi[d];
                         float *p = P + (size_t)i * nk, *ds = dP + (size_t)i * nk;
                         for (int j = 0; j < s0; j++) p[j] = ds[j] = 0.0f;
+#pragma omp simd
                         for (int j = s0; j <= s1; j++) {
-                            p[j] = expf(p[j] - l);
-                            ds[j] = p[j] * (ds[j] - di);
+                            float e = mt_cpu_expf(p[j] - l);
+                            p[j] = e;
+                            ds[j] = e * (ds[j] - di);
                         }
                         for (int j = s1 + 1; j < nk; j++) p[j] = ds[j] = 0.0f;
                     }

@@ -1,11 +1,13 @@
 /* The CPU backend: host memory is the compute side, ops are the fp32 mt_cpu_* functions.
- * Every op entry is a thin thunk that only casts the void tensors to float. */
+ * Every op entry is a thin thunk that only casts the void tensors to float. The copy streams and
+ * events come from streams.c (worker threads), whose state is be->ctx. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "../../core/error.h"
 #include "../backend.h"
 #include "cpu_ops.h"
+#include "streams.h"
 
 static void *cpu_alloc(mt_backend *be, size_t bytes) { return mt_aligned_alloc(bytes); }
 static void cpu_free(mt_backend *be, void *p) { free(p); }
@@ -15,8 +17,10 @@ static void cpu_zero(mt_backend *be, void *p, size_t bytes) {
 static void cpu_copy(mt_backend *be, void *dst, const void *src, size_t bytes) {
     if (bytes) memcpy(dst, src, bytes);
 }
-static void cpu_sync(mt_backend *be) {}
-static void cpu_destroy(mt_backend *be) { free(be); }
+static void cpu_destroy(mt_backend *be) {
+    mt_cpu_streams_destroy(be->ctx);
+    free(be);
+}
 
 static void cpu_embedding_forward(mt_backend *be, void *out, const int32_t *ids, const void *table,
                                   int N, int C) {
@@ -74,6 +78,12 @@ static void cpu_swiglu_backward(mt_backend *be, void *dgate, void *dup, const vo
 static void cpu_add(mt_backend *be, void *out, const void *a, const void *b, size_t n) {
     mt_cpu_add(out, a, b, n);
 }
+static void cpu_sumsq(mt_backend *be, float *out, const float *x, size_t n) {
+    mt_cpu_sumsq(out, x, n);
+}
+static void cpu_from_f32(mt_backend *be, void *dst, const float *src, size_t n) {
+    mt_cpu_from_f32(dst, src, n);
+}
 static void cpu_lm_head_loss(mt_backend *be, float *losses, void *dinp, float *dweight,
                              const void *inp, const void *weight, const int32_t *targets, int N,
                              int C, int V, float loss_scale) {
@@ -84,13 +94,12 @@ mt_backend *mt_backend_cpu_create(void) {
     mt_backend *be = mt_calloc(1, sizeof *be);
     be->name = "cpu";
     be->dtype = MT_F32;
-    be->ctx = NULL;
+    be->ctx = mt_cpu_streams_create();
     be->alloc = cpu_alloc;
     be->free = cpu_free;
     be->zero = cpu_zero;
     be->upload = cpu_copy;
     be->download = cpu_copy;
-    be->sync = cpu_sync;
     be->destroy = cpu_destroy;
     be->embedding_forward = cpu_embedding_forward;
     be->embedding_backward = cpu_embedding_backward;
@@ -105,6 +114,9 @@ mt_backend *mt_backend_cpu_create(void) {
     be->swiglu_forward = cpu_swiglu_forward;
     be->swiglu_backward = cpu_swiglu_backward;
     be->add = cpu_add;
+    be->sumsq = cpu_sumsq;
+    be->from_f32 = cpu_from_f32;
     be->lm_head_loss = cpu_lm_head_loss;
+    mt_cpu_streams_install(be); /* host buffers, copy_async, events, sync */
     return be;
 }

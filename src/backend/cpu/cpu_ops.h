@@ -46,6 +46,10 @@ void mt_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const f
                             const float *up, size_t n);
 void mt_cpu_add(float *out, const float *a, const float *b, size_t n);
 
+/* out[0] += sum of x[i]^2 (accumulated in double); dst = src (the compute dtype is fp32). */
+void mt_cpu_sumsq(float *out, const float *x, size_t n);
+void mt_cpu_from_f32(float *dst, const float *src, size_t n);
+
 /* dinp == NULL: losses only. dweight may be NULL with dinp set (a frozen head). */
 void mt_cpu_lm_head_loss(float *losses, float *dinp, float *dweight, const float *inp,
                          const float *weight, const int32_t *targets, int N, int C, int V,

@@ -5,6 +5,7 @@
 #include <cblas.h>
 
 #include "../../core/error.h"
+#include "cpu_math.h"
 #include "cpu_ops.h"
 
 /* A chunk's logits stay under this many floats (256 MB) even for very large V. */
@@ -44,16 +45,20 @@ void mt_cpu_lm_head_loss_chunked(float *losses, float *dinp, float *dweight, con
             int tgt = targets[n0 + i];
             MT_CHECK(tgt < V, "lm_head_loss: target %d of row %d is >= V=%d", tgt, n0 + i, V);
             float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
             for (int j = 0; j < V; j++) mx = row[j] > mx ? row[j] : mx;
             double sum = 0.0; /* V terms: keep the sum exact enough for any vocabulary */
             float xt = tgt >= 0 ? row[tgt] : 0.0f;
             if (dinp) {
+#pragma omp simd reduction(+ : sum)
                 for (int j = 0; j < V; j++) {
-                    row[j] = expf(row[j] - mx);
-                    sum += row[j];
+                    float e = mt_cpu_expf(row[j] - mx);
+                    row[j] = e;
+                    sum += e;
                 }
             } else {
-                for (int j = 0; j < V; j++) sum += expf(row[j] - mx);
+#pragma omp simd reduction(+ : sum)
+                for (int j = 0; j < V; j++) sum += mt_cpu_expf(row[j] - mx);
             }
             float lse = mx + (float)log(sum);
             losses[n0 + i] = tgt >= 0 ? lse - xt : 0.0f;

@@ -1,0 +1,66 @@
+/* megatrain plan: the memory plan of a training run, and whether it fits, without training. */
+#include <getopt.h>
+#include <stdio.h>
+
+#include "../core/error.h"
+#include "args.h"
+#include "commands.h"
+#include "model_source.h"
+#include "run_setup.h"
+
+static void print_usage(FILE *out) {
+    fprintf(out,
+            "usage: megatrain plan (--model DIR | --init CONFIG.json) [--batch B] [--seq T]\n"
+            "                      [--micro-batch b] [--device auto|cpu|cuda]\n"
+            "  Prints what training would hold in host RAM and on the compute device, and exits 0\n"
+            "  when it fits this machine, 1 when it does not (with what to change).\n");
+}
+
+int mt_cmd_plan(int argc, char **argv) {
+    const char *model_dir = NULL, *init = NULL;
+    int64_t B = 8, T = 1024, b = 0;
+    int device = 0;
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"init", required_argument, 0, 'i'},
+                                         {"batch", required_argument, 0, 'b'},
+                                         {"seq", required_argument, 0, 't'},
+                                         {"micro-batch", required_argument, 0, 'u'},
+                                         {"device", required_argument, 0, 'd'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        int rc = MT_OK;
+        switch (c) {
+        case 'm': model_dir = optarg; break;
+        case 'i': init = optarg; break;
+        case 'b': rc = mt_arg_int("--batch", optarg, 1, 1 << 20, &B); break;
+        case 't': rc = mt_arg_int("--seq", optarg, 1, 1 << 24, &T); break;
+        case 'u': rc = mt_arg_int("--micro-batch", optarg, 1, 1 << 20, &b); break;
+        case 'd': rc = mt_arg_choice("--device", optarg, "auto|cpu|cuda", &device); break;
+        case 'h': print_usage(stdout); return 0;
+        default: print_usage(stderr); return 1;
+        }
+        if (rc != MT_OK) return mt_cli_fail();
+    }
+    if (!b) b = B;
+    if (B % b) {
+        mt_error_set("--micro-batch: %lld does not divide --batch %lld", (long long)b, (long long)B);
+        return mt_cli_fail();
+    }
+    mt_host_model m;
+    if (mt_host_model_open(&m, model_dir, init, 0, 0) != MT_OK) return mt_cli_fail();
+    mt_backend *be = NULL;
+    int rc = mt_run_backend(&be, device);
+    if (rc == MT_OK) {
+        mt_engine_opts eo = {.batch = (int)B, .micro_batch = (int)b, .T = (int)T, .n_slots = 2};
+        printf("%.1fM parameters, %lld x %lld tokens per step (micro-batch %lld), %s backend\n",
+               m.table.n_real / 1e6, (long long)B, (long long)T, (long long)b, be->name);
+        rc = mt_run_check_memory(&m.table, be, &eo);
+        if (rc == MT_OK) printf("fits\n");
+        be->destroy(be);
+    }
+    mt_host_model_free(&m);
+    return rc == MT_OK ? 0 : mt_cli_fail();
+}

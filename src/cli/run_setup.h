@@ -1,0 +1,22 @@
+/* What train, eval and generate set up the same way: directories, data, the backend, the
+ * memory check. Each returns MT_OK or MT_ERR with a message naming the flag or file. */
+#ifndef MT_RUN_SETUP_H
+#define MT_RUN_SETUP_H
+
+#include "../backend/backend.h"
+#include "../engine/engine.h"
+#include "../io/tokens.h"
+#include "../model/config.h"
+
+int mt_run_make_dir(const char *path);
+/* A sequence length the model can run: > 0, within a sliding window if the config has one. */
+int mt_run_check_seq(const mt_config *cfg, int T, const char *flag);
+/* Token file, or text turned into byte-level tokens (cached as OUT/<name>.tokens.bin). */
+int mt_run_open_data(mt_token_file *f, const char *path, const char *out_dir, const char *doc_sep,
+                     const mt_config *cfg);
+/* device: 0 auto, 1 cpu, 2 cuda. */
+int mt_run_backend(mt_backend **out, int device);
+/* Prints the memory plan and refuses, before allocating, what the machine cannot hold. */
+int mt_run_check_memory(const mt_param_table *t, mt_backend *be, const mt_engine_opts *eo);
+
+#endif

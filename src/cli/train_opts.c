@@ -1,0 +1,187 @@
+#include "train_opts.h"
+
+#include <getopt.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/error.h"
+#include "args.h"
+
+void mt_train_opts_usage(FILE *out) {
+    fprintf(out,
+"usage: megatrain train (--model DIR | --init CONFIG.json) --data PATH --out DIR [options]\n"
+"\n"
+"Trains with fp32 master weights and Adam moments in host RAM, streaming each layer through the\n"
+"compute device. Checkpoints (Hugging Face loadable) go to OUT/checkpoints/step_N/, one JSON line\n"
+"per step to OUT/metrics.jsonl. Ctrl-C finishes the current step, saves, and exits 0.\n"
+"\n"
+"model and data\n"
+"  --model DIR            Hugging Face directory (config.json + safetensors)\n"
+"  --init CONFIG.json     random init (std = initializer_range, residual projections / sqrt(2L))\n"
+"  --data PATH            token file (uint16; uint32 when the vocabulary needs it), or text (.txt):\n"
+"                         byte-level tokens (ids 0-255, end of document 256) for models without\n"
+"                         a tokenizer, cached as OUT/data.tokens.bin\n"
+"  --doc-sep LINE         text data: a line equal to LINE ends a document (e.g. %% for fortunes)\n"
+"  --eval-data PATH       held-out tokens, evaluated every --eval-every steps\n"
+"  --eval-every K         (default 0: only at the end when --eval-data is given)\n"
+"  --eval-batches N       batches per evaluation (default 8)\n"
+"  --out DIR              run directory (created)\n"
+"shape of a step\n"
+"  --steps N              optimizer steps (default 1000)\n"
+"  --batch B              sequences per step (default 8)\n"
+"  --seq T                tokens per sequence (default min(1024, max_position_embeddings))\n"
+"  --micro-batch b        sequences per micro-batch; B %% b == 0 (default B)\n"
+"optimizer (torch.optim.AdamW semantics)\n"
+"  --lr X                 peak learning rate (default 3e-4)\n"
+"  --min-lr X             final learning rate (default lr/10)\n"
+"  --warmup N             linear warmup steps (default min(100, steps/20))\n"
+"  --schedule S           cosine | linear | constant (default cosine)\n"
+"  --beta1 --beta2 --eps  (defaults 0.9, 0.95, 1e-8)\n"
+"  --weight-decay X       on matrices and embeddings only (default 0.1)\n"
+"  --clip X               global L2 norm clip, 0 = off (default 1.0)\n"
+"run\n"
+"  --seed N               data order and init (default 1337)\n"
+"  --no-shuffle           read the data in order (the contract's order)\n"
+"  --device D             auto | cpu | cuda (default auto)\n"
+"  --gpu-mem SIZE         cap on GPU memory, e.g. 24G (default: all)\n"
+"  --threads N            optimizer threads (default: all cores)\n"
+"  --save-every K         checkpoint every K steps (default 0: at the end only)\n"
+"  --keep K               checkpoints kept (default 3)\n"
+"  --resume               continue from the newest checkpoint in --out\n"
+"  --max-time SECONDS     stop (and save) after this much training time\n"
+"  --stop-at N            stop (and save) after step N, keeping the schedule of --steps\n"
+"  --log FILE             also write the step lines to FILE\n"
+"  --trace FILE           Chrome/Perfetto JSON timeline of the last step\n");
+}
+
+enum {
+    O_MODEL = 1000, O_INIT, O_DATA, O_OUT, O_STEPS, O_BATCH, O_SEQ, O_MICRO, O_LR, O_MIN_LR,
+    O_WARMUP, O_SCHEDULE, O_BETA1, O_BETA2, O_EPS, O_WD, O_CLIP, O_SEED, O_NO_SHUFFLE, O_DEVICE,
+    O_GPU_MEM, O_SAVE_EVERY, O_KEEP, O_RESUME, O_EVAL_DATA, O_EVAL_EVERY, O_EVAL_BATCHES, O_LOG,
+    O_TRACE, O_THREADS, O_DOC_SEP, O_MAX_TIME, O_STOP_AT, O_HELP,
+};
+
+static const struct option long_opts[] = {
+    {"model", required_argument, 0, O_MODEL},       {"init", required_argument, 0, O_INIT},
+    {"data", required_argument, 0, O_DATA},         {"out", required_argument, 0, O_OUT},
+    {"steps", required_argument, 0, O_STEPS},       {"batch", required_argument, 0, O_BATCH},
+    {"seq", required_argument, 0, O_SEQ},           {"micro-batch", required_argument, 0, O_MICRO},
+    {"lr", required_argument, 0, O_LR},             {"min-lr", required_argument, 0, O_MIN_LR},
+    {"warmup", required_argument, 0, O_WARMUP},     {"schedule", required_argument, 0, O_SCHEDULE},
+    {"beta1", required_argument, 0, O_BETA1},       {"beta2", required_argument, 0, O_BETA2},
+    {"eps", required_argument, 0, O_EPS},           {"weight-decay", required_argument, 0, O_WD},
+    {"clip", required_argument, 0, O_CLIP},         {"seed", required_argument, 0, O_SEED},
+    {"no-shuffle", no_argument, 0, O_NO_SHUFFLE},   {"device", required_argument, 0, O_DEVICE},
+    {"gpu-mem", required_argument, 0, O_GPU_MEM},   {"save-every", required_argument, 0, O_SAVE_EVERY},
+    {"keep", required_argument, 0, O_KEEP},         {"resume", no_argument, 0, O_RESUME},
+    {"eval-data", required_argument, 0, O_EVAL_DATA}, {"eval-every", required_argument, 0, O_EVAL_EVERY},
+    {"eval-batches", required_argument, 0, O_EVAL_BATCHES}, {"log", required_argument, 0, O_LOG},
+    {"trace", required_argument, 0, O_TRACE},       {"threads", required_argument, 0, O_THREADS},
+    {"doc-sep", required_argument, 0, O_DOC_SEP},   {"max-time", required_argument, 0, O_MAX_TIME},
+    {"stop-at", required_argument, 0, O_STOP_AT},   {"help", no_argument, 0, O_HELP},               {0, 0, 0, 0},
+};
+
+static int parse_one(mt_train_opts *o, int c, const char *arg) {
+    const int64_t big = (int64_t)1 << 40;
+    double seconds;
+    switch (c) {
+    case O_MODEL: o->model_dir = arg; return MT_OK;
+    case O_INIT: o->init_config = arg; return MT_OK;
+    case O_DATA: o->data = arg; return MT_OK;
+    case O_OUT: o->out_dir = arg; return MT_OK;
+    case O_EVAL_DATA: o->eval_data = arg; return MT_OK;
+    case O_LOG: o->log_path = arg; return MT_OK;
+    case O_TRACE: o->trace_path = arg; return MT_OK;
+    case O_DOC_SEP: o->doc_sep = arg; return MT_OK;
+    case O_STEPS: return mt_arg_int("--steps", arg, 1, big, &o->steps);
+    case O_BATCH: return mt_arg_int("--batch", arg, 1, 1 << 20, &o->batch);
+    case O_SEQ: o->have_seq = 1; return mt_arg_int("--seq", arg, 1, 1 << 24, &o->seq);
+    case O_MICRO: o->have_micro_batch = 1; return mt_arg_int("--micro-batch", arg, 1, 1 << 20, &o->micro_batch);
+    case O_LR: return mt_arg_float("--lr", arg, 0, 10, &o->lr);
+    case O_MIN_LR: o->have_min_lr = 1; return mt_arg_float("--min-lr", arg, 0, 10, &o->min_lr);
+    case O_WARMUP: o->have_warmup = 1; return mt_arg_int("--warmup", arg, 0, big, &o->warmup);
+    case O_SCHEDULE: return mt_arg_choice("--schedule", arg, "cosine|linear|constant", &o->schedule);
+    case O_BETA1: return mt_arg_float("--beta1", arg, 0, 0.999999, &o->beta1);
+    case O_BETA2: return mt_arg_float("--beta2", arg, 0, 0.999999999, &o->beta2);
+    case O_EPS: return mt_arg_float("--eps", arg, 1e-30, 1, &o->eps);
+    case O_WD: return mt_arg_float("--weight-decay", arg, 0, 10, &o->weight_decay);
+    case O_CLIP: return mt_arg_float("--clip", arg, 0, 1e30, &o->clip);
+    case O_SEED: return mt_arg_int("--seed", arg, 0, INT64_MAX, &o->seed);
+    case O_NO_SHUFFLE: o->no_shuffle = 1; return MT_OK;
+    case O_DEVICE: return mt_arg_choice("--device", arg, "auto|cpu|cuda", &o->device);
+    case O_GPU_MEM: return mt_arg_size("--gpu-mem", arg, &o->gpu_mem);
+    case O_SAVE_EVERY: return mt_arg_int("--save-every", arg, 0, big, &o->save_every);
+    case O_KEEP: return mt_arg_int("--keep", arg, 0, 1 << 20, &o->keep);
+    case O_RESUME: o->resume = 1; return MT_OK;
+    case O_EVAL_EVERY: return mt_arg_int("--eval-every", arg, 0, big, &o->eval_every);
+    case O_EVAL_BATCHES: return mt_arg_int("--eval-batches", arg, 1, big, &o->eval_batches);
+    case O_STOP_AT: return mt_arg_int("--stop-at", arg, 1, big, &o->stop_at);
+    case O_THREADS: return mt_arg_int("--threads", arg, 0, 4096, &o->threads);
+    case O_MAX_TIME:
+        MT_TRY(mt_arg_float("--max-time", arg, 0, 1e9, &seconds));
+        o->max_ms = (int64_t)(seconds * 1000);
+        return MT_OK;
+    }
+    return mt_error_set("unknown option");
+}
+
+int mt_train_opts_parse(mt_train_opts *o, int argc, char **argv, int *exit_now) {
+    *o = (mt_train_opts){.steps = 1000, .batch = 8, .lr = 3e-4, .schedule = 0, .beta1 = 0.9,
+                         .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .clip = 1.0,
+                         .seed = 1337, .keep = 3, .eval_batches = 8};
+    *exit_now = 0;
+    optind = 1;
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, ":", long_opts, NULL)) != -1) {
+        if (c == O_HELP) {
+            mt_train_opts_usage(stdout);
+            *exit_now = 1;
+            return MT_OK;
+        }
+        if (c == '?') return mt_error_set("train: unknown option '%s' (see megatrain train --help)", argv[optind - 1]);
+        if (c == ':') return mt_error_set("train: option '%s' needs a value", argv[optind - 1]);
+        MT_TRY(parse_one(o, c, optarg));
+    }
+    if (optind < argc) return mt_error_set("train: unexpected argument '%s'", argv[optind]);
+    if (!o->model_dir == !o->init_config) return mt_error_set("train: give exactly one of --model DIR and --init CONFIG.json");
+    if (!o->data) return mt_error_set("train: --data PATH is required");
+    if (!o->out_dir) return mt_error_set("train: --out DIR is required");
+    if (!o->have_micro_batch) o->micro_batch = o->batch;
+    if (o->batch % o->micro_batch)
+        return mt_error_set("--micro-batch: %lld does not divide --batch %lld", (long long)o->micro_batch, (long long)o->batch);
+    if (!o->have_min_lr) o->min_lr = o->lr / 10;
+    if (!o->have_warmup) o->warmup = o->steps / 20 < 100 ? o->steps / 20 : 100;
+    if (o->warmup > o->steps) return mt_error_set("--warmup: %lld is more than --steps %lld", (long long)o->warmup, (long long)o->steps);
+    if (o->eval_every && !o->eval_data) return mt_error_set("--eval-every needs --eval-data");
+    return MT_OK;
+}
+
+char *mt_train_opts_json(const mt_train_opts *o) {
+    static const char *const schedules[] = {"cosine", "linear", "constant"};
+    static const char *const devices[] = {"auto", "cpu", "cuda"};
+    json_t *j = json_object();
+    json_object_set_new(j, "model", o->model_dir ? json_string(o->model_dir) : json_null());
+    json_object_set_new(j, "init", o->init_config ? json_string(o->init_config) : json_null());
+    json_object_set_new(j, "data", json_string(o->data));
+    json_object_set_new(j, "steps", json_integer(o->steps));
+    json_object_set_new(j, "batch", json_integer(o->batch));
+    json_object_set_new(j, "seq", json_integer(o->seq));
+    json_object_set_new(j, "micro_batch", json_integer(o->micro_batch));
+    json_object_set_new(j, "lr", json_real(o->lr));
+    json_object_set_new(j, "min_lr", json_real(o->min_lr));
+    json_object_set_new(j, "warmup", json_integer(o->warmup));
+    json_object_set_new(j, "schedule", json_string(schedules[o->schedule]));
+    json_object_set_new(j, "beta1", json_real(o->beta1));
+    json_object_set_new(j, "beta2", json_real(o->beta2));
+    json_object_set_new(j, "eps", json_real(o->eps));
+    json_object_set_new(j, "weight_decay", json_real(o->weight_decay));
+    json_object_set_new(j, "clip", json_real(o->clip));
+    json_object_set_new(j, "seed", json_integer(o->seed));
+    json_object_set_new(j, "shuffle", json_boolean(!o->no_shuffle));
+    json_object_set_new(j, "device", json_string(devices[o->device]));
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    return s;
+}

@@ -1,0 +1,36 @@
+/* The flags of `megatrain train` (DESIGN.md "Contracts"), parsed and validated in one place. */
+#ifndef MT_TRAIN_OPTS_H
+#define MT_TRAIN_OPTS_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct {
+    const char *model_dir, *init_config, *data, *out_dir, *eval_data, *log_path, *trace_path;
+    int64_t steps, batch, seq, micro_batch;
+    double lr, min_lr;
+    int64_t warmup;
+    int schedule;               /* mt_lr_kind */
+    double beta1, beta2, eps, weight_decay, clip;
+    int64_t seed;
+    int no_shuffle;
+    int device;                 /* 0 auto, 1 cpu, 2 cuda */
+    int64_t gpu_mem;            /* bytes; 0 = all */
+    int64_t save_every, keep;
+    int resume;
+    int64_t eval_every, eval_batches;
+    int64_t threads;            /* optimizer threads; 0 = all cores */
+    const char *doc_sep;        /* byte-level text data: document separator line */
+    int64_t max_ms;             /* stop after this many ms of training (0 = no limit) */
+    int64_t stop_at;            /* stop (and save) once this many steps are done (0 = --steps) */
+    /* set when the user gave the flag (defaults that depend on others are filled afterwards) */
+    int have_min_lr, have_warmup, have_micro_batch, have_seq;
+} mt_train_opts;
+
+/* Parses argv (argv[0] = "train"); prints --help and sets *exit_now when asked. MT_OK/MT_ERR. */
+int mt_train_opts_parse(mt_train_opts *o, int argc, char **argv, int *exit_now);
+void mt_train_opts_usage(FILE *out);
+/* The options as a JSON object (stored in checkpoints); malloc'd. */
+char *mt_train_opts_json(const mt_train_opts *o);
+
+#endif

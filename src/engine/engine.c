@@ -1,0 +1,450 @@
+#include "engine.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/error.h"
+#include "../model/head.h"
+#include "../model/layer.h"
+#include "adamw.h"
+
+struct mt_engine {
+    const mt_param_table *t;
+    mt_backend *be;
+    mt_engine_opts o;
+    int M;        /* micro-batches per step */
+    int bN;       /* tokens per micro-batch */
+    size_t elem;  /* bytes of one compute-dtype element */
+    mt_layer_ctx lc;
+    float *inv_freq;
+
+    /* host */
+    float *master, *m1, *m2;
+    void *upload;                    /* compute dtype, table layout; read by H2D, written by D2H */
+    int32_t *host_ids, *host_targets;
+
+    /* compute side */
+    void **slots;
+    mt_event **slot_loaded, **slot_free;
+    void *embed_w, *head_w;
+    mt_event *embed_loaded, *embed_free, *head_loaded, *head_free;
+    float *g_layer, *g_embed, *g_head;
+    void *staging[2];
+    mt_event *staging_ready[2], *staging_free[2];
+    int next_stage;
+    float *norms;                    /* (L + 2) squared norms, group order */
+    void *acts;                      /* (L + 1, B*T, C) layer inputs, then the last output */
+    void *dx;                        /* (B*T, C) */
+    int32_t *ids, *targets, *pos;
+    float *losses;
+    mt_event *ids_ready, *grads_out;
+    mt_layer_ws ws;
+    mt_head_ws head_ws;
+
+    mt_optimizer *opt;
+    mt_trace *trace;
+    int *loads;                      /* per group, this step */
+    int issued;                      /* layer loads issued in this pass */
+    int step;                        /* steps run (for the trace) */
+};
+
+/* ---- sizes and places ---- */
+
+static size_t group_bytes(const mt_engine *e, int layer) {
+    return (size_t)mt_group_size(e->t, layer) * e->elem;
+}
+
+static void *upload_at(const mt_engine *e, int layer) {
+    return (char *)e->upload + (size_t)mt_group_offset(e->t, layer) * e->elem;
+}
+
+static void *act_at(const mt_engine *e, int l, int m) {
+    size_t per_mb = (size_t)e->bN * e->t->cfg.C * e->elem;
+    return (char *)e->acts + ((size_t)l * e->M + m) * per_mb;
+}
+
+static void *dx_at(const mt_engine *e, int m) {
+    return (char *)e->dx + (size_t)m * e->bN * e->t->cfg.C * e->elem;
+}
+
+static int64_t max_group(const mt_param_table *t) {
+    int64_t g = t->layer_size;
+    if (t->embed_size > g) g = t->embed_size;
+    if (t->head_size > g) g = t->head_size;
+    return g;
+}
+
+/* Embed and head tensors inside their own group buffers (weights or fp32 gradients). */
+static mt_model_view ends_view(const mt_param_table *t, void *embed, void *head, size_t elem) {
+    mt_model_view v = {.embed = embed};
+    for (int i = 0; i < t->n_params; i++) {
+        const mt_param *p = &t->params[i];
+        if (p->kind == MT_W_FINAL_NORM) v.final_norm = (char *)head + p->group_offset * elem;
+        if (p->kind == MT_W_LM_HEAD) v.lm_head = (char *)head + p->group_offset * elem;
+    }
+    if (t->cfg.tie_word_embeddings) v.lm_head = embed;
+    return v;
+}
+
+void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_opts *o,
+                       mt_engine_plan *p) {
+    double n = (double)t->total, el = (double)mt_dtype_size(dtype);
+    double N = (double)o->batch * o->T, bN = (double)o->micro_batch * o->T;
+    memset(p, 0, sizeof *p);
+    p->host_master = 4 * n;
+    p->host_moments = 8 * n;
+    p->host_upload = el * n;
+    p->host_total = p->host_master + p->host_moments + p->host_upload + 8 * N;
+    p->dev_slots = (double)o->n_slots * t->layer_size * el;
+    p->dev_embed_head = (double)(t->embed_size + t->head_size) * el;
+    p->dev_grads = 4.0 * (t->layer_size + t->embed_size + t->head_size) + 2.0 * max_group(t) * el;
+    p->dev_checkpoints = (t->cfg.L + 2) * N * t->cfg.C * el;
+    p->dev_work = (double)mt_layer_ws_bytes(&t->cfg, dtype, (int)bN) + 2 * bN * t->cfg.C * el +
+                  N * (4 + 4 + 4) + bN * 4 * 2;
+    p->dev_total = p->dev_slots + p->dev_embed_head + p->dev_grads + p->dev_checkpoints + p->dev_work;
+}
+
+/* ---- weight loads ---- */
+
+/* Issues the copy of a group's upload buffer into dst on the H2D stream, after `free_ev` (the
+ * last compute use of dst) and, for the forward, after the optimizer has updated the group. */
+static void load_group(mt_engine *e, int layer, void *dst, mt_event *free_ev, mt_event *loaded,
+                       int wait_optimizer) {
+    mt_backend *be = e->be;
+    if (wait_optimizer) {
+        double t0 = mt_trace_now(e->trace);
+        mt_optimizer_wait_group(e->opt, layer);
+        mt_trace_add(e->trace, MT_SPAN_WAIT_OPT, MT_LANE_MAIN, e->step, layer, t0, mt_trace_now(e->trace));
+    }
+    double t0 = mt_trace_now(e->trace);
+    be->stream_wait(be, MT_STREAM_H2D, free_ev);
+    be->copy_async(be, MT_STREAM_H2D, dst, upload_at(e, layer), group_bytes(e, layer));
+    be->event_record(be, loaded, MT_STREAM_H2D);
+    e->loads[layer + 1]++;
+    mt_trace_add(e->trace, MT_SPAN_LOAD, MT_LANE_H2D, e->step, layer, t0, mt_trace_now(e->trace));
+}
+
+/* Layer loads of one pass in order (forward: 0..L-1, backward: L-1..0); load number q uses slot
+ * q % n_slots. Issues every load up to `upto` (a position in the pass). */
+static void prefetch_layers(mt_engine *e, int upto, int backward, int wait_optimizer) {
+    int L = e->t->cfg.L;
+    for (; e->issued <= upto && e->issued < L; e->issued++) {
+        int q = e->issued + (backward ? L : 0);
+        int s = q % e->o.n_slots;
+        int layer = backward ? L - 1 - e->issued : e->issued;
+        load_group(e, layer, e->slots[s], e->slot_free[s], e->slot_loaded[s], wait_optimizer);
+    }
+}
+
+static int slot_of(const mt_engine *e, int pos, int backward) {
+    return (pos + (backward ? e->t->cfg.L : 0)) % e->o.n_slots;
+}
+
+static mt_layer_weights layer_weights(const mt_engine *e, int s) {
+    return mt_layer_view_of(e->t, e->slots[s], e->elem);
+}
+
+/* ---- gradients out ---- */
+
+/* The fp32 gradient g of a group leaves for the host: its squared norm is added to norms, it is
+ * converted to the compute dtype in a staging buffer and copied into the group's upload buffer,
+ * which the optimizer reads and overwrites with the new weights. */
+static void grads_out(mt_engine *e, int layer, float *g) {
+    mt_backend *be = e->be;
+    size_t n = (size_t)mt_group_size(e->t, layer);
+    double t0 = mt_trace_now(e->trace);
+    be->sumsq(be, e->norms + layer + 1, g, n);
+    int st = e->next_stage++ & 1;
+    be->stream_wait(be, MT_STREAM_COMPUTE, e->staging_free[st]);
+    be->from_f32(be, e->staging[st], g, n);
+    be->event_record(be, e->staging_ready[st], MT_STREAM_COMPUTE);
+    be->stream_wait(be, MT_STREAM_D2H, e->staging_ready[st]);
+    be->copy_async(be, MT_STREAM_D2H, upload_at(e, layer), e->staging[st], n * e->elem);
+    be->event_record(be, e->staging_free[st], MT_STREAM_D2H);
+    mt_trace_add(e->trace, MT_SPAN_GRAD_OUT, MT_LANE_D2H, e->step, layer, t0, mt_trace_now(e->trace));
+}
+
+/* ---- the passes ---- */
+
+static void upload_batch(mt_engine *e, const int32_t *inputs, const int32_t *targets) {
+    mt_backend *be = e->be;
+    size_t bytes = (size_t)e->o.batch * e->o.T * sizeof(int32_t);
+    memcpy(e->host_ids, inputs, bytes);
+    be->copy_async(be, MT_STREAM_H2D, e->ids, e->host_ids, bytes);
+    if (targets) {
+        memcpy(e->host_targets, targets, bytes);
+        be->copy_async(be, MT_STREAM_H2D, e->targets, e->host_targets, bytes);
+    }
+    be->event_record(be, e->ids_ready, MT_STREAM_H2D);
+    be->stream_wait(be, MT_STREAM_COMPUTE, e->ids_ready);
+}
+
+/* Embedding and every layer, micro-batch by micro-batch, saving each layer's input. Each layer's
+ * compute is issued before the load of the layer n_slots - 1 ahead, so that on an asynchronous
+ * backend the copy runs while the layer computes. */
+static void forward(mt_engine *e, const mt_model_view *w) {
+    mt_backend *be = e->be;
+    int L = e->t->cfg.L, K = e->o.n_slots;
+    mt_tokens tok = {.B = e->o.micro_batch, .T = e->o.T, .pos = e->pos, .doc_start = NULL};
+
+    load_group(e, MT_GROUP_EMBED, e->embed_w, e->embed_free, e->embed_loaded, 1);
+    e->issued = 0;
+    prefetch_layers(e, K - 2, 0, 1);
+    be->stream_wait(be, MT_STREAM_COMPUTE, e->embed_loaded);
+    for (int m = 0; m < e->M; m++)
+        mt_embed_forward(&e->lc, w, e->ids + (size_t)m * e->bN, e->bN, act_at(e, 0, m));
+
+    for (int l = 0; l < L; l++) {
+        int s = slot_of(e, l, 0);
+        be->stream_wait(be, MT_STREAM_COMPUTE, e->slot_loaded[s]);
+        mt_layer_weights lw = layer_weights(e, s);
+        double t0 = mt_trace_now(e->trace);
+        for (int m = 0; m < e->M; m++)
+            mt_layer_forward(&e->lc, &tok, &lw, act_at(e, l, m), act_at(e, l + 1, m), &e->ws);
+        be->event_record(be, e->slot_free[s], MT_STREAM_COMPUTE);
+        mt_trace_add(e->trace, MT_SPAN_FORWARD, MT_LANE_MAIN, e->step, l, t0, mt_trace_now(e->trace));
+        prefetch_layers(e, l + K - 1, 0, 1);
+    }
+    load_group(e, L, e->head_w, e->head_free, e->head_loaded, 1);
+    be->stream_wait(be, MT_STREAM_COMPUTE, e->head_loaded);
+}
+
+/* The first loads of the backward (no optimizer wait: the same step's weights). */
+static void backward_prefetch(mt_engine *e) {
+    e->issued = 0;
+    prefetch_layers(e, e->o.n_slots - 2, 1, 0);
+}
+
+static void backward(mt_engine *e, const mt_model_view *g) {
+    mt_backend *be = e->be;
+    int L = e->t->cfg.L, K = e->o.n_slots;
+    mt_tokens tok = {.B = e->o.micro_batch, .T = e->o.T, .pos = e->pos, .doc_start = NULL};
+    for (int i = 0; i < L; i++) {
+        int l = L - 1 - i;
+        int s = slot_of(e, i, 1);
+        be->stream_wait(be, MT_STREAM_COMPUTE, e->slot_loaded[s]);
+        mt_layer_weights lw = layer_weights(e, s);
+        mt_layer_weights lg = mt_layer_view_of(e->t, e->g_layer, sizeof(float));
+        double t0 = mt_trace_now(e->trace);
+        be->zero(be, e->g_layer, (size_t)e->t->layer_size * sizeof(float));
+        for (int m = 0; m < e->M; m++)
+            mt_layer_backward(&e->lc, &tok, &lw, &lg, act_at(e, l, m), dx_at(e, m), dx_at(e, m),
+                              &e->ws, 1);
+        be->event_record(be, e->slot_free[s], MT_STREAM_COMPUTE);
+        mt_trace_add(e->trace, MT_SPAN_BACKWARD, MT_LANE_MAIN, e->step, l, t0, mt_trace_now(e->trace));
+        prefetch_layers(e, i + K - 1, 1, 0);
+        grads_out(e, l, e->g_layer);
+    }
+    for (int m = 0; m < e->M; m++)
+        mt_embed_backward(&e->lc, g, e->ids + (size_t)m * e->bN, e->bN, dx_at(e, m));
+    grads_out(e, MT_GROUP_EMBED, e->g_embed);
+}
+
+static double download_losses(mt_engine *e, int n) {
+    float *losses = mt_malloc((size_t)n * sizeof(float));
+    e->be->download(e->be, losses, e->losses, (size_t)n * sizeof(float));
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += losses[i];
+    free(losses);
+    return sum;
+}
+
+void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
+                    const mt_adamw_hparams *hp, int64_t adam_step, double max_norm,
+                    mt_step_result *res) {
+    mt_backend *be = e->be;
+    const mt_param_table *t = e->t;
+    int L = t->cfg.L, N = e->o.batch * e->o.T;
+    for (int i = 0; i < L + 2; i++) e->loads[i] = 0;
+    int64_t count = 0;
+    for (int i = 0; i < N; i++) count += targets[i] >= 0;
+    float loss_scale = count ? 1.0f / (float)count : 0.0f;
+
+    upload_batch(e, inputs, targets);
+    mt_model_view w = ends_view(t, e->embed_w, e->head_w, e->elem);
+    mt_model_view g = ends_view(t, e->g_embed, e->g_head, sizeof(float));
+    forward(e, &w);
+    backward_prefetch(e);
+
+    /* head: loss, and the gradient flowing into the last layer */
+    be->zero(be, e->norms, (size_t)(L + 2) * sizeof(float));
+    be->zero(be, e->g_embed, (size_t)t->embed_size * sizeof(float));
+    be->zero(be, e->g_head, (size_t)t->head_size * sizeof(float));
+    double t0 = mt_trace_now(e->trace);
+    for (int m = 0; m < e->M; m++)
+        mt_head_loss(&e->lc, &w, &g, act_at(e, L, m), e->targets + (size_t)m * e->bN, e->bN,
+                     loss_scale, e->losses + (size_t)m * e->bN, dx_at(e, m), &e->head_ws);
+    be->event_record(be, e->head_free, MT_STREAM_COMPUTE);
+    be->event_record(be, e->embed_free, MT_STREAM_COMPUTE);
+    mt_trace_add(e->trace, MT_SPAN_HEAD, MT_LANE_MAIN, e->step, L, t0, mt_trace_now(e->trace));
+    grads_out(e, L, e->g_head);
+
+    backward(e, &g);
+    be->event_record(be, e->grads_out, MT_STREAM_D2H);
+
+    /* the global norm is exact now: every group's squared norm is in */
+    float *norms = mt_malloc((size_t)(L + 2) * sizeof(float));
+    be->download(be, norms, e->norms, (size_t)(L + 2) * sizeof(float));
+    double sq = 0;
+    for (int i = 0; i < L + 2; i++) sq += norms[i];
+    free(norms);
+    res->grad_norm = sqrt(sq);
+    res->clip_coef = mt_adamw_clip_coef((float)res->grad_norm, max_norm);
+    res->count = count;
+    res->loss = count ? download_losses(e, N) / (double)count : 0.0;
+
+    mt_optimizer_start(e->opt, hp, adam_step, res->clip_coef, e->grads_out);
+    e->step++;
+}
+
+double mt_engine_eval(mt_engine *e, const int32_t *inputs, const int32_t *targets, int B,
+                      int64_t *count) {
+    MT_CHECK(B == e->o.batch, "eval batches hold %d rows (got %d)", e->o.batch, B);
+    int L = e->t->cfg.L, N = B * e->o.T;
+    int64_t n = 0;
+    for (int i = 0; i < N; i++) n += targets[i] >= 0;
+    *count = n;
+    upload_batch(e, inputs, targets);
+    mt_model_view w = ends_view(e->t, e->embed_w, e->head_w, e->elem);
+    forward(e, &w);
+    for (int m = 0; m < e->M; m++)
+        mt_head_loss(&e->lc, &w, NULL, act_at(e, L, m), e->targets + (size_t)m * e->bN, e->bN, 1.0f,
+                     e->losses + (size_t)m * e->bN, NULL, &e->head_ws);
+    e->be->event_record(e->be, e->head_free, MT_STREAM_COMPUTE);
+    e->be->event_record(e->be, e->embed_free, MT_STREAM_COMPUTE);
+    return download_losses(e, N);
+}
+
+/* ---- state ---- */
+
+static mt_event *new_event(mt_engine *e) { return e->be->event_create(e->be); }
+
+mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_engine_opts *o,
+                            const float *weights) {
+    MT_CHECK(o->batch > 0 && o->micro_batch > 0 && o->batch % o->micro_batch == 0,
+             "batch %d must be a multiple of micro-batch %d", o->batch, o->micro_batch);
+    MT_CHECK(o->n_slots >= 2, "need at least 2 weight slots (got %d)", o->n_slots);
+    mt_engine *e = mt_calloc(1, sizeof *e);
+    const mt_config *cfg = &t->cfg;
+    e->t = t;
+    e->be = be;
+    e->o = *o;
+    e->M = o->batch / o->micro_batch;
+    e->bN = o->micro_batch * o->T;
+    e->elem = mt_dtype_size(be->dtype);
+    int N = o->batch * o->T, L = cfg->L;
+    size_t n = (size_t)t->total;
+
+    e->master = mt_aligned_alloc(n * sizeof(float));
+    if (weights) memcpy(e->master, weights, n * sizeof(float));
+    else memset(e->master, 0, n * sizeof(float));
+    e->m1 = mt_aligned_alloc(n * sizeof(float));
+    e->m2 = mt_aligned_alloc(n * sizeof(float));
+    memset(e->m1, 0, n * sizeof(float));
+    memset(e->m2, 0, n * sizeof(float));
+    e->upload = be->host_alloc(be, n * e->elem);
+    mt_engine_refresh_upload(e);
+    e->host_ids = be->host_alloc(be, (size_t)N * sizeof(int32_t));
+    e->host_targets = be->host_alloc(be, (size_t)N * sizeof(int32_t));
+
+    e->slots = mt_calloc((size_t)o->n_slots, sizeof(void *));
+    e->slot_loaded = mt_calloc((size_t)o->n_slots, sizeof(mt_event *));
+    e->slot_free = mt_calloc((size_t)o->n_slots, sizeof(mt_event *));
+    for (int s = 0; s < o->n_slots; s++) {
+        e->slots[s] = be->alloc(be, group_bytes(e, 0));
+        e->slot_loaded[s] = new_event(e);
+        e->slot_free[s] = new_event(e);
+    }
+    e->embed_w = be->alloc(be, group_bytes(e, MT_GROUP_EMBED));
+    e->head_w = be->alloc(be, group_bytes(e, L));
+    e->embed_loaded = new_event(e);
+    e->embed_free = new_event(e);
+    e->head_loaded = new_event(e);
+    e->head_free = new_event(e);
+    e->g_layer = be->alloc(be, (size_t)t->layer_size * sizeof(float));
+    e->g_embed = be->alloc(be, (size_t)t->embed_size * sizeof(float));
+    e->g_head = be->alloc(be, (size_t)t->head_size * sizeof(float));
+    for (int i = 0; i < 2; i++) {
+        e->staging[i] = be->alloc(be, (size_t)max_group(t) * e->elem);
+        e->staging_ready[i] = new_event(e);
+        e->staging_free[i] = new_event(e);
+    }
+    e->norms = be->alloc(be, (size_t)(L + 2) * sizeof(float));
+    e->acts = be->alloc(be, (size_t)(L + 1) * N * cfg->C * e->elem);
+    e->dx = be->alloc(be, (size_t)N * cfg->C * e->elem);
+    e->ids = be->alloc(be, (size_t)N * sizeof(int32_t));
+    e->targets = be->alloc(be, (size_t)N * sizeof(int32_t));
+    e->losses = be->alloc(be, (size_t)N * sizeof(float));
+    e->ids_ready = new_event(e);
+    e->grads_out = new_event(e);
+
+    int32_t *pos = mt_malloc((size_t)e->bN * sizeof(int32_t));
+    for (int i = 0; i < e->bN; i++) pos[i] = i % o->T;
+    e->pos = be->alloc(be, (size_t)e->bN * sizeof(int32_t));
+    be->upload(be, e->pos, pos, (size_t)e->bN * sizeof(int32_t));
+    free(pos);
+    float *inv_freq = mt_malloc((size_t)cfg->D / 2 * sizeof(float));
+    mt_config_rope_inv_freq(cfg, inv_freq);
+    e->inv_freq = be->alloc(be, (size_t)cfg->D / 2 * sizeof(float));
+    be->upload(be, e->inv_freq, inv_freq, (size_t)cfg->D / 2 * sizeof(float));
+    free(inv_freq);
+
+    e->lc = (mt_layer_ctx){.cfg = cfg, .be = be, .inv_freq = e->inv_freq};
+    mt_layer_ws_init(&e->ws, &e->lc, e->bN);
+    mt_head_ws_init(&e->head_ws, &e->lc, e->bN);
+    e->loads = mt_calloc((size_t)L + 2, sizeof(int));
+    if (o->trace) e->trace = mt_trace_create();
+    e->opt = mt_optimizer_create(t, e->master, e->m1, e->m2, e->upload, be->dtype, o->opt_threads,
+                                 be, e->trace);
+    return e;
+}
+
+void mt_engine_destroy(mt_engine *e) {
+    if (!e) return;
+    mt_backend *be = e->be;
+    mt_optimizer_destroy(e->opt);
+    be->sync(be);
+    mt_layer_ws_free(&e->ws, &e->lc);
+    mt_head_ws_free(&e->head_ws, &e->lc);
+    for (int s = 0; s < e->o.n_slots; s++) {
+        be->free(be, e->slots[s]);
+        be->event_destroy(be, e->slot_loaded[s]);
+        be->event_destroy(be, e->slot_free[s]);
+    }
+    free(e->slots), free(e->slot_loaded), free(e->slot_free);
+    for (int i = 0; i < 2; i++) {
+        be->free(be, e->staging[i]);
+        be->event_destroy(be, e->staging_ready[i]);
+        be->event_destroy(be, e->staging_free[i]);
+    }
+    void *dev[] = {e->embed_w, e->head_w, e->g_layer, e->g_embed, e->g_head, e->norms, e->acts,
+                   e->dx, e->ids, e->targets, e->losses, e->pos, e->inv_freq};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) be->free(be, dev[i]);
+    mt_event *evs[] = {e->embed_loaded, e->embed_free, e->head_loaded, e->head_free, e->ids_ready,
+                       e->grads_out};
+    for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++) be->event_destroy(be, evs[i]);
+    be->host_free(be, e->upload);
+    be->host_free(be, e->host_ids);
+    be->host_free(be, e->host_targets);
+    free(e->master), free(e->m1), free(e->m2), free(e->loads);
+    mt_trace_free(e->trace);
+    free(e);
+}
+
+void mt_engine_finish(mt_engine *e) { mt_optimizer_wait_all(e->opt); }
+
+float *mt_engine_master(mt_engine *e) { return e->master; }
+float *mt_engine_moment1(mt_engine *e) { return e->m1; }
+float *mt_engine_moment2(mt_engine *e) { return e->m2; }
+
+void mt_engine_refresh_upload(mt_engine *e) {
+    if (e->opt) mt_optimizer_wait_all(e->opt);
+    size_t n = (size_t)e->t->total;
+    if (e->be->dtype == MT_BF16) mt_convert_f32_to_bf16(e->upload, e->master, n);
+    else memcpy(e->upload, e->master, n * sizeof(float));
+}
+
+const int *mt_engine_loads(const mt_engine *e) { return e->loads; }
+mt_trace *mt_engine_trace(mt_engine *e) { return e->trace; }
+mt_optimizer *mt_engine_optimizer(mt_engine *e) { return e->opt; }

@@ -1,0 +1,86 @@
+/* The training engine: host-resident state and the layer-streaming step (DESIGN.md, "One
+ * training step"), written once against the backend interface.
+ *
+ * Host: fp32 master weights, fp32 Adam moments, and the upload copy in the compute dtype (bf16 on
+ * cuda, fp32 on cpu) that the copy stream reads. Compute side: weight slots for the layers in
+ * flight, dedicated buffers for the embed and head groups, the saved input of every layer for
+ * every micro-batch (the checkpoints), one layer's working activations, one layer's fp32
+ * gradient. Per step each layer's weights cross to the compute side exactly twice (forward,
+ * backward) whatever the number of micro-batches; the embed and head groups once.
+ *
+ * A layer's gradient leaves for the host as soon as it is final, into that layer's upload
+ * buffer (dead from then until its update); its squared norm is summed on the compute side, so
+ * the global norm is exact when the backward ends. The optimizer thread then updates embed,
+ * layer 0, 1, ..., head, and the next step's forward of layer l waits only for layer l.
+ */
+#ifndef MT_ENGINE_H
+#define MT_ENGINE_H
+
+#include <stdint.h>
+
+#include "../backend/backend.h"
+#include "../model/params.h"
+#include "optimizer.h"
+#include "trace.h"
+
+typedef struct {
+    int batch;        /* B sequences per step */
+    int micro_batch;  /* b sequences per micro-batch; B % b == 0 */
+    int T;            /* tokens per sequence */
+    int n_slots;      /* layer weight slots on the compute side (>= 2) */
+    int opt_threads;  /* threads of the optimizer (<= 0: all) */
+    int trace;        /* record a timeline (mt_engine_trace) */
+} mt_engine_opts;
+
+typedef struct {
+    double loss;          /* mean over the counted targets */
+    int64_t count;        /* targets counted (not ignored) */
+    double grad_norm;     /* global L2 norm before clipping */
+    float clip_coef;      /* the factor applied to the gradient (1 = not clipped) */
+} mt_step_result;
+
+/* Compute-side and host bytes the engine will allocate (for the plan printed before training). */
+typedef struct {
+    double host_master, host_moments, host_upload, host_total;
+    double dev_slots, dev_embed_head, dev_grads, dev_checkpoints, dev_work, dev_total;
+} mt_engine_plan;
+
+void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_opts *o,
+                       mt_engine_plan *plan);
+
+typedef struct mt_engine mt_engine;
+
+/* Allocates the state; master = the given fp32 weights (NULL: zeros, for a caller that fills
+ * mt_engine_master and then calls mt_engine_refresh_upload), moments zero. */
+mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_engine_opts *o,
+                            const float *weights);
+void mt_engine_destroy(mt_engine *e);
+
+/* One training step on B rows of T tokens (host arrays, targets < 0 ignored): forward, head,
+ * backward, exact global norm; then starts the AdamW update (Adam step `adam_step`, 1-based) in
+ * the background and returns. max_norm <= 0 disables clipping. */
+void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
+                    const mt_adamw_hparams *hp, int64_t adam_step, double max_norm,
+                    mt_step_result *res);
+
+/* Loss (sum over counted targets, *count set) of up to B rows with the current weights,
+ * streamed like the forward (waits for the optimizer per layer). */
+double mt_engine_eval(mt_engine *e, const int32_t *inputs, const int32_t *targets, int B,
+                      int64_t *count);
+
+/* Waits for the optimizer; after it, master/moments are the state after the last step. */
+void mt_engine_finish(mt_engine *e);
+
+/* The host state (fp32, table layout). After changing master (a checkpoint load), call
+ * mt_engine_refresh_upload. */
+float *mt_engine_master(mt_engine *e);
+float *mt_engine_moment1(mt_engine *e);
+float *mt_engine_moment2(mt_engine *e);
+void mt_engine_refresh_upload(mt_engine *e);
+
+/* Weight loads issued per group in the last step (index layer + 1: 0 embed, L+1 head). */
+const int *mt_engine_loads(const mt_engine *e);
+mt_trace *mt_engine_trace(mt_engine *e);
+mt_optimizer *mt_engine_optimizer(mt_engine *e);
+
+#endif

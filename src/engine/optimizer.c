@@ -1,0 +1,145 @@
+#include "optimizer.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "../core/error.h"
+#include "adamw.h"
+
+struct mt_optimizer {
+    const mt_param_table *t;
+    float *master, *m, *v;
+    void *upload;
+    mt_dtype upload_dtype;
+    int n_threads;
+    mt_backend *be;
+    mt_trace *trace;
+    int delay_us;
+
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    /* the job: set by start, consumed by the thread */
+    int pending, running, stop;
+    int groups_done;          /* of the running step, in order embed, layers, head */
+    mt_adamw_hparams hp;
+    int64_t step;
+    float grad_scale;
+    mt_event *grads_ready;
+};
+
+/* Group order index: 0 embed, 1..L layers, L+1 head. */
+static int group_index(const mt_param_table *t, int layer) { return layer + 1; }
+
+static void update_group(mt_optimizer *o, int layer) {
+    const mt_param_table *t = o->t;
+    size_t elem = mt_dtype_size(o->upload_dtype);
+    for (int i = 0; i < t->n_params; i++) {
+        const mt_param *p = &t->params[i];
+        if (p->layer != layer) continue;
+        mt_adamw_step_args a = {.lr = o->hp.lr,
+                                .beta1 = o->hp.beta1,
+                                .beta2 = o->hp.beta2,
+                                .eps = o->hp.eps,
+                                .weight_decay = p->ndim >= 2 ? o->hp.weight_decay : 0.0,
+                                .step = o->step,
+                                .grad_scale = o->grad_scale};
+        void *up = (char *)o->upload + (size_t)p->offset * elem;
+        size_t off = (size_t)p->offset, n = (size_t)p->numel;
+        if (o->upload_dtype == MT_BF16)
+            mt_adamw_update_bf16(&a, o->master + off, o->m + off, o->v + off, up, n, up, MT_BF16,
+                                 o->n_threads);
+        else
+            mt_adamw_update(&a, o->master + off, o->m + off, o->v + off, up, n, up, MT_F32,
+                            o->n_threads);
+    }
+}
+
+static void *optimizer_main(void *arg) {
+    mt_optimizer *o = arg;
+    pthread_mutex_lock(&o->mu);
+    for (;;) {
+        while (!o->pending && !o->stop) pthread_cond_wait(&o->cv, &o->mu);
+        if (o->stop) break;
+        o->pending = 0;
+        pthread_mutex_unlock(&o->mu);
+
+        o->be->event_sync(o->be, o->grads_ready);
+        int L = o->t->cfg.L;
+        for (int layer = -1; layer <= L; layer++) {
+            double t0 = mt_trace_now(o->trace);
+            update_group(o, layer);
+            if (o->delay_us) usleep((useconds_t)o->delay_us);
+            mt_trace_add(o->trace, MT_SPAN_OPTIMIZER, MT_LANE_OPT, (int)o->step - 1, layer, t0,
+                         mt_trace_now(o->trace));
+            pthread_mutex_lock(&o->mu);
+            o->groups_done = group_index(o->t, layer) + 1;
+            pthread_cond_broadcast(&o->cv);
+            pthread_mutex_unlock(&o->mu);
+        }
+        pthread_mutex_lock(&o->mu);
+        o->running = 0;
+        pthread_cond_broadcast(&o->cv);
+    }
+    pthread_mutex_unlock(&o->mu);
+    return NULL;
+}
+
+mt_optimizer *mt_optimizer_create(const mt_param_table *t, float *master, float *m, float *v,
+                                  void *upload, mt_dtype upload_dtype, int n_threads,
+                                  mt_backend *be, mt_trace *trace) {
+    MT_CHECK(upload_dtype == MT_F32 || upload_dtype == MT_BF16, "upload dtype %s",
+             mt_dtype_name(upload_dtype));
+    mt_optimizer *o = mt_calloc(1, sizeof *o);
+    *o = (mt_optimizer){.t = t, .master = master, .m = m, .v = v, .upload = upload,
+                        .upload_dtype = upload_dtype, .n_threads = n_threads, .be = be,
+                        .trace = trace};
+    pthread_mutex_init(&o->mu, NULL);
+    pthread_cond_init(&o->cv, NULL);
+    MT_CHECK(pthread_create(&o->thread, NULL, optimizer_main, o) == 0, "cannot start the optimizer thread");
+    return o;
+}
+
+void mt_optimizer_destroy(mt_optimizer *o) {
+    if (!o) return;
+    mt_optimizer_wait_all(o);
+    pthread_mutex_lock(&o->mu);
+    o->stop = 1;
+    pthread_cond_broadcast(&o->cv);
+    pthread_mutex_unlock(&o->mu);
+    pthread_join(o->thread, NULL);
+    pthread_mutex_destroy(&o->mu);
+    pthread_cond_destroy(&o->cv);
+    free(o);
+}
+
+void mt_optimizer_start(mt_optimizer *o, const mt_adamw_hparams *hp, int64_t step,
+                        float grad_scale, mt_event *grads_ready) {
+    mt_optimizer_wait_all(o);
+    pthread_mutex_lock(&o->mu);
+    o->hp = *hp;
+    o->step = step;
+    o->grad_scale = grad_scale;
+    o->grads_ready = grads_ready;
+    o->groups_done = 0;
+    o->running = 1;
+    o->pending = 1;
+    pthread_cond_broadcast(&o->cv);
+    pthread_mutex_unlock(&o->mu);
+}
+
+void mt_optimizer_wait_group(mt_optimizer *o, int layer) {
+    int want = group_index(o->t, layer) + 1;
+    pthread_mutex_lock(&o->mu);
+    while (o->running && o->groups_done < want) pthread_cond_wait(&o->cv, &o->mu);
+    pthread_mutex_unlock(&o->mu);
+}
+
+void mt_optimizer_wait_all(mt_optimizer *o) {
+    pthread_mutex_lock(&o->mu);
+    while (o->running) pthread_cond_wait(&o->cv, &o->mu);
+    pthread_mutex_unlock(&o->mu);
+}
+
+void mt_optimizer_set_delay_us(mt_optimizer *o, int us) { o->delay_us = us; }

@@ -1,0 +1,532 @@
+/* Training checkpoints: a temporary directory filled, fsync'd and renamed into place. */
+#include "io/checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+#include "io/model_io.h"
+#include "io/safetensors.h"
+#include "model/config.h"
+
+#define CKPT_SUBDIR "checkpoints"
+#define STEP_PREFIX "step_"
+#define TMP_PREFIX ".tmp-"
+#define COPY_CHUNK (1 << 20)
+
+static const char *const TOKENIZER_FILES[] = {"tokenizer.json", "tokenizer_config.json",
+                                              "special_tokens_map.json", "generation_config.json"};
+
+/* ---- small file-system helpers ---- */
+
+static char *path_join(const char *dir, const char *name) {
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = mt_malloc(n);
+    snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+static int is_dir(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static int make_dirs(const char *dir) {
+    if (!*dir) return mt_error_set("checkpoint: empty output directory path");
+    char *p = mt_strdup(dir);
+    int rc = MT_OK;
+    for (char *s = p + 1;; s++) {
+        if (*s != '/' && *s != '\0') continue;
+        char c = *s;
+        *s = '\0';
+        if (mkdir(p, 0755) != 0 && errno != EEXIST)
+            rc = mt_error_set("%s: cannot create directory: %s", p, strerror(errno));
+        else if (!is_dir(p))
+            rc = mt_error_set("%s: exists and is not a directory", p);
+        *s = c;
+        if (rc != MT_OK || c == '\0') break;
+    }
+    free(p);
+    return rc;
+}
+
+static int fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return mt_error_set("%s: cannot open directory to fsync: %s", dir, strerror(errno));
+    int rc = fsync(fd) == 0 ? MT_OK
+                            : mt_error_set("%s: fsync of directory failed: %s", dir, strerror(errno));
+    close(fd);
+    return rc;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path) == 0 ? 0 : errno;
+}
+
+/* rm -rf PATH; a missing PATH is fine. Returns 0 or an errno. */
+static int rmtree(const char *path) {
+    struct stat sb;
+    if (lstat(path, &sb) != 0) return errno == ENOENT ? 0 : errno;
+    int e = nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return e < 0 ? errno : e;
+}
+
+static void warn_rmtree(const char *path) {
+    int e = rmtree(path);
+    if (e)
+        fprintf(stderr, "megatrain: warning: %s: could not remove: %s\n", path, strerror(e));
+}
+
+/* "step_<digits>" -> step; -1 for any other name. */
+static int64_t parse_step_name(const char *name) {
+    size_t k = strlen(STEP_PREFIX);
+    if (strncmp(name, STEP_PREFIX, k) != 0) return -1;
+    const char *s = name + k;
+    size_t n = strlen(s);
+    if (n == 0 || n > 18 || strspn(s, "0123456789") != n) return -1;
+    return strtoll(s, NULL, 10);
+}
+
+typedef struct {
+    int64_t *steps;
+    int n, cap;
+} step_list;
+
+/* The step_N directories of CKDIR, highest first. errno-style result in *err (0 when listed). */
+static step_list list_steps(const char *ckdir, int *err) {
+    step_list l = {NULL, 0, 0};
+    *err = 0;
+    DIR *d = opendir(ckdir);
+    if (!d) {
+        *err = errno;
+        return l;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int64_t s = parse_step_name(e->d_name);
+        if (s < 0) continue;
+        char *p = path_join(ckdir, e->d_name);
+        int dir = is_dir(p);
+        free(p);
+        if (!dir) continue;
+        if (l.n == l.cap) {
+            l.cap = l.cap ? 2 * l.cap : 16;
+            int64_t *grown = mt_malloc(sizeof(int64_t) * (size_t)l.cap);
+            if (l.n) memcpy(grown, l.steps, sizeof(int64_t) * (size_t)l.n);
+            free(l.steps);
+            l.steps = grown;
+        }
+        l.steps[l.n++] = s;
+    }
+    closedir(d);
+    for (int i = 1; i < l.n; i++) /* insertion sort, descending; lists are short */
+        for (int j = i; j > 0 && l.steps[j] > l.steps[j - 1]; j--) {
+            int64_t x = l.steps[j];
+            l.steps[j] = l.steps[j - 1];
+            l.steps[j - 1] = x;
+        }
+    return l;
+}
+
+static void step_name(char *buf, size_t size, const char *prefix, int64_t step) {
+    snprintf(buf, size, "%s" STEP_PREFIX "%08lld", prefix, (long long)step);
+}
+
+/* ---- save ---- */
+
+static int save_optimizer(const char *dir, const mt_param_table *t, const float *m1,
+                          const float *m2) {
+    int n = 2 * t->n_params;
+    mt_st_write_tensor *w = mt_calloc((size_t)(n ? n : 1), sizeof *w);
+    char (*names)[128] = mt_calloc((size_t)(n ? n : 1), sizeof *names);
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < t->n_params; i++) {
+            const mt_param *p = &t->params[i];
+            int j = k * t->n_params + i;
+            snprintf(names[j], sizeof names[j], "%s.%s", k ? "exp_avg_sq" : "exp_avg", p->name);
+            w[j].name = names[j];
+            w[j].dtype = MT_F32;
+            w[j].ndim = p->ndim;
+            for (int d = 0; d < p->ndim; d++) w[j].shape[d] = p->shape[d];
+            w[j].data = (k ? m2 : m1) + p->offset;
+        }
+    const mt_st_meta meta[] = {{"format", "pt"}};
+    char *path = path_join(dir, "optimizer.safetensors");
+    int rc = mt_safetensors_write(path, w, n, meta, 1);
+    free(path);
+    free(names);
+    free(w);
+    return rc;
+}
+
+/* seed: a JSON integer when it fits one, else its decimal digits as a string. */
+static json_t *seed_json(uint64_t seed) {
+    if (seed <= (uint64_t)INT64_MAX) return json_integer((json_int_t)seed);
+    char buf[32];
+    snprintf(buf, sizeof buf, "%llu", (unsigned long long)seed);
+    return json_string(buf);
+}
+
+static int save_state(const char *dir, const mt_ckpt_state *st, json_t *args) {
+    json_t *o = json_object();
+    json_object_set_new(o, "format", json_integer(MT_CKPT_FORMAT));
+    json_object_set_new(o, "step", json_integer((json_int_t)st->step));
+    json_object_set_new(o, "seed", seed_json(st->seed));
+    json_object_set_new(o, "loss", isfinite(st->loss) ? json_real(st->loss) : json_null());
+    json_object_set(o, "args", args ? args : json_null());
+    char *s = json_dumps(o, JSON_INDENT(2));
+    json_decref(o);
+    MT_CHECK(s, "json_dumps failed (out of memory?)");
+    size_t n = strlen(s);
+    char *text = mt_malloc(n + 2);
+    memcpy(text, s, n);
+    text[n] = '\n';
+    free(s);
+    char *path = path_join(dir, "trainer_state.json");
+    int rc = mt_atomic_write_file(path, text, n + 1);
+    free(path);
+    free(text);
+    return rc;
+}
+
+/* Copies SRC to DST (atomic); *copied = 0 when SRC does not exist. */
+static int copy_file(const char *src, const char *dst, int *copied) {
+    *copied = 0;
+    FILE *in = fopen(src, "rb");
+    if (!in) {
+        if (errno == ENOENT) return MT_OK;
+        return mt_error_set("%s: cannot read: %s", src, strerror(errno));
+    }
+    mt_atomic_file af;
+    if (mt_atomic_open(&af, dst) != MT_OK) {
+        fclose(in);
+        return MT_ERR;
+    }
+    char *buf = mt_malloc(COPY_CHUNK);
+    int rc = MT_OK;
+    size_t k;
+    while (rc == MT_OK && (k = fread(buf, 1, COPY_CHUNK, in)) > 0) rc = mt_atomic_write(&af, buf, k);
+    if (rc == MT_OK && ferror(in)) rc = mt_error_set("%s: read failed: %s", src, strerror(errno));
+    fclose(in);
+    free(buf);
+    if (rc != MT_OK) {
+        mt_atomic_abort(&af);
+        return MT_ERR;
+    }
+    MT_TRY(mt_atomic_commit(&af));
+    *copied = 1;
+    return MT_OK;
+}
+
+static int save_tokenizer(const char *dir, const char *tok_dir) {
+    for (size_t i = 0; i < sizeof TOKENIZER_FILES / sizeof *TOKENIZER_FILES; i++) {
+        char *src = path_join(tok_dir, TOKENIZER_FILES[i]);
+        char *dst = path_join(dir, TOKENIZER_FILES[i]);
+        int copied, rc = copy_file(src, dst, &copied);
+        free(src);
+        free(dst);
+        MT_TRY(rc);
+    }
+    return MT_OK;
+}
+
+static int save_contents(const char *dir, const mt_param_table *t, const float *master,
+                         const float *m1, const float *m2, const mt_ckpt_state *st, json_t *args,
+                         const char *tok_dir) {
+    MT_TRY(mt_model_save(t, master, dir, MT_F32, 0)); /* config.json + model.safetensors */
+    MT_TRY(save_optimizer(dir, t, m1, m2));
+    MT_TRY(save_state(dir, st, args));
+    if (tok_dir) MT_TRY(save_tokenizer(dir, tok_dir));
+    return fsync_dir(dir); /* each file was fsync'd and renamed by the atomic writer */
+}
+
+/* Moves CKDIR/TMP to CKDIR/NAME. When NAME exists (the same step saved again) the two are
+ * exchanged atomically and the old one, now under TMP, is removed. */
+static int publish(const char *ckdir, const char *tmp_name, const char *name) {
+    char *tmp = path_join(ckdir, tmp_name), *dst = path_join(ckdir, name);
+    int rc = MT_OK, exchanged = 0;
+    if (rename(tmp, dst) != 0) {
+        int e = errno;
+        if ((e == ENOTEMPTY || e == EEXIST) &&
+            renameat2(AT_FDCWD, tmp, AT_FDCWD, dst, RENAME_EXCHANGE) == 0)
+            exchanged = 1;
+        else
+            rc = mt_error_set("%s: cannot rename to %s: %s", tmp, dst,
+                              strerror(e == ENOTEMPTY || e == EEXIST ? errno : e));
+    }
+    if (rc == MT_OK && fsync_dir(ckdir) != MT_OK)
+        fprintf(stderr, "megatrain: warning: %s\n", mt_error_message());
+    if (exchanged) warn_rmtree(tmp);
+    free(tmp);
+    free(dst);
+    return rc;
+}
+
+/* Keeps the keep_last highest steps (and `keep`, the one just written), then removes every
+ * .tmp-* entry. Directories are renamed to .tmp-* before removal, so a crash mid-removal never
+ * leaves a partial step_ directory. Failures here only warn: the new checkpoint is in place. */
+static void prune(const char *ckdir, int keep_last, int64_t keep) {
+    int err;
+    char name[64], tmp_name[80];
+    if (keep_last > 0) {
+        step_list l = list_steps(ckdir, &err);
+        int renamed = 0;
+        for (int i = keep_last; i < l.n; i++) {
+            if (l.steps[i] == keep) continue;
+            step_name(name, sizeof name, "", l.steps[i]);
+            step_name(tmp_name, sizeof tmp_name, TMP_PREFIX "del-", l.steps[i]);
+            char *src = path_join(ckdir, name), *dst = path_join(ckdir, tmp_name);
+            warn_rmtree(dst);
+            if (rename(src, dst) == 0) renamed = 1;
+            else fprintf(stderr, "megatrain: warning: %s: could not remove an old checkpoint: %s\n",
+                         src, strerror(errno));
+            free(src);
+            free(dst);
+        }
+        free(l.steps);
+        if (renamed && fsync_dir(ckdir) != MT_OK)
+            fprintf(stderr, "megatrain: warning: %s\n", mt_error_message());
+    }
+    DIR *d = opendir(ckdir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, TMP_PREFIX, strlen(TMP_PREFIX)) != 0) continue;
+        char *p = path_join(ckdir, e->d_name);
+        warn_rmtree(p);
+        free(p);
+    }
+    closedir(d);
+}
+
+int mt_checkpoint_save(const char *out_dir, const mt_param_table *t, const float *master,
+                       const float *m1, const float *m2, const mt_ckpt_state *st,
+                       const char *args_json, const char *tokenizer_dir, int keep_last) {
+    if (st->step < 0)
+        return mt_error_set("%s: checkpoint step %lld must be >= 0", out_dir, (long long)st->step);
+    if (tokenizer_dir && !is_dir(tokenizer_dir))
+        return mt_error_set("%s: tokenizer directory not found", tokenizer_dir);
+    json_t *args = NULL;
+    if (args_json) {
+        json_error_t je;
+        args = json_loads(args_json, JSON_DECODE_ANY, &je);
+        if (!args)
+            return mt_error_set("%s: checkpoint args are not valid JSON (line %d: %s)", out_dir,
+                                je.line, je.text);
+    }
+    char *ckdir = path_join(out_dir, CKPT_SUBDIR);
+    int rc = make_dirs(ckdir);
+    char name[64], tmp_name[80];
+    step_name(name, sizeof name, "", st->step);
+    step_name(tmp_name, sizeof tmp_name, TMP_PREFIX, st->step);
+    char *tmp = path_join(ckdir, tmp_name);
+    if (rc == MT_OK) {
+        int e = rmtree(tmp); /* a leftover of an interrupted save of this step */
+        if (e) rc = mt_error_set("%s: cannot remove a stale temporary: %s", tmp, strerror(e));
+    }
+    if (rc == MT_OK && mkdir(tmp, 0755) != 0)
+        rc = mt_error_set("%s: cannot create directory: %s", tmp, strerror(errno));
+    if (rc == MT_OK) {
+        rc = save_contents(tmp, t, master, m1, m2, st, args, tokenizer_dir);
+        if (rc == MT_OK) rc = publish(ckdir, tmp_name, name);
+        if (rc != MT_OK) {
+            char msg[1024]; /* the cleanup must not overwrite the message */
+            snprintf(msg, sizeof msg, "%s", mt_error_message());
+            warn_rmtree(tmp);
+            mt_error_set("%s", msg);
+        }
+    }
+    if (rc == MT_OK) prune(ckdir, keep_last, st->step);
+    json_decref(args);
+    free(tmp);
+    free(ckdir);
+    return rc;
+}
+
+/* ---- latest ---- */
+
+int mt_checkpoint_latest(const char *out_dir, char *path, size_t path_size) {
+    char *ckdir = path_join(out_dir, CKPT_SUBDIR);
+    int err;
+    step_list l = list_steps(ckdir, &err);
+    int rc;
+    if (err && err != ENOENT)
+        rc = mt_error_set("%s: cannot list checkpoints: %s", ckdir, strerror(err));
+    else if (l.n == 0)
+        rc = mt_error_set("%s: no checkpoint to resume from (no %s/" STEP_PREFIX "* directory)",
+                          out_dir, ckdir);
+    else {
+        char name[64];
+        step_name(name, sizeof name, "", l.steps[0]);
+        int k = snprintf(path, path_size, "%s/%s", ckdir, name);
+        rc = k >= 0 && (size_t)k < path_size
+                 ? MT_OK
+                 : mt_error_set("%s/%s: path longer than %zu bytes", ckdir, name, path_size);
+    }
+    free(l.steps);
+    free(ckdir);
+    return rc;
+}
+
+/* ---- load ---- */
+
+/* Every field that shapes the parameter table must agree; others only warn. */
+static int check_config(const mt_config *disk, const mt_config *run, const char *path) {
+    if (disk->arch != run->arch)
+        return mt_error_set("%s: model_type is %s, the run's model is %s; this checkpoint belongs "
+                            "to a different model", path, disk->model_type, run->model_type);
+    struct {
+        const char *field;
+        int disk, run;
+    } f[] = {
+        {"hidden_size", disk->C, run->C},
+        {"intermediate_size", disk->F, run->F},
+        {"num_hidden_layers", disk->L, run->L},
+        {"num_attention_heads", disk->H, run->H},
+        {"num_key_value_heads", disk->G, run->G},
+        {"head_dim", disk->D, run->D},
+        {"vocab_size", disk->V, run->V},
+        {"tie_word_embeddings", disk->tie_word_embeddings, run->tie_word_embeddings},
+        {"attention_bias (q/k/v)", disk->qkv_bias, run->qkv_bias},
+        {"attention_bias (o_proj)", disk->o_bias, run->o_bias},
+        {"mlp_bias", disk->mlp_bias, run->mlp_bias},
+        {"qk_norm", disk->qk_norm, run->qk_norm},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++)
+        if (f[i].disk != f[i].run)
+            return mt_error_set("%s: %s is %d, the run's model has %d; this checkpoint belongs to "
+                                "a different model", path, f[i].field, f[i].disk, f[i].run);
+    if (disk->rms_norm_eps != run->rms_norm_eps || disk->rope_theta != run->rope_theta ||
+        disk->rope_type != run->rope_type)
+        fprintf(stderr, "megatrain: warning: %s: rms_norm_eps or rope settings differ from the "
+                "run's config; the run's values are used\n", path);
+    return MT_OK;
+}
+
+/* The inverse of seed_json: an integer >= 0, or a string of decimal digits up to 2^64 - 1. */
+static int parse_seed(const json_t *v, uint64_t *out) {
+    if (json_is_integer(v) && json_integer_value(v) >= 0) {
+        *out = (uint64_t)json_integer_value(v);
+        return MT_OK;
+    }
+    const char *digits = json_string_value(v);
+    if (!digits || !*digits || strlen(digits) > 20 || strspn(digits, "0123456789") != strlen(digits))
+        return MT_ERR;
+    errno = 0;
+    unsigned long long x = strtoull(digits, NULL, 10);
+    if (errno) return MT_ERR;
+    *out = x;
+    return MT_OK;
+}
+
+static int read_state(const char *path, mt_ckpt_state *out) {
+    if (access(path, R_OK) != 0) return mt_error_set("%s: cannot open: %s", path, strerror(errno));
+    json_error_t je;
+    json_t *o = json_load_file(path, 0, &je);
+    if (!o) return mt_error_set("%s: not valid JSON (line %d: %s)", path, je.line, je.text);
+    int rc = MT_OK;
+    json_t *fmt = json_object_get(o, "format"), *step = json_object_get(o, "step");
+    json_t *seed = json_object_get(o, "seed"), *loss = json_object_get(o, "loss");
+    mt_ckpt_state s = {0, 0, NAN};
+    if (!json_is_integer(fmt) || json_integer_value(fmt) != MT_CKPT_FORMAT)
+        rc = mt_error_set("%s: \"format\" must be %d (a checkpoint of another version?)", path,
+                          MT_CKPT_FORMAT);
+    else if (!json_is_integer(step) || json_integer_value(step) < 0)
+        rc = mt_error_set("%s: \"step\" must be an integer >= 0", path);
+    else {
+        s.step = json_integer_value(step);
+        if (parse_seed(seed, &s.seed) != MT_OK)
+            rc = mt_error_set("%s: \"seed\" must be an integer >= 0", path);
+    }
+    if (rc == MT_OK) {
+        if (json_is_number(loss)) s.loss = json_number_value(loss);
+        else if (!json_is_null(loss))
+            rc = mt_error_set("%s: \"loss\" must be a number or null", path);
+    }
+    json_decref(o);
+    if (rc == MT_OK) *out = s;
+    return rc;
+}
+
+static int check_moment(const mt_safetensors *ost, const char *path, const char *prefix,
+                        const mt_param *p) {
+    char name[128];
+    snprintf(name, sizeof name, "%s.%s", prefix, p->name);
+    const mt_st_tensor *x = mt_safetensors_find(ost, name);
+    if (!x) return mt_error_set("%s: tensor %s is missing", path, name);
+    if (x->dtype != MT_F32)
+        return mt_error_set("%s: tensor %s: dtype %s, optimizer state must be F32", path, name,
+                            mt_dtype_name(x->dtype));
+    int same = x->ndim == p->ndim;
+    for (int d = 0; same && d < p->ndim; d++) same = x->shape[d] == p->shape[d];
+    if (!same)
+        return mt_error_set("%s: tensor %s: shape differs from the model's", path, name);
+    return MT_OK;
+}
+
+static int check_optimizer(const mt_safetensors *ost, const char *path, const mt_param_table *t) {
+    for (int i = 0; i < t->n_params; i++) {
+        MT_TRY(check_moment(ost, path, "exp_avg", &t->params[i]));
+        MT_TRY(check_moment(ost, path, "exp_avg_sq", &t->params[i]));
+    }
+    if (mt_safetensors_count(ost) != 2 * t->n_params)
+        return mt_error_set("%s: %d tensors, the model's optimizer state has %d (tensors that are "
+                            "not exp_avg/exp_avg_sq of this model)", path,
+                            mt_safetensors_count(ost), 2 * t->n_params);
+    return MT_OK;
+}
+
+/* Copies validated moments into an arena, zeroing the padding. */
+static void load_moments(const mt_safetensors *ost, const char *prefix, const mt_param_table *t,
+                         float *arena) {
+    int64_t cursor = 0;
+    char name[128];
+    for (int i = 0; i < t->n_params; i++) {
+        const mt_param *p = &t->params[i];
+        if (p->offset > cursor) memset(arena + cursor, 0, sizeof(float) * (size_t)(p->offset - cursor));
+        snprintf(name, sizeof name, "%s.%s", prefix, p->name);
+        MT_CHECK(mt_st_tensor_to_f32(mt_safetensors_find(ost, name), arena + p->offset) == MT_OK,
+                 "%s", mt_error_message());
+        cursor = p->offset + p->numel;
+    }
+    if (t->total > cursor) memset(arena + cursor, 0, sizeof(float) * (size_t)(t->total - cursor));
+}
+
+int mt_checkpoint_load(const char *ckpt_dir, const mt_param_table *t, float *master, float *m1,
+                       float *m2, mt_ckpt_state *st) {
+    if (!is_dir(ckpt_dir)) return mt_error_set("%s: no such checkpoint directory", ckpt_dir);
+    char *cfg_path = path_join(ckpt_dir, "config.json");
+    char *state_path = path_join(ckpt_dir, "trainer_state.json");
+    char *opt_path = path_join(ckpt_dir, "optimizer.safetensors");
+    mt_config cfg;
+    mt_ckpt_state s;
+    mt_safetensors *ost = NULL;
+    int rc = mt_config_load(&cfg, cfg_path);
+    if (rc == MT_OK) rc = check_config(&cfg, &t->cfg, cfg_path);
+    if (rc == MT_OK) rc = read_state(state_path, &s);
+    if (rc == MT_OK) rc = mt_safetensors_open_file(&ost, opt_path);
+    if (rc == MT_OK) rc = check_optimizer(ost, opt_path, t);
+    /* mt_model_load validates everything before it writes master; nothing below can fail. */
+    if (rc == MT_OK) rc = mt_model_load(t, master, ckpt_dir);
+    if (rc == MT_OK) {
+        load_moments(ost, "exp_avg", t, m1);
+        load_moments(ost, "exp_avg_sq", t, m2);
+        *st = s;
+    }
+    mt_safetensors_close(ost);
+    free(cfg_path);
+    free(state_path);
+    free(opt_path);
+    return rc;
+}

@@ -1,0 +1,765 @@
+/* checkpoint: save -> latest -> load bitwise round trips, keep_last pruning, stale temporaries,
+ * load errors that leave the arenas untouched, and crash safety: a child saving a few-M-parameter
+ * model in a loop is SIGKILLed at random moments; every step_ directory left behind must load
+ * completely and hold the data of the step its trainer_state.json names.
+ * The child is this executable re-executed with --crash-child (no fork-after-OpenMP hazards). */
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "io/checkpoint.h"
+#include "io/model_io.h"
+#include "io/safetensors.h"
+#include "model/params.h"
+#include "util/testutil.h"
+#include "util/tiny_config.h"
+
+#define SENTINEL 0x7f /* every byte of an untouched arena */
+#define CRASH_KILLS 8
+#define CRASH_SEED 1234u
+
+static char *tmpdir;
+
+static int group_setup(void **state) {
+    tmpdir = mt_test_tmpdir();
+    return 0;
+}
+
+static int group_teardown(void **state) {
+    mt_test_rmtree(tmpdir);
+    free(tmpdir);
+    return 0;
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+static char *subdir(const char *name) {
+    char *d = malloc(2048);
+    snprintf(d, 2048, "%s/%s", tmpdir, name);
+    return d;
+}
+
+static int exists(const char *dir, const char *name) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    struct stat sb;
+    return stat(p, &sb) == 0;
+}
+
+static void write_text(const char *dir, const char *name, const char *text) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "wb");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static char *read_text(const char *dir, const char *name) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "rb");
+    if (!f) return NULL;
+    char *buf = calloc(1, 1 << 16);
+    size_t n = fread(buf, 1, (1 << 16) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+/* Entries of DIR whose names start with prefix. */
+static int count_prefix(const char *dir, const char *prefix) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) n++;
+    closedir(d);
+    return n;
+}
+
+/* ---- a model with master weights and moments ---- */
+
+typedef struct {
+    mt_param_table t;
+    float *w[3];   /* master, m1, m2: what is saved */
+    float *got[3]; /* load destinations */
+    size_t bytes;
+} model;
+
+static void model_init_cfg(model *m, const mt_config *cfg) {
+    mt_param_table_init(&m->t, cfg);
+    m->bytes = sizeof(float) * (size_t)m->t.total;
+    for (int k = 0; k < 3; k++) {
+        m->w[k] = mt_aligned_alloc(m->bytes);
+        m->got[k] = mt_aligned_alloc(m->bytes);
+        memset(m->w[k], 0, m->bytes);
+        memset(m->got[k], SENTINEL, m->bytes);
+    }
+}
+
+/* Random values in the real parameters, zero padding (as the loader produces). */
+static void model_fill_random(model *m, uint64_t seed) {
+    mt_test_rng r;
+    mt_test_rng_seed(&r, seed);
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < m->t.n_params; i++) {
+            const mt_param *p = &m->t.params[i];
+            float *x = m->w[k] + p->offset;
+            mt_test_fill_normal(&r, x, (size_t)p->numel, k == 2 ? 1e-3f : 0.05f);
+            if (k == 2)
+                for (int64_t j = 0; j < p->numel; j++) x[j] = x[j] * x[j];
+        }
+}
+
+static void model_init(model *m, const char *variant, uint64_t seed) {
+    mt_config cfg = mt_test_tiny_config(variant);
+    model_init_cfg(m, &cfg);
+    model_fill_random(m, seed);
+}
+
+static void model_free(model *m) {
+    mt_param_table_free(&m->t);
+    for (int k = 0; k < 3; k++) {
+        free(m->w[k]);
+        free(m->got[k]);
+    }
+}
+
+static void reset_got(model *m) {
+    for (int k = 0; k < 3; k++) memset(m->got[k], SENTINEL, m->bytes);
+}
+
+static int got_untouched(const model *m) {
+    for (int k = 0; k < 3; k++) {
+        const unsigned char *b = (const unsigned char *)m->got[k];
+        for (size_t i = 0; i < m->bytes; i++)
+            if (b[i] != SENTINEL) return 0;
+    }
+    return 1;
+}
+
+static void save_ok(const model *m, const char *out, const mt_ckpt_state *st, const char *args,
+                    const char *tok, int keep_last) {
+    if (mt_checkpoint_save(out, &m->t, m->w[0], m->w[1], m->w[2], st, args, tok, keep_last) !=
+        MT_OK)
+        fail_msg("%s", mt_error_message());
+}
+
+static void load_ok(model *m, const char *dir, mt_ckpt_state *st) {
+    if (mt_checkpoint_load(dir, &m->t, m->got[0], m->got[1], m->got[2], st) != MT_OK)
+        fail_msg("%s", mt_error_message());
+}
+
+static void latest_ok(const char *out, char *path, size_t size) {
+    if (mt_checkpoint_latest(out, path, size) != MT_OK) fail_msg("%s", mt_error_message());
+}
+
+static void assert_ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    if (a < b || strcmp(s + a - b, suffix) != 0) fail_msg("'%s' does not end with '%s'", s, suffix);
+}
+
+static void assert_msg_has(const char *needle) {
+    const char *msg = mt_error_message();
+    printf("  error (expected): %s\n", msg);
+    if (!strstr(msg, needle)) fail_msg("message '%s' does not mention '%s'", msg, needle);
+}
+
+/* ---- round trips ---- */
+
+static void roundtrip(const char *variant) {
+    model m;
+    model_init(&m, variant, 7);
+    char *out = subdir(variant);
+    char *tok = subdir("tokenizer_src");
+    mkdir(tok, 0755);
+    write_text(tok, "tokenizer.json", "{\"version\": \"1.0\", \"model\": {}}\n");
+    write_text(tok, "tokenizer_config.json", "{\"bos_token\": \"<s>\"}\n");
+
+    mt_ckpt_state st = {7, 0xfedcba9876543210ull, 2.718281828459045}, back;
+    save_ok(&m, out, &st, "{\"lr\": 0.0003, \"batch\": 8, \"model\": \"tiny\"}", tok, 0);
+
+    char path[4096];
+    latest_ok(out, path, sizeof path);
+    assert_ends_with(path, "/checkpoints/step_00000007");
+    const char *files[] = {"config.json", "model.safetensors", "optimizer.safetensors",
+                           "trainer_state.json", "tokenizer.json", "tokenizer_config.json"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++)
+        if (!exists(path, files[i])) fail_msg("%s/%s missing", path, files[i]);
+    assert_false(exists(path, "special_tokens_map.json")); /* absent in the source: skipped */
+    assert_false(exists(path, "model.safetensors.tmp"));
+    char ckdir[4096];
+    snprintf(ckdir, sizeof ckdir, "%s/checkpoints", out);
+    assert_int_equal(count_prefix(ckdir, ".tmp-"), 0);
+    char *a = read_text(tok, "tokenizer.json"), *b = read_text(path, "tokenizer.json");
+    assert_string_equal(a, b);
+    free(a);
+    free(b);
+
+    /* trainer_state.json: the documented fields, args embedded as JSON */
+    char sp[4200];
+    snprintf(sp, sizeof sp, "%s/trainer_state.json", path);
+    json_error_t je;
+    json_t *o = json_load_file(sp, 0, &je);
+    assert_non_null(o);
+    assert_int_equal(json_integer_value(json_object_get(o, "format")), 1);
+    assert_int_equal(json_integer_value(json_object_get(o, "step")), 7);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(o, "args"), "batch")), 8);
+    json_decref(o);
+
+    load_ok(&m, path, &back);
+    for (int k = 0; k < 3; k++) assert_memory_equal(m.got[k], m.w[k], m.bytes); /* bitwise */
+    assert_int_equal(back.step, st.step);
+    assert_true(back.seed == st.seed);
+    assert_true(back.loss == st.loss);
+
+    /* model.safetensors + config.json alone are a Hugging Face model directory */
+    reset_got(&m);
+    if (mt_model_load(&m.t, m.got[0], path) != MT_OK) fail_msg("%s", mt_error_message());
+    assert_memory_equal(m.got[0], m.w[0], m.bytes);
+
+    /* the same step saved again replaces the checkpoint; a NaN loss comes back as NaN */
+    model_fill_random(&m, 99);
+    mt_ckpt_state st2 = {7, 5, NAN};
+    save_ok(&m, out, &st2, NULL, NULL, 0);
+    reset_got(&m);
+    load_ok(&m, path, &back);
+    for (int k = 0; k < 3; k++) assert_memory_equal(m.got[k], m.w[k], m.bytes);
+    assert_true(back.seed == 5 && isnan(back.loss));
+    assert_false(exists(path, "tokenizer.json")); /* a fresh directory, not a merge */
+    assert_int_equal(count_prefix(ckdir, ".tmp-"), 0);
+
+    mt_test_rmtree(out);
+    free(out);
+    free(tok);
+    model_free(&m);
+}
+
+static void test_roundtrip_llama(void **state) { roundtrip("llama_gqa"); }
+static void test_roundtrip_qwen2_tied(void **state) { roundtrip("qwen2_bias_tied"); }
+static void test_roundtrip_qwen3(void **state) { roundtrip("qwen3_qknorm"); }
+
+static void test_keep_last(void **state) {
+    model m;
+    model_init(&m, "llama_gqa", 1);
+    char *out = subdir("keep");
+    char ckdir[4096];
+    snprintf(ckdir, sizeof ckdir, "%s/checkpoints", out);
+    for (int s = 1; s <= 4; s++) {
+        mt_ckpt_state st = {s * 10, 1, 1.0 / s};
+        save_ok(&m, out, &st, NULL, NULL, 2);
+    }
+    assert_int_equal(count_prefix(ckdir, "step_"), 2);
+    assert_true(exists(ckdir, "step_00000030") && exists(ckdir, "step_00000040"));
+    assert_int_equal(count_prefix(ckdir, ".tmp-"), 0);
+    /* keep_last <= 0 keeps all */
+    for (int s = 5; s <= 6; s++) {
+        mt_ckpt_state st = {s * 10, 1, 0.0};
+        save_ok(&m, out, &st, NULL, NULL, 0);
+    }
+    assert_int_equal(count_prefix(ckdir, "step_"), 4);
+    /* an older step saved after newer ones (a rewind) is kept even with keep_last 1 */
+    mt_ckpt_state old = {15, 1, 0.0};
+    save_ok(&m, out, &old, NULL, NULL, 1);
+    assert_int_equal(count_prefix(ckdir, "step_"), 2);
+    assert_true(exists(ckdir, "step_00000015") && exists(ckdir, "step_00000060"));
+    char path[4096];
+    latest_ok(out, path, sizeof path);
+    assert_ends_with(path, "step_00000060");
+    /* steps past 8 digits */
+    mt_ckpt_state big = {123456789012LL, 1, 0.0};
+    save_ok(&m, out, &big, NULL, NULL, 0);
+    latest_ok(out, path, sizeof path);
+    assert_ends_with(path, "step_123456789012");
+    mt_test_rmtree(out);
+    free(out);
+    model_free(&m);
+}
+
+static void test_stale_tmp(void **state) {
+    model m;
+    model_init(&m, "llama_gqa", 2);
+    char *out = subdir("stale");
+    mt_ckpt_state st = {3, 1, 0.5}, back;
+    save_ok(&m, out, &st, NULL, NULL, 0);
+    char ckdir[4096], junk[4200];
+    snprintf(ckdir, sizeof ckdir, "%s/checkpoints", out);
+    /* an interrupted save of a later step, its own temporary, and names that are not steps */
+    snprintf(junk, sizeof junk, "%s/.tmp-step_00000099", ckdir);
+    assert_int_equal(mkdir(junk, 0755), 0);
+    write_text(junk, "model.safetensors.tmp", "half a file");
+    snprintf(junk, sizeof junk, "%s/.tmp-step_00000004", ckdir);
+    assert_int_equal(mkdir(junk, 0755), 0);
+    write_text(junk, "config.json", "{");
+    snprintf(junk, sizeof junk, "%s/step_abc", ckdir);
+    assert_int_equal(mkdir(junk, 0755), 0);
+    write_text(ckdir, "step_00000500", "a file, not a directory");
+
+    char path[4096];
+    latest_ok(out, path, sizeof path);
+    assert_ends_with(path, "/step_00000003");
+    load_ok(&m, path, &back);
+    assert_int_equal(back.step, 3);
+
+    st.step = 4;
+    save_ok(&m, out, &st, NULL, NULL, 0);
+    assert_int_equal(count_prefix(ckdir, ".tmp-"), 0);
+    latest_ok(out, path, sizeof path);
+    assert_ends_with(path, "/step_00000004");
+    reset_got(&m);
+    load_ok(&m, path, &back);
+    assert_int_equal(back.step, 4);
+    assert_true(exists(ckdir, "step_abc")); /* not ours: left alone */
+    mt_test_rmtree(out);
+    free(out);
+    model_free(&m);
+}
+
+/* ---- errors ---- */
+
+static void test_latest_empty(void **state) {
+    char *out = subdir("empty");
+    char path[4096];
+    mkdir(out, 0755);
+    assert_int_equal(mt_checkpoint_latest(out, path, sizeof path), MT_ERR);
+    assert_msg_has("no checkpoint to resume from");
+    char ck[4200];
+    snprintf(ck, sizeof ck, "%s/checkpoints", out);
+    mkdir(ck, 0755);
+    assert_int_equal(mt_checkpoint_latest(out, path, sizeof path), MT_ERR);
+    assert_msg_has("no checkpoint to resume from");
+
+    model m;
+    model_init(&m, "llama_gqa", 3);
+    mt_ckpt_state st = {1, 1, 0.0};
+    save_ok(&m, out, &st, NULL, NULL, 0);
+    char small[16];
+    assert_int_equal(mt_checkpoint_latest(out, small, sizeof small), MT_ERR);
+    assert_msg_has("step_00000001");
+    mt_test_rmtree(out);
+    free(out);
+    model_free(&m);
+}
+
+static void test_save_errors(void **state) {
+    model m;
+    model_init(&m, "llama_gqa", 4);
+    mt_ckpt_state st = {1, 1, 0.0};
+    /* the output directory is a regular file */
+    write_text(tmpdir, "not_a_dir", "x");
+    char *out = subdir("not_a_dir");
+    assert_int_equal(mt_checkpoint_save(out, &m.t, m.w[0], m.w[1], m.w[2], &st, NULL, NULL, 0),
+                     MT_ERR);
+    assert_msg_has("not_a_dir");
+    free(out);
+    /* checkpoints/.tmp-step_ path taken by a file that cannot be a directory parent */
+    out = subdir("errs");
+    char ck[4200];
+    snprintf(ck, sizeof ck, "%s/checkpoints", out);
+    mkdir(out, 0755);
+    write_text(out, "checkpoints", "a file");
+    assert_int_equal(mt_checkpoint_save(out, &m.t, m.w[0], m.w[1], m.w[2], &st, NULL, NULL, 0),
+                     MT_ERR);
+    assert_msg_has("checkpoints");
+    unlink(ck);
+    /* bad args, missing tokenizer dir, negative step: refused before anything is written */
+    assert_int_equal(mt_checkpoint_save(out, &m.t, m.w[0], m.w[1], m.w[2], &st, "{\"lr\": ", NULL,
+                                        0), MT_ERR);
+    assert_msg_has("not valid JSON");
+    char *nodir = subdir("no_such_tokenizer");
+    assert_int_equal(mt_checkpoint_save(out, &m.t, m.w[0], m.w[1], m.w[2], &st, NULL, nodir, 0),
+                     MT_ERR);
+    assert_msg_has("no_such_tokenizer");
+    free(nodir);
+    mt_ckpt_state neg = {-1, 1, 0.0};
+    assert_int_equal(mt_checkpoint_save(out, &m.t, m.w[0], m.w[1], m.w[2], &neg, NULL, NULL, 0),
+                     MT_ERR);
+    assert_msg_has("step");
+    assert_int_equal(count_prefix(ck, "step_"), 0);
+    assert_int_equal(count_prefix(ck, ".tmp-"), 0);
+    /* a save failing mid-way (a tokenizer file that cannot be read) leaves no directory */
+    char *tok = subdir("tok_bad");
+    mkdir(tok, 0755);
+    char tj[4200];
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", tok);
+    mkdir(tj, 0755); /* a directory where a file is expected: reading it fails */
+    assert_int_equal(mt_checkpoint_save(out, &m.t, m.w[0], m.w[1], m.w[2], &st, NULL, tok, 0),
+                     MT_ERR);
+    printf("  error (expected): %s\n", mt_error_message());
+    assert_int_equal(count_prefix(ck, "step_"), 0);
+    assert_int_equal(count_prefix(ck, ".tmp-"), 0);
+    mt_test_rmtree(tok);
+    free(tok);
+    mt_test_rmtree(out);
+    free(out);
+    model_free(&m);
+}
+
+/* A saved checkpoint under OUT; its step directory into path. */
+static void fresh_checkpoint(const model *m, const char *name, char *path, size_t size) {
+    char *out = subdir(name);
+    mt_ckpt_state st = {5, 9, 1.5};
+    save_ok(m, out, &st, NULL, NULL, 0);
+    latest_ok(out, path, size);
+    free(out);
+}
+
+static void expect_load_error(model *m, const mt_param_table *t, const char *dir,
+                              const char *needle) {
+    reset_got(m);
+    mt_ckpt_state st, before;
+    memset(&st, SENTINEL, sizeof st);
+    before = st;
+    assert_int_equal(mt_checkpoint_load(dir, t, m->got[0], m->got[1], m->got[2], &st), MT_ERR);
+    assert_msg_has(needle);
+    assert_true(got_untouched(m));
+    assert_memory_equal(&st, &before, sizeof st);
+}
+
+static void test_load_config_mismatch(void **state) {
+    model m;
+    model_init(&m, "llama_gqa", 5);
+    char path[4096];
+    fresh_checkpoint(&m, "mismatch", path, sizeof path);
+    mt_config cfg = m.t.cfg;
+    cfg.C = 32;
+    model big; /* arenas sized for the other table */
+    model_init_cfg(&big, &cfg);
+    expect_load_error(&big, &big.t, path, "hidden_size");
+    model_free(&big);
+
+    cfg = m.t.cfg;
+    cfg.tie_word_embeddings = 1;
+    model_init_cfg(&big, &cfg);
+    expect_load_error(&big, &big.t, path, "tie_word_embeddings");
+    model_free(&big);
+
+    cfg = m.t.cfg;
+    cfg.arch = MT_ARCH_QWEN3;
+    strcpy(cfg.model_type, "qwen3");
+    cfg.qk_norm = 1;
+    model_init_cfg(&big, &cfg);
+    expect_load_error(&big, &big.t, path, "model_type");
+    model_free(&big);
+    model_free(&m);
+}
+
+static void test_load_missing_optimizer_tensor(void **state) {
+    model m;
+    model_init(&m, "llama_gqa", 6);
+    char path[4096];
+    fresh_checkpoint(&m, "missing_opt", path, sizeof path);
+    /* rewrite optimizer.safetensors without exp_avg_sq.model.norm.weight */
+    int n = 2 * m.t.n_params;
+    mt_st_write_tensor *w = calloc((size_t)n + 2, sizeof *w); /* room for extras below */
+    char (*names)[128] = calloc((size_t)n, sizeof *names);
+    int k = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < m.t.n_params; i++) {
+            const mt_param *p = &m.t.params[i];
+            snprintf(names[k], sizeof names[k], "%s.%s", pass ? "exp_avg_sq" : "exp_avg", p->name);
+            if (strcmp(names[k], "exp_avg_sq.model.norm.weight") == 0) continue;
+            w[k].name = names[k];
+            w[k].dtype = MT_F32;
+            w[k].ndim = p->ndim;
+            for (int d = 0; d < p->ndim; d++) w[k].shape[d] = p->shape[d];
+            w[k].data = m.w[1 + pass] + p->offset;
+            k++;
+        }
+    char opt[4200];
+    snprintf(opt, sizeof opt, "%s/optimizer.safetensors", path);
+    assert_int_equal(mt_safetensors_write(opt, w, k, NULL, 0), MT_OK);
+    expect_load_error(&m, &m.t, path, "exp_avg_sq.model.norm.weight");
+
+    /* an extra tensor beside the full set */
+    w[k] = w[0];
+    w[k].name = "exp_avg_sq.model.norm.weight";
+    w[k].ndim = 1;
+    w[k].shape[0] = m.t.cfg.C;
+    w[k].data = m.w[2];
+    w[k + 1] = w[0];
+    w[k + 1].name = "exp_avg.something_else";
+    assert_int_equal(mt_safetensors_write(opt, w, k + 2, NULL, 0), MT_OK);
+    expect_load_error(&m, &m.t, path, "optimizer.safetensors");
+
+    /* a wrong shape */
+    w[k + 1] = w[0];
+    w[k].shape[0] = m.t.cfg.C - 1;
+    assert_int_equal(mt_safetensors_write(opt, w, k + 1, NULL, 0), MT_OK);
+    expect_load_error(&m, &m.t, path, "exp_avg_sq.model.norm.weight");
+
+    /* the file itself missing */
+    unlink(opt);
+    expect_load_error(&m, &m.t, path, "optimizer.safetensors");
+    free(names);
+    free(w);
+    model_free(&m);
+}
+
+static void test_load_bad_state(void **state) {
+    model m;
+    model_init(&m, "llama_gqa", 8);
+    char path[4096];
+    fresh_checkpoint(&m, "bad_state", path, sizeof path);
+    const char *bad[] = {
+        "{\"format\": 1, \"step\": 3",                             /* truncated */
+        "[1, 2]",                                                   /* not an object */
+        "{\"format\": 1, \"step\": -3, \"seed\": 1, \"loss\": 0}",  /* negative step */
+        "{\"format\": 1, \"step\": 2.5, \"seed\": 1, \"loss\": 0}", /* not an integer */
+        "{\"format\": 1, \"seed\": 1, \"loss\": 0}",                /* no step */
+        "{\"format\": 2, \"step\": 3, \"seed\": 1, \"loss\": 0}",   /* a future format */
+        "{\"format\": 1, \"step\": 3, \"seed\": -1, \"loss\": 0}",  /* negative seed */
+        "{\"format\": 1, \"step\": 3, \"seed\": \"12x\", \"loss\": 0}",
+        "{\"format\": 1, \"step\": 3, \"seed\": 1, \"loss\": \"low\"}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        write_text(path, "trainer_state.json", bad[i]);
+        expect_load_error(&m, &m.t, path, "trainer_state.json");
+    }
+    char sp[4200];
+    snprintf(sp, sizeof sp, "%s/trainer_state.json", path);
+    unlink(sp);
+    expect_load_error(&m, &m.t, path, "trainer_state.json");
+    /* a good hand-written one loads */
+    write_text(path, "trainer_state.json",
+               "{\"format\": 1, \"step\": 11, \"seed\": \"18446744073709551615\", \"loss\": null}");
+    mt_ckpt_state st;
+    reset_got(&m);
+    load_ok(&m, path, &st);
+    assert_int_equal(st.step, 11);
+    assert_true(st.seed == UINT64_MAX && isnan(st.loss));
+    model_free(&m);
+}
+
+static void test_load_missing_pieces(void **state) {
+    model m;
+    model_init(&m, "qwen2_bias_tied", 9);
+    char *nodir = subdir("no_such_checkpoint");
+    expect_load_error(&m, &m.t, nodir, "no_such_checkpoint");
+    free(nodir);
+    char path[4096], p[4200];
+    fresh_checkpoint(&m, "missing_model", path, sizeof path);
+    snprintf(p, sizeof p, "%s/model.safetensors", path);
+    unlink(p);
+    expect_load_error(&m, &m.t, path, "model.safetensors");
+    snprintf(p, sizeof p, "%s/config.json", path);
+    unlink(p);
+    expect_load_error(&m, &m.t, path, "config.json");
+    model_free(&m);
+}
+
+/* ---- crash safety ---- */
+
+/* A model of ~2.7M parameters: a save writes ~32 MB. */
+static mt_config crash_config(void) {
+    mt_config c = mt_test_tiny_config("llama_gqa");
+    c.C = 256, c.F = 704, c.L = 2, c.H = 4, c.G = 4, c.D = 64, c.V = 2048;
+    return c;
+}
+
+/* Arena k's element i at step s; every step and arena distinguishable, cheap to produce. */
+static float pattern(int64_t s, int k, int64_t i) {
+    return (float)(s % 1000000) + 0.25f * (float)k + (float)(i & 1023) * (1.0f / 4096.0f);
+}
+
+static void fill_step(const mt_param_table *t, float *const a[3], int64_t s) {
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < t->n_params; i++) {
+            const mt_param *p = &t->params[i];
+            float *x = a[k] + p->offset;
+            for (int64_t j = 0; j < p->numel; j++) x[j] = pattern(s, k, p->offset + j);
+        }
+}
+
+/* 1 when the loaded arenas hold step s's data exactly (padding zero). */
+static int check_step(const mt_param_table *t, float *const a[3], int64_t s) {
+    for (int k = 0; k < 3; k++) {
+        int64_t cursor = 0;
+        for (int i = 0; i < t->n_params; i++) {
+            const mt_param *p = &t->params[i];
+            for (int64_t j = cursor; j < p->offset; j++)
+                if (a[k][j] != 0.0f) return 0;
+            for (int64_t j = 0; j < p->numel; j++)
+                if (a[k][p->offset + j] != pattern(s, k, p->offset + j)) {
+                    fprintf(stderr, "arena %d %s[%lld] = %g, step %lld wants %g\n", k, p->name,
+                            (long long)j, a[k][p->offset + j], (long long)s,
+                            pattern(s, k, p->offset + j));
+                    return 0;
+                }
+            cursor = p->offset + p->numel;
+        }
+    }
+    return 1;
+}
+
+/* The child: saves steps start, start+1, ... until killed; writes one byte on ready_fd first. */
+static int crash_child(const char *out, int64_t start, int ready_fd) {
+    mt_config cfg = crash_config();
+    mt_param_table t;
+    mt_param_table_init(&t, &cfg);
+    float *a[3];
+    for (int k = 0; k < 3; k++) {
+        a[k] = mt_aligned_alloc(sizeof(float) * (size_t)t.total);
+        memset(a[k], 0, sizeof(float) * (size_t)t.total);
+    }
+    char one = 1;
+    if (write(ready_fd, &one, 1) != 1) return 2;
+    close(ready_fd);
+    for (int64_t s = start; s < start + 100000; s++) {
+        fill_step(&t, a, s);
+        mt_ckpt_state st = {s, CRASH_SEED, 0.5 * (double)s};
+        if (mt_checkpoint_save(out, &t, a[0], a[1], a[2], &st, "{\"crash\": true}", NULL, 2) !=
+            MT_OK) {
+            fprintf(stderr, "crash child: %s\n", mt_error_message());
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Loads and checks every step_ directory of OUT; returns the highest step. */
+static int64_t verify_all(const mt_param_table *t, float *const a[3], const char *out) {
+    char path[4096], ckdir[4096];
+    latest_ok(out, path, sizeof path);
+    snprintf(ckdir, sizeof ckdir, "%s/checkpoints", out);
+    int64_t latest = -1;
+    DIR *d = opendir(ckdir);
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "step_", 5) != 0) continue;
+        char p[4400];
+        snprintf(p, sizeof p, "%s/%s", ckdir, e->d_name);
+        mt_ckpt_state st;
+        for (int k = 0; k < 3; k++) memset(a[k], SENTINEL, sizeof(float) * (size_t)t->total);
+        if (mt_checkpoint_load(p, t, a[0], a[1], a[2], &st) != MT_OK)
+            fail_msg("after a kill: %s", mt_error_message());
+        if (strtoll(e->d_name + 5, NULL, 10) != st.step)
+            fail_msg("%s holds step %lld", p, (long long)st.step);
+        assert_true(st.seed == CRASH_SEED && st.loss == 0.5 * (double)st.step);
+        if (!check_step(t, a, st.step)) fail_msg("%s: data is not step %lld's", p, (long long)st.step);
+        if (st.step > latest) latest = st.step;
+    }
+    closedir(d);
+    char want[64];
+    snprintf(want, sizeof want, "/step_%08lld", (long long)latest);
+    assert_ends_with(path, want);
+    return latest;
+}
+
+static void test_crash_safety(void **state) {
+    double t0 = now_ms();
+    mt_config cfg = crash_config();
+    mt_param_table t;
+    mt_param_table_init(&t, &cfg);
+    float *a[3];
+    for (int k = 0; k < 3; k++) a[k] = mt_aligned_alloc(sizeof(float) * (size_t)t.total);
+    char *out = subdir("crash");
+
+    /* step 0 from here, timed: the kills are spread over a few save times */
+    fill_step(&t, a, 0);
+    double ts = now_ms();
+    mt_ckpt_state st0 = {0, CRASH_SEED, 0.0};
+    if (mt_checkpoint_save(out, &t, a[0], a[1], a[2], &st0, NULL, NULL, 2) != MT_OK)
+        fail_msg("%s", mt_error_message());
+    double save_ms = now_ms() - ts;
+    printf("  crash model: %lld params, %.1f MB per checkpoint, one save %.1f ms\n",
+           (long long)t.n_real, 3.0 * 4.0 * (double)t.n_real / 1e6, save_ms);
+
+    mt_test_rng rng;
+    const char *env_seed = getenv("MT_TEST_SEED"); /* to replay a failure */
+    uint64_t seed = env_seed ? strtoull(env_seed, NULL, 10) : (uint64_t)time(NULL);
+    printf("  kill delays from seed %llu (MT_TEST_SEED replays)\n", (unsigned long long)seed);
+    mt_test_rng_seed(&rng, seed);
+    int64_t latest = 0;
+    int mid_save = 0;
+    char ckdir[4096];
+    snprintf(ckdir, sizeof ckdir, "%s/checkpoints", out);
+    /* CRASH_KILLS kills, and more (a few) until one has landed mid-save */
+    int kills = 0;
+    for (int kill_i = 0; kill_i < CRASH_KILLS || (mid_save == 0 && kill_i < 3 * CRASH_KILLS);
+         kill_i++, kills++) {
+        int fds[2];
+        assert_int_equal(pipe(fds), 0);
+        char start[32], fd_arg[16];
+        snprintf(start, sizeof start, "%lld", (long long)(latest + 1));
+        snprintf(fd_arg, sizeof fd_arg, "%d", fds[1]);
+        char *argv[] = {"test_checkpoint", "--crash-child", out, start, fd_arg, NULL};
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            close(fds[0]);
+            execv("/proc/self/exe", argv);
+            _exit(127);
+        }
+        close(fds[1]);
+        char c;
+        assert_int_equal(read(fds[0], &c, 1), 1); /* the child is about to save */
+        close(fds[0]);
+        double delay = (0.2 + 3.0 * mt_test_rng_uniform(&rng)) * save_ms;
+        usleep((useconds_t)(delay * 1000.0));
+        assert_int_equal(kill(pid, SIGKILL), 0);
+        int status;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        if (!WIFSIGNALED(status)) fail_msg("the child exited by itself (status %d)", status);
+        int tmp_left = count_prefix(ckdir, ".tmp-");
+        mid_save += tmp_left > 0;
+        int64_t now = verify_all(&t, a, out);
+        printf("  kill %d after %.1f ms: latest step %lld (from %lld)%s\n", kill_i, delay,
+               (long long)now, (long long)latest, tmp_left ? ", a .tmp- directory left" : "");
+        assert_true(now >= latest);
+        latest = now;
+    }
+    printf("  %d of %d kills left a temporary behind (killed mid-save); crash test %.0f ms\n",
+           mid_save, kills, now_ms() - t0);
+    assert_true(mid_save >= 1);
+    /* the next save (a resume) removes the leftovers */
+    fill_step(&t, a, latest + 1);
+    mt_ckpt_state st = {latest + 1, CRASH_SEED, 0.5 * (double)(latest + 1)};
+    if (mt_checkpoint_save(out, &t, a[0], a[1], a[2], &st, NULL, NULL, 2) != MT_OK)
+        fail_msg("%s", mt_error_message());
+    assert_int_equal(count_prefix(ckdir, ".tmp-"), 0);
+    assert_int_equal(count_prefix(ckdir, "step_"), 2);
+    assert_int_equal(verify_all(&t, a, out), latest + 1);
+
+    mt_test_rmtree(out);
+    free(out);
+    for (int k = 0; k < 3; k++) free(a[k]);
+    mt_param_table_free(&t);
+}
+
+int main(int argc, char **argv) {
+    if (argc == 5 && strcmp(argv[1], "--crash-child") == 0)
+        return crash_child(argv[2], strtoll(argv[3], NULL, 10), atoi(argv[4]));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_roundtrip_llama),
+        cmocka_unit_test(test_roundtrip_qwen2_tied),
+        cmocka_unit_test(test_roundtrip_qwen3),
+        cmocka_unit_test(test_keep_last),
+        cmocka_unit_test(test_stale_tmp),
+        cmocka_unit_test(test_latest_empty),
+        cmocka_unit_test(test_save_errors),
+        cmocka_unit_test(test_load_config_mismatch),
+        cmocka_unit_test(test_load_missing_optimizer_tensor),
+        cmocka_unit_test(test_load_bad_state),
+        cmocka_unit_test(test_load_missing_pieces),
+        cmocka_unit_test(test_crash_safety),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

@@ -1,0 +1,135 @@
+/* `megatrain train` against torch.optim.AdamW: the fixtures of make_train_fixture.py record a
+ * transformers model trained on a token file in the --no-shuffle order (warmup + cosine/linear
+ * schedule, clipping, weight decay on >= 2-D parameters, micro-batches). The CLI runs the same
+ * and every step's loss, lr and grad norm, and every final weight, are compared.
+ * Metrics: per step |got - ref| / |ref| <= 1e-4; per weight tensor max|got-ref|/max|ref| <= 1e-4. */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "util/testutil.h"
+
+#define STEP_TOL 1e-4
+#define WEIGHT_TOL 1e-4
+
+static float *ref_vector(const mt_safetensors *ref, const char *name, int64_t *n) {
+    const mt_st_tensor *t = mt_safetensors_find(ref, name);
+    if (!t) fail_msg("reference has no %s", name);
+    float *v = malloc((size_t)t->numel * sizeof(float));
+    assert_int_equal(mt_st_tensor_to_f32(t, v), MT_OK);
+    *n = t->numel;
+    return v;
+}
+
+static int check_metrics(const char *metrics_path, const mt_safetensors *ref) {
+    int64_t steps, n;
+    float *loss = ref_vector(ref, "loss", &steps);
+    float *lr = ref_vector(ref, "lr", &n);
+    float *norm = ref_vector(ref, "grad_norm", &n);
+    FILE *f = fopen(metrics_path, "r");
+    assert_non_null(f);
+    char line[4096];
+    int64_t seen = 0;
+    int ok = 1;
+    double worst = 0;
+    while (fgets(line, sizeof line, f)) {
+        json_error_t err;
+        json_t *j = json_loads(line, 0, &err);
+        assert_non_null(j);
+        json_t *jl = json_object_get(j, "loss");
+        if (jl) {
+            int64_t s = json_integer_value(json_object_get(j, "step")) - 1;
+            assert_true(s >= 0 && s < steps);
+            double got[3] = {json_real_value(jl), json_real_value(json_object_get(j, "lr")),
+                             json_real_value(json_object_get(j, "grad_norm"))};
+            double want[3] = {loss[s], lr[s], norm[s]};
+            static const char *const what[3] = {"loss", "lr", "grad_norm"};
+            for (int k = 0; k < 3; k++) {
+                double e = fabs(got[k] - want[k]) / fabs(want[k]);
+                if (e > worst) worst = e;
+                if (!(e <= STEP_TOL)) {
+                    fprintf(stderr, "  step %lld %s: got %.8g ref %.8g rel err %.3g  FAIL\n",
+                            (long long)s + 1, what[k], got[k], want[k], e);
+                    ok = 0;
+                }
+            }
+            seen++;
+        }
+        json_decref(j);
+    }
+    fclose(f);
+    fprintf(stderr, "%-48s %lld steps, worst rel err %.3g (tol %.0e)\n", "loss/lr/grad_norm per step",
+            (long long)seen, worst, STEP_TOL);
+    assert_int_equal(seen, steps);
+    free(loss), free(lr), free(norm);
+    return ok;
+}
+
+static int check_weights(const char *ckpt, const mt_safetensors *ref) {
+    mt_safetensors *got = NULL;
+    if (mt_safetensors_open_dir(&got, ckpt) != MT_OK) fail_msg("%s", mt_error_message());
+    int ok = 1, compared = 0;
+    for (int i = 0; i < mt_safetensors_count(ref); i++) {
+        const mt_st_tensor *r = mt_safetensors_at(ref, i);
+        if (strncmp(r->name, "final.", 6) != 0) continue;
+        const mt_st_tensor *g = mt_safetensors_find(got, r->name + 6);
+        if (!g) fail_msg("checkpoint %s has no %s", ckpt, r->name + 6);
+        assert_int_equal(g->numel, r->numel);
+        float *a = malloc((size_t)g->numel * sizeof(float)), *b = malloc((size_t)r->numel * sizeof(float));
+        assert_int_equal(mt_st_tensor_to_f32(g, a), MT_OK);
+        assert_int_equal(mt_st_tensor_to_f32(r, b), MT_OK);
+        ok &= mt_check_rel(r->name, a, b, (size_t)r->numel, WEIGHT_TOL);
+        free(a), free(b);
+        compared++;
+    }
+    assert_true(compared > 0);
+    mt_safetensors_close(got);
+    return ok;
+}
+
+static void run_fixture(const char *name) {
+    char *dir = mt_fixture_path(name);
+    char path[4096], args[1024], cmd[8192], out_buf[65536];
+    snprintf(path, sizeof path, "%s/args.txt", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(args, sizeof args, f));
+    fclose(f);
+    args[strcspn(args, "\n")] = '\0';
+    char *tmp = mt_test_tmpdir();
+    const char *bin = getenv("MT_BIN");
+    assert_non_null(bin);
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' train --model . --out '%s/run' --device cpu %s", dir, bin,
+             tmp, args);
+    int rc = mt_test_run(cmd, out_buf, sizeof out_buf);
+    if (rc != 0) fail_msg("%s exited %d:\n%s", cmd, rc, out_buf);
+
+    mt_safetensors *ref = NULL;
+    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
+    if (mt_safetensors_open_file(&ref, path) != MT_OK) fail_msg("%s", mt_error_message());
+    snprintf(path, sizeof path, "%s/run/metrics.jsonl", tmp);
+    int ok = check_metrics(path, ref);
+    int64_t steps;
+    free(ref_vector(ref, "loss", &steps));
+    snprintf(path, sizeof path, "%s/run/checkpoints/step_%08lld", tmp, (long long)steps);
+    ok &= check_weights(path, ref);
+    mt_safetensors_close(ref);
+    mt_test_rmtree(tmp);
+    free(tmp), free(dir);
+    if (!ok) fail_msg("%s: training diverges from torch (see above)", name);
+}
+
+static void test_train_llama(void **state) { run_fixture("train_llama"); }
+static void test_train_qwen2_tied(void **state) { run_fixture("train_qwen2_tied"); }
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_train_llama),
+        cmocka_unit_test(test_train_qwen2_tied),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
