@@ -653,7 +653,8 @@ static int64_t verify_all(const mt_param_table *t, float *const a[3], const char
         if (strtoll(e->d_name + 5, NULL, 10) != st.step)
             fail_msg("%s holds step %lld", p, (long long)st.step);
         assert_true(st.seed == CRASH_SEED && st.loss == 0.5 * (double)st.step);
-        if (!check_step(t, a, st.step)) fail_msg("%s: data is not step %lld's", p, (long long)st.step);
+        if (!check_step(t, a, st.step))
+            fail_msg("%s: data is not step %lld's", p, (long long)st.step);
         if (st.step > latest) latest = st.step;
     }
     closedir(d);

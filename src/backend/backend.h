@@ -16,6 +16,10 @@
 #ifndef MT_BACKEND_H
 #define MT_BACKEND_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -137,5 +141,9 @@ struct mt_backend {
 
 /* The fp32 CPU reference backend (BLAS matmuls, OpenMP). */
 mt_backend *mt_backend_cpu_create(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

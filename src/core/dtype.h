@@ -2,6 +2,10 @@
 #ifndef MT_DTYPE_H
 #define MT_DTYPE_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -48,5 +52,9 @@ void mt_convert_bf16_to_f32(float *dst, const mt_bf16 *src, size_t n);
 void mt_convert_f32_to_bf16(mt_bf16 *dst, const float *src, size_t n);
 void mt_convert_f16_to_f32(float *dst, const uint16_t *src, size_t n);
 void mt_convert_f32_to_f16(uint16_t *dst, const float *src, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

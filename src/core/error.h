@@ -10,6 +10,10 @@
 #ifndef MT_ERROR_H
 #define MT_ERROR_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #include <stddef.h>
 #include <stdio.h>
 
@@ -47,5 +51,9 @@ char *mt_strdup_impl(const char *s, const char *file, int line);
 #define mt_calloc(count, size) mt_calloc_impl((count), (size), __FILE__, __LINE__)
 #define mt_aligned_alloc(bytes) mt_aligned_alloc_impl((bytes), __FILE__, __LINE__)
 #define mt_strdup(s) mt_strdup_impl((s), __FILE__, __LINE__)
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

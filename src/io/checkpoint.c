@@ -63,8 +63,9 @@ static int make_dirs(const char *dir) {
 static int fsync_dir(const char *dir) {
     int fd = open(dir, O_RDONLY | O_DIRECTORY);
     if (fd < 0) return mt_error_set("%s: cannot open directory to fsync: %s", dir, strerror(errno));
-    int rc = fsync(fd) == 0 ? MT_OK
-                            : mt_error_set("%s: fsync of directory failed: %s", dir, strerror(errno));
+    int rc = MT_OK;
+    if (fsync(fd) != 0)
+        rc = mt_error_set("%s: fsync of directory failed: %s", dir, strerror(errno));
     close(fd);
     return rc;
 }
@@ -216,7 +217,8 @@ static int copy_file(const char *src, const char *dst, int *copied) {
     char *buf = mt_malloc(COPY_CHUNK);
     int rc = MT_OK;
     size_t k;
-    while (rc == MT_OK && (k = fread(buf, 1, COPY_CHUNK, in)) > 0) rc = mt_atomic_write(&af, buf, k);
+    while (rc == MT_OK && (k = fread(buf, 1, COPY_CHUNK, in)) > 0)
+        rc = mt_atomic_write(&af, buf, k);
     if (rc == MT_OK && ferror(in)) rc = mt_error_set("%s: read failed: %s", src, strerror(errno));
     fclose(in);
     free(buf);
@@ -421,8 +423,8 @@ static int parse_seed(const json_t *v, uint64_t *out) {
         return MT_OK;
     }
     const char *digits = json_string_value(v);
-    if (!digits || !*digits || strlen(digits) > 20 || strspn(digits, "0123456789") != strlen(digits))
-        return MT_ERR;
+    size_t n = digits ? strlen(digits) : 0;
+    if (n == 0 || n > 20 || strspn(digits, "0123456789") != n) return MT_ERR;
     errno = 0;
     unsigned long long x = strtoull(digits, NULL, 10);
     if (errno) return MT_ERR;
@@ -494,7 +496,8 @@ static void load_moments(const mt_safetensors *ost, const char *prefix, const mt
     char name[128];
     for (int i = 0; i < t->n_params; i++) {
         const mt_param *p = &t->params[i];
-        if (p->offset > cursor) memset(arena + cursor, 0, sizeof(float) * (size_t)(p->offset - cursor));
+        if (p->offset > cursor)
+            memset(arena + cursor, 0, sizeof(float) * (size_t)(p->offset - cursor));
         snprintf(name, sizeof name, "%s.%s", prefix, p->name);
         MT_CHECK(mt_st_tensor_to_f32(mt_safetensors_find(ost, name), arena + p->offset) == MT_OK,
                  "%s", mt_error_message());

@@ -40,7 +40,8 @@ int mt_checkpoint_save(const char *out_dir, const mt_param_table *t, const float
                        const float *m1, const float *m2, const mt_ckpt_state *st,
                        const char *args_json, const char *tokenizer_dir, int keep_last);
 
-/* The newest checkpoint (highest step_ number) in OUT/checkpoints → path (OUT/checkpoints/step_N).
+/* The newest checkpoint (highest step_ number) in OUT/checkpoints → path
+ * (OUT/checkpoints/step_N).
  * MT_ERR "OUT: no checkpoint to resume from ..." when there is none. */
 int mt_checkpoint_latest(const char *out_dir, char *path, size_t path_size);
 

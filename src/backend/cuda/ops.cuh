@@ -1,0 +1,60 @@
+/* The CUDA launchers. Each mirrors the CPU op of the same name (src/backend/cpu/cpu_ops.h) and the
+ * backend.h entry argument for argument, with bf16 for the compute dtype, plus an explicit stream
+ * (and the context where a library handle or scratch is needed). Launchers check shapes, own the
+ * grid maths and check the launch; kernels are static in their .cu file. Letters as in config.h. */
+#ifndef MT_CUDA_OPS_CUH
+#define MT_CUDA_OPS_CUH
+
+#include "cuda_common.cuh"
+
+/* embedding.cu */
+void mt_cuda_embedding_forward(bf16 *out, const int32_t *ids, const bf16 *table, int N, int C,
+                               cudaStream_t s);
+void mt_cuda_embedding_backward(float *dtable, const bf16 *dout, const int32_t *ids, int N, int C,
+                                cudaStream_t s);
+
+/* rmsnorm.cu */
+void mt_cuda_rmsnorm_forward(bf16 *out, float *rstd, const bf16 *inp, const bf16 *weight, int R,
+                             int C, float eps, cudaStream_t s);
+void mt_cuda_rmsnorm_backward(bf16 *dinp, float *dweight, const bf16 *dout, const bf16 *inp,
+                              const bf16 *weight, const float *rstd, int R, int C, int accumulate,
+                              cudaStream_t s);
+
+/* matmul.cu (cuBLASLt, bf16 in, fp32 accumulate) */
+void mt_cuda_matmul_forward(mt_cuda_ctx *ctx, bf16 *out, const bf16 *inp, const bf16 *weight,
+                            const bf16 *bias, int R, int K, int M, cudaStream_t s);
+void mt_cuda_matmul_backward(mt_cuda_ctx *ctx, bf16 *dinp, float *dweight, float *dbias,
+                             const bf16 *dout, const bf16 *inp, const bf16 *weight, int R, int K,
+                             int M, int accumulate, cudaStream_t s);
+
+/* rope.cu */
+void mt_cuda_rope_forward(bf16 *x, const int32_t *pos, const float *inv_freq, int N, int nh, int D,
+                          cudaStream_t s);
+void mt_cuda_rope_backward(bf16 *dx, const int32_t *pos, const float *inv_freq, int N, int nh,
+                           int D, cudaStream_t s);
+
+/* attention.cu (flash attention: never materializes T x T) */
+void mt_cuda_attention_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
+                               const int32_t *doc_start, int B, int T, int H, int G, int D,
+                               cudaStream_t s);
+void mt_cuda_attention_backward(mt_cuda_ctx *ctx, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout,
+                                const bf16 *out, const float *lse, const bf16 *q, const bf16 *k,
+                                const bf16 *v, const int32_t *doc_start, int B, int T, int H,
+                                int G, int D, cudaStream_t s);
+
+/* swiglu.cu */
+void mt_cuda_swiglu_forward(bf16 *out, const bf16 *gate, const bf16 *up, size_t n, cudaStream_t s);
+void mt_cuda_swiglu_backward(bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gate,
+                             const bf16 *up, size_t n, cudaStream_t s);
+void mt_cuda_add(bf16 *out, const bf16 *a, const bf16 *b, size_t n, cudaStream_t s);
+
+/* vector.cu */
+void mt_cuda_sumsq(float *out, const float *x, size_t n, cudaStream_t s);
+void mt_cuda_from_f32(bf16 *dst, const float *src, size_t n, cudaStream_t s);
+
+/* lm_head_loss.cu (chunked: the (N, V) logits never exist) */
+void mt_cuda_lm_head_loss(mt_backend *be, float *losses, bf16 *dinp, float *dweight,
+                          const bf16 *inp, const bf16 *weight, const int32_t *targets, int N,
+                          int C, int V, float loss_scale, cudaStream_t s);
+
+#endif
