@@ -54,7 +54,7 @@ static char *subdir(const char *name) {
 }
 
 static int exists(const char *dir, const char *name) {
-    char p[4096];
+    char p[8192];
     snprintf(p, sizeof p, "%s/%s", dir, name);
     struct stat sb;
     return stat(p, &sb) == 0;

@@ -67,6 +67,11 @@ struct mt_backend {
     void (*stream_wait)(mt_backend *be, mt_stream s, mt_event *ev);
     /* The calling thread blocks until the last record of ev has completed. */
     void (*event_sync)(mt_backend *be, mt_event *ev);
+    /* Optional (NULL when unsupported), for measurements: milliseconds between the completions of
+     * the last records of two completed events. */
+    double (*event_elapsed_ms)(mt_backend *be, mt_event *start, mt_event *end);
+    /* Optional: bytes allocated through alloc so far. */
+    size_t (*mem_used)(mt_backend *be);
 
     /* ---- ops ---- */
 
@@ -141,6 +146,13 @@ struct mt_backend {
 
 /* The fp32 CPU reference backend (BLAS matmuls, OpenMP). */
 mt_backend *mt_backend_cpu_create(void);
+
+/* The CUDA backend (bf16 compute, cuBLASLt matmuls) on the current device; only in builds with
+ * MT_HAVE_CUDA. mem_budget_bytes caps what be->alloc hands out, scratch and the cuBLASLt workspace
+ * included (--gpu-mem; 0 = the device's free memory); going past it is a fatal error that says so. */
+mt_backend *mt_backend_cuda_create(int64_t mem_budget_bytes);
+/* 1 when a CUDA device is usable (0 in builds without CUDA support is the caller's #ifdef). */
+int mt_backend_cuda_available(void);
 
 #ifdef __cplusplus
 }

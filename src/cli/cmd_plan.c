@@ -11,14 +11,14 @@
 static void print_usage(FILE *out) {
     fprintf(out,
             "usage: megatrain plan (--model DIR | --init CONFIG.json) [--batch B] [--seq T]\n"
-            "                      [--micro-batch b] [--device auto|cpu|cuda]\n"
+            "                      [--micro-batch b] [--device auto|cpu|cuda] [--gpu-mem SIZE]\n"
             "  Prints what training would hold in host RAM and on the compute device, and exits 0\n"
             "  when it fits this machine, 1 when it does not (with what to change).\n");
 }
 
 int mt_cmd_plan(int argc, char **argv) {
     const char *model_dir = NULL, *init = NULL;
-    int64_t B = 8, T = 1024, b = 0;
+    int64_t B = 8, T = 1024, b = 0, gpu_mem = 0;
     int device = 0;
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"init", required_argument, 0, 'i'},
@@ -26,6 +26,7 @@ int mt_cmd_plan(int argc, char **argv) {
                                          {"seq", required_argument, 0, 't'},
                                          {"micro-batch", required_argument, 0, 'u'},
                                          {"device", required_argument, 0, 'd'},
+                                         {"gpu-mem", required_argument, 0, 'g'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c;
@@ -39,6 +40,7 @@ int mt_cmd_plan(int argc, char **argv) {
         case 't': rc = mt_arg_int("--seq", optarg, 1, 1 << 24, &T); break;
         case 'u': rc = mt_arg_int("--micro-batch", optarg, 1, 1 << 20, &b); break;
         case 'd': rc = mt_arg_choice("--device", optarg, "auto|cpu|cuda", &device); break;
+        case 'g': rc = mt_arg_size("--gpu-mem", optarg, &gpu_mem); break;
         case 'h': print_usage(stdout); return 0;
         default: print_usage(stderr); return 1;
         }
@@ -52,12 +54,12 @@ int mt_cmd_plan(int argc, char **argv) {
     mt_host_model m;
     if (mt_host_model_open(&m, model_dir, init, 0, 0) != MT_OK) return mt_cli_fail();
     mt_backend *be = NULL;
-    int rc = mt_run_backend(&be, device);
+    int rc = mt_run_backend(&be, device, gpu_mem);
     if (rc == MT_OK) {
         mt_engine_opts eo = {.batch = (int)B, .micro_batch = (int)b, .T = (int)T, .n_slots = 2};
         printf("%.1fM parameters, %lld x %lld tokens per step (micro-batch %lld), %s backend\n",
                m.table.n_real / 1e6, (long long)B, (long long)T, (long long)b, be->name);
-        rc = mt_run_check_memory(&m.table, be, &eo);
+        rc = mt_run_check_memory(&m.table, be, &eo, gpu_mem);
         if (rc == MT_OK) printf("fits\n");
         be->destroy(be);
     }

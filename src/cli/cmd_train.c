@@ -55,6 +55,7 @@ typedef struct {
 
 static int save_checkpoint(train_run *r) {
     mt_engine_finish(r->e);
+    if (r->o.no_save) return MT_OK;
     mt_ckpt_state st = {.step = r->step, .seed = (uint64_t)r->o.seed, .loss = r->last_loss};
     double t0 = now_ms();
     MT_TRY(mt_checkpoint_save(r->o.out_dir, &r->model.table, mt_engine_master(r->e),
@@ -83,6 +84,17 @@ static void evaluate(train_run *r) {
     mt_train_log_eval(&r->log, r->step, count ? sum / count : NAN, count);
 }
 
+/* Matmul FLOPs one step executes: every layer's projections forward, again in the recompute,
+ * twice in the backward; the LM head forward and its two backward products; causal attention
+ * (QK^T and PV forward, recomputed, and 2.5x that backward) counting only the visible half. */
+static double step_matmul_flops(const mt_config *c, double tokens, int T) {
+    double layer = 2.0 * ((double)c->C * c->H * c->D * 2 + (double)c->C * c->G * c->D * 2 + 3.0 * c->C * c->F);
+    double attn = 4.0 * (T / 2.0) * c->H * c->D;
+    return tokens * (c->L * (layer * 4 + attn * 4.5) + 2.0 * c->C * c->V * 3);
+}
+
+#define H200_GEMM_PEAK 800e12 /* bf16 dense GEMM measured on the H200 (HARDWARE.md) */
+
 static int train_loop(train_run *r) {
     const mt_train_opts *o = &r->o;
     int B = (int)o->batch, T = (int)o->seq;
@@ -110,10 +122,17 @@ static int train_loop(train_run *r) {
         r->step++;
         tokens += (int64_t)B * T;
         r->last_loss = res.loss;
+        double sec = ms / 1e3;
         mt_step_line line = {.step = r->step, .loss = res.loss, .lr = hp.lr, .grad_norm = res.grad_norm,
                              .clip_coef = res.clip_coef, .ms = ms, .tokens = tokens,
-                             .tok_per_s = B * T / (ms / 1e3),
-                             .tflops = 6.0 * n_params * B * T / (ms / 1e3) / 1e12};
+                             .tok_per_s = B * T / sec,
+                             .tflops = 6.0 * n_params * B * T / sec / 1e12,
+                             .mfu = step_matmul_flops(&r->model.table.cfg, (double)B * T, T) / sec / H200_GEMM_PEAK,
+                             .h2d_gbs = res.h2d_bytes / sec / 1e9,
+                             .d2h_gbs = res.d2h_bytes / sec / 1e9,
+                             .gpu_busy = res.compute_ms >= 0 ? res.compute_ms / ms : -1,
+                             .opt_ms = res.opt_ms,
+                             .gpu_gb = r->be->mem_used ? r->be->mem_used(r->be) / 1e9 : -1};
         mt_train_log_step(&r->log, &line);
         if (!isfinite(res.loss)) {
             rc = mt_error_set("step %lld: the loss is %g; stopping (lower --lr, or check the data)",
@@ -152,11 +171,11 @@ static int train(train_run *r) {
     MT_TRY(mt_run_make_dir(o->out_dir));
     MT_TRY(mt_run_open_data(&r->data, o->data, o->out_dir, o->doc_sep, cfg));
     if (o->eval_data) MT_TRY(mt_run_open_data(&r->eval, o->eval_data, o->out_dir, o->doc_sep, cfg));
-    MT_TRY(mt_run_backend(&r->be, o->device));
+    MT_TRY(mt_run_backend(&r->be, o->device, o->gpu_mem));
 
     mt_engine_opts eo = {.batch = (int)o->batch, .micro_batch = (int)o->micro_batch, .T = (int)o->seq,
                          .n_slots = 2, .opt_threads = (int)o->threads, .trace = o->trace_path != NULL};
-    MT_TRY(mt_run_check_memory(&r->model.table, r->be, &eo));
+    MT_TRY(mt_run_check_memory(&r->model.table, r->be, &eo, o->gpu_mem));
     r->e = mt_engine_create(&r->model.table, r->be, &eo, NULL);
     float *master = mt_engine_master(r->e);
 

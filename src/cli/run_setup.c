@@ -58,14 +58,19 @@ int mt_run_open_data(mt_token_file *f, const char *path, const char *out_dir, co
     return mt_tokens_open(f, cache, 2, cfg->V);
 }
 
-int mt_run_backend(mt_backend **out, int device) {
-    if (device == 2) {
+int mt_run_backend(mt_backend **out, int device, int64_t gpu_mem) {
 #ifdef MT_HAVE_CUDA
-        return mt_error_set("--device cuda: the CUDA backend is not implemented yet");
+    int have_gpu = mt_backend_cuda_available();
+    if (device == 2 && !have_gpu) return mt_error_set("--device cuda: no usable CUDA device found");
+    if (have_gpu && device != 1) {
+        *out = mt_backend_cuda_create(gpu_mem);
+        return MT_OK;
+    }
 #else
+    if (device == 2)
         return mt_error_set("--device cuda: this build has no CUDA backend (nvcc was not found at build time)");
 #endif
-    }
+    if (gpu_mem && device == 2) return mt_error_set("--gpu-mem needs the cuda device");
     *out = mt_backend_cpu_create();
     return MT_OK;
 }
@@ -81,7 +86,8 @@ static double mem_available_bytes(void) {
     return kb < 0 ? -1 : kb * 1024;
 }
 
-int mt_run_check_memory(const mt_param_table *t, mt_backend *be, const mt_engine_opts *eo) {
+int mt_run_check_memory(const mt_param_table *t, mt_backend *be, const mt_engine_opts *eo,
+                        int64_t gpu_budget) {
     mt_engine_plan p;
     mt_engine_plan_of(t, be->dtype, eo, &p);
     double n = (double)t->n_real, gb = 1e9;
@@ -99,5 +105,9 @@ int mt_run_check_memory(const mt_param_table *t, mt_backend *be, const mt_engine
         return mt_error_set("host RAM: training needs %.2f GB, %.2f GB available; use a smaller model, "
                             "--batch/--seq, or a machine with more RAM",
                             host / gb, avail / gb);
+    if (!host_compute && gpu_budget > 0 && p.dev_total > (double)gpu_budget)
+        return mt_error_set("GPU memory: the plan needs %.2f GB, the budget is %.2f GB; lower --batch or "
+                            "--seq, or raise --gpu-mem",
+                            p.dev_total / gb, (double)gpu_budget / gb);
     return MT_OK;
 }

@@ -14,9 +14,12 @@ int mt_run_check_seq(const mt_config *cfg, int T, const char *flag);
 /* Token file, or text turned into byte-level tokens (cached as OUT/<name>.tokens.bin). */
 int mt_run_open_data(mt_token_file *f, const char *path, const char *out_dir, const char *doc_sep,
                      const mt_config *cfg);
-/* device: 0 auto, 1 cpu, 2 cuda. */
-int mt_run_backend(mt_backend **out, int device);
-/* Prints the memory plan and refuses, before allocating, what the machine cannot hold. */
-int mt_run_check_memory(const mt_param_table *t, mt_backend *be, const mt_engine_opts *eo);
+/* device: 0 auto (cuda when built with it and a GPU is there), 1 cpu, 2 cuda; gpu_mem: the
+ * --gpu-mem cap in bytes (0 = the whole GPU). */
+int mt_run_backend(mt_backend **out, int device, int64_t gpu_mem);
+/* Prints the memory plan and refuses, before allocating, what the machine cannot hold
+ * (gpu_budget: bytes the GPU side may use, 0 = unchecked). */
+int mt_run_check_memory(const mt_param_table *t, mt_backend *be, const mt_engine_opts *eo,
+                        int64_t gpu_budget);
 
 #endif

@@ -41,14 +41,17 @@ static void end_bar(mt_train_log *lg) {
 }
 
 static void format_step(char *buf, size_t n, const mt_step_line *s, int64_t steps) {
-    snprintf(buf, n,
-             "step %lld/%lld | loss %.4f | norm %.3f%s | lr %.2e | %.0f ms | %.0f tok/s | %.3f TFLOPS",
-             (long long)s->step, (long long)steps, s->loss, s->grad_norm,
-             s->clip_coef < 1.0 ? " (clipped)" : "", s->lr, s->ms, s->tok_per_s, s->tflops);
+    int len = snprintf(buf, n,
+                       "step %lld/%lld | loss %.4f | norm %.3f%s | lr %.2e | %.0f ms | %.0f tok/s | %.3f TFLOPS",
+                       (long long)s->step, (long long)steps, s->loss, s->grad_norm,
+                       s->clip_coef < 1.0 ? " (clipped)" : "", s->lr, s->ms, s->tok_per_s, s->tflops);
+    if (s->gpu_gb >= 0 && len > 0 && (size_t)len < n) /* GPU runs: where the time goes */
+        snprintf(buf + len, n - len, " | MFU %.0f%% | GPU busy %.0f%% | H2D %.1f D2H %.1f GB/s | opt %.0f ms",
+                 100 * s->mfu, 100 * s->gpu_busy, s->h2d_gbs, s->d2h_gbs, s->opt_ms);
 }
 
 void mt_train_log_step(mt_train_log *lg, const mt_step_line *s) {
-    char line[256];
+    char line[512];
     format_step(line, sizeof line, s, lg->steps);
     if (lg->tty) {
         int width = 20, done = (int)(width * s->step / (lg->steps ? lg->steps : 1));
@@ -69,9 +72,12 @@ void mt_train_log_step(mt_train_log *lg, const mt_step_line *s) {
     }
     fprintf(lg->metrics,
             "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"clip\": %.6f, "
-            "\"tokens\": %lld, \"ms\": %.3f, \"tflops\": %.6f}\n",
+            "\"tokens\": %lld, \"ms\": %.3f, \"tflops\": %.6f, \"tok_s\": %.1f, \"mfu\": %.4f, "
+            "\"h2d_gbs\": %.3f, \"d2h_gbs\": %.3f, \"gpu_busy\": %.4f, \"opt_ms\": %.1f, "
+            "\"gpu_gb\": %.3f}\n",
             (long long)s->step, s->loss, s->lr, s->grad_norm, s->clip_coef, (long long)s->tokens,
-            s->ms, s->tflops);
+            s->ms, s->tflops, s->tok_per_s, s->mfu, s->h2d_gbs, s->d2h_gbs, s->gpu_busy, s->opt_ms,
+            s->gpu_gb);
     fflush(lg->metrics);
 }
 

@@ -18,6 +18,9 @@ typedef struct {
     int64_t step;    /* steps completed (1-based) */
     double loss, lr, grad_norm, clip_coef, ms, tflops, tok_per_s;
     int64_t tokens;  /* tokens processed so far */
+    /* measurements (negative: unknown) */
+    double mfu;      /* executed matmul FLOP/s over the 800 TFLOP/s bf16 GEMM rate measured on the H200 */
+    double h2d_gbs, d2h_gbs, gpu_busy, opt_ms, gpu_gb;
 } mt_step_line;
 
 int mt_train_log_open(mt_train_log *lg, const char *out_dir, const char *log_path, int64_t steps,

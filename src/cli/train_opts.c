@@ -49,6 +49,7 @@ void mt_train_opts_usage(FILE *out) {
 "  --save-every K         checkpoint every K steps (default 0: at the end only)\n"
 "  --keep K               checkpoints kept (default 3)\n"
 "  --resume               continue from the newest checkpoint in --out\n"
+"  --no-save              write no checkpoint (benchmarks)\n"
 "  --max-time SECONDS     stop (and save) after this much training time\n"
 "  --stop-at N            stop (and save) after step N, keeping the schedule of --steps\n"
 "  --log FILE             also write the step lines to FILE\n"
@@ -59,7 +60,7 @@ enum {
     O_MODEL = 1000, O_INIT, O_DATA, O_OUT, O_STEPS, O_BATCH, O_SEQ, O_MICRO, O_LR, O_MIN_LR,
     O_WARMUP, O_SCHEDULE, O_BETA1, O_BETA2, O_EPS, O_WD, O_CLIP, O_SEED, O_NO_SHUFFLE, O_DEVICE,
     O_GPU_MEM, O_SAVE_EVERY, O_KEEP, O_RESUME, O_EVAL_DATA, O_EVAL_EVERY, O_EVAL_BATCHES, O_LOG,
-    O_TRACE, O_THREADS, O_DOC_SEP, O_MAX_TIME, O_STOP_AT, O_HELP,
+    O_TRACE, O_THREADS, O_DOC_SEP, O_MAX_TIME, O_STOP_AT, O_NO_SAVE, O_HELP,
 };
 
 static const struct option long_opts[] = {
@@ -79,7 +80,7 @@ static const struct option long_opts[] = {
     {"eval-batches", required_argument, 0, O_EVAL_BATCHES}, {"log", required_argument, 0, O_LOG},
     {"trace", required_argument, 0, O_TRACE},       {"threads", required_argument, 0, O_THREADS},
     {"doc-sep", required_argument, 0, O_DOC_SEP},   {"max-time", required_argument, 0, O_MAX_TIME},
-    {"stop-at", required_argument, 0, O_STOP_AT},   {"help", no_argument, 0, O_HELP},               {0, 0, 0, 0},
+    {"stop-at", required_argument, 0, O_STOP_AT},   {"no-save", no_argument, 0, O_NO_SAVE},   {"help", no_argument, 0, O_HELP},               {0, 0, 0, 0},
 };
 
 static int parse_one(mt_train_opts *o, int c, const char *arg) {
@@ -114,6 +115,7 @@ static int parse_one(mt_train_opts *o, int c, const char *arg) {
     case O_SAVE_EVERY: return mt_arg_int("--save-every", arg, 0, big, &o->save_every);
     case O_KEEP: return mt_arg_int("--keep", arg, 0, 1 << 20, &o->keep);
     case O_RESUME: o->resume = 1; return MT_OK;
+    case O_NO_SAVE: o->no_save = 1; return MT_OK;
     case O_EVAL_EVERY: return mt_arg_int("--eval-every", arg, 0, big, &o->eval_every);
     case O_EVAL_BATCHES: return mt_arg_int("--eval-batches", arg, 1, big, &o->eval_batches);
     case O_STOP_AT: return mt_arg_int("--stop-at", arg, 1, big, &o->stop_at);
@@ -155,6 +157,7 @@ int mt_train_opts_parse(mt_train_opts *o, int argc, char **argv, int *exit_now) 
     if (!o->have_warmup) o->warmup = o->steps / 20 < 100 ? o->steps / 20 : 100;
     if (o->warmup > o->steps) return mt_error_set("--warmup: %lld is more than --steps %lld", (long long)o->warmup, (long long)o->steps);
     if (o->eval_every && !o->eval_data) return mt_error_set("--eval-every needs --eval-data");
+    if (o->no_save && (o->save_every || o->resume)) return mt_error_set("--no-save contradicts --save-every and --resume");
     return MT_OK;
 }
 

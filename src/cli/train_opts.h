@@ -18,6 +18,7 @@ typedef struct {
     int64_t gpu_mem;            /* bytes; 0 = all */
     int64_t save_every, keep;
     int resume;
+    int no_save;                /* benchmarks: no checkpoint at all */
     int64_t eval_every, eval_batches;
     int64_t threads;            /* optimizer threads; 0 = all cores */
     const char *doc_sep;        /* byte-level text data: document separator line */

@@ -46,6 +46,9 @@ struct mt_engine {
     mt_trace *trace;
     int *loads;                      /* per group, this step */
     int issued;                      /* layer loads issued in this pass */
+    double h2d_bytes, d2h_bytes;     /* this step */
+    mt_event **busy;                 /* (start, end) pairs around compute work, this step */
+    int n_busy, max_busy;
     int step;                        /* steps run (for the trace) */
 };
 
@@ -122,6 +125,7 @@ static void load_group(mt_engine *e, int layer, void *dst, mt_event *free_ev, mt
     be->copy_async(be, MT_STREAM_H2D, dst, upload_at(e, layer), group_bytes(e, layer));
     be->event_record(be, loaded, MT_STREAM_H2D);
     e->loads[layer + 1]++;
+    e->h2d_bytes += (double)group_bytes(e, layer);
     mt_trace_add(e->trace, MT_SPAN_LOAD, MT_LANE_H2D, e->step, layer, t0, mt_trace_now(e->trace));
 }
 
@@ -161,8 +165,31 @@ static void grads_out(mt_engine *e, int layer, float *g) {
     be->event_record(be, e->staging_ready[st], MT_STREAM_COMPUTE);
     be->stream_wait(be, MT_STREAM_D2H, e->staging_ready[st]);
     be->copy_async(be, MT_STREAM_D2H, upload_at(e, layer), e->staging[st], n * e->elem);
+    e->d2h_bytes += (double)(n * e->elem);
     be->event_record(be, e->staging_free[st], MT_STREAM_D2H);
     mt_trace_add(e->trace, MT_SPAN_GRAD_OUT, MT_LANE_D2H, e->step, layer, t0, mt_trace_now(e->trace));
+}
+
+/* ---- measuring the compute stream ---- */
+
+static void busy_begin(mt_engine *e) {
+    if (e->be->event_elapsed_ms && e->n_busy + 2 <= e->max_busy)
+        e->be->event_record(e->be, e->busy[e->n_busy], MT_STREAM_COMPUTE);
+}
+
+static void busy_end(mt_engine *e) {
+    if (e->be->event_elapsed_ms && e->n_busy + 2 <= e->max_busy) {
+        e->be->event_record(e->be, e->busy[e->n_busy + 1], MT_STREAM_COMPUTE);
+        e->n_busy += 2;
+    }
+}
+
+/* Sum of the measured spans; call after the compute stream has drained. */
+static double busy_ms(mt_engine *e) {
+    if (!e->be->event_elapsed_ms) return -1;
+    double ms = 0;
+    for (int i = 0; i < e->n_busy; i += 2) ms += e->be->event_elapsed_ms(e->be, e->busy[i], e->busy[i + 1]);
+    return ms;
 }
 
 /* ---- the passes ---- */
@@ -200,8 +227,10 @@ static void forward(mt_engine *e, const mt_model_view *w) {
         be->stream_wait(be, MT_STREAM_COMPUTE, e->slot_loaded[s]);
         mt_layer_weights lw = layer_weights(e, s);
         double t0 = mt_trace_now(e->trace);
+        busy_begin(e);
         for (int m = 0; m < e->M; m++)
             mt_layer_forward(&e->lc, &tok, &lw, act_at(e, l, m), act_at(e, l + 1, m), &e->ws);
+        busy_end(e);
         be->event_record(be, e->slot_free[s], MT_STREAM_COMPUTE);
         mt_trace_add(e->trace, MT_SPAN_FORWARD, MT_LANE_MAIN, e->step, l, t0, mt_trace_now(e->trace));
         prefetch_layers(e, l + K - 1, 0, 1);
@@ -227,10 +256,12 @@ static void backward(mt_engine *e, const mt_model_view *g) {
         mt_layer_weights lw = layer_weights(e, s);
         mt_layer_weights lg = mt_layer_view_of(e->t, e->g_layer, sizeof(float));
         double t0 = mt_trace_now(e->trace);
+        busy_begin(e);
         be->zero(be, e->g_layer, (size_t)e->t->layer_size * sizeof(float));
         for (int m = 0; m < e->M; m++)
             mt_layer_backward(&e->lc, &tok, &lw, &lg, act_at(e, l, m), dx_at(e, m), dx_at(e, m),
                               &e->ws, 1);
+        busy_end(e);
         be->event_record(be, e->slot_free[s], MT_STREAM_COMPUTE);
         mt_trace_add(e->trace, MT_SPAN_BACKWARD, MT_LANE_MAIN, e->step, l, t0, mt_trace_now(e->trace));
         prefetch_layers(e, i + K - 1, 1, 0);
@@ -257,6 +288,8 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
     const mt_param_table *t = e->t;
     int L = t->cfg.L, N = e->o.batch * e->o.T;
     for (int i = 0; i < L + 2; i++) e->loads[i] = 0;
+    e->h2d_bytes = e->d2h_bytes = 0;
+    e->n_busy = 0;
     int64_t count = 0;
     for (int i = 0; i < N; i++) count += targets[i] >= 0;
     float loss_scale = count ? 1.0f / (float)count : 0.0f;
@@ -272,9 +305,11 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
     be->zero(be, e->g_embed, (size_t)t->embed_size * sizeof(float));
     be->zero(be, e->g_head, (size_t)t->head_size * sizeof(float));
     double t0 = mt_trace_now(e->trace);
+    busy_begin(e);
     for (int m = 0; m < e->M; m++)
         mt_head_loss(&e->lc, &w, &g, act_at(e, L, m), e->targets + (size_t)m * e->bN, e->bN,
                      loss_scale, e->losses + (size_t)m * e->bN, dx_at(e, m), &e->head_ws);
+    busy_end(e);
     be->event_record(be, e->head_free, MT_STREAM_COMPUTE);
     be->event_record(be, e->embed_free, MT_STREAM_COMPUTE);
     mt_trace_add(e->trace, MT_SPAN_HEAD, MT_LANE_MAIN, e->step, L, t0, mt_trace_now(e->trace));
@@ -293,6 +328,10 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
     res->clip_coef = mt_adamw_clip_coef((float)res->grad_norm, max_norm);
     res->count = count;
     res->loss = count ? download_losses(e, N) / (double)count : 0.0;
+    res->h2d_bytes = e->h2d_bytes + 2.0 * N * sizeof(int32_t);
+    res->d2h_bytes = e->d2h_bytes;
+    res->compute_ms = busy_ms(e);
+    res->opt_ms = mt_optimizer_last_ms(e->opt);
 
     mt_optimizer_start(e->opt, hp, adam_step, res->clip_coef, e->grads_out);
     e->step++;
@@ -394,6 +433,9 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
     mt_layer_ws_init(&e->ws, &e->lc, e->bN);
     mt_head_ws_init(&e->head_ws, &e->lc, e->bN);
     e->loads = mt_calloc((size_t)L + 2, sizeof(int));
+    e->max_busy = 4 * L + 4;
+    e->busy = mt_calloc((size_t)e->max_busy, sizeof(mt_event *));
+    for (int i = 0; i < e->max_busy; i++) e->busy[i] = new_event(e);
     if (o->trace) e->trace = mt_trace_create();
     e->opt = mt_optimizer_create(t, e->master, e->m1, e->m2, e->upload, be->dtype, o->opt_threads,
                                  be, e->trace);
@@ -424,6 +466,8 @@ void mt_engine_destroy(mt_engine *e) {
     mt_event *evs[] = {e->embed_loaded, e->embed_free, e->head_loaded, e->head_free, e->ids_ready,
                        e->grads_out};
     for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++) be->event_destroy(be, evs[i]);
+    for (int i = 0; i < e->max_busy; i++) be->event_destroy(be, e->busy[i]);
+    free(e->busy);
     be->host_free(be, e->upload);
     be->host_free(be, e->host_ids);
     be->host_free(be, e->host_targets);

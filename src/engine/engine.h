@@ -37,6 +37,10 @@ typedef struct {
     int64_t count;        /* targets counted (not ignored) */
     double grad_norm;     /* global L2 norm before clipping */
     float clip_coef;      /* the factor applied to the gradient (1 = not clipped) */
+    /* measurements */
+    double h2d_bytes, d2h_bytes; /* weights (and ids) in, gradients out */
+    double compute_ms;    /* time the compute stream spent in layer and head work (-1: unknown) */
+    double opt_ms;        /* wall time of the previous step's optimizer update (0 before one ran) */
 } mt_step_result;
 
 /* Compute-side and host bytes the engine will allocate (for the plan printed before training). */

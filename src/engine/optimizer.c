@@ -16,6 +16,7 @@ struct mt_optimizer {
     mt_backend *be;
     mt_trace *trace;
     int delay_us;
+    double last_ms;           /* wall time of the last completed update */
 
     pthread_t thread;
     pthread_mutex_t mu;
@@ -66,6 +67,7 @@ static void *optimizer_main(void *arg) {
         pthread_mutex_unlock(&o->mu);
 
         o->be->event_sync(o->be, o->grads_ready);
+        double start = mt_trace_wall_ms();
         int L = o->t->cfg.L;
         for (int layer = -1; layer <= L; layer++) {
             double t0 = mt_trace_now(o->trace);
@@ -79,6 +81,7 @@ static void *optimizer_main(void *arg) {
             pthread_mutex_unlock(&o->mu);
         }
         pthread_mutex_lock(&o->mu);
+        o->last_ms = mt_trace_wall_ms() - start;
         o->running = 0;
         pthread_cond_broadcast(&o->cv);
     }
@@ -143,3 +146,10 @@ void mt_optimizer_wait_all(mt_optimizer *o) {
 }
 
 void mt_optimizer_set_delay_us(mt_optimizer *o, int us) { o->delay_us = us; }
+
+double mt_optimizer_last_ms(mt_optimizer *o) {
+    pthread_mutex_lock(&o->mu);
+    double ms = o->last_ms;
+    pthread_mutex_unlock(&o->mu);
+    return ms;
+}

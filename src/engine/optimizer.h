@@ -37,6 +37,9 @@ void mt_optimizer_start(mt_optimizer *o, const mt_adamw_hparams *hp, int64_t ste
 void mt_optimizer_wait_group(mt_optimizer *o, int layer);
 void mt_optimizer_wait_all(mt_optimizer *o);
 
+/* Wall time of the last completed update (all groups, the wait for the gradients excluded). */
+double mt_optimizer_last_ms(mt_optimizer *o);
+
 /* Tests only: sleep this long after each group, to make the overlap with the next forward
  * observable on a fast machine. */
 void mt_optimizer_set_delay_us(mt_optimizer *o, int us);

@@ -74,6 +74,12 @@ static const char *const lane_names[MT_LANES] = {"compute (issue)", "H2D (issue)
 
 const char *mt_span_name(mt_span_kind kind) { return span_names[kind]; }
 
+double mt_trace_wall_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
 int mt_trace_write_json(mt_trace *t, const char *path) {
     FILE *f = fopen(path, "w");
     if (!f) return mt_error_set("%s: cannot write the trace: %s", path, strerror(errno));

@@ -45,6 +45,8 @@ void mt_trace_add(mt_trace *t, mt_span_kind kind, mt_trace_lane lane, int step, 
 mt_span *mt_trace_spans(mt_trace *t, int *n);
 void mt_trace_clear(mt_trace *t);
 const char *mt_span_name(mt_span_kind kind);
+/* A monotonic wall clock in milliseconds (for measurements outside a trace). */
+double mt_trace_wall_ms(void);
 /* Chrome trace-event JSON (chrome://tracing, ui.perfetto.dev). MT_OK or MT_ERR naming the file. */
 int mt_trace_write_json(mt_trace *t, const char *path);
 

@@ -162,7 +162,7 @@ static int parse_entry(const st_file *f, const char *name, const json_t *e, size
         return mt_error_set("%s: tensor %s: entry must be an object with dtype, shape and "
                             "data_offsets",
                             f->path, name);
-    int64_t begin, end;
+    int64_t begin = 0, end = 0;
     MT_TRY(parse_dtype(f->path, name, e, t));
     MT_TRY(parse_shape(f->path, name, e, t));
     MT_TRY(parse_offsets(f->path, name, e, f->size - data_start, &begin, &end));

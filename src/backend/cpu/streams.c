@@ -4,6 +4,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../../core/error.h"
 
@@ -14,6 +15,7 @@ struct mt_event {
     pthread_cond_t cv;
     uint64_t recorded;
     uint64_t completed;
+    struct timespec when; /* completion time of the highest ticket */
 };
 
 typedef enum { TASK_COPY, TASK_SIGNAL, TASK_WAIT, TASK_STOP } task_kind;
@@ -42,7 +44,10 @@ struct mt_cpu_streams {
 
 static void event_complete(mt_event *ev, uint64_t ticket) {
     pthread_mutex_lock(&ev->mu);
-    if (ticket > ev->completed) ev->completed = ticket;
+    if (ticket > ev->completed) {
+        ev->completed = ticket;
+        clock_gettime(CLOCK_MONOTONIC, &ev->when);
+    }
     pthread_cond_broadcast(&ev->cv);
     pthread_mutex_unlock(&ev->mu);
 }
@@ -174,6 +179,16 @@ static void cpu_stream_wait(mt_backend *be, mt_stream s, mt_event *ev) {
 
 static void cpu_event_sync(mt_backend *be, mt_event *ev) { event_wait_ticket(ev, event_current(ev)); }
 
+static double cpu_event_elapsed_ms(mt_backend *be, mt_event *start, mt_event *end) {
+    pthread_mutex_lock(&start->mu);
+    struct timespec a = start->when;
+    pthread_mutex_unlock(&start->mu);
+    pthread_mutex_lock(&end->mu);
+    struct timespec b = end->when;
+    pthread_mutex_unlock(&end->mu);
+    return (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) * 1e-6;
+}
+
 static void cpu_streams_sync(mt_backend *be) {
     mt_cpu_streams *s = streams_of(be);
     for (int i = MT_STREAM_H2D; i < MT_STREAMS; i++) {
@@ -191,5 +206,6 @@ void mt_cpu_streams_install(mt_backend *be) {
     be->event_record = cpu_event_record;
     be->stream_wait = cpu_stream_wait;
     be->event_sync = cpu_event_sync;
+    be->event_elapsed_ms = cpu_event_elapsed_ms;
     be->sync = cpu_streams_sync;
 }

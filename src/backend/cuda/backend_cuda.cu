@@ -1,0 +1,407 @@
+/* The CUDA backend: memory under a --gpu-mem budget, pinned host buffers, three non-blocking streams
+ * ordered by timing-free events, and the ops as thin thunks to the launchers of ops.cuh on the
+ * compute stream. Compute dtype bf16; statistics and weight gradients fp32.
+ *
+ * be->ctx points at a cuda_state whose first member is the shared mt_cuda_ctx, so
+ * mt_cuda_ctx_of(be) works for every launcher; the rest (allocation sizes for the budget, a lock)
+ * is private to this file. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops.cuh"
+
+#define MT_CUDA_LT_WORKSPACE (64u << 20) /* cuBLASLt workspace, shared by every matmul */
+#define MT_CUDA_POOL_KEEP (256u << 20)   /* stream-ordered pool memory kept between ops */
+#define MIB(x) ((double)(x) / (1024.0 * 1024.0))
+
+struct mt_event {
+    cudaEvent_t ev;
+};
+
+/* Open-addressing map: device pointer -> size, so free() can give the bytes back to the budget. */
+typedef struct {
+    void *p;
+    size_t bytes;
+} alloc_slot;
+
+typedef struct {
+    mt_cuda_ctx base; /* must stay first: be->ctx is read as an mt_cuda_ctx */
+    pthread_mutex_t mu;
+    alloc_slot *slots;
+    size_t nslots, nlive, ntomb;
+    int64_t device_total; /* the device's memory, for messages */
+} cuda_state;
+
+#define TOMBSTONE ((void *)1)
+
+static cuda_state *state_of(mt_backend *be) { return (cuda_state *)be->ctx; }
+
+static size_t ptr_hash(void *p, size_t mask) {
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return (size_t)x & mask;
+}
+
+static void map_put(cuda_state *st, void *p, size_t bytes);
+
+static void map_grow(cuda_state *st) {
+    alloc_slot *old = st->slots;
+    size_t n = st->nslots;
+    st->nslots = n ? 2 * n : 256;
+    st->slots = (alloc_slot *)mt_calloc(st->nslots, sizeof(alloc_slot));
+    st->nlive = st->ntomb = 0;
+    for (size_t i = 0; i < n; i++)
+        if (old[i].p && old[i].p != TOMBSTONE) map_put(st, old[i].p, old[i].bytes);
+    free(old);
+}
+
+static void map_put(cuda_state *st, void *p, size_t bytes) {
+    if ((st->nlive + st->ntomb + 1) * 2 > st->nslots) map_grow(st);
+    size_t mask = st->nslots - 1, i = ptr_hash(p, mask);
+    while (st->slots[i].p && st->slots[i].p != TOMBSTONE) i = (i + 1) & mask;
+    if (st->slots[i].p == TOMBSTONE) st->ntomb--;
+    st->slots[i].p = p;
+    st->slots[i].bytes = bytes;
+    st->nlive++;
+}
+
+/* Removes p and returns its size; fatal when p was not allocated here. */
+static size_t map_take(cuda_state *st, void *p) {
+    size_t mask = st->nslots - 1, i = st->nslots ? ptr_hash(p, mask) : 0;
+    for (size_t probes = 0; st->nslots && probes < st->nslots && st->slots[i].p; probes++) {
+        if (st->slots[i].p == p) {
+            size_t bytes = st->slots[i].bytes;
+            st->slots[i].p = TOMBSTONE;
+            st->nlive--;
+            st->ntomb++;
+            return bytes;
+        }
+        i = (i + 1) & mask;
+    }
+    mt_fatal(__FILE__, __LINE__, "cuda free: %p was not allocated by this backend", p);
+}
+
+/* cudaMalloc under the budget. `what` names the use in the error message. */
+static void *device_alloc(cuda_state *st, size_t bytes, const char *what) {
+    mt_cuda_ctx *c = &st->base;
+    if (bytes == 0) bytes = 256; /* a distinct, freeable pointer */
+    pthread_mutex_lock(&st->mu);
+    if (c->used + (int64_t)bytes > c->budget) {
+        int64_t used = c->used, budget = c->budget;
+        pthread_mutex_unlock(&st->mu);
+        mt_fatal(__FILE__, __LINE__,
+                 "GPU memory budget exceeded: %s needs %.1f MiB, %.1f MiB are in use, the budget "
+                 "(--gpu-mem) is %.1f MiB of the device's %.1f MiB. Raise --gpu-mem (0 = the whole "
+                 "device), or lower --micro-batch / --seq, or keep fewer layers on the GPU.",
+                 what, MIB(bytes), MIB(used), MIB(budget), MIB(st->device_total));
+    }
+    void *p = NULL;
+    cudaError_t err = cudaMalloc(&p, bytes);
+    if (err != cudaSuccess) {
+        int64_t used = c->used, budget = c->budget;
+        pthread_mutex_unlock(&st->mu);
+        size_t free_b = 0, total_b = 0;
+        cudaGetLastError();
+        cudaMemGetInfo(&free_b, &total_b);
+        mt_fatal(__FILE__, __LINE__,
+                 "GPU out of memory: %s needs %.1f MiB (%s); %.1f MiB are in use by megatrain "
+                 "(budget %.1f MiB), the device has %.1f MiB free of %.1f MiB. Another process may "
+                 "hold GPU memory; lower --gpu-mem, --micro-batch or --seq.",
+                 what, MIB(bytes), cudaGetErrorString(err), MIB(used), MIB(budget), MIB(free_b),
+                 MIB(total_b));
+    }
+    c->used += (int64_t)bytes;
+    map_put(st, p, bytes);
+    pthread_mutex_unlock(&st->mu);
+    return p;
+}
+
+static void device_free(cuda_state *st, void *p) {
+    if (!p) return;
+    pthread_mutex_lock(&st->mu);
+    size_t bytes = map_take(st, p);
+    st->base.used -= (int64_t)bytes;
+    pthread_mutex_unlock(&st->mu);
+    CUDA_CHECK(cudaFree(p));
+}
+
+/* ---------------- memory ---------------- */
+
+static void *cuda_alloc(mt_backend *be, size_t bytes) {
+    return device_alloc(state_of(be), bytes, "an allocation");
+}
+static void cuda_free(mt_backend *be, void *p) { device_free(state_of(be), p); }
+
+static void cuda_zero(mt_backend *be, void *p, size_t bytes) {
+    if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, mt_cuda_compute_stream(be)));
+}
+
+/* Synchronous with respect to the compute stream: ordered after the ops enqueued before. */
+static void cuda_upload(mt_backend *be, void *dst, const void *host_src, size_t bytes) {
+    if (!bytes) return;
+    cudaStream_t s = mt_cuda_compute_stream(be);
+    CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+}
+static void cuda_download(mt_backend *be, void *host_dst, const void *src, size_t bytes) {
+    if (!bytes) return;
+    cudaStream_t s = mt_cuda_compute_stream(be);
+    CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+static void cuda_sync(mt_backend *be) {
+    CUDA_CHECK(cudaSetDevice(mt_cuda_ctx_of(be)->device));
+    CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void *mt_cuda_scratch(mt_backend *be, size_t bytes) {
+    cuda_state *st = state_of(be);
+    mt_cuda_ctx *c = &st->base;
+    if (bytes <= c->scratch_bytes && c->scratch) return c->scratch;
+    if (c->scratch) {
+        /* kernels enqueued before may still read the old buffer */
+        CUDA_CHECK(cudaStreamSynchronize(c->streams[MT_STREAM_COMPUTE]));
+        device_free(st, c->scratch);
+        c->scratch = NULL;
+        c->scratch_bytes = 0;
+    }
+    c->scratch = device_alloc(st, bytes, "the op scratch buffer");
+    c->scratch_bytes = bytes;
+    return c->scratch;
+}
+
+/* ---------------- host buffers, copies, events ---------------- */
+
+static void *cuda_host_alloc(mt_backend *be, size_t bytes) {
+    void *p = NULL;
+    cudaError_t err = cudaHostAlloc(&p, bytes ? bytes : 64, cudaHostAllocPortable);
+    if (err != cudaSuccess)
+        mt_fatal(__FILE__, __LINE__,
+                 "cannot pin %.1f MiB of host memory (cudaHostAlloc: %s); the host may be short of "
+                 "RAM or the locked-memory limit (ulimit -l) too low",
+                 MIB(bytes), cudaGetErrorString(err));
+    return p;
+}
+static void cuda_host_free(mt_backend *be, void *p) {
+    if (p) CUDA_CHECK(cudaFreeHost(p));
+}
+
+static void cuda_copy_async(mt_backend *be, mt_stream s, void *dst, const void *src, size_t bytes) {
+    MT_CHECK(s == MT_STREAM_H2D || s == MT_STREAM_D2H, "copies run on a copy stream, not %d", (int)s);
+    if (!bytes) return;
+    cudaMemcpyKind kind = s == MT_STREAM_H2D ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, mt_cuda_ctx_of(be)->streams[s]));
+}
+
+static mt_event *cuda_event_create(mt_backend *be) {
+    mt_event *e = (mt_event *)mt_calloc(1, sizeof *e);
+    CUDA_CHECK(cudaEventCreateWithFlags(&e->ev, cudaEventDisableTiming));
+    return e;
+}
+static void cuda_event_destroy(mt_backend *be, mt_event *e) {
+    if (!e) return;
+    CUDA_CHECK(cudaEventDestroy(e->ev));
+    free(e);
+}
+static void cuda_event_record(mt_backend *be, mt_event *e, mt_stream s) {
+    MT_CHECK(s >= 0 && s < MT_STREAMS, "no stream %d", (int)s);
+    CUDA_CHECK(cudaEventRecord(e->ev, mt_cuda_ctx_of(be)->streams[s]));
+}
+static void cuda_stream_wait(mt_backend *be, mt_stream s, mt_event *e) {
+    MT_CHECK(s >= 0 && s < MT_STREAMS, "no stream %d", (int)s);
+    CUDA_CHECK(cudaStreamWaitEvent(mt_cuda_ctx_of(be)->streams[s], e->ev, 0));
+}
+/* Called from other threads too (the optimizer): the runtime API is thread-safe; the device is made
+ * current on the calling thread first. */
+static void cuda_event_sync(mt_backend *be, mt_event *e) {
+    CUDA_CHECK(cudaSetDevice(mt_cuda_ctx_of(be)->device));
+    CUDA_CHECK(cudaEventSynchronize(e->ev));
+}
+
+static void cuda_destroy(mt_backend *be) {
+    cuda_state *st = state_of(be);
+    mt_cuda_ctx *c = &st->base;
+    CUDA_CHECK(cudaSetDevice(c->device));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    if (c->scratch) device_free(st, c->scratch);
+    device_free(st, c->lt_workspace);
+    CUBLAS_CHECK(cublasLtDestroy(c->lt));
+    for (int i = 0; i < MT_STREAMS; i++) CUDA_CHECK(cudaStreamDestroy(c->streams[i]));
+    pthread_mutex_destroy(&st->mu);
+    free(st->slots);
+    free(st);
+    free(be);
+}
+
+/* ---------------- ops: thunks to the launchers ---------------- */
+
+#define S(be) mt_cuda_compute_stream(be)
+
+static void cu_embedding_forward(mt_backend *be, void *out, const int32_t *ids, const void *table,
+                                 int N, int C) {
+    mt_cuda_embedding_forward((bf16 *)out, ids, (const bf16 *)table, N, C, S(be));
+}
+static void cu_embedding_backward(mt_backend *be, float *dtable, const void *dout,
+                                  const int32_t *ids, int N, int C) {
+    mt_cuda_embedding_backward(dtable, (const bf16 *)dout, ids, N, C, S(be));
+}
+static void cu_rmsnorm_forward(mt_backend *be, void *out, float *rstd, const void *inp,
+                               const void *weight, int R, int C, float eps) {
+    mt_cuda_rmsnorm_forward((bf16 *)out, rstd, (const bf16 *)inp, (const bf16 *)weight, R, C, eps,
+                            S(be));
+}
+static void cu_rmsnorm_backward(mt_backend *be, void *dinp, float *dweight, const void *dout,
+                                const void *inp, const void *weight, const float *rstd, int R,
+                                int C, int accumulate) {
+    mt_cuda_rmsnorm_backward((bf16 *)dinp, dweight, (const bf16 *)dout, (const bf16 *)inp,
+                             (const bf16 *)weight, rstd, R, C, accumulate, S(be));
+}
+static void cu_matmul_forward(mt_backend *be, void *out, const void *inp, const void *weight,
+                              const void *bias, int R, int K, int M) {
+    mt_cuda_matmul_forward(mt_cuda_ctx_of(be), (bf16 *)out, (const bf16 *)inp,
+                           (const bf16 *)weight, (const bf16 *)bias, R, K, M, S(be));
+}
+static void cu_matmul_backward(mt_backend *be, void *dinp, float *dweight, float *dbias,
+                               const void *dout, const void *inp, const void *weight, int R, int K,
+                               int M, int accumulate) {
+    mt_cuda_matmul_backward(mt_cuda_ctx_of(be), (bf16 *)dinp, dweight, dbias, (const bf16 *)dout,
+                            (const bf16 *)inp, (const bf16 *)weight, R, K, M, accumulate, S(be));
+}
+static void cu_rope_forward(mt_backend *be, void *x, const int32_t *pos, const float *inv_freq,
+                            int N, int nh, int D) {
+    mt_cuda_rope_forward((bf16 *)x, pos, inv_freq, N, nh, D, S(be));
+}
+static void cu_rope_backward(mt_backend *be, void *dx, const int32_t *pos, const float *inv_freq,
+                             int N, int nh, int D) {
+    mt_cuda_rope_backward((bf16 *)dx, pos, inv_freq, N, nh, D, S(be));
+}
+static void cu_attention_forward(mt_backend *be, void *out, float *lse, const void *q,
+                                 const void *k, const void *v, const int32_t *doc_start, int B,
+                                 int T, int H, int G, int D) {
+    mt_cuda_attention_forward((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
+                              doc_start, B, T, H, G, D, S(be));
+}
+static void cu_attention_backward(mt_backend *be, void *dq, void *dk, void *dv, const void *dout,
+                                  const void *out, const float *lse, const void *q, const void *k,
+                                  const void *v, const int32_t *doc_start, int B, int T, int H,
+                                  int G, int D) {
+    mt_cuda_attention_backward(mt_cuda_ctx_of(be), (bf16 *)dq, (bf16 *)dk, (bf16 *)dv,
+                               (const bf16 *)dout, (const bf16 *)out, lse, (const bf16 *)q,
+                               (const bf16 *)k, (const bf16 *)v, doc_start, B, T, H, G, D, S(be));
+}
+static void cu_swiglu_forward(mt_backend *be, void *out, const void *gate, const void *up,
+                              size_t n) {
+    mt_cuda_swiglu_forward((bf16 *)out, (const bf16 *)gate, (const bf16 *)up, n, S(be));
+}
+static void cu_swiglu_backward(mt_backend *be, void *dgate, void *dup, const void *dout,
+                               const void *gate, const void *up, size_t n) {
+    mt_cuda_swiglu_backward((bf16 *)dgate, (bf16 *)dup, (const bf16 *)dout, (const bf16 *)gate,
+                            (const bf16 *)up, n, S(be));
+}
+static void cu_add(mt_backend *be, void *out, const void *a, const void *b, size_t n) {
+    mt_cuda_add((bf16 *)out, (const bf16 *)a, (const bf16 *)b, n, S(be));
+}
+static void cu_sumsq(mt_backend *be, float *out, const float *x, size_t n) {
+    mt_cuda_sumsq(out, x, n, S(be));
+}
+static void cu_from_f32(mt_backend *be, void *dst, const float *src, size_t n) {
+    mt_cuda_from_f32((bf16 *)dst, src, n, S(be));
+}
+static void cu_lm_head_loss(mt_backend *be, float *losses, void *dinp, float *dweight,
+                            const void *inp, const void *weight, const int32_t *targets, int N,
+                            int C, int V, float loss_scale) {
+    mt_cuda_lm_head_loss(be, losses, (bf16 *)dinp, dweight, (const bf16 *)inp,
+                         (const bf16 *)weight, targets, N, C, V, loss_scale, S(be));
+}
+
+#undef S
+
+/* ---------------- creation ---------------- */
+
+int mt_backend_cuda_available(void) {
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+        cudaGetLastError(); /* clear the sticky-free error so later calls start clean */
+        return 0;
+    }
+    return n > 0;
+}
+
+mt_backend *mt_backend_cuda_create(int64_t mem_budget_bytes) {
+    MT_CHECK(mem_budget_bytes >= 0, "negative GPU memory budget %lld", (long long)mem_budget_bytes);
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess || n == 0)
+        mt_fatal(__FILE__, __LINE__, "no usable CUDA device (%s); use --device cpu",
+                 err != cudaSuccess ? cudaGetErrorString(err) : "device count 0");
+
+    cuda_state *st = (cuda_state *)mt_calloc(1, sizeof *st);
+    mt_cuda_ctx *c = &st->base;
+    pthread_mutex_init(&st->mu, NULL);
+    CUDA_CHECK(cudaGetDevice(&c->device));
+    CUDA_CHECK(cudaSetDevice(c->device));
+    CUDA_CHECK(cudaGetDeviceProperties(&c->prop, c->device));
+    MT_CHECK(c->prop.major >= 8, "the CUDA backend needs bf16 tensor cores (compute capability >= "
+             "8.0); device %d (%s) is %d.%d", c->device, c->prop.name, c->prop.major,
+             c->prop.minor);
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    st->device_total = (int64_t)total_b;
+    c->budget = mem_budget_bytes > 0 ? mem_budget_bytes : (int64_t)free_b;
+    c->used = 0;
+
+    for (int i = 0; i < MT_STREAMS; i++)
+        CUDA_CHECK(cudaStreamCreateWithFlags(&c->streams[i], cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasLtCreate(&c->lt));
+    c->lt_workspace_bytes = MT_CUDA_LT_WORKSPACE;
+    c->lt_workspace = device_alloc(st, c->lt_workspace_bytes, "the cuBLASLt workspace");
+
+    /* Ops take small temporaries (reduction partials, sort buffers) from the stream-ordered pool;
+     * keep some of it between calls instead of returning it at every synchronization. */
+    cudaMemPool_t pool;
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, c->device));
+    uint64_t keep = MT_CUDA_POOL_KEEP;
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+
+    mt_backend *be = (mt_backend *)mt_calloc(1, sizeof *be);
+    be->name = "cuda";
+    be->dtype = MT_BF16;
+    be->ctx = st;
+    be->alloc = cuda_alloc;
+    be->free = cuda_free;
+    be->zero = cuda_zero;
+    be->upload = cuda_upload;
+    be->download = cuda_download;
+    be->sync = cuda_sync;
+    be->destroy = cuda_destroy;
+    be->host_alloc = cuda_host_alloc;
+    be->host_free = cuda_host_free;
+    be->copy_async = cuda_copy_async;
+    be->event_create = cuda_event_create;
+    be->event_destroy = cuda_event_destroy;
+    be->event_record = cuda_event_record;
+    be->stream_wait = cuda_stream_wait;
+    be->event_sync = cuda_event_sync;
+    be->embedding_forward = cu_embedding_forward;
+    be->embedding_backward = cu_embedding_backward;
+    be->rmsnorm_forward = cu_rmsnorm_forward;
+    be->rmsnorm_backward = cu_rmsnorm_backward;
+    be->matmul_forward = cu_matmul_forward;
+    be->matmul_backward = cu_matmul_backward;
+    be->rope_forward = cu_rope_forward;
+    be->rope_backward = cu_rope_backward;
+    be->attention_forward = cu_attention_forward;
+    be->attention_backward = cu_attention_backward;
+    be->swiglu_forward = cu_swiglu_forward;
+    be->swiglu_backward = cu_swiglu_backward;
+    be->add = cu_add;
+    be->sumsq = cu_sumsq;
+    be->from_f32 = cu_from_f32;
+    be->lm_head_loss = cu_lm_head_loss;
+    return be;
+}

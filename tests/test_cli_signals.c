@@ -1,0 +1,226 @@
+/* SIGINT and SIGTERM stop `megatrain train` (binary in env MT_BIN) cleanly: the current step
+ * finishes, a checkpoint is saved and the process exits 0. A long run (--steps 100000) on the
+ * train_llama fixture is started with fork+exec, signalled once metrics.jsonl holds at least 2
+ * step lines, and waited for (bounded: SIGKILL and fail after 60 s). Then the newest checkpoint's
+ * trainer_state.json step must equal the number of step lines in metrics.jsonl, and --resume must
+ * continue from it: one more step (--stop-at step+1) appends exactly that step. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "util/testutil.h"
+
+#define OUT_SIZE 65536
+#define WAIT_S 60.0
+
+static char *g_tmp, *g_fixture;
+static const char *g_bin;
+
+static int setup(void **state) {
+    g_bin = getenv("MT_BIN");
+    if (!g_bin) {
+        fprintf(stderr, "MT_BIN is not set (run through ctest)\n");
+        return -1;
+    }
+    g_tmp = mt_test_tmpdir();
+    g_fixture = mt_fixture_path("train_llama");
+    return 0;
+}
+
+static int teardown(void **state) {
+    if (g_tmp) mt_test_rmtree(g_tmp);
+    free(g_tmp), free(g_fixture);
+    return 0;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Step lines ("loss" objects) of PATH, checking they run 1, 2, ...; *last = the last step. */
+static int64_t step_lines(const char *path, int64_t *last) {
+    FILE *f = fopen(path, "r");
+    *last = 0;
+    if (!f) return 0;
+    char line[4096];
+    int64_t n = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (!strchr(line, '\n')) break; /* a line still being written */
+        json_error_t err;
+        json_t *j = json_loads(line, 0, &err);
+        if (!j) fail_msg("%s: not JSON: %s", path, line);
+        if (json_object_get(j, "loss")) {
+            int64_t s = json_integer_value(json_object_get(j, "step"));
+            if (s != n + 1) fail_msg("%s: step %lld after %lld lines", path, (long long)s, (long long)n);
+            *last = s;
+            n++;
+        }
+        json_decref(j);
+    }
+    fclose(f);
+    return n;
+}
+
+static int status_exit_code(int status) {
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static void read_file(const char *path, char *buf, size_t size) {
+    buf[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    size_t n = fread(buf, 1, size - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+}
+
+/* The highest step_ directory of OUT/checkpoints → its trainer_state.json step (-1: none). */
+static int64_t newest_checkpoint_step(const char *out_dir, char *name, size_t name_size) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/checkpoints", out_dir);
+    DIR *d = opendir(path);
+    if (!d) return -1;
+    name[0] = '\0';
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (!strncmp(e->d_name, "step_", 5) && strcmp(e->d_name, name) > 0) snprintf(name, name_size, "%s", e->d_name);
+    closedir(d);
+    if (!name[0]) return -1;
+    snprintf(path, sizeof path, "%s/checkpoints/%s/trainer_state.json", out_dir, name);
+    json_error_t err;
+    json_t *j = json_load_file(path, 0, &err);
+    if (!j) fail_msg("%s: %s", path, err.text);
+    json_t *s = json_object_get(j, "step");
+    if (!json_is_integer(s)) fail_msg("%s: no integer step", path);
+    int64_t step = json_integer_value(s);
+    json_decref(j);
+    return step;
+}
+
+static void check_clean_output(const char *what, const char *out) {
+    if (strstr(out, "Sanitizer") || strstr(out, "runtime error:")) fail_msg("%s: sanitizer report:\n%s", what, out);
+}
+
+static void signal_case(int sig, const char *name) {
+    char out_dir[4096], log_path[4200], metrics[4200], seq_arg[16];
+    snprintf(out_dir, sizeof out_dir, "%s/run_%s", g_tmp, name);
+    snprintf(log_path, sizeof log_path, "%s/%s.log", g_tmp, name);
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", out_dir);
+    char model[4096], data[4096];
+    snprintf(model, sizeof model, "%s", g_fixture);
+    snprintf(data, sizeof data, "%s/data.bin", g_fixture);
+    snprintf(seq_arg, sizeof seq_arg, "48");
+    char *const argv[] = {(char *)g_bin, "train", "--model", model, "--data", data, "--steps", "100000",
+                          "--batch", "4", "--seq", seq_arg, "--device", "cpu", "--out", out_dir, NULL};
+
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0) _exit(126);
+        dup2(fd, STDOUT_FILENO);
+        dup2(fd, STDERR_FILENO);
+        close(fd);
+        execv(g_bin, argv);
+        _exit(127);
+    }
+    double t0 = now_s();
+    int64_t last = 0, lines = 0;
+    int status = 0, exited = 0;
+    /* wait for 2 step lines (the run fails the test if it exits by itself first) */
+    while (now_s() - t0 < WAIT_S) {
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            exited = 1;
+            break;
+        }
+        if ((lines = step_lines(metrics, &last)) >= 2) break;
+        sleep_ms(10);
+    }
+    char *log = malloc(OUT_SIZE);
+    if (exited) {
+        read_file(log_path, log, OUT_SIZE);
+        fail_msg("%s run exited (%d) before it was signalled:\n%s", name, status_exit_code(status), log);
+    }
+    if (lines < 2) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        read_file(log_path, log, OUT_SIZE);
+        fail_msg("%s run: no 2 steps within %.0f s:\n%s", name, WAIT_S, log);
+    }
+    double t_sig = now_s();
+    assert_int_equal(kill(pid, sig), 0);
+    while (!exited && now_s() - t_sig < WAIT_S) {
+        pid_t w = waitpid(pid, &status, WNOHANG);
+        if (w == pid) exited = 1;
+        else if (w < 0 && errno != EINTR) fail_msg("waitpid: %s", strerror(errno));
+        else sleep_ms(10);
+    }
+    read_file(log_path, log, OUT_SIZE);
+    if (!exited) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        fail_msg("%s: the run did not exit within %.0f s of the signal:\n%s", name, WAIT_S, log);
+    }
+    check_clean_output(name, log);
+    int code = status_exit_code(status);
+    int64_t n = step_lines(metrics, &last);
+    fprintf(stderr, "  %s after %lld step lines: exit %d in %.2f s, %lld step lines at exit\n", name,
+            (long long)lines, code, now_s() - t_sig, (long long)n);
+    if (code != 0) fail_msg("%s: exit %d, want 0:\n%s", name, code, log);
+    char ckpt[256];
+    int64_t step = newest_checkpoint_step(out_dir, ckpt, sizeof ckpt);
+    fprintf(stderr, "  newest checkpoint %s, trainer_state step %lld\n", ckpt, (long long)step);
+    if (step != n) fail_msg("%s: newest checkpoint step %lld, metrics.jsonl has %lld step lines:\n%s", name,
+                            (long long)step, (long long)n, log);
+    char want_name[64], note[64];
+    snprintf(want_name, sizeof want_name, "step_%08lld", (long long)step);
+    assert_string_equal(ckpt, want_name);
+    snprintf(note, sizeof note, "%s: stopping after step %lld", name, (long long)step);
+    if (!strstr(log, note)) fail_msg("the log does not say '%s':\n%s", note, log);
+
+    /* --resume continues from it: exactly one more step */
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd,
+             "'%s' train --model '%s' --data '%s' --steps 100000 --batch 4 --seq 48 --device cpu --out '%s' "
+             "--resume --stop-at %lld",
+             g_bin, model, data, out_dir, (long long)step + 1);
+    int rc = mt_test_run(cmd, log, OUT_SIZE);
+    check_clean_output(cmd, log);
+    if (rc != 0) fail_msg("resume: exit %d: %s\n%s", rc, cmd, log);
+    if (!strstr(log, "resuming from") || !strstr(log, want_name))
+        fail_msg("resume did not start from %s:\n%s", want_name, log);
+    int64_t n2 = step_lines(metrics, &last);
+    assert_int_equal(n2, step + 1);
+    assert_int_equal(last, step + 1);
+    assert_int_equal(newest_checkpoint_step(out_dir, ckpt, sizeof ckpt), step + 1);
+    fprintf(stderr, "  resumed: step %lld done, %s saved\n", (long long)step + 1, ckpt);
+    free(log);
+}
+
+static void test_sigint(void **state) { signal_case(SIGINT, "SIGINT"); }
+static void test_sigterm(void **state) { signal_case(SIGTERM, "SIGTERM"); }
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sigint),
+        cmocka_unit_test(test_sigterm),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
