@@ -18,7 +18,7 @@ const char *mt_error_message(void) { return error_message; }
 
 void mt_error_clear(void) { error_message[0] = '\0'; }
 
-_Noreturn void mt_fatal(const char *file, int line, const char *fmt, ...) {
+MT_NORETURN void mt_fatal(const char *file, int line, const char *fmt, ...) {
     fflush(stdout);
     fprintf(stderr, "megatrain: fatal: %s:%d: ", file, line);
     va_list ap;

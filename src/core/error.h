@@ -26,7 +26,13 @@ int mt_error_set(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *mt_error_message(void);
 void mt_error_clear(void);
 
-_Noreturn void mt_fatal(const char *file, int line, const char *fmt, ...)
+#ifdef __cplusplus
+#define MT_NORETURN [[noreturn]]
+#else
+#define MT_NORETURN _Noreturn
+#endif
+
+MT_NORETURN void mt_fatal(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* MT_CHECK(cond, "fmt", ...) — for invariants; the stringified condition is printed too. */
