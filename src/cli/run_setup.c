@@ -70,7 +70,7 @@ int mt_run_backend(mt_backend **out, int device, int64_t gpu_mem) {
     if (device == 2)
         return mt_error_set("--device cuda: this build has no CUDA backend (nvcc was not found at build time)");
 #endif
-    if (gpu_mem && device == 2) return mt_error_set("--gpu-mem needs the cuda device");
+    if (gpu_mem && device == 1) return mt_error_set("--gpu-mem applies to the cuda device, not --device cpu");
     *out = mt_backend_cpu_create();
     return MT_OK;
 }

@@ -18,6 +18,7 @@ int mt_train_log_open(mt_train_log *lg, const char *out_dir, const char *log_pat
         lg->log = fopen(log_path, append ? "a" : "w");
         if (!lg->log) {
             fclose(lg->metrics);
+            lg->metrics = NULL;
             return mt_error_set("--log %s: cannot write: %s", log_path, strerror(errno));
         }
     }

@@ -1,0 +1,744 @@
+/* The CUDA backend (bf16) against the fp32 CPU reference backend, op by op, plus its memory,
+ * stream/event and budget behaviour. Exits 77 (ctest: skipped) when no CUDA device is usable.
+ *
+ * Inputs are drawn in fp32, rounded to bf16, and the CPU is fed the rounded values, so the
+ * comparison measures the op, not the input rounding. Tolerances, |gpu - cpu| <= atol + rtol*|cpu|
+ * with atol relative to `scale` = the RMS of the reference tensor (the sqrt(K)-sized magnitudes of
+ * matmul outputs included):
+ *   bf16 outputs (one rounding to bf16 = 2^-9 relative):          atol 1e-2*scale, rtol 2e-2
+ *   fp32 outputs from the same bf16 inputs (summation order only): atol 1e-4*scale, rtol 1e-3
+ *   attention backward, LM head dinp/dweight (bf16 P / dlogits
+ *     inside the kernels):                                          atol 3e-2*scale, rtol 5e-2
+ *   attention lse (nats):                                           atol 5e-3, rtol 1e-3
+ *   LM head losses (nats; bf16 logits inside):                      atol 2e-2, rtol 1e-2
+ *   sumsq: rtol 1e-5 against the CPU's double sum; embedding forward, from_f32: exact (bits).
+ * Outputs written (=) are poisoned first (bf16 NaN 0x7fc0, fp32 NaN) so an unwritten element
+ * fails; outputs accumulated (+=) are pre-filled and the fill is part of the reference.
+ * The deterministic ops (embedding backward, rmsnorm dweight, dbias, sumsq) are also run twice and
+ * must give the same bits. Each check prints its max error and the percent of tolerance used. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "core/dtype.h"
+#include "util/testutil.h"
+
+#define BF_ATOL 1e-2
+#define BF_RTOL 2e-2
+#define F32_ATOL 1e-4
+#define F32_RTOL 1e-3
+#define LOOSE_ATOL 3e-2
+#define LOOSE_RTOL 5e-2
+#define LSE_ATOL 5e-3
+#define LSE_RTOL 1e-3
+#define LOSS_ATOL 2e-2
+#define LOSS_RTOL 1e-2
+#define SUMSQ_RTOL 1e-5
+
+#define MIB ((size_t)1 << 20)
+#define BUDGET_CHILD_ARG "--budget-child"
+
+static mt_backend *cpu, *gpu;
+
+/* ---------------- host <-> device helpers ---------------- */
+
+static float *fnew(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
+
+static double rms(const float *x, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return n ? sqrt(s / n) : 0.0;
+}
+
+/* fp32 values already on the bf16 grid, normal(0, std) */
+static float *rnd_bf(mt_test_rng *rng, size_t n, float std) {
+    float *x = fnew(n);
+    mt_test_fill_normal(rng, x, n, std);
+    for (size_t i = 0; i < n; i++) x[i] = mt_bf16_to_f32(mt_f32_to_bf16(x[i]));
+    return x;
+}
+static float *rnd_f32(mt_test_rng *rng, size_t n, float std) {
+    float *x = fnew(n);
+    mt_test_fill_normal(rng, x, n, std);
+    return x;
+}
+static float *copyf(const float *x, size_t n) {
+    float *y = fnew(n);
+    memcpy(y, x, n * sizeof(float));
+    return y;
+}
+
+static void *up_bf(const float *x, size_t n) {
+    mt_bf16 *h = malloc((n ? n : 1) * sizeof(mt_bf16));
+    for (size_t i = 0; i < n; i++) h[i] = mt_f32_to_bf16(x[i]);
+    void *d = gpu->alloc(gpu, n * sizeof(mt_bf16));
+    gpu->upload(gpu, d, h, n * sizeof(mt_bf16));
+    free(h);
+    return d;
+}
+static float *up_f32(const float *x, size_t n) {
+    float *d = gpu->alloc(gpu, n * sizeof(float));
+    gpu->upload(gpu, d, x, n * sizeof(float));
+    return d;
+}
+static int32_t *up_i32(const int32_t *x, size_t n) {
+    int32_t *d = gpu->alloc(gpu, n * sizeof(int32_t));
+    gpu->upload(gpu, d, x, n * sizeof(int32_t));
+    return d;
+}
+static float *down_bf(const void *d, size_t n) {
+    mt_bf16 *h = malloc((n ? n : 1) * sizeof(mt_bf16));
+    gpu->download(gpu, h, d, n * sizeof(mt_bf16));
+    float *x = fnew(n);
+    for (size_t i = 0; i < n; i++) x[i] = mt_bf16_to_f32(h[i]);
+    free(h);
+    return x;
+}
+static float *down_f32(const float *d, size_t n) {
+    float *x = fnew(n);
+    gpu->download(gpu, x, d, n * sizeof(float));
+    return x;
+}
+static void *poison_bf(size_t n) {
+    mt_bf16 *h = malloc((n ? n : 1) * sizeof(mt_bf16));
+    for (size_t i = 0; i < n; i++) h[i] = 0x7fc0; /* bf16 NaN */
+    void *d = gpu->alloc(gpu, n * sizeof(mt_bf16));
+    gpu->upload(gpu, d, h, n * sizeof(mt_bf16));
+    free(h);
+    return d;
+}
+static float *poison_f32(size_t n) {
+    float *h = fnew(n);
+    for (size_t i = 0; i < n; i++) h[i] = NAN;
+    float *d = up_f32(h, n);
+    free(h);
+    return d;
+}
+static void poison_fill(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = NAN;
+}
+
+/* gpu vs cpu with atol relative to the reference's RMS. */
+static int check(const char *what, const float *got, const float *ref, size_t n, double atol_rel,
+                 double rtol) {
+    double scale = rms(ref, n);
+    if (scale == 0) scale = 1;
+    return mt_allclose(what, got, ref, n, atol_rel * scale, rtol);
+}
+/* gpu bf16 output (device) vs cpu */
+static int check_bf(const char *what, const void *d, const float *ref, size_t n, double atol_rel,
+                    double rtol) {
+    float *g = down_bf(d, n);
+    int ok = check(what, g, ref, n, atol_rel, rtol);
+    free(g);
+    return ok;
+}
+static int check_f32(const char *what, const float *d, const float *ref, size_t n,
+                     double atol_rel, double rtol) {
+    float *g = down_f32(d, n);
+    int ok = check(what, g, ref, n, atol_rel, rtol);
+    free(g);
+    return ok;
+}
+static int same_bits(const char *what, const void *a, const void *b, size_t bytes) {
+    int ok = memcmp(a, b, bytes) == 0;
+    fprintf(stderr, "%-40s %s\n", what, ok ? "bit-identical on rerun" : "DIFFERS on rerun  FAIL");
+    return ok;
+}
+
+/* ---------------- memory ---------------- */
+
+static void test_memory(void **state) {
+    size_t n = 3 * MIB + 5;
+    unsigned char *h = malloc(n), *back = malloc(n);
+    for (size_t i = 0; i < n; i++) h[i] = (unsigned char)(i * 131 + 7);
+    void *d = gpu->alloc(gpu, n);
+    assert_true(((uintptr_t)d & 63) == 0);
+    gpu->upload(gpu, d, h, n);
+    gpu->download(gpu, back, d, n);
+    assert_memory_equal(h, back, n);
+    gpu->zero(gpu, d, n);
+    gpu->download(gpu, back, d, n);
+    for (size_t i = 0; i < n; i++) assert_int_equal(back[i], 0);
+    gpu->free(gpu, d);
+    gpu->free(gpu, NULL);
+    void *z = gpu->alloc(gpu, 0); /* a valid, freeable pointer */
+    gpu->free(gpu, z);
+    void *ph = gpu->host_alloc(gpu, 1000);
+    assert_true(((uintptr_t)ph & 63) == 0);
+    memset(ph, 1, 1000);
+    gpu->host_free(gpu, ph);
+    free(h);
+    free(back);
+}
+
+/* ---------------- embedding ---------------- */
+
+static void embedding_case(int N, int C, int V, uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    char what[96];
+    float *table = rnd_bf(&rng, (size_t)V * C, 1.0f);
+    int32_t *ids = malloc(N * sizeof(int32_t));
+    for (int n = 0; n < N; n++) ids[n] = (int32_t)(mt_test_rng_u64(&rng) % (uint64_t)V);
+    if (N > 3) ids[N - 1] = ids[0], ids[N / 2] = ids[0]; /* repeats */
+    int32_t *d_ids = up_i32(ids, N);
+    void *d_table = up_bf(table, (size_t)V * C);
+
+    float *ref = fnew((size_t)N * C);
+    cpu->embedding_forward(cpu, ref, ids, table, N, C);
+    void *d_out = poison_bf((size_t)N * C);
+    gpu->embedding_forward(gpu, d_out, d_ids, d_table, N, C);
+    snprintf(what, sizeof what, "embedding_fwd N=%d C=%d", N, C);
+    assert_true(check_bf(what, d_out, ref, (size_t)N * C, 0, 0));
+
+    float *dout = rnd_bf(&rng, (size_t)N * C, 1.0f);
+    float *fill = rnd_f32(&rng, (size_t)V * C, 1.0f);
+    float *dtab = copyf(fill, (size_t)V * C);
+    cpu->embedding_backward(cpu, dtab, dout, ids, N, C);
+    void *d_dout = up_bf(dout, (size_t)N * C);
+    float *d_dtab = up_f32(fill, (size_t)V * C);
+    gpu->embedding_backward(gpu, d_dtab, d_dout, d_ids, N, C);
+    snprintf(what, sizeof what, "embedding_bwd N=%d C=%d V=%d (+=)", N, C, V);
+    assert_true(check_f32(what, d_dtab, dtab, (size_t)V * C, F32_ATOL, F32_RTOL));
+    /* determinism: the same start, the same bits */
+    float *g1 = down_f32(d_dtab, (size_t)V * C);
+    gpu->upload(gpu, d_dtab, fill, (size_t)V * C * sizeof(float));
+    gpu->embedding_backward(gpu, d_dtab, d_dout, d_ids, N, C);
+    float *g2 = down_f32(d_dtab, (size_t)V * C);
+    assert_true(same_bits(what, g1, g2, (size_t)V * C * sizeof(float)));
+
+    gpu->free(gpu, d_ids), gpu->free(gpu, d_table), gpu->free(gpu, d_out);
+    gpu->free(gpu, d_dout), gpu->free(gpu, d_dtab);
+    free(table), free(ids), free(ref), free(dout), free(fill), free(dtab), free(g1), free(g2);
+}
+
+static void test_embedding(void **state) {
+    embedding_case(37, 24, 50, 1);
+    embedding_case(33, 100, 7, 2); /* C % 8 != 0: scalar path; many repeats */
+    embedding_case(64, 4096, 1000, 3);
+    embedding_case(2048, 4096, 3, 4); /* long runs of one id */
+}
+
+/* ---------------- rmsnorm ---------------- */
+
+static void rmsnorm_case(int R, int C, float eps, uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    char what[96];
+    size_t n = (size_t)R * C;
+    float *inp = rnd_bf(&rng, n, 1.5f), *w = rnd_bf(&rng, C, 0.2f);
+    for (int c = 0; c < C; c++) w[c] = mt_bf16_to_f32(mt_f32_to_bf16(1.0f + w[c]));
+    void *d_inp = up_bf(inp, n), *d_w = up_bf(w, C);
+
+    float *out = fnew(n), *rstd = fnew(R);
+    cpu->rmsnorm_forward(cpu, out, rstd, inp, w, R, C, eps);
+    void *d_out = poison_bf(n);
+    float *d_rstd = poison_f32(R);
+    gpu->rmsnorm_forward(gpu, d_out, d_rstd, d_inp, d_w, R, C, eps);
+    snprintf(what, sizeof what, "rmsnorm_fwd R=%d C=%d out", R, C);
+    assert_true(check_bf(what, d_out, out, n, BF_ATOL, BF_RTOL));
+    snprintf(what, sizeof what, "rmsnorm_fwd R=%d C=%d rstd", R, C);
+    assert_true(check_f32(what, d_rstd, rstd, R, F32_ATOL, F32_RTOL));
+
+    /* the backward of both gets the CPU's rstd */
+    gpu->upload(gpu, d_rstd, rstd, R * sizeof(float));
+    float *dout = rnd_bf(&rng, n, 1.0f);
+    void *d_dout = up_bf(dout, n);
+    for (int acc = 0; acc <= 1; acc++) {
+        float *fill_x = rnd_bf(&rng, n, 1.0f), *fill_w = rnd_f32(&rng, C, 3.0f);
+        float *dinp = copyf(fill_x, n), *dw = copyf(fill_w, C);
+        if (!acc) poison_fill(dinp, n);
+        cpu->rmsnorm_backward(cpu, dinp, dw, dout, inp, w, rstd, R, C, acc);
+        void *d_dinp = acc ? up_bf(fill_x, n) : poison_bf(n);
+        float *d_dw = up_f32(fill_w, C);
+        gpu->rmsnorm_backward(gpu, d_dinp, d_dw, d_dout, d_inp, d_w, d_rstd, R, C, acc);
+        snprintf(what, sizeof what, "rmsnorm_bwd R=%d C=%d dinp (%s)", R, C, acc ? "+=" : "=");
+        assert_true(check_bf(what, d_dinp, dinp, n, BF_ATOL, BF_RTOL));
+        snprintf(what, sizeof what, "rmsnorm_bwd R=%d C=%d dweight (+=)", R, C);
+        assert_true(check_f32(what, d_dw, dw, C, F32_ATOL, F32_RTOL));
+        if (acc) { /* dweight alone (dinp NULL), twice: same bits */
+            float *g1 = down_f32(d_dw, C);
+            gpu->upload(gpu, d_dw, fill_w, C * sizeof(float));
+            gpu->rmsnorm_backward(gpu, NULL, d_dw, d_dout, d_inp, d_w, d_rstd, R, C, 0);
+            float *g2 = down_f32(d_dw, C);
+            assert_true(same_bits(what, g1, g2, C * sizeof(float)));
+            free(g1), free(g2);
+        }
+        gpu->free(gpu, d_dinp), gpu->free(gpu, d_dw);
+        free(fill_x), free(fill_w), free(dinp), free(dw);
+    }
+    gpu->free(gpu, d_inp), gpu->free(gpu, d_w), gpu->free(gpu, d_out), gpu->free(gpu, d_rstd);
+    gpu->free(gpu, d_dout);
+    free(inp), free(w), free(out), free(rstd), free(dout);
+}
+
+static void test_rmsnorm(void **state) {
+    rmsnorm_case(37, 24, 1e-5f, 11);
+    rmsnorm_case(19, 100, 1e-6f, 12); /* scalar path */
+    rmsnorm_case(5, 4096, 1e-5f, 13);
+    rmsnorm_case(300, 4096, 1e-6f, 14);  /* several column-sum parts */
+    rmsnorm_case(20000, 64, 1e-6f, 15); /* more rows than the part cap */
+}
+
+/* ---------------- matmul ---------------- */
+
+static void matmul_case(int R, int K, int M, int with_bias, uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    char what[128];
+    size_t nin = (size_t)R * K, nw = (size_t)M * K, nout = (size_t)R * M;
+    float *inp = rnd_bf(&rng, nin, 1.0f), *w = rnd_bf(&rng, nw, 1.0f / sqrtf((float)K));
+    float *bias = with_bias ? rnd_bf(&rng, M, 0.5f) : NULL;
+    void *d_inp = up_bf(inp, nin), *d_w = up_bf(w, nw), *d_bias = bias ? up_bf(bias, M) : NULL;
+
+    float *out = fnew(nout);
+    cpu->matmul_forward(cpu, out, inp, w, bias, R, K, M);
+    void *d_out = poison_bf(nout);
+    gpu->matmul_forward(gpu, d_out, d_inp, d_w, d_bias, R, K, M);
+    snprintf(what, sizeof what, "matmul_fwd R=%d K=%d M=%d%s", R, K, M, bias ? " +bias" : "");
+    assert_true(check_bf(what, d_out, out, nout, BF_ATOL, BF_RTOL));
+
+    float *dout = rnd_bf(&rng, nout, 1.0f);
+    void *d_dout = up_bf(dout, nout);
+    float gscale = sqrtf((float)R); /* dweight's magnitude: a sum of R unit products */
+    for (int acc = 0; acc <= 1; acc++) {
+        float *fill_x = rnd_bf(&rng, nin, 1.0f), *fill_w = rnd_f32(&rng, nw, gscale);
+        float *fill_b = rnd_f32(&rng, M, gscale);
+        float *dinp = copyf(fill_x, nin), *dw = copyf(fill_w, nw), *db = copyf(fill_b, M);
+        if (!acc) poison_fill(dinp, nin);
+        cpu->matmul_backward(cpu, dinp, dw, bias ? db : NULL, dout, inp, w, R, K, M, acc);
+        void *d_dinp = acc ? up_bf(fill_x, nin) : poison_bf(nin);
+        float *d_dw = up_f32(fill_w, nw), *d_db = up_f32(fill_b, M);
+        gpu->matmul_backward(gpu, d_dinp, d_dw, bias ? d_db : NULL, d_dout, d_inp, d_w, R, K, M,
+                             acc);
+        snprintf(what, sizeof what, "matmul_bwd R=%d K=%d M=%d dinp (%s)", R, K, M,
+                 acc ? "+=" : "=");
+        assert_true(check_bf(what, d_dinp, dinp, nin, BF_ATOL, BF_RTOL));
+        snprintf(what, sizeof what, "matmul_bwd R=%d K=%d M=%d dweight (+=)", R, K, M);
+        assert_true(check_f32(what, d_dw, dw, nw, F32_ATOL, F32_RTOL));
+        if (bias) {
+            snprintf(what, sizeof what, "matmul_bwd R=%d K=%d M=%d dbias (+=)", R, K, M);
+            assert_true(check_f32(what, d_db, db, M, F32_ATOL, F32_RTOL));
+            float *g1 = down_f32(d_db, M);
+            gpu->upload(gpu, d_db, fill_b, M * sizeof(float));
+            gpu->matmul_backward(gpu, NULL, NULL, d_db, d_dout, d_inp, d_w, R, K, M, acc);
+            float *g2 = down_f32(d_db, M);
+            assert_true(same_bits(what, g1, g2, M * sizeof(float)));
+            free(g1), free(g2);
+        }
+        gpu->free(gpu, d_dinp), gpu->free(gpu, d_dw), gpu->free(gpu, d_db);
+        free(fill_x), free(fill_w), free(fill_b), free(dinp), free(dw), free(db);
+    }
+    gpu->free(gpu, d_inp), gpu->free(gpu, d_w), gpu->free(gpu, d_out), gpu->free(gpu, d_dout);
+    if (d_bias) gpu->free(gpu, d_bias);
+    free(inp), free(w), free(bias), free(out), free(dout);
+}
+
+static void test_matmul(void **state) {
+    matmul_case(37, 24, 40, 0, 21);
+    matmul_case(37, 24, 40, 1, 22);
+    matmul_case(5, 7, 13, 1, 23); /* nothing aligned */
+    matmul_case(64, 64, 128, 1, 24);
+    matmul_case(300, 128, 64, 1, 25);
+    matmul_case(512, 4096, 11008, 0, 26); /* a 7B MLP up projection */
+    matmul_case(512, 11008, 4096, 0, 27); /* and its down projection */
+    matmul_case(256, 4096, 4096, 1, 28);
+}
+
+/* ---------------- rope ---------------- */
+
+static void rope_case(int N, int nh, int D, int maxpos, uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    char what[96];
+    size_t n = (size_t)N * nh * D;
+    int32_t *pos = malloc(N * sizeof(int32_t));
+    for (int i = 0; i < N; i++) pos[i] = (int32_t)(mt_test_rng_u64(&rng) % (uint64_t)maxpos);
+    pos[0] = 0, pos[N - 1] = maxpos - 1;
+    float *inv = fnew(D / 2);
+    for (int i = 0; i < D / 2; i++) inv[i] = (float)pow(500000.0, -2.0 * i / D);
+    int32_t *d_pos = up_i32(pos, N);
+    float *d_inv = up_f32(inv, D / 2);
+    float *x = rnd_bf(&rng, n, 1.0f);
+    void *d_x = up_bf(x, n);
+    float *ref = copyf(x, n);
+    cpu->rope_forward(cpu, ref, pos, inv, N, nh, D);
+    gpu->rope_forward(gpu, d_x, d_pos, d_inv, N, nh, D);
+    snprintf(what, sizeof what, "rope_fwd N=%d nh=%d D=%d maxpos=%d", N, nh, D, maxpos);
+    assert_true(check_bf(what, d_x, ref, n, BF_ATOL, BF_RTOL));
+    /* the backward from the same input */
+    free(ref);
+    ref = copyf(x, n);
+    gpu->free(gpu, d_x);
+    d_x = up_bf(x, n);
+    cpu->rope_backward(cpu, ref, pos, inv, N, nh, D);
+    gpu->rope_backward(gpu, d_x, d_pos, d_inv, N, nh, D);
+    snprintf(what, sizeof what, "rope_bwd N=%d nh=%d D=%d maxpos=%d", N, nh, D, maxpos);
+    assert_true(check_bf(what, d_x, ref, n, BF_ATOL, BF_RTOL));
+    /* forward after backward: back to x within two roundings */
+    gpu->rope_forward(gpu, d_x, d_pos, d_inv, N, nh, D);
+    snprintf(what, sizeof what, "rope_bwd_then_fwd D=%d (= input)", D);
+    assert_true(check_bf(what, d_x, x, n, BF_ATOL, BF_RTOL));
+    gpu->free(gpu, d_x), gpu->free(gpu, d_pos), gpu->free(gpu, d_inv);
+    free(pos), free(inv), free(x), free(ref);
+}
+
+static void test_rope(void **state) {
+    rope_case(37, 4, 64, 4096, 31);
+    rope_case(16, 3, 128, 131072, 32);
+    rope_case(11, 2, 24, 1000, 33); /* D % 16 != 0: scalar path */
+    rope_case(64, 8, 128, 1000000, 34); /* large positions: accurate sincosf */
+}
+
+/* ---------------- swiglu, add ---------------- */
+
+static void swiglu_case(size_t n, size_t offset, uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    char what[96];
+    size_t m = n + offset; /* `offset` elements in: misaligned pointers when odd */
+    float *g = rnd_bf(&rng, m, 2.0f), *u = rnd_bf(&rng, m, 1.0f), *d = rnd_bf(&rng, m, 1.0f);
+    g[offset] = mt_bf16_to_f32(mt_f32_to_bf16(-90.0f)); /* exp overflow side */
+    if (n > 1) g[offset + 1] = 30.0f;
+    void *dg = up_bf(g, m), *du = up_bf(u, m), *dd = up_bf(d, m);
+    size_t b = offset * sizeof(mt_bf16);
+    void *G = (char *)dg + b, *U = (char *)du + b, *Dd = (char *)dd + b;
+
+    float *out = fnew(n), *rg = fnew(n), *ru = fnew(n), *sum = fnew(n);
+    cpu->swiglu_forward(cpu, out, g + offset, u + offset, n);
+    void *d_out = poison_bf(m);
+    gpu->swiglu_forward(gpu, (char *)d_out + b, G, U, n);
+    float *got = down_bf(d_out, m);
+    snprintf(what, sizeof what, "swiglu_fwd n=%zu off=%zu", n, offset);
+    assert_true(check(what, got + offset, out, n, BF_ATOL, BF_RTOL));
+    free(got);
+
+    cpu->swiglu_backward(cpu, rg, ru, d + offset, g + offset, u + offset, n);
+    void *d_dg = poison_bf(m), *d_du = poison_bf(m);
+    gpu->swiglu_backward(gpu, (char *)d_dg + b, (char *)d_du + b, Dd, G, U, n);
+    got = down_bf(d_dg, m);
+    snprintf(what, sizeof what, "swiglu_bwd n=%zu off=%zu dgate", n, offset);
+    assert_true(check(what, got + offset, rg, n, BF_ATOL, BF_RTOL));
+    free(got);
+    got = down_bf(d_du, m);
+    snprintf(what, sizeof what, "swiglu_bwd n=%zu off=%zu dup", n, offset);
+    assert_true(check(what, got + offset, ru, n, BF_ATOL, BF_RTOL));
+    free(got);
+
+    cpu->add(cpu, sum, u + offset, d + offset, n);
+    void *d_sum = poison_bf(m);
+    gpu->add(gpu, (char *)d_sum + b, U, Dd, n);
+    got = down_bf(d_sum, m);
+    snprintf(what, sizeof what, "add n=%zu off=%zu", n, offset);
+    assert_true(check(what, got + offset, sum, n, BF_ATOL, BF_RTOL));
+    free(got);
+    gpu->add(gpu, U, U, Dd, n); /* out aliases a */
+    got = down_bf(du, m);
+    snprintf(what, sizeof what, "add n=%zu off=%zu (out = a)", n, offset);
+    assert_true(check(what, got + offset, sum, n, BF_ATOL, BF_RTOL));
+    free(got);
+
+    gpu->free(gpu, dg), gpu->free(gpu, du), gpu->free(gpu, dd), gpu->free(gpu, d_out);
+    gpu->free(gpu, d_dg), gpu->free(gpu, d_du), gpu->free(gpu, d_sum);
+    free(g), free(u), free(d), free(out), free(rg), free(ru), free(sum);
+}
+
+static void test_swiglu_add(void **state) {
+    swiglu_case(1000, 0, 41);
+    swiglu_case(1001, 0, 42);
+    swiglu_case(4096 * 11, 1, 43); /* misaligned: scalar path */
+    swiglu_case((size_t)512 * 11008, 0, 44);
+    swiglu_case(1, 0, 45);
+}
+
+/* ---------------- sumsq, from_f32 ---------------- */
+
+static void test_sumsq_from_f32(void **state) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 51);
+    size_t sizes[] = {1, 1003, ((size_t)1 << 20) + 3, (size_t)16 << 20};
+    for (size_t t = 0; t < sizeof sizes / sizeof sizes[0]; t++) {
+        size_t n = sizes[t];
+        char what[96];
+        float *x = rnd_f32(&rng, n, 0.01f);
+        float *d_x = up_f32(x, n);
+        float ref = 1.5f, start = 1.5f;
+        cpu->sumsq(cpu, &ref, x, n);
+        float *d_out = up_f32(&start, 1);
+        gpu->sumsq(gpu, d_out, d_x, n);
+        float got1, got2;
+        gpu->download(gpu, &got1, d_out, sizeof got1);
+        snprintf(what, sizeof what, "sumsq n=%zu (+=)", n);
+        assert_true(mt_allclose(what, &got1, &ref, 1, 0, SUMSQ_RTOL));
+        gpu->upload(gpu, d_out, &start, sizeof start);
+        gpu->sumsq(gpu, d_out, d_x, n);
+        gpu->download(gpu, &got2, d_out, sizeof got2);
+        assert_true(same_bits(what, &got1, &got2, sizeof got1));
+
+        /* from_f32: bits as mt_f32_to_bf16 (round to nearest even); specials and ties too */
+        float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, 1e-40f, 3.0e38f, 1.00390625f,
+                            1.01171875f, -1.00390625f, 65504.0f};
+        size_t ns = sizeof specials / sizeof specials[0];
+        for (size_t i = 0; i < ns && i < n; i++) x[i] = specials[i];
+        if (n > ns) x[ns] = NAN;
+        gpu->upload(gpu, d_x, x, n * sizeof(float));
+        void *d_b = poison_bf(n + 1);
+        gpu->from_f32(gpu, d_b, d_x, n);
+        mt_bf16 *hb = malloc((n + 1) * sizeof(mt_bf16));
+        gpu->download(gpu, hb, d_b, (n + 1) * sizeof(mt_bf16));
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++) {
+            mt_bf16 want = mt_f32_to_bf16(x[i]);
+            int ok = isnan(x[i]) ? isnan(mt_bf16_to_f32(hb[i])) : hb[i] == want;
+            if (!ok && bad++ < 5)
+                fprintf(stderr, "  from_f32[%zu]: %.9g -> 0x%04x, want 0x%04x\n", i, x[i], hb[i],
+                        want);
+        }
+        fprintf(stderr, "%-40s n=%zu %zu mismatches%s\n", "from_f32 (bits)", n, bad,
+                bad ? "  FAIL" : "");
+        assert_int_equal(bad, 0);
+        assert_int_equal(hb[n], 0x7fc0); /* nothing past the end */
+        gpu->free(gpu, d_x), gpu->free(gpu, d_out), gpu->free(gpu, d_b);
+        free(x), free(hb);
+    }
+}
+
+/* ---------------- attention ---------------- */
+
+static void attention_case(int B, int T, int H, int G, int D, int packed, uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    char what[128];
+    int N = B * T;
+    size_t nq = (size_t)N * H * D, nk = (size_t)N * G * D, nl = (size_t)B * H * T;
+    float *q = rnd_bf(&rng, nq, 1.0f), *k = rnd_bf(&rng, nk, 1.0f), *v = rnd_bf(&rng, nk, 1.0f);
+    int32_t *doc = NULL, *d_doc = NULL;
+    if (packed) { /* documents of random lengths 1..T/3+1 packed in each row */
+        doc = malloc(N * sizeof(int32_t));
+        for (int b = 0; b < B; b++) {
+            int start = 0;
+            for (int t = 0; t < T; t++) {
+                if (t > start && mt_test_rng_uniform(&rng) < 3.0f / T) start = t;
+                doc[b * T + t] = start;
+            }
+        }
+        d_doc = up_i32(doc, N);
+    }
+    void *d_q = up_bf(q, nq), *d_k = up_bf(k, nk), *d_v = up_bf(v, nk);
+    float *out = fnew(nq), *lse = fnew(nl);
+    cpu->attention_forward(cpu, out, lse, q, k, v, doc, B, T, H, G, D);
+    void *d_out = poison_bf(nq);
+    float *d_lse = poison_f32(nl);
+    gpu->attention_forward(gpu, d_out, d_lse, d_q, d_k, d_v, d_doc, B, T, H, G, D);
+    const char *kind = packed ? "packed" : "causal";
+    snprintf(what, sizeof what, "attn_fwd B=%d T=%d H=%d G=%d D=%d %s out", B, T, H, G, D, kind);
+    assert_true(check_bf(what, d_out, out, nq, BF_ATOL, BF_RTOL));
+    float *glse = down_f32(d_lse, nl);
+    snprintf(what, sizeof what, "attn_fwd B=%d T=%d H=%d G=%d D=%d %s lse", B, T, H, G, D, kind);
+    assert_true(mt_allclose(what, glse, lse, nl, LSE_ATOL, LSE_RTOL));
+    free(glse);
+
+    /* the backward of both from the CPU's out (bf16-rounded) and lse */
+    for (size_t i = 0; i < nq; i++) out[i] = mt_bf16_to_f32(mt_f32_to_bf16(out[i]));
+    gpu->free(gpu, d_out);
+    d_out = up_bf(out, nq);
+    gpu->upload(gpu, d_lse, lse, nl * sizeof(float));
+    float *dout = rnd_bf(&rng, nq, 1.0f);
+    void *d_dout = up_bf(dout, nq);
+    float *dq = fnew(nq), *dk = fnew(nk), *dv = fnew(nk);
+    cpu->attention_backward(cpu, dq, dk, dv, dout, out, lse, q, k, v, doc, B, T, H, G, D);
+    void *d_dq = poison_bf(nq), *d_dk = poison_bf(nk), *d_dv = poison_bf(nk);
+    gpu->attention_backward(gpu, d_dq, d_dk, d_dv, d_dout, d_out, d_lse, d_q, d_k, d_v, d_doc, B,
+                            T, H, G, D);
+    snprintf(what, sizeof what, "attn_bwd B=%d T=%d H=%d G=%d D=%d %s dq", B, T, H, G, D, kind);
+    assert_true(check_bf(what, d_dq, dq, nq, LOOSE_ATOL, LOOSE_RTOL));
+    snprintf(what, sizeof what, "attn_bwd B=%d T=%d H=%d G=%d D=%d %s dk", B, T, H, G, D, kind);
+    assert_true(check_bf(what, d_dk, dk, nk, LOOSE_ATOL, LOOSE_RTOL));
+    snprintf(what, sizeof what, "attn_bwd B=%d T=%d H=%d G=%d D=%d %s dv", B, T, H, G, D, kind);
+    assert_true(check_bf(what, d_dv, dv, nk, LOOSE_ATOL, LOOSE_RTOL));
+
+    gpu->free(gpu, d_q), gpu->free(gpu, d_k), gpu->free(gpu, d_v), gpu->free(gpu, d_out);
+    gpu->free(gpu, d_lse), gpu->free(gpu, d_dout), gpu->free(gpu, d_dq), gpu->free(gpu, d_dk);
+    gpu->free(gpu, d_dv);
+    if (d_doc) gpu->free(gpu, d_doc);
+    free(q), free(k), free(v), free(doc), free(out), free(lse), free(dout), free(dq), free(dk);
+    free(dv);
+}
+
+static void test_attention(void **state) {
+    attention_case(2, 37, 4, 2, 64, 0, 61);
+    attention_case(2, 100, 4, 1, 128, 1, 62);
+    attention_case(1, 256, 8, 8, 64, 0, 63);
+    attention_case(2, 300, 8, 2, 128, 1, 64);
+    attention_case(1, 1024, 4, 2, 128, 0, 65);
+}
+
+/* ---------------- LM head + cross-entropy ---------------- */
+
+static void lm_head_case(int N, int C, int V, int with_dinp, int with_dw, uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    char what[128];
+    size_t ni = (size_t)N * C, nw = (size_t)V * C;
+    float *inp = rnd_bf(&rng, ni, 1.0f), *w = rnd_bf(&rng, nw, 1.0f / sqrtf((float)C));
+    int32_t *tg = malloc(N * sizeof(int32_t));
+    int valid = 0;
+    for (int n = 0; n < N; n++) {
+        tg[n] = n % 7 == 3 ? -1 : (int32_t)(mt_test_rng_u64(&rng) % (uint64_t)V);
+        valid += tg[n] >= 0;
+    }
+    float scale = 1.0f / (float)(valid ? valid : 1);
+    void *d_inp = up_bf(inp, ni), *d_w = up_bf(w, nw);
+    int32_t *d_tg = up_i32(tg, N);
+    float *fill_w = rnd_f32(&rng, nw, 0.01f);
+    float *losses = fnew(N), *dinp = with_dinp ? fnew(ni) : NULL;
+    float *dw = with_dw ? copyf(fill_w, nw) : NULL;
+    if (dinp) poison_fill(dinp, ni);
+    cpu->lm_head_loss(cpu, losses, dinp, dw, inp, w, tg, N, C, V, scale);
+    float *d_losses = poison_f32(N);
+    void *d_dinp = with_dinp ? poison_bf(ni) : NULL;
+    float *d_dw = with_dw ? up_f32(fill_w, nw) : NULL;
+    gpu->lm_head_loss(gpu, d_losses, d_dinp, d_dw, d_inp, d_w, d_tg, N, C, V, scale);
+    const char *mode = with_dinp ? (with_dw ? "fwd+bwd" : "fwd+dinp") : "losses";
+    float *gl = down_f32(d_losses, N);
+    snprintf(what, sizeof what, "lm_head N=%d C=%d V=%d %s losses", N, C, V, mode);
+    assert_true(mt_allclose(what, gl, losses, N, LOSS_ATOL, LOSS_RTOL));
+    free(gl);
+    if (with_dinp) {
+        snprintf(what, sizeof what, "lm_head N=%d C=%d V=%d %s dinp", N, C, V, mode);
+        assert_true(check_bf(what, d_dinp, dinp, ni, LOOSE_ATOL, LOOSE_RTOL));
+    }
+    if (with_dw) { /* compare the increment: the fill is tiny against nothing */
+        float *g = down_f32(d_dw, nw);
+        for (size_t i = 0; i < nw; i++) g[i] -= fill_w[i], dw[i] -= fill_w[i];
+        snprintf(what, sizeof what, "lm_head N=%d C=%d V=%d %s dweight (+=)", N, C, V, mode);
+        assert_true(check(what, g, dw, nw, LOOSE_ATOL, LOOSE_RTOL));
+        free(g);
+    }
+    gpu->free(gpu, d_inp), gpu->free(gpu, d_w), gpu->free(gpu, d_tg), gpu->free(gpu, d_losses);
+    if (d_dinp) gpu->free(gpu, d_dinp);
+    if (d_dw) gpu->free(gpu, d_dw);
+    free(inp), free(w), free(tg), free(fill_w), free(losses), free(dinp), free(dw);
+}
+
+static void test_lm_head(void **state) {
+    lm_head_case(37, 64, 1000, 0, 0, 71);
+    lm_head_case(37, 64, 1000, 1, 1, 72);
+    lm_head_case(300, 128, 5003, 1, 1, 73);
+    lm_head_case(300, 128, 5003, 1, 0, 74);
+    lm_head_case(512, 2048, 32000, 1, 1, 75);
+}
+
+/* ---------------- streams and events ---------------- */
+
+typedef struct {
+    mt_backend *be;
+    mt_event *ev;
+} sync_arg;
+
+static void *event_sync_thread(void *p) {
+    sync_arg *a = p;
+    a->be->event_sync(a->be, a->ev); /* as the optimizer thread does */
+    return NULL;
+}
+
+static void test_streams(void **state) {
+    size_t n = (size_t)32 << 20; /* 64 MB each way: long enough for a missing wait to show */
+    size_t bytes = n * sizeof(mt_bf16);
+    mt_bf16 *h_in = gpu->host_alloc(gpu, bytes), *h_out = gpu->host_alloc(gpu, bytes);
+    void *d_in = gpu->alloc(gpu, bytes), *d_out = gpu->alloc(gpu, bytes);
+    mt_event *loaded = gpu->event_create(gpu), *computed = gpu->event_create(gpu);
+    mt_event *stored = gpu->event_create(gpu), *never = gpu->event_create(gpu);
+    gpu->event_sync(gpu, never); /* never recorded: complete */
+    for (int iter = 0; iter < 4; iter++) {
+        for (size_t i = 0; i < n; i++) h_in[i] = mt_f32_to_bf16((float)((i + iter) % 61));
+        memset(h_out, 0xff, bytes);
+        gpu->copy_async(gpu, MT_STREAM_H2D, d_in, h_in, bytes);
+        gpu->event_record(gpu, loaded, MT_STREAM_H2D);
+        gpu->stream_wait(gpu, MT_STREAM_COMPUTE, loaded);
+        gpu->add(gpu, d_out, d_in, d_in, n);
+        gpu->event_record(gpu, computed, MT_STREAM_COMPUTE);
+        gpu->stream_wait(gpu, MT_STREAM_D2H, computed);
+        gpu->copy_async(gpu, MT_STREAM_D2H, h_out, d_out, bytes);
+        gpu->event_record(gpu, stored, MT_STREAM_D2H);
+        pthread_t th;
+        sync_arg a = {gpu, stored};
+        assert_int_equal(pthread_create(&th, NULL, event_sync_thread, &a), 0);
+        pthread_join(th, NULL);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++)
+            if (h_out[i] != mt_f32_to_bf16((float)(2 * ((i + iter) % 61)))) bad++;
+        fprintf(stderr, "%-40s iter %d: %zu of %zu wrong%s\n", "streams H2D -> add -> D2H", iter,
+                bad, n, bad ? "  FAIL" : "");
+        assert_int_equal(bad, 0);
+        gpu->zero(gpu, d_in, bytes); /* the next copy must also wait for nothing stale */
+        gpu->sync(gpu);
+    }
+    gpu->event_destroy(gpu, loaded), gpu->event_destroy(gpu, computed);
+    gpu->event_destroy(gpu, stored), gpu->event_destroy(gpu, never);
+    gpu->free(gpu, d_in), gpu->free(gpu, d_out);
+    gpu->host_free(gpu, h_in), gpu->host_free(gpu, h_out);
+}
+
+/* ---------------- the memory budget (a child process) ---------------- */
+
+static int budget_child(void) {
+    mt_backend *be = mt_backend_cuda_create((int64_t)256 * MIB); /* 64 MiB go to cuBLASLt */
+    void *a = be->alloc(be, 100 * MIB);
+    be->free(be, a); /* freed bytes return to the budget */
+    void *b = be->alloc(be, 150 * MIB);
+    fprintf(stderr, "budget child: 150 MiB allocated, now asking for 100 MiB more\n");
+    void *c = be->alloc(be, 100 * MIB); /* 64 + 150 + 100 > 256: fatal */
+    fprintf(stderr, "budget child: NOT STOPPED (%p %p)\n", b, c);
+    return 0;
+}
+
+static void test_budget(void **state) {
+    char exe[4096];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    assert_true(len > 0);
+    exe[len] = '\0';
+    char cmd[4200], out[8192];
+    snprintf(cmd, sizeof cmd, "'%s' %s", exe, BUDGET_CHILD_ARG);
+    int rc = mt_test_run(cmd, out, sizeof out); /* fork + exec: the child starts CUDA afresh */
+    fprintf(stderr, "budget child exit %d, said:\n%s", rc, out);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(out, "budget"));
+    assert_non_null(strstr(out, "--gpu-mem"));
+    assert_non_null(strstr(out, "256.0 MiB")); /* the budget */
+    assert_non_null(strstr(out, "100.0 MiB")); /* the request */
+    assert_non_null(strstr(out, "214.0 MiB")); /* in use: workspace + 150 */
+    assert_null(strstr(out, "NOT STOPPED"));
+}
+
+int main(int argc, char **argv) {
+    if (!mt_backend_cuda_available()) {
+        fprintf(stderr, "test_cuda_ops: no usable CUDA device, skipped\n");
+        return 77;
+    }
+    if (argc > 1 && strcmp(argv[1], BUDGET_CHILD_ARG) == 0) return budget_child();
+    cpu = mt_backend_cpu_create();
+    gpu = mt_backend_cuda_create(0);
+    if (gpu->dtype != MT_BF16 || strcmp(gpu->name, "cuda") != 0) {
+        fprintf(stderr, "test_cuda_ops: the cuda backend reports %s / dtype %d\n", gpu->name,
+                (int)gpu->dtype);
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_memory),    cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_rope),      cmocka_unit_test(test_swiglu_add),
+        cmocka_unit_test(test_sumsq_from_f32), cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_lm_head),   cmocka_unit_test(test_streams),
+        cmocka_unit_test(test_budget),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    gpu->destroy(gpu);
+    cpu->destroy(cpu);
+    return failed ? 1 : 0;
+}
