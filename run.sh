@@ -6,8 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 scripts/deps.sh fortunes
-scripts/build.sh build
-bin=build/megatrain
+# the CUDA backend only where a GPU can run it (test.sh compiles it wherever nvcc exists)
+if nvidia-smi -L >/dev/null 2>&1; then scripts/build.sh build; bin=build/megatrain
+else scripts/build.sh build-cpu -DMT_CUDA=OFF; bin=build-cpu/megatrain; fi
 out=out/default
 corpus=/usr/share/games/fortunes
 mkdir -p "$out"
@@ -20,4 +21,5 @@ $bin train --init configs/tiny-bytes.json --data "$out/train.bin" --eval-data "$
 latest=$(ls -d "$out"/run/checkpoints/step_* | sort | tail -n 1)
 echo
 echo "--- sample from $latest (top-k 20, temperature 0.8):"
-$bin generate --model "$latest" --prompt "The " --tokens 300 --top-k 20 --temperature 0.8 --context 128
+$bin generate --model "$latest" --prompt "The " --tokens 400 --top-k 20 --temperature 0.8 --context 128 \
+  --ignore-eos

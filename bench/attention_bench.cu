@@ -146,6 +146,25 @@ static double abs_err(const std::vector<float> &a, const std::vector<float> &r) 
     return me;
 }
 
+/* max over rows of W elements of max|a - r| / rms(r's row): errors against each row's own scale
+ * (key 0's dV row, which every query sees, is ~10x the tensor's RMS) */
+static double row_err(const std::vector<float> &a, const std::vector<float> &r, int W) {
+    double worst = 0;
+    for (size_t r0 = 0; r0 + W <= a.size(); r0 += W) {
+        double ss = 0, me = 0;
+        for (int i = 0; i < W; i++) {
+            double e = fabs((double)a[r0 + i] - r[r0 + i]);
+            if (!(e == e)) return NAN;
+            me = e > me ? e : me;
+            ss += (double)r[r0 + i] * r[r0 + i];
+        }
+        double rr = sqrt(ss / W);
+        double f = me / (rr > 0 ? rr : 1);
+        worst = f > worst ? f : worst;
+    }
+    return worst;
+}
+
 static int32_t *make_doc(int B, int T, int maxlen) {
     std::vector<int32_t> h((size_t)B * T);
     for (int b = 0; b < B; b++) {
@@ -202,12 +221,24 @@ static void check_case(int B, int T, int H, int G, int D, int docmax, int fwd_wa
     double el = abs_err(to_host_f32(lse, nl), to_host_f32(rlse, nl));
     double eq = rel_err(to_host_bf16(dq, nq), to_host_f32(rdq, nq));
     double ek = rel_err(to_host_bf16(dk, nk), to_host_f32(rdk, nk));
-    double ev = rel_err(to_host_bf16(dv, nk), to_host_f32(rdv, nk));
+    std::vector<float> hdv = to_host_bf16(dv, nk), hrdv = to_host_f32(rdv, nk);
+    double ev = rel_err(hdv, hrdv);
     bool ok = eo < 2e-2 && el < 2e-2 && eq < 3e-2 && ek < 3e-2 && ev < 3e-2;
     if (!ok) failures++;
     printf("%s B=%d T=%4d H=%d G=%d D=%3d doc=%-3s fwdwarps=%d | out %.2e lse %.2e dq %.2e dk %.2e "
            "dv %.2e\n",
            ok ? "PASS" : "FAIL", B, T, H, G, D, docmax ? "yes" : "no", fwd_warps, eo, el, eq, ek, ev);
+    if (T >= 1024) { /* key 0 (seen by every query) of each kv head, batch row 0 */
+        double me = 0, ss = 0;
+        for (int i = 0; i < G * D; i++) {
+            double e = fabs((double)hdv[i] - hrdv[i]);
+            me = e > me ? e : me;
+            ss += (double)hrdv[i] * hrdv[i];
+        }
+        printf("     dv key 0: max|err| %.3e, rms(ref) %.3f, ratio %.2e | dv max row-relative "
+               "err (max|err|/rms(row ref)) %.2e\n",
+               me, sqrt(ss / (G * D)), me / sqrt(ss / (G * D)), row_err(hdv, hrdv, D));
+    }
     cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(dout), cudaFree(out), cudaFree(dq);
     cudaFree(dk), cudaFree(dv), cudaFree(lse), cudaFree(rout), cudaFree(rlse), cudaFree(rdq);
     cudaFree(rdk), cudaFree(rdv);
@@ -273,6 +304,8 @@ int main(int argc, char **argv) {
         check_case(1, 300, 8, 8, 128, 300, w);
         check_case(1, 1, 2, 1, 64, 0, w);
     }
+    check_case(1, 1024, 4, 2, 128, 0, 8); /* the ops test's failing dV case (key 0 of T=1024) */
+    check_case(1, 2048, 4, 1, 64, 0, 8);
     check_case(2, 50, 4, 2, 16, 9, 4);
     check_case(2, 33, 4, 4, 8, 0, 4);
     check_case(1, 100, 2, 1, 96, 20, 4);

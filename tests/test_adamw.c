@@ -16,8 +16,10 @@
 #if defined(__SANITIZE_THREAD__)
 #define NSTEPS_BIG 2
 #else
-#define NSTEPS_BIG NSTEPS
+#define NSTEPS_BIG 3
 #endif
+/* More than two of the update's 256K-element thread chunks, and odd. */
+#define N_THREADED (2 * 262144 + 4099)
 
 static mt_adamw_step_args args(double wd, int64_t step, float gs) {
     mt_adamw_step_args a = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
@@ -100,7 +102,7 @@ static void test_vs_double(void **state) {
     (void)state;
     check_vs_double(4099, 0.1, 0.37f, 1, 0);
     check_vs_double(4099, 0.0, 1.0f, 1, 0);
-    check_vs_double(100003, 0.1, 0.0123f, 2, 0);
+    check_vs_double(N_THREADED, 0.1, 0.0123f, 2, 0);
     check_vs_double(1037, 0.05, 0.5f, 1, 1);
     check_vs_double(17, 0.1, 2.0f, 1, 0);
 }
@@ -110,14 +112,22 @@ static void test_vs_double(void **state) {
 typedef struct {
     float *p, *m, *v, *up_f32;
     mt_bf16 *up_bf16;
+    void *mem[5];
 } run_out;
 
-/* Steps from a fixed start; upload written each step; alias: grad buffer is the upload. */
+/* Steps from a fixed start; upload written each step; alias: grad buffer is the upload;
+ * off: every buffer starts `off` elements past a 64-byte boundary (the streaming-store peel). */
 static run_out run_steps(size_t n, int steps, double wd, int bf16_grad, mt_dtype up_t, int alias,
-                         int threads) {
+                         int threads, size_t off) {
     mt_test_rng r;
     mt_test_rng_seed(&r, 7 + n);
-    run_out o = {falloc(n), falloc(n), falloc(n), falloc(n), mt_aligned_alloc(n * 2)};
+    run_out o;
+    for (int k = 0; k < 5; k++) o.mem[k] = falloc(n + off);
+    o.p = (float *)o.mem[0] + off;
+    o.m = (float *)o.mem[1] + off;
+    o.v = (float *)o.mem[2] + off;
+    o.up_f32 = (float *)o.mem[3] + off;
+    o.up_bf16 = (mt_bf16 *)o.mem[4] + off;
     float *g = falloc(n);
     mt_bf16 *gh = mt_aligned_alloc(n * 2);
     mt_test_fill_normal(&r, o.p, n, 0.5f);
@@ -144,7 +154,7 @@ static run_out run_steps(size_t n, int steps, double wd, int bf16_grad, mt_dtype
 }
 
 static void run_free(run_out *o) {
-    free(o->p); free(o->m); free(o->v); free(o->up_f32); free(o->up_bf16);
+    for (int k = 0; k < 5; k++) free(o->mem[k]);
 }
 
 static int run_equal(const char *what, const run_out *a, const run_out *b, size_t n, mt_dtype up_t) {
@@ -161,7 +171,7 @@ static int run_equal(const char *what, const run_out *a, const run_out *b, size_
 
 static void test_isa_alias_threads(void **state) {
     (void)state;
-    const size_t sizes[] = {1, 15, 33, 4099, 3 * 32768 + 13};
+    const size_t sizes[] = {1, 15, 33, 4099, N_THREADED};
     mt_adamw_isa saved = mt_adamw_isa_active();
     int checked = 0;
     for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++)
@@ -170,10 +180,10 @@ static void test_isa_alias_threads(void **state) {
                 size_t n = sizes[si];
                 mt_dtype up_t = ub ? MT_BF16 : MT_F32;
                 double wd = (si + bg) % 2 ? 0.1 : 0.0;
-                /* the update splits over threads only from 2 x 32768 elements on */
-                int big = n > 65536, steps = big ? NSTEPS_BIG : NSTEPS;
+                /* the update splits over threads only from two chunks on */
+                int big = n == N_THREADED, steps = big ? NSTEPS_BIG : NSTEPS;
                 assert_int_equal(mt_adamw_set_isa(MT_ADAMW_SCALAR), MT_OK);
-                run_out ref = run_steps(n, steps, wd, bg, up_t, 0, 1);
+                run_out ref = run_steps(n, steps, wd, bg, up_t, 0, 1, 0);
                 for (int isa = MT_ADAMW_SCALAR; isa <= MT_ADAMW_AVX512; isa++) {
                     if (!mt_adamw_isa_supported((mt_adamw_isa)isa)) continue;
                     assert_int_equal(mt_adamw_set_isa((mt_adamw_isa)isa), MT_OK);
@@ -182,10 +192,12 @@ static void test_isa_alias_threads(void **state) {
                         for (int alias = 0; alias < 2; alias++) {
                             if (alias && (bg != ub)) continue; /* aliasing needs one element type */
                             char what[128];
-                            snprintf(what, sizeof what, "n=%zu %s grad %s upload %s thr=%d alias=%d",
-                                     n, bg ? "bf16" : "f32", ub ? "bf16" : "f32",
-                                     mt_adamw_isa_name((mt_adamw_isa)isa), thr[ti], alias);
-                            run_out o = run_steps(n, steps, wd, bg, up_t, alias, thr[ti]);
+                            size_t off = (size_t)(ti + alias + isa) % 2 ? 3 : 0;
+                            snprintf(what, sizeof what,
+                                     "n=%zu %s grad %s upload %s thr=%d alias=%d off=%zu", n,
+                                     bg ? "bf16" : "f32", ub ? "bf16" : "f32",
+                                     mt_adamw_isa_name((mt_adamw_isa)isa), thr[ti], alias, off);
+                            run_out o = run_steps(n, steps, wd, bg, up_t, alias, thr[ti], off);
                             assert_true(run_equal(what, &o, &ref, n, up_t));
                             run_free(&o);
                             checked++;
@@ -193,8 +205,8 @@ static void test_isa_alias_threads(void **state) {
                 }
                 run_free(&ref);
             }
-    printf("%d runs (sizes x grad/upload types x ISA x 1-3 threads x aliasing) bitwise equal "
-           "to scalar on 1 thread\n", checked);
+    printf("%d runs (sizes x grad/upload types x ISA x 1-3 threads x aliasing x alignment) "
+           "bitwise equal to scalar on 1 thread\n", checked);
     assert_int_equal(mt_adamw_set_isa(saved), MT_OK);
 }
 

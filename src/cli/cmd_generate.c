@@ -19,10 +19,11 @@
 static void print_usage(FILE *out) {
     fprintf(out,
             "usage: megatrain generate --model DIR [--prompt TEXT] [--tokens N] [--top-k K]\n"
-            "                          [--temperature X] [--context T] [--seed N]\n"
+            "                          [--temperature X] [--context T] [--seed N] [--ignore-eos]\n"
             "  Continues the prompt with a model trained on byte-level tokens (vocabulary > 256,\n"
             "  no tokenizer.json). --top-k 1 is greedy (default 40), --temperature 0.8,\n"
-            "  --tokens 200, --context 256 (tokens of history the model sees).\n");
+            "  --tokens 200, --context 256 (tokens of history the model sees). The end-of-text\n"
+            "  token stops generation, or, with --ignore-eos, prints as a blank line.\n");
 }
 
 static uint64_t next_u64(uint64_t *s) {
@@ -68,6 +69,7 @@ int mt_cmd_generate(int argc, char **argv) {
     const char *model_dir = NULL, *prompt = "";
     int64_t n_tokens = 200, top_k = 40, ctx = 256, seed = 1;
     double temperature = 0.8;
+    int ignore_eos = 0;
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"prompt", required_argument, 0, 'p'},
                                          {"tokens", required_argument, 0, 'n'},
@@ -75,6 +77,7 @@ int mt_cmd_generate(int argc, char **argv) {
                                          {"temperature", required_argument, 0, 't'},
                                          {"context", required_argument, 0, 'c'},
                                          {"seed", required_argument, 0, 's'},
+                                         {"ignore-eos", no_argument, 0, 'e'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c;
@@ -89,6 +92,7 @@ int mt_cmd_generate(int argc, char **argv) {
         case 't': rc = mt_arg_float("--temperature", optarg, 1e-3, 100, &temperature); break;
         case 'c': rc = mt_arg_int("--context", optarg, 1, 1 << 16, &ctx); break;
         case 's': rc = mt_arg_int("--seed", optarg, 0, INT64_MAX, &seed); break;
+        case 'e': ignore_eos = 1; break;
         case 'h': print_usage(stdout); return 0;
         default: print_usage(stderr); return 1;
         }
@@ -124,11 +128,11 @@ int mt_cmd_generate(int argc, char **argv) {
         /* causal attention: positions past n - 1 do not change the logits at n - 1 */
         mt_runner_logits(&r, m.weights, window, 1, logits);
         int next = sample(logits + (size_t)(n - 1) * V, V, (int)top_k, temperature, &rng);
-        if (next == BYTE_EOS) break;
+        if (next == BYTE_EOS && !ignore_eos) break;
         char ch[4];
         int32_t id = next;
         mt_byte_text_decode(&id, 1, ch, sizeof ch);
-        fputs(ch, stdout);
+        fputs(next == BYTE_EOS ? "\n\n" : ch, stdout);
         fflush(stdout);
         if (n == T) {
             memmove(window, window + 1, (size_t)(T - 1) * sizeof(int32_t));

@@ -12,26 +12,29 @@
 #include "../core/error.h"
 #include "adamw_kernel.h"
 
-/* Below this many elements per thread, thread start-up costs more than it saves. */
-#define MT_ADAMW_MIN_PER_THREAD ((size_t)1 << 15)
-/* Thread chunks are multiples of this many elements: whole cache lines for every stream. */
-#define MT_ADAMW_CHUNK_ALIGN ((size_t)64)
+/* libgomp is not instrumented for ThreadSanitizer, which then sees no order between the caller and
+ * the team. The annotations supply exactly that order (caller -> each worker -> caller) and no
+ * order among the workers, so TSan still checks that the thread chunks never overlap; run() itself
+ * (and so its outlined region, whose prologue reads the captured variables before any annotation
+ * can run) is left uninstrumented. The kernels it calls are instrumented. */
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#define MT_TSAN_RELEASE(x) __tsan_release(x)
+#define MT_TSAN_ACQUIRE(x) __tsan_acquire(x)
+#define MT_TSAN_SKIP __attribute__((no_sanitize_thread))
+#else
+#define MT_TSAN_RELEASE(x) ((void)(x))
+#define MT_TSAN_ACQUIRE(x) ((void)(x))
+#define MT_TSAN_SKIP
+#endif
+
 
 /* ---- the plain C kernel ---- */
 
 void mt_adamw_kernel_scalar(const mt_adamw_consts *c, float *p, float *m, float *v,
                             const void *grad, int grad_bf16, void *upload, int upload_kind,
                             size_t n) {
-    const float *gf = grad;
-    const mt_bf16 *gh = grad;
-    mt_bf16 *uh = upload;
-    float *uf = upload;
-    for (size_t i = 0; i < n; i++) {
-        float g = grad_bf16 ? mt_bf16_to_f32(gh[i]) : gf[i]; /* read before upload[i] is written */
-        float np = mt_adamw_elem(c, p + i, m + i, v + i, g);
-        if (upload_kind == MT_ADAMW_UP_BF16) uh[i] = mt_f32_to_bf16(np);
-        else if (upload_kind == MT_ADAMW_UP_F32) uf[i] = np;
-    }
+    mt_adamw_elems(c, p, m, v, grad, grad_bf16, upload, upload_kind, 0, n);
 }
 
 /* ---- dispatch ---- */
@@ -133,7 +136,7 @@ static int overlaps(const void *a, size_t abytes, const void *b, size_t bbytes) 
     return x < y + bbytes && y < x + abytes;
 }
 
-static void run(const mt_adamw_step_args *a, float *param, float *m, float *v, const void *grad,
+MT_TSAN_SKIP static void run(const mt_adamw_step_args *a, float *param, float *m, float *v, const void *grad,
                 int grad_bf16, size_t n, void *upload, mt_dtype upload_dtype, int n_threads) {
     if (n == 0) return;
     mt_adamw_consts c = make_consts(a);
@@ -145,24 +148,28 @@ static void run(const mt_adamw_step_args *a, float *param, float *m, float *v, c
                  "AdamW: upload overlaps grad other than exactly, with the same element type");
     mt_adamw_kernel_fn fn = kernel_for(mt_adamw_isa_active());
 
+    /* Chunks of MT_ADAMW_CHUNK elements handed out dynamically: every element is computed the
+     * same way wherever it lands, so results do not depend on the thread count or schedule. */
+    size_t nchunks = (n + MT_ADAMW_CHUNK - 1) / MT_ADAMW_CHUNK;
     size_t nt = n_threads > 0 ? (size_t)n_threads : (size_t)omp_get_max_threads();
-    if (nt > n / MT_ADAMW_MIN_PER_THREAD) nt = n / MT_ADAMW_MIN_PER_THREAD;
+    if (nt > nchunks) nt = nchunks;
     if (nt <= 1) {
         fn(&c, param, m, v, grad, grad_bf16, upload, uk, n);
         return;
     }
     const char *gb = grad;
     char *ub = upload;
-#pragma omp parallel num_threads((int)nt)
-    {
-        size_t t = (size_t)omp_get_thread_num(), tn = (size_t)omp_get_num_threads();
-        size_t chunk = (n + tn - 1) / tn;
-        chunk = (chunk + MT_ADAMW_CHUNK_ALIGN - 1) / MT_ADAMW_CHUNK_ALIGN * MT_ADAMW_CHUNK_ALIGN;
-        size_t lo = t * chunk, hi = lo + chunk < n ? lo + chunk : n;
-        if (lo < hi)
-            fn(&c, param + lo, m + lo, v + lo, gb + lo * gsz, grad_bf16, ub ? ub + lo * usz : NULL,
-               uk, hi - lo);
+    char sync[2]; /* TSan sync objects: [0] team start, [1] team end */
+    MT_TSAN_RELEASE(&sync[0]);
+#pragma omp parallel for schedule(dynamic, 1) num_threads((int)nt)
+    for (size_t k = 0; k < nchunks; k++) {
+        MT_TSAN_ACQUIRE(&sync[0]);
+        size_t lo = k * MT_ADAMW_CHUNK, hi = lo + MT_ADAMW_CHUNK < n ? lo + MT_ADAMW_CHUNK : n;
+        fn(&c, param + lo, m + lo, v + lo, gb + lo * gsz, grad_bf16, ub ? ub + lo * usz : NULL, uk,
+           hi - lo);
+        MT_TSAN_RELEASE(&sync[1]);
     }
+    MT_TSAN_ACQUIRE(&sync[1]);
 }
 
 void mt_adamw_update(const mt_adamw_step_args *a, float *param, float *m, float *v,

@@ -37,7 +37,8 @@ typedef struct {
  * Aliasing: upload may be the very buffer grad points to (grad == upload, same element type:
  * fp32 grad with MT_F32 upload, or bf16 grad with MT_BF16 upload); each grad element is read
  * before its upload element is written. Any other overlap of the buffers is not allowed.
- * n_threads <= 0 means omp_get_max_threads(); small n runs on the calling thread. */
+ * n_threads <= 0 means omp_get_max_threads(); threads take chunks of 256K elements, so n below
+ * 512K runs on the calling thread. */
 void mt_adamw_update(const mt_adamw_step_args *a, float *param, float *m, float *v,
                      const float *grad, size_t n, void *upload, mt_dtype upload_dtype,
                      int n_threads);

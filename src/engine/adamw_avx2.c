@@ -15,16 +15,17 @@ MT_AVX2_INLINE __m256 load_bf16(const mt_bf16 *s) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
 }
 
-MT_AVX2_INLINE void store_bf16(mt_bf16 *d, __m256 f) {
+MT_AVX2_INLINE __m128i to_bf16(__m256 f) {
     __m256i u = _mm256_castps_si256(f);
     __m256i hi = _mm256_srli_epi32(u, 16);
     __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
-    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
+    __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
     __m256i qnan = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
     __m256 isnan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
     r = _mm256_blendv_epi8(r, qnan, _mm256_castps_si256(isnan));
-    __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-    _mm_storeu_si128((__m128i *)d, _mm256_castsi256_si128(packed));
+    /* values fit 16 bits: pack within lanes, then gather the two low quarters */
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
 }
 
 MT_AVX2_INLINE void body(const mt_adamw_consts *c, float *p, float *m, float *v, const void *grad,
@@ -38,29 +39,43 @@ MT_AVX2_INLINE void body(const mt_adamw_consts *c, float *p, float *m, float *v,
                  c2 = _mm256_set1_ps(c->c2), bc2s = _mm256_set1_ps(c->bc2s),
                  eps = _mm256_set1_ps(c->eps), ns = _mm256_set1_ps(c->neg_step);
     const int do_decay = c->do_decay, small = c->lerp_small;
-    size_t i = 0;
+    /* streaming upload stores when the upload is its own buffer: peel to 64-byte alignment */
+    size_t i = mt_adamw_stream_peel(grad, upload, upload_kind, n);
+    const int stream = upload_kind != MT_ADAMW_UP_NONE && i < n;
+    if (!stream) i = 0;
+    mt_adamw_elems(c, p, m, v, grad, grad_bf16, upload, upload_kind, 0, i);
+    const int pf = MT_ADAMW_PREFETCH;
     for (; i + 8 <= n; i += 8) {
+        if (!(i & 15)) { /* once per 64-byte line of the fp32 streams */
+            _mm_prefetch((const char *)(p + i) + pf, _MM_HINT_T0);
+            _mm_prefetch((const char *)(m + i) + pf, _MM_HINT_T0);
+            _mm_prefetch((const char *)(v + i) + pf, _MM_HINT_T0);
+            if (grad_bf16) _mm_prefetch((const char *)(gh + i) + pf / 2, _MM_HINT_T0);
+            else _mm_prefetch((const char *)(gf + i) + pf, _MM_HINT_T0);
+        }
         __m256 g = grad_bf16 ? load_bf16(gh + i) : _mm256_loadu_ps(gf + i);
         g = _mm256_mul_ps(g, gs);
         __m256 pp = _mm256_loadu_ps(p + i);
         if (do_decay) pp = _mm256_mul_ps(pp, decay);
         __m256 mm = _mm256_loadu_ps(m + i);
         mm = _mm256_fmadd_ps(lc, _mm256_sub_ps(g, mm), small ? mm : g);
-        __m256 vv = _mm256_fmadd_ps(_mm256_mul_ps(c2, g), g, _mm256_mul_ps(_mm256_loadu_ps(v + i), b2));
+        __m256 vv = _mm256_mul_ps(_mm256_loadu_ps(v + i), b2);
+        vv = _mm256_fmadd_ps(_mm256_mul_ps(c2, g), g, vv);
         __m256 d = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), bc2s), eps);
         pp = _mm256_add_ps(pp, _mm256_div_ps(_mm256_mul_ps(ns, mm), d));
         _mm256_storeu_ps(p + i, pp);
         _mm256_storeu_ps(m + i, mm);
         _mm256_storeu_ps(v + i, vv);
-        if (upload_kind == MT_ADAMW_UP_BF16) store_bf16(uh + i, pp);
-        else if (upload_kind == MT_ADAMW_UP_F32) _mm256_storeu_ps(uf + i, pp);
+        if (upload_kind == MT_ADAMW_UP_BF16) {
+            if (stream) _mm_stream_si128((__m128i *)(uh + i), to_bf16(pp));
+            else _mm_storeu_si128((__m128i *)(uh + i), to_bf16(pp));
+        } else if (upload_kind == MT_ADAMW_UP_F32) {
+            if (stream) _mm256_stream_ps(uf + i, pp);
+            else _mm256_storeu_ps(uf + i, pp);
+        }
     }
-    for (; i < n; i++) {
-        float g = grad_bf16 ? mt_bf16_to_f32(gh[i]) : gf[i];
-        float np = mt_adamw_elem(c, p + i, m + i, v + i, g);
-        if (upload_kind == MT_ADAMW_UP_BF16) uh[i] = mt_f32_to_bf16(np);
-        else if (upload_kind == MT_ADAMW_UP_F32) uf[i] = np;
-    }
+    mt_adamw_elems(c, p, m, v, grad, grad_bf16, upload, upload_kind, i, n);
+    if (stream) _mm_sfence(); /* streaming stores are weakly ordered: drain before returning */
 }
 
 MT_AVX2 void mt_adamw_kernel_avx2(const mt_adamw_consts *c, float *p, float *m, float *v,

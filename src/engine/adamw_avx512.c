@@ -21,7 +21,8 @@ MT_AVX512_INLINE __m256i to_bf16(__m512 f) {
     __m512i u = _mm512_castps_si512(f);
     __m512i hi = _mm512_srli_epi32(u, 16);
     __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
     __mmask16 isnan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
     r = _mm512_mask_or_epi32(r, isnan, hi, _mm512_set1_epi32(0x40));
     return _mm512_cvtepi32_epi16(r);
@@ -39,29 +40,41 @@ MT_AVX512_INLINE void body(const mt_adamw_consts *c, float *p, float *m, float *
                  c2 = _mm512_set1_ps(c->c2), bc2s = _mm512_set1_ps(c->bc2s),
                  eps = _mm512_set1_ps(c->eps), ns = _mm512_set1_ps(c->neg_step);
     const int do_decay = c->do_decay, small = c->lerp_small;
-    size_t i = 0;
+    /* streaming upload stores when the upload is its own buffer: peel to 64-byte alignment */
+    size_t i = mt_adamw_stream_peel(grad, upload, upload_kind, n);
+    const int stream = upload_kind != MT_ADAMW_UP_NONE && i < n;
+    if (!stream) i = 0;
+    mt_adamw_elems(c, p, m, v, grad, grad_bf16, upload, upload_kind, 0, i);
+    const int pf = MT_ADAMW_PREFETCH;
     for (; i + 16 <= n; i += 16) {
+        _mm_prefetch((const char *)(p + i) + pf, _MM_HINT_T0);
+        _mm_prefetch((const char *)(m + i) + pf, _MM_HINT_T0);
+        _mm_prefetch((const char *)(v + i) + pf, _MM_HINT_T0);
+        if (grad_bf16) _mm_prefetch((const char *)(gh + i) + pf / 2, _MM_HINT_T0);
+        else _mm_prefetch((const char *)(gf + i) + pf, _MM_HINT_T0);
         __m512 g = grad_bf16 ? load_bf16(gh + i) : _mm512_loadu_ps(gf + i);
         g = _mm512_mul_ps(g, gs);
         __m512 pp = _mm512_loadu_ps(p + i);
         if (do_decay) pp = _mm512_mul_ps(pp, decay);
         __m512 mm = _mm512_loadu_ps(m + i);
         mm = _mm512_fmadd_ps(lc, _mm512_sub_ps(g, mm), small ? mm : g);
-        __m512 vv = _mm512_fmadd_ps(_mm512_mul_ps(c2, g), g, _mm512_mul_ps(_mm512_loadu_ps(v + i), b2));
+        __m512 vv = _mm512_mul_ps(_mm512_loadu_ps(v + i), b2);
+        vv = _mm512_fmadd_ps(_mm512_mul_ps(c2, g), g, vv);
         __m512 d = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), bc2s), eps);
         pp = _mm512_add_ps(pp, _mm512_div_ps(_mm512_mul_ps(ns, mm), d));
         _mm512_storeu_ps(p + i, pp);
         _mm512_storeu_ps(m + i, mm);
         _mm512_storeu_ps(v + i, vv);
-        if (upload_kind == MT_ADAMW_UP_BF16) _mm256_storeu_si256((__m256i *)(uh + i), to_bf16(pp));
-        else if (upload_kind == MT_ADAMW_UP_F32) _mm512_storeu_ps(uf + i, pp);
+        if (upload_kind == MT_ADAMW_UP_BF16) {
+            if (stream) _mm256_stream_si256((__m256i *)(uh + i), to_bf16(pp));
+            else _mm256_storeu_si256((__m256i *)(uh + i), to_bf16(pp));
+        } else if (upload_kind == MT_ADAMW_UP_F32) {
+            if (stream) _mm512_stream_ps(uf + i, pp);
+            else _mm512_storeu_ps(uf + i, pp);
+        }
     }
-    for (; i < n; i++) {
-        float g = grad_bf16 ? mt_bf16_to_f32(gh[i]) : gf[i];
-        float np = mt_adamw_elem(c, p + i, m + i, v + i, g);
-        if (upload_kind == MT_ADAMW_UP_BF16) uh[i] = mt_f32_to_bf16(np);
-        else if (upload_kind == MT_ADAMW_UP_F32) uf[i] = np;
-    }
+    mt_adamw_elems(c, p, m, v, grad, grad_bf16, upload, upload_kind, i, n);
+    if (stream) _mm_sfence(); /* streaming stores are weakly ordered: drain before returning */
 }
 
 MT_AVX512 void mt_adamw_kernel_avx512(const mt_adamw_consts *c, float *p, float *m, float *v,

@@ -67,8 +67,8 @@ static void unicode_normalize(int options, const char *s, size_t n, tok_buf *out
             utf8proc_uint8_t *dst = NULL;
             utf8proc_ssize_t m = utf8proc_map(u + i, (utf8proc_ssize_t)(j - i), &dst,
                                               (utf8proc_option_t)options);
-            MT_CHECK(m >= 0, "utf8proc_map failed on valid UTF-8: %s", utf8proc_errmsg(m));
-            tok_buf_put(out, dst, (size_t)m);
+            if (m >= 0) tok_buf_put(out, dst, (size_t)m);
+            else tok_buf_put(out, s + i, j - i); /* utf8proc refused it: leave it as it is */
             free(dst);
         }
         if (j < n) tok_buf_putc(out, s[j++]);

@@ -9,6 +9,11 @@
  *   fp32 outputs from the same bf16 inputs (summation order only): atol 1e-4*scale, rtol 1e-3
  *   attention backward, LM head dinp/dweight (bf16 P / dlogits
  *     inside the kernels):                                          atol 3e-2*scale, rtol 5e-2
+ *     where for attention dq/dk/dv `scale` is the RMS of each (token, head) row of D values:
+ *     rows differ in magnitude by orders (key 0's dv sums P*dO over every query), and a bf16-P
+ *     error is a fraction of its own row, not of the tensor (an emulation of a correct FA2
+ *     backward fails a tensor-RMS atol at T >= 1024); the tensor metric max|err|/max|ref| must
+ *     also stay <= 3e-2
  *   attention lse (nats):                                           atol 5e-3, rtol 1e-3
  *   LM head losses (nats; bf16 logits inside):                      atol 2e-2, rtol 1e-2
  *   sumsq: rtol 1e-5 against the CPU's double sum; embedding forward, from_f32: exact (bits).
@@ -144,6 +149,37 @@ static int check_f32(const char *what, const float *d, const float *ref, size_t 
     free(g);
     return ok;
 }
+/* gpu bf16 output (device) vs cpu with atol relative to each row's RMS (rows of `width`), plus
+ * the tensor-level max|err|/max|ref| <= tensor_tol. */
+static int check_rows_bf(const char *what, const void *d, const float *ref, size_t rows, size_t width,
+                         double atol_rel, double rtol, double tensor_tol) {
+    float *g = down_bf(d, rows * width);
+    double worst = 0;
+    size_t bad = 0, worst_i = 0;
+    for (size_t r = 0; r < rows; r++) {
+        double scale = rms(ref + r * width, width);
+        if (scale == 0) scale = 1;
+        for (size_t j = 0; j < width; j++) {
+            size_t i = r * width + j;
+            double err = fabs((double)g[i] - ref[i]), tol = atol_rel * scale + rtol * fabs(ref[i]);
+            double frac = err / tol;
+            if (!(err <= tol)) {
+                if (bad < 5) fprintf(stderr, "  %s[%zu]: got %.6g ref %.6g err %.3g tol %.3g\n", what, i, g[i], ref[i], err, tol);
+                bad++;
+                if (isnan(frac)) frac = INFINITY;
+            }
+            if (frac > worst) worst = frac, worst_i = i;
+        }
+    }
+    double tensor = mt_max_rel_err(g, ref, rows * width);
+    int ok = bad == 0 && tensor <= tensor_tol;
+    fprintf(stderr, "%-40s n=%-8zu worst[%zu] %.1f%% of row tol (atol %.0e*row rms, rtol %.0e); "
+                    "max|err|/max|ref| %.3g (tol %.0e)%s\n",
+            what, rows * width, worst_i, 100 * worst, atol_rel, rtol, tensor, tensor_tol, ok ? "" : "  FAIL");
+    free(g);
+    return ok;
+}
+
 static int same_bits(const char *what, const void *a, const void *b, size_t bytes) {
     int ok = memcmp(a, b, bytes) == 0;
     fprintf(stderr, "%-40s %s\n", what, ok ? "bit-identical on rerun" : "DIFFERS on rerun  FAIL");
@@ -293,14 +329,20 @@ static void matmul_case(int R, int K, int M, int with_bias, uint64_t seed) {
     char what[128];
     size_t nin = (size_t)R * K, nw = (size_t)M * K, nout = (size_t)R * M;
     float *inp = rnd_bf(&rng, nin, 1.0f), *w = rnd_bf(&rng, nw, 1.0f / sqrtf((float)K));
-    float *bias = with_bias ? rnd_bf(&rng, M, 0.5f) : NULL;
-    void *d_inp = up_bf(inp, nin), *d_w = up_bf(w, nw), *d_bias = bias ? up_bf(bias, M) : NULL;
+    float *bias = with_bias ? rnd_bf(&rng, M + 1, 0.5f) : NULL;
+    void *d_inp = up_bf(inp, nin), *d_w = up_bf(w, nw), *d_bias_mem = NULL, *d_bias = NULL;
+    if (bias) { /* with_bias 2: a bias 2 bytes past an aligned address (not the epilogue path) */
+        d_bias_mem = up_bf(bias, M + 1);
+        d_bias = (char *)d_bias_mem + (with_bias == 2 ? sizeof(mt_bf16) : 0);
+        if (with_bias == 2) memmove(bias, bias + 1, M * sizeof(float));
+    }
 
     float *out = fnew(nout);
     cpu->matmul_forward(cpu, out, inp, w, bias, R, K, M);
     void *d_out = poison_bf(nout);
     gpu->matmul_forward(gpu, d_out, d_inp, d_w, d_bias, R, K, M);
-    snprintf(what, sizeof what, "matmul_fwd R=%d K=%d M=%d%s", R, K, M, bias ? " +bias" : "");
+    snprintf(what, sizeof what, "matmul_fwd R=%d K=%d M=%d%s", R, K, M,
+             with_bias == 2 ? " +bias (unaligned)" : bias ? " +bias" : "");
     assert_true(check_bf(what, d_out, out, nout, BF_ATOL, BF_RTOL));
 
     float *dout = rnd_bf(&rng, nout, 1.0f);
@@ -321,6 +363,14 @@ static void matmul_case(int R, int K, int M, int with_bias, uint64_t seed) {
         assert_true(check_bf(what, d_dinp, dinp, nin, BF_ATOL, BF_RTOL));
         snprintf(what, sizeof what, "matmul_bwd R=%d K=%d M=%d dweight (+=)", R, K, M);
         assert_true(check_f32(what, d_dw, dw, nw, F32_ATOL, F32_RTOL));
+        if (acc) { /* dweight alone (dinp NULL) again from the fill: the same bits */
+            float *g1 = down_f32(d_dw, nw);
+            gpu->upload(gpu, d_dw, fill_w, nw * sizeof(float));
+            gpu->matmul_backward(gpu, NULL, d_dw, NULL, d_dout, d_inp, d_w, R, K, M, acc);
+            float *g2 = down_f32(d_dw, nw);
+            assert_true(same_bits(what, g1, g2, nw * sizeof(float)));
+            free(g1), free(g2);
+        }
         if (bias) {
             snprintf(what, sizeof what, "matmul_bwd R=%d K=%d M=%d dbias (+=)", R, K, M);
             assert_true(check_f32(what, d_db, db, M, F32_ATOL, F32_RTOL));
@@ -335,7 +385,7 @@ static void matmul_case(int R, int K, int M, int with_bias, uint64_t seed) {
         free(fill_x), free(fill_w), free(fill_b), free(dinp), free(dw), free(db);
     }
     gpu->free(gpu, d_inp), gpu->free(gpu, d_w), gpu->free(gpu, d_out), gpu->free(gpu, d_dout);
-    if (d_bias) gpu->free(gpu, d_bias);
+    if (d_bias_mem) gpu->free(gpu, d_bias_mem);
     free(inp), free(w), free(bias), free(out), free(dout);
 }
 
@@ -344,6 +394,7 @@ static void test_matmul(void **state) {
     matmul_case(37, 24, 40, 1, 22);
     matmul_case(5, 7, 13, 1, 23); /* nothing aligned */
     matmul_case(64, 64, 128, 1, 24);
+    matmul_case(64, 64, 128, 2, 29);
     matmul_case(300, 128, 64, 1, 25);
     matmul_case(512, 4096, 11008, 0, 26); /* a 7B MLP up projection */
     matmul_case(512, 11008, 4096, 0, 27); /* and its down projection */
@@ -556,11 +607,11 @@ static void attention_case(int B, int T, int H, int G, int D, int packed, uint64
     gpu->attention_backward(gpu, d_dq, d_dk, d_dv, d_dout, d_out, d_lse, d_q, d_k, d_v, d_doc, B,
                             T, H, G, D);
     snprintf(what, sizeof what, "attn_bwd B=%d T=%d H=%d G=%d D=%d %s dq", B, T, H, G, D, kind);
-    assert_true(check_bf(what, d_dq, dq, nq, LOOSE_ATOL, LOOSE_RTOL));
+    assert_true(check_rows_bf(what, d_dq, dq, nq / D, D, LOOSE_ATOL, LOOSE_RTOL, LOOSE_ATOL));
     snprintf(what, sizeof what, "attn_bwd B=%d T=%d H=%d G=%d D=%d %s dk", B, T, H, G, D, kind);
-    assert_true(check_bf(what, d_dk, dk, nk, LOOSE_ATOL, LOOSE_RTOL));
+    assert_true(check_rows_bf(what, d_dk, dk, nk / D, D, LOOSE_ATOL, LOOSE_RTOL, LOOSE_ATOL));
     snprintf(what, sizeof what, "attn_bwd B=%d T=%d H=%d G=%d D=%d %s dv", B, T, H, G, D, kind);
-    assert_true(check_bf(what, d_dv, dv, nk, LOOSE_ATOL, LOOSE_RTOL));
+    assert_true(check_rows_bf(what, d_dv, dv, nk / D, D, LOOSE_ATOL, LOOSE_RTOL, LOOSE_ATOL));
 
     gpu->free(gpu, d_q), gpu->free(gpu, d_k), gpu->free(gpu, d_v), gpu->free(gpu, d_out);
     gpu->free(gpu, d_lse), gpu->free(gpu, d_dout), gpu->free(gpu, d_dq), gpu->free(gpu, d_dk);
