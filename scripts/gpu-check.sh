@@ -14,7 +14,7 @@ tail -3 /tmp/gt/gpu-test.log > "$log"
 multi=$(ls -d /tmp/mtdeps/usr/lib/*-linux-gnu | head -1)
 export LD_LIBRARY_PATH="$multi:$multi/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH=/usr/local/cuda/bin:$PATH
-{
+[ -n "${SKIP_EXTRA:-}" ] || {
   echo "== attention kernel: correctness vs a naive GPU reference, then speed"
   nvcc -arch=sm_90 -O3 -std=c++17 -I src -o /tmp/attention_bench bench/attention_bench.cu src/core/error.c &&
     /tmp/attention_bench

@@ -66,7 +66,9 @@ static void compare_model(mt_config cfg, int B, int T, const char *label) {
     fprintf(stderr, "--- %s (C %d, L %d, V %d, B %d, T %d)\n", label, cfg.C, cfg.L, cfg.V, B, T);
     mt_param_table t;
     mt_param_table_init(&t, &cfg);
-    float *w = bf16_weights(&t, 0.1f, 5);
+    /* std 0.02 as real checkpoints: larger weights saturate the softmax of the C=512 model
+     * (scores ~40) and make the comparison measure argmax flips instead of the backend */
+    float *w = bf16_weights(&t, cfg.C >= 256 ? 0.02f : 0.1f, 5);
     int N = B * T;
     int32_t *ids = malloc((size_t)N * sizeof(int32_t)), *tg = malloc((size_t)N * sizeof(int32_t));
     mt_test_rng rng;

@@ -199,7 +199,8 @@ static void cuda_copy_async(mt_backend *be, mt_stream s, void *dst, const void *
 
 static mt_event *cuda_event_create(mt_backend *be) {
     mt_event *e = (mt_event *)mt_calloc(1, sizeof *e);
-    CUDA_CHECK(cudaEventCreateWithFlags(&e->ev, cudaEventDisableTiming));
+    /* timing stays enabled: the engine measures the compute stream's busy time with these */
+    CUDA_CHECK(cudaEventCreateWithFlags(&e->ev, cudaEventDefault));
     return e;
 }
 static void cuda_event_destroy(mt_backend *be, mt_event *e) {
@@ -221,6 +222,14 @@ static void cuda_event_sync(mt_backend *be, mt_event *e) {
     CUDA_CHECK(cudaSetDevice(mt_cuda_ctx_of(be)->device));
     CUDA_CHECK(cudaEventSynchronize(e->ev));
 }
+
+static double cuda_event_elapsed_ms(mt_backend *be, mt_event *start, mt_event *end) {
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start->ev, end->ev));
+    return ms;
+}
+
+static size_t cuda_mem_used(mt_backend *be) { return (size_t)mt_cuda_ctx_of(be)->used; }
 
 static void cuda_destroy(mt_backend *be) {
     cuda_state *st = state_of(be);
@@ -387,6 +396,8 @@ mt_backend *mt_backend_cuda_create(int64_t mem_budget_bytes) {
     be->event_record = cuda_event_record;
     be->stream_wait = cuda_stream_wait;
     be->event_sync = cuda_event_sync;
+    be->event_elapsed_ms = cuda_event_elapsed_ms;
+    be->mem_used = cuda_mem_used;
     be->embedding_forward = cu_embedding_forward;
     be->embedding_backward = cu_embedding_backward;
     be->rmsnorm_forward = cu_rmsnorm_forward;
