@@ -123,8 +123,8 @@ int mt_cmd_bench(int argc, char **argv) {
     for (int i = 0; i < N; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         ids[i] = (int32_t)((s >> 33) % (uint64_t)cfg->V);
-        targets[i] = ids[(i + 1) % N];
     }
+    for (int i = 0; i < N; i++) targets[i] = ids[(i + 1) % N];
     mt_backend *be = mt_backend_cpu_create();
     mt_runner r;
     mt_runner_init(&r, &m.table, be, (int)B, (int)T);
