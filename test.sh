@@ -9,4 +9,4 @@ scripts/build.sh build
 scripts/build.sh build-asan -DMT_SANITIZE=address -DMT_CUDA=OFF
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j2)
 scripts/build.sh build-tsan -DMT_SANITIZE=thread -DMT_CUDA=OFF
-(cd build-tsan && OMP_NUM_THREADS=1 ctest --output-on-failure -R 'test_engine|test_adamw|test_checkpoint')
+(cd build-tsan && ctest --output-on-failure -R 'test_engine|test_adamw|test_checkpoint')

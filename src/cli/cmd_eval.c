@@ -59,7 +59,7 @@ int mt_cmd_eval(int argc, char **argv) {
     if (!T) T = cfg->max_position_embeddings < 1024 ? cfg->max_position_embeddings : 1024;
     mt_token_file f = {0};
     if (mt_run_check_seq(cfg, (int)T, "--seq") != MT_OK ||
-        mt_run_open_data(&f, data, "/tmp", doc_sep, cfg) != MT_OK) {
+        mt_run_open_data(&f, data, "/tmp", doc_sep, cfg, model_dir) != MT_OK) {
         mt_host_model_free(&m);
         return mt_cli_fail();
     }

@@ -169,8 +169,8 @@ static int train(train_run *r) {
     if (!o->have_seq) o->seq = cfg->max_position_embeddings < 1024 ? cfg->max_position_embeddings : 1024;
     MT_TRY(mt_run_check_seq(cfg, (int)o->seq, "--seq"));
     MT_TRY(mt_run_make_dir(o->out_dir));
-    MT_TRY(mt_run_open_data(&r->data, o->data, o->out_dir, o->doc_sep, cfg));
-    if (o->eval_data) MT_TRY(mt_run_open_data(&r->eval, o->eval_data, o->out_dir, o->doc_sep, cfg));
+    MT_TRY(mt_run_open_data(&r->data, o->data, o->out_dir, o->doc_sep, cfg, o->model_dir));
+    if (o->eval_data) MT_TRY(mt_run_open_data(&r->eval, o->eval_data, o->out_dir, o->doc_sep, cfg, o->model_dir));
     MT_TRY(mt_run_backend(&r->be, o->device, o->gpu_mem));
 
     mt_engine_opts eo = {.batch = (int)o->batch, .micro_batch = (int)o->micro_batch, .T = (int)o->seq,

@@ -1,0 +1,270 @@
+/* The `megatrain` binary (env MT_BIN) with a tokenizer.json:
+ *  - `tokenize --tokenizer` writes exactly the file `train --data TEXT` caches (.txt and .jsonl),
+ *    and training on that file gives the same losses as training on the text;
+ *  - the cache is re-used while source, tokenizer and --doc-sep are unchanged, remade otherwise;
+ *  - generate encodes the prompt and decodes the output with the tokenizer;
+ *  - bad input: clear one-line errors with exit 1 (no output file left), warnings with counts for
+ *    skipped lines, no crash and no sanitizer report.
+ * The model is a tiny Llama (vocab 1536 >= the llama3 fixture tokenizer's 1506 ids) made by a
+ * 1-step `train --init` run, with the fixture tokenizer copied into its checkpoint directory. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "util/testutil.h"
+
+#define OUT_SIZE 65536
+
+static struct {
+    char *tmp;
+    const char *bin;
+    char model[4096]; /* tiny model dir with tokenizer.json */
+    char tok[4096];   /* tests/fixtures/tokenizers/llama3 */
+} g;
+
+static void sh(const char *fmt, ...) {
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    if (system(cmd) != 0) fail_msg("shell command failed: %s", cmd);
+}
+
+/* Runs "MT_BIN args" in the scratch directory; fails on a crash or a sanitizer report. */
+static int mt(char *out, const char *fmt, ...) {
+    char args[6144], cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s", g.tmp, g.bin, args);
+    int rc = mt_test_run(cmd, out, OUT_SIZE);
+    if (rc < 0) fail_msg("could not run: %s", cmd);
+    if (strstr(out, "Sanitizer") || strstr(out, "runtime error:"))
+        fail_msg("sanitizer report from: %s\n%s", cmd, out);
+    if (rc >= 128) fail_msg("crashed (exit %d): %s\n%s", rc, cmd, out);
+    return rc;
+}
+
+static void expect(int rc, int want, const char *out, const char *needle) {
+    if (rc != want || (needle && !strstr(out, needle)))
+        fail_msg("exit %d (want %d), output should contain '%s':\n%s", rc, want, needle ? needle : "", out);
+}
+
+static int exists(const char *rel) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s", g.tmp, rel);
+    return access(p, F_OK) == 0;
+}
+
+static void write_text(const char *rel, const char *text) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s", g.tmp, rel);
+    FILE *f = fopen(p, "wb");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+static void same_file(const char *a, const char *b) {
+    sh("cd '%s' && cmp '%s' '%s'", g.tmp, a, b);
+}
+
+/* The "loss X" of every "step " line, concatenated. */
+static void losses(const char *out, char *buf, size_t size) {
+    buf[0] = '\0';
+    for (const char *p = out; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+        if (strncmp(p, "step ", 5) != 0) continue;
+        const char *l = strstr(p, "| loss ");
+        assert_non_null(l);
+        size_t have = strlen(buf), n = strcspn(l + 7, " ");
+        if (have + n + 2 > size) fail_msg("too many step lines");
+        snprintf(buf + have, size - have, "%.*s,", (int)n, l + 7);
+    }
+}
+
+#define TRAIN "train --steps 3 --batch 2 --seq 16 --no-shuffle --lr 0.01 --seed 7"
+
+static void test_tokenize_equals_train(void **st) {
+    (void)st;
+    char *out = malloc(OUT_SIZE), a[512], b[512];
+    int rc = mt(out, "tokenize --tokenizer '%s' --out corpus.bin corpus.txt", g.model);
+    expect(rc, 0, out, "tokens/s");
+    rc = mt(out, TRAIN " --model '%s' --data corpus.txt --out run_txt", g.model);
+    expect(rc, 0, out, "corpus.txt: ");
+    losses(out, a, sizeof a);
+    same_file("corpus.bin", "run_txt/corpus.txt.tokens.bin");
+    rc = mt(out, TRAIN " --model '%s' --data corpus.bin --out run_bin", g.model);
+    expect(rc, 0, out, "step 3/3");
+    losses(out, b, sizeof b);
+    printf("losses on text %s, on the token file %s\n", a, b);
+    assert_true(strlen(a) > 3);
+    assert_string_equal(a, b);
+
+    /* JSONL */
+    rc = mt(out, "tokenize --tokenizer '%s/tokenizer.json' --out docs.bin docs.jsonl", g.model);
+    expect(rc, 0, out, "from 3 documents");
+    rc = mt(out, TRAIN " --model '%s' --data docs.jsonl --out run_jsonl", g.model);
+    expect(rc, 0, out, "step 3/3");
+    same_file("docs.bin", "run_jsonl/docs.jsonl.tokens.bin");
+    /* --dtype u32 holds the same ids */
+    rc = mt(out, "tokenize --tokenizer '%s' --dtype u32 --out docs32.bin docs.jsonl", g.model);
+    expect(rc, 0, out, "uint32");
+    sh("cd '%s' && od -An -v -tu2 -w2 docs.bin > a.txt && od -An -v -tu4 -w4 docs32.bin > b.txt && "
+       "diff -w a.txt b.txt > /dev/null",
+       g.tmp);
+    free(out);
+}
+
+static void test_cache_reuse(void **st) {
+    (void)st;
+    char *out = malloc(OUT_SIZE);
+    const char *args = TRAIN " --model '%s' --data corpus.txt --out run_cache --no-save %s";
+    int rc = mt(out, args, g.model, "");
+    expect(rc, 0, out, "corpus.txt: ");
+    assert_null(strstr(out, "using the tokenized cache"));
+    assert_true(exists("run_cache/corpus.txt.tokens.bin.json"));
+    rc = mt(out, args, g.model, "");
+    expect(rc, 0, out, "using the tokenized cache");
+    sh("touch -d '+2 seconds' '%s/corpus.txt'", g.tmp); /* a changed source is re-tokenized */
+    rc = mt(out, args, g.model, "");
+    expect(rc, 0, out, "tokens from");
+    assert_null(strstr(out, "using the tokenized cache"));
+    rc = mt(out, args, g.model, "--doc-sep XYZ"); /* so is another --doc-sep */
+    expect(rc, 0, out, "tokens from");
+    rc = mt(out, args, g.model, "--doc-sep XYZ");
+    expect(rc, 0, out, "using the tokenized cache");
+    free(out);
+}
+
+static void test_generate(void **st) {
+    (void)st;
+    char *out = malloc(OUT_SIZE);
+    int rc = mt(out, "generate --model '%s' --prompt 'The quick' --tokens 8 --top-k 1 --context 32", g.model);
+    expect(rc, 0, out, NULL);
+    printf("generate: %s", out);
+    assert_int_equal(strncmp(out, "The quick", 9), 0);
+    rc = mt(out, "generate --model '%s' --tokens 4 --top-k 3 --ignore-eos --context 16", g.model);
+    expect(rc, 0, out, NULL);
+    free(out);
+}
+
+static void test_bad_input(void **st) {
+    (void)st;
+    char *out = malloc(OUT_SIZE);
+    int rc = mt(out, "tokenize --help");
+    expect(rc, 0, out, "--tokenizer");
+    rc = mt(out, "tokenize --out x.bin corpus.txt");
+    expect(rc, 1, out, "megatrain: tokenize: give exactly one of --tokenizer DIR and --bytes");
+    rc = mt(out, "tokenize --bytes --tokenizer '%s' --out x.bin corpus.txt", g.model);
+    expect(rc, 1, out, "exactly one");
+    rc = mt(out, "tokenize --tokenizer '%s' --dtype u8 --out x.bin corpus.txt", g.model);
+    expect(rc, 1, out, "--dtype: 'u8'");
+    rc = mt(out, "tokenize --tokenizer '%s' --out x.bin missing.txt", g.model);
+    expect(rc, 1, out, "missing.txt: cannot open");
+    assert_false(exists("x.bin"));
+    rc = mt(out, "tokenize --tokenizer '%s' --out x.bin", g.model);
+    expect(rc, 1, out, "usage:");
+    char *bad = mt_fixture_path("tokenizers/bad/unigram.json");
+    rc = mt(out, "tokenize --tokenizer '%s' --out x.bin corpus.txt", bad);
+    expect(rc, 1, out, "Unigram");
+    free(bad);
+    rc = mt(out, "tokenize --tokenizer '%s' --out x.bin no_dir_here", g.tmp);
+    expect(rc, 1, out, "tokenizer.json");
+
+    /* a JSONL with nothing usable: exit 1, no file; with some bad lines: warnings with counts */
+    write_text("junk.jsonl", "nope\n{\"a\": 1}\n{\"text\": \"\"}\n");
+    rc = mt(out, "tokenize --tokenizer '%s' --out x.bin junk.jsonl", g.model);
+    expect(rc, 1, out, "no text");
+    assert_false(exists("x.bin"));
+    assert_false(exists("x.bin.tmp"));
+    write_text("mixed.jsonl", "{\"text\": \"good one\"}\nnope\n{\"a\": 1}\n{\"text\": \"\"}\n"
+                              "{\"text\": \"good two\"}\n");
+    rc = mt(out, "tokenize --tokenizer '%s' --out x.bin mixed.jsonl", g.model);
+    expect(rc, 0, out, "from 2 documents");
+    expect(rc, 0, out, "1 line(s) that are not a JSON object skipped (first: mixed.jsonl line 2");
+    expect(rc, 0, out, "1 JSON object(s) without a string \"text\" skipped (first: mixed.jsonl line 3)");
+    expect(rc, 0, out, "1 empty or whitespace-only document(s) skipped (first: mixed.jsonl line 4)");
+    write_text("bad_utf8.txt", "ok \xff\xfe text\n");
+    rc = mt(out, "tokenize --tokenizer '%s' --out y.bin bad_utf8.txt", g.model);
+    expect(rc, 0, out, "1 document(s) with invalid UTF-8");
+
+    /* a tokenizer larger than the model's vocabulary */
+    char *fx = mt_fixture_path("train_llama");
+    sh("cp -r '%s' '%s/small_vocab' && cp '%s/tokenizer.json' '%s/small_vocab/'", fx, g.tmp, g.tok, g.tmp);
+    free(fx);
+    rc = mt(out, TRAIN " --model small_vocab --data corpus.txt --out run_small");
+    expect(rc, 1, out, "the tokenizer has 1506 ids but the model's vocabulary (vocab_size) is 96");
+    rc = mt(out, "generate --model small_vocab --tokens 2");
+    expect(rc, 1, out, "the tokenizer has 1506 ids");
+    free(out);
+}
+
+static int setup(void **st) {
+    (void)st;
+    g.bin = getenv("MT_BIN");
+    if (!g.bin) {
+        fprintf(stderr, "MT_BIN is not set (run through ctest)\n");
+        return -1;
+    }
+    setenv("OMP_WAIT_POLICY", "passive", 0);
+    g.tmp = mt_test_tmpdir();
+    char *tok = mt_fixture_path("tokenizers/llama3"), *fx = mt_fixture_path("train_llama/config.json");
+    snprintf(g.tok, sizeof g.tok, "%s", tok);
+    json_t *cfg = json_load_file(fx, 0, NULL);
+    if (!cfg) return -1;
+    json_object_set_new(cfg, "vocab_size", json_integer(1536));
+    char path[4096];
+    snprintf(path, sizeof path, "%s/cfg.json", g.tmp);
+    if (json_dump_file(cfg, path, JSON_INDENT(2)) != 0) return -1;
+    json_decref(cfg);
+    free(tok), free(fx);
+
+    snprintf(path, sizeof path, "%s/corpus.txt", g.tmp);
+    FILE *f = fopen(path, "wb");
+    for (int i = 0; i < 40; i++)
+        fprintf(f, "Line %d: the quick brown fox jumps over the lazy dog. Caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac "
+                   "\xf0\x9f\x99\x82 %d\n", i, i * 37);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/docs.jsonl", g.tmp);
+    f = fopen(path, "wb");
+    fputs("{\"text\": \"first document, with some words in it\"}\n"
+          "{\"text\": \"second: \\u00fcber na\\u00efve caf\\u00e9s \\ud83d\\ude42\"}\n"
+          "{\"text\": \"third\\nhas\\nlines <|end_of_text|> and a special token\"}\n", f);
+    fclose(f);
+
+    char cmd[16384], *out = malloc(OUT_SIZE);
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && '%s' train --init cfg.json --data corpus.txt --steps 1 --batch 2 --seq 16 --out init",
+             g.tmp, g.bin);
+    int rc = mt_test_run(cmd, out, OUT_SIZE);
+    if (rc != 0) {
+        fprintf(stderr, "making the model failed:\n%s\n", out);
+        return -1;
+    }
+    free(out);
+    snprintf(g.model, sizeof g.model, "%s/init/checkpoints/step_00000001", g.tmp);
+    snprintf(cmd, sizeof cmd, "cp '%s/tokenizer.json' '%s/tokenizer_config.json' '%s/'", g.tok, g.tok, g.model);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static int teardown(void **st) {
+    (void)st;
+    mt_test_rmtree(g.tmp);
+    free(g.tmp);
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tokenize_equals_train),
+        cmocka_unit_test(test_cache_reuse),
+        cmocka_unit_test(test_generate),
+        cmocka_unit_test(test_bad_input),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
