@@ -174,7 +174,8 @@ static int train(train_run *r) {
     MT_TRY(mt_run_backend(&r->be, o->device, o->gpu_mem));
 
     mt_engine_opts eo = {.batch = (int)o->batch, .micro_batch = (int)o->micro_batch, .T = (int)o->seq,
-                         .n_slots = 2, .opt_threads = (int)o->threads, .trace = o->trace_path != NULL};
+                         .n_slots = 2, .opt_threads = (int)o->threads, .trace = o->trace_path != NULL,
+                         .offload = o->offload};
     MT_TRY(mt_run_check_memory(&r->model.table, r->be, &eo, o->gpu_mem));
     r->e = mt_engine_create(&r->model.table, r->be, &eo, NULL);
     float *master = mt_engine_master(r->e);

@@ -204,28 +204,38 @@ static double mem_available_bytes(void) {
     return kb < 0 ? -1 : kb * 1024;
 }
 
-int mt_run_check_memory(const mt_param_table *t, mt_backend *be, const mt_engine_opts *eo,
+/* cuBLASLt workspace and the LM head's logits chunk (lm_head_loss.cu), outside the engine's plan. */
+#define CUDA_LIBRARY_SCRATCH (1.5 * 1073741824.0 + 64 * 1048576.0)
+
+int mt_run_check_memory(const mt_param_table *t, mt_backend *be, mt_engine_opts *eo,
                         int64_t gpu_budget) {
+    int host_compute = strcmp(be->name, "cpu") == 0;
+    double scratch = host_compute ? 0 : CUDA_LIBRARY_SCRATCH;
     mt_engine_plan p;
     mt_engine_plan_of(t, be->dtype, eo, &p);
+    if (!host_compute && gpu_budget > 0 && !eo->offload && p.dev_total + scratch > (double)gpu_budget) {
+        /* short of GPU memory: the layer checkpoints go to pinned host memory */
+        eo->offload = 1;
+        mt_engine_plan_of(t, be->dtype, eo, &p);
+    }
     double n = (double)t->n_real, gb = 1e9;
-    int host_compute = strcmp(be->name, "cpu") == 0;
     double host = p.host_total + (host_compute ? p.dev_total : 0);
-    printf("memory plan: host %.2f GB (%.1f B/param: master %.2f, moments %.2f, upload copy %.2f)%s\n",
+    printf("memory plan: host %.2f GB (%.1f B/param: master %.2f, moments %.2f, upload copy %.2f%s)%s\n",
            host / gb, p.host_total / n, p.host_master / gb, p.host_moments / gb, p.host_upload / gb,
-           host_compute ? " + compute" : "");
+           eo->offload ? ", layer checkpoints" : "", host_compute ? " + compute" : "");
     printf("             %s %.2f GB (weight slots %.2f, embed/head %.2f, gradients %.2f, "
-           "checkpoints %.2f, working %.2f)\n",
-           host_compute ? "compute (in host RAM)" : "GPU", p.dev_total / gb, p.dev_slots / gb,
-           p.dev_embed_head / gb, p.dev_grads / gb, p.dev_checkpoints / gb, p.dev_work / gb);
+           "activations %.2f%s, working %.2f, library scratch %.2f)\n",
+           host_compute ? "compute (in host RAM)" : "GPU", (p.dev_total + scratch) / gb, p.dev_slots / gb,
+           p.dev_embed_head / gb, p.dev_grads / gb, p.dev_checkpoints / gb,
+           eo->offload ? " with checkpoints offloaded" : "", p.dev_work / gb, scratch / gb);
     double avail = mem_available_bytes();
     if (avail > 0 && host > avail)
         return mt_error_set("host RAM: training needs %.2f GB, %.2f GB available; use a smaller model, "
                             "--batch/--seq, or a machine with more RAM",
                             host / gb, avail / gb);
-    if (!host_compute && gpu_budget > 0 && p.dev_total > (double)gpu_budget)
-        return mt_error_set("GPU memory: the plan needs %.2f GB, the budget is %.2f GB; lower --batch or "
-                            "--seq, or raise --gpu-mem",
-                            p.dev_total / gb, (double)gpu_budget / gb);
+    if (!host_compute && gpu_budget > 0 && p.dev_total + scratch > (double)gpu_budget)
+        return mt_error_set("GPU memory: the plan needs %.2f GB even with checkpoints in host memory, the "
+                            "budget is %.2f GB; lower --batch or --seq, or raise --gpu-mem",
+                            (p.dev_total + scratch) / gb, (double)gpu_budget / gb);
     return MT_OK;
 }

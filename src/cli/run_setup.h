@@ -21,8 +21,9 @@ int mt_run_open_data(mt_token_file *f, const char *path, const char *out_dir, co
  * --gpu-mem cap in bytes (0 = the whole GPU). */
 int mt_run_backend(mt_backend **out, int device, int64_t gpu_mem);
 /* Prints the memory plan and refuses, before allocating, what the machine cannot hold
- * (gpu_budget: bytes the GPU side may use, 0 = unchecked). */
-int mt_run_check_memory(const mt_param_table *t, mt_backend *be, const mt_engine_opts *eo,
+ * (gpu_budget: bytes the GPU side may use, 0 = unchecked). When the budget is short it moves the
+ * layer checkpoints to pinned host memory (sets eo->offload). */
+int mt_run_check_memory(const mt_param_table *t, mt_backend *be, mt_engine_opts *eo,
                         int64_t gpu_budget);
 
 #endif

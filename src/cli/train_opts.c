@@ -44,7 +44,9 @@ void mt_train_opts_usage(FILE *out) {
 "  --seed N               data order and init (default 1337)\n"
 "  --no-shuffle           read the data in order (the contract's order)\n"
 "  --device D             auto | cpu | cuda (default auto)\n"
-"  --gpu-mem SIZE         cap on GPU memory, e.g. 24G (default: all)\n"
+"  --gpu-mem SIZE         cap on GPU memory, e.g. 24G (default: all); when the plan does not fit,\n"
+"                         the layer checkpoints move to pinned host memory\n"
+"  --offload-checkpoints  keep the layer checkpoints in host memory in any case\n"
 "  --threads N            optimizer threads (default: all cores)\n"
 "  --save-every K         checkpoint every K steps (default 0: at the end only)\n"
 "  --keep K               checkpoints kept (default 3)\n"
@@ -60,7 +62,7 @@ enum {
     O_MODEL = 1000, O_INIT, O_DATA, O_OUT, O_STEPS, O_BATCH, O_SEQ, O_MICRO, O_LR, O_MIN_LR,
     O_WARMUP, O_SCHEDULE, O_BETA1, O_BETA2, O_EPS, O_WD, O_CLIP, O_SEED, O_NO_SHUFFLE, O_DEVICE,
     O_GPU_MEM, O_SAVE_EVERY, O_KEEP, O_RESUME, O_EVAL_DATA, O_EVAL_EVERY, O_EVAL_BATCHES, O_LOG,
-    O_TRACE, O_THREADS, O_DOC_SEP, O_MAX_TIME, O_STOP_AT, O_NO_SAVE, O_HELP,
+    O_TRACE, O_THREADS, O_DOC_SEP, O_MAX_TIME, O_STOP_AT, O_NO_SAVE, O_OFFLOAD, O_HELP,
 };
 
 static const struct option long_opts[] = {
@@ -80,7 +82,8 @@ static const struct option long_opts[] = {
     {"eval-batches", required_argument, 0, O_EVAL_BATCHES}, {"log", required_argument, 0, O_LOG},
     {"trace", required_argument, 0, O_TRACE},       {"threads", required_argument, 0, O_THREADS},
     {"doc-sep", required_argument, 0, O_DOC_SEP},   {"max-time", required_argument, 0, O_MAX_TIME},
-    {"stop-at", required_argument, 0, O_STOP_AT},   {"no-save", no_argument, 0, O_NO_SAVE},   {"help", no_argument, 0, O_HELP},               {0, 0, 0, 0},
+    {"stop-at", required_argument, 0, O_STOP_AT},   {"no-save", no_argument, 0, O_NO_SAVE},
+    {"offload-checkpoints", no_argument, 0, O_OFFLOAD},   {"help", no_argument, 0, O_HELP},               {0, 0, 0, 0},
 };
 
 static int parse_one(mt_train_opts *o, int c, const char *arg) {
@@ -116,6 +119,7 @@ static int parse_one(mt_train_opts *o, int c, const char *arg) {
     case O_KEEP: return mt_arg_int("--keep", arg, 0, 1 << 20, &o->keep);
     case O_RESUME: o->resume = 1; return MT_OK;
     case O_NO_SAVE: o->no_save = 1; return MT_OK;
+    case O_OFFLOAD: o->offload = 1; return MT_OK;
     case O_EVAL_EVERY: return mt_arg_int("--eval-every", arg, 0, big, &o->eval_every);
     case O_EVAL_BATCHES: return mt_arg_int("--eval-batches", arg, 1, big, &o->eval_batches);
     case O_STOP_AT: return mt_arg_int("--stop-at", arg, 1, big, &o->stop_at);

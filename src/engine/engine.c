@@ -34,7 +34,11 @@ struct mt_engine {
     mt_event *staging_ready[2], *staging_free[2];
     int next_stage;
     float *norms;                    /* (L + 2) squared norms, group order */
-    void *acts;                      /* (L + 1, B*T, C) layer inputs, then the last output */
+    void *acts;                      /* (L + 1, B*T, C) layer inputs, then the last output;
+                                        offload: two such sets, layer l in set l % 2 */
+    void *host_ckpt;                 /* offload: (L, B*T, C) layer inputs in pinned host memory */
+    mt_event *ckpt_ready, *ckpts_saved;
+    mt_event *ckpt_saved[2], *set_free[2], *ckpt_loaded[2];
     void *dx;                        /* (B*T, C) */
     int32_t *ids, *targets, *pos;
     float *losses;
@@ -62,9 +66,19 @@ static void *upload_at(const mt_engine *e, int layer) {
     return (char *)e->upload + (size_t)mt_group_offset(e->t, layer) * e->elem;
 }
 
+static size_t set_bytes(const mt_engine *e) {
+    return (size_t)e->M * e->bN * e->t->cfg.C * e->elem;
+}
+
+/* The input of layer l (l = L: the last output) for micro-batch m on the compute side. */
 static void *act_at(const mt_engine *e, int l, int m) {
     size_t per_mb = (size_t)e->bN * e->t->cfg.C * e->elem;
-    return (char *)e->acts + ((size_t)l * e->M + m) * per_mb;
+    int set = e->o.offload ? l % 2 : l;
+    return (char *)e->acts + ((size_t)set * e->M + m) * per_mb;
+}
+
+static void *host_ckpt_at(const mt_engine *e, int l) {
+    return (char *)e->host_ckpt + (size_t)l * set_bytes(e);
 }
 
 static void *dx_at(const mt_engine *e, int m) {
@@ -102,7 +116,9 @@ void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_
     p->dev_slots = (double)o->n_slots * t->layer_size * el;
     p->dev_embed_head = (double)(t->embed_size + t->head_size) * el;
     p->dev_grads = 4.0 * (t->layer_size + t->embed_size + t->head_size) + 2.0 * max_group(t) * el;
-    p->dev_checkpoints = (t->cfg.L + 2) * N * t->cfg.C * el;
+    /* the layer inputs (L + 1 sets, or 2 when offloaded) and the gradient dx */
+    p->dev_checkpoints = ((o->offload ? 2 : t->cfg.L + 1) + 1) * N * t->cfg.C * el;
+    if (o->offload) p->host_total += t->cfg.L * N * t->cfg.C * el;
     p->dev_work = (double)mt_layer_ws_bytes(&t->cfg, dtype, (int)bN) + 2 * bN * t->cfg.C * el +
                   N * (4 + 4 + 4) + bN * 4 * 2;
     p->dev_total = p->dev_slots + p->dev_embed_head + p->dev_grads + p->dev_checkpoints + p->dev_work;
@@ -207,10 +223,29 @@ static void upload_batch(mt_engine *e, const int32_t *inputs, const int32_t *tar
     be->stream_wait(be, MT_STREAM_COMPUTE, e->ids_ready);
 }
 
-/* Embedding and every layer, micro-batch by micro-batch, saving each layer's input. Each layer's
- * compute is issued before the load of the layer n_slots - 1 ahead, so that on an asynchronous
- * backend the copy runs while the layer computes. */
-static void forward(mt_engine *e, const mt_model_view *w) {
+/* Offload: layer l's input (complete on the compute stream) leaves for the host on the D2H stream. */
+static void save_checkpoint(mt_engine *e, int l) {
+    mt_backend *be = e->be;
+    be->event_record(be, e->ckpt_ready, MT_STREAM_COMPUTE);
+    be->stream_wait(be, MT_STREAM_D2H, e->ckpt_ready);
+    be->copy_async(be, MT_STREAM_D2H, host_ckpt_at(e, l), act_at(e, l, 0), set_bytes(e));
+    be->event_record(be, e->ckpt_saved[l % 2], MT_STREAM_D2H);
+    e->d2h_bytes += (double)set_bytes(e);
+}
+
+/* Offload: layer l's input comes back into its set once the set's last reader is done. */
+static void load_checkpoint(mt_engine *e, int l) {
+    mt_backend *be = e->be;
+    be->stream_wait(be, MT_STREAM_H2D, e->set_free[l % 2]);
+    be->copy_async(be, MT_STREAM_H2D, act_at(e, l, 0), host_ckpt_at(e, l), set_bytes(e));
+    be->event_record(be, e->ckpt_loaded[l % 2], MT_STREAM_H2D);
+    e->h2d_bytes += (double)set_bytes(e);
+}
+
+/* Embedding and every layer, micro-batch by micro-batch, saving each layer's input (when `save`
+ * and offloading, to the host). Each layer's compute is issued before the load of the layer
+ * n_slots - 1 ahead, so that on an asynchronous backend the copy runs while the layer computes. */
+static void forward(mt_engine *e, const mt_model_view *w, int save) {
     mt_backend *be = e->be;
     int L = e->t->cfg.L, K = e->o.n_slots;
     mt_tokens tok = {.B = e->o.micro_batch, .T = e->o.T, .pos = e->pos, .doc_start = NULL};
@@ -224,6 +259,11 @@ static void forward(mt_engine *e, const mt_model_view *w) {
 
     for (int l = 0; l < L; l++) {
         int s = slot_of(e, l, 0);
+        if (e->o.offload) {
+            if (save) save_checkpoint(e, l);
+            /* the output set held layer l - 1's input: its copy to the host must be done */
+            be->stream_wait(be, MT_STREAM_COMPUTE, e->ckpt_saved[(l + 1) % 2]);
+        }
         be->stream_wait(be, MT_STREAM_COMPUTE, e->slot_loaded[s]);
         mt_layer_weights lw = layer_weights(e, s);
         double t0 = mt_trace_now(e->trace);
@@ -237,6 +277,10 @@ static void forward(mt_engine *e, const mt_model_view *w) {
     }
     load_group(e, L, e->head_w, e->head_free, e->head_loaded, 1);
     be->stream_wait(be, MT_STREAM_COMPUTE, e->head_loaded);
+    if (e->o.offload && save) {
+        be->event_record(be, e->ckpts_saved, MT_STREAM_D2H);
+        be->stream_wait(be, MT_STREAM_H2D, e->ckpts_saved); /* reloads read finished copies */
+    }
 }
 
 /* The first loads of the backward (no optimizer wait: the same step's weights). */
@@ -252,6 +296,8 @@ static void backward(mt_engine *e, const mt_model_view *g) {
     for (int i = 0; i < L; i++) {
         int l = L - 1 - i;
         int s = slot_of(e, i, 1);
+        /* offload: layer L - 1's input is still on the compute side; the others were reloaded */
+        if (e->o.offload && l < L - 1) be->stream_wait(be, MT_STREAM_COMPUTE, e->ckpt_loaded[l % 2]);
         be->stream_wait(be, MT_STREAM_COMPUTE, e->slot_loaded[s]);
         mt_layer_weights lw = layer_weights(e, s);
         mt_layer_weights lg = mt_layer_view_of(e->t, e->g_layer, sizeof(float));
@@ -264,6 +310,10 @@ static void backward(mt_engine *e, const mt_model_view *g) {
         busy_end(e);
         be->event_record(be, e->slot_free[s], MT_STREAM_COMPUTE);
         mt_trace_add(e->trace, MT_SPAN_BACKWARD, MT_LANE_MAIN, e->step, l, t0, mt_trace_now(e->trace));
+        if (e->o.offload) {
+            be->event_record(be, e->set_free[l % 2], MT_STREAM_COMPUTE);
+            if (l >= 1) load_checkpoint(e, l - 1);
+        }
         prefetch_layers(e, i + K - 1, 1, 0);
         grads_out(e, l, e->g_layer);
     }
@@ -297,7 +347,7 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
     upload_batch(e, inputs, targets);
     mt_model_view w = ends_view(t, e->embed_w, e->head_w, e->elem);
     mt_model_view g = ends_view(t, e->g_embed, e->g_head, sizeof(float));
-    forward(e, &w);
+    forward(e, &w, 1);
     backward_prefetch(e);
 
     /* head: loss, and the gradient flowing into the last layer */
@@ -312,6 +362,7 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
     busy_end(e);
     be->event_record(be, e->head_free, MT_STREAM_COMPUTE);
     be->event_record(be, e->embed_free, MT_STREAM_COMPUTE);
+    if (e->o.offload) be->event_record(be, e->set_free[L % 2], MT_STREAM_COMPUTE);
     mt_trace_add(e->trace, MT_SPAN_HEAD, MT_LANE_MAIN, e->step, L, t0, mt_trace_now(e->trace));
     grads_out(e, L, e->g_head);
 
@@ -346,7 +397,7 @@ double mt_engine_eval(mt_engine *e, const int32_t *inputs, const int32_t *target
     *count = n;
     upload_batch(e, inputs, targets);
     mt_model_view w = ends_view(e->t, e->embed_w, e->head_w, e->elem);
-    forward(e, &w);
+    forward(e, &w, 0);
     for (int m = 0; m < e->M; m++)
         mt_head_loss(&e->lc, &w, NULL, act_at(e, L, m), e->targets + (size_t)m * e->bN, e->bN, 1.0f,
                      e->losses + (size_t)m * e->bN, NULL, &e->head_ws);
@@ -410,7 +461,17 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
         e->staging_free[i] = new_event(e);
     }
     e->norms = be->alloc(be, (size_t)(L + 2) * sizeof(float));
-    e->acts = be->alloc(be, (size_t)(L + 1) * N * cfg->C * e->elem);
+    e->acts = be->alloc(be, (size_t)(o->offload ? 2 : L + 1) * N * cfg->C * e->elem);
+    if (o->offload) {
+        e->host_ckpt = be->host_alloc(be, (size_t)(L > 0 ? L : 1) * N * cfg->C * e->elem);
+        e->ckpt_ready = new_event(e);
+        e->ckpts_saved = new_event(e);
+        for (int i = 0; i < 2; i++) {
+            e->ckpt_saved[i] = new_event(e);
+            e->set_free[i] = new_event(e);
+            e->ckpt_loaded[i] = new_event(e);
+        }
+    }
     e->dx = be->alloc(be, (size_t)N * cfg->C * e->elem);
     e->ids = be->alloc(be, (size_t)N * sizeof(int32_t));
     e->targets = be->alloc(be, (size_t)N * sizeof(int32_t));
@@ -467,6 +528,12 @@ void mt_engine_destroy(mt_engine *e) {
                        e->grads_out};
     for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++) be->event_destroy(be, evs[i]);
     for (int i = 0; i < e->max_busy; i++) be->event_destroy(be, e->busy[i]);
+    if (e->o.offload) {
+        be->host_free(be, e->host_ckpt);
+        mt_event *off[] = {e->ckpt_ready, e->ckpts_saved, e->ckpt_saved[0], e->ckpt_saved[1],
+                           e->set_free[0], e->set_free[1], e->ckpt_loaded[0], e->ckpt_loaded[1]};
+        for (size_t i = 0; i < sizeof off / sizeof off[0]; i++) be->event_destroy(be, off[i]);
+    }
     free(e->busy);
     be->host_free(be, e->upload);
     be->host_free(be, e->host_ids);

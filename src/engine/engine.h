@@ -8,6 +8,9 @@
  * gradient. Per step each layer's weights cross to the compute side exactly twice (forward,
  * backward) whatever the number of micro-batches; the embed and head groups once.
  *
+ * With o->offload the checkpoints go to pinned host memory as the forward makes them and come back
+ * one layer ahead of the backward, so the compute side holds two layers' activations, not L + 1.
+ *
  * A layer's gradient leaves for the host as soon as it is final, into that layer's upload
  * buffer (dead from then until its update); its squared norm is summed on the compute side, so
  * the global norm is exact when the backward ends. The optimizer thread then updates embed,
@@ -30,6 +33,7 @@ typedef struct {
     int n_slots;      /* layer weight slots on the compute side (>= 2) */
     int opt_threads;  /* threads of the optimizer (<= 0: all) */
     int trace;        /* record a timeline (mt_engine_trace) */
+    int offload;      /* keep the layer checkpoints in pinned host memory, not on the compute side */
 } mt_engine_opts;
 
 typedef struct {
