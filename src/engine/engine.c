@@ -7,6 +7,7 @@
 #include "../core/error.h"
 #include "../model/head.h"
 #include "../model/layer.h"
+#include "../model/docs.h"
 #include "adamw.h"
 
 struct mt_engine {
@@ -40,7 +41,9 @@ struct mt_engine {
     mt_event *ckpt_ready, *ckpts_saved;
     mt_event *ckpt_saved[2], *set_free[2], *ckpt_loaded[2];
     void *dx;                        /* (B*T, C) */
-    int32_t *ids, *targets, *pos;
+    int32_t *ids, *targets, *pos;    /* (B*T) */
+    int32_t *doc_start;              /* (B*T) packed rows' document starts, when use_docs */
+    int use_docs;
     float *losses;
     mt_event *ids_ready, *grads_out;
     mt_layer_ws ws;
@@ -85,6 +88,14 @@ static void *dx_at(const mt_engine *e, int m) {
     return (char *)e->dx + (size_t)m * e->bN * e->t->cfg.C * e->elem;
 }
 
+/* Where micro-batch m's tokens sit (positions, and document starts of packed rows). */
+static mt_tokens tokens_of(const mt_engine *e, int m) {
+    size_t off = (size_t)m * e->bN;
+    mt_tokens tok = {.B = e->o.micro_batch, .T = e->o.T, .pos = e->pos + off,
+                     .doc_start = e->use_docs ? e->doc_start + off : NULL};
+    return tok;
+}
+
 static int64_t max_group(const mt_param_table *t) {
     int64_t g = t->layer_size;
     if (t->embed_size > g) g = t->embed_size;
@@ -120,7 +131,7 @@ void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_
     p->dev_checkpoints = ((o->offload ? 2 : t->cfg.L + 1) + 1) * N * t->cfg.C * el;
     if (o->offload) p->host_total += t->cfg.L * N * t->cfg.C * el;
     p->dev_work = (double)mt_layer_ws_bytes(&t->cfg, dtype, (int)bN) + 2 * bN * t->cfg.C * el +
-                  N * (4 + 4 + 4) + bN * 4 * 2;
+                  N * 4 * 5; /* ids, targets, losses, positions, document starts */
     p->dev_total = p->dev_slots + p->dev_embed_head + p->dev_grads + p->dev_checkpoints + p->dev_work;
 }
 
@@ -248,7 +259,6 @@ static void load_checkpoint(mt_engine *e, int l) {
 static void forward(mt_engine *e, const mt_model_view *w, int save) {
     mt_backend *be = e->be;
     int L = e->t->cfg.L, K = e->o.n_slots;
-    mt_tokens tok = {.B = e->o.micro_batch, .T = e->o.T, .pos = e->pos, .doc_start = NULL};
 
     load_group(e, MT_GROUP_EMBED, e->embed_w, e->embed_free, e->embed_loaded, 1);
     e->issued = 0;
@@ -268,8 +278,10 @@ static void forward(mt_engine *e, const mt_model_view *w, int save) {
         mt_layer_weights lw = layer_weights(e, s);
         double t0 = mt_trace_now(e->trace);
         busy_begin(e);
-        for (int m = 0; m < e->M; m++)
+        for (int m = 0; m < e->M; m++) {
+            mt_tokens tok = tokens_of(e, m);
             mt_layer_forward(&e->lc, &tok, &lw, act_at(e, l, m), act_at(e, l + 1, m), &e->ws);
+        }
         busy_end(e);
         be->event_record(be, e->slot_free[s], MT_STREAM_COMPUTE);
         mt_trace_add(e->trace, MT_SPAN_FORWARD, MT_LANE_MAIN, e->step, l, t0, mt_trace_now(e->trace));
@@ -292,7 +304,6 @@ static void backward_prefetch(mt_engine *e) {
 static void backward(mt_engine *e, const mt_model_view *g) {
     mt_backend *be = e->be;
     int L = e->t->cfg.L, K = e->o.n_slots;
-    mt_tokens tok = {.B = e->o.micro_batch, .T = e->o.T, .pos = e->pos, .doc_start = NULL};
     for (int i = 0; i < L; i++) {
         int l = L - 1 - i;
         int s = slot_of(e, i, 1);
@@ -304,9 +315,11 @@ static void backward(mt_engine *e, const mt_model_view *g) {
         double t0 = mt_trace_now(e->trace);
         busy_begin(e);
         be->zero(be, e->g_layer, (size_t)e->t->layer_size * sizeof(float));
-        for (int m = 0; m < e->M; m++)
+        for (int m = 0; m < e->M; m++) {
+            mt_tokens tok = tokens_of(e, m);
             mt_layer_backward(&e->lc, &tok, &lw, &lg, act_at(e, l, m), dx_at(e, m), dx_at(e, m),
                               &e->ws, 1);
+        }
         busy_end(e);
         be->event_record(be, e->slot_free[s], MT_STREAM_COMPUTE);
         mt_trace_add(e->trace, MT_SPAN_BACKWARD, MT_LANE_MAIN, e->step, l, t0, mt_trace_now(e->trace));
@@ -479,11 +492,9 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
     e->ids_ready = new_event(e);
     e->grads_out = new_event(e);
 
-    int32_t *pos = mt_malloc((size_t)e->bN * sizeof(int32_t));
-    for (int i = 0; i < e->bN; i++) pos[i] = i % o->T;
-    e->pos = be->alloc(be, (size_t)e->bN * sizeof(int32_t));
-    be->upload(be, e->pos, pos, (size_t)e->bN * sizeof(int32_t));
-    free(pos);
+    e->pos = be->alloc(be, (size_t)N * sizeof(int32_t));
+    e->doc_start = be->alloc(be, (size_t)N * sizeof(int32_t));
+    mt_engine_set_documents(e, NULL);
     float *inv_freq = mt_malloc((size_t)cfg->D / 2 * sizeof(float));
     mt_config_rope_inv_freq(cfg, inv_freq);
     e->inv_freq = be->alloc(be, (size_t)cfg->D / 2 * sizeof(float));
@@ -522,7 +533,7 @@ void mt_engine_destroy(mt_engine *e) {
         be->event_destroy(be, e->staging_free[i]);
     }
     void *dev[] = {e->embed_w, e->head_w, e->g_layer, e->g_embed, e->g_head, e->norms, e->acts,
-                   e->dx, e->ids, e->targets, e->losses, e->pos, e->inv_freq};
+                   e->dx, e->ids, e->targets, e->losses, e->pos, e->doc_start, e->inv_freq};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) be->free(be, dev[i]);
     mt_event *evs[] = {e->embed_loaded, e->embed_free, e->head_loaded, e->head_free, e->ids_ready,
                        e->grads_out};
@@ -544,6 +555,20 @@ void mt_engine_destroy(mt_engine *e) {
 }
 
 void mt_engine_finish(mt_engine *e) { mt_optimizer_wait_all(e->opt); }
+
+int mt_engine_set_documents(mt_engine *e, const int32_t *doc_start) {
+    mt_backend *be = e->be;
+    int B = e->o.batch, T = e->o.T;
+    if (doc_start) MT_TRY(mt_docs_check(doc_start, B, T));
+    size_t bytes = (size_t)B * T * sizeof(int32_t);
+    int32_t *pos = mt_malloc(bytes);
+    mt_docs_positions(doc_start, B, T, pos);
+    be->upload(be, e->pos, pos, bytes); /* synchronous: ordered after the previous step's work */
+    free(pos);
+    if (doc_start) be->upload(be, e->doc_start, doc_start, bytes);
+    e->use_docs = doc_start != NULL;
+    return MT_OK;
+}
 
 float *mt_engine_master(mt_engine *e) { return e->master; }
 float *mt_engine_moment1(mt_engine *e) { return e->m1; }

@@ -76,6 +76,11 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
 double mt_engine_eval(mt_engine *e, const int32_t *inputs, const int32_t *targets, int B,
                       int64_t *count);
 
+/* Packed rows for the following steps and evals: doc_start (B, T) on the host (model/docs.h) —
+ * attention stays inside each document and positions restart — or NULL for one document per row.
+ * MT_ERR when the starts are malformed. */
+int mt_engine_set_documents(mt_engine *e, const int32_t *doc_start);
+
 /* Waits for the optimizer; after it, master/moments are the state after the last step. */
 void mt_engine_finish(mt_engine *e);
 

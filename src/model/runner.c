@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "../core/error.h"
+#include "docs.h"
 
 static size_t act_bytes(const mt_param_table *t, mt_dtype dtype, int N) {
     return (size_t)N * t->cfg.C * mt_dtype_size(dtype);
@@ -12,7 +13,7 @@ static size_t act_bytes(const mt_param_table *t, mt_dtype dtype, int N) {
 size_t mt_runner_bytes(const mt_param_table *t, mt_dtype dtype, int max_B, int T) {
     int N = max_B * T;
     size_t head = 2 * act_bytes(t, dtype, N) + (size_t)N * sizeof(float);
-    size_t small = (size_t)N * (sizeof(float) + 3 * sizeof(int32_t)) + t->cfg.D / 2 * sizeof(float);
+    size_t small = (size_t)N * (sizeof(float) + 4 * sizeof(int32_t)) + t->cfg.D / 2 * sizeof(float);
     return mt_layer_ws_bytes(&t->cfg, dtype, N) + head + (size_t)(t->cfg.L + 2) * act_bytes(t, dtype, N) +
            small;
 }
@@ -42,10 +43,21 @@ void mt_runner_init(mt_runner *r, const mt_param_table *t, mt_backend *be, int m
     r->targets = be->alloc(be, (size_t)N * sizeof(int32_t));
     r->pos = be->alloc(be, (size_t)N * sizeof(int32_t));
 
-    int32_t *pos = mt_malloc((size_t)N * sizeof(int32_t));
-    for (int i = 0; i < N; i++) pos[i] = i % T;
-    be->upload(be, r->pos, pos, (size_t)N * sizeof(int32_t));
+    r->doc_start = be->alloc(be, (size_t)N * sizeof(int32_t));
+    mt_runner_set_documents(r, NULL);
+}
+
+int mt_runner_set_documents(mt_runner *r, const int32_t *doc_start) {
+    mt_backend *be = r->lc.be;
+    if (doc_start) MT_TRY(mt_docs_check(doc_start, r->max_B, r->T));
+    size_t bytes = (size_t)r->max_N * sizeof(int32_t);
+    int32_t *pos = mt_malloc(bytes);
+    mt_docs_positions(doc_start, r->max_B, r->T, pos);
+    be->upload(be, r->pos, pos, bytes);
     free(pos);
+    if (doc_start) be->upload(be, r->doc_start, doc_start, bytes);
+    r->use_docs = doc_start != NULL;
+    return MT_OK;
 }
 
 void mt_runner_free(mt_runner *r) {
@@ -53,7 +65,7 @@ void mt_runner_free(mt_runner *r) {
     if (!be) return;
     mt_layer_ws_free(&r->ws, &r->lc);
     mt_head_ws_free(&r->head_ws, &r->lc);
-    void *bufs[] = {r->acts, r->dx, r->losses, r->ids, r->targets, r->pos, r->inv_freq};
+    void *bufs[] = {r->acts, r->dx, r->losses, r->ids, r->targets, r->pos, r->doc_start, r->inv_freq};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
     memset(r, 0, sizeof *r);
 }
@@ -98,7 +110,7 @@ double mt_runner_step(mt_runner *r, const void *weights, float *grads, const int
 
     upload_ids(r, r->ids, ids, N);
     upload_ids(r, r->targets, targets, N);
-    mt_tokens tok = {.B = B, .T = r->T, .pos = r->pos, .doc_start = NULL};
+    mt_tokens tok = {.B = B, .T = r->T, .pos = r->pos, .doc_start = r->use_docs ? r->doc_start : NULL};
     size_t elem = mt_dtype_size(be->dtype);
     mt_model_view w = mt_model_view_of(t, (void *)weights, elem);
     forward_layers(r, weights, &tok, &w);
@@ -131,7 +143,7 @@ void mt_runner_logits(mt_runner *r, const void *weights, const int32_t *ids, int
     MT_CHECK(B >= 1 && B <= r->max_B, "batch of %d rows, runner sized for %d", B, r->max_B);
     int N = B * r->T, V = t->cfg.V;
     upload_ids(r, r->ids, ids, N);
-    mt_tokens tok = {.B = B, .T = r->T, .pos = r->pos, .doc_start = NULL};
+    mt_tokens tok = {.B = B, .T = r->T, .pos = r->pos, .doc_start = r->use_docs ? r->doc_start : NULL};
     size_t elem = mt_dtype_size(be->dtype);
     mt_model_view w = mt_model_view_of(t, (void *)weights, elem);
     forward_layers(r, weights, &tok, &w);

@@ -23,6 +23,8 @@ typedef struct {
     void *dx;         /* (max_N, C) gradient flowing down the residual stream */
     float *losses;    /* (max_N) per-token losses */
     int32_t *ids, *targets, *pos; /* (max_N) on the compute side */
+    int32_t *doc_start;           /* (max_N) on the compute side when documents are set */
+    int use_docs;
     float *inv_freq;  /* (D/2) on the compute side */
 } mt_runner;
 
@@ -39,6 +41,10 @@ size_t mt_runner_bytes(const mt_param_table *t, mt_dtype dtype, int max_B, int T
  * accumulates into it; loss_scale 0 means 1/count (the mean, as PyTorch's cross_entropy). */
 double mt_runner_step(mt_runner *r, const void *weights, float *grads, const int32_t *ids,
                       const int32_t *targets, int B, float loss_scale, int64_t *count);
+
+/* Packed rows for the following calls: doc_start (max_B, T) on the host (see model/docs.h), or
+ * NULL for one document per row. MT_ERR when the starts are malformed. */
+int mt_runner_set_documents(mt_runner *r, const int32_t *doc_start);
 
 /* fp32 logits (B, T, V) on the host of B rows of T tokens. */
 void mt_runner_logits(mt_runner *r, const void *weights, const int32_t *ids, int B,
