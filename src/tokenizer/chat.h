@@ -1,0 +1,102 @@
+/* Chat fine-tuning data: a conversation rendered into token ids plus a per-token loss mask, in the
+ * chat formats of the Llama-family models (implemented directly, no Jinja engine). The strings are
+ * those of the models' chat templates as transformers renders them (add_generation_prompt=False);
+ * tests/fixtures/chat holds the templates and the reference renderings.
+ *
+ *   MT_CHAT_CHATML   (Qwen 2 / 2.5 / 3)  per message  <|im_start|>{role}\n{content}<|im_end|>\n
+ *                    opts.default_system: when set and the first message is not a system message,
+ *                    <|im_start|>system\n{default_system}<|im_end|>\n comes first (Qwen2.5's template
+ *                    does this with MT_CHAT_QWEN25_DEFAULT_SYSTEM; the default here is none).
+ *   MT_CHAT_LLAMA3   <|begin_of_text|> then per message
+ *                    <|start_header_id|>{role}<|end_header_id|>\n\n{trim(content)}<|eot_id|>
+ *   MT_CHAT_LLAMA2   [system +] user/assistant alternating:
+ *                    <s>[INST] {strip(<<SYS>>\n{system}\n<</SYS>>\n\n{user})} [/INST] {strip(assistant)} </s>
+ *                    (the <<SYS>> block only in the first user turn), then <s>[INST] ... per turn
+ *   MT_CHAT_MISTRAL  <s> then per turn  " [INST] {user} [/INST]" " {assistant}</s>"; a system
+ *                    message becomes "{system}\n\n" before the first user text
+ * trim/strip: Python's str.strip() (Unicode whitespace), as the templates' `| trim` / `.strip()`.
+ *
+ * The special tokens named above must be single tokens of the tokenizer (bos/eos: <s> </s> and
+ * <|begin_of_text|> are looked up by name); [INST] / [/INST] are plain text unless the tokenizer
+ * has them as added tokens (Mistral v0.3), which the encoder then recognises.
+ *
+ * Encoding equals encoding the whole rendered string with add_special=0 (what tokenizers gives
+ * for the template's output): the text between two special tokens is encoded with those tokens
+ * around it as context.
+ *
+ * Loss mask (1 = trained), MT_CHAT_LOSS_ASSISTANT: 1 on the tokens of each assistant turn's text
+ * as written above — ChatML {content}, Llama 3 {trim(content)}, Llama 2 " {strip(content)} ",
+ * Mistral " {content}" — and on the end-of-turn token that closes it (<|im_end|>, <|eot_id|>, </s>);
+ * 0 on everything else (bos, headers, role names, [INST] blocks, system and user text, ChatML's
+ * "\n" after <|im_end|>). A token that straddles the start of the assistant text (BPE merging the
+ * header's last bytes with the content's first, e.g. "\n" + "\n..." in ChatML) counts as assistant:
+ * precisely, the assistant tokens of a text run start at the first token where the run's encoding
+ * differs from the encoding of the run's text before the assistant content.
+ * MT_CHAT_LOSS_ALL: every token 1.
+ */
+#ifndef MT_CHAT_H
+#define MT_CHAT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tokenizer/tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    MT_CHAT_AUTO = 0, /* mt_chat_format_for(tokenizer) */
+    MT_CHAT_CHATML,
+    MT_CHAT_LLAMA3,
+    MT_CHAT_LLAMA2,
+    MT_CHAT_MISTRAL,
+} mt_chat_format;
+
+typedef enum { MT_CHAT_LOSS_ASSISTANT = 0, MT_CHAT_LOSS_ALL } mt_chat_loss_on;
+
+#define MT_CHAT_QWEN25_DEFAULT_SYSTEM \
+    "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+typedef struct {
+    const char *role;    /* "system", "user" or "assistant" */
+    const char *content; /* NUL-terminated UTF-8 */
+} mt_chat_message;
+
+typedef struct {
+    mt_chat_format format;      /* MT_CHAT_AUTO: by the tokenizer's special tokens */
+    mt_chat_loss_on loss_on;
+    const char *default_system; /* ChatML only; NULL: none */
+} mt_chat_opts;
+
+/* A growable mask vector, parallel to the ids (reuse across calls). */
+typedef struct {
+    uint8_t *v;
+    size_t n, cap;
+} mt_chat_mask;
+void mt_chat_mask_free(mt_chat_mask *m);
+
+/* <|im_start|> present -> ChatML; else <|eot_id|> -> Llama 3; else [INST] as a token -> Mistral;
+ * else Llama 2. */
+mt_chat_format mt_chat_format_for(const mt_tokenizer *t);
+const char *mt_chat_format_name(mt_chat_format f); /* "chatml", "llama3", "llama2", "mistral", "auto" */
+/* "auto", "chatml", "llama3", "llama2", "mistral"; MT_ERR naming the value otherwise. */
+int mt_chat_format_parse(const char *s, mt_chat_format *out);
+/* "assistant" or "all"; MT_ERR otherwise. */
+int mt_chat_loss_on_parse(const char *s, mt_chat_loss_on *out);
+
+/* Renders msgs[0..n) and appends the ids to *ids and the mask to *mask (same count). opts NULL:
+ * auto format, loss on assistant, no default system. MT_ERR (with a message naming the message
+ * index) on an empty conversation, a message without role or content, an unknown role, a role
+ * order the format cannot express (Llama 2 / Mistral: an optional first system message, then
+ * user/assistant alternating from user), or a tokenizer lacking the format's special tokens; on
+ * MT_ERR ids and mask are left as they were. */
+int mt_chat_render(const mt_tokenizer *t, const mt_chat_opts *opts, const mt_chat_message *msgs,
+                   size_t n, mt_token_vec *ids, mt_chat_mask *mask);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
