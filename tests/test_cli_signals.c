@@ -26,23 +26,19 @@
 static char *g_tmp, *g_fixture;
 static const char *g_bin;
 
+static mt_cli_env g_env;
+
 static int setup(void **state) {
-    g_bin = getenv("MT_BIN");
-    if (!g_bin) {
-        fprintf(stderr, "MT_BIN is not set (run through ctest)\n");
-        return -1;
-    }
-    /* The runs are tiny: OpenMP threads that spin while idle make them 10x slower on a loaded
-     * 2-core machine. Passive waiting changes no result. */
-    setenv("OMP_WAIT_POLICY", "passive", 0);
-    g_tmp = mt_test_tmpdir();
-    g_fixture = mt_fixture_path("train_llama");
+    if (mt_cli_env_init(&g_env, "train_llama") != 0) return -1;
+    g_bin = g_env.bin;
+    g_tmp = g_env.tmp;
+    g_fixture = g_env.fixture;
     return 0;
 }
 
 static int teardown(void **state) {
-    if (g_tmp) mt_test_rmtree(g_tmp);
-    free(g_tmp), free(g_fixture);
+    mt_cli_env_free(&g_env);
+    g_tmp = g_fixture = NULL;
     return 0;
 }
 

@@ -10,14 +10,6 @@ static size_t act_bytes(const mt_param_table *t, mt_dtype dtype, int N) {
     return (size_t)N * t->cfg.C * mt_dtype_size(dtype);
 }
 
-size_t mt_runner_bytes(const mt_param_table *t, mt_dtype dtype, int max_B, int T) {
-    int N = max_B * T;
-    size_t head = 2 * act_bytes(t, dtype, N) + (size_t)N * sizeof(float);
-    size_t small = (size_t)N * (sizeof(float) + 4 * sizeof(int32_t)) + t->cfg.D / 2 * sizeof(float);
-    return mt_layer_ws_bytes(&t->cfg, dtype, N) + head + (size_t)(t->cfg.L + 2) * act_bytes(t, dtype, N) +
-           small;
-}
-
 void mt_runner_init(mt_runner *r, const mt_param_table *t, mt_backend *be, int max_B, int T) {
     memset(r, 0, sizeof *r);
     const mt_config *cfg = &t->cfg;

@@ -31,9 +31,6 @@ typedef struct {
 void mt_runner_init(mt_runner *r, const mt_param_table *t, mt_backend *be, int max_B, int T);
 void mt_runner_free(mt_runner *r);
 
-/* Compute-side bytes mt_runner_init allocates. */
-size_t mt_runner_bytes(const mt_param_table *t, mt_dtype dtype, int max_B, int T);
-
 /* Loss of B rows of T tokens: ids and targets (B, T) on the host, targets < 0 ignored.
  * weights: the compute-side arena (be->dtype) laid out as the table. Returns the sum of the
  * per-token losses and sets *count to the number of targets counted. When grads (fp32,

@@ -126,3 +126,24 @@ int mt_test_run(const char *cmd, char *buf, size_t buf_size) {
     if (status == -1) return -1;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
+
+int mt_cli_env_init(mt_cli_env *env, const char *fixture) {
+    env->bin = getenv("MT_BIN");
+    env->tmp = env->fixture = NULL;
+    if (!env->bin) {
+        fprintf(stderr, "MT_BIN is not set (run through ctest)\n");
+        return -1;
+    }
+    /* The runs are tiny: OpenMP threads that spin while idle make them 10x slower on a loaded
+     * 2-core machine. Passive waiting changes no result. */
+    setenv("OMP_WAIT_POLICY", "passive", 0);
+    env->tmp = mt_test_tmpdir();
+    env->fixture = mt_fixture_path(fixture);
+    return 0;
+}
+
+void mt_cli_env_free(mt_cli_env *env) {
+    if (env->tmp) mt_test_rmtree(env->tmp);
+    free(env->tmp), free(env->fixture);
+    env->tmp = env->fixture = NULL;
+}

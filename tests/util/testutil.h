@@ -37,6 +37,17 @@ char *mt_fixture_path(const char *rel);
 char *mt_test_tmpdir(void);
 void mt_test_rmtree(const char *path);
 
+/* What the tests that drive the megatrain binary share: its path ($MT_BIN, set by ctest), a fresh
+ * temporary directory and a fixture directory. Returns -1 (a cmocka setup failure) when MT_BIN is
+ * not set. */
+typedef struct {
+    const char *bin;
+    char *tmp;
+    char *fixture;
+} mt_cli_env;
+int mt_cli_env_init(mt_cli_env *env, const char *fixture);
+void mt_cli_env_free(mt_cli_env *env);
+
 /* Runs a shell command, returns its exit status (or -1), captures stdout+stderr into buf. */
 int mt_test_run(const char *cmd, char *buf, size_t buf_size);
 
