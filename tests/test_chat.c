@@ -123,7 +123,7 @@ static void test_reference_cases(void **state) {
     char *line = NULL;
     size_t cap = 0, n = 0;
     ssize_t got;
-    int seen[MT_CHAT_MISTRAL + 1] = {0};
+    int seen[MT_CHAT_MISTRAL_V3 + 1] = {0};
     while ((got = getline(&line, &cap, f)) > 0) {
         json_error_t err;
         json_t *c = json_loadb(line, (size_t)got, 0, &err);
@@ -138,10 +138,11 @@ static void test_reference_cases(void **state) {
     free(line);
     fclose(f);
     free(path);
-    print_message("%zu reference conversations: chatml %d, llama3 %d, llama2 %d, mistral %d\n", n,
-                  seen[MT_CHAT_CHATML], seen[MT_CHAT_LLAMA3], seen[MT_CHAT_LLAMA2], seen[MT_CHAT_MISTRAL]);
-    assert_true(n >= 40);
-    for (int k = MT_CHAT_CHATML; k <= MT_CHAT_MISTRAL; k++) assert_true(seen[k] >= 4);
+    print_message("%zu reference conversations: chatml %d, llama3 %d, llama2 %d, mistral %d, mistral-v3 %d\n",
+                  n, seen[MT_CHAT_CHATML], seen[MT_CHAT_LLAMA3], seen[MT_CHAT_LLAMA2], seen[MT_CHAT_MISTRAL],
+                  seen[MT_CHAT_MISTRAL_V3]);
+    assert_true(n >= 50);
+    for (int k = MT_CHAT_CHATML; k <= MT_CHAT_MISTRAL_V3; k++) assert_true(seen[k] >= 5);
 }
 
 static void test_format_for(void **state) {
@@ -149,7 +150,7 @@ static void test_format_for(void **state) {
     struct { const char *dir; mt_chat_format f; } want[] = {
         {"tokenizers/qwen2", MT_CHAT_CHATML},     {"tokenizers/llama3", MT_CHAT_LLAMA3},
         {"tokenizers/llama2", MT_CHAT_LLAMA2},    {"tokenizers/mistral", MT_CHAT_LLAMA2},
-        {"chat/mistral_inst", MT_CHAT_MISTRAL},
+        {"chat/mistral_inst", MT_CHAT_MISTRAL_V3},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         mt_tokenizer *t = load_tok(want[i].dir);
@@ -180,6 +181,79 @@ static void test_format_for(void **state) {
     assert_int_equal(l, MT_CHAT_LOSS_ALL);
     assert_int_equal(mt_chat_loss_on_parse("prompt", &l), MT_ERR);
     assert_string_equal(mt_chat_format_name(MT_CHAT_MISTRAL), "mistral");
+    assert_int_equal(mt_chat_format_parse("mistral-v3", &f), MT_OK);
+    assert_int_equal(f, MT_CHAT_MISTRAL_V3);
+}
+
+/* A tokenizer dir in TMP/NAME: FIXTURE's tokenizer.json, a tokenizer_config.json with CONFIG_JSON
+ * and (when not NULL) a chat_template.jinja holding JINJA. */
+static mt_tokenizer *tok_with_config(const char *tmp, const char *name, const char *fixture,
+                                     const char *config_json, const char *jinja) {
+    char *src = mt_fixture_path(fixture), dir[4096], path[4200], cmd[16384];
+    snprintf(dir, sizeof dir, "%s/%s", tmp, name);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s/tokenizer.json' '%s/'", dir, src, dir);
+    assert_int_equal(system(cmd), 0);
+    free(src);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs(config_json, f);
+    fclose(f);
+    if (jinja) {
+        snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+        f = fopen(path, "wb");
+        assert_non_null(f);
+        fputs(jinja, f);
+        fclose(f);
+    }
+    mt_tokenizer *t = NULL;
+    if (mt_tokenizer_load(&t, dir) != MT_OK) print_error("%s: %s\n", dir, mt_error_message());
+    assert_non_null(t);
+    return t;
+}
+
+/* The chat template, when the tokenizer has one, decides between formats that share special tokens
+ * (Llama 2 and Mistral v0.1 have the same <s> </s> vocabulary). */
+static void test_format_from_template(void **state) {
+    (void)state;
+    char *tmp = mt_test_tmpdir();
+    struct { const char *name, *fixture, *config, *jinja; mt_chat_format want; } cases[] = {
+        {"m_tmpl", "tokenizers/mistral",
+         "{\"chat_template\": \"{{ bos_token }}{% for m in messages %}{{ ' [INST] ' + m['content'] + ' [/INST]' }}{% endfor %}\"}",
+         NULL, MT_CHAT_MISTRAL},
+        {"l2_tmpl", "tokenizers/mistral",
+         "{\"chat_template\": \"{{ '<<SYS>>\\\\n' }}{{ '[INST] ' }}\"}", NULL, MT_CHAT_LLAMA2},
+        {"m_jinja", "tokenizers/llama2", "{\"eos_token\": \"</s>\"}", "{{ '[INST] ' + x + ' [/INST]' }}",
+         MT_CHAT_MISTRAL},
+        {"m_list", "tokenizers/llama2",
+         "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"<|im_start|>\"},"
+         " {\"name\": \"default\", \"template\": \"[INST]\"}]}", NULL, MT_CHAT_MISTRAL},
+        {"q_tmpl", "tokenizers/qwen2", "{\"chat_template\": \"<|im_start|>{{ x }}\"}", NULL, MT_CHAT_CHATML},
+        {"l3_tmpl", "tokenizers/llama3", "{\"chat_template\": \"<|start_header_id|>\"}", NULL, MT_CHAT_LLAMA3},
+        {"unknown_tmpl", "tokenizers/llama3", "{\"chat_template\": \"{{ x }}\"}", NULL, MT_CHAT_LLAMA3},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mt_tokenizer *t = tok_with_config(tmp, cases[i].name, cases[i].fixture, cases[i].config, cases[i].jinja);
+        assert_non_null(mt_tokenizer_chat_template(t));
+        if (mt_chat_format_for(t) != cases[i].want)
+            print_error("%s: got %s, want %s\n", cases[i].name, mt_chat_format_name(mt_chat_format_for(t)),
+                        mt_chat_format_name(cases[i].want));
+        assert_int_equal(mt_chat_format_for(t), cases[i].want);
+        mt_tokenizer_free(t);
+    }
+    /* a chat_template that is neither a string nor a list: refused, naming the file */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/bad_tmpl", tmp);
+    char cmd[16384], *src = mt_fixture_path("tokenizers/llama2");
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s/tokenizer.json' '%s/' && echo '{\"chat_template\": 7}' > "
+             "'%s/tokenizer_config.json'", dir, src, dir, dir);
+    assert_int_equal(system(cmd), 0);
+    free(src);
+    mt_tokenizer *t = NULL;
+    assert_int_equal(mt_tokenizer_load(&t, dir), MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "tokenizer_config.json: chat_template"));
+    mt_test_rmtree(tmp);
+    free(tmp);
 }
 
 static void expect_bad(const mt_tokenizer *t, mt_chat_format f, const mt_chat_message *m, size_t n,
@@ -215,8 +289,10 @@ static void test_bad_input(void **state) {
     mt_chat_message starts_assistant[] = {{"assistant", "a"}};
     mt_chat_message only_system[] = {{"system", "s"}};
     mt_chat_message fine[] = {{"user", "a"}};
-    for (int f = MT_CHAT_CHATML; f <= MT_CHAT_MISTRAL; f++) {
-        const mt_tokenizer *t = f == MT_CHAT_CHATML ? qwen : f == MT_CHAT_LLAMA3 ? load_tok("tokenizers/llama3") : llama2;
+    mt_tokenizer *inst = load_tok("chat/mistral_inst");
+    for (int f = MT_CHAT_CHATML; f <= MT_CHAT_MISTRAL_V3; f++) {
+        const mt_tokenizer *t = f == MT_CHAT_CHATML ? qwen : f == MT_CHAT_LLAMA3 ? load_tok("tokenizers/llama3")
+                                : f == MT_CHAT_MISTRAL_V3 ? inst : llama2;
         expect_bad(t, f, no_role, 2, "message 1 has no role");
         expect_bad(t, f, no_content, 1, "message 0 (user) has no content");
         expect_bad(t, f, bad_role, 2, "unknown role \"tool\"");
@@ -232,6 +308,8 @@ static void test_bad_input(void **state) {
     /* a tokenizer without the format's special tokens */
     expect_bad(gpt2, MT_CHAT_CHATML, fine, 1, "<|im_start|>");
     expect_bad(gpt2, MT_CHAT_LLAMA3, fine, 1, "<|begin_of_text|>");
+    expect_bad(llama2, MT_CHAT_MISTRAL_V3, fine, 1, "[INST]");
+    mt_tokenizer_free(inst);
     mt_tokenizer_free(qwen);
     mt_tokenizer_free(llama2);
     mt_tokenizer_free(gpt2);
@@ -241,6 +319,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_cases),
         cmocka_unit_test(test_format_for),
+        cmocka_unit_test(test_format_from_template),
         cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -58,27 +58,38 @@ static void sb_add(sbuf *b, const char *s, size_t len) {
 /* ---- formats ---- */
 
 mt_chat_format mt_chat_format_for(const mt_tokenizer *t) {
+    int inst_token = mt_tokenizer_token_id(t, "[INST]") >= 0;
+    const char *tmpl = mt_tokenizer_chat_template(t);
+    if (tmpl) {
+        /* the markers each family's template writes (never executed, only recognised) */
+        if (strstr(tmpl, "<|im_start|>")) return MT_CHAT_CHATML;
+        if (strstr(tmpl, "<|start_header_id|>")) return MT_CHAT_LLAMA3;
+        if (strstr(tmpl, "<<SYS>>")) return MT_CHAT_LLAMA2;
+        if (strstr(tmpl, "[INST]")) return inst_token ? MT_CHAT_MISTRAL_V3 : MT_CHAT_MISTRAL;
+    }
     if (mt_tokenizer_token_id(t, "<|im_start|>") >= 0) return MT_CHAT_CHATML;
     if (mt_tokenizer_token_id(t, "<|eot_id|>") >= 0) return MT_CHAT_LLAMA3;
-    if (mt_tokenizer_token_id(t, "[INST]") >= 0) return MT_CHAT_MISTRAL;
+    if (inst_token) return MT_CHAT_MISTRAL_V3;
     return MT_CHAT_LLAMA2;
 }
 
-static const char *const FORMAT_NAMES[] = {"auto", "chatml", "llama3", "llama2", "mistral"};
+#define N_FORMATS (MT_CHAT_MISTRAL_V3 + 1)
+static const char *const FORMAT_NAMES[N_FORMATS] = {"auto", "chatml", "llama3", "llama2", "mistral",
+                                                    "mistral-v3"};
 
 const char *mt_chat_format_name(mt_chat_format f) {
-    if ((int)f < 0 || (int)f > MT_CHAT_MISTRAL) return "?";
+    if ((int)f < 0 || (int)f >= N_FORMATS) return "?";
     return FORMAT_NAMES[f];
 }
 
 int mt_chat_format_parse(const char *s, mt_chat_format *out) {
-    for (int i = 0; i <= MT_CHAT_MISTRAL; i++)
+    for (int i = 0; i < N_FORMATS; i++)
         if (s && strcmp(s, FORMAT_NAMES[i]) == 0) {
             *out = (mt_chat_format)i;
             return MT_OK;
         }
-    return mt_error_set("unknown chat format \"%s\" (expected auto, chatml, llama3, llama2 or mistral)",
-                        s ? s : "(null)");
+    return mt_error_set("unknown chat format \"%s\" (expected auto, chatml, llama3, llama2, mistral or "
+                        "mistral-v3)", s ? s : "(null)");
 }
 
 int mt_chat_loss_on_parse(const char *s, mt_chat_loss_on *out) {
@@ -301,6 +312,34 @@ static int render_mistral(builder *b, const mt_chat_message *m, size_t n) {
     return MT_OK;
 }
 
+/* Mistral v0.3: [INST] and [/INST] are tokens; the system message goes before the last user
+ * message's text; the assistant text is trimmed. */
+static int render_mistral_v3(builder *b, const mt_chat_message *m, size_t n) {
+    size_t first = role_kind(m[0].role) == 0 ? 1 : 0, last_user = first;
+    for (size_t i = first; i < n; i++)
+        if (role_kind(m[i].role) == 1) last_user = i;
+    MT_TRY(b_special(b, "<s>", 0));
+    for (size_t i = first; i < n; i++) {
+        if (role_kind(m[i].role) == 1) {
+            MT_TRY(b_special(b, "[INST]", 0));
+            b_str(b, " ", 0);
+            if (i == last_user && first == 1) {
+                b_str(b, m[0].content, 0);
+                b_str(b, "\n\n", 0);
+            }
+            b_str(b, m[i].content, 0);
+            MT_TRY(b_special(b, "[/INST]", 0));
+        } else {
+            size_t s, e;
+            py_strip(m[i].content, strlen(m[i].content), &s, &e);
+            b_str(b, " ", 1);
+            b_text(b, m[i].content + s, e - s, 1);
+            MT_TRY(b_special(b, "</s>", 1));
+        }
+    }
+    return MT_OK;
+}
+
 /* ---- encoding ---- */
 
 /* Encodes run text with the neighbouring special tokens as context (so that the tokenizer sees the
@@ -382,7 +421,7 @@ int mt_chat_render(const mt_tokenizer *t, const mt_chat_opts *opts, const mt_cha
                                 msgs[i].role);
     }
     mt_chat_format f = o.format == MT_CHAT_AUTO ? mt_chat_format_for(t) : o.format;
-    if (f == MT_CHAT_LLAMA2 || f == MT_CHAT_MISTRAL) {
+    if (f == MT_CHAT_LLAMA2 || f == MT_CHAT_MISTRAL || f == MT_CHAT_MISTRAL_V3) {
         MT_TRY(check_alternating(msgs, n, f));
         if (role_kind(msgs[0].role) == 0 && n == 1)
             return mt_error_set("conversation has only a system message (%s)", mt_chat_format_name(f));
@@ -394,6 +433,7 @@ int mt_chat_render(const mt_tokenizer *t, const mt_chat_opts *opts, const mt_cha
     case MT_CHAT_LLAMA3: rc = render_llama3(&b, msgs, n); break;
     case MT_CHAT_LLAMA2: rc = render_llama2(&b, msgs, n); break;
     case MT_CHAT_MISTRAL: rc = render_mistral(&b, msgs, n); break;
+    case MT_CHAT_MISTRAL_V3: rc = render_mistral_v3(&b, msgs, n); break;
     default: rc = mt_error_set("unknown chat format %d", (int)f); break;
     }
     size_t n0 = ids->n, m0 = mask->n;

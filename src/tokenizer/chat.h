@@ -1,19 +1,23 @@
 /* Chat fine-tuning data: a conversation rendered into token ids plus a per-token loss mask, in the
- * chat formats of the Llama-family models (implemented directly, no Jinja engine). The strings are
- * those of the models' chat templates as transformers renders them (add_generation_prompt=False);
- * tests/fixtures/chat holds the templates and the reference renderings.
+ * chat formats of the Llama-family models (implemented directly, no Jinja engine). Each format is
+ * the model's own chat template as transformers renders it (add_generation_prompt=False); the
+ * template sources are named in tests/fixtures/chat/README.md, which holds the reference renderings.
  *
- *   MT_CHAT_CHATML   (Qwen 2 / 2.5 / 3)  per message  <|im_start|>{role}\n{content}<|im_end|>\n
+ *   MT_CHAT_CHATML   (Qwen 2 / 2.5)  per message  <|im_start|>{role}\n{content}<|im_end|>\n
  *                    opts.default_system: when set and the first message is not a system message,
  *                    <|im_start|>system\n{default_system}<|im_end|>\n comes first (Qwen2.5's template
  *                    does this with MT_CHAT_QWEN25_DEFAULT_SYSTEM; the default here is none).
- *   MT_CHAT_LLAMA3   <|begin_of_text|> then per message
+ *   MT_CHAT_LLAMA3   (Llama 3 Instruct) <|begin_of_text|> then per message
  *                    <|start_header_id|>{role}<|end_header_id|>\n\n{trim(content)}<|eot_id|>
- *   MT_CHAT_LLAMA2   [system +] user/assistant alternating:
+ *   MT_CHAT_LLAMA2   (Llama 2 chat) [system +] user/assistant alternating:
  *                    <s>[INST] {strip(<<SYS>>\n{system}\n<</SYS>>\n\n{user})} [/INST] {strip(assistant)} </s>
  *                    (the <<SYS>> block only in the first user turn), then <s>[INST] ... per turn
- *   MT_CHAT_MISTRAL  <s> then per turn  " [INST] {user} [/INST]" " {assistant}</s>"; a system
- *                    message becomes "{system}\n\n" before the first user text
+ *   MT_CHAT_MISTRAL  (Mistral 7B Instruct v0.1 / v0.2, Mixtral 8x7B; [INST] is text)
+ *                    <s> then per turn  " [INST] {user} [/INST]" " {assistant}</s>"; a system
+ *                    message becomes "{system}\n\n" before the FIRST user text
+ *   MT_CHAT_MISTRAL_V3 (Mistral 7B Instruct v0.3; [INST] and [/INST] are tokens)
+ *                    <s> then per turn  [INST] " {user}" [/INST] " {trim(assistant)}</s>"; a system
+ *                    message becomes "{system}\n\n" before the LAST user text
  * trim/strip: Python's str.strip() (Unicode whitespace), as the templates' `| trim` / `.strip()`.
  *
  * The special tokens named above must be single tokens of the tokenizer (bos/eos: <s> </s> and
@@ -26,7 +30,8 @@
  *
  * Loss mask (1 = trained), MT_CHAT_LOSS_ASSISTANT: 1 on the tokens of each assistant turn's text
  * as written above — ChatML {content}, Llama 3 {trim(content)}, Llama 2 " {strip(content)} ",
- * Mistral " {content}" — and on the end-of-turn token that closes it (<|im_end|>, <|eot_id|>, </s>);
+ * Mistral " {content}", Mistral v3 " {trim(content)}" — and on the end-of-turn token that closes it
+ * (<|im_end|>, <|eot_id|>, </s>);
  * 0 on everything else (bos, headers, role names, [INST] blocks, system and user text, ChatML's
  * "\n" after <|im_end|>). A token that straddles the start of the assistant text (BPE merging the
  * header's last bytes with the content's first, e.g. "\n" + "\n..." in ChatML) counts as assistant:
@@ -52,6 +57,7 @@ typedef enum {
     MT_CHAT_LLAMA3,
     MT_CHAT_LLAMA2,
     MT_CHAT_MISTRAL,
+    MT_CHAT_MISTRAL_V3,
 } mt_chat_format;
 
 typedef enum { MT_CHAT_LOSS_ASSISTANT = 0, MT_CHAT_LOSS_ALL } mt_chat_loss_on;
@@ -77,11 +83,14 @@ typedef struct {
 } mt_chat_mask;
 void mt_chat_mask_free(mt_chat_mask *m);
 
-/* <|im_start|> present -> ChatML; else <|eot_id|> -> Llama 3; else [INST] as a token -> Mistral;
- * else Llama 2. */
+/* By the tokenizer's chat template when it has one (mt_tokenizer_chat_template): one writing
+ * <|im_start|> -> ChatML, <|start_header_id|> -> Llama 3, <<SYS>> -> Llama 2, [INST] -> Mistral (v3
+ * when [INST] is a token). Otherwise (or for a template with none of these) by the special tokens:
+ * <|im_start|> -> ChatML; else <|eot_id|> -> Llama 3; else [INST] -> Mistral v3; else Llama 2. */
 mt_chat_format mt_chat_format_for(const mt_tokenizer *t);
-const char *mt_chat_format_name(mt_chat_format f); /* "chatml", "llama3", "llama2", "mistral", "auto" */
-/* "auto", "chatml", "llama3", "llama2", "mistral"; MT_ERR naming the value otherwise. */
+/* "auto", "chatml", "llama3", "llama2", "mistral", "mistral-v3" */
+const char *mt_chat_format_name(mt_chat_format f);
+/* One of the names above; MT_ERR naming the value otherwise. */
 int mt_chat_format_parse(const char *s, mt_chat_format *out);
 /* "assistant" or "all"; MT_ERR otherwise. */
 int mt_chat_loss_on_parse(const char *s, mt_chat_loss_on *out);

@@ -192,6 +192,7 @@ struct mt_tokenizer {
     uint32_t *id_len;
     uint8_t *id_special;
     int bos, eos;
+    char *chat_template; /* tokenizer_config.json "chat_template" / chat_template.jinja, or NULL */
 };
 
 /* tok_encode.c: applies the normalizers to s into out (replacing its contents). */

@@ -453,8 +453,63 @@ static int first_present(const mt_tokenizer *t, const char *const *names) {
     return -1;
 }
 
+/* "chat_template": a string, or transformers' list of {"name", "template"} (the "default" one).
+ * Kept as text: only the chat format is read from it (tokenizer/chat.h), never executed. */
+static int config_chat_template(mt_tokenizer *t, json_t *cfg, const char *cfg_path) {
+    json_t *v = json_object_get(cfg, "chat_template");
+    if (json_is_array(v)) {
+        json_t *item, *found = NULL;
+        size_t i;
+        json_array_foreach(v, i, item) {
+            json_t *name = json_object_get(item, "name");
+            if (json_is_string(name) && strcmp(json_string_value(name), "default") == 0)
+                found = json_object_get(item, "template");
+        }
+        v = found;
+    }
+    if (!v || json_is_null(v)) return MT_OK;
+    if (!json_is_string(v))
+        return mt_error_set("%s: chat_template must be a string or a list of {\"name\", \"template\"}",
+                            cfg_path);
+    t->chat_template = dup_n(json_string_value(v), json_string_length(v));
+    return MT_OK;
+}
+
+/* chat_template.jinja beside tokenizer_config.json (where newer transformers save the template). */
+static int load_chat_template_file(mt_tokenizer *t, const char *cfg_path) {
+    const char *slash = strrchr(cfg_path, '/');
+    size_t dlen = slash ? (size_t)(slash - cfg_path) : 0;
+    char *path = mt_malloc(dlen + 32);
+    snprintf(path, dlen + 32, "%.*s%schat_template.jinja", (int)dlen, cfg_path, slash ? "/" : "");
+    FILE *f = fopen(path, "rb");
+    int rc = MT_OK;
+    if (f) {
+        size_t cap = 4096, n = 0, got;
+        char *buf = mt_malloc(cap);
+        while ((got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+            n += got;
+            if (n + 1 == cap) {
+                cap *= 2;
+                buf = realloc(buf, cap);
+                MT_CHECK(buf != NULL, "out of memory");
+            }
+        }
+        if (ferror(f)) {
+            rc = mt_error_set("%s: read failed", path);
+            free(buf);
+        } else {
+            buf[n] = 0;
+            t->chat_template = buf;
+        }
+        fclose(f);
+    }
+    free(path);
+    return rc;
+}
+
 static int load_config(ld *L, const char *cfg_path) {
     mt_tokenizer *t = L->t;
+    MT_TRY(load_chat_template_file(t, cfg_path));
     static const char *const eos_names[] = {"<|endoftext|>", "</s>", "<|end_of_text|>", "<|im_end|>",
                                             "<|eot_id|>", NULL};
     static const char *const bos_names[] = {"<s>", "<|begin_of_text|>", NULL};
@@ -475,6 +530,7 @@ static int load_config(ld *L, const char *cfg_path) {
         if (json_is_null(json_object_get(cfg, "bos_token"))) t->bos = -1;
         if (bos >= 0) t->bos = bos;
         if (eos >= 0) t->eos = eos;
+        if (rc == MT_OK && !t->chat_template) rc = config_chat_template(t, cfg, cfg_path);
     }
     json_decref(cfg);
     return rc;
@@ -590,6 +646,7 @@ void mt_tokenizer_free(mt_tokenizer *t) {
     free(t->id_len);
     free(t->id_special);
     free(t->path);
+    free(t->chat_template);
     free(t);
 }
 
@@ -598,6 +655,7 @@ void mt_tokenizer_free(mt_tokenizer *t) {
 int mt_tokenizer_vocab_size(const mt_tokenizer *t) { return t->n_ids; }
 int mt_tokenizer_bos(const mt_tokenizer *t) { return t->bos; }
 int mt_tokenizer_eos(const mt_tokenizer *t) { return t->eos; }
+const char *mt_tokenizer_chat_template(const mt_tokenizer *t) { return t->chat_template; }
 
 int mt_tokenizer_token_id(const mt_tokenizer *t, const char *token) {
     size_t n = strlen(token);

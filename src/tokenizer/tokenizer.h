@@ -41,8 +41,8 @@ extern "C" {
 
 typedef struct mt_tokenizer mt_tokenizer;
 
-/* Loads DIR/tokenizer.json (+ DIR/tokenizer_config.json when present, for bos/eos), or the given
- * .json file (+ tokenizer_config.json beside it). MT_ERR with mt_error_message() naming the file
+/* Loads DIR/tokenizer.json (+ DIR/tokenizer_config.json when present, for bos/eos and the chat
+ * template), or the given .json file (+ tokenizer_config.json beside it). MT_ERR with mt_error_message() naming the file
  * and field on anything malformed or unsupported. */
 int mt_tokenizer_load(mt_tokenizer **out, const char *dir_or_json);
 void mt_tokenizer_free(mt_tokenizer *t);
@@ -81,6 +81,9 @@ int mt_tokenizer_vocab_size(const mt_tokenizer *t);
  * present and bos the first of <s>, <|begin_of_text|>. -1 when none. */
 int mt_tokenizer_bos(const mt_tokenizer *t);
 int mt_tokenizer_eos(const mt_tokenizer *t);
+/* The Jinja chat template text (chat_template.jinja beside tokenizer_config.json, else its
+ * "chat_template" field), NULL when there is none. Only read to pick a chat format (chat.h). */
+const char *mt_tokenizer_chat_template(const mt_tokenizer *t);
 /* Added tokens first, then the model vocabulary (as tokenizers' token_to_id); -1 when absent. */
 int mt_tokenizer_token_id(const mt_tokenizer *t, const char *token);
 /* The stored token string of an id (NULL when the id is unused); *len may be NULL. */
