@@ -4,6 +4,8 @@
 # 64k tokens per step, megatrain beside PyTorch FSDP2 CPU offload on the same model and batch, then
 # the 7B again with --gpu-mem 24G. Writes everything to ${OUT:-/tmp}/bench.log.
 #   bench/gpu_bench.sh [shapes...]   (default: 1.5b 3b 7b)
+# Env: BENCH_BATCH/SEQ/MICRO/STEPS, FSDP_SHAPES, FSDP_MICRO_<shape> (e.g. FSDP_MICRO_3b=8: skip
+# the full-batch FSDP2 attempt known to run out of memory), MEGATRAIN_FLAGS (extra train flags).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp}
@@ -26,17 +28,27 @@ run_megatrain() { # shape extra-flags...
   say "## megatrain $shape B=$B T=$T micro=$MB $*"
   /usr/bin/time -v "$bin" train --init bench/configs/qwen2.5-$shape.json --data /tmp/bench_tokens.bin \
     --out "$dir" --steps "$STEPS" --batch "$B" --seq "$T" --micro-batch "$MB" --no-shuffle \
-    --device cuda --no-save --warmup 1 "$@" >"$dir.log" 2>&1
+    --device cuda --no-save --warmup 1 --trace "$dir.trace.json" ${MEGATRAIN_FLAGS:-} "$@" >"$dir.log" 2>&1
   local rc=$?
   grep -E "^(memory|             |training|step )" "$dir.log" | tee -a "$log"
   grep -E "Maximum resident set size" "$dir.log" | tee -a "$log"
   [ $rc -eq 0 ] || { say "megatrain $shape failed (rc $rc):"; tail -5 "$dir.log" | tee -a "$log"; return; }
   python3 bench/summarize.py "$dir/metrics.jsonl" "$shape $*" | tee -a "$log"
+  python3 bench/trace_summary.py "$dir.trace.json" "$shape $*" | tee -a "$log"
+  cp "$dir.trace.json" "$out/trace-$shape${1:+-mem}.json" 2>/dev/null
 }
 
-run_fsdp2() { # shape
-  say "## FSDP2 CPU offload $1 B=$B T=$T"
-  timeout 400 python3 bench/baselines/fsdp2_offload.py "$1" "$B" "$T" "$STEPS" 2>&1 | grep -E "RESULT|step|params|Error|error" | tail -8 | tee -a "$log"
+run_fsdp2() { # shape: the whole batch at once, halving the micro-batch while it runs out of memory
+  local v=FSDP_MICRO_${1//./_} mb
+  mb=${!v:-$B}
+  while :; do
+    say "## FSDP2 CPU offload $1 B=$B T=$T micro-batch $mb"
+    timeout 400 python3 bench/baselines/fsdp2_offload.py "$1" "$B" "$T" "$STEPS" "$mb" > /tmp/fsdp2-$1.log 2>&1
+    grep -E "RESULT|step|params|Error|error" /tmp/fsdp2-$1.log | tail -8 | tee -a "$log"
+    grep -q RESULT /tmp/fsdp2-$1.log && return
+    grep -q -i "out of memory" /tmp/fsdp2-$1.log && [ "$mb" -gt 1 ] || return
+    mb=$((mb / 2))
+  done
 }
 
 for s in $shapes; do

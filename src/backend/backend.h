@@ -72,6 +72,8 @@ struct mt_backend {
     double (*event_elapsed_ms)(mt_backend *be, mt_event *start, mt_event *end);
     /* Optional: bytes allocated through alloc so far. */
     size_t (*mem_used)(mt_backend *be);
+    int64_t mem_budget; /* bytes alloc may hand out in all (cuda: --gpu-mem or the free memory at
+                           start); 0: no limit (cpu) */
 
     /* ---- ops ---- */
 

@@ -51,6 +51,7 @@ typedef struct {
     char *args_json;
     int64_t step;          /* steps completed */
     double last_loss;
+    int saved_layers;      /* layers whose backward skips the recompute (for the MFU) */
 } train_run;
 
 static int save_checkpoint(train_run *r) {
@@ -84,13 +85,15 @@ static void evaluate(train_run *r) {
     mt_train_log_eval(&r->log, r->step, count ? sum / count : NAN, count);
 }
 
-/* Matmul FLOPs one step executes: every layer's projections forward, again in the recompute,
- * twice in the backward; the LM head forward and its two backward products; causal attention
- * (QK^T and PV forward, recomputed, and 2.5x that backward) counting only the visible half. */
-static double step_matmul_flops(const mt_config *c, double tokens, int T) {
+/* Matmul FLOPs one step executes: every layer's projections forward, again in the recompute
+ * (layers without saved internals), twice in the backward; the LM head forward and its two
+ * backward products; causal attention (QK^T and PV forward, recomputed likewise, and 2.5x that
+ * backward) counting only the visible half. */
+static double step_matmul_flops(const mt_config *c, double tokens, int T, int saved_layers) {
     double layer = 2.0 * ((double)c->C * c->H * c->D * 2 + (double)c->C * c->G * c->D * 2 + 3.0 * c->C * c->F);
     double attn = 4.0 * (T / 2.0) * c->H * c->D;
-    return tokens * (c->L * (layer * 4 + attn * 4.5) + 2.0 * c->C * c->V * 3);
+    return tokens * (c->L * (layer * 3 + attn * 3.5) + (c->L - saved_layers) * (layer + attn) +
+                     2.0 * c->C * c->V * 3);
 }
 
 #define H200_GEMM_PEAK 800e12 /* bf16 dense GEMM measured on the H200 (HARDWARE.md) */
@@ -111,7 +114,8 @@ static int train_loop(train_run *r) {
             mt_train_log_note(&r->log, "--max-time reached after %lld steps", (long long)r->step);
             break;
         }
-        if (o->trace_path) mt_trace_clear(mt_engine_trace(r->e)); /* keep the last step's timeline */
+        /* keep the timeline of the last two steps: the last one and the optimizer run it overlaps */
+        if (o->trace_path) mt_trace_drop_before(mt_engine_trace(r->e), (int)r->step - 1);
         double t0 = now_ms();
         mt_tokens_batch(&r->data, &order, r->step, B, T, in, tg);
         mt_adamw_hparams hp = {.lr = mt_lr_at(&sched, r->step), .beta1 = o->beta1, .beta2 = o->beta2,
@@ -127,7 +131,8 @@ static int train_loop(train_run *r) {
                              .clip_coef = res.clip_coef, .ms = ms, .tokens = tokens,
                              .tok_per_s = B * T / sec,
                              .tflops = 6.0 * n_params * B * T / sec / 1e12,
-                             .mfu = step_matmul_flops(&r->model.table.cfg, (double)B * T, T) / sec / H200_GEMM_PEAK,
+                             .mfu = step_matmul_flops(&r->model.table.cfg, (double)B * T, T, r->saved_layers) / sec /
+                                    H200_GEMM_PEAK,
                              .h2d_gbs = res.h2d_bytes / sec / 1e9,
                              .d2h_gbs = res.d2h_bytes / sec / 1e9,
                              .gpu_busy = res.compute_ms >= 0 ? res.compute_ms / ms : -1,
@@ -175,8 +180,9 @@ static int train(train_run *r) {
 
     mt_engine_opts eo = {.batch = (int)o->batch, .micro_batch = (int)o->micro_batch, .T = (int)o->seq,
                          .n_slots = 2, .opt_threads = (int)o->threads, .trace = o->trace_path != NULL,
-                         .offload = o->offload};
+                         .offload = o->offload, .saved_layers = (int)o->saved_layers};
     MT_TRY(mt_run_check_memory(&r->model.table, r->be, &eo, o->gpu_mem));
+    r->saved_layers = eo.saved_layers;
     r->e = mt_engine_create(&r->model.table, r->be, &eo, NULL);
     float *master = mt_engine_master(r->e);
 

@@ -48,6 +48,9 @@ void mt_train_opts_usage(FILE *out) {
 "  --gpu-mem SIZE         cap on GPU memory, e.g. 24G (default: all); when the plan does not fit,\n"
 "                         the layer checkpoints move to pinned host memory\n"
 "  --offload-checkpoints  keep the layer checkpoints in host memory in any case\n"
+"  --saved-layers N|auto  layers whose internals stay on the GPU so that their backward skips the\n"
+"                         recompute (same results, less work); auto: as many as the GPU memory\n"
+"                         left after the plan holds (default auto; 0 with offloaded checkpoints)\n"
 "  --threads N            optimizer threads (default: all cores)\n"
 "  --save-every K         checkpoint every K steps (default 0: at the end only)\n"
 "  --keep K               checkpoints kept (default 3)\n"
@@ -56,14 +59,16 @@ void mt_train_opts_usage(FILE *out) {
 "  --max-time SECONDS     stop (and save) after this much training time\n"
 "  --stop-at N            stop (and save) after step N, keeping the schedule of --steps\n"
 "  --log FILE             also write the step lines to FILE\n"
-"  --trace FILE           Chrome/Perfetto JSON timeline of the last step\n");
+"  --trace FILE           Chrome/Perfetto JSON timeline of the last two steps: when the host\n"
+"                         issued each piece, when the compute/H2D/D2H streams ran it, and the\n"
+"                         optimizer threads (open in ui.perfetto.dev)\n");
 }
 
 enum {
     O_MODEL = 1000, O_INIT, O_DATA, O_OUT, O_STEPS, O_BATCH, O_SEQ, O_MICRO, O_LR, O_MIN_LR,
     O_WARMUP, O_SCHEDULE, O_BETA1, O_BETA2, O_EPS, O_WD, O_CLIP, O_SEED, O_NO_SHUFFLE, O_DEVICE,
     O_GPU_MEM, O_SAVE_EVERY, O_KEEP, O_RESUME, O_EVAL_DATA, O_EVAL_EVERY, O_EVAL_BATCHES, O_LOG,
-    O_TRACE, O_THREADS, O_DOC_SEP, O_MAX_TIME, O_STOP_AT, O_NO_SAVE, O_OFFLOAD, O_HELP,
+    O_TRACE, O_THREADS, O_DOC_SEP, O_MAX_TIME, O_STOP_AT, O_NO_SAVE, O_OFFLOAD, O_SAVED_LAYERS, O_HELP,
 };
 
 static const struct option long_opts[] = {
@@ -84,7 +89,8 @@ static const struct option long_opts[] = {
     {"trace", required_argument, 0, O_TRACE},       {"threads", required_argument, 0, O_THREADS},
     {"doc-sep", required_argument, 0, O_DOC_SEP},   {"max-time", required_argument, 0, O_MAX_TIME},
     {"stop-at", required_argument, 0, O_STOP_AT},   {"no-save", no_argument, 0, O_NO_SAVE},
-    {"offload-checkpoints", no_argument, 0, O_OFFLOAD},   {"help", no_argument, 0, O_HELP},               {0, 0, 0, 0},
+    {"offload-checkpoints", no_argument, 0, O_OFFLOAD}, {"saved-layers", required_argument, 0, O_SAVED_LAYERS},
+    {"help", no_argument, 0, O_HELP},               {0, 0, 0, 0},
 };
 
 static int parse_one(mt_train_opts *o, int c, const char *arg) {
@@ -121,6 +127,9 @@ static int parse_one(mt_train_opts *o, int c, const char *arg) {
     case O_RESUME: o->resume = 1; return MT_OK;
     case O_NO_SAVE: o->no_save = 1; return MT_OK;
     case O_OFFLOAD: o->offload = 1; return MT_OK;
+    case O_SAVED_LAYERS:
+        if (strcmp(arg, "auto") == 0) return o->saved_layers = -1, MT_OK;
+        return mt_arg_int("--saved-layers", arg, 0, 1 << 20, &o->saved_layers);
     case O_EVAL_EVERY: return mt_arg_int("--eval-every", arg, 0, big, &o->eval_every);
     case O_EVAL_BATCHES: return mt_arg_int("--eval-batches", arg, 1, big, &o->eval_batches);
     case O_STOP_AT: return mt_arg_int("--stop-at", arg, 1, big, &o->stop_at);
@@ -136,7 +145,7 @@ static int parse_one(mt_train_opts *o, int c, const char *arg) {
 int mt_train_opts_parse(mt_train_opts *o, int argc, char **argv, int *exit_now) {
     *o = (mt_train_opts){.steps = 1000, .batch = 8, .lr = 3e-4, .schedule = 0, .beta1 = 0.9,
                          .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .clip = 1.0,
-                         .seed = 1337, .keep = 3, .eval_batches = 8};
+                         .seed = 1337, .keep = 3, .eval_batches = 8, .saved_layers = -1};
     *exit_now = 0;
     optind = 1;
     opterr = 0;

@@ -20,6 +20,7 @@ typedef struct {
     int resume;
     int no_save;                /* benchmarks: no checkpoint at all */
     int offload;                /* layer checkpoints in host memory (also chosen when --gpu-mem is short) */
+    int64_t saved_layers;       /* layers that keep their internals (skip the recompute); -1 = auto */
     int64_t eval_every, eval_batches;
     int64_t threads;            /* optimizer threads; 0 = all cores */
     const char *doc_sep;        /* byte-level text data: document separator line */

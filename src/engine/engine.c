@@ -9,6 +9,7 @@
 #include "../model/layer.h"
 #include "../model/docs.h"
 #include "adamw.h"
+#include "dev_trace.h"
 
 struct mt_engine {
     const mt_param_table *t;
@@ -40,6 +41,8 @@ struct mt_engine {
     void *host_ckpt;                 /* offload: (L, B*T, C) layer inputs in pinned host memory */
     mt_event *ckpt_ready, *ckpts_saved;
     mt_event *ckpt_saved[2], *set_free[2], *ckpt_loaded[2];
+    void *saved;                     /* (saved_layers, M) internals of the last layers */
+    size_t saved_per_mb;             /* bytes of one layer's internals for one micro-batch */
     void *dx;                        /* (B*T, C) */
     int32_t *ids, *targets, *pos;    /* (B*T) */
     int32_t *doc_start;              /* (B*T) packed rows' document starts, when use_docs */
@@ -51,6 +54,7 @@ struct mt_engine {
 
     mt_optimizer *opt;
     mt_trace *trace;
+    mt_dev_trace *dtrace;            /* the streams' own timeline (with trace) */
     int *loads;                      /* per group, this step */
     int issued;                      /* layer loads issued in this pass */
     double h2d_bytes, d2h_bytes;     /* this step */
@@ -82,6 +86,19 @@ static void *act_at(const mt_engine *e, int l, int m) {
 
 static void *host_ckpt_at(const mt_engine *e, int l) {
     return (char *)e->host_ckpt + (size_t)l * set_bytes(e);
+}
+
+/* The working activations of layer l for micro-batch m: its own saved internals when it keeps
+ * them, else the shared workspace. */
+static mt_layer_ws ws_for(const mt_engine *e, int l, int m) {
+    int k = l - (e->t->cfg.L - e->o.saved_layers);
+    if (k < 0) return e->ws;
+    void *base = (char *)e->saved + ((size_t)k * e->M + m) * e->saved_per_mb;
+    return mt_layer_ws_with_saved(&e->ws, &e->t->cfg, e->be->dtype, e->bN, base);
+}
+
+static mt_recompute recompute_of(const mt_engine *e, int l) {
+    return l >= e->t->cfg.L - e->o.saved_layers ? MT_RECOMPUTE_CHEAP : MT_RECOMPUTE_ALL;
 }
 
 static void *dx_at(const mt_engine *e, int m) {
@@ -130,9 +147,13 @@ void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_
     /* the layer inputs (L + 1 sets, or 2 when offloaded) and the gradient dx */
     p->dev_checkpoints = ((o->offload ? 2 : t->cfg.L + 1) + 1) * N * t->cfg.C * el;
     if (o->offload) p->host_total += t->cfg.L * N * t->cfg.C * el;
+    p->dev_saved_per_layer = (double)(o->batch / o->micro_batch) *
+                             (double)mt_layer_saved_bytes(&t->cfg, dtype, o->micro_batch * o->T);
+    p->dev_saved = o->saved_layers * p->dev_saved_per_layer;
     p->dev_work = (double)mt_layer_ws_bytes(&t->cfg, dtype, (int)bN) + 2 * bN * t->cfg.C * el +
                   N * 4 * 5; /* ids, targets, losses, positions, document starts */
-    p->dev_total = p->dev_slots + p->dev_embed_head + p->dev_grads + p->dev_checkpoints + p->dev_work;
+    p->dev_total = p->dev_slots + p->dev_embed_head + p->dev_grads + p->dev_checkpoints + p->dev_saved +
+                   p->dev_work;
 }
 
 /* ---- weight loads ---- */
@@ -149,7 +170,9 @@ static void load_group(mt_engine *e, int layer, void *dst, mt_event *free_ev, mt
     }
     double t0 = mt_trace_now(e->trace);
     be->stream_wait(be, MT_STREAM_H2D, free_ev);
+    int h = mt_dev_trace_begin(e->dtrace, MT_STREAM_H2D);
     be->copy_async(be, MT_STREAM_H2D, dst, upload_at(e, layer), group_bytes(e, layer));
+    mt_dev_trace_end(e->dtrace, h, MT_STREAM_H2D, MT_SPAN_LOAD, e->step, layer);
     be->event_record(be, loaded, MT_STREAM_H2D);
     e->loads[layer + 1]++;
     e->h2d_bytes += (double)group_bytes(e, layer);
@@ -191,7 +214,9 @@ static void grads_out(mt_engine *e, int layer, float *g) {
     be->from_f32(be, e->staging[st], g, n);
     be->event_record(be, e->staging_ready[st], MT_STREAM_COMPUTE);
     be->stream_wait(be, MT_STREAM_D2H, e->staging_ready[st]);
+    int h = mt_dev_trace_begin(e->dtrace, MT_STREAM_D2H);
     be->copy_async(be, MT_STREAM_D2H, upload_at(e, layer), e->staging[st], n * e->elem);
+    mt_dev_trace_end(e->dtrace, h, MT_STREAM_D2H, MT_SPAN_GRAD_OUT, e->step, layer);
     e->d2h_bytes += (double)(n * e->elem);
     be->event_record(be, e->staging_free[st], MT_STREAM_D2H);
     mt_trace_add(e->trace, MT_SPAN_GRAD_OUT, MT_LANE_D2H, e->step, layer, t0, mt_trace_now(e->trace));
@@ -199,12 +224,15 @@ static void grads_out(mt_engine *e, int layer, float *g) {
 
 /* ---- measuring the compute stream ---- */
 
-static void busy_begin(mt_engine *e) {
+/* Returns the device-trace handle of the span (see busy_end). */
+static int busy_begin(mt_engine *e) {
     if (e->be->event_elapsed_ms && e->n_busy + 2 <= e->max_busy)
         e->be->event_record(e->be, e->busy[e->n_busy], MT_STREAM_COMPUTE);
+    return mt_dev_trace_begin(e->dtrace, MT_STREAM_COMPUTE);
 }
 
-static void busy_end(mt_engine *e) {
+static void busy_end(mt_engine *e, int h, mt_span_kind kind, int group) {
+    mt_dev_trace_end(e->dtrace, h, MT_STREAM_COMPUTE, kind, e->step, group);
     if (e->be->event_elapsed_ms && e->n_busy + 2 <= e->max_busy) {
         e->be->event_record(e->be, e->busy[e->n_busy + 1], MT_STREAM_COMPUTE);
         e->n_busy += 2;
@@ -239,7 +267,9 @@ static void save_checkpoint(mt_engine *e, int l) {
     mt_backend *be = e->be;
     be->event_record(be, e->ckpt_ready, MT_STREAM_COMPUTE);
     be->stream_wait(be, MT_STREAM_D2H, e->ckpt_ready);
+    int h = mt_dev_trace_begin(e->dtrace, MT_STREAM_D2H);
     be->copy_async(be, MT_STREAM_D2H, host_ckpt_at(e, l), act_at(e, l, 0), set_bytes(e));
+    mt_dev_trace_end(e->dtrace, h, MT_STREAM_D2H, MT_SPAN_CKPT_OUT, e->step, l);
     be->event_record(be, e->ckpt_saved[l % 2], MT_STREAM_D2H);
     e->d2h_bytes += (double)set_bytes(e);
 }
@@ -248,7 +278,9 @@ static void save_checkpoint(mt_engine *e, int l) {
 static void load_checkpoint(mt_engine *e, int l) {
     mt_backend *be = e->be;
     be->stream_wait(be, MT_STREAM_H2D, e->set_free[l % 2]);
+    int h = mt_dev_trace_begin(e->dtrace, MT_STREAM_H2D);
     be->copy_async(be, MT_STREAM_H2D, act_at(e, l, 0), host_ckpt_at(e, l), set_bytes(e));
+    mt_dev_trace_end(e->dtrace, h, MT_STREAM_H2D, MT_SPAN_CKPT_IN, e->step, l);
     be->event_record(be, e->ckpt_loaded[l % 2], MT_STREAM_H2D);
     e->h2d_bytes += (double)set_bytes(e);
 }
@@ -277,12 +309,13 @@ static void forward(mt_engine *e, const mt_model_view *w, int save) {
         be->stream_wait(be, MT_STREAM_COMPUTE, e->slot_loaded[s]);
         mt_layer_weights lw = layer_weights(e, s);
         double t0 = mt_trace_now(e->trace);
-        busy_begin(e);
+        int h = busy_begin(e);
         for (int m = 0; m < e->M; m++) {
             mt_tokens tok = tokens_of(e, m);
-            mt_layer_forward(&e->lc, &tok, &lw, act_at(e, l, m), act_at(e, l + 1, m), &e->ws);
+            mt_layer_ws ws = save ? ws_for(e, l, m) : e->ws;
+            mt_layer_forward(&e->lc, &tok, &lw, act_at(e, l, m), act_at(e, l + 1, m), &ws);
         }
-        busy_end(e);
+        busy_end(e, h, MT_SPAN_FORWARD, l);
         be->event_record(be, e->slot_free[s], MT_STREAM_COMPUTE);
         mt_trace_add(e->trace, MT_SPAN_FORWARD, MT_LANE_MAIN, e->step, l, t0, mt_trace_now(e->trace));
         prefetch_layers(e, l + K - 1, 0, 1);
@@ -313,14 +346,15 @@ static void backward(mt_engine *e, const mt_model_view *g) {
         mt_layer_weights lw = layer_weights(e, s);
         mt_layer_weights lg = mt_layer_view_of(e->t, e->g_layer, sizeof(float));
         double t0 = mt_trace_now(e->trace);
-        busy_begin(e);
+        int h = busy_begin(e);
         be->zero(be, e->g_layer, (size_t)e->t->layer_size * sizeof(float));
         for (int m = 0; m < e->M; m++) {
             mt_tokens tok = tokens_of(e, m);
+            mt_layer_ws ws = ws_for(e, l, m);
             mt_layer_backward(&e->lc, &tok, &lw, &lg, act_at(e, l, m), dx_at(e, m), dx_at(e, m),
-                              &e->ws, 1);
+                              &ws, recompute_of(e, l));
         }
-        busy_end(e);
+        busy_end(e, h, MT_SPAN_BACKWARD, l);
         be->event_record(be, e->slot_free[s], MT_STREAM_COMPUTE);
         mt_trace_add(e->trace, MT_SPAN_BACKWARD, MT_LANE_MAIN, e->step, l, t0, mt_trace_now(e->trace));
         if (e->o.offload) {
@@ -350,6 +384,8 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
     mt_backend *be = e->be;
     const mt_param_table *t = e->t;
     int L = t->cfg.L, N = e->o.batch * e->o.T;
+    mt_dev_trace_flush(e->dtrace); /* the previous step's device spans */
+    e->step = (int)(adam_step - 1);
     for (int i = 0; i < L + 2; i++) e->loads[i] = 0;
     e->h2d_bytes = e->d2h_bytes = 0;
     e->n_busy = 0;
@@ -368,11 +404,11 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
     be->zero(be, e->g_embed, (size_t)t->embed_size * sizeof(float));
     be->zero(be, e->g_head, (size_t)t->head_size * sizeof(float));
     double t0 = mt_trace_now(e->trace);
-    busy_begin(e);
+    int h = busy_begin(e);
     for (int m = 0; m < e->M; m++)
         mt_head_loss(&e->lc, &w, &g, act_at(e, L, m), e->targets + (size_t)m * e->bN, e->bN,
                      loss_scale, e->losses + (size_t)m * e->bN, dx_at(e, m), &e->head_ws);
-    busy_end(e);
+    busy_end(e, h, MT_SPAN_HEAD, L);
     be->event_record(be, e->head_free, MT_STREAM_COMPUTE);
     be->event_record(be, e->embed_free, MT_STREAM_COMPUTE);
     if (e->o.offload) be->event_record(be, e->set_free[L % 2], MT_STREAM_COMPUTE);
@@ -398,7 +434,6 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
     res->opt_ms = mt_optimizer_last_ms(e->opt);
 
     mt_optimizer_start(e->opt, hp, adam_step, res->clip_coef, e->grads_out);
-    e->step++;
 }
 
 double mt_engine_eval(mt_engine *e, const int32_t *inputs, const int32_t *targets, int B,
@@ -428,6 +463,9 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
     MT_CHECK(o->batch > 0 && o->micro_batch > 0 && o->batch % o->micro_batch == 0,
              "batch %d must be a multiple of micro-batch %d", o->batch, o->micro_batch);
     MT_CHECK(o->n_slots >= 2, "need at least 2 weight slots (got %d)", o->n_slots);
+    MT_CHECK(o->saved_layers >= 0 && o->saved_layers <= t->cfg.L && !(o->offload && o->saved_layers),
+             "saved layers %d: must be in [0, %d] and 0 with offloaded checkpoints", o->saved_layers,
+             t->cfg.L);
     mt_engine *e = mt_calloc(1, sizeof *e);
     const mt_config *cfg = &t->cfg;
     e->t = t;
@@ -485,6 +523,8 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
             e->ckpt_loaded[i] = new_event(e);
         }
     }
+    e->saved_per_mb = mt_layer_saved_bytes(cfg, be->dtype, e->bN);
+    if (o->saved_layers) e->saved = be->alloc(be, (size_t)o->saved_layers * e->M * e->saved_per_mb);
     e->dx = be->alloc(be, (size_t)N * cfg->C * e->elem);
     e->ids = be->alloc(be, (size_t)N * sizeof(int32_t));
     e->targets = be->alloc(be, (size_t)N * sizeof(int32_t));
@@ -509,6 +549,7 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
     e->busy = mt_calloc((size_t)e->max_busy, sizeof(mt_event *));
     for (int i = 0; i < e->max_busy; i++) e->busy[i] = new_event(e);
     if (o->trace) e->trace = mt_trace_create();
+    e->dtrace = mt_dev_trace_create(be, e->trace);
     e->opt = mt_optimizer_create(t, e->master, e->m1, e->m2, e->upload, be->dtype, o->opt_threads,
                                  be, e->trace);
     return e;
@@ -519,6 +560,7 @@ void mt_engine_destroy(mt_engine *e) {
     mt_backend *be = e->be;
     mt_optimizer_destroy(e->opt);
     be->sync(be);
+    mt_dev_trace_free(e->dtrace);
     mt_layer_ws_free(&e->ws, &e->lc);
     mt_head_ws_free(&e->head_ws, &e->lc);
     for (int s = 0; s < e->o.n_slots; s++) {
@@ -532,6 +574,7 @@ void mt_engine_destroy(mt_engine *e) {
         be->event_destroy(be, e->staging_ready[i]);
         be->event_destroy(be, e->staging_free[i]);
     }
+    if (e->saved) be->free(be, e->saved);
     void *dev[] = {e->embed_w, e->head_w, e->g_layer, e->g_embed, e->g_head, e->norms, e->acts,
                    e->dx, e->ids, e->targets, e->losses, e->pos, e->doc_start, e->inv_freq};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) be->free(be, dev[i]);
@@ -582,5 +625,8 @@ void mt_engine_refresh_upload(mt_engine *e) {
 }
 
 const int *mt_engine_loads(const mt_engine *e) { return e->loads; }
-mt_trace *mt_engine_trace(mt_engine *e) { return e->trace; }
+mt_trace *mt_engine_trace(mt_engine *e) {
+    mt_dev_trace_flush(e->dtrace);
+    return e->trace;
+}
 mt_optimizer *mt_engine_optimizer(mt_engine *e) { return e->opt; }

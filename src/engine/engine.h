@@ -10,6 +10,8 @@
  *
  * With o->offload the checkpoints go to pinned host memory as the forward makes them and come back
  * one layer ahead of the backward, so the compute side holds two layers' activations, not L + 1.
+ * With o->saved_layers = k the last k layers also keep their internals (model/layer.h), so their
+ * backward remakes only the elementwise pieces: same bits, one forward's matmuls and attention less.
  *
  * A layer's gradient leaves for the host as soon as it is final, into that layer's upload
  * buffer (dead from then until its update); its squared norm is summed on the compute side, so
@@ -34,6 +36,9 @@ typedef struct {
     int opt_threads;  /* threads of the optimizer (<= 0: all) */
     int trace;        /* record a timeline (mt_engine_trace) */
     int offload;      /* keep the layer checkpoints in pinned host memory, not on the compute side */
+    int saved_layers; /* the last saved_layers layers keep their internals on the compute side
+                         (mt_layer_saved_bytes per micro-batch) so that their backward skips the
+                         recompute; 0 with offload */
 } mt_engine_opts;
 
 typedef struct {
@@ -50,7 +55,8 @@ typedef struct {
 /* Compute-side and host bytes the engine will allocate (for the plan printed before training). */
 typedef struct {
     double host_master, host_moments, host_upload, host_total;
-    double dev_slots, dev_embed_head, dev_grads, dev_checkpoints, dev_work, dev_total;
+    double dev_slots, dev_embed_head, dev_grads, dev_checkpoints, dev_saved, dev_work, dev_total;
+    double dev_saved_per_layer; /* what one more saved layer would cost */
 } mt_engine_plan;
 
 void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_opts *o,

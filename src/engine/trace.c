@@ -66,11 +66,22 @@ void mt_trace_clear(mt_trace *t) {
     pthread_mutex_unlock(&t->mu);
 }
 
+void mt_trace_drop_before(mt_trace *t, int step) {
+    pthread_mutex_lock(&t->mu);
+    int kept = 0;
+    for (int i = 0; i < t->n; i++)
+        if (t->spans[i].step >= step) t->spans[kept++] = t->spans[i];
+    t->n = kept;
+    pthread_mutex_unlock(&t->mu);
+}
+
 static const char *const span_names[MT_SPAN_KINDS] = {
-    "forward", "backward", "head", "load", "grad out", "adamw", "wait optimizer",
+    "forward", "backward", "head", "load", "grad out", "adamw", "wait optimizer", "checkpoint out",
+    "checkpoint in",
 };
-static const char *const lane_names[MT_LANES] = {"compute (issue)", "H2D (issue)", "D2H (issue)",
-                                                 "optimizer"};
+static const char *const lane_names[MT_LANES] = {
+    "host: compute issued", "host: H2D issued", "host: D2H issued", "optimizer threads",
+    "stream: compute (device time)", "stream: H2D (device time)", "stream: D2H (device time)"};
 
 const char *mt_span_name(mt_span_kind kind) { return span_names[kind]; }
 

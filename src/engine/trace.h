@@ -11,7 +11,11 @@ typedef enum {
     MT_LANE_H2D = 1,
     MT_LANE_D2H = 2,
     MT_LANE_OPT = 3,    /* the optimizer thread */
-    MT_LANES = 4,
+    /* when the streams ran the work (dev_trace.h), not when it was issued */
+    MT_LANE_DEV_COMPUTE = 4,
+    MT_LANE_DEV_H2D = 5,
+    MT_LANE_DEV_D2H = 6,
+    MT_LANES = 7,
 } mt_trace_lane;
 
 typedef enum {
@@ -22,6 +26,8 @@ typedef enum {
     MT_SPAN_GRAD_OUT,    /* gradients of a group issued to the host */
     MT_SPAN_OPTIMIZER,   /* AdamW of one group */
     MT_SPAN_WAIT_OPT,    /* the main thread waiting for the optimizer */
+    MT_SPAN_CKPT_OUT,    /* offload: a layer checkpoint to host memory */
+    MT_SPAN_CKPT_IN,     /* offload: a layer checkpoint back */
     MT_SPAN_KINDS,
 } mt_span_kind;
 
@@ -44,6 +50,8 @@ void mt_trace_add(mt_trace *t, mt_span_kind kind, mt_trace_lane lane, int step, 
 /* A snapshot copy of the spans so far; the caller frees it. */
 mt_span *mt_trace_spans(mt_trace *t, int *n);
 void mt_trace_clear(mt_trace *t);
+/* Drops the spans of steps before `step` (a long run keeps only the last steps' timeline). */
+void mt_trace_drop_before(mt_trace *t, int step);
 const char *mt_span_name(mt_span_kind kind);
 /* A monotonic wall clock in milliseconds (for measurements outside a trace). */
 double mt_trace_wall_ms(void);

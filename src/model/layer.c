@@ -18,6 +18,7 @@ typedef struct {
     size_t offset;   /* offsetof the pointer in mt_layer_ws */
     int per_token;   /* elements per token */
     int is_f32;      /* fp32 statistic rather than compute dtype */
+    int saved;       /* kept per layer when its backward skips the recompute */
 } ws_field;
 
 #define WS(field) offsetof(mt_layer_ws, field)
@@ -25,18 +26,19 @@ typedef struct {
 static int ws_fields(const mt_config *cfg, ws_field *f) {
     int C = cfg->C, F = cfg->F, HD = cfg->H * cfg->D, GD = cfg->G * cfg->D, n = 0;
     ws_field list[] = {
-        {WS(xn1), C, 0},     {WS(q), HD, 0},      {WS(k), GD, 0},       {WS(v), GD, 0},
-        {WS(att), HD, 0},    {WS(h), C, 0},       {WS(hn), C, 0},       {WS(gate), F, 0},
-        {WS(up), F, 0},      {WS(act), F, 0},     {WS(rstd1), 1, 1},    {WS(rstd2), 1, 1},
-        {WS(lse), cfg->H, 1},
-        {WS(d_act), F, 0},   {WS(d_gate), F, 0},  {WS(d_up), F, 0},     {WS(d_hn), C, 0},
-        {WS(d_h), C, 0},     {WS(d_xn1), C, 0},   {WS(d_att), HD, 0},   {WS(dq), HD, 0},
-        {WS(dk), GD, 0},     {WS(dv), GD, 0},
+        {WS(xn1), C, 0, 0},    {WS(q), HD, 0, 1},     {WS(k), GD, 0, 1},     {WS(v), GD, 0, 1},
+        {WS(att), HD, 0, 1},   {WS(h), C, 0, 1},      {WS(hn), C, 0, 0},     {WS(gate), F, 0, 1},
+        {WS(up), F, 0, 1},     {WS(act), F, 0, 0},    {WS(rstd1), 1, 1, 0},  {WS(rstd2), 1, 1, 0},
+        {WS(lse), cfg->H, 1, 1},
+        {WS(d_act), F, 0, 0},  {WS(d_gate), F, 0, 0}, {WS(d_up), F, 0, 0},   {WS(d_hn), C, 0, 0},
+        {WS(d_h), C, 0, 0},    {WS(d_xn1), C, 0, 0},  {WS(d_att), HD, 0, 0}, {WS(dq), HD, 0, 0},
+        {WS(dk), GD, 0, 0},    {WS(dv), GD, 0, 0},
     };
     for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) f[n++] = list[i];
     if (cfg->qk_norm) {
-        ws_field extra[] = {{WS(q_raw), HD, 0}, {WS(k_raw), GD, 0}, {WS(q_rstd), cfg->H, 1},
-                            {WS(k_rstd), cfg->G, 1}, {WS(dq_raw), HD, 0}, {WS(dk_raw), GD, 0}};
+        ws_field extra[] = {{WS(q_raw), HD, 0, 1},     {WS(k_raw), GD, 0, 1},
+                            {WS(q_rstd), cfg->H, 1, 1}, {WS(k_rstd), cfg->G, 1, 1},
+                            {WS(dq_raw), HD, 0, 0},     {WS(dk_raw), GD, 0, 0}};
         for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) f[n++] = extra[i];
     }
     return n;
@@ -54,6 +56,30 @@ size_t mt_layer_ws_bytes(const mt_config *cfg, mt_dtype dtype, int max_N) {
     size_t total = 0;
     for (int i = 0; i < n; i++) total += field_bytes(&f[i], dtype, max_N);
     return total;
+}
+
+size_t mt_layer_saved_bytes(const mt_config *cfg, mt_dtype dtype, int N) {
+    ws_field f[40];
+    int n = ws_fields(cfg, f);
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        if (f[i].saved) total += field_bytes(&f[i], dtype, N);
+    return total;
+}
+
+mt_layer_ws mt_layer_ws_with_saved(const mt_layer_ws *ws, const mt_config *cfg, mt_dtype dtype,
+                                   int N, void *base) {
+    MT_CHECK(N <= ws->max_N, "layer workspace holds %d tokens, asked for %d", ws->max_N, N);
+    mt_layer_ws v = *ws;
+    ws_field f[40];
+    int n = ws_fields(cfg, f);
+    char *at = base;
+    for (int i = 0; i < n; i++) {
+        if (!f[i].saved) continue;
+        *(void **)((char *)&v + f[i].offset) = at;
+        at += field_bytes(&f[i], dtype, N);
+    }
+    return v;
 }
 
 void mt_layer_ws_init(mt_layer_ws *ws, const mt_layer_ctx *lc, int max_N) {
@@ -131,14 +157,19 @@ static float *f32(void *p) { return (float *)p; }
 
 void mt_layer_backward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_layer_weights *w,
                        const mt_layer_weights *g, const void *inp, const void *dout, void *dinp,
-                       mt_layer_ws *ws, int recompute) {
+                       mt_layer_ws *ws, mt_recompute recompute) {
     mt_backend *be = lc->be;
     const mt_config *cfg = lc->cfg;
     dims d = dims_of(cfg, tok->B * tok->T);
     MT_CHECK(d.N <= ws->max_N, "layer workspace holds %d tokens, asked for %d", ws->max_N, d.N);
-    if (recompute) {
+    if (recompute == MT_RECOMPUTE_ALL) {
         attention_block_forward(lc, tok, w, inp, ws);
         mlp_block_forward(lc, tok, w, ws);
+    } else if (recompute == MT_RECOMPUTE_CHEAP) {
+        /* the same kernels on the same inputs as the forward: bit-identical internals */
+        be->rmsnorm_forward(be, ws->xn1, ws->rstd1, inp, w->input_norm, d.N, d.C, cfg->rms_norm_eps);
+        be->rmsnorm_forward(be, ws->hn, ws->rstd2, ws->h, w->post_norm, d.N, d.C, cfg->rms_norm_eps);
+        be->swiglu_forward(be, ws->act, ws->gate, ws->up, (size_t)d.N * d.F);
     }
     size_t NC = (size_t)d.N * d.C;
 

@@ -58,15 +58,32 @@ void mt_layer_ws_free(mt_layer_ws *ws, const mt_layer_ctx *lc);
 /* Bytes mt_layer_ws_init allocates on the compute side for max_N tokens. */
 size_t mt_layer_ws_bytes(const mt_config *cfg, mt_dtype dtype, int max_N);
 
+/* Saved internals: the fields of mt_layer_ws that cost a matmul or the attention to remake (q, k,
+ * v, att, h, gate, up, lse, and qwen3's q_raw, k_raw, q_rstd, k_rstd). A layer whose forward wrote
+ * them into buffers of its own skips the recompute in its backward (MT_RECOMPUTE_CHEAP): only
+ * xn1, hn (and their rstd) and act are remade, by elementwise kernels, bit for bit as the forward
+ * made them. Bytes for N tokens: */
+size_t mt_layer_saved_bytes(const mt_config *cfg, mt_dtype dtype, int N);
+/* A copy of ws whose saved fields point into `base` (mt_layer_saved_bytes(cfg, dtype, N) bytes on
+ * the compute side); the other fields stay ws's (shared scratch). */
+mt_layer_ws mt_layer_ws_with_saved(const mt_layer_ws *ws, const mt_config *cfg, mt_dtype dtype,
+                                   int N, void *base);
+
+typedef enum {
+    MT_RECOMPUTE_NONE = 0,  /* ws still holds this forward's internals (nothing ran in between) */
+    MT_RECOMPUTE_ALL = 1,   /* remake every internal from the layer input */
+    MT_RECOMPUTE_CHEAP = 2, /* ws's saved fields hold this forward's: remake xn1, hn, act only */
+} mt_recompute;
+
 /* out (N, C) = layer(inp (N, C)); out may alias inp. Leaves the internals in ws. */
 void mt_layer_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_layer_weights *w,
                       const void *inp, void *out, mt_layer_ws *ws);
 
 /* Backward from the gradient of the layer output dout (N, C): dinp (N, C) is written (it may
- * alias dout), the fp32 gradients in `grads` accumulate (+=). When `recompute` is set the
- * internals are recomputed from inp first; otherwise ws must still hold this forward's. */
+ * alias dout), the fp32 gradients in `grads` accumulate (+=). `recompute` says what of the
+ * forward's internals must be remade from inp first (see mt_recompute). */
 void mt_layer_backward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_layer_weights *w,
                        const mt_layer_weights *grads, const void *inp, const void *dout, void *dinp,
-                       mt_layer_ws *ws, int recompute);
+                       mt_layer_ws *ws, mt_recompute recompute);
 
 #endif

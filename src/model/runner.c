@@ -115,7 +115,7 @@ double mt_runner_step(mt_runner *r, const void *weights, float *grads, const int
         for (int l = t->cfg.L - 1; l >= 0; l--) {
             mt_layer_weights lw = mt_layer_view_of(t, layer_base(t, weights, elem, l), elem);
             mt_layer_weights lg = mt_layer_view_of(t, layer_base(t, grads, sizeof(float), l), sizeof(float));
-            mt_layer_backward(&r->lc, &tok, &lw, &lg, act_at(r, l), r->dx, r->dx, &r->ws, 1);
+            mt_layer_backward(&r->lc, &tok, &lw, &lg, act_at(r, l), r->dx, r->dx, &r->ws, MT_RECOMPUTE_ALL);
         }
         mt_embed_backward(&r->lc, &g, r->ids, N, r->dx);
     }

@@ -398,6 +398,7 @@ mt_backend *mt_backend_cuda_create(int64_t mem_budget_bytes) {
     be->event_sync = cuda_event_sync;
     be->event_elapsed_ms = cuda_event_elapsed_ms;
     be->mem_used = cuda_mem_used;
+    be->mem_budget = c->budget;
     be->embedding_forward = cu_embedding_forward;
     be->embedding_backward = cu_embedding_backward;
     be->rmsnorm_forward = cu_rmsnorm_forward;
