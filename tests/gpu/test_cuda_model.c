@@ -163,9 +163,6 @@ static double *train_curve_with(mt_backend *be, const mt_param_table *t, const f
     return curve;
 }
 
-static double *train_curve(mt_backend *be, const mt_param_table *t, const float *w, int steps) {
-    return train_curve_with(be, t, w, steps, 0, 0, NULL);
-}
 
 /* Offloaded checkpoints and saved internals (no recompute) compute the same thing on the GPU as
  * the plain schedule. Bitwise on the CPU backend (test_engine); here the attention backward adds
