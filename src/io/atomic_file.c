@@ -35,6 +35,12 @@ int mt_atomic_write(mt_atomic_file *af, const void *data, size_t n) {
     return MT_OK;
 }
 
+int mt_atomic_write_at(mt_atomic_file *af, long offset, const void *data, size_t n) {
+    if (fseek(af->f, offset, SEEK_SET) != 0 || fwrite(data, 1, n, af->f) != n || fseek(af->f, 0, SEEK_END) != 0)
+        return mt_error_set("%s: write failed: %s (disk full?)", af->tmp, strerror(errno));
+    return MT_OK;
+}
+
 /* fsync the directory so the rename itself survives a crash; failure here is not fatal data-wise. */
 static void sync_parent_dir(const char *path) {
     char *dir = mt_strdup(path);

@@ -15,6 +15,9 @@ typedef struct {
 /* MT_ERR names PATH.tmp and the system error. */
 int mt_atomic_open(mt_atomic_file *af, const char *path);
 int mt_atomic_write(mt_atomic_file *af, const void *data, size_t n);
+/* Overwrites n bytes at offset (already written) and returns to the end: a header whose counts are
+ * known only at the end. */
+int mt_atomic_write_at(mt_atomic_file *af, long offset, const void *data, size_t n);
 /* Flush, fsync, close, rename; on MT_ERR the temporary is already removed. */
 int mt_atomic_commit(mt_atomic_file *af);
 /* Close and remove the temporary (after an error elsewhere). Safe after a failed commit. */

@@ -57,8 +57,7 @@ mt_text_opts mt_text_opts_default(void) {
     return (mt_text_opts){.doc_sep = NULL, .elem_size = 0, .eos_id = -1, .add_special = 1};
 }
 
-/* Strict UTF-8 (no overlongs, surrogates or code points past U+10FFFF). */
-static int utf8_valid(const unsigned char *s, size_t n) {
+int mt_text_utf8_valid(const unsigned char *s, size_t n) {
     size_t i = 0;
     while (i < n) {
         unsigned c = s[i];
@@ -87,7 +86,7 @@ static int utf8_valid(const unsigned char *s, size_t n) {
     return 1;
 }
 
-static int only_space(const char *s, size_t n) {
+int mt_text_only_space(const char *s, size_t n) {
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         if (!(c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f')) return 0;
@@ -109,7 +108,7 @@ static int put_token(td_run *r, int32_t id) {
 }
 
 static void encode_doc(const mt_tokenizer *tok, int add_special, td_doc *d) {
-    d->invalid_utf8 = !utf8_valid((const unsigned char *)d->text, d->len);
+    d->invalid_utf8 = !mt_text_utf8_valid((const unsigned char *)d->text, d->len);
     if (tok) {
         mt_tokenizer_encode(tok, d->text, d->len, add_special, &d->ids, &d->n_ids);
         return;
@@ -150,7 +149,7 @@ static int flush_batch(td_run *r) {
 
 /* Takes ownership of text. */
 static int add_doc(td_run *r, char *text, size_t len, const char *path, int64_t line) {
-    if (only_space(text, len)) {
+    if (mt_text_only_space(text, len)) {
         if (r->s->empty_docs++ == 0) r->s->empty_path = path, r->s->empty_line = line;
         free(text);
         return MT_OK;
@@ -227,7 +226,7 @@ static int read_jsonl(td_run *r, FILE *in, const char *path) {
     while (rc == MT_OK && (len = getline(&line, &cap, in)) >= 0) {
         lineno++;
         s->bytes += len;
-        if (only_space(line, (size_t)len)) continue;
+        if (mt_text_only_space(line, (size_t)len)) continue;
         json_error_t err;
         json_t *j = json_loadb(line, (size_t)len, JSON_ALLOW_NUL, &err);
         json_t *text = json_is_object(j) ? json_object_get(j, "text") : NULL;

@@ -75,6 +75,10 @@ int mt_text_to_tokens(const mt_tokenizer *tok, const char *const *paths, int n, 
 
 /* 1 when PATH names a JSONL file (ends in .jsonl). */
 int mt_text_is_jsonl(const char *path);
+/* 1 when s[0..n) is strict UTF-8 (no overlongs, surrogates or code points past U+10FFFF). */
+int mt_text_utf8_valid(const unsigned char *s, size_t n);
+/* 1 when s[0..n) is empty or only ASCII whitespace. */
+int mt_text_only_space(const char *s, size_t n);
 
 /* Multi-line report of the skipped/odd input (nothing when all was clean), each line starting with
  * prefix, e.g. "data.jsonl: 3 lines are not JSON (first: line 7: ...), skipped". */

@@ -1,0 +1,331 @@
+/* Chat JSONL -> packed rows (see chat_pack.h). Lines are parsed and checked in order, rendered in
+ * parallel batches, and packed in order. */
+#include "io/chat_pack.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "io/packed.h"
+#include "io/text_data.h"
+#include "io/tokens.h"
+
+#define CP_MAX_BATCH 16384 /* conversations rendered per parallel batch (or MT_TEXT_BATCH_BYTES) */
+#define CP_DETECT_LINES 10000
+
+int mt_long_policy_parse(const char *s, mt_long_policy *out) {
+    if (s && strcmp(s, "truncate") == 0) *out = MT_LONG_TRUNCATE;
+    else if (s && strcmp(s, "skip") == 0) *out = MT_LONG_SKIP;
+    else return mt_error_set("unknown --long \"%s\" (expected truncate or skip)", s ? s : "(null)");
+    return MT_OK;
+}
+
+const char *mt_long_policy_name(mt_long_policy p) { return p == MT_LONG_SKIP ? "skip" : "truncate"; }
+
+typedef struct {
+    json_t *root; /* owns the strings msgs point into */
+    mt_chat_message *msgs;
+    size_t n;
+    const char *path;
+    int64_t line;
+    mt_token_vec ids;
+    mt_chat_mask mask;
+    int rc;
+    char err[256];
+} cp_conv;
+
+typedef struct {
+    const mt_tokenizer *tok;
+    mt_chat_opts copts;
+    const mt_chat_pack_opts *o;
+    mt_chat_pack_stats *s;
+    mt_packed_writer w;
+    cp_conv *convs;
+    int n_convs;
+    size_t batch_bytes;
+    int64_t total_bytes;
+    double t0;
+} cp_run;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void note(mt_chat_issue *i, const char *path, int64_t line) {
+    if (i->n++ == 0) i->path = path, i->line = line;
+}
+
+/* ---- one line: checked, then kept as a conversation or counted ---- */
+
+/* The kind of problem of a "messages" array, or NULL when it can be rendered. */
+static mt_chat_issue *check_messages(cp_run *r, json_t *msgs, mt_chat_message *m) {
+    mt_chat_pack_stats *s = r->s;
+    size_t n = json_array_size(msgs);
+    int has_assistant = 0, has_text = 0;
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = json_array_get(msgs, i);
+        json_t *role = json_object_get(e, "role"), *content = json_object_get(e, "content");
+        if (!json_is_object(e) || !json_is_string(role) || !json_is_string(content)) return &s->bad_message;
+        m[i].role = json_string_value(role);
+        m[i].content = json_string_value(content);
+        int assistant = strcmp(m[i].role, "assistant") == 0;
+        if (!assistant && strcmp(m[i].role, "user") != 0 && strcmp(m[i].role, "system") != 0)
+            return &s->unknown_role;
+        has_assistant |= assistant;
+        has_text |= !mt_text_only_space(m[i].content, json_string_length(content));
+    }
+    if (!has_text) return &s->empty;
+    if (r->copts.loss_on == MT_CHAT_LOSS_ASSISTANT && !has_assistant) return &s->no_assistant;
+    return NULL;
+}
+
+/* Takes one non-blank line; 1 when it became r->convs[r->n_convs], 0 when it was counted. */
+static int take_line(cp_run *r, const char *line, size_t len, const char *path, int64_t lineno) {
+    mt_chat_pack_stats *s = r->s;
+    if (!mt_text_utf8_valid((const unsigned char *)line, len)) return note(&s->invalid_utf8, path, lineno), 0;
+    json_error_t err;
+    json_t *j = json_loadb(line, len, 0, &err);
+    if (!json_is_object(j)) {
+        if (s->bad_json.n == 0)
+            snprintf(s->bad_json_error, sizeof s->bad_json_error, "%s", j ? "not a JSON object" : err.text);
+        note(&s->bad_json, path, lineno);
+        json_decref(j);
+        return 0;
+    }
+    json_t *msgs = json_object_get(j, "messages");
+    mt_chat_issue *bad = NULL;
+    mt_chat_message *m = NULL;
+    if (!json_is_array(msgs)) bad = &s->no_messages;
+    else if (json_array_size(msgs) == 0) bad = &s->empty;
+    else {
+        m = mt_malloc(json_array_size(msgs) * sizeof *m);
+        bad = check_messages(r, msgs, m);
+    }
+    if (bad) {
+        note(bad, path, lineno);
+        free(m);
+        json_decref(j);
+        return 0;
+    }
+    r->convs[r->n_convs++] = (cp_conv){.root = j, .msgs = m, .n = json_array_size(msgs), .path = path,
+                                       .line = lineno};
+    return 1;
+}
+
+/* ---- a batch: rendered in parallel, packed in order ---- */
+
+static int has_trained(const uint8_t *mask, size_t n) {
+    for (size_t i = 1; i < n; i++)
+        if (mask[i]) return 1;
+    return 0;
+}
+
+static int pack_one(cp_run *r, cp_conv *c) {
+    mt_chat_pack_stats *s = r->s;
+    if (c->rc != MT_OK) {
+        if (s->bad_order.n == 0) snprintf(s->bad_order_error, sizeof s->bad_order_error, "%s", c->err);
+        note(&s->bad_order, c->path, c->line);
+        return MT_OK;
+    }
+    size_t n = c->ids.n;
+    if (n > (size_t)r->o->T) {
+        if (r->o->long_policy == MT_LONG_SKIP) return note(&s->long_skipped, c->path, c->line), MT_OK;
+        n = (size_t)r->o->T;
+        if (!has_trained(c->mask.v, n)) return note(&s->long_untrained, c->path, c->line), MT_OK;
+        note(&s->long_truncated, c->path, c->line);
+    }
+    MT_TRY(mt_packed_writer_add(&r->w, c->ids.ids, c->mask.v, n));
+    s->conversations++;
+    s->tokens += (int64_t)n;
+    return MT_OK;
+}
+
+static int flush_batch(cp_run *r) {
+    cp_conv *convs = r->convs;
+    int n = r->n_convs;
+    const mt_tokenizer *tok = r->tok;
+    const mt_chat_opts *copts = &r->copts;
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
+    for (int i = 0; i < n; i++) {
+        cp_conv *c = &convs[i];
+        c->rc = mt_chat_render(tok, copts, c->msgs, c->n, &c->ids, &c->mask);
+        if (c->rc != MT_OK) snprintf(c->err, sizeof c->err, "%s", mt_error_message());
+    }
+    int rc = MT_OK;
+    for (int i = 0; i < n; i++) {
+        cp_conv *c = &convs[i];
+        if (rc == MT_OK) rc = pack_one(r, c);
+        mt_token_vec_free(&c->ids);
+        mt_chat_mask_free(&c->mask);
+        free(c->msgs);
+        json_decref(c->root);
+    }
+    r->n_convs = 0;
+    r->batch_bytes = 0;
+    r->s->seconds = now_s() - r->t0;
+    if (rc == MT_OK && r->o->progress) r->o->progress(r->s, r->total_bytes, 0, r->o->progress_user);
+    return rc;
+}
+
+static int read_file(cp_run *r, FILE *in, const char *path) {
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int64_t lineno = 0;
+    int rc = MT_OK;
+    while (rc == MT_OK && (len = getline(&line, &cap, in)) >= 0) {
+        lineno++;
+        r->s->bytes += len;
+        if (mt_text_only_space(line, (size_t)len)) continue;
+        if (!take_line(r, line, (size_t)len, path, lineno)) continue;
+        r->batch_bytes += (size_t)len;
+        if (r->n_convs == CP_MAX_BATCH || r->batch_bytes >= MT_TEXT_BATCH_BYTES) rc = flush_batch(r);
+    }
+    if (rc == MT_OK && ferror(in)) rc = mt_error_set("%s: read failed: %s", path, strerror(errno));
+    free(line);
+    return rc;
+}
+
+/* ---- driver ---- */
+
+static int setup(cp_run *r, const char *const *paths, int n, const char *out_path) {
+    const mt_chat_pack_opts *o = r->o;
+    if (n < 1) return mt_error_set("%s: no input files given", out_path);
+    if (o->T < 1) return mt_error_set("%s: --seq %d is not a sequence length", out_path, o->T);
+    mt_chat_format f = o->format == MT_CHAT_AUTO ? mt_chat_format_for(r->tok) : o->format;
+    r->copts = (mt_chat_opts){.format = f, .loss_on = o->loss_on, .default_system = NULL};
+    r->s->format = f;
+    /* the format's special tokens, once, rather than a failure on every line */
+    mt_chat_message probe[] = {{"user", "a"}, {"assistant", "b"}};
+    mt_token_vec ids = {0};
+    mt_chat_mask mask = {0};
+    int rc = mt_chat_render(r->tok, &r->copts, probe, 2, &ids, &mask);
+    mt_token_vec_free(&ids);
+    mt_chat_mask_free(&mask);
+    if (rc != MT_OK) {
+        char why[512]; /* a copy: the message buffer is rewritten below */
+        snprintf(why, sizeof why, "%s", mt_error_message());
+        return mt_error_set("%s: chat format %s: %s (choose another with --chat-format)", out_path,
+                            mt_chat_format_name(f), why);
+    }
+    for (int i = 0; i < n; i++) {
+        struct stat st;
+        if (stat(paths[i], &st) != 0) return mt_error_set("%s: cannot open: %s", paths[i], strerror(errno));
+        if (!S_ISREG(st.st_mode)) return mt_error_set("%s: not a regular file", paths[i]);
+        r->total_bytes += st.st_size;
+    }
+    return MT_OK;
+}
+
+static int no_conversation(const cp_run *r, const char *const *paths, int n, const char *out_path) {
+    const mt_chat_pack_stats *s = r->s;
+    return mt_error_set("%s: no conversation to train on in the %d input file(s) (first %s): %lld not JSON, "
+                        "%lld invalid UTF-8, %lld without \"messages\", %lld empty, %lld bad messages, %lld "
+                        "unknown roles, %lld not renderable, %lld without an assistant reply, %lld too long",
+                        out_path, n, paths[0], (long long)s->bad_json.n, (long long)s->invalid_utf8.n,
+                        (long long)s->no_messages.n, (long long)s->empty.n, (long long)s->bad_message.n,
+                        (long long)s->unknown_role.n, (long long)s->bad_order.n, (long long)s->no_assistant.n,
+                        (long long)(s->long_skipped.n + s->long_untrained.n));
+}
+
+int mt_chat_pack(const mt_tokenizer *tok, const char *const *paths, int n, const char *out_path,
+                 const mt_chat_pack_opts *opts, mt_chat_pack_stats *stats) {
+    mt_chat_pack_stats local;
+    cp_run r = {.tok = tok, .o = opts, .s = stats ? stats : &local, .t0 = now_s()};
+    memset(r.s, 0, sizeof *r.s);
+    MT_TRY(setup(&r, paths, n, out_path));
+    int vocab = mt_tokenizer_vocab_size(tok), eos = mt_tokenizer_eos(tok);
+    MT_TRY(mt_packed_writer_open(&r.w, out_path, opts->T, vocab, mt_tokens_elem_size_for_vocab(vocab),
+                                 eos >= 0 ? eos : 0));
+    r.convs = mt_malloc(CP_MAX_BATCH * sizeof *r.convs);
+    int rc = MT_OK;
+    for (int i = 0; rc == MT_OK && i < n; i++) {
+        FILE *in = fopen(paths[i], "rb");
+        if (!in) {
+            rc = mt_error_set("%s: cannot open: %s", paths[i], strerror(errno));
+            break;
+        }
+        rc = read_file(&r, in, paths[i]);
+        fclose(in);
+    }
+    if (rc == MT_OK && r.n_convs) rc = flush_batch(&r);
+    for (int i = 0; i < r.n_convs; i++) { /* left by an error */
+        free(r.convs[i].msgs);
+        json_decref(r.convs[i].root);
+    }
+    free(r.convs);
+    if (rc == MT_OK && r.s->conversations == 0) rc = no_conversation(&r, paths, n, out_path);
+    if (rc == MT_OK) {
+        rc = mt_packed_writer_commit(&r.w);
+        r.s->trained = r.w.trained, r.s->rows = r.w.rows, r.s->padded = r.w.padded;
+    } else {
+        mt_packed_writer_abort(&r.w);
+    }
+    r.s->seconds = now_s() - r.t0;
+    if (rc == MT_OK && opts->progress) opts->progress(r.s, r.total_bytes, 1, opts->progress_user);
+    return rc;
+}
+
+int mt_chat_jsonl_detect(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int found = -1;
+    for (int i = 0; found < 0 && i < CP_DETECT_LINES && (len = getline(&line, &cap, f)) >= 0; i++) {
+        json_t *j = json_loadb(line, (size_t)len, 0, NULL);
+        if (json_is_object(j)) found = json_object_get(j, "messages") != NULL;
+        json_decref(j);
+    }
+    free(line);
+    fclose(f);
+    return found == 1;
+}
+
+/* ---- reporting ---- */
+
+static void report_one(FILE *out, const char *prefix, const mt_chat_issue *i, const char *what,
+                       const char *detail) {
+    if (!i->n) return;
+    fprintf(out, "%s%lld %s (first: %s line %lld%s%s)\n", prefix, (long long)i->n, what, i->path,
+            (long long)i->line, detail ? ": " : "", detail ? detail : "");
+}
+
+void mt_chat_pack_report(const mt_chat_pack_stats *s, const char *prefix, FILE *out) {
+    report_one(out, prefix, &s->invalid_utf8, "line(s) that are not valid UTF-8 skipped", NULL);
+    report_one(out, prefix, &s->bad_json, "line(s) that are not a JSON object skipped", s->bad_json_error);
+    report_one(out, prefix, &s->no_messages, "object(s) without a \"messages\" array skipped", NULL);
+    report_one(out, prefix, &s->empty, "empty conversation(s) (no message, or only empty content) skipped", NULL);
+    report_one(out, prefix, &s->bad_message, "conversation(s) with a message lacking a string \"role\" or "
+               "\"content\" skipped", NULL);
+    report_one(out, prefix, &s->unknown_role, "conversation(s) with a role other than system, user and "
+               "assistant skipped", NULL);
+    report_one(out, prefix, &s->bad_order, "conversation(s) the chat format cannot write skipped",
+               s->bad_order_error);
+    report_one(out, prefix, &s->no_assistant, "conversation(s) without an assistant reply skipped "
+               "(--loss-on assistant: nothing to train)", NULL);
+    report_one(out, prefix, &s->long_skipped, "conversation(s) longer than --seq skipped (--long skip)", NULL);
+    report_one(out, prefix, &s->long_truncated, "conversation(s) longer than --seq truncated to --seq "
+               "tokens (--long truncate)", NULL);
+    report_one(out, prefix, &s->long_untrained, "conversation(s) longer than --seq with no trained token "
+               "in the first --seq tokens skipped", NULL);
+}
+
+void mt_chat_progress_stderr(const mt_chat_pack_stats *s, int64_t total_bytes, int done, void *user) {
+    (void)user;
+    if (!isatty(STDERR_FILENO)) return;
+    double rate = s->seconds > 0 ? s->tokens / s->seconds : 0;
+    fprintf(stderr, "\rpack: %.1f/%.1f MB (%.0f%%), %lld conversations, %lld tokens, %.2fM tok/s   ",
+            s->bytes / 1e6, total_bytes / 1e6, total_bytes ? 100.0 * s->bytes / total_bytes : 100.0,
+            (long long)s->conversations, (long long)s->tokens, rate / 1e6);
+    if (done) fputc('\n', stderr);
+    fflush(stderr);
+}

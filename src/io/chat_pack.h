@@ -1,0 +1,91 @@
+/* Chat JSONL -> packed rows (io/packed.h), through a tokenizer.json tokenizer and a chat format
+ * (tokenizer/chat.h).
+ *
+ * Input: one JSON object per line, {"messages": [{"role": "system"|"user"|"assistant",
+ * "content": "..."}, ...]} (other fields ignored); lines that are empty or only whitespace are not
+ * data and are passed over. Each kept line is one conversation: rendered in the chat format with
+ * its loss mask (assistant replies, or every token with loss_on all) and appended, in file order,
+ * to the packed stream (a conversation is a document there).
+ *
+ * Skipped and counted, never fatal, with the first file and line of each kind kept for the report:
+ *   invalid_utf8   the line is not valid UTF-8 (not parsed)
+ *   bad_json       not a JSON object (jansson's message for the first); \u0000 in a string is refused
+ *   no_messages    an object without a "messages" array
+ *   empty          "messages" is empty, or every content is empty or only whitespace
+ *   bad_message    a message that is not an object with a string "role" and a string "content"
+ *   unknown_role   a role other than system, user and assistant
+ *   bad_order      a role order the format cannot write (Llama 2 / Mistral: an optional first
+ *                  system message, then user/assistant alternating from user)
+ *   no_assistant   loss_on assistant and no assistant message (nothing to train on)
+ *   long_skipped   long = skip and more than T tokens
+ * Kept but changed: long_truncated (long = truncate, the default: cut to the first T tokens).
+ * A conversation truncated so that no trained token is left is skipped and counted in
+ * long_untrained.
+ *
+ * Conversations are rendered in parallel (OpenMP; the tokenizer is thread-safe for encode) in
+ * batches of about MT_TEXT_BATCH_BYTES and packed in input order, so the output does not depend on
+ * the thread count. The last row is padded with the tokenizer's eos (or id 0), without loss.
+ */
+#ifndef MT_CHAT_PACK_H
+#define MT_CHAT_PACK_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
+
+typedef enum { MT_LONG_TRUNCATE = 0, MT_LONG_SKIP } mt_long_policy;
+
+/* "truncate" or "skip"; MT_ERR naming the value otherwise. */
+int mt_long_policy_parse(const char *s, mt_long_policy *out);
+const char *mt_long_policy_name(mt_long_policy p);
+
+typedef struct {
+    int64_t n;        /* how many */
+    const char *path; /* first occurrence: one of the input paths, and its 1-based line */
+    int64_t line;
+} mt_chat_issue;
+
+typedef struct {
+    mt_chat_format format; /* the format used (never AUTO) */
+    int64_t conversations; /* packed */
+    int64_t tokens;        /* of the packed conversations (padding not counted) */
+    int64_t trained;       /* targets with loss */
+    int64_t rows, padded;  /* rows written; padding tokens in the last one */
+    int64_t bytes;         /* input bytes read */
+    double seconds;
+    mt_chat_issue invalid_utf8, bad_json, no_messages, empty, bad_message, unknown_role, bad_order,
+        no_assistant, long_skipped, long_truncated, long_untrained;
+    char bad_json_error[160], bad_order_error[256]; /* the first of each */
+} mt_chat_pack_stats;
+
+typedef void (*mt_chat_progress_fn)(const mt_chat_pack_stats *s, int64_t total_bytes, int done, void *user);
+
+typedef struct {
+    mt_chat_format format; /* MT_CHAT_AUTO: mt_chat_format_for(tokenizer) */
+    mt_chat_loss_on loss_on;
+    int T;                 /* tokens per row (--seq) */
+    mt_long_policy long_policy;
+    mt_chat_progress_fn progress; /* NULL: none */
+    void *progress_user;
+} mt_chat_pack_opts;
+
+/* Writes out_path atomically (nothing left under it on MT_ERR). MT_ERR (one line naming the file at
+ * fault) on an unreadable input, a tokenizer without the format's special tokens, or no conversation
+ * kept at all. stats (may be NULL) is filled on MT_OK and, as far as it got, on MT_ERR. */
+int mt_chat_pack(const mt_tokenizer *tok, const char *const *paths, int n, const char *out_path,
+                 const mt_chat_pack_opts *opts, mt_chat_pack_stats *stats);
+
+/* 1 when the first line of PATH that is a JSON object has a "messages" field (a chat JSONL), 0
+ * otherwise (also when unreadable: opening it later gives the error). */
+int mt_chat_jsonl_detect(const char *path);
+
+/* One line per kind of skipped or changed input (nothing when all was clean), each starting with
+ * prefix, e.g. "megatrain: warning: 3 lines that are not JSON skipped (first: a.jsonl line 7: ...)". */
+void mt_chat_pack_report(const mt_chat_pack_stats *s, const char *prefix, FILE *out);
+
+/* The stderr progress line (terminal only; pass as opts.progress, user = NULL). */
+void mt_chat_progress_stderr(const mt_chat_pack_stats *s, int64_t total_bytes, int done, void *user);
+
+#endif
