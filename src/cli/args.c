@@ -66,3 +66,10 @@ int mt_arg_choice(const char *flag, const char *text, const char *choices, int *
     }
     return mt_error_set("%s: '%s' is not one of %s", flag, text, choices);
 }
+
+int mt_arg_named(const char *flag, int rc) {
+    if (rc == MT_OK || strstr(mt_error_message(), flag)) return rc;
+    char msg[512]; /* a copy: the message buffer is rewritten */
+    snprintf(msg, sizeof msg, "%s", mt_error_message());
+    return mt_error_set("%s: %s", flag, msg);
+}

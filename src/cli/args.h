@@ -13,4 +13,8 @@ int mt_arg_size(const char *flag, const char *text, int64_t *out);
 /* One of a '|'-separated list of choices, e.g. "f32|bf16"; *out = index. */
 int mt_arg_choice(const char *flag, const char *text, const char *choices, int *out);
 
+/* rc as is; on MT_ERR the message gets "flag: " in front unless it names the flag already (for
+ * parsers outside the CLI, e.g. mt_chat_format_parse). */
+int mt_arg_named(const char *flag, int rc);
+
 #endif

@@ -1,8 +1,12 @@
 /* megatrain eval: the mean loss of a model on token data (held-out evaluation). */
+#include <dirent.h>
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "../backend/backend.h"
 #include "../core/error.h"
@@ -11,26 +15,50 @@
 #include "args.h"
 #include "commands.h"
 #include "model_source.h"
+#include "run_data.h"
 #include "run_setup.h"
 
 static void print_usage(FILE *out) {
     fprintf(out,
             "usage: megatrain eval --model DIR --data PATH [--batch B] [--seq T] [--batches N]\n"
-            "                      [--doc-sep LINE]\n"
-            "  Mean cross-entropy (and perplexity) over non-overlapping rows of T+1 tokens of PATH\n"
-            "  (token file, or text as byte-level tokens). Defaults: B 8, T 1024 (capped by the\n"
-            "  model), N all rows.\n");
+            "                      [--doc-sep LINE] [--loss-on assistant|all] [--chat-format F]\n"
+            "                      [--long truncate|skip]\n"
+            "  Mean cross-entropy (and perplexity) over non-overlapping rows of T+1 tokens of PATH:\n"
+            "  a token file, text / JSONL (tokenized with the model's tokenizer.json, or as bytes),\n"
+            "  chat JSONL (\"messages\"; packed as train packs it, the loss on the targets it trains:\n"
+            "  the assistant replies by default), or packed rows from `megatrain tokenize --chat`\n"
+            "  (--seq must be theirs). Text and chat data are tokenized into a temporary directory,\n"
+            "  removed at the end. Defaults: B 8, T 1024 (capped by the model), N all rows.\n");
+}
+
+/* The files of a flat directory, then the directory. */
+static void remove_dir(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return;
+    struct dirent *e;
+    char p[4096];
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+            unlink(p);
+        }
+    closedir(d);
+    rmdir(path);
 }
 
 int mt_cmd_eval(int argc, char **argv) {
-    const char *model_dir = NULL, *data = NULL, *doc_sep = NULL;
+    const char *model_dir = NULL, *data = NULL;
     int64_t B = 8, T = 0, batches = 0;
+    mt_run_data_opts dopts = {0};
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"data", required_argument, 0, 'd'},
                                          {"batch", required_argument, 0, 'b'},
                                          {"seq", required_argument, 0, 't'},
                                          {"batches", required_argument, 0, 'n'},
                                          {"doc-sep", required_argument, 0, 's'},
+                                         {"loss-on", required_argument, 0, 'l'},
+                                         {"chat-format", required_argument, 0, 'f'},
+                                         {"long", required_argument, 0, 'g'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c;
@@ -40,7 +68,10 @@ int mt_cmd_eval(int argc, char **argv) {
         switch (c) {
         case 'm': model_dir = optarg; break;
         case 'd': data = optarg; break;
-        case 's': doc_sep = optarg; break;
+        case 's': dopts.doc_sep = optarg; break;
+        case 'l': rc = mt_arg_named("--loss-on", mt_chat_loss_on_parse(optarg, &dopts.loss_on)); break;
+        case 'f': rc = mt_arg_named("--chat-format", mt_chat_format_parse(optarg, &dopts.chat_format)); break;
+        case 'g': rc = mt_arg_named("--long", mt_long_policy_parse(optarg, &dopts.long_policy)); break;
         case 'b': rc = mt_arg_int("--batch", optarg, 1, 1 << 20, &B); break;
         case 't': rc = mt_arg_int("--seq", optarg, 1, 1 << 24, &T); break;
         case 'n': rc = mt_arg_int("--batches", optarg, 1, (int64_t)1 << 40, &batches); break;
@@ -48,6 +79,7 @@ int mt_cmd_eval(int argc, char **argv) {
         default: print_usage(stderr); return 1;
         }
         if (rc != MT_OK) return mt_cli_fail();
+        dopts.chat_flags |= c == 'l' || c == 'f' || c == 'g';
     }
     if (!model_dir || !data || optind < argc) {
         print_usage(stderr);
@@ -57,13 +89,24 @@ int mt_cmd_eval(int argc, char **argv) {
     if (mt_host_model_open(&m, model_dir, NULL, 0, 1) != MT_OK) return mt_cli_fail();
     const mt_config *cfg = &m.table.cfg;
     if (!T) T = cfg->max_position_embeddings < 1024 ? cfg->max_position_embeddings : 1024;
-    mt_token_file f = {0};
-    if (mt_run_check_seq(cfg, (int)T, "--seq") != MT_OK ||
-        mt_run_open_data(&f, data, "/tmp", doc_sep, cfg, model_dir) != MT_OK) {
+    mt_run_data f = {0};
+    char scratch[] = "/tmp/megatrain_eval_XXXXXX"; /* derived files: private, removed at the end */
+    if (!mkdtemp(scratch)) {
+        mt_host_model_free(&m);
+        mt_error_set("%s: cannot create a temporary directory: %s", scratch, strerror(errno));
+        return mt_cli_fail();
+    }
+    dopts.out_dir = scratch;
+    dopts.model_dir = model_dir;
+    dopts.T = (int)T;
+    int rc = mt_run_check_seq(cfg, (int)T, "--seq");
+    if (rc == MT_OK) rc = mt_run_data_open(&f, data, &dopts, cfg);
+    remove_dir(scratch); /* what was opened stays mapped */
+    if (rc != MT_OK) {
         mt_host_model_free(&m);
         return mt_cli_fail();
     }
-    int64_t rows = mt_tokens_eval_rows(&f, (int)T), all = (rows + B - 1) / B;
+    int64_t rows = mt_run_data_eval_rows(&f, (int)T), all = (rows + B - 1) / B;
     if (!batches || batches > all) batches = all;
     mt_backend *be = mt_backend_cpu_create();
     mt_runner r;
@@ -72,18 +115,19 @@ int mt_cmd_eval(int argc, char **argv) {
     double sum = 0;
     int64_t count = 0;
     for (int64_t i = 0; i < batches; i++) {
-        mt_tokens_eval_batch(&f, i * B, (int)B, (int)T, in, tg);
+        const int32_t *docs = mt_run_data_eval_batch(&f, i * B, (int)B, (int)T, in, tg);
+        if (docs) MT_CHECK(mt_runner_set_documents(&r, docs) == MT_OK, "%s", mt_error_message());
         int64_t n;
         sum += mt_runner_step(&r, m.weights, NULL, in, tg, (int)B, 0, &n);
         count += n;
     }
     double loss = count ? sum / count : NAN;
-    printf("eval %s on %s: loss %.4f, perplexity %.2f, %lld tokens\n", model_dir, data, loss, exp(loss),
+    printf("eval %s on %s: loss %.6f, perplexity %.2f, %lld tokens\n", model_dir, data, loss, exp(loss),
            (long long)count);
     free(in), free(tg);
     mt_runner_free(&r);
     be->destroy(be);
-    mt_tokens_close(&f);
+    mt_run_data_close(&f);
     mt_host_model_free(&m);
     return 0;
 }

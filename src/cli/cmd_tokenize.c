@@ -1,13 +1,15 @@
 /* megatrain tokenize: text or JSONL in, the token file of DESIGN.md out, through a tokenizer.json
- * (--tokenizer) or byte-level (--bytes). */
+ * (--tokenizer) or byte-level (--bytes); with --chat, chat JSONL in, packed rows (io/packed.h) out. */
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "../core/error.h"
 #include "../io/byte_text.h"
+#include "../io/chat_pack.h"
 #include "../io/text_data.h"
 #include "../tokenizer/tokenizer.h"
+#include "args.h"
 #include "commands.h"
 
 static void print_usage(FILE *out) {
@@ -24,7 +26,35 @@ static void print_usage(FILE *out) {
             "  not JSON and objects without \"text\" are skipped and reported; invalid UTF-8 is encoded\n"
             "  as raw bytes and reported. --dtype: uint16 when the vocabulary fits (default), else u32.\n"
             "  With --bytes: every byte is a token (0-255), each document is followed by the\n"
-            "  end-of-text token 256, uint16.\n");
+            "  end-of-text token 256, uint16.\n"
+            "\n"
+            "usage: megatrain tokenize --tokenizer DIR|FILE.json --chat --seq T --out FILE.packed\n"
+            "                          [--chat-format F] [--loss-on assistant|all] [--long truncate|skip]\n"
+            "                          CHAT.jsonl...\n"
+            "  Chat data: one {\"messages\": [{\"role\": system|user|assistant, \"content\": ...}, ...]}\n"
+            "  a line, rendered in the chat format (auto: from the tokenizer's chat template, else its\n"
+            "  special tokens; or chatml, llama3, llama2, mistral, mistral-v3), the loss on the\n"
+            "  assistant replies (default) or on all tokens, packed in file order into rows of T\n"
+            "  tokens (+1 for the last target) with document boundaries: attention stays inside a\n"
+            "  conversation, nothing is padded but the last row, and a conversation cut by a row's\n"
+            "  end goes on at the next row's start. Longer than T: truncated to T tokens (--long\n"
+            "  truncate, the default) or skipped (--long skip). Lines that are not JSON or not valid\n"
+            "  UTF-8, objects without \"messages\", empty conversations, messages without a string\n"
+            "  role or content, unknown roles, role orders the format cannot write and (loss on\n"
+            "  assistant) conversations without an assistant reply are skipped and counted. Train on\n"
+            "  the file with `megatrain train --data FILE.packed --seq T`.\n");
+}
+
+static int run_chat(const char *tok_path, const char *out, const mt_chat_pack_opts *o, char **inputs, int n) {
+    mt_tokenizer *tok;
+    if (mt_tokenizer_load(&tok, tok_path) != MT_OK) return mt_cli_fail();
+    mt_chat_pack_stats s;
+    int rc = mt_chat_pack(tok, (const char *const *)inputs, n, out, o, &s);
+    mt_tokenizer_free(tok);
+    mt_chat_pack_report(&s, "megatrain: warning: ", stderr);
+    if (rc != MT_OK) return mt_cli_fail();
+    mt_chat_pack_summary(&s, n == 1 ? inputs[0] : "input", out, o->T, o->loss_on, stdout);
+    return 0;
 }
 
 static int run_bytes(const char *out, const char *sep, char **inputs, int n) {
@@ -63,13 +93,20 @@ static int run_tokenizer(const char *tok_path, const char *out, const char *sep,
 
 int mt_cmd_tokenize(int argc, char **argv) {
     const char *out = NULL, *sep = NULL, *tok = NULL;
-    int bytes = 0, elem_size = 0, add_special = 1;
+    int bytes = 0, elem_size = 0, add_special = 1, chat = 0, chat_flags = 0;
+    mt_chat_pack_opts co = {.format = MT_CHAT_AUTO, .loss_on = MT_CHAT_LOSS_ASSISTANT, .long_policy = MT_LONG_TRUNCATE};
+    int64_t seq = 0;
     static const struct option opts[] = {{"bytes", no_argument, 0, 'b'},
                                          {"tokenizer", required_argument, 0, 't'},
                                          {"out", required_argument, 0, 'o'},
                                          {"doc-sep", required_argument, 0, 's'},
                                          {"dtype", required_argument, 0, 'd'},
                                          {"no-special", no_argument, 0, 'n'},
+                                         {"chat", no_argument, 0, 'c'},
+                                         {"chat-format", required_argument, 0, 'f'},
+                                         {"loss-on", required_argument, 0, 'l'},
+                                         {"long", required_argument, 0, 'g'},
+                                         {"seq", required_argument, 0, 'q'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c;
@@ -81,6 +118,19 @@ int mt_cmd_tokenize(int argc, char **argv) {
         case 'o': out = optarg; break;
         case 's': sep = optarg; break;
         case 'n': add_special = 0; break;
+        case 'c': chat = 1; break;
+        case 'f':
+        case 'l':
+        case 'g':
+        case 'q': {
+            int rc = c == 'f'   ? mt_arg_named("--chat-format", mt_chat_format_parse(optarg, &co.format))
+                     : c == 'l' ? mt_arg_named("--loss-on", mt_chat_loss_on_parse(optarg, &co.loss_on))
+                     : c == 'g' ? mt_arg_named("--long", mt_long_policy_parse(optarg, &co.long_policy))
+                                : mt_arg_int("--seq", optarg, 1, 1 << 24, &seq);
+            if (rc != MT_OK) return mt_cli_fail();
+            chat_flags = 1;
+            break;
+        }
         case 'd':
             if (!strcmp(optarg, "u16") || !strcmp(optarg, "uint16")) elem_size = 2;
             else if (!strcmp(optarg, "u32") || !strcmp(optarg, "uint32")) elem_size = 4;
@@ -101,9 +151,26 @@ int mt_cmd_tokenize(int argc, char **argv) {
         mt_error_set("tokenize --bytes: --dtype and --no-special apply to --tokenizer only");
         return mt_cli_fail();
     }
+    if (chat_flags && !chat) {
+        mt_error_set("tokenize: --seq, --chat-format, --loss-on and --long go with --chat");
+        return mt_cli_fail();
+    }
+    if (chat && (bytes || sep || elem_size || !add_special)) {
+        mt_error_set("tokenize --chat: --bytes, --doc-sep, --dtype and --no-special apply to text data only");
+        return mt_cli_fail();
+    }
+    if (chat && !seq) {
+        mt_error_set("tokenize --chat: --seq T is required (the row length the data is packed to)");
+        return mt_cli_fail();
+    }
     if (!out || optind >= argc) {
         print_usage(stderr);
         return 1;
+    }
+    if (chat) {
+        co.T = (int)seq;
+        co.progress = mt_chat_progress_stderr;
+        return run_chat(tok, out, &co, argv + optind, argc - optind);
     }
     if (bytes) return run_bytes(out, sep, argv + optind, argc - optind);
     return run_tokenizer(tok, out, sep, elem_size, add_special, argv + optind, argc - optind);

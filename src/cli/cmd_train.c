@@ -18,6 +18,7 @@
 #include "../io/tokens.h"
 #include "commands.h"
 #include "model_source.h"
+#include "run_data.h"
 #include "run_setup.h"
 #include "train_log.h"
 #include "train_opts.h"
@@ -46,7 +47,8 @@ typedef struct {
     mt_host_model model;   /* the table (weights live in the engine) */
     mt_backend *be;
     mt_engine *e;
-    mt_token_file data, eval;
+    mt_run_data data, eval;
+    int docs_set;          /* the engine holds document starts (packed rows) */
     mt_train_log log;
     char *args_json;
     int64_t step;          /* steps completed */
@@ -67,16 +69,23 @@ static int save_checkpoint(train_run *r) {
     return MT_OK;
 }
 
+/* Packed rows come with document starts; token data is one document per row. */
+static void use_documents(train_run *r, const int32_t *doc_start) {
+    if (!doc_start && !r->docs_set) return;
+    MT_CHECK(mt_engine_set_documents(r->e, doc_start) == MT_OK, "%s", mt_error_message());
+    r->docs_set = doc_start != NULL;
+}
+
 static void evaluate(train_run *r) {
     int B = (int)r->o.batch, T = (int)r->o.seq;
-    int64_t rows = mt_tokens_eval_rows(&r->eval, T);
+    int64_t rows = mt_run_data_eval_rows(&r->eval, T);
     int64_t batches = (rows + B - 1) / B;
     if (batches > r->o.eval_batches) batches = r->o.eval_batches;
     int32_t *in = mt_malloc((size_t)B * T * sizeof(int32_t)), *tg = mt_malloc((size_t)B * T * sizeof(int32_t));
     double sum = 0;
     int64_t count = 0;
     for (int64_t i = 0; i < batches; i++) {
-        mt_tokens_eval_batch(&r->eval, i * B, B, T, in, tg);
+        use_documents(r, mt_run_data_eval_batch(&r->eval, i * B, B, T, in, tg));
         int64_t c;
         sum += mt_engine_eval(r->e, in, tg, B, &c);
         count += c;
@@ -117,7 +126,7 @@ static int train_loop(train_run *r) {
         /* keep the timeline of the last two steps: the last one and the optimizer run it overlaps */
         if (o->trace_path) mt_trace_drop_before(mt_engine_trace(r->e), (int)r->step - 1);
         double t0 = now_ms();
-        mt_tokens_batch(&r->data, &order, r->step, B, T, in, tg);
+        use_documents(r, mt_run_data_batch(&r->data, &order, r->step, B, T, in, tg));
         mt_adamw_hparams hp = {.lr = mt_lr_at(&sched, r->step), .beta1 = o->beta1, .beta2 = o->beta2,
                                .eps = o->eps, .weight_decay = o->weight_decay};
         mt_step_result res;
@@ -160,8 +169,8 @@ static int train_loop(train_run *r) {
 static void train_run_free(train_run *r) {
     mt_engine_destroy(r->e);
     if (r->be) r->be->destroy(r->be);
-    mt_tokens_close(&r->data);
-    mt_tokens_close(&r->eval);
+    mt_run_data_close(&r->data);
+    mt_run_data_close(&r->eval);
     mt_train_log_close(&r->log);
     mt_host_model_free(&r->model);
     free(r->args_json);
@@ -174,8 +183,12 @@ static int train(train_run *r) {
     if (!o->have_seq) o->seq = cfg->max_position_embeddings < 1024 ? cfg->max_position_embeddings : 1024;
     MT_TRY(mt_run_check_seq(cfg, (int)o->seq, "--seq"));
     MT_TRY(mt_run_make_dir(o->out_dir));
-    MT_TRY(mt_run_open_data(&r->data, o->data, o->out_dir, o->doc_sep, cfg, o->model_dir));
-    if (o->eval_data) MT_TRY(mt_run_open_data(&r->eval, o->eval_data, o->out_dir, o->doc_sep, cfg, o->model_dir));
+    mt_run_data_opts dopts = {.out_dir = o->out_dir, .model_dir = o->model_dir, .doc_sep = o->doc_sep,
+                              .T = (int)o->seq, .chat_format = (mt_chat_format)o->chat_format,
+                              .loss_on = (mt_chat_loss_on)o->loss_on, .long_policy = (mt_long_policy)o->long_policy,
+                              .chat_flags = o->have_chat_flags};
+    MT_TRY(mt_run_data_open(&r->data, o->data, &dopts, cfg));
+    if (o->eval_data) MT_TRY(mt_run_data_open(&r->eval, o->eval_data, &dopts, cfg));
     MT_TRY(mt_run_backend(&r->be, o->device, o->gpu_mem));
 
     mt_engine_opts eo = {.batch = (int)o->batch, .micro_batch = (int)o->micro_batch, .T = (int)o->seq,
@@ -201,10 +214,12 @@ static int train(train_run *r) {
     mt_engine_refresh_upload(r->e);
     r->args_json = mt_train_opts_json(o);
     MT_TRY(mt_train_log_open(&r->log, o->out_dir, o->log_path, o->steps, r->step > 0));
+    char data_desc[256];
+    mt_run_data_describe(&r->data, data_desc, sizeof data_desc);
     printf("training %.1fM parameters on %s: %lld steps of %lld x %lld tokens (micro-batch %lld), "
-           "data %s (%lld tokens)\n",
+           "data %s (%s)\n",
            r->model.table.n_real / 1e6, r->be->name, (long long)o->steps, (long long)o->batch,
-           (long long)o->seq, (long long)o->micro_batch, o->data, (long long)r->data.n_tokens);
+           (long long)o->seq, (long long)o->micro_batch, o->data, data_desc);
     install_signals();
     int rc = train_loop(r);
     if (o->trace_path && rc == MT_OK) rc = mt_trace_write_json(mt_engine_trace(r->e), o->trace_path);

@@ -1,5 +1,5 @@
-/* What train, eval and generate set up the same way: directories, data, the backend, the
- * memory check. Each returns MT_OK or MT_ERR with a message naming the flag or file. */
+/* What train, eval and generate set up the same way: directories, the backend, the memory check
+ * (the data: run_data.h). Each returns MT_OK or MT_ERR with a message naming the flag or file. */
 #ifndef MT_RUN_SETUP_H
 #define MT_RUN_SETUP_H
 
@@ -11,12 +11,6 @@
 int mt_run_make_dir(const char *path);
 /* A sequence length the model can run: > 0, within a sliding window if the config has one. */
 int mt_run_check_seq(const mt_config *cfg, int T, const char *flag);
-/* A token file (.bin, .tokens) as is; text (.txt, .jsonl, anything else) tokenized into
- * OUT/<name>.tokens.bin: with MODEL_DIR/tokenizer.json when there is one (re-used while the
- * sidecar OUT/<name>.tokens.bin.json says it was made from the same source size/mtime, tokenizer
- * and --doc-sep), else byte-level. model_dir may be NULL (--init: byte-level). */
-int mt_run_open_data(mt_token_file *f, const char *path, const char *out_dir, const char *doc_sep,
-                     const mt_config *cfg, const char *model_dir);
 /* device: 0 auto (cuda when built with it and a GPU is there), 1 cpu, 2 cuda; gpu_mem: the
  * --gpu-mem cap in bytes (0 = the whole GPU). */
 int mt_run_backend(mt_backend **out, int device, int64_t gpu_mem);

@@ -24,6 +24,10 @@ typedef struct {
     int64_t eval_every, eval_batches;
     int64_t threads;            /* optimizer threads; 0 = all cores */
     const char *doc_sep;        /* byte-level text data: document separator line */
+    int chat_format;            /* chat data: mt_chat_format (0 = auto) */
+    int loss_on;                /* chat data: mt_chat_loss_on */
+    int long_policy;            /* chat data: mt_long_policy */
+    int have_chat_flags;        /* one of the three was given */
     int64_t max_ms;             /* stop after this many ms of training (0 = no limit) */
     int64_t stop_at;            /* stop (and save) once this many steps are done (0 = --steps) */
     /* set when the user gave the flag (defaults that depend on others are filled afterwards) */

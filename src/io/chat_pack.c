@@ -319,6 +319,16 @@ void mt_chat_pack_report(const mt_chat_pack_stats *s, const char *prefix, FILE *
                "in the first --seq tokens skipped", NULL);
 }
 
+void mt_chat_pack_summary(const mt_chat_pack_stats *s, const char *in, const char *out, int T,
+                          mt_chat_loss_on loss_on, FILE *f) {
+    double positions = (double)s->rows * T;
+    fprintf(f, "%s: %lld conversations (%s, loss on %s) -> %lld rows of %d tokens, %lld trained targets (%.1f%% "
+            "of the positions), %lld padding tokens -> %s (%.0f tokens/s)\n", in, (long long)s->conversations,
+            mt_chat_format_name(s->format), loss_on == MT_CHAT_LOSS_ALL ? "all" : "assistant", (long long)s->rows, T,
+            (long long)s->trained, positions > 0 ? 100.0 * s->trained / positions : 0.0, (long long)s->padded, out,
+            s->seconds > 0 ? s->tokens / s->seconds : 0.0);
+}
+
 void mt_chat_progress_stderr(const mt_chat_pack_stats *s, int64_t total_bytes, int done, void *user) {
     (void)user;
     if (!isatty(STDERR_FILENO)) return;

@@ -85,6 +85,11 @@ int mt_chat_jsonl_detect(const char *path);
  * prefix, e.g. "megatrain: warning: 3 lines that are not JSON skipped (first: a.jsonl line 7: ...)". */
 void mt_chat_pack_report(const mt_chat_pack_stats *s, const char *prefix, FILE *out);
 
+/* One line: "IN: N conversations (format, loss on X) -> R rows of T tokens, K trained targets (P%
+ * of the positions), D padding tokens -> OUT (tokens/s)". */
+void mt_chat_pack_summary(const mt_chat_pack_stats *s, const char *in, const char *out, int T,
+                          mt_chat_loss_on loss_on, FILE *f);
+
 /* The stderr progress line (terminal only; pass as opts.progress, user = NULL). */
 void mt_chat_progress_stderr(const mt_chat_pack_stats *s, int64_t total_bytes, int done, void *user);
 
