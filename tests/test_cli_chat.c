@@ -7,10 +7,8 @@
  *  - --resume on chat data continues bit-identically (the row order is a function of the step);
  *  - bad input: counted warnings for bad lines; one-line errors naming the file and header field
  *    for damaged packed files, naming the flag for bad chat flags, exit 1, no step run.
- * The model is a tiny Llama (vocab 1536 >= the llama3 fixture tokenizer's 1506 ids) made by a
- * 1-step `train --init` run (initializer_range 0.3), with the fixture tokenizer copied into its
- * checkpoint directory. */
-#include <jansson.h>
+ * The model: mt_cli_tokenizer_model (a tiny Llama with the llama3 fixture tokenizer), with
+ * initializer_range 0.3. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,47 +20,19 @@
 
 #define OUT_SIZE 65536
 
-static struct {
-    char *tmp;
-    const char *bin;
-    char model[4096];
-} g;
+static mt_cli_env g_env;
+static char g_model[4096]; /* tiny model dir with tokenizer.json */
 
-static void sh(const char *fmt, ...) {
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    if (system(cmd) != 0) fail_msg("shell command failed: %s", cmd);
-}
+#define sh mt_test_sh
 
-/* Runs "MT_BIN args" in the scratch directory; fails on a crash or a sanitizer report. */
-static int mt(char *out, const char *fmt, ...) {
-    char args[6144], cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s", g.tmp, g.bin, args);
-    int rc = mt_test_run(cmd, out, OUT_SIZE);
-    if (rc < 0) fail_msg("could not run: %s", cmd);
-    if (strstr(out, "Sanitizer") || strstr(out, "runtime error:")) fail_msg("sanitizer report from: %s\n%s", cmd, out);
-    if (rc >= 128) fail_msg("crashed (exit %d): %s\n%s", rc, cmd, out);
-    return rc;
-}
-
-static void expect(int rc, int want, const char *out, const char *needle) {
-    if (rc != want || (needle && !strstr(out, needle)))
-        fail_msg("exit %d (want %d), output should contain '%s':\n%s", rc, want, needle ? needle : "", out);
-}
-
-static void same_file(const char *a, const char *b) { sh("cd '%s' && cmp '%s' '%s'", g.tmp, a, b); }
+#define mt(out, ...) mt_cli_run(&g_env, out, OUT_SIZE, __VA_ARGS__)
+#define expect mt_cli_expect
+static void same_file(const char *a, const char *b) { sh("cd '%s' && cmp '%s' '%s'", g_env.tmp, a, b); }
 
 /* "loss", "lr", "grad_norm" and "tokens" of every line of RUN/metrics.jsonl, concatenated. */
 static void metrics_of(const char *run, char *buf, size_t size) {
     char path[4096];
-    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", g.tmp, run);
+    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", g_env.tmp, run);
     FILE *f = fopen(path, "rb");
     if (!f) fail_msg("no %s", path);
     char *line = NULL;
@@ -104,19 +74,19 @@ static void same_run(const char *a, const char *b, int step) {
 static void test_tokenize_then_train(void **st) {
     (void)st;
     char *out = malloc(OUT_SIZE);
-    int rc = mt(out, "tokenize --tokenizer '%s' --chat --seq 64 --out chat.packed chat.jsonl", g.model);
+    int rc = mt(out, "tokenize --tokenizer '%s' --chat --seq 64 --out chat.packed chat.jsonl", g_model);
     expect(rc, 0, out, "conversations (llama3, loss on assistant) -> ");
     printf("%s", out);
-    rc = mt(out, TRAIN "--data chat.jsonl --out r_jsonl", g.model);
+    rc = mt(out, TRAIN "--data chat.jsonl --out r_jsonl", g_model);
     expect(rc, 0, out, "step 4/4");
     same_file("chat.packed", "r_jsonl/chat.jsonl.packed");
-    rc = mt(out, TRAIN "--data chat.packed --out r_packed", g.model);
+    rc = mt(out, TRAIN "--data chat.packed --out r_packed", g_model);
     expect(rc, 0, out, "packed rows of 64 tokens");
     same_run("r_jsonl", "r_packed", 4);
     /* the data order without shuffling, too (and not the shuffled run: the order is really used) */
-    rc = mt(out, TRAIN "--data chat.jsonl --no-shuffle --out r_jsonl_seq", g.model);
+    rc = mt(out, TRAIN "--data chat.jsonl --no-shuffle --out r_jsonl_seq", g_model);
     expect(rc, 0, out, "step 4/4");
-    rc = mt(out, TRAIN "--data chat.packed --no-shuffle --out r_packed_seq", g.model);
+    rc = mt(out, TRAIN "--data chat.packed --no-shuffle --out r_packed_seq", g_model);
     expect(rc, 0, out, "step 4/4");
     same_run("r_jsonl_seq", "r_packed_seq", 4);
     char ma[8192], mb[8192];
@@ -124,16 +94,16 @@ static void test_tokenize_then_train(void **st) {
     metrics_of("r_jsonl_seq", mb, sizeof mb);
     assert_string_not_equal(ma, mb);
     /* --loss-on all trains more targets: a different packed file and a different run */
-    rc = mt(out, TRAIN "--data chat.jsonl --loss-on all --out r_all", g.model);
+    rc = mt(out, TRAIN "--data chat.jsonl --loss-on all --out r_all", g_model);
     expect(rc, 0, out, "loss on all");
     metrics_of("r_all", mb, sizeof mb);
     assert_string_not_equal(ma, mb);
     /* eval: packed file and chat JSONL, one loss */
-    rc = mt(out, "eval --model '%s' --data chat.packed --seq 64", g.model);
+    rc = mt(out, "eval --model '%s' --data chat.packed --seq 64", g_model);
     expect(rc, 0, out, ": loss ");
     char la[256], lb[256];
     snprintf(la, sizeof la, "%s", strstr(out, ": loss "));
-    rc = mt(out, "eval --model '%s' --data chat.jsonl --seq 64", g.model);
+    rc = mt(out, "eval --model '%s' --data chat.jsonl --seq 64", g_model);
     expect(rc, 0, out, ": loss ");
     snprintf(lb, sizeof lb, "%s", strstr(out, ": loss "));
     printf("eval: %s", la);
@@ -141,13 +111,13 @@ static void test_tokenize_then_train(void **st) {
 
     /* the engine on packed rows = the runner (eval) on them: one step over every row with the
      * initial weights has eval's loss, which it would not if the document starts were lost */
-    rc = mt(out, "tokenize --tokenizer '%s' --chat --seq 64 --out chat.packed chat.jsonl", g.model);
+    rc = mt(out, "tokenize --tokenizer '%s' --chat --seq 64 --out chat.packed chat.jsonl", g_model);
     const char *p = strstr(out, "-> ");
     assert_non_null(p);
     int rows = atoi(p + 3);
     assert_true(rows > 4);
     rc = mt(out, "train --steps 1 --batch %d --seq 64 --no-shuffle --device cpu --model '%s' --data chat.packed "
-                 "--out r_all_rows", rows, g.model);
+                 "--out r_all_rows", rows, g_model);
     expect(rc, 0, out, "step 1/1");
     char m1[8192];
     metrics_of("r_all_rows", m1, sizeof m1);
@@ -162,27 +132,27 @@ static void test_cache_keyed(void **st) {
     char *out = malloc(OUT_SIZE);
     const char *args = "train --steps 1 --batch 2 --lr 0.01 --device cpu --no-save --model '%s' --data chat.jsonl "
                        "--out r_cache %s";
-    int rc = mt(out, args, g.model, "--seq 64");
+    int rc = mt(out, args, g_model, "--seq 64");
     expect(rc, 0, out, "rows of 64 tokens");
     assert_null(strstr(out, "using the packed cache"));
-    rc = mt(out, args, g.model, "--seq 64");
+    rc = mt(out, args, g_model, "--seq 64");
     expect(rc, 0, out, "using the packed cache");
     static const char *const changed[] = {"--seq 24", "--seq 24 --loss-on all", "--seq 24 --loss-on all --long skip",
                                           "--seq 24 --loss-on all --long skip --chat-format llama3"};
     for (int i = 0; i < 4; i++) {
-        rc = mt(out, args, g.model, changed[i]);
+        rc = mt(out, args, g_model, changed[i]);
         /* the last one names the format auto picks anyway: the same key, the cache is used */
         expect(rc, 0, out, i < 3 ? "conversations (llama3" : "using the packed cache");
-        rc = mt(out, args, g.model, changed[i]);
+        rc = mt(out, args, g_model, changed[i]);
         expect(rc, 0, out, "using the packed cache");
     }
-    sh("touch -d '+2 seconds' '%s/chat.jsonl'", g.tmp); /* a changed source */
-    rc = mt(out, args, g.model, "--seq 24");
+    sh("touch -d '+2 seconds' '%s/chat.jsonl'", g_env.tmp); /* a changed source */
+    rc = mt(out, args, g_model, "--seq 24");
     expect(rc, 0, out, "conversations (llama3");
-    sh("touch -d '+3 seconds' '%s/tokenizer_config.json'", g.model); /* a changed tokenizer config */
-    rc = mt(out, args, g.model, "--seq 24");
+    sh("touch -d '+3 seconds' '%s/tokenizer_config.json'", g_model); /* a changed tokenizer config */
+    rc = mt(out, args, g_model, "--seq 24");
     expect(rc, 0, out, "conversations (llama3");
-    rc = mt(out, args, g.model, "--seq 24");
+    rc = mt(out, args, g_model, "--seq 24");
     expect(rc, 0, out, "using the packed cache");
     free(out);
 }
@@ -190,11 +160,11 @@ static void test_cache_keyed(void **st) {
 static void test_resume(void **st) {
     (void)st;
     char *out = malloc(OUT_SIZE);
-    int rc = mt(out, TRAIN "--data chat.jsonl --out r_straight", g.model);
+    int rc = mt(out, TRAIN "--data chat.jsonl --out r_straight", g_model);
     expect(rc, 0, out, "step 4/4");
-    rc = mt(out, TRAIN "--data chat.jsonl --out r_resumed --stop-at 2", g.model);
+    rc = mt(out, TRAIN "--data chat.jsonl --out r_resumed --stop-at 2", g_model);
     expect(rc, 0, out, "step 2/4");
-    rc = mt(out, TRAIN "--data chat.jsonl --out r_resumed --resume", g.model);
+    rc = mt(out, TRAIN "--data chat.jsonl --out r_resumed --resume", g_model);
     expect(rc, 0, out, "resuming from r_resumed/checkpoints/step_00000002");
     same_run("r_straight", "r_resumed", 4);
     free(out);
@@ -202,25 +172,12 @@ static void test_resume(void **st) {
 
 /* ---- bad input ---- */
 
-static int error_lines(const char *out, char *first, size_t size) {
-    int n = 0;
-    first[0] = '\0';
-    for (const char *p = out; p && *p;) {
-        const char *nl = strchr(p, '\n');
-        size_t len = nl ? (size_t)(nl - p) : strlen(p);
-        if (!strncmp(p, "megatrain: ", 11) && strncmp(p, "megatrain: warning:", 19))
-            if (n++ == 0) snprintf(first, size, "%.*s", (int)len, p);
-        p = nl ? nl + 1 : NULL;
-    }
-    return n;
-}
-
 /* exit 1, exactly one error line naming both needles, no step run */
 static void expect_error(const char *what, const char *args, const char *n1, const char *n2) {
     static char out[OUT_SIZE];
     char first[2048];
     int rc = mt(out, "%s", args);
-    int n = error_lines(out, first, sizeof first);
+    int n = mt_cli_error_lines(out, first, sizeof first);
     fprintf(stderr, "  %-26s exit %d: %s\n", what, rc, first);
     if (rc != 1 || n != 1) fail_msg("%s: exit %d with %d error lines (want 1 and 1):\n%s", what, rc, n, out);
     if ((n1 && !strstr(first, n1)) || (n2 && !strstr(first, n2)))
@@ -231,8 +188,8 @@ static void expect_error(const char *what, const char *args, const char *n1, con
 /* A copy of chat.packed at NAME with `len` bytes at `off` replaced (len 0: truncated to off). */
 static void damaged(const char *name, long off, const void *bytes, size_t len) {
     char src[4200], dst[4200];
-    snprintf(src, sizeof src, "%s/chat.packed", g.tmp);
-    snprintf(dst, sizeof dst, "%s/%s", g.tmp, name);
+    snprintf(src, sizeof src, "%s/chat.packed", g_env.tmp);
+    snprintf(dst, sizeof dst, "%s/%s", g_env.tmp, name);
     sh("cp '%s' '%s'", src, dst);
     if (!len) {
         assert_int_equal(truncate(dst, off), 0);
@@ -248,10 +205,10 @@ static void damaged(const char *name, long off, const void *bytes, size_t len) {
 static void test_bad_input(void **st) {
     (void)st;
     char *out = malloc(OUT_SIZE), m[4600];
-    int rc = mt(out, "tokenize --tokenizer '%s' --chat --seq 64 --out chat.packed chat.jsonl", g.model);
+    int rc = mt(out, "tokenize --tokenizer '%s' --chat --seq 64 --out chat.packed chat.jsonl", g_model);
     expect(rc, 0, out, NULL);
     /* counted, not fatal */
-    rc = mt(out, "tokenize --tokenizer '%s' --chat --seq 64 --out bad.packed bad.jsonl", g.model);
+    rc = mt(out, "tokenize --tokenizer '%s' --chat --seq 64 --out bad.packed bad.jsonl", g_model);
     expect(rc, 0, out, "megatrain: warning: 1 line(s) that are not a JSON object skipped (first: bad.jsonl line 2");
     expect(rc, 0, out, "megatrain: warning: 1 object(s) without a \"messages\" array skipped (first: bad.jsonl line 3)");
     expect(rc, 0, out, "megatrain: warning: 1 conversation(s) with a role other than system, user and assistant "
@@ -259,89 +216,69 @@ static void test_bad_input(void **st) {
     expect(rc, 0, out, "megatrain: warning: 1 conversation(s) without an assistant reply skipped");
     expect(rc, 0, out, "bad.jsonl: 2 conversations (llama3");
 
-    snprintf(m, sizeof m, "train --model '%s' --device cpu --steps 2 --batch 2 --seq 64 --out o_bad", g.model);
+    /* damaged packed files: one error naming the file and the header field */
+    static const struct { const char *file; long off; uint32_t v; int len; const char *needle; } bad[] = {
+        {"magic.packed", 4, 0x58454b43u /* "MTPACKED" -> "MTPACKEX" */, 4, "header field magic"},
+        {"version.packed", 8, 2, 4, "header field version is 2"},
+        {"vocab.packed", 24, 1600, 4, "header field vocab is 1600, more than the model's"},
+        {"idsize.packed", 28, 3, 4, "header field id_size is 3"},
+        {"trained.packed", 40, 0, 4, "header field trained"},
+        {"short.packed", 100, 0, 0, "header fields rows"},
+        {"tiny.packed", 20, 0, 0, "64-byte header"},
+    };
+    snprintf(m, sizeof m, "train --model '%s' --device cpu --steps 2 --batch 2 --seq 64 --out o_bad", g_model);
     char a[8192];
-    uint32_t v;
-    damaged("magic.packed", 0, "MTPACKEX", 8);
-    snprintf(a, sizeof a, "%s --data magic.packed", m);
-    expect_error("packed: magic", a, "magic.packed", "header field magic");
-    v = 2, damaged("version.packed", 8, &v, 4);
-    snprintf(a, sizeof a, "%s --data version.packed", m);
-    expect_error("packed: version", a, "version.packed", "header field version is 2");
-    snprintf(a, sizeof a, "%s --data chat.packed --seq 48", m);
-    expect_error("packed: --seq differs", a, "chat.packed", "header field T is 64");
-    v = 1600, damaged("vocab.packed", 24, &v, 4);
-    snprintf(a, sizeof a, "%s --data vocab.packed", m);
-    expect_error("packed: vocab", a, "vocab.packed", "header field vocab is 1600, more than the model's");
-    v = 3, damaged("idsize.packed", 28, &v, 4);
-    snprintf(a, sizeof a, "%s --data idsize.packed", m);
-    expect_error("packed: id_size", a, "idsize.packed", "header field id_size is 3");
-    v = 0, damaged("trained.packed", 40, &v, 4);
-    snprintf(a, sizeof a, "%s --data trained.packed", m);
-    expect_error("packed: trained", a, "trained.packed", "header field trained");
-    damaged("short.packed", 100, NULL, 0);
-    snprintf(a, sizeof a, "%s --data short.packed", m);
-    expect_error("packed: truncated", a, "short.packed", "header fields rows");
-    damaged("tiny.packed", 20, NULL, 0);
-    snprintf(a, sizeof a, "%s --data tiny.packed", m);
-    expect_error("packed: shorter than header", a, "tiny.packed", "64-byte header");
-    snprintf(a, sizeof a, "eval --model '%s' --data vocab.packed --seq 64", g.model);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        damaged(bad[i].file, bad[i].off, &bad[i].v, (size_t)bad[i].len);
+        snprintf(a, sizeof a, "%s --data %s", m, bad[i].file);
+        expect_error(bad[i].file, a, bad[i].file, bad[i].needle);
+    }
+    snprintf(a, sizeof a, "eval --model '%s' --data vocab.packed --seq 64", g_model);
     expect_error("eval: packed vocab", a, "vocab.packed", "header field vocab");
-    /* flags */
-    snprintf(a, sizeof a, "%s --data chat.jsonl --loss-on prompt", m);
-    expect_error("--loss-on prompt", a, "--loss-on", "prompt");
-    snprintf(a, sizeof a, "%s --data chat.jsonl --chat-format jinja", m);
-    expect_error("--chat-format jinja", a, "--chat-format", "jinja");
-    snprintf(a, sizeof a, "%s --data chat.jsonl --long cut", m);
-    expect_error("--long cut", a, "--long", "cut");
-    snprintf(a, sizeof a, "%s --data chat.packed --loss-on all", m);
-    expect_error("--loss-on on packed data", a, "--loss-on", "already packed");
-    snprintf(a, sizeof a, "%s --data docs.jsonl --loss-on all", m);
-    expect_error("--loss-on on text data", a, "docs.jsonl", "not chat data");
-    snprintf(a, sizeof a, "%s --data chat.jsonl --chat-format chatml", m);
-    expect_error("format without its tokens", a, "chat format chatml", "<|im_start|>");
+    /* flags and data that do not go together */
+    static const struct { const char *args, *n1, *n2; } flags[] = {
+        {"--data chat.packed --seq 48", "chat.packed", "header field T is 64"},
+        {"--data chat.jsonl --loss-on prompt", "--loss-on", "prompt"},
+        {"--data chat.jsonl --chat-format jinja", "--chat-format", "jinja"},
+        {"--data chat.jsonl --long cut", "--long", "cut"},
+        {"--data chat.packed --loss-on all", "--loss-on", "already packed"},
+        {"--data docs.jsonl --loss-on all", "docs.jsonl", "not chat data"},
+        {"--data chat.jsonl --chat-format chatml", "chat format chatml", "<|im_start|>"},
+    };
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+        snprintf(a, sizeof a, "%s %s", m, flags[i].args);
+        expect_error(flags[i].args, a, flags[i].n1, flags[i].n2);
+    }
     expect_error("chat data, no tokenizer",
-                 "train --init cfg.json --device cpu --steps 1 --batch 2 --seq 64 --data chat.jsonl --out o_notok",
+                 "train --init tok_model_cfg.json --device cpu --steps 1 --batch 2 --seq 64 --data chat.jsonl --out o_notok",
                  "chat.jsonl", "tokenizer.json");
-    snprintf(a, sizeof a, "tokenize --tokenizer '%s' --chat --out x.packed chat.jsonl", g.model);
-    expect_error("tokenize --chat, no --seq", a, "--seq", NULL);
-    snprintf(a, sizeof a, "tokenize --tokenizer '%s' --seq 64 --out x.packed chat.jsonl", g.model);
-    expect_error("--seq without --chat", a, "--chat", NULL);
-    snprintf(a, sizeof a, "tokenize --tokenizer '%s' --chat --seq 64 --dtype u32 --out x.packed chat.jsonl", g.model);
-    expect_error("--chat with --dtype", a, "--dtype", NULL);
-    snprintf(a, sizeof a, "tokenize --tokenizer '%s' --chat --seq 64 --out x.packed junk.jsonl", g.model);
+    static const struct { const char *args, *n1; } tok_flags[] = {
+        {"--chat --out x.packed chat.jsonl", "--seq"},
+        {"--seq 64 --out x.packed chat.jsonl", "--chat"},
+        {"--chat --seq 64 --dtype u32 --out x.packed chat.jsonl", "--dtype"},
+    };
+    for (size_t i = 0; i < sizeof tok_flags / sizeof tok_flags[0]; i++) {
+        snprintf(a, sizeof a, "tokenize --tokenizer '%s' %s", g_model, tok_flags[i].args);
+        expect_error(tok_flags[i].args, a, tok_flags[i].n1, NULL);
+    }
+    snprintf(a, sizeof a, "tokenize --tokenizer '%s' --chat --seq 64 --out x.packed junk.jsonl", g_model);
     expect_error("nothing usable", a, "x.packed", "no conversation to train on");
     char x[4200];
-    snprintf(x, sizeof x, "%s/x.packed", g.tmp);
+    snprintf(x, sizeof x, "%s/x.packed", g_env.tmp);
     assert_int_equal(access(x, F_OK), -1);
     free(out);
 }
 
 static int setup(void **st) {
     (void)st;
-    g.bin = getenv("MT_BIN");
-    if (!g.bin) {
-        fprintf(stderr, "MT_BIN is not set (run through ctest)\n");
-        return -1;
-    }
-    setenv("OMP_WAIT_POLICY", "passive", 0);
-    g.tmp = mt_test_tmpdir();
-    char *tok = mt_fixture_path("tokenizers/llama3"), *fx = mt_fixture_path("train_llama/config.json");
-    json_t *cfg = json_load_file(fx, 0, NULL);
-    if (!cfg) return -1;
-    json_object_set_new(cfg, "vocab_size", json_integer(1536));
+    if (mt_cli_env_init(&g_env, "train_llama") != 0) return -1;
     /* weights large enough that attention is sharp: a row's loss depends on what it may see */
-    json_object_set_new(cfg, "initializer_range", json_real(0.3));
+    if (mt_cli_tokenizer_model(&g_env, 0.3, g_model, sizeof g_model) != 0) return -1;
     char path[4096];
-    snprintf(path, sizeof path, "%s/cfg.json", g.tmp);
-    if (json_dump_file(cfg, path, JSON_INDENT(2)) != 0) return -1;
-    json_decref(cfg);
-    free(fx);
-
     /* 40 conversations of varied shape, deterministic */
     static const char *const words[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog",
                                         "caf\xc3\xa9", "\xe6\x97\xa5\xe6\x9c\xac", "why", "42", "ok"};
-    snprintf(path, sizeof path, "%s/chat.jsonl", g.tmp);
+    snprintf(path, sizeof path, "%s/chat.jsonl", g_env.tmp);
     FILE *f = fopen(path, "wb");
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 5);
@@ -360,7 +297,7 @@ static int setup(void **st) {
         fputs("]}\n", f);
     }
     fclose(f);
-    snprintf(path, sizeof path, "%s/bad.jsonl", g.tmp);
+    snprintf(path, sizeof path, "%s/bad.jsonl", g_env.tmp);
     f = fopen(path, "wb");
     fputs("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"yo\"}]}\n"
           "nope\n"
@@ -370,35 +307,21 @@ static int setup(void **st) {
           "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \"a\"}]}\n",
           f);
     fclose(f);
-    snprintf(path, sizeof path, "%s/docs.jsonl", g.tmp);
+    snprintf(path, sizeof path, "%s/docs.jsonl", g_env.tmp);
     f = fopen(path, "wb");
     fputs("{\"text\": \"a text document\"}\n", f);
     fclose(f);
-    snprintf(path, sizeof path, "%s/junk.jsonl", g.tmp);
+    snprintf(path, sizeof path, "%s/junk.jsonl", g_env.tmp);
     f = fopen(path, "wb");
     fputs("{\"messages\": []}\nnope\n", f);
     fclose(f);
 
-    char cmd[16384], *out = malloc(OUT_SIZE);
-    snprintf(cmd, sizeof cmd,
-             "cd '%s' && '%s' train --init cfg.json --data docs.jsonl --steps 1 --batch 2 --seq 8 --out init", g.tmp,
-             g.bin);
-    int rc = mt_test_run(cmd, out, OUT_SIZE);
-    if (rc != 0) {
-        fprintf(stderr, "making the model failed:\n%s\n", out);
-        return -1;
-    }
-    free(out);
-    snprintf(g.model, sizeof g.model, "%s/init/checkpoints/step_00000001", g.tmp);
-    snprintf(cmd, sizeof cmd, "cp '%s/tokenizer.json' '%s/tokenizer_config.json' '%s/'", tok, tok, g.model);
-    free(tok);
-    return system(cmd) == 0 ? 0 : -1;
+    return 0;
 }
 
 static int teardown(void **st) {
     (void)st;
-    mt_test_rmtree(g.tmp);
-    free(g.tmp);
+    mt_cli_env_free(&g_env);
     return 0;
 }
 

@@ -37,14 +37,7 @@ static void write_bytes(const char *path, const void *data, size_t n) {
     assert_int_equal(fclose(f), 0);
 }
 
-static void sh(const char *fmt, ...) {
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    if (system(cmd) != 0) fail_msg("shell command failed: %s", cmd);
-}
+#define sh mt_test_sh
 
 /* A copy of the fixture at TMP/NAME with config.json's KEY set to the JSON value VALUE
  * (KEY NULL: an unmodified copy). */
@@ -80,21 +73,6 @@ static int has_line_prefix(const char *out, const char *prefix) {
     return 0;
 }
 
-/* The lines of OUT that start with "megatrain: " (count, and a copy of the first). */
-static int error_lines(const char *out, char *first, size_t first_size) {
-    int count = 0;
-    first[0] = '\0';
-    for (const char *p = out; p && *p;) {
-        const char *nl = strchr(p, '\n');
-        size_t len = nl ? (size_t)(nl - p) : strlen(p);
-        if (strncmp(p, "megatrain: ", 11) == 0 && strncmp(p, "megatrain: warning:", 19) != 0) {
-            if (count++ == 0) snprintf(first, first_size, "%.*s", (int)len, p);
-        }
-        p = nl ? nl + 1 : NULL;
-    }
-    return count;
-}
-
 static int64_t file_lines(const char *path) {
     FILE *f = fopen(path, "r");
     if (!f) return 0;
@@ -125,7 +103,7 @@ static void expect_error_impl(const char *what, const char *args, const char *ou
     static char out[OUT_SIZE]; /* static: a failing check longjmps out */
     snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s", g.tmp, g.bin, args);
     int rc = run_checked(cmd, out, OUT_SIZE);
-    int n = error_lines(out, first, sizeof first);
+    int n = mt_cli_error_lines(out, first, sizeof first);
     fprintf(stderr, "  %-28s exit %d: %s\n", what, rc, first);
     if (rc != 1) fail_msg("%s: exit %d, want 1: %s\n%s", what, rc, cmd, out);
     if (n != 1) fail_msg("%s: %d 'megatrain:' error lines, want exactly 1:\n%s", what, n, out);

@@ -5,9 +5,7 @@
  *  - generate encodes the prompt and decodes the output with the tokenizer;
  *  - bad input: clear one-line errors with exit 1 (no output file left), warnings with counts for
  *    skipped lines, no crash and no sanitizer report.
- * The model is a tiny Llama (vocab 1536 >= the llama3 fixture tokenizer's 1506 ids) made by a
- * 1-step `train --init` run, with the fixture tokenizer copied into its checkpoint directory. */
-#include <jansson.h>
+ * The model: mt_cli_tokenizer_model (a tiny Llama with the llama3 fixture tokenizer). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,43 +16,17 @@
 
 #define OUT_SIZE 65536
 
+static mt_cli_env g_env;
 static struct {
-    char *tmp;
-    const char *bin;
     char model[4096]; /* tiny model dir with tokenizer.json */
     char tok[4096];   /* tests/fixtures/tokenizers/llama3 */
+    char *tmp;
 } g;
 
-static void sh(const char *fmt, ...) {
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    if (system(cmd) != 0) fail_msg("shell command failed: %s", cmd);
-}
+#define sh mt_test_sh
 
-/* Runs "MT_BIN args" in the scratch directory; fails on a crash or a sanitizer report. */
-static int mt(char *out, const char *fmt, ...) {
-    char args[6144], cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s", g.tmp, g.bin, args);
-    int rc = mt_test_run(cmd, out, OUT_SIZE);
-    if (rc < 0) fail_msg("could not run: %s", cmd);
-    if (strstr(out, "Sanitizer") || strstr(out, "runtime error:"))
-        fail_msg("sanitizer report from: %s\n%s", cmd, out);
-    if (rc >= 128) fail_msg("crashed (exit %d): %s\n%s", rc, cmd, out);
-    return rc;
-}
-
-static void expect(int rc, int want, const char *out, const char *needle) {
-    if (rc != want || (needle && !strstr(out, needle)))
-        fail_msg("exit %d (want %d), output should contain '%s':\n%s", rc, want, needle ? needle : "", out);
-}
-
+#define mt(out, ...) mt_cli_run(&g_env, out, OUT_SIZE, __VA_ARGS__)
+#define expect mt_cli_expect
 static int exists(const char *rel) {
     char p[4096];
     snprintf(p, sizeof p, "%s/%s", g.tmp, rel);
@@ -206,24 +178,13 @@ static void test_bad_input(void **st) {
 
 static int setup(void **st) {
     (void)st;
-    g.bin = getenv("MT_BIN");
-    if (!g.bin) {
-        fprintf(stderr, "MT_BIN is not set (run through ctest)\n");
-        return -1;
-    }
-    setenv("OMP_WAIT_POLICY", "passive", 0);
-    g.tmp = mt_test_tmpdir();
-    char *tok = mt_fixture_path("tokenizers/llama3"), *fx = mt_fixture_path("train_llama/config.json");
+    if (mt_cli_env_init(&g_env, "train_llama") != 0) return -1;
+    g.tmp = g_env.tmp;
+    if (mt_cli_tokenizer_model(&g_env, 0.02, g.model, sizeof g.model) != 0) return -1;
+    char *tok = mt_fixture_path("tokenizers/llama3");
     snprintf(g.tok, sizeof g.tok, "%s", tok);
-    json_t *cfg = json_load_file(fx, 0, NULL);
-    if (!cfg) return -1;
-    json_object_set_new(cfg, "vocab_size", json_integer(1536));
+    free(tok);
     char path[4096];
-    snprintf(path, sizeof path, "%s/cfg.json", g.tmp);
-    if (json_dump_file(cfg, path, JSON_INDENT(2)) != 0) return -1;
-    json_decref(cfg);
-    free(tok), free(fx);
-
     snprintf(path, sizeof path, "%s/corpus.txt", g.tmp);
     FILE *f = fopen(path, "wb");
     for (int i = 0; i < 40; i++)
@@ -236,26 +197,12 @@ static int setup(void **st) {
           "{\"text\": \"second: \\u00fcber na\\u00efve caf\\u00e9s \\ud83d\\ude42\"}\n"
           "{\"text\": \"third\\nhas\\nlines <|end_of_text|> and a special token\"}\n", f);
     fclose(f);
-
-    char cmd[16384], *out = malloc(OUT_SIZE);
-    snprintf(cmd, sizeof cmd,
-             "cd '%s' && '%s' train --init cfg.json --data corpus.txt --steps 1 --batch 2 --seq 16 --out init",
-             g.tmp, g.bin);
-    int rc = mt_test_run(cmd, out, OUT_SIZE);
-    if (rc != 0) {
-        fprintf(stderr, "making the model failed:\n%s\n", out);
-        return -1;
-    }
-    free(out);
-    snprintf(g.model, sizeof g.model, "%s/init/checkpoints/step_00000001", g.tmp);
-    snprintf(cmd, sizeof cmd, "cp '%s/tokenizer.json' '%s/tokenizer_config.json' '%s/'", g.tok, g.tok, g.model);
-    return system(cmd) == 0 ? 0 : -1;
+    return 0;
 }
 
 static int teardown(void **st) {
     (void)st;
-    mt_test_rmtree(g.tmp);
-    free(g.tmp);
+    mt_cli_env_free(&g_env);
     return 0;
 }
 

@@ -2,15 +2,13 @@
  * parallel batches, and packed in order. */
 #include "io/chat_pack.h"
 
-#include <errno.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "core/error.h"
+#include "io/lines.h"
 #include "io/packed.h"
 #include "io/text_data.h"
 #include "io/tokens.h"
@@ -174,23 +172,18 @@ static int flush_batch(cp_run *r) {
     return rc;
 }
 
-static int read_file(cp_run *r, FILE *in, const char *path) {
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    int64_t lineno = 0;
-    int rc = MT_OK;
-    while (rc == MT_OK && (len = getline(&line, &cap, in)) >= 0) {
-        lineno++;
-        r->s->bytes += len;
-        if (mt_text_only_space(line, (size_t)len)) continue;
-        if (!take_line(r, line, (size_t)len, path, lineno)) continue;
-        r->batch_bytes += (size_t)len;
+static int read_file(cp_run *r, mt_lines *L) {
+    const char *line;
+    size_t len;
+    int rc = MT_OK, got;
+    while (rc == MT_OK && (got = mt_lines_next(L, &line, &len)) > 0) {
+        r->s->bytes += (int64_t)len;
+        if (mt_text_only_space(line, len)) continue;
+        if (!take_line(r, line, len, L->path, L->lineno)) continue;
+        r->batch_bytes += len;
         if (r->n_convs == CP_MAX_BATCH || r->batch_bytes >= MT_TEXT_BATCH_BYTES) rc = flush_batch(r);
     }
-    if (rc == MT_OK && ferror(in)) rc = mt_error_set("%s: read failed: %s", path, strerror(errno));
-    free(line);
-    return rc;
+    return rc == MT_OK && got < 0 ? MT_ERR : rc;
 }
 
 /* ---- driver ---- */
@@ -215,13 +208,7 @@ static int setup(cp_run *r, const char *const *paths, int n, const char *out_pat
         return mt_error_set("%s: chat format %s: %s (choose another with --chat-format)", out_path,
                             mt_chat_format_name(f), why);
     }
-    for (int i = 0; i < n; i++) {
-        struct stat st;
-        if (stat(paths[i], &st) != 0) return mt_error_set("%s: cannot open: %s", paths[i], strerror(errno));
-        if (!S_ISREG(st.st_mode)) return mt_error_set("%s: not a regular file", paths[i]);
-        r->total_bytes += st.st_size;
-    }
-    return MT_OK;
+    return mt_lines_total_bytes(paths, n, &r->total_bytes);
 }
 
 static int no_conversation(const cp_run *r, const char *const *paths, int n, const char *out_path) {
@@ -247,13 +234,10 @@ int mt_chat_pack(const mt_tokenizer *tok, const char *const *paths, int n, const
     r.convs = mt_malloc(CP_MAX_BATCH * sizeof *r.convs);
     int rc = MT_OK;
     for (int i = 0; rc == MT_OK && i < n; i++) {
-        FILE *in = fopen(paths[i], "rb");
-        if (!in) {
-            rc = mt_error_set("%s: cannot open: %s", paths[i], strerror(errno));
-            break;
-        }
-        rc = read_file(&r, in, paths[i]);
-        fclose(in);
+        mt_lines L;
+        if ((rc = mt_lines_open(&L, paths[i])) != MT_OK) break;
+        rc = read_file(&r, &L);
+        mt_lines_close(&L);
     }
     if (rc == MT_OK && r.n_convs) rc = flush_batch(&r);
     for (int i = 0; i < r.n_convs; i++) { /* left by an error */
@@ -331,11 +315,5 @@ void mt_chat_pack_summary(const mt_chat_pack_stats *s, const char *in, const cha
 
 void mt_chat_progress_stderr(const mt_chat_pack_stats *s, int64_t total_bytes, int done, void *user) {
     (void)user;
-    if (!isatty(STDERR_FILENO)) return;
-    double rate = s->seconds > 0 ? s->tokens / s->seconds : 0;
-    fprintf(stderr, "\rpack: %.1f/%.1f MB (%.0f%%), %lld conversations, %lld tokens, %.2fM tok/s   ",
-            s->bytes / 1e6, total_bytes / 1e6, total_bytes ? 100.0 * s->bytes / total_bytes : 100.0,
-            (long long)s->conversations, (long long)s->tokens, rate / 1e6);
-    if (done) fputc('\n', stderr);
-    fflush(stderr);
+    mt_lines_progress("pack", s->bytes, total_bytes, s->conversations, "conversations", s->tokens, s->seconds, done);
 }

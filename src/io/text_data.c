@@ -2,16 +2,14 @@
  * about MT_TEXT_BATCH_BYTES, encodes a batch in parallel and writes it in input order. */
 #include "io/text_data.h"
 
-#include <errno.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/lines.h"
 #include "io/tokens.h"
 
 #define TD_MAX_BATCH_DOCS 65536
@@ -191,64 +189,54 @@ static int emit_buf(td_run *r, td_buf *b, const char *path, int64_t line) {
     return add_doc(r, text, len, path, line);
 }
 
-static int read_text(td_run *r, FILE *in, const char *path) {
-    const char *sep = r->o->doc_sep;
-    size_t sep_len = sep ? strlen(sep) : 0;
+static int read_text(td_run *r, mt_lines *L) {
+    const char *sep = r->o->doc_sep, *line;
+    size_t sep_len = sep ? strlen(sep) : 0, len;
     td_buf doc = {0};
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    int64_t lineno = 0, doc_line = 1;
-    int rc = MT_OK;
-    while (rc == MT_OK && (len = getline(&line, &cap, in)) >= 0) {
-        lineno++;
-        r->s->bytes += len;
-        if (sep && is_sep_line(line, (size_t)len, sep, sep_len)) {
+    int64_t doc_line = 1;
+    int rc = MT_OK, got;
+    while (rc == MT_OK && (got = mt_lines_next(L, &line, &len)) > 0) {
+        r->s->bytes += (int64_t)len;
+        if (sep && is_sep_line(line, len, sep, sep_len)) {
             /* a separator right after another (or at the start) ends no lines: not a document */
-            if (doc.n) rc = emit_buf(r, &doc, path, doc_line);
-            doc_line = lineno + 1;
-        } else buf_put(&doc, line, (size_t)len);
+            if (doc.n) rc = emit_buf(r, &doc, L->path, doc_line);
+            doc_line = L->lineno + 1;
+        } else buf_put(&doc, line, len);
     }
-    if (rc == MT_OK && ferror(in)) rc = mt_error_set("%s: read failed: %s", path, strerror(errno));
-    if (rc == MT_OK && (doc.n || !sep)) rc = emit_buf(r, &doc, path, doc_line);
+    if (rc == MT_OK && got < 0) rc = MT_ERR;
+    if (rc == MT_OK && (doc.n || !sep)) rc = emit_buf(r, &doc, L->path, doc_line);
     free(doc.p);
-    free(line);
     return rc;
 }
 
-static int read_jsonl(td_run *r, FILE *in, const char *path) {
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    int64_t lineno = 0;
-    int rc = MT_OK;
+static int read_jsonl(td_run *r, mt_lines *L) {
+    const char *line, *path = L->path;
+    size_t len;
+    int rc = MT_OK, got;
     mt_text_stats *s = r->s;
-    while (rc == MT_OK && (len = getline(&line, &cap, in)) >= 0) {
-        lineno++;
-        s->bytes += len;
-        if (mt_text_only_space(line, (size_t)len)) continue;
+    while (rc == MT_OK && (got = mt_lines_next(L, &line, &len)) > 0) {
+        s->bytes += (int64_t)len;
+        if (mt_text_only_space(line, len)) continue;
         json_error_t err;
-        json_t *j = json_loadb(line, (size_t)len, JSON_ALLOW_NUL, &err);
+        json_t *j = json_loadb(line, len, JSON_ALLOW_NUL, &err);
         json_t *text = json_is_object(j) ? json_object_get(j, "text") : NULL;
         if (!json_is_object(j)) {
             if (s->bad_json++ == 0) {
-                s->bad_json_path = path, s->bad_json_line = lineno;
+                s->bad_json_path = path, s->bad_json_line = L->lineno;
                 snprintf(s->bad_json_error, sizeof s->bad_json_error, "%s",
                          j ? "not a JSON object" : err.text);
             }
         } else if (!json_is_string(text)) {
-            if (s->missing_text++ == 0) s->missing_text_path = path, s->missing_text_line = lineno;
+            if (s->missing_text++ == 0) s->missing_text_path = path, s->missing_text_line = L->lineno;
         } else {
             size_t n = json_string_length(text);
             char *copy = mt_malloc(n + 1);
             memcpy(copy, json_string_value(text), n);
-            rc = add_doc(r, copy, n, path, lineno);
+            rc = add_doc(r, copy, n, path, L->lineno);
         }
         json_decref(j);
     }
-    if (rc == MT_OK && ferror(in)) rc = mt_error_set("%s: read failed: %s", path, strerror(errno));
-    free(line);
-    return rc;
+    return rc == MT_OK && got < 0 ? MT_ERR : rc;
 }
 
 /* ---- driver ---- */
@@ -274,12 +262,7 @@ static int setup(td_run *r, const char *const *paths, int n, const char *out_pat
         return mt_error_set("%s: element size %d must be 2 (uint16) or 4 (uint32)", out_path, r->elem_size);
     if (r->elem_size < need)
         return mt_error_set("%s: ids go up to %d, past uint16; use uint32 (--dtype u32)", out_path, vocab - 1);
-    for (int i = 0; i < n; i++) {
-        struct stat st;
-        if (stat(paths[i], &st) != 0) return mt_error_set("%s: cannot open: %s", paths[i], strerror(errno));
-        if (!S_ISREG(st.st_mode)) return mt_error_set("%s: not a regular file", paths[i]);
-        r->total_bytes += st.st_size;
-    }
+    MT_TRY(mt_lines_total_bytes(paths, n, &r->total_bytes));
     r->s->elem_size = r->elem_size;
     r->s->eos_id = r->eos;
     return MT_OK;
@@ -297,13 +280,10 @@ int mt_text_to_tokens(const mt_tokenizer *tok, const char *const *paths, int n, 
     r.docs = mt_malloc(TD_MAX_BATCH_DOCS * sizeof(td_doc));
     int rc = MT_OK;
     for (int i = 0; rc == MT_OK && i < n; i++) {
-        FILE *in = fopen(paths[i], "rb");
-        if (!in) {
-            rc = mt_error_set("%s: cannot open: %s", paths[i], strerror(errno));
-            break;
-        }
-        rc = mt_text_is_jsonl(paths[i]) ? read_jsonl(&r, in, paths[i]) : read_text(&r, in, paths[i]);
-        fclose(in);
+        mt_lines L;
+        if ((rc = mt_lines_open(&L, paths[i])) != MT_OK) break;
+        rc = mt_text_is_jsonl(paths[i]) ? read_jsonl(&r, &L) : read_text(&r, &L);
+        mt_lines_close(&L);
     }
     if (rc == MT_OK && r.n_docs) rc = flush_batch(&r);
     for (int i = 0; i < r.n_docs; i++) free(r.docs[i].text); /* left by an error */
@@ -342,11 +322,5 @@ void mt_text_stats_report(const mt_text_stats *s, const char *prefix, FILE *out)
 
 void mt_text_progress_stderr(const mt_text_stats *s, int64_t total_bytes, int done, void *user) {
     (void)user;
-    if (!isatty(STDERR_FILENO)) return;
-    double rate = s->seconds > 0 ? s->tokens / s->seconds : 0;
-    fprintf(stderr, "\rtokenize: %.1f/%.1f MB (%.0f%%), %lld documents, %lld tokens, %.2fM tok/s   ",
-            s->bytes / 1e6, total_bytes / 1e6, total_bytes ? 100.0 * s->bytes / total_bytes : 100.0,
-            (long long)s->documents, (long long)s->tokens, rate / 1e6);
-    if (done) fputc('\n', stderr);
-    fflush(stderr);
+    mt_lines_progress("tokenize", s->bytes, total_bytes, s->documents, "documents", s->tokens, s->seconds, done);
 }

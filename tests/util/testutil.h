@@ -51,4 +51,26 @@ void mt_cli_env_free(mt_cli_env *env);
 /* Runs a shell command, returns its exit status (or -1), captures stdout+stderr into buf. */
 int mt_test_run(const char *cmd, char *buf, size_t buf_size);
 
+/* Runs the shell command printf(fmt, ...); a non-zero exit fails the test. */
+void mt_test_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Runs `cd env->tmp && env->bin ARGS`, ARGS = printf(fmt, ...), with stdout and stderr into out; a
+ * crash or a sanitizer report fails the test. Returns the exit code. */
+int mt_cli_run(const mt_cli_env *env, char *out, size_t size, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Fails the test unless rc == want and (needle NULL or) out contains needle. */
+void mt_cli_expect(int rc, int want, const char *out, const char *needle);
+
+/* The error lines of a run's output: those starting "megatrain: " but not "megatrain: warning:".
+ * Returns their count; a copy of the first goes to first. */
+int mt_cli_error_lines(const char *out, char *first, size_t first_size);
+
+/* A tiny Llama that has a tokenizer, for the tests of text and chat data: train_llama's config with
+ * vocab_size 1536 (>= the llama3 fixture tokenizer's 1506 ids) and initializer_range init_std,
+ * after one `train --init` step in env->tmp/init, with tests/fixtures/tokenizers/llama3 copied into
+ * its checkpoint directory, whose path goes to model. 0, or -1 with a message on stderr (for a
+ * cmocka group setup). */
+int mt_cli_tokenizer_model(const mt_cli_env *env, double init_std, char *model, size_t size);
+
 #endif
