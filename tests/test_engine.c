@@ -116,22 +116,25 @@ static void test_engine_matches_runner(void **state) {
     }
 }
 
-/* How the activations are kept changes nothing: checkpoints in host memory (the --gpu-mem path),
- * and layers keeping their internals so that the backward skips the recompute (all of them, or the
- * last one) give the same losses, norms and weights, bit for bit, over several steps, as the plain
- * recompute-everything schedule; the weights still cross twice per step. Also with qwen3's q/k
- * norm, whose internals are the most. */
+/* How the activations and weights are kept changes nothing: checkpoints in host memory (the
+ * --gpu-mem path), layers keeping their internals so that the backward skips the recompute (all of
+ * them, or the last one), and resident weights (one load per layer per step) give the same losses,
+ * norms and weights, bit for bit, over several steps, as the plain recompute-everything schedule;
+ * the weights cross twice per step, once when resident. Also with qwen3's q/k norm, whose
+ * internals are the most. */
 static void check_memory_modes(const char *variant) {
     setup s;
     setup_init(&s, variant, 3);
-    enum { MODES = 4 };
-    const struct { int offload, saved; } mode[MODES] = {{0, 0}, {1, 0}, {0, 3}, {0, 1}};
+    enum { MODES = 6 };
+    const struct { int offload, saved, resident; } mode[MODES] = {{0, 0, 0}, {1, 0, 0}, {0, 3, 0},
+                                                                  {0, 1, 0}, {0, 3, 1}, {1, 0, 1}};
     double loss[MODES][3], norm[MODES][3], eval[MODES];
     float *master[MODES];
     for (int k = 0; k < MODES; k++) {
         mt_backend *be = mt_backend_cpu_create();
         mt_engine_opts o = {.batch = B_ROWS, .micro_batch = 2, .T = T_LEN, .n_slots = 2,
-                            .opt_threads = 1, .offload = mode[k].offload, .saved_layers = mode[k].saved};
+                            .opt_threads = 1, .offload = mode[k].offload, .saved_layers = mode[k].saved,
+                            .resident = mode[k].resident};
         mt_engine *e = mt_engine_create(&s.table, be, &o, s.weights);
         for (int step = 0; step < 3; step++) {
             mt_step_result r;
@@ -139,12 +142,12 @@ static void check_memory_modes(const char *variant) {
             loss[k][step] = r.loss;
             norm[k][step] = r.grad_norm;
             const int *loads = mt_engine_loads(e);
-            for (int l = 0; l < s.cfg.L; l++) assert_int_equal(loads[l + 1], 2);
+            for (int l = 0; l < s.cfg.L; l++) assert_int_equal(loads[l + 1], mode[k].resident ? 1 : 2);
         }
         int64_t count;
         eval[k] = mt_engine_eval(e, s.ids, s.targets, B_ROWS, &count) / (double)count;
-        fprintf(stderr, "%s offload %d saved %d: losses %.7f %.7f %.7f, eval %.7f\n", variant,
-                mode[k].offload, mode[k].saved, loss[k][0], loss[k][1], loss[k][2], eval[k]);
+        fprintf(stderr, "%s offload %d saved %d resident %d: losses %.7f %.7f %.7f, eval %.7f\n", variant,
+                mode[k].offload, mode[k].saved, mode[k].resident, loss[k][0], loss[k][1], loss[k][2], eval[k]);
         mt_engine_finish(e);
         master[k] = malloc((size_t)s.table.total * sizeof(float));
         memcpy(master[k], mt_engine_master(e), (size_t)s.table.total * sizeof(float));

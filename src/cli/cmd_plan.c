@@ -57,7 +57,7 @@ int mt_cmd_plan(int argc, char **argv) {
     int rc = mt_run_backend(&be, device, gpu_mem);
     if (rc == MT_OK) {
         mt_engine_opts eo = {.batch = (int)B, .micro_batch = (int)b, .T = (int)T, .n_slots = 2,
-                             .saved_layers = -1};
+                             .saved_layers = -1, .resident = -1};
         printf("%.1fM parameters, %lld x %lld tokens per step (micro-batch %lld), %s backend\n",
                m.table.n_real / 1e6, (long long)B, (long long)T, (long long)b, be->name);
         rc = mt_run_check_memory(&m.table, be, &eo, gpu_mem);

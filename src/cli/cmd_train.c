@@ -193,7 +193,8 @@ static int train(train_run *r) {
 
     mt_engine_opts eo = {.batch = (int)o->batch, .micro_batch = (int)o->micro_batch, .T = (int)o->seq,
                          .n_slots = 2, .opt_threads = (int)o->threads, .trace = o->trace_path != NULL,
-                         .offload = o->offload, .saved_layers = (int)o->saved_layers};
+                         .offload = o->offload, .saved_layers = (int)o->saved_layers,
+                         .resident = o->resident == 1 ? 1 : o->resident == 2 ? 0 : -1};
     MT_TRY(mt_run_check_memory(&r->model.table, r->be, &eo, o->gpu_mem));
     r->saved_layers = eo.saved_layers;
     r->e = mt_engine_create(&r->model.table, r->be, &eo, NULL);

@@ -84,9 +84,10 @@ int mt_run_check_memory(const mt_param_table *t, mt_backend *be, mt_engine_opts 
                         int64_t gpu_budget) {
     int host_compute = strcmp(be->name, "cpu") == 0;
     double scratch = host_compute ? 0 : CUDA_LIBRARY_SCRATCH;
-    int want_saved = eo->saved_layers;
+    int want_saved = eo->saved_layers, want_resident = eo->resident;
     mt_engine_plan p;
     eo->saved_layers = 0;
+    eo->resident = want_resident > 0;
     mt_engine_plan_of(t, be->dtype, eo, &p);
     if (!host_compute && gpu_budget > 0 && !eo->offload && p.dev_total + scratch > (double)gpu_budget) {
         /* short of GPU memory: the layer checkpoints go to pinned host memory */
@@ -100,6 +101,13 @@ int mt_run_check_memory(const mt_param_table *t, mt_backend *be, mt_engine_opts 
     if (want_saved > t->cfg.L)
         return mt_error_set("--saved-layers %d: the model has %d layers", want_saved, t->cfg.L);
     eo->saved_layers = want_saved < 0 ? auto_saved_layers(t, be, eo, &p, scratch) : want_saved;
+    if (want_resident < 0) {
+        /* resident weights only save PCIe traffic, so they come after the saved internals */
+        eo->resident = 1;
+        mt_engine_plan_of(t, be->dtype, eo, &p);
+        eo->resident = !eo->offload && eo->saved_layers == t->cfg.L && be->mem_budget > 0 &&
+                       p.dev_total + scratch + CUDA_POOL_HEADROOM <= (double)be->mem_budget;
+    }
     mt_engine_plan_of(t, be->dtype, eo, &p);
     double n = (double)t->n_real, gb = 1e9;
     double host = p.host_total + (host_compute ? p.dev_total : 0);
@@ -114,6 +122,8 @@ int mt_run_check_memory(const mt_param_table *t, mt_backend *be, mt_engine_opts 
     if (eo->saved_layers)
         printf("             + saved internals %.2f GB: the backward of the last %d of %d layers "
                "skips the recompute\n", p.dev_saved / gb, eo->saved_layers, t->cfg.L);
+    if (eo->resident)
+        printf("             resident weights: every layer keeps its slot, loaded once per step\n");
     double avail = mem_available_bytes();
     if (avail > 0 && host > avail)
         return mt_error_set("host RAM: training needs %.2f GB, %.2f GB available; use a smaller model, "

@@ -16,7 +16,8 @@ int mt_run_check_seq(const mt_config *cfg, int T, const char *flag);
 int mt_run_backend(mt_backend **out, int device, int64_t gpu_mem);
 /* Prints the memory plan and refuses, before allocating, what the machine cannot hold
  * (gpu_budget: bytes the GPU side may use, 0 = unchecked). When the budget is short it moves the
- * layer checkpoints to pinned host memory (sets eo->offload). */
+ * layer checkpoints to pinned host memory (sets eo->offload). eo->saved_layers < 0 and
+ * eo->resident < 0 mean auto: they are resolved here from what the budget leaves. */
 int mt_run_check_memory(const mt_param_table *t, mt_backend *be, mt_engine_opts *eo,
                         int64_t gpu_budget);
 

@@ -61,6 +61,9 @@ void mt_train_opts_usage(FILE *out) {
 "  --saved-layers N|auto  layers whose internals stay on the GPU so that their backward skips the\n"
 "                         recompute (same results, less work); auto: as many as the GPU memory\n"
 "                         left after the plan holds (default auto; 0 with offloaded checkpoints)\n"
+"  --resident-weights W   auto | yes | no: every layer's weights keep a GPU slot through the step,\n"
+"                         so they cross PCIe once per step instead of twice (auto: when every\n"
+"                         layer already keeps its internals and the slots still fit)\n"
 "  --threads N            optimizer threads (default: all cores)\n"
 "  --save-every K         checkpoint every K steps (default 0: at the end only)\n"
 "  --keep K               checkpoints kept (default 3)\n"
@@ -79,7 +82,7 @@ enum {
     O_MODEL = 1000, O_INIT, O_DATA, O_OUT, O_STEPS, O_BATCH, O_SEQ, O_MICRO, O_LR, O_MIN_LR,
     O_WARMUP, O_SCHEDULE, O_BETA1, O_BETA2, O_EPS, O_WD, O_CLIP, O_SEED, O_NO_SHUFFLE, O_DEVICE,
     O_GPU_MEM, O_SAVE_EVERY, O_KEEP, O_RESUME, O_EVAL_DATA, O_EVAL_EVERY, O_EVAL_BATCHES, O_LOG,
-    O_TRACE, O_THREADS, O_DOC_SEP, O_MAX_TIME, O_STOP_AT, O_NO_SAVE, O_OFFLOAD, O_SAVED_LAYERS, O_HELP,
+    O_TRACE, O_THREADS, O_DOC_SEP, O_MAX_TIME, O_STOP_AT, O_NO_SAVE, O_OFFLOAD, O_SAVED_LAYERS, O_RESIDENT, O_HELP,
 };
 
 static const struct option long_opts[] = {
@@ -103,7 +106,8 @@ static const struct option long_opts[] = {
     {"doc-sep", required_argument, 0, O_DOC_SEP},   {"max-time", required_argument, 0, O_MAX_TIME},
     {"stop-at", required_argument, 0, O_STOP_AT},   {"no-save", no_argument, 0, O_NO_SAVE},
     {"offload-checkpoints", no_argument, 0, O_OFFLOAD}, {"saved-layers", required_argument, 0, O_SAVED_LAYERS},
-    {"help", no_argument, 0, O_HELP},               {0, 0, 0, 0},
+    {"resident-weights", required_argument, 0, O_RESIDENT}, {"help", no_argument, 0, O_HELP},
+    {0, 0, 0, 0},
 };
 
 static int parse_chat_flag(mt_train_opts *o, int c, const char *arg) {
@@ -159,6 +163,7 @@ static int parse_one(mt_train_opts *o, int c, const char *arg) {
     case O_RESUME: o->resume = 1; return MT_OK;
     case O_NO_SAVE: o->no_save = 1; return MT_OK;
     case O_OFFLOAD: o->offload = 1; return MT_OK;
+    case O_RESIDENT: return mt_arg_choice("--resident-weights", arg, "auto|yes|no", &o->resident);
     case O_SAVED_LAYERS:
         if (strcmp(arg, "auto") == 0) return o->saved_layers = -1, MT_OK;
         return mt_arg_int("--saved-layers", arg, 0, 1 << 20, &o->saved_layers);

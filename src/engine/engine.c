@@ -141,7 +141,7 @@ void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_
     p->host_moments = 8 * n;
     p->host_upload = el * n;
     p->host_total = p->host_master + p->host_moments + p->host_upload + 8 * N;
-    p->dev_slots = (double)o->n_slots * t->layer_size * el;
+    p->dev_slots = (double)(o->resident ? t->cfg.L : o->n_slots) * t->layer_size * el;
     p->dev_embed_head = (double)(t->embed_size + t->head_size) * el;
     p->dev_grads = 4.0 * (t->layer_size + t->embed_size + t->head_size) + 2.0 * max_group(t) * el;
     /* the layer inputs (L + 1 sets, or 2 when offloaded) and the gradient dx */
@@ -179,20 +179,29 @@ static void load_group(mt_engine *e, int layer, void *dst, mt_event *free_ev, mt
     mt_trace_add(e->trace, MT_SPAN_LOAD, MT_LANE_H2D, e->step, layer, t0, mt_trace_now(e->trace));
 }
 
-/* Layer loads of one pass in order (forward: 0..L-1, backward: L-1..0); load number q uses slot
- * q % n_slots. Issues every load up to `upto` (a position in the pass). */
+/* The slot of the layer at position pos of a pass (forward: 0..L-1, backward: layers L-1..0):
+ * load number q of the step (forward pos, backward L + pos) uses slot q % n_slots; with resident
+ * weights layer l has slot l. */
+static int slot_of(const mt_engine *e, int pos, int backward) {
+    int L = e->t->cfg.L;
+    if (e->o.resident) return backward ? L - 1 - pos : pos;
+    return (pos + (backward ? L : 0)) % e->o.n_slots;
+}
+
+/* How many layers ahead of the one computing the loads run: as many as the free slots allow
+ * (resident: one, which keeps the host's per-layer optimizer waits as early as they need be). */
+static int ahead(const mt_engine *e) { return e->o.resident ? 1 : e->o.n_slots - 1; }
+
+/* Layer loads of one pass in order (forward: 0..L-1, backward: L-1..0; none in the backward with
+ * resident weights). Issues every load up to `upto` (a position in the pass). */
 static void prefetch_layers(mt_engine *e, int upto, int backward, int wait_optimizer) {
     int L = e->t->cfg.L;
+    if (backward && e->o.resident) return;
     for (; e->issued <= upto && e->issued < L; e->issued++) {
-        int q = e->issued + (backward ? L : 0);
-        int s = q % e->o.n_slots;
+        int s = slot_of(e, e->issued, backward);
         int layer = backward ? L - 1 - e->issued : e->issued;
         load_group(e, layer, e->slots[s], e->slot_free[s], e->slot_loaded[s], wait_optimizer);
     }
-}
-
-static int slot_of(const mt_engine *e, int pos, int backward) {
-    return (pos + (backward ? e->t->cfg.L : 0)) % e->o.n_slots;
 }
 
 static mt_layer_weights layer_weights(const mt_engine *e, int s) {
@@ -287,14 +296,14 @@ static void load_checkpoint(mt_engine *e, int l) {
 
 /* Embedding and every layer, micro-batch by micro-batch, saving each layer's input (when `save`
  * and offloading, to the host). Each layer's compute is issued before the load of the layer
- * n_slots - 1 ahead, so that on an asynchronous backend the copy runs while the layer computes. */
+ * ahead(e) positions on, so that on an asynchronous backend the copy runs while the layer computes. */
 static void forward(mt_engine *e, const mt_model_view *w, int save) {
     mt_backend *be = e->be;
-    int L = e->t->cfg.L, K = e->o.n_slots;
+    int L = e->t->cfg.L;
 
     load_group(e, MT_GROUP_EMBED, e->embed_w, e->embed_free, e->embed_loaded, 1);
     e->issued = 0;
-    prefetch_layers(e, K - 2, 0, 1);
+    prefetch_layers(e, ahead(e) - 1, 0, 1);
     be->stream_wait(be, MT_STREAM_COMPUTE, e->embed_loaded);
     for (int m = 0; m < e->M; m++)
         mt_embed_forward(&e->lc, w, e->ids + (size_t)m * e->bN, e->bN, act_at(e, 0, m));
@@ -318,7 +327,7 @@ static void forward(mt_engine *e, const mt_model_view *w, int save) {
         busy_end(e, h, MT_SPAN_FORWARD, l);
         be->event_record(be, e->slot_free[s], MT_STREAM_COMPUTE);
         mt_trace_add(e->trace, MT_SPAN_FORWARD, MT_LANE_MAIN, e->step, l, t0, mt_trace_now(e->trace));
-        prefetch_layers(e, l + K - 1, 0, 1);
+        prefetch_layers(e, l + ahead(e), 0, 1);
     }
     load_group(e, L, e->head_w, e->head_free, e->head_loaded, 1);
     be->stream_wait(be, MT_STREAM_COMPUTE, e->head_loaded);
@@ -331,12 +340,12 @@ static void forward(mt_engine *e, const mt_model_view *w, int save) {
 /* The first loads of the backward (no optimizer wait: the same step's weights). */
 static void backward_prefetch(mt_engine *e) {
     e->issued = 0;
-    prefetch_layers(e, e->o.n_slots - 2, 1, 0);
+    prefetch_layers(e, ahead(e) - 1, 1, 0);
 }
 
 static void backward(mt_engine *e, const mt_model_view *g) {
     mt_backend *be = e->be;
-    int L = e->t->cfg.L, K = e->o.n_slots;
+    int L = e->t->cfg.L;
     for (int i = 0; i < L; i++) {
         int l = L - 1 - i;
         int s = slot_of(e, i, 1);
@@ -361,7 +370,7 @@ static void backward(mt_engine *e, const mt_model_view *g) {
             be->event_record(be, e->set_free[l % 2], MT_STREAM_COMPUTE);
             if (l >= 1) load_checkpoint(e, l - 1);
         }
-        prefetch_layers(e, i + K - 1, 1, 0);
+        prefetch_layers(e, i + ahead(e), 1, 0);
         grads_out(e, l, e->g_layer);
     }
     for (int m = 0; m < e->M; m++)
@@ -471,6 +480,7 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
     e->t = t;
     e->be = be;
     e->o = *o;
+    if (o->resident) e->o.n_slots = t->cfg.L > 2 ? t->cfg.L : 2;
     e->M = o->batch / o->micro_batch;
     e->bN = o->micro_batch * o->T;
     e->elem = mt_dtype_size(be->dtype);
@@ -489,10 +499,10 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
     e->host_ids = be->host_alloc(be, (size_t)N * sizeof(int32_t));
     e->host_targets = be->host_alloc(be, (size_t)N * sizeof(int32_t));
 
-    e->slots = mt_calloc((size_t)o->n_slots, sizeof(void *));
-    e->slot_loaded = mt_calloc((size_t)o->n_slots, sizeof(mt_event *));
-    e->slot_free = mt_calloc((size_t)o->n_slots, sizeof(mt_event *));
-    for (int s = 0; s < o->n_slots; s++) {
+    e->slots = mt_calloc((size_t)e->o.n_slots, sizeof(void *));
+    e->slot_loaded = mt_calloc((size_t)e->o.n_slots, sizeof(mt_event *));
+    e->slot_free = mt_calloc((size_t)e->o.n_slots, sizeof(mt_event *));
+    for (int s = 0; s < e->o.n_slots; s++) {
         e->slots[s] = be->alloc(be, group_bytes(e, 0));
         e->slot_loaded[s] = new_event(e);
         e->slot_free[s] = new_event(e);

@@ -6,7 +6,8 @@
  * flight, dedicated buffers for the embed and head groups, the saved input of every layer for
  * every micro-batch (the checkpoints), one layer's working activations, one layer's fp32
  * gradient. Per step each layer's weights cross to the compute side exactly twice (forward,
- * backward) whatever the number of micro-batches; the embed and head groups once.
+ * backward) whatever the number of micro-batches — once with o->resident —; the embed and head
+ * groups once.
  *
  * With o->offload the checkpoints go to pinned host memory as the forward makes them and come back
  * one layer ahead of the backward, so the compute side holds two layers' activations, not L + 1.
@@ -39,6 +40,8 @@ typedef struct {
     int saved_layers; /* the last saved_layers layers keep their internals on the compute side
                          (mt_layer_saved_bytes per micro-batch) so that their backward skips the
                          recompute; 0 with offload */
+    int resident;     /* every layer's weights keep a slot of their own through the step (n_slots
+                         is then L): loaded once per step, for the forward; the backward reuses them */
 } mt_engine_opts;
 
 typedef struct {

@@ -132,10 +132,10 @@ static void test_small_models(void **state) {
 }
 
 static double *train_curve_with(mt_backend *be, const mt_param_table *t, const float *w, int steps,
-                                int offload, int saved_layers, double *norms) {
+                                int offload, int saved_layers, int resident, double *norms) {
     const int B = 4, T = 64;
     mt_engine_opts o = {.batch = B, .micro_batch = 2, .T = T, .n_slots = 2, .opt_threads = 2,
-                        .offload = offload, .saved_layers = saved_layers};
+                        .offload = offload, .saved_layers = saved_layers, .resident = resident};
     mt_engine *e = mt_engine_create(t, be, &o, w);
     int32_t ids[B * T], tg[B * T];
     double *curve = malloc((size_t)steps * sizeof(double));
@@ -174,17 +174,19 @@ static void test_memory_modes_agree(void **state) {
     mt_param_table_init(&t, &cfg);
     float *w = bf16_weights(&t, 0.02f, 8);
     const int steps = 6;
-    const struct { int offload, saved; } mode[] = {{0, 0}, {1, 0}, {0, 2}, {0, 1}};
+    const struct { int offload, saved, resident; } mode[] = {{0, 0, 0}, {1, 0, 0}, {0, 2, 0}, {0, 1, 0},
+                                                             {0, 2, 1}};
     double norm0[6], norm[6];
-    double *ref = train_curve_with(gpu, &t, w, steps, 0, 0, norm0);
+    double *ref = train_curve_with(gpu, &t, w, steps, 0, 0, 0, norm0);
     int ok = 1;
-    for (int k = 1; k < 4; k++) {
-        double *got = train_curve_with(gpu, &t, w, steps, mode[k].offload, mode[k].saved, norm);
+    for (int k = 1; k < 5; k++) {
+        double *got = train_curve_with(gpu, &t, w, steps, mode[k].offload, mode[k].saved,
+                                       mode[k].resident, norm);
         for (int s = 0; s < steps; s++) {
             double dl = fabs(got[s] - ref[s]) / ref[s], dn = fabs(norm[s] - norm0[s]) / norm0[s];
             int good = dl <= MODE_LOSS_TOL && dn <= MODE_NORM_TOL;
-            fprintf(stderr, "offload %d saved %d step %d: loss %.6f vs %.6f (rel %.2g), norm %.5f vs %.5f "
-                    "(rel %.2g)%s\n", mode[k].offload, mode[k].saved, s + 1, got[s], ref[s], dl, norm[s],
+            fprintf(stderr, "offload %d saved %d resident %d step %d: loss %.6f vs %.6f (rel %.2g), norm %.5f vs %.5f "
+                    "(rel %.2g)%s\n", mode[k].offload, mode[k].saved, mode[k].resident, s + 1, got[s], ref[s], dl, norm[s],
                     norm0[s], dn, good ? "" : "  FAIL");
             ok &= good;
         }
@@ -235,12 +237,12 @@ static void test_training_tracks_cpu(void **state) {
     float *w = bf16_weights(&t, 0.02f, 8);
     const int steps = 50;
     double ref_norm[50], got_norm[50];
-    double *ref = train_curve_with(cpu, &t, w, steps, 0, 0, ref_norm);
-    double *got = train_curve_with(gpu, &t, w, steps, 0, 0, got_norm);
+    double *ref = train_curve_with(cpu, &t, w, steps, 0, 0, 0, ref_norm);
+    double *got = train_curve_with(gpu, &t, w, steps, 0, 0, 0, got_norm);
     double envelope[5] = {0};
     for (int k = 0; k < NUDGES; k++) {
         float *p = nudged(w, t.total, 1234 + (uint64_t)k);
-        double *alt = train_curve_with(cpu, &t, p, steps, 0, 0, NULL);
+        double *alt = train_curve_with(cpu, &t, p, steps, 0, 0, 0, NULL);
         for (int i = 0; i < 5; i++) {
             double d = window_rel(ref, alt, 10 * i);
             if (d > envelope[i]) envelope[i] = d;
