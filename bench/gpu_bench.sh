@@ -33,7 +33,8 @@ run_megatrain() { # shape extra-flags...
   grep -E "^(memory|             |training|step )" "$dir.log" | tee -a "$log"
   grep -E "Maximum resident set size" "$dir.log" | tee -a "$log"
   [ $rc -eq 0 ] || { say "megatrain $shape failed (rc $rc):"; tail -5 "$dir.log" | tee -a "$log"; return; }
-  python3 bench/summarize.py "$dir/metrics.jsonl" "$shape $*" | tee -a "$log"
+  python3 bench/summarize.py "$dir/metrics.jsonl" "$shape $*" | tee -a "$log" | tee /tmp/bench-last-result
+  last_tflops=$(grep -o 'tflops=[0-9.e+]*' /tmp/bench-last-result | cut -d= -f2)
   python3 bench/trace_summary.py "$dir.trace.json" "$shape $*" | tee -a "$log"
   cp "$dir.trace.json" "$out/trace-$shape${1:+-mem}.json" 2>/dev/null
 }
@@ -45,7 +46,13 @@ run_fsdp2() { # shape: the whole batch at once, halving the micro-batch while it
     say "## FSDP2 CPU offload $1 B=$B T=$T micro-batch $mb"
     timeout 400 python3 bench/baselines/fsdp2_offload.py "$1" "$B" "$T" "$STEPS" "$mb" > /tmp/fsdp2-$1.log 2>&1
     grep -E "RESULT|step|params|Error|error" /tmp/fsdp2-$1.log | tail -8 | tee -a "$log"
-    grep -q RESULT /tmp/fsdp2-$1.log && return
+    if grep -q RESULT /tmp/fsdp2-$1.log; then
+      local theirs
+      theirs=$(grep RESULT /tmp/fsdp2-$1.log | grep -o '6NT-TFLOPS [0-9.]*' | cut -d' ' -f2)
+      [ -n "${last_tflops:-}" ] && [ -n "$theirs" ] &&
+        say "RATIO $1 B=$B T=$T megatrain $last_tflops / FSDP2 $theirs TFLOPS = $(python3 -c "print(f'{$last_tflops/$theirs:.2f}')")x"
+      return
+    fi
     grep -q -i "out of memory" /tmp/fsdp2-$1.log && [ "$mb" -gt 1 ] || return
     mb=$((mb / 2))
   done
