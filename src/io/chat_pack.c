@@ -25,16 +25,24 @@ int mt_long_policy_parse(const char *s, mt_long_policy *out) {
 
 const char *mt_long_policy_name(mt_long_policy p) { return p == MT_LONG_SKIP ? "skip" : "truncate"; }
 
+/* What became of a line (the kinds of chat_pack.h), decided in the parallel phase. */
+typedef enum {
+    CP_KEEP = 0, CP_INVALID_UTF8, CP_BAD_JSON, CP_NO_MESSAGES, CP_EMPTY, CP_BAD_MESSAGE, CP_UNKNOWN_ROLE,
+    CP_BAD_ORDER, CP_NO_ASSISTANT,
+} cp_kind;
+
 typedef struct {
+    char *text; /* the line (owned) */
+    size_t len;
+    const char *path;
+    int64_t line;
+    cp_kind kind;
     json_t *root; /* owns the strings msgs point into */
     mt_chat_message *msgs;
     size_t n;
-    const char *path;
-    int64_t line;
     mt_token_vec ids;
     mt_chat_mask mask;
-    int rc;
-    char err[256];
+    char err[256]; /* jansson's or the renderer's message */
 } cp_conv;
 
 typedef struct {
@@ -60,61 +68,51 @@ static void note(mt_chat_issue *i, const char *path, int64_t line) {
     if (i->n++ == 0) i->path = path, i->line = line;
 }
 
-/* ---- one line: checked, then kept as a conversation or counted ---- */
+/* ---- one line: checked and rendered (in parallel: reads only shared state) ---- */
 
-/* The kind of problem of a "messages" array, or NULL when it can be rendered. */
-static mt_chat_issue *check_messages(cp_run *r, json_t *msgs, mt_chat_message *m) {
-    mt_chat_pack_stats *s = r->s;
+static cp_kind check_messages(json_t *msgs, mt_chat_message *m, mt_chat_loss_on loss_on) {
     size_t n = json_array_size(msgs);
     int has_assistant = 0, has_text = 0;
     for (size_t i = 0; i < n; i++) {
         json_t *e = json_array_get(msgs, i);
         json_t *role = json_object_get(e, "role"), *content = json_object_get(e, "content");
-        if (!json_is_object(e) || !json_is_string(role) || !json_is_string(content)) return &s->bad_message;
+        if (!json_is_object(e) || !json_is_string(role) || !json_is_string(content)) return CP_BAD_MESSAGE;
         m[i].role = json_string_value(role);
         m[i].content = json_string_value(content);
         int assistant = strcmp(m[i].role, "assistant") == 0;
         if (!assistant && strcmp(m[i].role, "user") != 0 && strcmp(m[i].role, "system") != 0)
-            return &s->unknown_role;
+            return CP_UNKNOWN_ROLE;
         has_assistant |= assistant;
         has_text |= !mt_text_only_space(m[i].content, json_string_length(content));
     }
-    if (!has_text) return &s->empty;
-    if (r->copts.loss_on == MT_CHAT_LOSS_ASSISTANT && !has_assistant) return &s->no_assistant;
-    return NULL;
+    if (!has_text) return CP_EMPTY;
+    if (loss_on == MT_CHAT_LOSS_ASSISTANT && !has_assistant) return CP_NO_ASSISTANT;
+    return CP_KEEP;
 }
 
-/* Takes one non-blank line; 1 when it became r->convs[r->n_convs], 0 when it was counted. */
-static int take_line(cp_run *r, const char *line, size_t len, const char *path, int64_t lineno) {
-    mt_chat_pack_stats *s = r->s;
-    if (!mt_text_utf8_valid((const unsigned char *)line, len)) return note(&s->invalid_utf8, path, lineno), 0;
+static cp_kind parse_line(cp_conv *c, mt_chat_loss_on loss_on) {
+    if (!mt_text_utf8_valid((const unsigned char *)c->text, c->len)) return CP_INVALID_UTF8;
     json_error_t err;
-    json_t *j = json_loadb(line, len, 0, &err);
-    if (!json_is_object(j)) {
-        if (s->bad_json.n == 0)
-            snprintf(s->bad_json_error, sizeof s->bad_json_error, "%s", j ? "not a JSON object" : err.text);
-        note(&s->bad_json, path, lineno);
-        json_decref(j);
-        return 0;
+    c->root = json_loadb(c->text, c->len, 0, &err);
+    if (!json_is_object(c->root)) {
+        snprintf(c->err, sizeof c->err, "%s", c->root ? "not a JSON object" : err.text);
+        return CP_BAD_JSON;
     }
-    json_t *msgs = json_object_get(j, "messages");
-    mt_chat_issue *bad = NULL;
-    mt_chat_message *m = NULL;
-    if (!json_is_array(msgs)) bad = &s->no_messages;
-    else if (json_array_size(msgs) == 0) bad = &s->empty;
-    else {
-        m = mt_malloc(json_array_size(msgs) * sizeof *m);
-        bad = check_messages(r, msgs, m);
+    json_t *msgs = json_object_get(c->root, "messages");
+    if (!json_is_array(msgs)) return CP_NO_MESSAGES;
+    if (json_array_size(msgs) == 0) return CP_EMPTY;
+    c->n = json_array_size(msgs);
+    c->msgs = mt_malloc(c->n * sizeof *c->msgs);
+    return check_messages(msgs, c->msgs, loss_on);
+}
+
+static void parse_and_render(const cp_run *r, cp_conv *c) {
+    c->kind = parse_line(c, r->copts.loss_on);
+    if (c->kind != CP_KEEP) return;
+    if (mt_chat_render(r->tok, &r->copts, c->msgs, c->n, &c->ids, &c->mask) != MT_OK) {
+        snprintf(c->err, sizeof c->err, "%s", mt_error_message());
+        c->kind = CP_BAD_ORDER;
     }
-    if (bad) {
-        note(bad, path, lineno);
-        free(m);
-        json_decref(j);
-        return 0;
-    }
-    r->convs[r->n_convs++] = (cp_conv){.root = j, .msgs = m, .n = json_array_size(msgs), .path = path,
-                                       .line = lineno};
-    return 1;
 }
 
 /* ---- a batch: rendered in parallel, packed in order ---- */
@@ -125,11 +123,27 @@ static int has_trained(const uint8_t *mask, size_t n) {
     return 0;
 }
 
+static mt_chat_issue *issue_of(mt_chat_pack_stats *s, cp_kind k) {
+    switch (k) {
+    case CP_INVALID_UTF8: return &s->invalid_utf8;
+    case CP_BAD_JSON: return &s->bad_json;
+    case CP_NO_MESSAGES: return &s->no_messages;
+    case CP_EMPTY: return &s->empty;
+    case CP_BAD_MESSAGE: return &s->bad_message;
+    case CP_UNKNOWN_ROLE: return &s->unknown_role;
+    case CP_BAD_ORDER: return &s->bad_order;
+    case CP_NO_ASSISTANT: return &s->no_assistant;
+    default: MT_CHECK(0, "kind %d", (int)k);
+    }
+}
+
 static int pack_one(cp_run *r, cp_conv *c) {
     mt_chat_pack_stats *s = r->s;
-    if (c->rc != MT_OK) {
-        if (s->bad_order.n == 0) snprintf(s->bad_order_error, sizeof s->bad_order_error, "%s", c->err);
-        note(&s->bad_order, c->path, c->line);
+    if (c->kind != CP_KEEP) {
+        mt_chat_issue *i = issue_of(s, c->kind);
+        if (i->n == 0 && c->kind == CP_BAD_JSON) snprintf(s->bad_json_error, sizeof s->bad_json_error, "%s", c->err);
+        if (i->n == 0 && c->kind == CP_BAD_ORDER) snprintf(s->bad_order_error, sizeof s->bad_order_error, "%s", c->err);
+        note(i, c->path, c->line);
         return MT_OK;
     }
     size_t n = c->ids.n;
@@ -145,25 +159,23 @@ static int pack_one(cp_run *r, cp_conv *c) {
     return MT_OK;
 }
 
+static void free_conv(cp_conv *c) {
+    mt_token_vec_free(&c->ids);
+    mt_chat_mask_free(&c->mask);
+    free(c->msgs);
+    json_decref(c->root);
+    free(c->text);
+}
+
 static int flush_batch(cp_run *r) {
     cp_conv *convs = r->convs;
     int n = r->n_convs;
-    const mt_tokenizer *tok = r->tok;
-    const mt_chat_opts *copts = &r->copts;
 #pragma omp parallel for schedule(dynamic, 1) if (n > 1)
-    for (int i = 0; i < n; i++) {
-        cp_conv *c = &convs[i];
-        c->rc = mt_chat_render(tok, copts, c->msgs, c->n, &c->ids, &c->mask);
-        if (c->rc != MT_OK) snprintf(c->err, sizeof c->err, "%s", mt_error_message());
-    }
+    for (int i = 0; i < n; i++) parse_and_render(r, &convs[i]);
     int rc = MT_OK;
     for (int i = 0; i < n; i++) {
-        cp_conv *c = &convs[i];
-        if (rc == MT_OK) rc = pack_one(r, c);
-        mt_token_vec_free(&c->ids);
-        mt_chat_mask_free(&c->mask);
-        free(c->msgs);
-        json_decref(c->root);
+        if (rc == MT_OK) rc = pack_one(r, &convs[i]);
+        free_conv(&convs[i]);
     }
     r->n_convs = 0;
     r->batch_bytes = 0;
@@ -172,6 +184,7 @@ static int flush_batch(cp_run *r) {
     return rc;
 }
 
+/* Lines are only collected here; parsing them is part of the parallel work. */
 static int read_file(cp_run *r, mt_lines *L) {
     const char *line;
     size_t len;
@@ -179,7 +192,10 @@ static int read_file(cp_run *r, mt_lines *L) {
     while (rc == MT_OK && (got = mt_lines_next(L, &line, &len)) > 0) {
         r->s->bytes += (int64_t)len;
         if (mt_text_only_space(line, len)) continue;
-        if (!take_line(r, line, len, L->path, L->lineno)) continue;
+        char *text = mt_malloc(len + 1);
+        memcpy(text, line, len);
+        text[len] = 0;
+        r->convs[r->n_convs++] = (cp_conv){.text = text, .len = len, .path = L->path, .line = L->lineno};
         r->batch_bytes += len;
         if (r->n_convs == CP_MAX_BATCH || r->batch_bytes >= MT_TEXT_BATCH_BYTES) rc = flush_batch(r);
     }
@@ -240,10 +256,7 @@ int mt_chat_pack(const mt_tokenizer *tok, const char *const *paths, int n, const
         mt_lines_close(&L);
     }
     if (rc == MT_OK && r.n_convs) rc = flush_batch(&r);
-    for (int i = 0; i < r.n_convs; i++) { /* left by an error */
-        free(r.convs[i].msgs);
-        json_decref(r.convs[i].root);
-    }
+    for (int i = 0; i < r.n_convs; i++) free_conv(&r.convs[i]); /* left by an error */
     free(r.convs);
     if (rc == MT_OK && r.s->conversations == 0) rc = no_conversation(&r, paths, n, out_path);
     if (rc == MT_OK) {

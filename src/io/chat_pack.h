@@ -22,9 +22,9 @@
  * A conversation truncated so that no trained token is left is skipped and counted in
  * long_untrained.
  *
- * Conversations are rendered in parallel (OpenMP; the tokenizer is thread-safe for encode) in
- * batches of about MT_TEXT_BATCH_BYTES and packed in input order, so the output does not depend on
- * the thread count. The last row is padded with the tokenizer's eos (or id 0), without loss.
+ * Lines are parsed, checked and rendered in parallel (OpenMP; the tokenizer is thread-safe for
+ * encode, jansson for separate values) in batches of about MT_TEXT_BATCH_BYTES, then counted and
+ * packed in input order, so neither the output nor the report depends on the thread count. The last row is padded with the tokenizer's eos (or id 0), without loss.
  */
 #ifndef MT_CHAT_PACK_H
 #define MT_CHAT_PACK_H

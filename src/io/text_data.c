@@ -15,11 +15,17 @@
 #define TD_MAX_BATCH_DOCS 65536
 #define TD_OUT_TOKENS 65536
 
+/* What became of a document, decided in the parallel phase. */
+typedef enum { TD_KEEP = 0, TD_EMPTY, TD_BAD_JSON, TD_NO_TEXT } td_kind;
+
 typedef struct {
-    char *text;
+    char *text;   /* the document, or (json) its JSONL line */
     size_t len;
     const char *path;
     int64_t line; /* first line of the document (1-based) */
+    int json;     /* text is a JSONL line: its "text" field is the document */
+    td_kind kind;
+    char err[160]; /* jansson's message for a bad line */
     int32_t *ids; /* filled by the encoder */
     size_t n_ids;
     int invalid_utf8;
@@ -105,7 +111,31 @@ static int put_token(td_run *r, int32_t id) {
     return mt_atomic_write(&r->af, r->out, (size_t)TD_OUT_TOKENS * r->elem_size);
 }
 
+/* A JSONL line -> its "text" (replacing d->text), or the kind of problem. */
+static td_kind parse_json(td_doc *d) {
+    json_error_t err;
+    json_t *j = json_loadb(d->text, d->len, JSON_ALLOW_NUL, &err);
+    json_t *text = json_is_object(j) ? json_object_get(j, "text") : NULL;
+    td_kind k = TD_KEEP;
+    if (!json_is_object(j)) {
+        snprintf(d->err, sizeof d->err, "%s", j ? "not a JSON object" : err.text);
+        k = TD_BAD_JSON;
+    } else if (!json_is_string(text)) {
+        k = TD_NO_TEXT;
+    } else {
+        free(d->text);
+        d->len = json_string_length(text);
+        d->text = mt_malloc(d->len + 1);
+        memcpy(d->text, json_string_value(text), d->len);
+    }
+    json_decref(j);
+    return k;
+}
+
 static void encode_doc(const mt_tokenizer *tok, int add_special, td_doc *d) {
+    d->kind = d->json ? parse_json(d) : TD_KEEP;
+    if (d->kind == TD_KEEP && mt_text_only_space(d->text, d->len)) d->kind = TD_EMPTY;
+    if (d->kind != TD_KEEP) return;
     d->invalid_utf8 = !mt_text_utf8_valid((const unsigned char *)d->text, d->len);
     if (tok) {
         mt_tokenizer_encode(tok, d->text, d->len, add_special, &d->ids, &d->n_ids);
@@ -116,7 +146,30 @@ static void encode_doc(const mt_tokenizer *tok, int add_special, td_doc *d) {
     d->n_ids = d->len;
 }
 
-/* Encodes the pending documents in parallel, writes them in order, frees them. */
+static void note(int64_t *count, const char **path, int64_t *line, const td_doc *d) {
+    if ((*count)++ == 0) *path = d->path, *line = d->line;
+}
+
+/* Counts a skipped document, or writes a kept one followed by eos. */
+static int write_doc(td_run *r, const td_doc *d) {
+    mt_text_stats *s = r->s;
+    switch (d->kind) {
+    case TD_EMPTY: note(&s->empty_docs, &s->empty_path, &s->empty_line, d); return MT_OK;
+    case TD_BAD_JSON:
+        if (s->bad_json == 0) snprintf(s->bad_json_error, sizeof s->bad_json_error, "%s", d->err);
+        note(&s->bad_json, &s->bad_json_path, &s->bad_json_line, d);
+        return MT_OK;
+    case TD_NO_TEXT: note(&s->missing_text, &s->missing_text_path, &s->missing_text_line, d); return MT_OK;
+    case TD_KEEP: break;
+    }
+    if (d->invalid_utf8) note(&s->invalid_utf8, &s->invalid_utf8_path, &s->invalid_utf8_line, d);
+    for (size_t k = 0; k < d->n_ids; k++) MT_TRY(put_token(r, d->ids[k]));
+    MT_TRY(put_token(r, r->eos));
+    s->documents++;
+    return MT_OK;
+}
+
+/* Parses (JSONL) and encodes the pending documents in parallel, writes them in order, frees them. */
 static int flush_batch(td_run *r) {
     int n = r->n_docs, add_special = r->o->add_special;
     td_doc *docs = r->docs;
@@ -125,18 +178,9 @@ static int flush_batch(td_run *r) {
     for (int i = 0; i < n; i++) encode_doc(tok, add_special, &docs[i]);
     int rc = MT_OK;
     for (int i = 0; i < n; i++) {
-        td_doc *d = &docs[i];
-        if (rc == MT_OK) {
-            if (d->invalid_utf8 && r->s->invalid_utf8++ == 0) {
-                r->s->invalid_utf8_path = d->path;
-                r->s->invalid_utf8_line = d->line;
-            }
-            for (size_t k = 0; rc == MT_OK && k < d->n_ids; k++) rc = put_token(r, d->ids[k]);
-            if (rc == MT_OK) rc = put_token(r, r->eos);
-            r->s->documents++;
-        }
-        free(d->text);
-        free(d->ids);
+        if (rc == MT_OK) rc = write_doc(r, &docs[i]);
+        free(docs[i].text);
+        free(docs[i].ids);
     }
     r->n_docs = 0;
     r->batch_bytes = 0;
@@ -145,14 +189,9 @@ static int flush_batch(td_run *r) {
     return rc;
 }
 
-/* Takes ownership of text. */
-static int add_doc(td_run *r, char *text, size_t len, const char *path, int64_t line) {
-    if (mt_text_only_space(text, len)) {
-        if (r->s->empty_docs++ == 0) r->s->empty_path = path, r->s->empty_line = line;
-        free(text);
-        return MT_OK;
-    }
-    r->docs[r->n_docs++] = (td_doc){.text = text, .len = len, .path = path, .line = line};
+/* Takes ownership of text: a document, or (json) a JSONL line. */
+static int add_doc(td_run *r, char *text, size_t len, const char *path, int64_t line, int json) {
+    r->docs[r->n_docs++] = (td_doc){.text = text, .len = len, .path = path, .line = line, .json = json};
     r->batch_bytes += len;
     if (r->n_docs == TD_MAX_BATCH_DOCS || r->batch_bytes >= MT_TEXT_BATCH_BYTES) return flush_batch(r);
     return MT_OK;
@@ -186,7 +225,7 @@ static int emit_buf(td_run *r, td_buf *b, const char *path, int64_t line) {
     char *text = b->p ? b->p : mt_malloc(1);
     size_t len = b->n;
     *b = (td_buf){0};
-    return add_doc(r, text, len, path, line);
+    return add_doc(r, text, len, path, line, 0);
 }
 
 static int read_text(td_run *r, mt_lines *L) {
@@ -209,32 +248,17 @@ static int read_text(td_run *r, mt_lines *L) {
     return rc;
 }
 
+/* Lines are only collected here; parsing them is part of the parallel work. */
 static int read_jsonl(td_run *r, mt_lines *L) {
-    const char *line, *path = L->path;
+    const char *line;
     size_t len;
     int rc = MT_OK, got;
-    mt_text_stats *s = r->s;
     while (rc == MT_OK && (got = mt_lines_next(L, &line, &len)) > 0) {
-        s->bytes += (int64_t)len;
+        r->s->bytes += (int64_t)len;
         if (mt_text_only_space(line, len)) continue;
-        json_error_t err;
-        json_t *j = json_loadb(line, len, JSON_ALLOW_NUL, &err);
-        json_t *text = json_is_object(j) ? json_object_get(j, "text") : NULL;
-        if (!json_is_object(j)) {
-            if (s->bad_json++ == 0) {
-                s->bad_json_path = path, s->bad_json_line = L->lineno;
-                snprintf(s->bad_json_error, sizeof s->bad_json_error, "%s",
-                         j ? "not a JSON object" : err.text);
-            }
-        } else if (!json_is_string(text)) {
-            if (s->missing_text++ == 0) s->missing_text_path = path, s->missing_text_line = L->lineno;
-        } else {
-            size_t n = json_string_length(text);
-            char *copy = mt_malloc(n + 1);
-            memcpy(copy, json_string_value(text), n);
-            rc = add_doc(r, copy, n, path, L->lineno);
-        }
-        json_decref(j);
+        char *copy = mt_malloc(len + 1);
+        memcpy(copy, line, len);
+        rc = add_doc(r, copy, len, L->path, L->lineno, 1);
     }
     return rc == MT_OK && got < 0 ? MT_ERR : rc;
 }

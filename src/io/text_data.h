@@ -16,9 +16,10 @@
  * Each kept document becomes encode(text, add_special) followed by eos: add_special applies the
  * tokenizer's post-processor (Llama's <s> / <|begin_of_text|> prefix; nothing for GPT-2 or Qwen),
  * as Hugging Face's tokenizer(text) does; every document, the last one too, ends with eos (the token
- * file is read as a ring). Documents are encoded in parallel (OpenMP; the tokenizer is thread-safe
- * for encode) in batches of about MT_TEXT_BATCH_BYTES and written in input order, so the output does
- * not depend on the thread count. A document is held in memory whole while it is encoded (a plain
+ * file is read as a ring). Documents are parsed (JSONL) and encoded in parallel (OpenMP; the
+ * tokenizer is thread-safe for encode, jansson for separate values) in batches of about
+ * MT_TEXT_BATCH_BYTES and written and counted in input order, so neither the output nor the report
+ * depends on the thread count. A document is held in memory whole while it is encoded (a plain
  * text file without doc_sep is one document: use doc_sep for multi-GB files).
  *
  * tok == NULL selects byte-level tokens (each byte its id 0..255, eos = opts->eos_id >= 256): the
