@@ -14,7 +14,8 @@
 # The corpus is ~MB MB of JSONL ({"text": ...} a line: Debian fortunes, one fortune a document,
 # plus generated multilingual paragraphs), written to $WORK.
 # Then chat data: the same documents as conversations (a user turn, an assistant reply), `megatrain
-# tokenize --chat --seq 4096` (render, encode, loss mask, pack) against Python rendering the same
+# tokenize --chat --seq 4096 --pack split` (render, encode, loss mask, pack; split so that the rows
+# read back as one stream, which is what is compared) against Python rendering the same
 # chat template with jinja2 (as transformers does) and encoding with tokenizers (no mask, no
 # packing: a lower bound on the Python side's work), for the fixtures that have a chat format.
 # Env: PY (default /opt/fixenv/bin/python, needs `tokenizers`, jinja2 and numpy), BUILD (default
@@ -184,7 +185,7 @@ print("IDENTICAL" if np.array_equal(stream[:len(ref)], ref) else "DIFFER")
 EOF
 
 echo
-echo "chat: $chat ($(stat -c %s "$chat") bytes), tokenize --chat --seq 4096"
+echo "chat: $chat ($(stat -c %s "$chat") bytes), tokenize --chat --seq 4096 --pack split"
 printf "%-10s %-8s %-6s %12s %12s %16s %16s %8s %s\n" tokenizer format cpus tokens "megatrain s" \
        "megatrain tok/s/core" "python tok/s/core" ratio ids
 for dir in "$@"; do
@@ -195,7 +196,7 @@ for dir in "$@"; do
         c_out="$work/$name.chat.packed" p_out="$work/$name.chat.py.bin"
         c_s=$(taskset -c "$set" env OMP_NUM_THREADS="$n" OMP_WAIT_POLICY=passive "$py" "$timer" "$repeat" \
               "$mt" tokenize --tokenizer "$dir" --chat --chat-format "$fmt" --seq 4096 --long skip \
-              --out "$c_out" "$chat")
+              --pack split --out "$c_out" "$chat")
         p_s=$(taskset -c "$set" env RAYON_NUM_THREADS="$n" TOKENIZERS_PARALLELISM=true "$py" "$timer" "$repeat" \
               "$py" "$py_chat" "$root/tests/fixtures/chat" "$dir" "$fmt" "$chat" "$p_out")
         same=$("$py" "$cmp_chat" "$c_out" "$p_out")

@@ -2,11 +2,17 @@
  *  - the reference conversations of tests/fixtures/chat (rendered by jinja2, encoded by tokenizers)
  *    come out of the packed file with exactly their ids, and a target exactly where the next token
  *    is an assistant token of the same conversation (every token with --loss-on all), for every
- *    format, whether a conversation fits in a row or is cut across rows;
+ *    format; --pack split: whether a conversation fits in a row or is cut across rows;
+ *  - --pack whole: no conversation crosses a row: walking every row, each document starts where
+ *    the previous one ends, each conversation sits whole and contiguous in one row (ids, targets,
+ *    document start), in file order, truncated ones as their first T tokens; the rest of a row is
+ *    padding (pad id, no loss, its own document) exactly when the next conversation does not fit
+ *    it; the padding counted equals the stats; T as small as the longest conversation and smaller;
  *  - every kind of bad input is counted exactly, with its first line; --long truncate / skip;
  *  - the file does not depend on the thread count;
  *  - packed rows of real conversations give the loss and gradients of their documents run one by
- *    one through the whole-model runner (attention inside documents, positions restarting). */
+ *    one through the whole-model runner (attention inside documents, positions restarting), under
+ *    both policies. */
 #include <jansson.h>
 #include <math.h>
 #include <omp.h>
@@ -93,16 +99,27 @@ static mt_tokenizer *load_tok(const char *rel) {
     return t;
 }
 
-static int pack(const mt_tokenizer *tok, const char *in, const char *out, const char *format,
-                mt_chat_loss_on loss_on, int T, mt_long_policy lp, mt_chat_pack_stats *s) {
-    mt_chat_pack_opts o = {.loss_on = loss_on, .T = T, .long_policy = lp};
+/* The fixture tokenizers and their formats. */
+static const char *const k_setups[][2] = {{"tokenizers/qwen2", "chatml"},   {"tokenizers/llama3", "llama3"},
+                                          {"tokenizers/llama2", "llama2"},  {"tokenizers/mistral", "mistral"},
+                                          {"chat/mistral_inst", "mistral-v3"}};
+#define N_SETUPS (sizeof k_setups / sizeof k_setups[0])
+
+static int pack_as(const mt_tokenizer *tok, const char *in, const char *out, const char *format,
+                   mt_chat_loss_on loss_on, int T, mt_long_policy lp, mt_pack_policy pp, mt_chat_pack_stats *s) {
+    mt_chat_pack_opts o = {.loss_on = loss_on, .T = T, .long_policy = lp, .pack = pp};
     assert_int_equal(mt_chat_format_parse(format, &o.format), MT_OK);
     const char *paths[1] = {in};
     return mt_chat_pack(tok, paths, 1, out, &o, s);
 }
 
-/* The packed file against the reference: the kept conversations, in order, form the stream. */
-static void check_against_reference(const char *path, const ref_group *g, int T, mt_chat_loss_on loss_on) {
+static int pack(const mt_tokenizer *tok, const char *in, const char *out, const char *format,
+                mt_chat_loss_on loss_on, int T, mt_long_policy lp, mt_chat_pack_stats *s) {
+    return pack_as(tok, in, out, format, loss_on, T, lp, MT_PACK_WHOLE, s);
+}
+
+/* --pack split against the reference: the kept conversations, in order, form the stream. */
+static void check_split(const char *path, const ref_group *g, int T, mt_chat_loss_on loss_on) {
     mt_packed_file f;
     if (mt_packed_open(&f, path, T, 0) != MT_OK) fail_msg("%s", mt_error_message());
     /* the expected stream: ids, conversation index, trained */
@@ -144,33 +161,18 @@ static void check_against_reference(const char *path, const ref_group *g, int T,
     mt_packed_close(&f);
 }
 
-static void test_reference_conversations(void **state) {
-    (void)state;
-    static const char *const setups[][2] = {{"tokenizers/qwen2", "chatml"},     {"tokenizers/llama3", "llama3"},
-                                             {"tokenizers/llama2", "llama2"},    {"tokenizers/mistral", "mistral"},
-                                             {"chat/mistral_inst", "mistral-v3"}};
+/* A check of one fixture group: its tokenizer, its conversations (written to in), the output path. */
+typedef void (*group_check)(const mt_tokenizer *tok, const ref_group *g, const char *in, const char *out);
+
+static void each_group(group_check check) {
     char *dir = mt_test_tmpdir(), in[4096], out[4096];
     snprintf(in, sizeof in, "%s/chat.jsonl", dir);
     snprintf(out, sizeof out, "%s/chat.packed", dir);
-    for (size_t k = 0; k < sizeof setups / sizeof setups[0]; k++) {
+    for (size_t k = 0; k < N_SETUPS; k++) {
         ref_group g;
-        load_group(setups[k][0], setups[k][1], in, &g);
-        mt_tokenizer *tok = load_tok(setups[k][0]);
-        /* one row for all; and rows that cut conversations (every one fits: no truncation) */
-        const int Ts[] = {4096, 111};
-        for (int loss = 0; loss < 2; loss++)
-            for (size_t ti = 0; ti < 2; ti++) {
-                mt_chat_pack_stats s;
-                if (pack(tok, in, out, setups[k][1], (mt_chat_loss_on)loss, Ts[ti], MT_LONG_TRUNCATE, &s) != MT_OK)
-                    fail_msg("%s", mt_error_message());
-                mt_chat_format want;
-                assert_int_equal(mt_chat_format_parse(setups[k][1], &want), MT_OK);
-                assert_int_equal(s.format, want);
-                assert_int_equal(s.long_truncated.n + s.long_untrained.n, 0);
-                assert_int_equal(s.no_assistant.n, loss == MT_CHAT_LOSS_ASSISTANT ? 1 : 0);
-                check_against_reference(out, &g, Ts[ti], (mt_chat_loss_on)loss);
-            }
-        printf("%s %s: %d conversations match the reference, both loss modes\n", setups[k][0], setups[k][1], g.n);
+        load_group(k_setups[k][0], k_setups[k][1], in, &g);
+        mt_tokenizer *tok = load_tok(k_setups[k][0]);
+        check(tok, &g, in, out);
         mt_tokenizer_free(tok);
         free_group(&g);
     }
@@ -178,7 +180,166 @@ static void test_reference_conversations(void **state) {
     free(dir);
 }
 
-/* Conversations cut across rows: the stream of a small T is the stream of a large one. */
+/* --pack split: one row for all; and rows that cut conversations (every one fits: no truncation) */
+static void reference_split(const mt_tokenizer *tok, const ref_group *g, const char *in, const char *out) {
+    const int Ts[] = {4096, 111};
+    for (int loss = 0; loss < 2; loss++)
+        for (size_t ti = 0; ti < 2; ti++) {
+            mt_chat_pack_stats s;
+            if (pack_as(tok, in, out, g->format, (mt_chat_loss_on)loss, Ts[ti], MT_LONG_TRUNCATE, MT_PACK_SPLIT, &s) !=
+                MT_OK)
+                fail_msg("%s", mt_error_message());
+            mt_chat_format want;
+            assert_int_equal(mt_chat_format_parse(g->format, &want), MT_OK);
+            assert_int_equal(s.format, want);
+            assert_int_equal(s.long_truncated.n + s.long_untrained.n, 0);
+            assert_int_equal(s.no_assistant.n, loss == MT_CHAT_LOSS_ASSISTANT ? 1 : 0);
+            check_split(out, g, Ts[ti], (mt_chat_loss_on)loss);
+        }
+    printf("%s %s: %d conversations match the reference, both loss modes\n", g->tokdir, g->format, g->n);
+}
+
+static void test_reference_conversations(void **state) {
+    (void)state;
+    each_group(reference_split);
+}
+
+/* The kept conversations of g, in file order, as packing T should keep them: longer than T,
+ * truncated to their first T tokens, and dropped when no target is left among them. */
+typedef struct {
+    const int32_t *ids;
+    uint8_t trained[512]; /* token i is a target */
+    int n;
+} kept_conv;
+
+static int keep_conversations(const ref_group *g, int T, mt_chat_loss_on loss_on, kept_conv *out) {
+    int kept = 0;
+    for (int c = 0; c < g->n; c++) {
+        const ref_conv *r = &g->convs[c];
+        if (loss_on == MT_CHAT_LOSS_ASSISTANT && !r->has_assistant) continue;
+        kept_conv *k = &out[kept];
+        k->ids = r->ids;
+        k->n = (int)r->n < T ? (int)r->n : T;
+        assert_true(k->n <= (int)sizeof k->trained);
+        int targets = 0;
+        for (int i = 0; i < k->n; i++) {
+            k->trained[i] = loss_on == MT_CHAT_LOSS_ALL || r->mask[i];
+            targets += i > 0 && k->trained[i];
+        }
+        kept += targets > 0;
+    }
+    return kept;
+}
+
+/* Conversation k must sit at position t of row r, whole: its ids (the last one may be the row's
+ * target slot T), a target exactly on its trained tokens and none out of it, one document start. */
+static void expect_conversation(const char *what, int64_t r, int t, const kept_conv *k, int T, const int32_t *in,
+                                const int32_t *tg, const int32_t *ds, int32_t last_slot) {
+    for (int i = 0; i < k->n; i++) {
+        int p = t + i;
+        int32_t id = p < T ? in[p] : last_slot;
+        int ok = id == k->ids[i];
+        if (p < T) {
+            int32_t want_tg = i + 1 < k->n && k->trained[i + 1] ? k->ids[i + 1] : -1;
+            ok &= tg[p] == want_tg && ds[p] == t;
+        }
+        if (!ok)
+            fail_msg("%s row %lld: the conversation at %d, token %d of %d: got id %d target %d start %d (want id %d, "
+                     "start %d)", what, (long long)r, t, i, k->n, id, p < T ? tg[p] : 0, p < T ? ds[p] : 0, k->ids[i], t);
+    }
+}
+
+/* Padding from t to the row's end: the pad id, no loss, one document of its own. */
+static void expect_padding(const char *what, int64_t r, int t, int T, int pad, const int32_t *in, const int32_t *tg,
+                           const int32_t *ds, int32_t last_slot) {
+    for (int p = t; p < T; p++)
+        if (in[p] != pad || tg[p] != -1 || ds[p] != t)
+            fail_msg("%s row %lld: padding from %d, position %d: got id %d target %d start %d", what, (long long)r, t,
+                     p, in[p], tg[p], ds[p]);
+    if (last_slot != pad) fail_msg("%s row %lld: padding from %d, the last slot holds %d", what, (long long)r, t, last_slot);
+}
+
+/* The row's id T (the last target slot; not an input, so read from the file itself). */
+static int32_t last_slot_of(const mt_packed_file *f, int64_t r) {
+    const unsigned char *p = f->data + MT_PACKED_HEADER + (size_t)r * f->row_bytes + (size_t)f->T * f->id_size;
+    return f->id_size == 2 ? (int32_t)(p[0] | p[1] << 8) : (int32_t)(p[0] | p[1] << 8 | p[2] << 16 | p[3] << 24);
+}
+
+/* --pack whole against the reference, walking every row: a document starts at 0; each is the next
+ * kept conversation, whole, when it fits the ids left (t + n <= T+1, t < T), else padding to the
+ * row's end (and then the next conversation really did not fit). Every conversation is found, the
+ * padding counted is the stats'. */
+static void check_whole(const char *path, const ref_group *g, int T, mt_chat_loss_on loss_on, int pad,
+                        const mt_chat_pack_stats *s) {
+    char what[256];
+    snprintf(what, sizeof what, "%s/%s T %d loss on %s", g->tokdir, g->format, T, loss_on ? "all" : "assistant");
+    mt_packed_file f;
+    if (mt_packed_open(&f, path, T, 0) != MT_OK) fail_msg("%s", mt_error_message());
+    kept_conv kept[16];
+    int n_kept = keep_conversations(g, T, loss_on, kept), c = 0;
+    assert_int_equal(f.documents, n_kept);
+    assert_int_equal(s->conversations, n_kept);
+    int32_t *in = malloc(T * 4), *tg = malloc(T * 4), *ds = malloc(T * 4);
+    int64_t padding = 0;
+    for (int64_t r = 0; r < f.rows; r++) {
+        mt_packed_row(&f, r, in, tg, ds);
+        int32_t last = last_slot_of(&f, r);
+        int t = 0;
+        while (t <= T) {
+            if (c < n_kept && t < T && t + kept[c].n <= T + 1) { /* the next conversation fits: here, whole */
+                expect_conversation(what, r, t, &kept[c], T, in, tg, ds, last);
+                t += kept[c++].n;
+                continue;
+            }
+            if (t == 0) fail_msg("%s row %lld: no conversation starts the row", what, (long long)r);
+            if (t < T) padding += T - t;
+            expect_padding(what, r, t, T, pad, in, tg, ds, last);
+            break;
+        }
+    }
+    if (c != n_kept) fail_msg("%s: %d of %d conversations found in the rows", what, c, n_kept);
+    assert_int_equal(padding, s->padded);
+    assert_int_equal(f.rows, s->rows);
+    free(in), free(tg), free(ds);
+    mt_packed_close(&f);
+}
+
+static int longest(const ref_group *g) {
+    int n = 0;
+    for (int c = 0; c < g->n; c++) n = (int)g->convs[c].n > n ? (int)g->convs[c].n : n;
+    return n;
+}
+
+/* --pack whole: every fixture conversation whole in one row, for T from the longest conversation
+ * (nearly one a row) up, and below it (the long ones truncated to T, filling a row alone). */
+static void reference_whole(const mt_tokenizer *tok, const ref_group *g, const char *in, const char *out) {
+    int pad = mt_tokenizer_eos(tok) >= 0 ? mt_tokenizer_eos(tok) : 0, L = longest(g);
+    int64_t padded = 0;
+    const int Ts[] = {L, L + 1, L + 23, 2 * L - 1, L - 9, 40};
+    for (int loss = 0; loss < 2; loss++)
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            mt_chat_pack_stats s;
+            if (pack_as(tok, in, out, g->format, (mt_chat_loss_on)loss, Ts[ti], MT_LONG_TRUNCATE, MT_PACK_WHOLE, &s) !=
+                MT_OK)
+                fail_msg("%s", mt_error_message());
+            assert_int_equal(s.long_truncated.n > 0, Ts[ti] < L);
+            check_whole(out, g, Ts[ti], (mt_chat_loss_on)loss, pad, &s);
+            printf("  T %d loss on %s: %lld rows, %lld padding\n", Ts[ti], loss ? "all" : "assistant",
+                   (long long)s.rows, (long long)s.padded);
+            assert_true(s.rows >= 2);
+            padded += s.padded;
+        }
+    assert_true(padded > 0); /* rows were really left part empty */
+    printf("%s %s: %d conversations whole in their rows, T 40 .. %d, both loss modes\n", g->tokdir, g->format, g->n,
+           2 * L - 1);
+}
+
+static void test_whole_rows(void **state) {
+    (void)state;
+    each_group(reference_whole);
+}
+
+/* --pack split, conversations cut across rows: the stream of a small T is the stream of a large one. */
 static void test_rows_cut_conversations(void **state) {
     (void)state;
     char *dir = mt_test_tmpdir(), in[4096], a[4096], b[4096];
@@ -190,17 +351,23 @@ static void test_rows_cut_conversations(void **state) {
     mt_tokenizer *tok = load_tok("tokenizers/llama3");
     /* T 128 >= every conversation (no truncation) but cuts the stream of ~500 tokens into rows */
     mt_chat_pack_stats s;
-    assert_int_equal(pack(tok, in, a, "llama3", MT_CHAT_LOSS_ASSISTANT, 128, MT_LONG_TRUNCATE, &s), MT_OK);
+    assert_int_equal(pack_as(tok, in, a, "llama3", MT_CHAT_LOSS_ASSISTANT, 128, MT_LONG_TRUNCATE, MT_PACK_SPLIT, &s),
+                     MT_OK);
     assert_int_equal(s.long_truncated.n + s.long_skipped.n + s.long_untrained.n, 0);
     assert_true(s.rows >= 3);
-    check_against_reference(a, &g, 128, MT_CHAT_LOSS_ASSISTANT);
-    /* one thread or two: the same bytes */
-    omp_set_num_threads(1);
-    assert_int_equal(pack(tok, in, b, "llama3", MT_CHAT_LOSS_ASSISTANT, 128, MT_LONG_TRUNCATE, &s), MT_OK);
-    omp_set_num_threads(2);
+    check_split(a, &g, 128, MT_CHAT_LOSS_ASSISTANT);
+    /* one thread or two: the same bytes, under either policy */
     char cmd[9000];
     snprintf(cmd, sizeof cmd, "cmp -s '%s' '%s'", a, b);
-    assert_int_equal(system(cmd), 0);
+    for (int pp = 0; pp < 2; pp++) {
+        assert_int_equal(pack_as(tok, in, a, "llama3", MT_CHAT_LOSS_ASSISTANT, 128, MT_LONG_TRUNCATE,
+                                 (mt_pack_policy)pp, &s), MT_OK);
+        omp_set_num_threads(1);
+        assert_int_equal(pack_as(tok, in, b, "llama3", MT_CHAT_LOSS_ASSISTANT, 128, MT_LONG_TRUNCATE,
+                                 (mt_pack_policy)pp, &s), MT_OK);
+        omp_set_num_threads(2);
+        assert_int_equal(system(cmd), 0);
+    }
     mt_tokenizer_free(tok);
     free_group(&g);
     mt_test_rmtree(dir);
@@ -357,10 +524,9 @@ static void test_long_policy(void **state) {
     free(dir);
 }
 
-/* Packed rows of real conversations (several per row, some cut across rows) through the runner:
- * the summed loss and every gradient equal those of each document run alone. */
-static void test_rows_equal_documents(void **state) {
-    (void)state;
+/* Packed rows of real conversations (several per row; split: some cut across rows; whole: padding)
+ * through the runner: the summed loss and every gradient equal those of each document run alone. */
+static void rows_equal_documents(mt_pack_policy pp) {
     char *dir = mt_test_tmpdir(), in[4096], out[4096];
     snprintf(in, sizeof in, "%s/chat.jsonl", dir);
     snprintf(out, sizeof out, "%s/chat.packed", dir);
@@ -369,7 +535,7 @@ static void test_rows_equal_documents(void **state) {
     mt_tokenizer *tok = load_tok("tokenizers/qwen2");
     const int T = 64;
     mt_chat_pack_stats s;
-    assert_int_equal(pack(tok, in, out, "chatml", MT_CHAT_LOSS_ASSISTANT, T, MT_LONG_TRUNCATE, &s), MT_OK);
+    assert_int_equal(pack_as(tok, in, out, "chatml", MT_CHAT_LOSS_ASSISTANT, T, MT_LONG_TRUNCATE, pp, &s), MT_OK);
     mt_packed_file f;
     assert_int_equal(mt_packed_open(&f, out, T, 0), MT_OK);
     int B = (int)f.rows;
@@ -408,7 +574,8 @@ static void test_rows_equal_documents(void **state) {
         docs++;
         i = j;
     }
-    printf("%d rows of %d, %d documents: summed loss packed %.8f, one by one %.8f\n", B, T, docs, packed, separate);
+    printf("--pack %s, %d rows of %d, %d documents: summed loss packed %.8f, one by one %.8f\n",
+           mt_pack_policy_name(pp), B, T, docs, packed, separate);
     assert_true(fabs(packed - separate) <= 1e-5 * fabs(separate));
     int ok = 1;
     for (int i = 0; i < t.n_params; i++) {
@@ -426,13 +593,25 @@ static void test_rows_equal_documents(void **state) {
     free(dir);
 }
 
+static void test_rows_equal_documents_whole(void **state) {
+    (void)state;
+    rows_equal_documents(MT_PACK_WHOLE);
+}
+
+static void test_rows_equal_documents_split(void **state) {
+    (void)state;
+    rows_equal_documents(MT_PACK_SPLIT);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_conversations),
+        cmocka_unit_test(test_whole_rows),
         cmocka_unit_test(test_rows_cut_conversations),
         cmocka_unit_test(test_bad_input_counted),
         cmocka_unit_test(test_long_policy),
-        cmocka_unit_test(test_rows_equal_documents),
+        cmocka_unit_test(test_rows_equal_documents_whole),
+        cmocka_unit_test(test_rows_equal_documents_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

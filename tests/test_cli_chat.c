@@ -1,9 +1,10 @@
 /* The `megatrain` binary (env MT_BIN) on chat data:
- *  - `tokenize --chat` writes exactly the file `train --data chat.jsonl` packs, and training on
- *    either is bit for bit the same run (metrics, and the final weights and Adam moments), with and
- *    without shuffling; eval gives one loss for both;
- *  - the packed cache is re-used only while source, tokenizer, --seq, --loss-on and --long are the
- *    same;
+ *  - `tokenize --chat --pack whole` writes exactly the file `train --data chat.jsonl` packs by
+ *    default, and training on either is bit for bit the same run (metrics, and the final weights
+ *    and Adam moments), with and without shuffling; eval gives one loss for both; --pack split
+ *    likewise gives one file both ways, another file than whole;
+ *  - the packed cache is re-used only while source, tokenizer, --seq, --loss-on, --long and --pack
+ *    are the same;
  *  - --resume on chat data continues bit-identically (the row order is a function of the step);
  *  - bad input: counted warnings for bad lines; one-line errors naming the file and header field
  *    for damaged packed files, naming the flag for bad chat flags, exit 1, no step run.
@@ -74,8 +75,9 @@ static void same_run(const char *a, const char *b, int step) {
 static void test_tokenize_then_train(void **st) {
     (void)st;
     char *out = malloc(OUT_SIZE);
-    int rc = mt(out, "tokenize --tokenizer '%s' --chat --seq 64 --out chat.packed chat.jsonl", g_model);
+    int rc = mt(out, "tokenize --tokenizer '%s' --chat --seq 64 --pack whole --out chat.packed chat.jsonl", g_model);
     expect(rc, 0, out, "conversations (llama3, loss on assistant) -> ");
+    expect(rc, 0, out, "rows of 64 tokens (--pack whole: ");
     printf("%s", out);
     rc = mt(out, TRAIN "--data chat.jsonl --out r_jsonl", g_model);
     expect(rc, 0, out, "step 4/4");
@@ -109,8 +111,27 @@ static void test_tokenize_then_train(void **st) {
     printf("eval: %s", la);
     assert_string_equal(la, lb);
 
+    /* --pack split: one file made either way, not whole's; eval on it one loss either way */
+    rc = mt(out, "tokenize --tokenizer '%s' --chat --seq 64 --pack split --out split.packed chat.jsonl", g_model);
+    expect(rc, 0, out, "rows of 64 tokens (--pack split: ");
+    rc = mt(out, TRAIN "--data chat.jsonl --pack split --out r_split", g_model);
+    expect(rc, 0, out, "step 4/4");
+    same_file("split.packed", "r_split/chat.jsonl.packed");
+    char cmd[4200], cmp_out[256];
+    snprintf(cmd, sizeof cmd, "cd '%s' && cmp split.packed chat.packed", g_env.tmp);
+    assert_int_equal(mt_test_run(cmd, cmp_out, sizeof cmp_out), 1); /* differ */
+    rc = mt(out, "eval --model '%s' --data split.packed --seq 64", g_model);
+    expect(rc, 0, out, ": loss ");
+    snprintf(la, sizeof la, "%s", strstr(out, ": loss "));
+    rc = mt(out, "eval --model '%s' --data chat.jsonl --pack split --seq 64", g_model);
+    expect(rc, 0, out, ": loss ");
+    snprintf(lb, sizeof lb, "%s", strstr(out, ": loss "));
+    assert_string_equal(la, lb);
+
     /* the engine on packed rows = the runner (eval) on them: one step over every row with the
      * initial weights has eval's loss, which it would not if the document starts were lost */
+    rc = mt(out, "eval --model '%s' --data chat.packed --seq 64", g_model);
+    snprintf(la, sizeof la, "%s", strstr(out, ": loss "));
     rc = mt(out, "tokenize --tokenizer '%s' --chat --seq 64 --out chat.packed chat.jsonl", g_model);
     const char *p = strstr(out, "-> ");
     assert_non_null(p);
@@ -138,11 +159,12 @@ static void test_cache_keyed(void **st) {
     rc = mt(out, args, g_model, "--seq 64");
     expect(rc, 0, out, "using the packed cache");
     static const char *const changed[] = {"--seq 24", "--seq 24 --loss-on all", "--seq 24 --loss-on all --long skip",
-                                          "--seq 24 --loss-on all --long skip --chat-format llama3"};
-    for (int i = 0; i < 4; i++) {
+                                          "--seq 24 --loss-on all --long skip --pack split",
+                                          "--seq 24 --loss-on all --long skip --pack split --chat-format llama3"};
+    for (int i = 0; i < 5; i++) {
         rc = mt(out, args, g_model, changed[i]);
         /* the last one names the format auto picks anyway: the same key, the cache is used */
-        expect(rc, 0, out, i < 3 ? "conversations (llama3" : "using the packed cache");
+        expect(rc, 0, out, i < 4 ? "conversations (llama3" : "using the packed cache");
         rc = mt(out, args, g_model, changed[i]);
         expect(rc, 0, out, "using the packed cache");
     }
@@ -235,13 +257,17 @@ static void test_bad_input(void **st) {
     }
     snprintf(a, sizeof a, "eval --model '%s' --data vocab.packed --seq 64", g_model);
     expect_error("eval: packed vocab", a, "vocab.packed", "header field vocab");
+    snprintf(a, sizeof a, "eval --model '%s' --data chat.jsonl --seq 64 --pack tight", g_model);
+    expect_error("eval: --pack tight", a, "--pack", "tight");
     /* flags and data that do not go together */
     static const struct { const char *args, *n1, *n2; } flags[] = {
         {"--data chat.packed --seq 48", "chat.packed", "header field T is 64"},
         {"--data chat.jsonl --loss-on prompt", "--loss-on", "prompt"},
         {"--data chat.jsonl --chat-format jinja", "--chat-format", "jinja"},
         {"--data chat.jsonl --long cut", "--long", "cut"},
+        {"--data chat.jsonl --pack tight", "--pack", "tight"},
         {"--data chat.packed --loss-on all", "--loss-on", "already packed"},
+        {"--data chat.packed --pack split", "--pack", "already packed"},
         {"--data docs.jsonl --loss-on all", "docs.jsonl", "not chat data"},
         {"--data chat.jsonl --chat-format chatml", "chat format chatml", "<|im_start|>"},
     };
@@ -256,6 +282,8 @@ static void test_bad_input(void **st) {
         {"--chat --out x.packed chat.jsonl", "--seq"},
         {"--seq 64 --out x.packed chat.jsonl", "--chat"},
         {"--chat --seq 64 --dtype u32 --out x.packed chat.jsonl", "--dtype"},
+        {"--chat --seq 64 --pack tight --out x.packed chat.jsonl", "--pack \"tight\""},
+        {"--seq 64 --pack split --out x.packed chat.jsonl", "--chat"},
     };
     for (size_t i = 0; i < sizeof tok_flags / sizeof tok_flags[0]; i++) {
         snprintf(a, sizeof a, "tokenize --tokenizer '%s' %s", g_model, tok_flags[i].args);

@@ -1,7 +1,9 @@
 /* The packed-rows file (src/io/packed.h): what the writer lays out is checked against the format's
- * definition computed here from the plain stream (row r = stream tokens r*T .. r*T+T, targets only
- * inside a document and on trained tokens, document starts restarting at each row), for several T,
- * random documents (one token long to several rows long) and both id sizes; the batch order
+ * definition computed here, for several T, random documents and both id sizes: split, from the
+ * plain stream (row r = stream tokens r*T .. r*T+T, targets only inside a document and on trained
+ * tokens, document starts restarting at each row; documents one token long to several rows long);
+ * whole, from the next-fit placement (documents 1 .. T+1 tokens long, each inside one row, the
+ * rest of a row padding, the padding count); the batch order
  * (sequential, shuffled epochs, resumable from the step); eval padding rows; and every malformed
  * header field or row refused with one line naming the file and the field. */
 #include <stdio.h>
@@ -45,9 +47,11 @@ static char *tmp_path(const char *dir, const char *name) {
     return p;
 }
 
-static void write_stream(const char *path, const stream *s, int n_docs, int T, int vocab, int id_size, int pad) {
+/* Writes the documents of s; returns the writer's padding count. */
+static int64_t write_policy(const char *path, const stream *s, int n_docs, int T, int vocab, int id_size, int pad,
+                            mt_pack_policy policy) {
     mt_packed_writer w;
-    assert_int_equal(mt_packed_writer_open(&w, path, T, vocab, id_size, pad), MT_OK);
+    assert_int_equal(mt_packed_writer_open(&w, path, T, vocab, id_size, pad, policy), MT_OK);
     for (int64_t a = 0; a < s->n;) {
         int64_t b = a;
         while (b < s->n && s->doc[b] == s->doc[a]) b++;
@@ -56,6 +60,11 @@ static void write_stream(const char *path, const stream *s, int n_docs, int T, i
     }
     assert_int_equal(w.documents, n_docs);
     assert_int_equal(mt_packed_writer_commit(&w), MT_OK);
+    return w.padded;
+}
+
+static void write_stream(const char *path, const stream *s, int n_docs, int T, int vocab, int id_size, int pad) {
+    write_policy(path, s, n_docs, T, vocab, id_size, pad, MT_PACK_SPLIT);
 }
 
 /* Row r by the definition: stream positions p = r*T + t; past the stream: padding (pad id, its own
@@ -109,6 +118,98 @@ static void test_layout_matches_definition(void **state) {
             free_stream(&s);
         }
     }
+    mt_test_rmtree(dir);
+    free(dir), free(path);
+}
+
+/* The whole policy by its definition: documents in order; a document goes into the current row
+ * when its tokens fit the ids left (fill + len <= T+1) and its first token is an input (fill < T),
+ * else the rest of the row is padding and it starts the next row. Returns the rows; slot[r*(T+1)+i]
+ * is the stream index of row r's id i, or -1 for padding. */
+static int64_t whole_layout(const stream *s, int T, int64_t **slot_out) {
+    int64_t *slot = malloc((size_t)(s->n + 1) * (size_t)(T + 1) * sizeof *slot), rows = 1;
+    int fill = 0;
+    for (int64_t a = 0; a < s->n;) {
+        int64_t b = a;
+        while (b < s->n && s->doc[b] == s->doc[a]) b++;
+        if (!(fill < T && fill + (b - a) <= T + 1)) {
+            while (fill <= T) slot[(rows - 1) * (T + 1) + fill++] = -1;
+            rows++, fill = 0;
+        }
+        for (int64_t p = a; p < b; p++) slot[(rows - 1) * (T + 1) + fill++] = p;
+        a = b;
+    }
+    while (fill <= T) slot[(rows - 1) * (T + 1) + fill++] = -1;
+    *slot_out = slot;
+    return rows;
+}
+
+/* Row r of the whole layout: inputs, targets (inside a document, trained), document starts (each
+ * document and each padding run); *padding += its padding input positions. */
+static void expected_whole_row(const stream *s, const int64_t *slot, int T, int pad, int32_t *in, int32_t *tg,
+                               int32_t *ds, int64_t *padding) {
+    int start = 0;
+    for (int t = 0; t < T; t++) {
+        int64_t p = slot[t], q = slot[t + 1];
+        in[t] = p >= 0 ? s->ids[p] : pad;
+        tg[t] = p >= 0 && q >= 0 && s->doc[q] == s->doc[p] && s->trained[q] ? s->ids[q] : -1;
+        int64_t prev = t ? slot[t - 1] : -2;
+        int new_doc = t == 0 || (p < 0 ? prev >= 0 : prev < 0 || s->doc[prev] != s->doc[p]);
+        if (new_doc) start = t;
+        ds[t] = start;
+        *padding += p < 0;
+    }
+}
+
+static void test_whole_layout_matches_definition(void **state) {
+    (void)state;
+    char *dir = mt_test_tmpdir(), *path = tmp_path(dir, "w.packed");
+    const int Ts[] = {1, 2, 5, 16, 37};
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 17);
+    int64_t last_slot_used = 0; /* rows whose last document ends in ids[T], a target only */
+    for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
+        for (int id_size = 2; id_size <= 4; id_size += 2) {
+            int T = Ts[k], vocab = id_size == 2 ? 65536 : 100000, pad = 3, n_docs = 60;
+            stream s = make_stream(&rng, n_docs, T + 1, vocab); /* 1 .. T+1 tokens: each fits a row */
+            int64_t padded = write_policy(path, &s, n_docs, T, vocab, id_size, pad, MT_PACK_WHOLE);
+            int64_t *slot, rows = whole_layout(&s, T, &slot);
+            for (int64_t r = 0; r < rows; r++) last_slot_used += slot[r * (T + 1) + T] >= 0;
+            mt_packed_file f;
+            if (mt_packed_open(&f, path, T, vocab) != MT_OK) fail_msg("%s", mt_error_message());
+            assert_int_equal(f.rows, rows);
+            assert_int_equal(f.documents, n_docs);
+            int64_t padding = 0, trained = 0;
+            int32_t *in = malloc(T * 4), *tg = malloc(T * 4), *ds = malloc(T * 4);
+            int32_t *ein = malloc(T * 4), *etg = malloc(T * 4), *eds = malloc(T * 4);
+            for (int64_t r = 0; r < f.rows; r++) {
+                mt_packed_row(&f, r, in, tg, ds);
+                expected_whole_row(&s, slot + r * (T + 1), T, pad, ein, etg, eds, &padding);
+                if (memcmp(in, ein, T * 4) || memcmp(tg, etg, T * 4) || memcmp(ds, eds, T * 4))
+                    fail_msg("whole: T %d id_size %d row %lld differs from the definition", T, id_size, (long long)r);
+                for (int t = 0; t < T; t++) trained += tg[t] >= 0;
+            }
+            /* no document is cut: every trained token but a document's first is a target */
+            int64_t want = 0;
+            for (int64_t p = 1; p < s.n; p++) want += s.trained[p] && s.doc[p] == s.doc[p - 1];
+            assert_int_equal(trained, want);
+            assert_int_equal(padded, padding);
+            assert_true(T == 1 || padding > 0); /* the documents really did not tile the rows */
+            mt_packed_close(&f);
+            free(in), free(tg), free(ds), free(ein), free(etg), free(eds), free(slot);
+            free_stream(&s);
+        }
+    }
+    assert_true(last_slot_used > 0);
+    /* the policy's names */
+    mt_pack_policy pp;
+    assert_int_equal(mt_pack_policy_parse("split", &pp), MT_OK);
+    assert_int_equal(pp, MT_PACK_SPLIT);
+    assert_int_equal(mt_pack_policy_parse("whole", &pp), MT_OK);
+    assert_int_equal(pp, MT_PACK_WHOLE);
+    assert_int_equal(mt_pack_policy_parse("tight", &pp), MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "--pack \"tight\""));
+    assert_string_equal(mt_pack_policy_name(MT_PACK_SPLIT), "split");
     mt_test_rmtree(dir);
     free(dir), free(path);
 }
@@ -245,7 +346,7 @@ static void test_bad_files(void **state) {
     /* a writer given nothing leaves nothing */
     mt_packed_writer w;
     char *empty = tmp_path(dir, "empty.packed");
-    assert_int_equal(mt_packed_writer_open(&w, empty, T, V, 2, 0), MT_OK);
+    assert_int_equal(mt_packed_writer_open(&w, empty, T, V, 2, 0, MT_PACK_WHOLE), MT_OK);
     assert_int_equal(mt_packed_writer_commit(&w), MT_ERR);
     assert_non_null(strstr(mt_error_message(), "no document"));
     assert_int_equal(access(empty, F_OK), -1);
@@ -261,6 +362,7 @@ static void test_bad_files(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout_matches_definition),
+        cmocka_unit_test(test_whole_layout_matches_definition),
         cmocka_unit_test(test_batch_order),
         cmocka_unit_test(test_bad_files),
     };

@@ -22,13 +22,15 @@ static void print_usage(FILE *out) {
     fprintf(out,
             "usage: megatrain eval --model DIR --data PATH [--batch B] [--seq T] [--batches N]\n"
             "                      [--doc-sep LINE] [--loss-on assistant|all] [--chat-format F]\n"
-            "                      [--long truncate|skip]\n"
+            "                      [--long truncate|skip] [--pack whole|split]\n"
             "  Mean cross-entropy (and perplexity) over non-overlapping rows of T+1 tokens of PATH:\n"
             "  a token file, text / JSONL (tokenized with the model's tokenizer.json, or as bytes),\n"
             "  chat JSONL (\"messages\"; packed as train packs it, the loss on the targets it trains:\n"
-            "  the assistant replies by default), or packed rows from `megatrain tokenize --chat`\n"
-            "  (--seq must be theirs). Text and chat data are tokenized into a temporary directory,\n"
-            "  removed at the end. Defaults: B 8, T 1024 (capped by the model), N all rows.\n");
+            "  the assistant replies by default; --pack whole, the default, keeps each conversation in\n"
+            "  one row, --pack split cuts their stream into rows), or packed rows from `megatrain\n"
+            "  tokenize --chat` (--seq must be theirs). Text and chat data are tokenized into a\n"
+            "  temporary directory, removed at the end. Defaults: B 8, T 1024 (capped by the model),\n"
+            "  N all rows.\n");
 }
 
 /* The files of a flat directory, then the directory. */
@@ -59,6 +61,7 @@ int mt_cmd_eval(int argc, char **argv) {
                                          {"loss-on", required_argument, 0, 'l'},
                                          {"chat-format", required_argument, 0, 'f'},
                                          {"long", required_argument, 0, 'g'},
+                                         {"pack", required_argument, 0, 'p'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c;
@@ -72,6 +75,7 @@ int mt_cmd_eval(int argc, char **argv) {
         case 'l': rc = mt_arg_named("--loss-on", mt_chat_loss_on_parse(optarg, &dopts.loss_on)); break;
         case 'f': rc = mt_arg_named("--chat-format", mt_chat_format_parse(optarg, &dopts.chat_format)); break;
         case 'g': rc = mt_arg_named("--long", mt_long_policy_parse(optarg, &dopts.long_policy)); break;
+        case 'p': rc = mt_arg_named("--pack", mt_pack_policy_parse(optarg, &dopts.pack)); break;
         case 'b': rc = mt_arg_int("--batch", optarg, 1, 1 << 20, &B); break;
         case 't': rc = mt_arg_int("--seq", optarg, 1, 1 << 24, &T); break;
         case 'n': rc = mt_arg_int("--batches", optarg, 1, (int64_t)1 << 40, &batches); break;
@@ -79,7 +83,7 @@ int mt_cmd_eval(int argc, char **argv) {
         default: print_usage(stderr); return 1;
         }
         if (rc != MT_OK) return mt_cli_fail();
-        dopts.chat_flags |= c == 'l' || c == 'f' || c == 'g';
+        dopts.chat_flags |= c == 'l' || c == 'f' || c == 'g' || c == 'p';
     }
     if (!model_dir || !data || optind < argc) {
         print_usage(stderr);

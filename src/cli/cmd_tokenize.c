@@ -30,15 +30,18 @@ static void print_usage(FILE *out) {
             "\n"
             "usage: megatrain tokenize --tokenizer DIR|FILE.json --chat --seq T --out FILE.packed\n"
             "                          [--chat-format F] [--loss-on assistant|all] [--long truncate|skip]\n"
-            "                          CHAT.jsonl...\n"
+            "                          [--pack whole|split] CHAT.jsonl...\n"
             "  Chat data: one {\"messages\": [{\"role\": system|user|assistant, \"content\": ...}, ...]}\n"
             "  a line, rendered in the chat format (auto: from the tokenizer's chat template, else its\n"
             "  special tokens; or chatml, llama3, llama2, mistral, mistral-v3), the loss on the\n"
             "  assistant replies (default) or on all tokens, packed in file order into rows of T\n"
             "  tokens (+1 for the last target) with document boundaries: attention stays inside a\n"
-            "  conversation, nothing is padded but the last row, and a conversation cut by a row's\n"
-            "  end goes on at the next row's start. Longer than T: truncated to T tokens (--long\n"
-            "  truncate, the default) or skipped (--long skip). Lines that are not JSON or not valid\n"
+            "  conversation. --pack whole (default): a conversation never straddles rows; when it\n"
+            "  does not fit the rest of a row, that rest is padding (no loss) and it starts the next\n"
+            "  row. --pack split: the conversations are one stream cut into rows, nothing is padded\n"
+            "  but the last row, but a conversation cut by a row's end goes on at the next row's\n"
+            "  start without its beginning. Longer than T: truncated to T tokens (--long truncate,\n"
+            "  the default) or skipped (--long skip). Lines that are not JSON or not valid\n"
             "  UTF-8, objects without \"messages\", empty conversations, messages without a string\n"
             "  role or content, unknown roles, role orders the format cannot write and (loss on\n"
             "  assistant) conversations without an assistant reply are skipped and counted. Train on\n"
@@ -53,7 +56,7 @@ static int run_chat(const char *tok_path, const char *out, const mt_chat_pack_op
     mt_tokenizer_free(tok);
     mt_chat_pack_report(&s, "megatrain: warning: ", stderr);
     if (rc != MT_OK) return mt_cli_fail();
-    mt_chat_pack_summary(&s, n == 1 ? inputs[0] : "input", out, o->T, o->loss_on, stdout);
+    mt_chat_pack_summary(&s, o, n == 1 ? inputs[0] : "input", out, stdout);
     return 0;
 }
 
@@ -94,7 +97,8 @@ static int run_tokenizer(const char *tok_path, const char *out, const char *sep,
 int mt_cmd_tokenize(int argc, char **argv) {
     const char *out = NULL, *sep = NULL, *tok = NULL;
     int bytes = 0, elem_size = 0, add_special = 1, chat = 0, chat_flags = 0;
-    mt_chat_pack_opts co = {.format = MT_CHAT_AUTO, .loss_on = MT_CHAT_LOSS_ASSISTANT, .long_policy = MT_LONG_TRUNCATE};
+    mt_chat_pack_opts co = {.format = MT_CHAT_AUTO, .loss_on = MT_CHAT_LOSS_ASSISTANT, .long_policy = MT_LONG_TRUNCATE,
+                            .pack = MT_PACK_WHOLE};
     int64_t seq = 0;
     static const struct option opts[] = {{"bytes", no_argument, 0, 'b'},
                                          {"tokenizer", required_argument, 0, 't'},
@@ -106,6 +110,7 @@ int mt_cmd_tokenize(int argc, char **argv) {
                                          {"chat-format", required_argument, 0, 'f'},
                                          {"loss-on", required_argument, 0, 'l'},
                                          {"long", required_argument, 0, 'g'},
+                                         {"pack", required_argument, 0, 'p'},
                                          {"seq", required_argument, 0, 'q'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -122,10 +127,12 @@ int mt_cmd_tokenize(int argc, char **argv) {
         case 'f':
         case 'l':
         case 'g':
+        case 'p':
         case 'q': {
             int rc = c == 'f'   ? mt_arg_named("--chat-format", mt_chat_format_parse(optarg, &co.format))
                      : c == 'l' ? mt_arg_named("--loss-on", mt_chat_loss_on_parse(optarg, &co.loss_on))
                      : c == 'g' ? mt_arg_named("--long", mt_long_policy_parse(optarg, &co.long_policy))
+                     : c == 'p' ? mt_arg_named("--pack", mt_pack_policy_parse(optarg, &co.pack))
                                 : mt_arg_int("--seq", optarg, 1, 1 << 24, &seq);
             if (rc != MT_OK) return mt_cli_fail();
             chat_flags = 1;
@@ -152,7 +159,7 @@ int mt_cmd_tokenize(int argc, char **argv) {
         return mt_cli_fail();
     }
     if (chat_flags && !chat) {
-        mt_error_set("tokenize: --seq, --chat-format, --loss-on and --long go with --chat");
+        mt_error_set("tokenize: --seq, --chat-format, --loss-on, --long and --pack go with --chat");
         return mt_cli_fail();
     }
     if (chat && (bytes || sep || elem_size || !add_special)) {

@@ -186,6 +186,7 @@ static int train(train_run *r) {
     mt_run_data_opts dopts = {.out_dir = o->out_dir, .model_dir = o->model_dir, .doc_sep = o->doc_sep,
                               .T = (int)o->seq, .chat_format = (mt_chat_format)o->chat_format,
                               .loss_on = (mt_chat_loss_on)o->loss_on, .long_policy = (mt_long_policy)o->long_policy,
+                              .pack = (mt_pack_policy)o->pack_policy,
                               .chat_flags = o->have_chat_flags};
     MT_TRY(mt_run_data_open(&r->data, o->data, &dopts, cfg));
     if (o->eval_data) MT_TRY(mt_run_data_open(&r->eval, o->eval_data, &dopts, cfg));

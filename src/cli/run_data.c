@@ -149,7 +149,7 @@ static int chat_cached(mt_packed_file *f, const char *path, const char *packed, 
     mt_tokenizer *tok = NULL;
     MT_TRY(load_model_tokenizer(&tok, tok_json, cfg)); /* also to know the format AUTO stands for */
     mt_chat_pack_opts po = {.format = o->chat_format, .loss_on = o->loss_on, .T = o->T,
-                            .long_policy = o->long_policy, .progress = mt_chat_progress_stderr};
+                            .long_policy = o->long_policy, .pack = o->pack, .progress = mt_chat_progress_stderr};
     if (po.format == MT_CHAT_AUTO) po.format = mt_chat_format_for(tok);
     char dir[PATH_MAX], cfg_json[PATH_MAX + 32], jinja[PATH_MAX + 32];
     snprintf(dir, sizeof dir, "%s", tok_json);
@@ -158,12 +158,13 @@ static int chat_cached(mt_packed_file *f, const char *path, const char *packed, 
     else snprintf(dir, sizeof dir, ".");
     snprintf(cfg_json, sizeof cfg_json, "%s/tokenizer_config.json", dir);
     snprintf(jinja, sizeof jinja, "%s/chat_template.jinja", dir);
-    json_t *key = json_pack("{s:s, s:i, s:o, s:o, s:o, s:o, s:s, s:s, s:s, s:i, s:i}", "kind", "packed", "version",
-                            MT_PACKED_VERSION, "source", file_id(path), "tokenizer", file_id(tok_json),
+    json_t *key = json_pack("{s:s, s:i, s:o, s:o, s:o, s:o, s:s, s:s, s:s, s:s, s:i, s:i}", "kind", "packed",
+                            "version", MT_PACKED_VERSION, "source", file_id(path), "tokenizer", file_id(tok_json),
                             "tokenizer_config", file_id(cfg_json), "chat_template", file_id(jinja), "format",
                             mt_chat_format_name(po.format), "loss_on",
                             o->loss_on == MT_CHAT_LOSS_ALL ? "all" : "assistant", "long",
-                            mt_long_policy_name(o->long_policy), "seq", o->T, "model_vocab", cfg->V);
+                            mt_long_policy_name(o->long_policy), "pack", mt_pack_policy_name(o->pack), "seq", o->T,
+                            "model_vocab", cfg->V);
     int rc = MT_OK;
     if (derived_fresh(packed, key)) {
         printf("%s: using the packed cache %s\n", path, packed);
@@ -173,7 +174,7 @@ static int chat_cached(mt_packed_file *f, const char *path, const char *packed, 
         rc = mt_chat_pack(tok, &path, 1, packed, &po, &s);
         mt_chat_pack_report(&s, "megatrain: warning: ", stderr);
         if (rc == MT_OK) {
-            mt_chat_pack_summary(&s, path, packed, o->T, o->loss_on, stdout);
+            mt_chat_pack_summary(&s, &po, path, packed, stdout);
             rc = derived_commit(packed, key);
         }
     }
@@ -185,8 +186,8 @@ static int chat_cached(mt_packed_file *f, const char *path, const char *packed, 
 /* ---- dispatch ---- */
 
 static int refuse_chat_flags(const char *path, const char *what) {
-    return mt_error_set("--loss-on / --chat-format / --long apply to chat JSONL (a \"messages\" field); %s is %s",
-                        path, what);
+    return mt_error_set("--loss-on / --chat-format / --long / --pack apply to chat JSONL (a \"messages\" field); "
+                        "%s is %s", path, what);
 }
 
 int mt_run_data_open(mt_run_data *d, const char *path, const mt_run_data_opts *o, const mt_config *cfg) {

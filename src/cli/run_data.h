@@ -5,7 +5,7 @@
  *     (validated; its T must be --seq);
  *   - *.bin / *.tokens: a token file (io/tokens.h);
  *   - *.jsonl whose first JSON object has "messages": chat data, packed with the model's
- *     tokenizer.json into OUT/<name>.packed (flags: chat_format, loss_on, long_policy);
+ *     tokenizer.json into OUT/<name>.packed (flags: chat_format, loss_on, long_policy, pack);
  *   - anything else: text / JSONL ("text" field) tokenized into OUT/<name>.tokens.bin with the
  *     model's tokenizer.json, or as bytes for a model without one.
  * A derived file is re-used while its sidecar OUT/<file>.json says it was made from the same source
@@ -30,6 +30,7 @@ typedef struct {
     mt_chat_format chat_format;
     mt_chat_loss_on loss_on;
     mt_long_policy long_policy;
+    mt_pack_policy pack;   /* chat data: whole (0, the default) or split */
     int chat_flags;        /* a chat flag was given: refused for data that is not chat JSONL */
 } mt_run_data_opts;
 

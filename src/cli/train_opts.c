@@ -27,13 +27,18 @@ void mt_train_opts_usage(FILE *out) {
 "  --doc-sep LINE         text data: a line equal to LINE ends a document (e.g. %% for fortunes)\n"
 "                         chat data (JSONL whose first object has \"messages\": [{\"role\", \"content\"}]):\n"
 "                         rendered in the model's chat format, packed into rows of --seq tokens\n"
-"                         (documents kept apart, nothing padded but the last row), cached in OUT as\n"
-"                         <name>.packed; a file from `megatrain tokenize --chat` is used as is\n"
+"                         (documents kept apart, see --pack), cached in OUT as <name>.packed; a\n"
+"                         file from `megatrain tokenize --chat` is used as is\n"
 "  --loss-on W            chat data: assistant (default: the loss on the assistant replies only) | all\n"
 "  --chat-format F        chat data: auto (default: from the tokenizer's chat template or special\n"
 "                         tokens) | chatml | llama3 | llama2 | mistral | mistral-v3\n"
 "  --long P               chat data: a conversation longer than --seq is truncated to --seq tokens\n"
 "                         (truncate, the default) or skipped (skip); both counted in the log\n"
+"  --pack P               chat data: whole (default: a conversation never straddles rows; when it\n"
+"                         does not fit the rest of a row, that rest is padding without loss and it\n"
+"                         starts the next row; the padding share is logged) | split (one stream cut\n"
+"                         into rows: nothing padded but the last row, but a conversation cut by a\n"
+"                         row's end goes on at the next row's start without its beginning)\n"
 "  --eval-data PATH       held-out tokens, evaluated every --eval-every steps\n"
 "  --eval-every K         (default 0: only at the end when --eval-data is given)\n"
 "  --eval-batches N       batches per evaluation (default 8)\n"
@@ -77,7 +82,7 @@ void mt_train_opts_usage(FILE *out) {
 "                         optimizer threads (open in ui.perfetto.dev)\n");
 }
 
-enum { O_LOSS_ON = 900, O_CHAT_FORMAT, O_LONG }; /* chat data */
+enum { O_LOSS_ON = 900, O_CHAT_FORMAT, O_LONG, O_PACK }; /* chat data */
 enum {
     O_MODEL = 1000, O_INIT, O_DATA, O_OUT, O_STEPS, O_BATCH, O_SEQ, O_MICRO, O_LR, O_MIN_LR,
     O_WARMUP, O_SCHEDULE, O_BETA1, O_BETA2, O_EPS, O_WD, O_CLIP, O_SEED, O_NO_SHUFFLE, O_DEVICE,
@@ -87,7 +92,7 @@ enum {
 
 static const struct option long_opts[] = {
     {"loss-on", required_argument, 0, O_LOSS_ON},   {"chat-format", required_argument, 0, O_CHAT_FORMAT},
-    {"long", required_argument, 0, O_LONG},
+    {"long", required_argument, 0, O_LONG},         {"pack", required_argument, 0, O_PACK},
     {"model", required_argument, 0, O_MODEL},       {"init", required_argument, 0, O_INIT},
     {"data", required_argument, 0, O_DATA},         {"out", required_argument, 0, O_OUT},
     {"steps", required_argument, 0, O_STEPS},       {"batch", required_argument, 0, O_BATCH},
@@ -115,15 +120,19 @@ static int parse_chat_flag(mt_train_opts *o, int c, const char *arg) {
     mt_chat_loss_on loss;
     mt_chat_format format;
     mt_long_policy lp;
+    mt_pack_policy pack;
     if (c == O_LOSS_ON) {
         MT_TRY(mt_arg_named("--loss-on", mt_chat_loss_on_parse(arg, &loss)));
         o->loss_on = (int)loss;
     } else if (c == O_CHAT_FORMAT) {
         MT_TRY(mt_arg_named("--chat-format", mt_chat_format_parse(arg, &format)));
         o->chat_format = (int)format;
-    } else {
+    } else if (c == O_LONG) {
         MT_TRY(mt_arg_named("--long", mt_long_policy_parse(arg, &lp)));
         o->long_policy = (int)lp;
+    } else {
+        MT_TRY(mt_arg_named("--pack", mt_pack_policy_parse(arg, &pack)));
+        o->pack_policy = (int)pack;
     }
     return MT_OK;
 }
@@ -132,7 +141,7 @@ static int parse_one(mt_train_opts *o, int c, const char *arg) {
     const int64_t big = (int64_t)1 << 40;
     double seconds;
     switch (c) {
-    case O_LOSS_ON: case O_CHAT_FORMAT: case O_LONG: return parse_chat_flag(o, c, arg);
+    case O_LOSS_ON: case O_CHAT_FORMAT: case O_LONG: case O_PACK: return parse_chat_flag(o, c, arg);
     case O_MODEL: o->model_dir = arg; return MT_OK;
     case O_INIT: o->init_config = arg; return MT_OK;
     case O_DATA: o->data = arg; return MT_OK;
@@ -239,6 +248,7 @@ char *mt_train_opts_json(const mt_train_opts *o) {
         json_object_set_new(j, "loss_on", json_string(o->loss_on == MT_CHAT_LOSS_ALL ? "all" : "assistant"));
         json_object_set_new(j, "chat_format", json_string(mt_chat_format_name((mt_chat_format)o->chat_format)));
         json_object_set_new(j, "long", json_string(mt_long_policy_name((mt_long_policy)o->long_policy)));
+        json_object_set_new(j, "pack", json_string(mt_pack_policy_name((mt_pack_policy)o->pack_policy)));
     }
     char *s = json_dumps(j, JSON_COMPACT);
     json_decref(j);

@@ -28,7 +28,8 @@ typedef struct {
     int chat_format;            /* chat data: mt_chat_format (0 = auto) */
     int loss_on;                /* chat data: mt_chat_loss_on */
     int long_policy;            /* chat data: mt_long_policy */
-    int have_chat_flags;        /* one of the three was given */
+    int pack_policy;            /* chat data: mt_pack_policy (0 = whole) */
+    int have_chat_flags;        /* one of the four was given */
     int64_t max_ms;             /* stop after this many ms of training (0 = no limit) */
     int64_t stop_at;            /* stop (and save) once this many steps are done (0 = --steps) */
     /* set when the user gave the flag (defaults that depend on others are filled afterwards) */

@@ -246,7 +246,7 @@ int mt_chat_pack(const mt_tokenizer *tok, const char *const *paths, int n, const
     MT_TRY(setup(&r, paths, n, out_path));
     int vocab = mt_tokenizer_vocab_size(tok), eos = mt_tokenizer_eos(tok);
     MT_TRY(mt_packed_writer_open(&r.w, out_path, opts->T, vocab, mt_tokens_elem_size_for_vocab(vocab),
-                                 eos >= 0 ? eos : 0));
+                                 eos >= 0 ? eos : 0, opts->pack));
     r.convs = mt_malloc(CP_MAX_BATCH * sizeof *r.convs);
     int rc = MT_OK;
     for (int i = 0; rc == MT_OK && i < n; i++) {
@@ -316,14 +316,15 @@ void mt_chat_pack_report(const mt_chat_pack_stats *s, const char *prefix, FILE *
                "in the first --seq tokens skipped", NULL);
 }
 
-void mt_chat_pack_summary(const mt_chat_pack_stats *s, const char *in, const char *out, int T,
-                          mt_chat_loss_on loss_on, FILE *f) {
-    double positions = (double)s->rows * T;
-    fprintf(f, "%s: %lld conversations (%s, loss on %s) -> %lld rows of %d tokens, %lld trained targets (%.1f%% "
-            "of the positions), %lld padding tokens -> %s (%.0f tokens/s)\n", in, (long long)s->conversations,
-            mt_chat_format_name(s->format), loss_on == MT_CHAT_LOSS_ALL ? "all" : "assistant", (long long)s->rows, T,
-            (long long)s->trained, positions > 0 ? 100.0 * s->trained / positions : 0.0, (long long)s->padded, out,
-            s->seconds > 0 ? s->tokens / s->seconds : 0.0);
+void mt_chat_pack_summary(const mt_chat_pack_stats *s, const mt_chat_pack_opts *o, const char *in,
+                          const char *out, FILE *f) {
+    double positions = (double)s->rows * o->T, share = positions > 0 ? 100.0 / positions : 0.0;
+    fprintf(f, "%s: %lld conversations (%s, loss on %s) -> %lld rows of %d tokens (--pack %s: %lld padding tokens, "
+            "%.1f%% of the positions), %lld trained targets (%.1f%% of the positions) -> %s (%.0f tokens/s)\n", in,
+            (long long)s->conversations, mt_chat_format_name(s->format),
+            o->loss_on == MT_CHAT_LOSS_ALL ? "all" : "assistant", (long long)s->rows, o->T,
+            mt_pack_policy_name(o->pack), (long long)s->padded, share * s->padded, (long long)s->trained,
+            share * s->trained, out, s->seconds > 0 ? s->tokens / s->seconds : 0.0);
 }
 
 void mt_chat_progress_stderr(const mt_chat_pack_stats *s, int64_t total_bytes, int done, void *user) {

@@ -4,8 +4,19 @@
  * Input: one JSON object per line, {"messages": [{"role": "system"|"user"|"assistant",
  * "content": "..."}, ...]} (other fields ignored); lines that are empty or only whitespace are not
  * data and are passed over. Each kept line is one conversation: rendered in the chat format with
- * its loss mask (assistant replies, or every token with loss_on all) and appended, in file order,
- * to the packed stream (a conversation is a document there).
+ * its loss mask (assistant replies, or every token with loss_on all) and packed, in file order, as
+ * one document into rows of T input positions (T+1 ids, io/packed.h) by opts.pack:
+ *   whole (default)  a conversation never straddles rows: when it does not fit what is left of the
+ *                    current row, the rest of that row is padding and it starts the next row
+ *                    (greedy next-fit, no reordering). Every conversation is trained with all of
+ *                    its context; the price is the padding, reported (stats.padded).
+ *   split            the conversations are concatenated and the stream is cut into rows as a token
+ *                    file is: nothing is padded but the last row's tail, but a conversation that
+ *                    crosses a row boundary goes on at the next row's start as a document of its
+ *                    own, and its tokens there are trained without the beginning they follow.
+ * Padding is the tokenizer's eos (or id 0), without loss, a document of its own.
+ * A conversation is at most T tokens (the row's T inputs; its targets are its tokens 1 .. T-1), so
+ * one of the maximum length fills a row alone.
  *
  * Skipped and counted, never fatal, with the first file and line of each kind kept for the report:
  *   invalid_utf8   the line is not valid UTF-8 (not parsed)
@@ -24,7 +35,7 @@
  *
  * Lines are parsed, checked and rendered in parallel (OpenMP; the tokenizer is thread-safe for
  * encode, jansson for separate values) in batches of about MT_TEXT_BATCH_BYTES, then counted and
- * packed in input order, so neither the output nor the report depends on the thread count. The last row is padded with the tokenizer's eos (or id 0), without loss.
+ * packed in input order, so neither the output nor the report depends on the thread count.
  */
 #ifndef MT_CHAT_PACK_H
 #define MT_CHAT_PACK_H
@@ -32,6 +43,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "io/packed.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
@@ -52,7 +64,8 @@ typedef struct {
     int64_t conversations; /* packed */
     int64_t tokens;        /* of the packed conversations (padding not counted) */
     int64_t trained;       /* targets with loss */
-    int64_t rows, padded;  /* rows written; padding tokens in the last one */
+    int64_t rows;          /* rows written */
+    int64_t padded;        /* input positions holding padding, of rows * T */
     int64_t bytes;         /* input bytes read */
     double seconds;
     mt_chat_issue invalid_utf8, bad_json, no_messages, empty, bad_message, unknown_role, bad_order,
@@ -67,6 +80,7 @@ typedef struct {
     mt_chat_loss_on loss_on;
     int T;                 /* tokens per row (--seq) */
     mt_long_policy long_policy;
+    mt_pack_policy pack;   /* MT_PACK_WHOLE (0, the default) or MT_PACK_SPLIT */
     mt_chat_progress_fn progress; /* NULL: none */
     void *progress_user;
 } mt_chat_pack_opts;
@@ -85,10 +99,10 @@ int mt_chat_jsonl_detect(const char *path);
  * prefix, e.g. "megatrain: warning: 3 lines that are not JSON skipped (first: a.jsonl line 7: ...)". */
 void mt_chat_pack_report(const mt_chat_pack_stats *s, const char *prefix, FILE *out);
 
-/* One line: "IN: N conversations (format, loss on X) -> R rows of T tokens, K trained targets (P%
- * of the positions), D padding tokens -> OUT (tokens/s)". */
-void mt_chat_pack_summary(const mt_chat_pack_stats *s, const char *in, const char *out, int T,
-                          mt_chat_loss_on loss_on, FILE *f);
+/* One line: "IN: N conversations (format, loss on X) -> R rows of T tokens (--pack P: D padding
+ * tokens, Q% of the positions), K trained targets (S% of the positions) -> OUT (tokens/s)". */
+void mt_chat_pack_summary(const mt_chat_pack_stats *s, const mt_chat_pack_opts *o, const char *in,
+                          const char *out, FILE *f);
 
 /* The stderr progress line (terminal only; pass as opts.progress, user = NULL). */
 void mt_chat_progress_stderr(const mt_chat_pack_stats *s, int64_t total_bytes, int done, void *user);

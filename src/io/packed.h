@@ -1,18 +1,28 @@
 /* Packed rows: the data file for fine-tuning (chat) data, where a row is not simply the next T+1
  * tokens of a stream but carries its own loss mask and document boundaries.
  *
- * The stream. Documents (rendered conversations) are concatenated in order into one token stream;
- * the stream is cut into rows exactly as a token file is (DESIGN.md "Token data"): row r holds the
- * T+1 stream tokens from r*T, so consecutive rows overlap by one token, and nothing is padded but
- * the tail of the last row. A document that crosses a row boundary continues at the start of the
- * next row as a document of its own there (its positions restart, it sees only that row's part).
- * Each row records, per input position t:
+ * A row holds T+1 ids: inputs are ids[0..T-1], targets ids[1..T]. Documents (rendered
+ * conversations) are laid into rows in order by one of two policies (mt_pack_policy):
+ *   whole  a document never straddles rows. It goes into the current row when its tokens fit the
+ *          ids left there and its first token is an input (fill + n <= T+1 and fill < T: its last
+ *          token may sit in ids[T], a target only); otherwise the rest of the current row is
+ *          padding and the document starts the next row (greedy next-fit, file order, no
+ *          reordering). A document of at most T+1 tokens always fits an empty row. Rows do not
+ *          overlap.
+ *   split  the stream: documents are concatenated and cut into rows exactly as a token file is
+ *          (DESIGN.md "Token data"): row r holds the T+1 stream tokens from r*T, so consecutive
+ *          rows overlap by one token, and nothing is padded but the tail of the last row. A
+ *          document that crosses a row boundary continues at the start of the next row as a
+ *          document of its own there (its positions restart, it sees only that row's part: the
+ *          tokens there are trained without their beginning).
+ * Padding is the pad id, without loss, a document of its own (DOC at its first input position,
+ * so attention never mixes it with real tokens). Each row records, per input position t:
  *   inputs[t]    = ids[t]
  *   targets[t]   = ids[t+1] when the LOSS flag is set, else -1 (no loss): set only when ids[t+1] is
  *                  a trained token (the loss mask) of the same document as ids[t]; so the last token
  *                  of a document never predicts the next document's first
  *   doc_start[t] = the last position <= t whose DOC flag is set (model/docs.h); DOC is set at t = 0
- *                  and wherever a document (or the final padding) begins
+ *                  and wherever a document (or padding) begins
  *
  * The file (all integers little-endian; validated whole at mt_packed_open, then mmapped read-only,
  * so batch reads never fail; written to PATH.tmp and renamed):
@@ -27,9 +37,10 @@
  *     40 u64     trained    number of LOSS flags in the file (checked)
  *     48 u8[16]  reserved   zero
  *   rows records of (T+1)*id_size + T bytes, one per row:
- *     ids[T+1]   the row's stream tokens (the padding of the last row: the pad id, no LOSS)
+ *     ids[T+1]   the row's tokens (padding: the pad id, no LOSS)
  *     flags[T]   bit 0 LOSS, bit 1 DOC, other bits zero
  *   nothing after the last record.
+ * The packing policy is not recorded: the rows are read the same way whichever made them.
  *
  * Batch order, as for token files (tokens.h), stateless so that a run resumes from the step alone:
  * global row g = step*B + r reads row g mod rows without shuffle; with shuffle, epoch e = g / rows
@@ -82,19 +93,27 @@ void mt_packed_eval_batch(const mt_packed_file *f, int64_t first_row, int B, int
 
 /* ---- writing: documents in, rows out ---- */
 
+typedef enum { MT_PACK_WHOLE = 0, MT_PACK_SPLIT } mt_pack_policy;
+
+/* "whole" or "split"; MT_ERR naming the value otherwise. */
+int mt_pack_policy_parse(const char *s, mt_pack_policy *out);
+const char *mt_pack_policy_name(mt_pack_policy p);
+
 typedef struct {
     mt_atomic_file af;
     int T, id_size, vocab, pad_id;
+    mt_pack_policy policy;
     unsigned char *row;       /* the row being filled: ids then flags */
     int pos;                  /* ids filled in the row (0 .. T+1) */
-    int64_t rows, documents, trained, tokens, padded;
+    int64_t rows, documents, trained, tokens;
+    int64_t padded;           /* input positions holding padding (of rows * T) */
 } mt_packed_writer;
 
-/* Creates PATH.tmp. pad_id (< vocab) fills the last row's tail. */
+/* Creates PATH.tmp. pad_id (< vocab) is the padding. */
 int mt_packed_writer_open(mt_packed_writer *w, const char *path, int T, int vocab, int id_size,
-                          int pad_id);
-/* Appends one document of n >= 1 tokens; trained[i] != 0: token i is a target (predicted from
- * token i-1; ignored for i = 0). */
+                          int pad_id, mt_pack_policy policy);
+/* Appends one document of n >= 1 tokens (whole: n <= T+1); trained[i] != 0: token i is a target
+ * (predicted from token i-1; ignored for i = 0). */
 int mt_packed_writer_add(mt_packed_writer *w, const int32_t *ids, const uint8_t *trained, size_t n);
 /* Pads and writes the last row, the header, and renames into place. MT_ERR (nothing left behind)
  * when no token was added. */
