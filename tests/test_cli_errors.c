@@ -211,6 +211,9 @@ static void test_bad_data(void **state) {
     expect_error("token id 96 (= vocab)", f("%s --data id96.bin --out o_id96", m), "o_id96", "id96.bin", "96");
     expect_error("token id 65535", f("%s --data id65535.bin --out o_id65535", m), "o_id65535", "id65535.bin", "65535");
     expect_error("nonexistent data file", f("%s --data nonexistent.bin --out o_nodata", m), "o_nodata", "nonexistent.bin", NULL);
+    char nodata[4096];
+    snprintf(nodata, sizeof nodata, "%s/o_nodata", g.tmp);
+    if (access(nodata, F_OK) == 0) fail_msg("a missing --data file still created --out %s", nodata);
     expect_error("data is a directory", f("%s --data dir.bin --out o_dirdata", m), "o_dirdata", "dir.bin", NULL);
     expect_error("missing --data", f("%s --out o_missing", m), "o_missing", "--data", NULL);
     expect_error("empty --eval-data", f("train %s --eval-data empty.bin", good("o_evalempty")), "o_evalempty", "empty.bin", NULL);

@@ -176,12 +176,22 @@ static void train_run_free(train_run *r) {
     free(r->args_json);
 }
 
+static int readable_file(const char *flag, const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return mt_error_set("%s %s: cannot open: %s", flag, path, strerror(errno));
+    fclose(f);
+    return MT_OK;
+}
+
 static int train(train_run *r) {
     mt_train_opts *o = &r->o;
     MT_TRY(mt_host_model_open(&r->model, o->model_dir, o->init_config, (uint64_t)o->seed, 0));
     const mt_config *cfg = &r->model.table.cfg;
     if (!o->have_seq) o->seq = cfg->max_position_embeddings < 1024 ? cfg->max_position_embeddings : 1024;
     MT_TRY(mt_run_check_seq(cfg, (int)o->seq, "--seq"));
+    /* a missing data file is refused before --out is created, so a typo leaves nothing behind */
+    MT_TRY(readable_file("--data", o->data));
+    if (o->eval_data) MT_TRY(readable_file("--eval-data", o->eval_data));
     MT_TRY(mt_run_make_dir(o->out_dir));
     mt_run_data_opts dopts = {.out_dir = o->out_dir, .model_dir = o->model_dir, .doc_sep = o->doc_sep,
                               .T = (int)o->seq, .chat_format = (mt_chat_format)o->chat_format,
