@@ -137,6 +137,10 @@ static void test_tokenize_then_train(void **st) {
     assert_non_null(p);
     int rows = atoi(p + 3);
     assert_true(rows > 4);
+    const char *tt = strstr(out, " trained targets");
+    assert_non_null(tt);
+    while (tt > out && tt[-1] >= '0' && tt[-1] <= '9') tt--;
+    long long trained = atoll(tt);
     rc = mt(out, "train --steps 1 --batch %d --seq 64 --no-shuffle --device cpu --model '%s' --data chat.packed "
                  "--out r_all_rows", rows, g_model);
     expect(rc, 0, out, "step 1/1");
@@ -145,6 +149,17 @@ static void test_tokenize_then_train(void **st) {
     double train_loss = strtod(m1, NULL), eval_loss = strtod(la + 7, NULL);
     printf("one step over all %d rows: loss %.6f; eval %.6f\n", rows, train_loss, eval_loss);
     assert_true(fabs(train_loss - eval_loss) <= 1e-5 * eval_loss); /* fp32, the sums in another order */
+    /* and the step's loss was averaged over exactly the packed file's trained targets */
+    char path[4096], line[4096];
+    snprintf(path, sizeof path, "%s/r_all_rows/metrics.jsonl", g_env.tmp);
+    FILE *mf = fopen(path, "rb");
+    assert_non_null(mf);
+    assert_non_null(fgets(line, sizeof line, mf));
+    fclose(mf);
+    const char *tg = strstr(line, "\"targets\": ");
+    assert_non_null(tg);
+    printf("targets in the step: %lld; trained targets in the file: %lld\n", atoll(tg + 11), trained);
+    assert_int_equal(atoll(tg + 11), trained);
     free(out);
 }
 

@@ -137,7 +137,7 @@ static int train_loop(train_run *r) {
         r->last_loss = res.loss;
         double sec = ms / 1e3;
         mt_step_line line = {.step = r->step, .loss = res.loss, .lr = hp.lr, .grad_norm = res.grad_norm,
-                             .clip_coef = res.clip_coef, .ms = ms, .tokens = tokens,
+                             .clip_coef = res.clip_coef, .ms = ms, .tokens = tokens, .targets = res.count,
                              .tok_per_s = B * T / sec,
                              .tflops = 6.0 * n_params * B * T / sec / 1e12,
                              .mfu = step_matmul_flops(&r->model.table.cfg, (double)B * T, T, r->saved_layers) / sec /

@@ -73,10 +73,11 @@ void mt_train_log_step(mt_train_log *lg, const mt_step_line *s) {
     }
     fprintf(lg->metrics,
             "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"clip\": %.6f, "
-            "\"tokens\": %lld, \"ms\": %.3f, \"tflops\": %.6f, \"tok_s\": %.1f, \"mfu\": %.4f, "
+            "\"tokens\": %lld, \"targets\": %lld, \"ms\": %.3f, \"tflops\": %.6f, \"tok_s\": %.1f, \"mfu\": %.4f, "
             "\"h2d_gbs\": %.3f, \"d2h_gbs\": %.3f, \"gpu_busy\": %.4f, \"opt_ms\": %.1f, "
             "\"gpu_gb\": %.3f}\n",
             (long long)s->step, s->loss, s->lr, s->grad_norm, s->clip_coef, (long long)s->tokens,
+            (long long)s->targets,
             s->ms, s->tflops, s->tok_per_s, s->mfu, s->h2d_gbs, s->d2h_gbs, s->gpu_busy, s->opt_ms,
             s->gpu_gb);
     fflush(lg->metrics);

@@ -17,7 +17,8 @@ typedef struct {
 typedef struct {
     int64_t step;    /* steps completed (1-based) */
     double loss, lr, grad_norm, clip_coef, ms, tflops, tok_per_s;
-    int64_t tokens;  /* tokens processed so far */
+    int64_t tokens;  /* tokens processed so far (B*T positions per step) */
+    int64_t targets; /* targets with a loss in this step (what the loss is averaged over) */
     /* measurements (negative: unknown) */
     double mfu;      /* executed matmul FLOP/s over the 800 TFLOP/s bf16 GEMM rate measured on the H200 */
     double h2d_gbs, d2h_gbs, gpu_busy, opt_ms, gpu_gb;
