@@ -13,7 +13,16 @@ static void print_usage(FILE *out) {
             "usage: megatrain plan (--model DIR | --init CONFIG.json) [--batch B] [--seq T]\n"
             "                      [--micro-batch b] [--device auto|cpu|cuda] [--gpu-mem SIZE]\n"
             "  Prints what training would hold in host RAM and on the compute device, and exits 0\n"
-            "  when it fits this machine, 1 when it does not (with what to change).\n");
+            "  when it fits this machine, 1 when it does not (with what to change). Without a\n"
+            "  CUDA device here, --device cuda or --gpu-mem plans the GPU side for one anyway.\n");
+}
+
+static int cuda_here(void) {
+#ifdef MT_HAVE_CUDA
+    return mt_backend_cuda_available();
+#else
+    return 0;
+#endif
 }
 
 int mt_cmd_plan(int argc, char **argv) {
@@ -53,8 +62,16 @@ int mt_cmd_plan(int argc, char **argv) {
     }
     mt_host_model m;
     if (mt_host_model_open(&m, model_dir, init, 0, 0) != MT_OK) return mt_cli_fail();
-    mt_backend *be = NULL;
-    int rc = mt_run_backend(&be, device, gpu_mem);
+    mt_backend *be = NULL, planned = {.name = "cuda", .dtype = MT_BF16, .mem_budget = gpu_mem};
+    int rc = MT_OK;
+    if (!cuda_here() && (device == 2 || (device == 0 && gpu_mem))) {
+        /* the GPU side of the plan is arithmetic: plan it for a GPU this machine does not have */
+        printf("no CUDA device here: planning for one%s\n",
+               gpu_mem ? " with the --gpu-mem budget" : " (give --gpu-mem SIZE to plan what its memory buys)");
+        be = &planned;
+    } else {
+        rc = mt_run_backend(&be, device, gpu_mem);
+    }
     if (rc == MT_OK) {
         mt_engine_opts eo = {.batch = (int)B, .micro_batch = (int)b, .T = (int)T, .n_slots = 2,
                              .saved_layers = -1, .resident = -1};
@@ -62,7 +79,7 @@ int mt_cmd_plan(int argc, char **argv) {
                m.table.n_real / 1e6, (long long)B, (long long)T, (long long)b, be->name);
         rc = mt_run_check_memory(&m.table, be, &eo, gpu_mem);
         if (rc == MT_OK) printf("fits\n");
-        be->destroy(be);
+        if (be != &planned) be->destroy(be);
     }
     mt_host_model_free(&m);
     return rc == MT_OK ? 0 : mt_cli_fail();
