@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, with $OUT set (one device call):
-# GPU tests (scripts/gpu-test.sh gpu), the attention kernel's own check and speed, a
-# compute-sanitizer memcheck of a short training run, then bench/gpu_bench.sh for the shapes given.
+# GPU tests (scripts/gpu-test.sh gpu), chat data trained on the GPU (scripts/gpu-chat-check.sh),
+# the attention kernel's own check and speed, a compute-sanitizer memcheck of a short training run,
+# then bench/gpu_bench.sh for the shapes given.
 #   scripts/gpu-check.sh [shapes...]     e.g. 1.5b   (none: no benchmark)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,9 @@ tail -3 /tmp/gt/gpu-test.log > "$log"
 multi=$(ls -d /tmp/mtdeps/usr/lib/*-linux-gnu | head -1)
 export LD_LIBRARY_PATH="$multi:$multi/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH=/usr/local/cuda/bin:$PATH
+echo "== chat data on the GPU (scripts/gpu-chat-check.sh)" >> "$log"
+OUT=$OUT MT_BIN=build-gpu/megatrain bash scripts/gpu-chat-check.sh > /dev/null 2>&1
+tail -8 "$OUT/chat-check.log" >> "$log" 2>/dev/null
 [ -n "${SKIP_EXTRA:-}" ] || {
   echo "== attention kernel: correctness vs a naive GPU reference, then speed"
   nvcc -arch=sm_90 -O3 -std=c++17 -I src -o /tmp/attention_bench bench/attention_bench.cu src/core/error.c &&
