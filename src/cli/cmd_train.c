@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../backend/backend.h"
 #include "../core/error.h"
@@ -34,6 +35,17 @@ static void install_signals(void) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+}
+
+/* The process's resident set now, in GB (-1 when /proc is not there). */
+static double resident_gb(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long long size = 0, resident = -1;
+    if (f) {
+        if (fscanf(f, "%lld %lld", &size, &resident) != 2) resident = -1;
+        fclose(f);
+    }
+    return resident < 0 ? -1 : (double)resident * (double)sysconf(_SC_PAGESIZE) / 1e9;
 }
 
 static double now_ms(void) {
@@ -146,7 +158,8 @@ static int train_loop(train_run *r) {
                              .d2h_gbs = res.d2h_bytes / sec / 1e9,
                              .gpu_busy = res.compute_ms >= 0 ? res.compute_ms / ms : -1,
                              .opt_ms = res.opt_ms,
-                             .gpu_gb = r->be->mem_used ? r->be->mem_used(r->be) / 1e9 : -1};
+                             .gpu_gb = r->be->mem_used ? r->be->mem_used(r->be) / 1e9 : -1,
+                             .host_gb = resident_gb()};
         mt_train_log_step(&r->log, &line);
         if (!isfinite(res.loss)) {
             rc = mt_error_set("step %lld: the loss is %g; stopping (lower --lr, or check the data)",

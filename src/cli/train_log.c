@@ -47,8 +47,9 @@ static void format_step(char *buf, size_t n, const mt_step_line *s, int64_t step
                        (long long)s->step, (long long)steps, s->loss, s->grad_norm,
                        s->clip_coef < 1.0 ? " (clipped)" : "", s->lr, s->ms, s->tok_per_s, s->tflops);
     if (s->gpu_gb >= 0 && len > 0 && (size_t)len < n) /* GPU runs: where the time goes */
-        snprintf(buf + len, n - len, " | MFU %.0f%% | GPU busy %.0f%% | H2D %.1f D2H %.1f GB/s | opt %.0f ms",
-                 100 * s->mfu, 100 * s->gpu_busy, s->h2d_gbs, s->d2h_gbs, s->opt_ms);
+        snprintf(buf + len, n - len,
+                 " | MFU %.0f%% | GPU busy %.0f%% | H2D %.1f D2H %.1f GB/s | opt %.0f ms | GPU %.1f host %.1f GB",
+                 100 * s->mfu, 100 * s->gpu_busy, s->h2d_gbs, s->d2h_gbs, s->opt_ms, s->gpu_gb, s->host_gb);
 }
 
 void mt_train_log_step(mt_train_log *lg, const mt_step_line *s) {
@@ -75,11 +76,11 @@ void mt_train_log_step(mt_train_log *lg, const mt_step_line *s) {
             "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"clip\": %.6f, "
             "\"tokens\": %lld, \"targets\": %lld, \"ms\": %.3f, \"tflops\": %.6f, \"tok_s\": %.1f, \"mfu\": %.4f, "
             "\"h2d_gbs\": %.3f, \"d2h_gbs\": %.3f, \"gpu_busy\": %.4f, \"opt_ms\": %.1f, "
-            "\"gpu_gb\": %.3f}\n",
+            "\"gpu_gb\": %.3f, \"host_gb\": %.3f}\n",
             (long long)s->step, s->loss, s->lr, s->grad_norm, s->clip_coef, (long long)s->tokens,
             (long long)s->targets,
             s->ms, s->tflops, s->tok_per_s, s->mfu, s->h2d_gbs, s->d2h_gbs, s->gpu_busy, s->opt_ms,
-            s->gpu_gb);
+            s->gpu_gb, s->host_gb);
     fflush(lg->metrics);
 }
 

@@ -22,6 +22,7 @@ typedef struct {
     /* measurements (negative: unknown) */
     double mfu;      /* executed matmul FLOP/s over the 800 TFLOP/s bf16 GEMM rate measured on the H200 */
     double h2d_gbs, d2h_gbs, gpu_busy, opt_ms, gpu_gb;
+    double host_gb;  /* resident set of the process now (GB) */
 } mt_step_line;
 
 int mt_train_log_open(mt_train_log *lg, const char *out_dir, const char *log_path, int64_t steps,
