@@ -38,8 +38,11 @@ def main():
         parts.append(f"{name} {union_ms(spans):.0f} ms ({100 * union_ms(spans) / window:.0f}%)")
     opt = [e for e in events if e["tid"] == 3 and e["args"]["step"] == step - 1]
     opt_ms = union_ms([(e["ts"], e["ts"] + e["dur"]) for e in opt])
+    waits = [e for e in events if e["tid"] == 0 and e["args"]["step"] == step and e["name"].startswith("wait optimizer")]
+    wait_ms = sum(e["dur"] for e in waits) / 1e3
     print(f"TRACE {label} step {step}: {window:.0f} ms from first to last stream work; busy: "
-          + ", ".join(parts) + f"; optimizer of step {step - 1}: {opt_ms:.0f} ms")
+          + ", ".join(parts) + f"; optimizer of step {step - 1}: {opt_ms:.0f} ms; host waited for it "
+          f"{wait_ms:.0f} ms before issuing loads")
 
     comp = sorted((e for e in cur if e["tid"] == 4), key=lambda e: e["ts"])
     loads = {}
