@@ -45,6 +45,11 @@ def main():
           f"{wait_ms:.0f} ms before issuing loads")
 
     comp = sorted((e for e in cur if e["tid"] == 4), key=lambda e: e["ts"])
+    prev = [e["ts"] + e["dur"] for e in dev if e["tid"] == 4 and e["args"]["step"] == step - 1]
+    if prev:
+        # between steps: the last gradients leave, the norm comes back, the optimizer updates the
+        # embedding and layer 0 and they are loaded, all before the first forward can start
+        print(f"  compute idle between step {step - 1} and step {step}: {(comp[0]['ts'] - max(prev)) / 1e3:.0f} ms")
     loads = {}
     for e in cur:
         if e["tid"] == 5 and e["name"].startswith("load"):
