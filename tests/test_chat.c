@@ -123,7 +123,7 @@ static void test_reference_cases(void **state) {
     char *line = NULL;
     size_t cap = 0, n = 0;
     ssize_t got;
-    int seen[MT_CHAT_MISTRAL_V3 + 1] = {0};
+    int seen[MT_CHAT_QWEN3 + 1] = {0};
     while ((got = getline(&line, &cap, f)) > 0) {
         json_error_t err;
         json_t *c = json_loadb(line, (size_t)got, 0, &err);
@@ -138,11 +138,12 @@ static void test_reference_cases(void **state) {
     free(line);
     fclose(f);
     free(path);
-    print_message("%zu reference conversations: chatml %d, llama3 %d, llama2 %d, mistral %d, mistral-v3 %d\n",
-                  n, seen[MT_CHAT_CHATML], seen[MT_CHAT_LLAMA3], seen[MT_CHAT_LLAMA2], seen[MT_CHAT_MISTRAL],
-                  seen[MT_CHAT_MISTRAL_V3]);
-    assert_true(n >= 50);
+    print_message("%zu reference conversations: chatml %d, llama3 %d, llama2 %d, mistral %d, mistral-v3 %d, "
+                  "qwen3 %d\n", n, seen[MT_CHAT_CHATML], seen[MT_CHAT_LLAMA3], seen[MT_CHAT_LLAMA2],
+                  seen[MT_CHAT_MISTRAL], seen[MT_CHAT_MISTRAL_V3], seen[MT_CHAT_QWEN3]);
+    assert_true(n >= 90);
     for (int k = MT_CHAT_CHATML; k <= MT_CHAT_MISTRAL_V3; k++) assert_true(seen[k] >= 5);
+    assert_true(seen[MT_CHAT_QWEN3] >= 40);
 }
 
 static void test_format_for(void **state) {
@@ -150,7 +151,7 @@ static void test_format_for(void **state) {
     struct { const char *dir; mt_chat_format f; } want[] = {
         {"tokenizers/qwen2", MT_CHAT_CHATML},     {"tokenizers/llama3", MT_CHAT_LLAMA3},
         {"tokenizers/llama2", MT_CHAT_LLAMA2},    {"tokenizers/mistral", MT_CHAT_LLAMA2},
-        {"chat/mistral_inst", MT_CHAT_MISTRAL_V3},
+        {"chat/mistral_inst", MT_CHAT_MISTRAL_V3}, {"chat/qwen3", MT_CHAT_QWEN3},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         mt_tokenizer *t = load_tok(want[i].dir);
@@ -183,6 +184,9 @@ static void test_format_for(void **state) {
     assert_string_equal(mt_chat_format_name(MT_CHAT_MISTRAL), "mistral");
     assert_int_equal(mt_chat_format_parse("mistral-v3", &f), MT_OK);
     assert_int_equal(f, MT_CHAT_MISTRAL_V3);
+    assert_int_equal(mt_chat_format_parse("qwen3", &f), MT_OK);
+    assert_int_equal(f, MT_CHAT_QWEN3);
+    assert_string_equal(mt_chat_format_name(MT_CHAT_QWEN3), "qwen3");
 }
 
 /* A tokenizer dir in TMP/NAME: FIXTURE's tokenizer.json, a tokenizer_config.json with CONFIG_JSON
@@ -229,9 +233,31 @@ static void test_format_from_template(void **state) {
          "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"<|im_start|>\"},"
          " {\"name\": \"default\", \"template\": \"[INST]\"}]}", NULL, MT_CHAT_MISTRAL},
         {"q_tmpl", "tokenizers/qwen2", "{\"chat_template\": \"<|im_start|>{{ x }}\"}", NULL, MT_CHAT_CHATML},
+        {"q3_jinja", "tokenizers/qwen2", "{}",
+         "{{ '<|im_start|>' }}{% if message.reasoning_content %}{{ '<think>\\n' }}{% endif %}", MT_CHAT_QWEN3},
+        /* QwQ-like: splits off </think> but has no reasoning_content: plain ChatML */
+        {"qwq_jinja", "tokenizers/qwen2", "{}",
+         "{{ '<|im_start|>' + message.content.split('</think>')[-1] }}{{ '<think>\\n' }}", MT_CHAT_CHATML},
         {"l3_tmpl", "tokenizers/llama3", "{\"chat_template\": \"<|start_header_id|>\"}", NULL, MT_CHAT_LLAMA3},
         {"unknown_tmpl", "tokenizers/llama3", "{\"chat_template\": \"{{ x }}\"}", NULL, MT_CHAT_LLAMA3},
     };
+    /* the real Qwen3 template (tests/fixtures/chat/qwen3) as tokenizer_config.json's chat_template */
+    char *q3_path = mt_fixture_path("chat/qwen3/chat_template.jinja");
+    FILE *qf = fopen(q3_path, "rb");
+    assert_non_null(qf);
+    char q3[8192];
+    size_t q3n = fread(q3, 1, sizeof q3 - 1, qf);
+    assert_true(q3n > 1000 && q3n < sizeof q3 - 1);
+    q3[q3n] = 0;
+    fclose(qf);
+    free(q3_path);
+    json_t *cfg = json_pack("{s:s}", "chat_template", q3);
+    char *q3_config = json_dumps(cfg, 0);
+    json_decref(cfg);
+    mt_tokenizer *q3t = tok_with_config(tmp, "q3_config", "tokenizers/qwen2", q3_config, NULL);
+    assert_int_equal(mt_chat_format_for(q3t), MT_CHAT_QWEN3);
+    mt_tokenizer_free(q3t);
+    free(q3_config);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         mt_tokenizer *t = tok_with_config(tmp, cases[i].name, cases[i].fixture, cases[i].config, cases[i].jinja);
         assert_non_null(mt_tokenizer_chat_template(t));
@@ -290,14 +316,16 @@ static void test_bad_input(void **state) {
     mt_chat_message only_system[] = {{"system", "s"}};
     mt_chat_message fine[] = {{"user", "a"}};
     mt_tokenizer *inst = load_tok("chat/mistral_inst");
-    for (int f = MT_CHAT_CHATML; f <= MT_CHAT_MISTRAL_V3; f++) {
-        const mt_tokenizer *t = f == MT_CHAT_CHATML ? qwen : f == MT_CHAT_LLAMA3 ? load_tok("tokenizers/llama3")
-                                : f == MT_CHAT_MISTRAL_V3 ? inst : llama2;
+    for (int f = MT_CHAT_CHATML; f <= MT_CHAT_QWEN3; f++) {
+        const mt_tokenizer *t = f == MT_CHAT_CHATML || f == MT_CHAT_QWEN3 ? qwen
+                                : f == MT_CHAT_LLAMA3                      ? load_tok("tokenizers/llama3")
+                                : f == MT_CHAT_MISTRAL_V3                  ? inst
+                                                                           : llama2;
         expect_bad(t, f, no_role, 2, "message 1 has no role");
         expect_bad(t, f, no_content, 1, "message 0 (user) has no content");
         expect_bad(t, f, bad_role, 2, "unknown role \"tool\"");
         expect_bad(t, f, fine, 0, "empty conversation");
-        if (f >= MT_CHAT_LLAMA2) {
+        if (f >= MT_CHAT_LLAMA2 && f <= MT_CHAT_MISTRAL_V3) {
             expect_bad(t, f, twice_user, 3, "message 2: role \"user\"");
             expect_bad(t, f, mid_system, 3, "message 1: role \"system\"");
             expect_bad(t, f, starts_assistant, 1, "message 0: role \"assistant\"");
@@ -308,6 +336,7 @@ static void test_bad_input(void **state) {
     /* a tokenizer without the format's special tokens */
     expect_bad(gpt2, MT_CHAT_CHATML, fine, 1, "<|im_start|>");
     expect_bad(gpt2, MT_CHAT_LLAMA3, fine, 1, "<|begin_of_text|>");
+    expect_bad(gpt2, MT_CHAT_QWEN3, fine, 1, "<|im_start|>");
     expect_bad(llama2, MT_CHAT_MISTRAL_V3, fine, 1, "[INST]");
     mt_tokenizer_free(inst);
     mt_tokenizer_free(qwen);

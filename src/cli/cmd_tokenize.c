@@ -33,7 +33,7 @@ static void print_usage(FILE *out) {
             "                          [--pack whole|split] CHAT.jsonl...\n"
             "  Chat data: one {\"messages\": [{\"role\": system|user|assistant, \"content\": ...}, ...]}\n"
             "  a line, rendered in the chat format (auto: from the tokenizer's chat template, else its\n"
-            "  special tokens; or chatml, llama3, llama2, mistral, mistral-v3), the loss on the\n"
+            "  special tokens; or chatml, llama3, llama2, mistral, mistral-v3, qwen3), the loss on the\n"
             "  assistant replies (default) or on all tokens, packed in file order into rows of T\n"
             "  tokens (+1 for the last target) with document boundaries: attention stays inside a\n"
             "  conversation. --pack whole (default): a conversation never straddles rows; when it\n"

@@ -31,7 +31,7 @@ void mt_train_opts_usage(FILE *out) {
 "                         file from `megatrain tokenize --chat` is used as is\n"
 "  --loss-on W            chat data: assistant (default: the loss on the assistant replies only) | all\n"
 "  --chat-format F        chat data: auto (default: from the tokenizer's chat template or special\n"
-"                         tokens) | chatml | llama3 | llama2 | mistral | mistral-v3\n"
+"                         tokens) | chatml | llama3 | llama2 | mistral | mistral-v3 | qwen3\n"
 "  --long P               chat data: a conversation longer than --seq is truncated to --seq tokens\n"
 "                         (truncate, the default) or skipped (skip); both counted in the log\n"
 "  --pack P               chat data: whole (default: a conversation never straddles rows; when it\n"

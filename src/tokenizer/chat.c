@@ -62,7 +62,10 @@ mt_chat_format mt_chat_format_for(const mt_tokenizer *t) {
     const char *tmpl = mt_tokenizer_chat_template(t);
     if (tmpl) {
         /* the markers each family's template writes (never executed, only recognised) */
-        if (strstr(tmpl, "<|im_start|>")) return MT_CHAT_CHATML;
+        if (strstr(tmpl, "<|im_start|>")) {
+            int qwen3 = strstr(tmpl, "reasoning_content") && strstr(tmpl, "<think>");
+            return qwen3 ? MT_CHAT_QWEN3 : MT_CHAT_CHATML;
+        }
         if (strstr(tmpl, "<|start_header_id|>")) return MT_CHAT_LLAMA3;
         if (strstr(tmpl, "<<SYS>>")) return MT_CHAT_LLAMA2;
         if (strstr(tmpl, "[INST]")) return inst_token ? MT_CHAT_MISTRAL_V3 : MT_CHAT_MISTRAL;
@@ -73,9 +76,9 @@ mt_chat_format mt_chat_format_for(const mt_tokenizer *t) {
     return MT_CHAT_LLAMA2;
 }
 
-#define N_FORMATS (MT_CHAT_MISTRAL_V3 + 1)
+#define N_FORMATS (MT_CHAT_QWEN3 + 1)
 static const char *const FORMAT_NAMES[N_FORMATS] = {"auto", "chatml", "llama3", "llama2", "mistral",
-                                                    "mistral-v3"};
+                                                    "mistral-v3", "qwen3"};
 
 const char *mt_chat_format_name(mt_chat_format f) {
     if ((int)f < 0 || (int)f >= N_FORMATS) return "?";
@@ -88,8 +91,8 @@ int mt_chat_format_parse(const char *s, mt_chat_format *out) {
             *out = (mt_chat_format)i;
             return MT_OK;
         }
-    return mt_error_set("unknown chat format \"%s\" (expected auto, chatml, llama3, llama2, mistral or "
-                        "mistral-v3)", s ? s : "(null)");
+    return mt_error_set("unknown chat format \"%s\" (expected auto, chatml, llama3, llama2, mistral, "
+                        "mistral-v3 or qwen3)", s ? s : "(null)");
 }
 
 int mt_chat_loss_on_parse(const char *s, mt_chat_loss_on *out) {
@@ -226,6 +229,82 @@ static int render_chatml(builder *b, const mt_chat_opts *o, const mt_chat_messag
         b_str(b, "\n", 0);
         b_str(b, m[i].content, a);
         MT_TRY(b_special(b, "<|im_end|>", a));
+        b_str(b, "\n", 0);
+    }
+    return MT_OK;
+}
+
+/* Qwen3's template on string contents (see chat.h): Python's s.lstrip('\n') / s.rstrip('\n'). */
+static void lstrip_nl(const char **s, size_t *n) {
+    while (*n > 0 && **s == '\n') (*s)++, (*n)--;
+}
+static void rstrip_nl(const char *s, size_t *n) {
+    while (*n > 0 && s[*n - 1] == '\n') (*n)--;
+}
+
+/* Offset of the last occurrence of pat in s[0..n), or SIZE_MAX. */
+static size_t last_of(const char *s, size_t n, const char *pat) {
+    size_t pl = strlen(pat);
+    for (size_t i = n >= pl ? n - pl + 1 : 0; i-- > 0;)
+        if (memcmp(s + i, pat, pl) == 0) return i;
+    return SIZE_MAX;
+}
+
+/* The template's last_query_index: the last user message whose content is not wrapped as
+ * "<tool_response>...</tool_response>"; n - 1 when there is none. */
+static size_t qwen3_last_query(const mt_chat_message *m, size_t n) {
+    static const char open[] = "<tool_response>", close[] = "</tool_response>";
+    for (size_t i = n; i-- > 0;) {
+        if (role_kind(m[i].role) != 1) continue;
+        const char *c = m[i].content;
+        size_t cl = strlen(c);
+        int wrapped = strncmp(c, open, sizeof open - 1) == 0 && cl >= sizeof close - 1 &&
+                      strcmp(c + cl - (sizeof close - 1), close) == 0;
+        if (!wrapped) return i;
+    }
+    return n - 1;
+}
+
+static int render_qwen3(builder *b, const mt_chat_message *m, size_t n) {
+    size_t last_query = qwen3_last_query(m, n);
+    for (size_t i = 0; i < n; i++) {
+        const char *c = m[i].content;
+        MT_TRY(b_special(b, "<|im_start|>", 0));
+        b_str(b, m[i].role, 0);
+        b_str(b, "\n", 0);
+        if (role_kind(m[i].role) != 2) {
+            b_str(b, c, 0);
+            MT_TRY(b_special(b, "<|im_end|>", 0));
+            b_str(b, "\n", 0);
+            continue;
+        }
+        /* content with "</think>": content = after the last "</think>", lstrip('\n');
+         * reasoning = before the first "</think>", rstrip('\n'), after the last "<think>" in that,
+         * lstrip('\n') */
+        const char *content = c, *reason = "";
+        size_t content_len = strlen(c), reason_len = 0;
+        const char *close = strstr(c, "</think>");
+        if (close) {
+            size_t last = last_of(c, content_len, "</think>") + strlen("</think>");
+            content = c + last;
+            content_len -= last;
+            lstrip_nl(&content, &content_len);
+            reason_len = (size_t)(close - c);
+            rstrip_nl(c, &reason_len);
+            size_t open = last_of(c, reason_len, "<think>");
+            reason = open == SIZE_MAX ? c : c + open + strlen("<think>");
+            reason_len -= (size_t)(reason - c);
+            lstrip_nl(&reason, &reason_len);
+        }
+        if (i > last_query && (i == n - 1 || reason_len > 0)) {
+            rstrip_nl(reason, &reason_len); /* reasoning_content.strip('\n') */
+            lstrip_nl(&content, &content_len);
+            b_str(b, "<think>\n", 1);
+            b_text(b, reason, reason_len, 1);
+            b_str(b, "\n</think>\n\n", 1);
+        }
+        b_text(b, content, content_len, 1);
+        MT_TRY(b_special(b, "<|im_end|>", 1));
         b_str(b, "\n", 0);
     }
     return MT_OK;
@@ -434,6 +513,7 @@ int mt_chat_render(const mt_tokenizer *t, const mt_chat_opts *opts, const mt_cha
     case MT_CHAT_LLAMA2: rc = render_llama2(&b, msgs, n); break;
     case MT_CHAT_MISTRAL: rc = render_mistral(&b, msgs, n); break;
     case MT_CHAT_MISTRAL_V3: rc = render_mistral_v3(&b, msgs, n); break;
+    case MT_CHAT_QWEN3: rc = render_qwen3(&b, msgs, n); break;
     default: rc = mt_error_set("unknown chat format %d", (int)f); break;
     }
     size_t n0 = ids->n, m0 = mask->n;

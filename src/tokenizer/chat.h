@@ -18,6 +18,18 @@
  *   MT_CHAT_MISTRAL_V3 (Mistral 7B Instruct v0.3; [INST] and [/INST] are tokens)
  *                    <s> then per turn  [INST] " {user}" [/INST] " {trim(assistant)}</s>"; a system
  *                    message becomes "{system}\n\n" before the LAST user text
+ *   MT_CHAT_QWEN3    (Qwen3; Qwen/Qwen3-* chat_template, string contents, no tools) ChatML without a
+ *                    default system, per message <|im_start|>{role}\n ... <|im_end|>\n where ... is
+ *                    {content} for system and user and, for an assistant message:
+ *                      content with "</think>": {c} = after its last "</think>", lstrip('\n');
+ *                        {r} = before its first "</think>", rstrip('\n'), after the last "<think>"
+ *                        there (all of it when none), lstrip('\n');  else {c} = content, {r} = "".
+ *                      After the last user query (the last user message not of the form
+ *                      "<tool_response>...</tool_response>"; with none, no turn is after it) and
+ *                      either the last message or {r} non-empty:  <think>\n{strip_nl(r)}\n</think>\n\n{lstrip_nl(c)}
+ *                      (so the final reply always has a think block, empty without reasoning);
+ *                      otherwise {c} (an earlier turn's reasoning is dropped).
+ *                    strip_nl / lstrip_nl / rstrip_nl: Python's .strip('\n') etc., newlines only.
  * trim/strip: Python's str.strip() (Unicode whitespace), as the templates' `| trim` / `.strip()`.
  *
  * The special tokens named above must be single tokens of the tokenizer (bos/eos: <s> </s> and
@@ -29,7 +41,8 @@
  * around it as context.
  *
  * Loss mask (1 = trained), MT_CHAT_LOSS_ASSISTANT: 1 on the tokens of each assistant turn's text
- * as written above — ChatML {content}, Llama 3 {trim(content)}, Llama 2 " {strip(content)} ",
+ * as written above — ChatML {content}, Qwen3 all of the turn after "<|im_start|>assistant\n" (its
+ * think block when one is written — reasoning or empty — then {c} as written), Llama 3 {trim(content)}, Llama 2 " {strip(content)} ",
  * Mistral " {content}", Mistral v3 " {trim(content)}" — and on the end-of-turn token that closes it
  * (<|im_end|>, <|eot_id|>, </s>);
  * 0 on everything else (bos, headers, role names, [INST] blocks, system and user text, ChatML's
@@ -58,6 +71,7 @@ typedef enum {
     MT_CHAT_LLAMA2,
     MT_CHAT_MISTRAL,
     MT_CHAT_MISTRAL_V3,
+    MT_CHAT_QWEN3,
 } mt_chat_format;
 
 typedef enum { MT_CHAT_LOSS_ASSISTANT = 0, MT_CHAT_LOSS_ALL } mt_chat_loss_on;
@@ -84,11 +98,12 @@ typedef struct {
 void mt_chat_mask_free(mt_chat_mask *m);
 
 /* By the tokenizer's chat template when it has one (mt_tokenizer_chat_template): one writing
- * <|im_start|> -> ChatML, <|start_header_id|> -> Llama 3, <<SYS>> -> Llama 2, [INST] -> Mistral (v3
+ * <|im_start|> -> ChatML (Qwen3 when it also mentions reasoning_content and <think>, as Qwen3's
+ * template does and Qwen 2/2.5's and QwQ's do not), <|start_header_id|> -> Llama 3, <<SYS>> -> Llama 2, [INST] -> Mistral (v3
  * when [INST] is a token). Otherwise (or for a template with none of these) by the special tokens:
  * <|im_start|> -> ChatML; else <|eot_id|> -> Llama 3; else [INST] -> Mistral v3; else Llama 2. */
 mt_chat_format mt_chat_format_for(const mt_tokenizer *t);
-/* "auto", "chatml", "llama3", "llama2", "mistral", "mistral-v3" */
+/* "auto", "chatml", "llama3", "llama2", "mistral", "mistral-v3", "qwen3" */
 const char *mt_chat_format_name(mt_chat_format f);
 /* One of the names above; MT_ERR naming the value otherwise. */
 int mt_chat_format_parse(const char *s, mt_chat_format *out);
