@@ -334,48 +334,43 @@ static void test_help(void **state) {
     assert_non_null(strstr(out, "usage: megatrain"));
 }
 
-static void test_plan(void **state) {
+/* Runs `megatrain plan ARGS` (must exit 0) and returns its output. */
+static const char *plan_output(const char *args) {
     char cmd[8192];
     static char out[OUT_SIZE]; /* static: a failing check longjmps out */
-    snprintf(cmd, sizeof cmd, "'%s' plan --init '%s/config.json' --batch 4 --seq 48 --device cpu", g.bin, g.fixture);
+    snprintf(cmd, sizeof cmd, "'%s' plan %s", g.bin, args);
     int rc = run_checked(cmd, out, OUT_SIZE);
-    if (rc != 0) fail_msg("%s: exit %d:\n%s", cmd, rc, out);
     fprintf(stderr, "%s", out);
+    if (rc != 0) fail_msg("%s: exit %d:\n%s", cmd, rc, out);
+    return out;
+}
+
+static void test_plan(void **state) {
+    const char *out = plan_output(f("--init '%s/config.json' --batch 4 --seq 48 --device cpu", g.fixture));
     assert_non_null(strstr(out, "memory plan"));
     assert_non_null(strstr(out, "fits"));
     /* the GPU side, planned even without a GPU, for the fixture model with 16 layers and 512k
      * tokens a step: its 18 activation sets (0.6 GB) do not fit a budget of 1890 MiB beside the
      * 1.68 GB of library scratch, so the checkpoints go to the host (3 sets on the GPU); 8 GiB holds
      * the internals of 14 layers; 12 GiB those of all 16, and then every layer's weights too */
-    char cfg[4096];
-    snprintf(cmd, sizeof cmd, "%s/config.json", g.fixture);
-    json_t *j = json_load_file(cmd, 0, NULL);
+    char path[4096], cfg[4096];
+    snprintf(path, sizeof path, "%s/config.json", g.fixture);
+    json_t *j = json_load_file(path, 0, NULL);
     assert_non_null(j);
     json_object_set_new(j, "num_hidden_layers", json_integer(16));
     snprintf(cfg, sizeof cfg, "%s/cfg16.json", g.tmp);
     assert_int_equal(json_dump_file(j, cfg, 0), 0);
     json_decref(j);
-    snprintf(cmd, sizeof cmd, "'%s' plan --init '%s' --batch 8192 --seq 64 --micro-batch 64 --device cuda --gpu-mem 1890M",
-             g.bin, cfg);
-    rc = run_checked(cmd, out, OUT_SIZE);
-    fprintf(stderr, "%s", out);
-    if (rc != 0) fail_msg("%s: exit %d:\n%s", cmd, rc, out);
+    const char *gpu = "--batch 8192 --seq 64 --micro-batch 64 --device cuda --gpu-mem";
+    out = plan_output(f("--init '%s' %s 1890M", cfg, gpu));
     assert_non_null(strstr(out, "with checkpoints offloaded"));
     assert_null(strstr(out, "saved internals"));
-    snprintf(cmd, sizeof cmd, "'%s' plan --init '%s' --batch 8192 --seq 64 --micro-batch 64 --device cuda --gpu-mem 8G",
-             g.bin, cfg);
-    rc = run_checked(cmd, out, OUT_SIZE);
-    fprintf(stderr, "%s", out);
-    if (rc != 0) fail_msg("%s: exit %d:\n%s", cmd, rc, out);
+    out = plan_output(f("--init '%s' %s 8G", cfg, gpu));
     assert_null(strstr(out, "offloaded"));
     assert_non_null(strstr(out, "saved internals"));
     assert_null(strstr(out, "last 16 of 16"));     /* not all layers: no resident weights either */
     assert_null(strstr(out, "resident weights"));
-    snprintf(cmd, sizeof cmd, "'%s' plan --init '%s' --batch 8192 --seq 64 --micro-batch 64 --device cuda --gpu-mem 12G",
-             g.bin, cfg);
-    rc = run_checked(cmd, out, OUT_SIZE);
-    fprintf(stderr, "%s", out);
-    if (rc != 0) fail_msg("%s: exit %d:\n%s", cmd, rc, out);
+    out = plan_output(f("--init '%s' %s 12G", cfg, gpu));
     assert_non_null(strstr(out, "last 16 of 16"));
     assert_non_null(strstr(out, "resident weights"));
 }

@@ -88,17 +88,23 @@ static void *host_ckpt_at(const mt_engine *e, int l) {
     return (char *)e->host_ckpt + (size_t)l * set_bytes(e);
 }
 
+/* Which of the saved-internals sets layer l uses (the last saved_layers layers keep theirs), or -1. */
+static int saved_index(const mt_engine *e, int l) {
+    int k = l - (e->t->cfg.L - e->o.saved_layers);
+    return k >= 0 ? k : -1;
+}
+
 /* The working activations of layer l for micro-batch m: its own saved internals when it keeps
  * them, else the shared workspace. */
 static mt_layer_ws ws_for(const mt_engine *e, int l, int m) {
-    int k = l - (e->t->cfg.L - e->o.saved_layers);
+    int k = saved_index(e, l);
     if (k < 0) return e->ws;
     void *base = (char *)e->saved + ((size_t)k * e->M + m) * e->saved_per_mb;
     return mt_layer_ws_with_saved(&e->ws, &e->t->cfg, e->be->dtype, e->bN, base);
 }
 
 static mt_recompute recompute_of(const mt_engine *e, int l) {
-    return l >= e->t->cfg.L - e->o.saved_layers ? MT_RECOMPUTE_CHEAP : MT_RECOMPUTE_ALL;
+    return saved_index(e, l) >= 0 ? MT_RECOMPUTE_CHEAP : MT_RECOMPUTE_ALL;
 }
 
 static void *dx_at(const mt_engine *e, int m) {
