@@ -192,7 +192,7 @@ static void roundtrip(const char *variant) {
     write_text(tok, "tokenizer.json", "{\"version\": \"1.0\", \"model\": {}}\n");
     write_text(tok, "tokenizer_config.json", "{\"bos_token\": \"<s>\"}\n");
 
-    mt_ckpt_state st = {7, 0xfedcba9876543210ull, 2.718281828459045}, back;
+    mt_ckpt_state st = {7, 0xfedcba9876543210ull, 2.718281828459045, 5, 2, NULL}, back;
     save_ok(&m, out, &st, "{\"lr\": 0.0003, \"batch\": 8, \"model\": \"tiny\"}", tok, 0);
 
     char path[4096];
@@ -228,6 +228,10 @@ static void roundtrip(const char *variant) {
     assert_int_equal(back.step, st.step);
     assert_true(back.seed == st.seed);
     assert_true(back.loss == st.loss);
+    assert_int_equal(back.updates, 5);
+    assert_int_equal(back.skipped, 2);
+    assert_string_equal(back.args_json, "{\"batch\":8,\"lr\":0.00029999999999999997,\"model\":\"tiny\"}");
+    mt_ckpt_state_free(&back);
 
     /* model.safetensors + config.json alone are a Hugging Face model directory */
     reset_got(&m);
@@ -236,7 +240,7 @@ static void roundtrip(const char *variant) {
 
     /* the same step saved again replaces the checkpoint; a NaN loss comes back as NaN */
     model_fill_random(&m, 99);
-    mt_ckpt_state st2 = {7, 5, NAN};
+    mt_ckpt_state st2 = {7, 5, NAN, 7, 0, NULL};
     save_ok(&m, out, &st2, NULL, NULL, 0);
     reset_got(&m);
     load_ok(&m, path, &back);
@@ -262,7 +266,7 @@ static void test_keep_last(void **state) {
     char ckdir[4096];
     snprintf(ckdir, sizeof ckdir, "%s/checkpoints", out);
     for (int s = 1; s <= 4; s++) {
-        mt_ckpt_state st = {s * 10, 1, 1.0 / s};
+        mt_ckpt_state st = {s * 10, 1, 1.0 / s, s * 10, 0, NULL};
         save_ok(&m, out, &st, NULL, NULL, 2);
     }
     assert_int_equal(count_prefix(ckdir, "step_"), 2);
@@ -270,12 +274,12 @@ static void test_keep_last(void **state) {
     assert_int_equal(count_prefix(ckdir, ".tmp-"), 0);
     /* keep_last <= 0 keeps all */
     for (int s = 5; s <= 6; s++) {
-        mt_ckpt_state st = {s * 10, 1, 0.0};
+        mt_ckpt_state st = {s * 10, 1, 0.0, s * 10, 0, NULL};
         save_ok(&m, out, &st, NULL, NULL, 0);
     }
     assert_int_equal(count_prefix(ckdir, "step_"), 4);
     /* an older step saved after newer ones (a rewind) is kept even with keep_last 1 */
-    mt_ckpt_state old = {15, 1, 0.0};
+    mt_ckpt_state old = {15, 1, 0.0, 15, 0, NULL};
     save_ok(&m, out, &old, NULL, NULL, 1);
     assert_int_equal(count_prefix(ckdir, "step_"), 2);
     assert_true(exists(ckdir, "step_00000015") && exists(ckdir, "step_00000060"));
@@ -283,7 +287,7 @@ static void test_keep_last(void **state) {
     latest_ok(out, path, sizeof path);
     assert_ends_with(path, "step_00000060");
     /* steps past 8 digits */
-    mt_ckpt_state big = {123456789012LL, 1, 0.0};
+    mt_ckpt_state big = {123456789012LL, 1, 0.0, 123456789012LL, 0, NULL};
     save_ok(&m, out, &big, NULL, NULL, 0);
     latest_ok(out, path, sizeof path);
     assert_ends_with(path, "step_123456789012");

@@ -71,7 +71,8 @@ typedef struct {
 static int save_checkpoint(train_run *r) {
     mt_engine_finish(r->e);
     if (r->o.no_save) return MT_OK;
-    mt_ckpt_state st = {.step = r->step, .seed = (uint64_t)r->o.seed, .loss = r->last_loss};
+    mt_ckpt_state st = {.step = r->step, .seed = (uint64_t)r->o.seed, .loss = r->last_loss,
+                        .updates = r->step};
     double t0 = now_ms();
     MT_TRY(mt_checkpoint_save(r->o.out_dir, &r->model.table, mt_engine_master(r->e),
                               mt_engine_moment1(r->e), mt_engine_moment2(r->e), &st, r->args_json,
@@ -230,6 +231,7 @@ static int train(train_run *r) {
         MT_TRY(mt_checkpoint_load(latest, &r->model.table, master, mt_engine_moment1(r->e),
                                   mt_engine_moment2(r->e), &st));
         r->step = st.step;
+        mt_ckpt_state_free(&st);
         printf("resuming from %s (step %lld)\n", latest, (long long)st.step);
     } else {
         if (o->resume) printf("--resume: no checkpoint in %s yet; starting at step 0\n", o->out_dir);

@@ -185,6 +185,8 @@ static int save_state(const char *dir, const mt_ckpt_state *st, json_t *args) {
     json_object_set_new(o, "step", json_integer((json_int_t)st->step));
     json_object_set_new(o, "seed", seed_json(st->seed));
     json_object_set_new(o, "loss", isfinite(st->loss) ? json_real(st->loss) : json_null());
+    json_object_set_new(o, "updates", json_integer((json_int_t)st->updates));
+    json_object_set_new(o, "skipped", json_integer((json_int_t)st->skipped));
     json_object_set(o, "args", args ? args : json_null());
     char *s = json_dumps(o, JSON_INDENT(2));
     json_decref(o);
@@ -440,7 +442,9 @@ static int read_state(const char *path, mt_ckpt_state *out) {
     int rc = MT_OK;
     json_t *fmt = json_object_get(o, "format"), *step = json_object_get(o, "step");
     json_t *seed = json_object_get(o, "seed"), *loss = json_object_get(o, "loss");
-    mt_ckpt_state s = {0, 0, NAN};
+    json_t *updates = json_object_get(o, "updates"), *skipped = json_object_get(o, "skipped");
+    json_t *args = json_object_get(o, "args");
+    mt_ckpt_state s = {0, 0, NAN, 0, 0, NULL};
     if (!json_is_integer(fmt) || json_integer_value(fmt) != MT_CKPT_FORMAT)
         rc = mt_error_set("%s: \"format\" must be %d (a checkpoint of another version?)", path,
                           MT_CKPT_FORMAT);
@@ -456,6 +460,15 @@ static int read_state(const char *path, mt_ckpt_state *out) {
         else if (!json_is_null(loss))
             rc = mt_error_set("%s: \"loss\" must be a number or null", path);
     }
+    if (rc == MT_OK) { /* absent in older checkpoints: every step was an update */
+        s.updates = updates ? json_integer_value(updates) : s.step;
+        s.skipped = skipped ? json_integer_value(skipped) : 0;
+        if ((updates && !json_is_integer(updates)) || (skipped && !json_is_integer(skipped)) ||
+            s.updates < 0 || s.skipped < 0 || s.updates > s.step || s.skipped > s.step)
+            rc = mt_error_set("%s: \"updates\" and \"skipped\" must be integers from 0 to \"step\"", path);
+    }
+    if (rc == MT_OK && args && !json_is_null(args))
+        s.args_json = json_dumps(args, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
     json_decref(o);
     if (rc == MT_OK) *out = s;
     return rc;
@@ -506,6 +519,11 @@ static void load_moments(const mt_safetensors *ost, const char *prefix, const mt
     if (t->total > cursor) memset(arena + cursor, 0, sizeof(float) * (size_t)(t->total - cursor));
 }
 
+void mt_ckpt_state_free(mt_ckpt_state *st) {
+    free(st->args_json);
+    st->args_json = NULL;
+}
+
 int mt_checkpoint_load(const char *ckpt_dir, const mt_param_table *t, float *master, float *m1,
                        float *m2, mt_ckpt_state *st) {
     if (!is_dir(ckpt_dir)) return mt_error_set("%s: no such checkpoint directory", ckpt_dir);
@@ -513,7 +531,7 @@ int mt_checkpoint_load(const char *ckpt_dir, const mt_param_table *t, float *mas
     char *state_path = path_join(ckpt_dir, "trainer_state.json");
     char *opt_path = path_join(ckpt_dir, "optimizer.safetensors");
     mt_config cfg;
-    mt_ckpt_state s;
+    mt_ckpt_state s = {0};
     mt_safetensors *ost = NULL;
     int rc = mt_config_load(&cfg, cfg_path);
     if (rc == MT_OK) rc = check_config(&cfg, &t->cfg, cfg_path);
@@ -526,6 +544,8 @@ int mt_checkpoint_load(const char *ckpt_dir, const mt_param_table *t, float *mas
         load_moments(ost, "exp_avg", t, m1);
         load_moments(ost, "exp_avg_sq", t, m2);
         *st = s;
+    } else {
+        mt_ckpt_state_free(&s);
     }
     mt_safetensors_close(ost);
     free(cfg_path);

@@ -4,7 +4,8 @@
  *   config.json              the model's config (transformers loads the directory as is)
  *   model.safetensors        fp32 master weights, Hugging Face names, table order
  *   optimizer.safetensors    fp32 "exp_avg.<HF name>" and "exp_avg_sq.<HF name>" for every tensor
- *   trainer_state.json       {"format": 1, "step": S, "seed": N, "loss": X, "args": {...}}
+ *   trainer_state.json       {"format": 1, "step": S, "seed": N, "loss": X, "updates": U,
+ *                             "skipped": K, "args": {...}}
  *   tokenizer.json, tokenizer_config.json, special_tokens_map.json, generation_config.json
  *                            copies, when a tokenizer directory was given and holds them
  * A checkpoint is written into OUT/checkpoints/.tmp-step_%08lld/, every file fsync'd, the directory
@@ -26,7 +27,15 @@ typedef struct {
     int64_t step;  /* optimizer steps completed (training resumes at this step index) */
     uint64_t seed; /* the run's seed (data order and init are functions of seed and step) */
     double loss;   /* last step's loss, for the record (NaN/inf are stored as null -> NaN) */
+    int64_t updates; /* optimizer updates applied (AdamW's step count t); step minus the skipped
+                        steps. A checkpoint without the field loads as updates = step. */
+    int64_t skipped; /* steps whose update was skipped (non-finite loss or gradient norm) */
+    char *args_json; /* load: trainer_state.json's "args" as compact JSON with sorted keys
+                        (malloc'd, NULL when absent; mt_ckpt_state_free); save: ignored */
 } mt_ckpt_state;
+
+/* Frees what mt_checkpoint_load allocated in *st (args_json). */
+void mt_ckpt_state_free(mt_ckpt_state *st);
 
 /* Saves OUT/checkpoints/step_%08lld/ (st->step) as described above. master, m1 and m2 are arenas
  * of t->total floats (m1 = exp_avg, m2 = exp_avg_sq). args_json (may be NULL) must be valid JSON;
