@@ -260,12 +260,104 @@ static void test_optimizer_overlaps_forward(void **state) {
     setup_free(&s);
 }
 
+/* A snapshot of the engine's host state: master, both moments and the upload copy. */
+typedef struct {
+    float *master, *m1, *m2;
+    void *upload;
+} state_copy;
+
+static void state_take(state_copy *c, mt_engine *e, const mt_param_table *t, size_t upload_bytes) {
+    size_t bytes = (size_t)t->total * sizeof(float);
+    mt_engine_finish(e);
+    c->master = malloc(bytes), c->m1 = malloc(bytes), c->m2 = malloc(bytes), c->upload = malloc(upload_bytes);
+    memcpy(c->master, mt_engine_master(e), bytes);
+    memcpy(c->m1, mt_engine_moment1(e), bytes);
+    memcpy(c->m2, mt_engine_moment2(e), bytes);
+    memcpy(c->upload, mt_engine_upload(e), upload_bytes);
+}
+
+static void state_equal(const state_copy *a, const state_copy *b, const mt_param_table *t, size_t upload_bytes) {
+    size_t bytes = (size_t)t->total * sizeof(float);
+    assert_memory_equal(a->master, b->master, bytes);
+    assert_memory_equal(a->m1, b->m1, bytes);
+    assert_memory_equal(a->m2, b->m2, bytes);
+    assert_memory_equal(a->upload, b->upload, upload_bytes);
+}
+
+static void state_free(state_copy *c) { free(c->master), free(c->m1), free(c->m2), free(c->upload); }
+
+/* A step whose loss is NaN applies no update: master, moments and the upload copy are bit for bit
+ * what they were, and the next finite step (with the same Adam step t) gives what a run that never
+ * saw the bad batch gives: the same loss, norm and state, bit for bit. The bad batch is made by a
+ * NaN embedding row for one token that only it contains (llama_gqa is untied, so the row feeds
+ * nothing else, and its gradient in the good batches is zero). */
+static void test_nonfinite_step_skipped(void **state) {
+    setup s;
+    setup_init(&s, "llama_gqa", 2);
+    int V = s.cfg.V, N = B_ROWS * T_LEN, bad_token = V - 1;
+    const mt_param *embed = NULL;
+    for (int i = 0; i < s.table.n_params; i++)
+        if (s.table.params[i].kind == MT_W_EMBED) embed = &s.table.params[i];
+    assert_non_null(embed);
+    assert_false(s.cfg.tie_word_embeddings);
+    for (int c = 0; c < s.cfg.C; c++) s.weights[embed->offset + (size_t)bad_token * s.cfg.C + c] = NAN;
+    int32_t good1[B_ROWS * T_LEN], good2[B_ROWS * T_LEN], bad[B_ROWS * T_LEN];
+    for (int i = 0; i < N; i++) {
+        good1[i] = s.ids[i] % (V - 1);
+        good2[i] = (s.ids[i] * 7 + 3) % (V - 1);
+        bad[i] = i == 5 ? bad_token : good2[i];
+    }
+    mt_backend *be = mt_backend_cpu_create();
+    size_t upload_bytes = (size_t)s.table.total * mt_dtype_size(be->dtype);
+    mt_engine_opts o = {.batch = B_ROWS, .micro_batch = 2, .T = T_LEN, .n_slots = 2, .opt_threads = 1};
+
+    /* run A: good1, bad (skipped), good2 */
+    mt_engine *a = mt_engine_create(&s.table, be, &o, s.weights);
+    mt_step_result r1, rbad, ra;
+    mt_engine_step(a, good1, s.targets, &hp, 1, 1.0, &r1);
+    assert_false(r1.skipped);
+    assert_true(isfinite(r1.loss) && isfinite(r1.grad_norm));
+    state_copy before, after;
+    state_take(&before, a, &s.table, upload_bytes);
+    mt_engine_step(a, bad, s.targets, &hp, 2, 1.0, &rbad);
+    fprintf(stderr, "bad batch: loss %g norm %g skipped %d\n", rbad.loss, rbad.grad_norm, rbad.skipped);
+    assert_true(rbad.skipped);
+    assert_false(isfinite(rbad.loss));
+    state_take(&after, a, &s.table, upload_bytes);
+    state_equal(&before, &after, &s.table, upload_bytes);
+    mt_engine_step(a, good2, s.targets, &hp, 2, 1.0, &ra);
+    assert_false(ra.skipped);
+    state_copy end_a;
+    state_take(&end_a, a, &s.table, upload_bytes);
+
+    /* run B: good1, good2 */
+    mt_engine *b = mt_engine_create(&s.table, be, &o, s.weights);
+    mt_step_result rb;
+    mt_engine_step(b, good1, s.targets, &hp, 1, 1.0, &rb);
+    mt_engine_step(b, good2, s.targets, &hp, 2, 1.0, &rb);
+    state_copy end_b;
+    state_take(&end_b, b, &s.table, upload_bytes);
+    fprintf(stderr, "after the skip: loss %.7f norm %.7f | never bad: loss %.7f norm %.7f\n", ra.loss,
+            ra.grad_norm, rb.loss, rb.grad_norm);
+    assert_true(ra.loss == rb.loss && ra.grad_norm == rb.grad_norm);
+    state_equal(&end_a, &end_b, &s.table, upload_bytes);
+    /* the comparison is not of an untouched state: good2's update moved the weights */
+    assert_true(memcmp(end_a.master, after.master, (size_t)s.table.total * sizeof(float)) != 0);
+
+    state_free(&before), state_free(&after), state_free(&end_a), state_free(&end_b);
+    mt_engine_destroy(a);
+    mt_engine_destroy(b);
+    be->destroy(be);
+    setup_free(&s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_transfers_per_step),
         cmocka_unit_test(test_engine_matches_runner),
         cmocka_unit_test(test_optimizer_overlaps_forward),
         cmocka_unit_test(test_memory_modes),
+        cmocka_unit_test(test_nonfinite_step_skipped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -448,7 +448,11 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
     res->compute_ms = busy_ms(e);
     res->opt_ms = mt_optimizer_last_ms(e->opt);
 
-    mt_optimizer_start(e->opt, hp, adam_step, res->clip_coef, e->grads_out);
+    /* a NaN or inf anywhere in the loss or the gradient shows in one of the two numbers; such an
+     * update would make master and the moments NaN for good, so it is never applied */
+    res->skipped = !isfinite(res->loss) || !isfinite(res->grad_norm);
+    if (res->skipped) mt_optimizer_skip(e->opt, adam_step, e->grads_out);
+    else mt_optimizer_start(e->opt, hp, adam_step, res->clip_coef, e->grads_out);
 }
 
 double mt_engine_eval(mt_engine *e, const int32_t *inputs, const int32_t *targets, int B,
@@ -632,6 +636,7 @@ int mt_engine_set_documents(mt_engine *e, const int32_t *doc_start) {
 float *mt_engine_master(mt_engine *e) { return e->master; }
 float *mt_engine_moment1(mt_engine *e) { return e->m1; }
 float *mt_engine_moment2(mt_engine *e) { return e->m2; }
+const void *mt_engine_upload(const mt_engine *e) { return e->upload; }
 
 void mt_engine_refresh_upload(mt_engine *e) {
     if (e->opt) mt_optimizer_wait_all(e->opt);

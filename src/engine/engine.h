@@ -53,6 +53,7 @@ typedef struct {
     double h2d_bytes, d2h_bytes; /* weights (and ids) in, gradients out */
     double compute_ms;    /* time the compute stream spent in layer and head work (-1: unknown) */
     double opt_ms;        /* wall time of the previous step's optimizer update (0 before one ran) */
+    int skipped;          /* the loss or the gradient norm was NaN/inf: no update was applied */
 } mt_step_result;
 
 /* Compute-side and host bytes the engine will allocate (for the plan printed before training). */
@@ -74,8 +75,15 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
 void mt_engine_destroy(mt_engine *e);
 
 /* One training step on B rows of T tokens (host arrays, targets < 0 ignored): forward, head,
- * backward, exact global norm; then starts the AdamW update (Adam step `adam_step`, 1-based) in
- * the background and returns. max_norm <= 0 disables clipping. */
+ * backward, exact global norm; then starts the AdamW update (Adam step `adam_step`, 1-based: the
+ * updates applied before this one, plus 1) in the background and returns. max_norm <= 0 disables
+ * clipping. adam_step also labels the step's spans in the trace.
+ *
+ * When the loss or the gradient norm is not finite the update is skipped (res->skipped): master,
+ * moments and the upload copy stay bit for bit as they were (the optimizer thread rewrites the
+ * upload buffers, which hold this step's gradients, from master), so the next step sees the state
+ * as if this batch had not been; pass the same adam_step again then. What to do about such steps
+ * (go on, stop) is the caller's policy; applying one is never right, so there is no option. */
 void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
                     const mt_adamw_hparams *hp, int64_t adam_step, double max_norm,
                     mt_step_result *res);
@@ -99,6 +107,8 @@ float *mt_engine_master(mt_engine *e);
 float *mt_engine_moment1(mt_engine *e);
 float *mt_engine_moment2(mt_engine *e);
 void mt_engine_refresh_upload(mt_engine *e);
+/* The upload copy (compute dtype, table layout; tests compare it around a skipped step). */
+const void *mt_engine_upload(const mt_engine *e);
 
 /* Weight loads issued per group in the last step (index layer + 1: 0 embed, L+1 head). */
 const int *mt_engine_loads(const mt_engine *e);

@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "../core/error.h"
@@ -26,6 +27,7 @@ struct mt_optimizer {
     int groups_done;          /* of the running step, in order embed, layers, head */
     mt_adamw_hparams hp;
     int64_t step;
+    int restore;              /* the job rewrites the upload copy from master instead (a skip) */
     float grad_scale;
     mt_event *grads_ready;
 };
@@ -57,6 +59,21 @@ static void update_group(mt_optimizer *o, int layer) {
     }
 }
 
+/* A skipped update: the group's upload buffer holds the dropped gradient; the weights the next
+ * forward reads come back from master, with the rounding the update itself uses. */
+static void restore_group(mt_optimizer *o, int layer) {
+    const mt_param_table *t = o->t;
+    size_t elem = mt_dtype_size(o->upload_dtype);
+    for (int i = 0; i < t->n_params; i++) {
+        const mt_param *p = &t->params[i];
+        if (p->layer != layer) continue;
+        void *up = (char *)o->upload + (size_t)p->offset * elem;
+        const float *w = o->master + p->offset;
+        if (o->upload_dtype == MT_BF16) mt_convert_f32_to_bf16(up, w, (size_t)p->numel);
+        else memcpy(up, w, (size_t)p->numel * sizeof(float));
+    }
+}
+
 static void *optimizer_main(void *arg) {
     mt_optimizer *o = arg;
     pthread_mutex_lock(&o->mu);
@@ -71,7 +88,8 @@ static void *optimizer_main(void *arg) {
         int L = o->t->cfg.L;
         for (int layer = -1; layer <= L; layer++) {
             double t0 = mt_trace_now(o->trace);
-            update_group(o, layer);
+            if (o->restore) restore_group(o, layer);
+            else update_group(o, layer);
             if (o->delay_us) usleep((useconds_t)o->delay_us);
             mt_trace_add(o->trace, MT_SPAN_OPTIMIZER, MT_LANE_OPT, (int)o->step - 1, layer, t0,
                          mt_trace_now(o->trace));
@@ -117,12 +135,13 @@ void mt_optimizer_destroy(mt_optimizer *o) {
     free(o);
 }
 
-void mt_optimizer_start(mt_optimizer *o, const mt_adamw_hparams *hp, int64_t step,
-                        float grad_scale, mt_event *grads_ready) {
+static void start_job(mt_optimizer *o, const mt_adamw_hparams *hp, int64_t step, float grad_scale,
+                      int restore, mt_event *grads_ready) {
     mt_optimizer_wait_all(o);
     pthread_mutex_lock(&o->mu);
     o->hp = *hp;
     o->step = step;
+    o->restore = restore;
     o->grad_scale = grad_scale;
     o->grads_ready = grads_ready;
     o->groups_done = 0;
@@ -130,6 +149,16 @@ void mt_optimizer_start(mt_optimizer *o, const mt_adamw_hparams *hp, int64_t ste
     o->pending = 1;
     pthread_cond_broadcast(&o->cv);
     pthread_mutex_unlock(&o->mu);
+}
+
+void mt_optimizer_start(mt_optimizer *o, const mt_adamw_hparams *hp, int64_t step,
+                        float grad_scale, mt_event *grads_ready) {
+    start_job(o, hp, step, grad_scale, 0, grads_ready);
+}
+
+void mt_optimizer_skip(mt_optimizer *o, int64_t step, mt_event *grads_ready) {
+    mt_adamw_hparams none = {0};
+    start_job(o, &none, step, 0.0f, 1, grads_ready);
 }
 
 void mt_optimizer_wait_group(mt_optimizer *o, int layer) {

@@ -33,6 +33,12 @@ void mt_optimizer_destroy(mt_optimizer *o);
 void mt_optimizer_start(mt_optimizer *o, const mt_adamw_hparams *hp, int64_t step,
                         float grad_scale, mt_event *grads_ready);
 
+/* Instead of an update (a skipped step): once grads_ready has completed, rewrites each group's
+ * upload buffer (which holds the dropped gradient) from master, in the same group order and with
+ * the same per-group waits, so the next forward sees the weights as they were; master and the
+ * moments are not touched. `step` only labels the trace. */
+void mt_optimizer_skip(mt_optimizer *o, int64_t step, mt_event *grads_ready);
+
 /* Blocks until the running step, if any, has updated group `layer` (-1 embed, L head). */
 void mt_optimizer_wait_group(mt_optimizer *o, int layer);
 void mt_optimizer_wait_all(mt_optimizer *o);
