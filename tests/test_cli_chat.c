@@ -167,7 +167,7 @@ static void test_cache_keyed(void **st) {
     (void)st;
     char *out = malloc(OUT_SIZE);
     const char *args = "train --steps 1 --batch 2 --lr 0.01 --device cpu --no-save --model '%s' --data chat.jsonl "
-                       "--out r_cache %s";
+                       "--out r_cache --overwrite %s"; /* the data cache outlives --overwrite */
     int rc = mt(out, args, g_model, "--seq 64");
     expect(rc, 0, out, "rows of 64 tokens");
     assert_null(strstr(out, "using the packed cache"));

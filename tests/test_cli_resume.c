@@ -279,7 +279,7 @@ static void test_save_every_keep(void **state) {
     char cmd[8192];
     snprintf(cmd, sizeof cmd,
              "'%s' train --model '%s' --data '%s/data.bin' --steps 22 --batch 4 --micro-batch 2 --seq 48 "
-             "--lr 1e-2 --warmup 3 --device cpu --no-shuffle --save-every 5 --keep 2 --resume --out '%s/keep'",
+             "--lr 1e-2 --warmup 3 --device cpu --no-shuffle --save-every 5 --keep 2 --resume --resume-changed --out '%s/keep'",
              g_bin, g_fixture, g_fixture, g_tmp);
     int rc = mt_test_run(cmd, out, OUT_SIZE);
     if (rc != 0 || strstr(out, "Sanitizer")) fail_msg("exit %d: %s\n%s", rc, cmd, out);

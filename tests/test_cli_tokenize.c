@@ -95,7 +95,7 @@ static void test_tokenize_equals_train(void **st) {
 static void test_cache_reuse(void **st) {
     (void)st;
     char *out = malloc(OUT_SIZE);
-    const char *args = TRAIN " --model '%s' --data corpus.txt --out run_cache --no-save %s";
+    const char *args = TRAIN " --model '%s' --data corpus.txt --out run_cache --no-save --overwrite %s";
     int rc = mt(out, args, g.model, "");
     expect(rc, 0, out, "corpus.txt: ");
     assert_null(strstr(out, "using the tokenized cache"));

@@ -20,6 +20,7 @@
 #include "commands.h"
 #include "model_source.h"
 #include "run_data.h"
+#include "run_dir.h"
 #include "run_setup.h"
 #include "train_log.h"
 #include "train_opts.h"
@@ -62,9 +63,20 @@ typedef struct {
     mt_run_data data, eval;
     int docs_set;          /* the engine holds document starts (packed rows) */
     mt_train_log log;
+    mt_run_lock lock;      /* OUT/.lock, held for the whole run */
     char *args_json;
-    int64_t step;          /* steps completed */
-    double last_loss;
+    int64_t step;          /* steps completed (the data position) */
+    int64_t updates;       /* of those, steps whose update was applied (AdamW's t) */
+    int64_t skipped;       /* steps whose update was skipped (non-finite loss or norm) */
+    int64_t in_a_row;      /* non-finite steps in a row, up to now */
+    double last_loss;      /* the last step's loss (NaN when it was skipped) */
+    double good_loss;      /* the last finite loss and its step */
+    int64_t good_step;
+    double eval_loss;      /* the last evaluation (eval_step 0: none) */
+    int64_t eval_step;
+    char last_ckpt[4200];  /* the newest checkpoint written or resumed from ("" none) */
+    int64_t first_step;    /* the step this process started at */
+    double first_ms, rest_ms; /* time of the first step of this process, and of the others */
     int saved_layers;      /* layers whose backward skips the recompute (for the MFU) */
 } train_run;
 
@@ -72,14 +84,14 @@ static int save_checkpoint(train_run *r) {
     mt_engine_finish(r->e);
     if (r->o.no_save) return MT_OK;
     mt_ckpt_state st = {.step = r->step, .seed = (uint64_t)r->o.seed, .loss = r->last_loss,
-                        .updates = r->step};
+                        .updates = r->updates, .skipped = r->skipped};
     double t0 = now_ms();
     MT_TRY(mt_checkpoint_save(r->o.out_dir, &r->model.table, mt_engine_master(r->e),
                               mt_engine_moment1(r->e), mt_engine_moment2(r->e), &st, r->args_json,
                               r->o.model_dir, (int)r->o.keep));
-    mt_train_log_note(&r->log, "saved %s/checkpoints/step_%08lld (%.1f s)", r->o.out_dir,
-                      (long long)r->step, (now_ms() - t0) / 1e3);
-    return MT_OK;
+    snprintf(r->last_ckpt, sizeof r->last_ckpt, "%s/checkpoints/step_%08lld", r->o.out_dir,
+             (long long)r->step);
+    return mt_train_log_note(&r->log, "saved %s (%.1f s)", r->last_ckpt, (now_ms() - t0) / 1e3);
 }
 
 /* Packed rows come with document starts; token data is one document per row. */
@@ -89,7 +101,7 @@ static void use_documents(train_run *r, const int32_t *doc_start) {
     r->docs_set = doc_start != NULL;
 }
 
-static void evaluate(train_run *r) {
+static int evaluate(train_run *r) {
     int B = (int)r->o.batch, T = (int)r->o.seq;
     int64_t rows = mt_run_data_eval_rows(&r->eval, T);
     int64_t batches = (rows + B - 1) / B;
@@ -104,7 +116,9 @@ static void evaluate(train_run *r) {
         count += c;
     }
     free(in), free(tg);
-    mt_train_log_eval(&r->log, r->step, count ? sum / count : NAN, count);
+    r->eval_loss = count ? sum / count : NAN;
+    r->eval_step = r->step;
+    return mt_train_log_eval(&r->log, r->step, r->eval_loss, count);
 }
 
 /* Matmul FLOPs one step executes: every layer's projections forward, again in the recompute
@@ -120,6 +134,41 @@ static double step_matmul_flops(const mt_config *c, double tokens, int T, int sa
 
 #define H200_GEMM_PEAK 800e12 /* bf16 dense GEMM measured on the H200 (HARDWARE.md) */
 
+/* A number for a message: nan and inf spelled plainly (printf may write -nan). */
+static const char *num_text(double x, char *buf, size_t n) {
+    if (isnan(x)) snprintf(buf, n, "nan");
+    else if (isinf(x)) snprintf(buf, n, "%sinf", x < 0 ? "-" : "");
+    else snprintf(buf, n, "%.4g", x);
+    return buf;
+}
+
+/* A step whose update was skipped: a note, or (policy, or too many in a row) the end of the run
+ * with an error that names the last good checkpoint. No checkpoint is written on that path: the
+ * newest one stays the newest. */
+static int on_nonfinite(train_run *r, const mt_step_result *res) {
+    const mt_train_opts *o = &r->o;
+    char a[32], b[32], where[4400];
+    num_text(res->loss, a, sizeof a);
+    num_text(res->grad_norm, b, sizeof b);
+    int stop = o->nonfinite_stop || r->in_a_row >= o->max_nonfinite;
+    if (!stop)
+        return mt_train_log_note(&r->log, "step %lld: loss %s, gradient norm %s: update skipped (%lld in a row; "
+                                 "the run stops at %lld, --max-nonfinite)",
+                                 (long long)r->step, a, b, (long long)r->in_a_row, (long long)o->max_nonfinite);
+    if (r->last_ckpt[0])
+        snprintf(where, sizeof where, "the last good checkpoint is %s (continue from it with --resume)", r->last_ckpt);
+    else
+        snprintf(where, sizeof where, "there is no checkpoint of this run yet");
+    char why[128];
+    if (o->nonfinite_stop) snprintf(why, sizeof why, "--on-nonfinite stop");
+    else snprintf(why, sizeof why, "%lld in a row, --max-nonfinite %lld", (long long)r->in_a_row,
+                  (long long)o->max_nonfinite);
+    return mt_error_set("step %lld: loss %s, gradient norm %s (%s): stopping; the weights were not updated "
+                        "and no checkpoint was written; %s; try a lower --lr or a longer --warmup, or check "
+                        "the data",
+                        (long long)r->step, a, b, why, where);
+}
+
 static int train_loop(train_run *r) {
     const mt_train_opts *o = &r->o;
     int B = (int)o->batch, T = (int)o->seq;
@@ -131,53 +180,101 @@ static int train_loop(train_run *r) {
     int64_t tokens = r->step * (int64_t)B * T;
     int rc = MT_OK;
     int64_t last = o->stop_at && o->stop_at < o->steps ? o->stop_at : o->steps;
+    r->first_step = r->step;
     while (r->step < last && !stop_requested) {
         if (o->max_ms && now_ms() - t_start > (double)o->max_ms) {
-            mt_train_log_note(&r->log, "--max-time reached after %lld steps", (long long)r->step);
+            rc = mt_train_log_note(&r->log, "--max-time reached after %lld steps", (long long)r->step);
             break;
         }
-        /* keep the timeline of the last two steps: the last one and the optimizer run it overlaps */
-        if (o->trace_path) mt_trace_drop_before(mt_engine_trace(r->e), (int)r->step - 1);
+        /* keep the timeline of the last two steps: the last one and the optimizer run it overlaps
+         * (spans are labelled by the update they belong to; a skipped step shares the next one's) */
+        if (o->trace_path) mt_trace_drop_before(mt_engine_trace(r->e), (int)r->updates - 1);
         double t0 = now_ms();
         use_documents(r, mt_run_data_batch(&r->data, &order, r->step, B, T, in, tg));
+        /* the schedule follows the data position; AdamW's bias correction the updates applied */
         mt_adamw_hparams hp = {.lr = mt_lr_at(&sched, r->step), .beta1 = o->beta1, .beta2 = o->beta2,
                                .eps = o->eps, .weight_decay = o->weight_decay};
         mt_step_result res;
-        mt_engine_step(r->e, in, tg, &hp, r->step + 1, o->clip, &res);
+        mt_engine_step(r->e, in, tg, &hp, r->updates + 1, o->clip, &res);
         double ms = now_ms() - t0;
         r->step++;
         tokens += (int64_t)B * T;
         r->last_loss = res.loss;
+        if (res.skipped) {
+            r->skipped++;
+            r->in_a_row++;
+        } else {
+            r->updates++;
+            r->in_a_row = 0;
+            r->good_loss = res.loss;
+            r->good_step = r->step;
+        }
+        if (r->step == r->first_step + 1) r->first_ms = ms;
+        else r->rest_ms += ms;
+        int64_t timed = r->step - r->first_step - 1; /* the first step (warm-up of caches) is left out */
         double sec = ms / 1e3;
+        int gpu = r->be->mem_used != NULL; /* a device with its own memory: the GPU measurements mean something */
         mt_step_line line = {.step = r->step, .loss = res.loss, .lr = hp.lr, .grad_norm = res.grad_norm,
                              .clip_coef = res.clip_coef, .ms = ms, .tokens = tokens, .targets = res.count,
                              .tok_per_s = B * T / sec,
                              .tflops = 6.0 * n_params * B * T / sec / 1e12,
+                             .skipped = res.skipped,
+                             .eta_s = timed > 0 ? r->rest_ms / (double)timed * (double)(last - r->step) / 1e3 : -1,
+                             .gpu = gpu,
                              .mfu = step_matmul_flops(&r->model.table.cfg, (double)B * T, T, r->saved_layers) / sec /
                                     H200_GEMM_PEAK,
                              .h2d_gbs = res.h2d_bytes / sec / 1e9,
                              .d2h_gbs = res.d2h_bytes / sec / 1e9,
                              .gpu_busy = res.compute_ms >= 0 ? res.compute_ms / ms : -1,
                              .opt_ms = res.opt_ms,
-                             .gpu_gb = r->be->mem_used ? r->be->mem_used(r->be) / 1e9 : -1,
+                             .gpu_gb = gpu ? r->be->mem_used(r->be) / 1e9 : -1,
                              .host_gb = resident_gb()};
-        mt_train_log_step(&r->log, &line);
-        if (!isfinite(res.loss)) {
-            rc = mt_error_set("step %lld: the loss is %g; stopping (lower --lr, or check the data)",
-                              (long long)r->step, res.loss);
-            break;
-        }
-        if (o->eval_data && o->eval_every && r->step % o->eval_every == 0) evaluate(r);
+        if ((rc = mt_train_log_step(&r->log, &line)) != MT_OK) break;
+        if (res.skipped && (rc = on_nonfinite(r, &res)) != MT_OK) break;
+        if (o->eval_data && o->eval_every && r->step % o->eval_every == 0)
+            if ((rc = evaluate(r)) != MT_OK) break;
         if (o->save_every && r->step % o->save_every == 0 && r->step < o->steps)
             if ((rc = save_checkpoint(r)) != MT_OK) break;
     }
     free(in), free(tg);
     if (rc != MT_OK) return rc;
     if (stop_requested)
-        mt_train_log_note(&r->log, "%s: stopping after step %lld", stop_requested == SIGINT ? "SIGINT" : "SIGTERM",
-                          (long long)r->step);
-    if (o->eval_data && (!o->eval_every || r->step % o->eval_every != 0)) evaluate(r);
+        MT_TRY(mt_train_log_note(&r->log, "%s: stopping after step %lld",
+                                 stop_requested == SIGINT ? "SIGINT" : "SIGTERM", (long long)r->step));
+    if (o->eval_data && (!o->eval_every || r->step % o->eval_every != 0)) MT_TRY(evaluate(r));
     return save_checkpoint(r);
+}
+
+/* What the run did, where its state is and how to go on; also after a failure (then the last
+ * checkpoint named is the one to go back to). */
+static void print_summary(train_run *r, double wall_ms) {
+    const mt_train_opts *o = &r->o;
+    int64_t done = r->step - r->first_step, tokens = done * o->batch * o->seq;
+    double sec = wall_ms / 1e3;
+    char line[4600], loss[32];
+    mt_train_log *lg = &r->log;
+    if (done == 0)
+        mt_train_log_note(lg, "summary: no step to run (step %lld of %lld)", (long long)r->step, (long long)o->steps);
+    else
+        mt_train_log_note(lg, "summary: steps %lld-%lld of %lld done in %.1f s (%lld skipped in all); %lld tokens, "
+                          "%.0f tok/s",
+                          (long long)r->first_step + 1, (long long)r->step, (long long)o->steps, sec,
+                          (long long)r->skipped, (long long)tokens, sec > 0 ? tokens / sec : 0.0);
+    if (r->good_step) {
+        int n = snprintf(line, sizeof line, "final loss %s (step %lld)", num_text(r->good_loss, loss, sizeof loss),
+                         (long long)r->good_step);
+        if (r->eval_step)
+            snprintf(line + n, sizeof line - (size_t)n, ", eval loss %s (step %lld)",
+                     num_text(r->eval_loss, loss, sizeof loss), (long long)r->eval_step);
+        mt_train_log_note(lg, "%s", line);
+    }
+    if (o->no_save) mt_train_log_note(lg, "no checkpoint (--no-save)");
+    else if (!r->last_ckpt[0]) mt_train_log_note(lg, "no checkpoint was written");
+    else if (r->step < o->steps)
+        mt_train_log_note(lg, "last checkpoint: %s; continue with the same command and --resume", r->last_ckpt);
+    else
+        mt_train_log_note(lg, "last checkpoint: %s (a Hugging Face model directory: use it with --model)",
+                          r->last_ckpt);
 }
 
 static void train_run_free(train_run *r) {
@@ -188,6 +285,7 @@ static void train_run_free(train_run *r) {
     mt_train_log_close(&r->log);
     mt_host_model_free(&r->model);
     free(r->args_json);
+    mt_run_unlock(&r->lock);
 }
 
 static int readable_file(const char *flag, const char *path) {
@@ -195,6 +293,72 @@ static int readable_file(const char *flag, const char *path) {
     if (!f) return mt_error_set("%s %s: cannot open: %s", flag, path, strerror(errno));
     fclose(f);
     return MT_OK;
+}
+
+/* The newest checkpoint of OUT into the engine's arenas and *st; *found = 0 when OUT has none.
+ * (The one place that picks and loads the checkpoint to resume from.) */
+static int load_resume_checkpoint(train_run *r, mt_ckpt_state *st, int *found) {
+    char latest[4096];
+    *found = mt_checkpoint_latest(r->o.out_dir, latest, sizeof latest) == MT_OK;
+    if (!*found) return MT_OK;
+    MT_TRY(mt_checkpoint_load(latest, &r->model.table, mt_engine_master(r->e), mt_engine_moment1(r->e),
+                              mt_engine_moment2(r->e), st));
+    snprintf(r->last_ckpt, sizeof r->last_ckpt, "%s", latest);
+    return MT_OK;
+}
+
+/* The checkpoint's settings against this command's: a change in what shapes the math of the
+ * remaining steps is refused, by name, unless --resume-changed (then it is a warning). */
+static int check_resume_settings(const train_run *r, const mt_ckpt_state *st) {
+    if (!st->args_json) {
+        fprintf(stderr, "megatrain: warning: %s records no settings; they are not compared\n", r->last_ckpt);
+        return MT_OK;
+    }
+    char *list;
+    int n = mt_train_opts_changes(&r->o, st->args_json, &list);
+    int rc = MT_OK;
+    if (n < 0) fprintf(stderr, "megatrain: warning: %s: its settings are unreadable; not compared\n", r->last_ckpt);
+    else if (n > 0 && !r->o.resume_changed)
+        rc = mt_error_set("--resume: %s was trained with other settings: %s; resume with the old values, "
+                          "or add --resume-changed to go on with the new ones",
+                          r->last_ckpt, list);
+    else if (n > 0)
+        fprintf(stderr, "megatrain: warning: --resume-changed: going on with changed settings: %s\n", list);
+    free(list);
+    return rc;
+}
+
+/* --resume: the run's state and counters from its checkpoint, metrics.jsonl cut back to it.
+ * *resumed = 0 when OUT has no checkpoint and no run either (then the run starts at step 0). */
+static int resume(train_run *r, int *resumed) {
+    const mt_train_opts *o = &r->o;
+    mt_ckpt_state st = {0};
+    MT_TRY(load_resume_checkpoint(r, &st, resumed));
+    if (!*resumed) {
+        char what[512];
+        if (mt_run_dir_used(o->out_dir, what, sizeof what))
+            return mt_error_set("--resume: %s holds a run's %s but no checkpoint to resume it from; start "
+                                "it again with --overwrite instead of --resume",
+                                o->out_dir, what);
+        printf("--resume: no checkpoint in %s yet; starting at step 0\n", o->out_dir);
+        return MT_OK;
+    }
+    int rc = check_resume_settings(r, &st);
+    int64_t dropped = 0;
+    if (rc == MT_OK) rc = mt_run_dir_cut_metrics(o->out_dir, st.step, &dropped);
+    if (rc == MT_OK) {
+        r->step = st.step;
+        r->updates = st.updates;
+        r->skipped = st.skipped;
+        r->last_loss = st.loss;
+        if (isfinite(st.loss)) r->good_loss = st.loss, r->good_step = st.step;
+        printf("resuming from %s (step %lld", r->last_ckpt, (long long)st.step);
+        if (st.skipped) printf(", %lld of them skipped", (long long)st.skipped);
+        if (dropped) printf("; %lld later lines of metrics.jsonl dropped", (long long)dropped);
+        printf(")\n");
+    }
+    mt_ckpt_state_free(&st);
+    return rc;
 }
 
 static int train(train_run *r) {
@@ -207,6 +371,10 @@ static int train(train_run *r) {
     MT_TRY(readable_file("--data", o->data));
     if (o->eval_data) MT_TRY(readable_file("--eval-data", o->eval_data));
     MT_TRY(mt_run_make_dir(o->out_dir));
+    /* before anything is written into OUT (data caches included): one process per directory, and
+     * a fresh run never mixes with an old one */
+    MT_TRY(mt_run_lock_take(&r->lock, o->out_dir));
+    if (!o->resume) MT_TRY(mt_run_dir_prepare_fresh(o->out_dir, o->overwrite));
     mt_run_data_opts dopts = {.out_dir = o->out_dir, .model_dir = o->model_dir, .doc_sep = o->doc_sep,
                               .T = (int)o->seq, .chat_format = (mt_chat_format)o->chat_format,
                               .loss_on = (mt_chat_loss_on)o->loss_on, .long_policy = (mt_long_policy)o->long_policy,
@@ -225,21 +393,14 @@ static int train(train_run *r) {
     r->e = mt_engine_create(&r->model.table, r->be, &eo, NULL);
     float *master = mt_engine_master(r->e);
 
-    char latest[4096];
-    if (o->resume && mt_checkpoint_latest(o->out_dir, latest, sizeof latest) == MT_OK) {
-        mt_ckpt_state st;
-        MT_TRY(mt_checkpoint_load(latest, &r->model.table, master, mt_engine_moment1(r->e),
-                                  mt_engine_moment2(r->e), &st));
-        r->step = st.step;
-        mt_ckpt_state_free(&st);
-        printf("resuming from %s (step %lld)\n", latest, (long long)st.step);
-    } else {
-        if (o->resume) printf("--resume: no checkpoint in %s yet; starting at step 0\n", o->out_dir);
+    r->args_json = mt_train_opts_json(o);
+    int resumed = 0;
+    if (o->resume) MT_TRY(resume(r, &resumed));
+    if (!resumed) {
         if (o->model_dir) MT_TRY(mt_model_load(&r->model.table, master, o->model_dir));
         else mt_param_init(&r->model.table, master, cfg->initializer_range, (uint64_t)o->seed);
     }
     mt_engine_refresh_upload(r->e);
-    r->args_json = mt_train_opts_json(o);
     MT_TRY(mt_train_log_open(&r->log, o->out_dir, o->log_path, o->steps, r->step > 0));
     char data_desc[256];
     mt_run_data_describe(&r->data, data_desc, sizeof data_desc);
@@ -248,14 +409,22 @@ static int train(train_run *r) {
            r->model.table.n_real / 1e6, r->be->name, (long long)o->steps, (long long)o->batch,
            (long long)o->seq, (long long)o->micro_batch, o->data, data_desc);
     install_signals();
+    double t0 = now_ms();
     int rc = train_loop(r);
-    if (o->trace_path && rc == MT_OK) rc = mt_trace_write_json(mt_engine_trace(r->e), o->trace_path);
+    char *error = rc == MT_OK ? NULL : mt_strdup(mt_error_message()); /* the summary's notes may fail too */
+    print_summary(r, now_ms() - t0);
+    if (rc == MT_OK && o->trace_path) rc = mt_trace_write_json(mt_engine_trace(r->e), o->trace_path);
+    int closed = mt_train_log_close(&r->log); /* the last bytes reach the files only now */
+    if (rc == MT_OK) rc = closed;
+    if (error) mt_error_set("%s", error);
+    free(error);
     return rc;
 }
 
 int mt_cmd_train(int argc, char **argv) {
     train_run r;
     memset(&r, 0, sizeof r);
+    r.lock.fd = -1;
     int exit_now;
     if (mt_train_opts_parse(&r.o, argc, argv, &exit_now) != MT_OK) {
         fprintf(stderr, "megatrain: %s\n", mt_error_message());

@@ -1,6 +1,7 @@
 #include "train_log.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <string.h>
 #include <unistd.h>
@@ -10,11 +11,11 @@
 int mt_train_log_open(mt_train_log *lg, const char *out_dir, const char *log_path, int64_t steps,
                       int append) {
     memset(lg, 0, sizeof *lg);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
-    lg->metrics = fopen(path, append ? "a" : "w");
-    if (!lg->metrics) return mt_error_set("%s: cannot write: %s", path, strerror(errno));
+    snprintf(lg->metrics_name, sizeof lg->metrics_name, "%s/metrics.jsonl", out_dir);
+    lg->metrics = fopen(lg->metrics_name, append ? "a" : "w");
+    if (!lg->metrics) return mt_error_set("%s: cannot write: %s", lg->metrics_name, strerror(errno));
     if (log_path) {
+        snprintf(lg->log_name, sizeof lg->log_name, "--log %s", log_path);
         lg->log = fopen(log_path, append ? "a" : "w");
         if (!lg->log) {
             fclose(lg->metrics);
@@ -27,11 +28,41 @@ int mt_train_log_open(mt_train_log *lg, const char *out_dir, const char *log_pat
     return MT_OK;
 }
 
-void mt_train_log_close(mt_train_log *lg) {
+/* The sticky error: the first failure's message, repeated by every later call. */
+static int failed(mt_train_log *lg) {
+    return lg->failed ? mt_error_set("%s", lg->error) : MT_OK;
+}
+
+static int write_failed(mt_train_log *lg, const char *name, int err) {
+    if (!lg->failed) snprintf(lg->error, sizeof lg->error, "%s: write failed: %s", name, strerror(err));
+    lg->failed = 1;
+    return failed(lg);
+}
+
+/* One line to f, flushed: an error shows now, not at a later buffer flush. */
+static int put_line(mt_train_log *lg, FILE *f, const char *name, const char *line) {
+    if (lg->failed) return failed(lg);
+    errno = 0;
+    if (fputs(line, f) < 0 || fputc('\n', f) == EOF || fflush(f) != 0)
+        return write_failed(lg, name, errno ? errno : EIO);
+    return MT_OK;
+}
+
+int mt_train_log_close(mt_train_log *lg) {
     if (lg->open_line) fputc('\n', stdout);
-    if (lg->metrics) fclose(lg->metrics);
-    if (lg->log) fclose(lg->log);
+    int rc = failed(lg);
+    FILE *files[2] = {lg->metrics, lg->log};
+    const char *names[2] = {lg->metrics_name, lg->log_name};
+    for (int i = 0; i < 2; i++) {
+        if (!files[i]) continue;
+        errno = 0;
+        if (fclose(files[i]) != 0 && rc == MT_OK) rc = write_failed(lg, names[i], errno ? errno : EIO);
+    }
+    char keep[sizeof lg->error];
+    memcpy(keep, lg->error, sizeof keep);
     memset(lg, 0, sizeof *lg);
+    if (rc != MT_OK) mt_error_set("%s", keep);
+    return rc;
 }
 
 static void end_bar(mt_train_log *lg) {
@@ -41,19 +72,83 @@ static void end_bar(mt_train_log *lg) {
     }
 }
 
-static void format_step(char *buf, size_t n, const mt_step_line *s, int64_t steps) {
-    int len = snprintf(buf, n,
-                       "step %lld/%lld | loss %.4f | norm %.3f%s | lr %.2e | %.0f ms | %.0f tok/s | %.3f TFLOPS",
-                       (long long)s->step, (long long)steps, s->loss, s->grad_norm,
-                       s->clip_coef < 1.0 ? " (clipped)" : "", s->lr, s->ms, s->tok_per_s, s->tflops);
-    if (s->gpu_gb >= 0 && len > 0 && (size_t)len < n) /* GPU runs: where the time goes */
-        snprintf(buf + len, n - len,
-                 " | MFU %.0f%% | GPU busy %.0f%% | H2D %.1f D2H %.1f GB/s | opt %.0f ms | GPU %.1f host %.1f GB",
-                 100 * s->mfu, 100 * s->gpu_busy, s->h2d_gbs, s->d2h_gbs, s->opt_ms, s->gpu_gb, s->host_gb);
+/* Text appended at *len of buf (size n), snprintf style; a full buffer keeps what fits. */
+static void add(char *buf, size_t n, size_t *len, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void add(char *buf, size_t n, size_t *len, const char *fmt, ...) {
+    if (*len >= n) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(buf + *len, n - *len, fmt, ap);
+    va_end(ap);
+    if (k > 0) *len = *len + (size_t)k < n ? *len + (size_t)k : n - 1;
 }
 
-void mt_train_log_step(mt_train_log *lg, const mt_step_line *s) {
-    char line[512];
+/* A JSON number, or null when it is not finite (JSON has no NaN). */
+static void add_num(char *buf, size_t n, size_t *len, const char *key, const char *fmt, double x) {
+    add(buf, n, len, ", \"%s\": ", key);
+    if (!isfinite(x)) add(buf, n, len, "null");
+    else add(buf, n, len, fmt, x);
+}
+
+static void format_eta(char *buf, size_t n, double s) {
+    long long t = (long long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, n, "%lldh%02lldm", t / 3600, t / 60 % 60);
+    else if (t >= 60) snprintf(buf, n, "%lldm%02llds", t / 60, t % 60);
+    else snprintf(buf, n, "%llds", t);
+}
+
+/* x with printf's fmt, or "nan" / "inf" (printf may write -nan). */
+static const char *num(char *buf, size_t n, const char *fmt, double x) {
+    if (isnan(x)) snprintf(buf, n, "nan");
+    else if (isinf(x)) snprintf(buf, n, "%sinf", x < 0 ? "-" : "");
+    else snprintf(buf, n, fmt, x);
+    return buf;
+}
+
+static void format_step(char *buf, size_t n, const mt_step_line *s, int64_t steps) {
+    size_t len = 0;
+    char loss[32], norm[32];
+    add(buf, n, &len, "step %lld/%lld | loss %s | norm %s%s | lr %.2e | %.0f ms | %.0f tok/s | %.3f TFLOPS",
+        (long long)s->step, (long long)steps, num(loss, sizeof loss, "%.4f", s->loss),
+        num(norm, sizeof norm, "%.3f", s->grad_norm), s->clip_coef < 1.0 ? " (clipped)" : "", s->lr, s->ms,
+        s->tok_per_s, s->tflops);
+    if (s->gpu) /* GPU runs: where the time goes */
+        add(buf, n, &len, " | MFU %.0f%% | GPU busy %.0f%% | H2D %.1f D2H %.1f GB/s | opt %.0f ms | GPU %.1f host %.1f GB",
+            100 * s->mfu, 100 * s->gpu_busy, s->h2d_gbs, s->d2h_gbs, s->opt_ms, s->gpu_gb, s->host_gb);
+    if (s->eta_s >= 0) {
+        char eta[32];
+        format_eta(eta, sizeof eta, s->eta_s);
+        add(buf, n, &len, " | ETA %s", eta);
+    }
+    if (s->skipped) add(buf, n, &len, " | non-finite: update skipped");
+}
+
+static void metrics_step(char *buf, size_t n, const mt_step_line *s) {
+    size_t len = 0;
+    add(buf, n, &len, "{\"step\": %lld", (long long)s->step);
+    add_num(buf, n, &len, "loss", "%.6f", s->loss);
+    add_num(buf, n, &len, "lr", "%.6e", s->lr);
+    add_num(buf, n, &len, "grad_norm", "%.6f", s->grad_norm);
+    add_num(buf, n, &len, "clip", "%.6f", s->clip_coef);
+    add(buf, n, &len, ", \"tokens\": %lld, \"targets\": %lld", (long long)s->tokens, (long long)s->targets);
+    add_num(buf, n, &len, "ms", "%.3f", s->ms);
+    add_num(buf, n, &len, "tflops", "%.6f", s->tflops);
+    add_num(buf, n, &len, "tok_s", "%.1f", s->tok_per_s);
+    if (s->gpu) {
+        add_num(buf, n, &len, "mfu", "%.4f", s->mfu);
+        add_num(buf, n, &len, "h2d_gbs", "%.3f", s->h2d_gbs);
+        add_num(buf, n, &len, "d2h_gbs", "%.3f", s->d2h_gbs);
+        add_num(buf, n, &len, "gpu_busy", "%.4f", s->gpu_busy);
+        add_num(buf, n, &len, "opt_ms", "%.1f", s->opt_ms);
+        add_num(buf, n, &len, "gpu_gb", "%.3f", s->gpu_gb);
+    }
+    add_num(buf, n, &len, "host_gb", "%.3f", s->host_gb);
+    if (s->skipped) add(buf, n, &len, ", \"nonfinite\": true, \"skipped\": true");
+    add(buf, n, &len, "}");
+}
+
+int mt_train_log_step(mt_train_log *lg, const mt_step_line *s) {
+    char line[768];
     format_step(line, sizeof line, s, lg->steps);
     if (lg->tty) {
         int width = 20, done = (int)(width * s->step / (lg->steps ? lg->steps : 1));
@@ -63,46 +158,37 @@ void mt_train_log_step(mt_train_log *lg, const mt_step_line *s) {
         printf("\r[%s] %s\033[K", bar, line);
         lg->open_line = 1;
         int64_t every = lg->steps / 20 > 0 ? lg->steps / 20 : 1;
-        if (s->step % every == 0 || s->step == lg->steps) end_bar(lg);
+        if (s->step % every == 0 || s->step == lg->steps || s->skipped) end_bar(lg);
     } else {
         printf("%s\n", line);
     }
     fflush(stdout);
-    if (lg->log) {
-        fprintf(lg->log, "%s\n", line);
-        fflush(lg->log);
-    }
-    fprintf(lg->metrics,
-            "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"clip\": %.6f, "
-            "\"tokens\": %lld, \"targets\": %lld, \"ms\": %.3f, \"tflops\": %.6f, \"tok_s\": %.1f, \"mfu\": %.4f, "
-            "\"h2d_gbs\": %.3f, \"d2h_gbs\": %.3f, \"gpu_busy\": %.4f, \"opt_ms\": %.1f, "
-            "\"gpu_gb\": %.3f, \"host_gb\": %.3f}\n",
-            (long long)s->step, s->loss, s->lr, s->grad_norm, s->clip_coef, (long long)s->tokens,
-            (long long)s->targets,
-            s->ms, s->tflops, s->tok_per_s, s->mfu, s->h2d_gbs, s->d2h_gbs, s->gpu_busy, s->opt_ms,
-            s->gpu_gb, s->host_gb);
-    fflush(lg->metrics);
+    if (lg->log) MT_TRY(put_line(lg, lg->log, lg->log_name, line));
+    char json[1024];
+    metrics_step(json, sizeof json, s);
+    return put_line(lg, lg->metrics, lg->metrics_name, json);
 }
 
-void mt_train_log_eval(mt_train_log *lg, int64_t step, double eval_loss, int64_t tokens) {
-    mt_train_log_note(lg, "eval at step %lld: loss %.4f over %lld tokens", (long long)step,
-                      eval_loss, (long long)tokens);
-    fprintf(lg->metrics, "{\"step\": %lld, \"eval_loss\": %.6f, \"eval_tokens\": %lld}\n",
-            (long long)step, eval_loss, (long long)tokens);
-    fflush(lg->metrics);
+int mt_train_log_eval(mt_train_log *lg, int64_t step, double eval_loss, int64_t tokens) {
+    char loss[32];
+    MT_TRY(mt_train_log_note(lg, "eval at step %lld: loss %s over %lld tokens", (long long)step,
+                             num(loss, sizeof loss, "%.4f", eval_loss), (long long)tokens));
+    char json[256];
+    size_t len = 0;
+    add(json, sizeof json, &len, "{\"step\": %lld", (long long)step);
+    add_num(json, sizeof json, &len, "eval_loss", "%.6f", eval_loss);
+    add(json, sizeof json, &len, ", \"eval_tokens\": %lld}", (long long)tokens);
+    return put_line(lg, lg->metrics, lg->metrics_name, json);
 }
 
-void mt_train_log_note(mt_train_log *lg, const char *fmt, ...) {
+int mt_train_log_note(mt_train_log *lg, const char *fmt, ...) {
     end_bar(lg);
-    char line[1024];
+    char line[2048];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     printf("%s\n", line);
     fflush(stdout);
-    if (lg->log) {
-        fprintf(lg->log, "%s\n", line);
-        fflush(lg->log);
-    }
+    return lg->log ? put_line(lg, lg->log, lg->log_name, line) : failed(lg);
 }

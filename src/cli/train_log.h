@@ -1,5 +1,10 @@
 /* What training prints: the step line (llm.c style), a progress bar on a terminal, and the
- * machine-readable metrics.jsonl beside it. */
+ * machine-readable metrics.jsonl beside it.
+ *
+ * Every write to metrics.jsonl and to the --log file is checked (and flushed, so that a full disk
+ * shows at once): the first failure makes that call and every later one return MT_ERR with
+ * "PATH: write failed: <the system's reason>", and nothing more is written to either file.
+ * metrics.jsonl stays JSON Lines: a non-finite number is written as null. */
 #ifndef MT_TRAIN_LOG_H
 #define MT_TRAIN_LOG_H
 
@@ -9,9 +14,12 @@
 typedef struct {
     FILE *metrics;   /* OUT/metrics.jsonl */
     FILE *log;       /* --log FILE or NULL */
+    char metrics_name[4200], log_name[4200]; /* how errors name them */
     int tty;         /* stdout is a terminal: progress bar */
     int64_t steps;
     int open_line;   /* the bar line is not terminated yet */
+    int failed;      /* a write failed; error holds the message */
+    char error[4400];
 } mt_train_log;
 
 typedef struct {
@@ -19,18 +27,24 @@ typedef struct {
     double loss, lr, grad_norm, clip_coef, ms, tflops, tok_per_s;
     int64_t tokens;  /* tokens processed so far (B*T positions per step) */
     int64_t targets; /* targets with a loss in this step (what the loss is averaged over) */
-    /* measurements (negative: unknown) */
+    int skipped;     /* the loss or the norm was not finite: the update was not applied */
+    double eta_s;    /* estimated seconds to the last step of this run (negative: not yet known) */
+    /* measurements: the GPU ones only when gpu (a backend with its own memory) */
+    int gpu;
     double mfu;      /* executed matmul FLOP/s over the 800 TFLOP/s bf16 GEMM rate measured on the H200 */
     double h2d_gbs, d2h_gbs, gpu_busy, opt_ms, gpu_gb;
     double host_gb;  /* resident set of the process now (GB) */
 } mt_step_line;
 
+/* append: a resumed run adds to both files, a fresh one starts them. MT_ERR names the file. */
 int mt_train_log_open(mt_train_log *lg, const char *out_dir, const char *log_path, int64_t steps,
                       int append);
-void mt_train_log_close(mt_train_log *lg);
-void mt_train_log_step(mt_train_log *lg, const mt_step_line *s);
-void mt_train_log_eval(mt_train_log *lg, int64_t step, double eval_loss, int64_t tokens);
+/* Closes both files; MT_ERR when a close fails (the last buffered bytes did not reach the disk) or
+ * a write had failed before. */
+int mt_train_log_close(mt_train_log *lg);
+int mt_train_log_step(mt_train_log *lg, const mt_step_line *s);
+int mt_train_log_eval(mt_train_log *lg, int64_t step, double eval_loss, int64_t tokens);
 /* A free-form line (to stdout and the log file), after ending the bar line if open. */
-void mt_train_log_note(mt_train_log *lg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int mt_train_log_note(mt_train_log *lg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

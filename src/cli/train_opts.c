@@ -72,11 +72,28 @@ void mt_train_opts_usage(FILE *out) {
 "  --threads N            optimizer threads (default: all cores)\n"
 "  --save-every K         checkpoint every K steps (default 0: at the end only)\n"
 "  --keep K               checkpoints kept (default 3)\n"
-"  --resume               continue from the newest checkpoint in --out\n"
+"  --resume               continue from the newest checkpoint in --out; metrics.jsonl is cut back\n"
+"                         to the checkpoint's step. Refused when the settings that shape the\n"
+"                         math differ from the checkpoint's (--data --model --seed --no-shuffle\n"
+"                         --batch --seq --doc-sep, the chat flags, --steps --schedule --warmup\n"
+"                         --lr --min-lr --beta1 --beta2 --eps --weight-decay --clip); the error\n"
+"                         lists each change. Refused as well when OUT has metrics but no checkpoint\n"
+"  --resume-changed       with --resume: go on with the changed settings (a warning lists them)\n"
+"  --overwrite            a run into an --out that already holds one (metrics.jsonl or\n"
+"                         checkpoints/step_*) is refused without it; with it, OUT/metrics.jsonl\n"
+"                         and OUT/checkpoints/step_* are removed first (data caches and other\n"
+"                         files in OUT stay)\n"
+"  --on-nonfinite P       a step whose loss or gradient norm is NaN/inf never updates the weights;\n"
+"                         skip (default): the run goes on with the next batch (the step counts as\n"
+"                         skipped; AdamW's step count does not advance) | stop: the first one ends\n"
+"                         the run. Either way no checkpoint is written for it and the run exits 1\n"
+"                         naming the last good checkpoint when it stops\n"
+"  --max-nonfinite N      skip: stop after N non-finite steps in a row (default 3)\n"
 "  --no-save              write no checkpoint (benchmarks)\n"
 "  --max-time SECONDS     stop (and save) after this much training time\n"
 "  --stop-at N            stop (and save) after step N, keeping the schedule of --steps\n"
-"  --log FILE             also write the step lines to FILE\n"
+"  --log FILE             also write the step lines to FILE (a failed write to it or to\n"
+"                         metrics.jsonl ends the run: exit 1, no checkpoint replaced)\n"
 "  --trace FILE           Chrome/Perfetto JSON timeline of the last two steps: when the host\n"
 "                         issued each piece, when the compute/H2D/D2H streams ran it, and the\n"
 "                         optimizer threads (open in ui.perfetto.dev)\n");
@@ -88,6 +105,7 @@ enum {
     O_WARMUP, O_SCHEDULE, O_BETA1, O_BETA2, O_EPS, O_WD, O_CLIP, O_SEED, O_NO_SHUFFLE, O_DEVICE,
     O_GPU_MEM, O_SAVE_EVERY, O_KEEP, O_RESUME, O_EVAL_DATA, O_EVAL_EVERY, O_EVAL_BATCHES, O_LOG,
     O_TRACE, O_THREADS, O_DOC_SEP, O_MAX_TIME, O_STOP_AT, O_NO_SAVE, O_OFFLOAD, O_SAVED_LAYERS, O_RESIDENT, O_HELP,
+    O_ON_NONFINITE, O_MAX_NONFINITE, O_OVERWRITE, O_RESUME_CHANGED,
 };
 
 static const struct option long_opts[] = {
@@ -112,6 +130,8 @@ static const struct option long_opts[] = {
     {"stop-at", required_argument, 0, O_STOP_AT},   {"no-save", no_argument, 0, O_NO_SAVE},
     {"offload-checkpoints", no_argument, 0, O_OFFLOAD}, {"saved-layers", required_argument, 0, O_SAVED_LAYERS},
     {"resident-weights", required_argument, 0, O_RESIDENT}, {"help", no_argument, 0, O_HELP},
+    {"on-nonfinite", required_argument, 0, O_ON_NONFINITE}, {"max-nonfinite", required_argument, 0, O_MAX_NONFINITE},
+    {"overwrite", no_argument, 0, O_OVERWRITE},     {"resume-changed", no_argument, 0, O_RESUME_CHANGED},
     {0, 0, 0, 0},
 };
 
@@ -170,6 +190,10 @@ static int parse_one(mt_train_opts *o, int c, const char *arg) {
     case O_SAVE_EVERY: return mt_arg_int("--save-every", arg, 0, big, &o->save_every);
     case O_KEEP: return mt_arg_int("--keep", arg, 0, 1 << 20, &o->keep);
     case O_RESUME: o->resume = 1; return MT_OK;
+    case O_RESUME_CHANGED: o->resume_changed = 1; return MT_OK;
+    case O_OVERWRITE: o->overwrite = 1; return MT_OK;
+    case O_ON_NONFINITE: return mt_arg_choice("--on-nonfinite", arg, "skip|stop", &o->nonfinite_stop);
+    case O_MAX_NONFINITE: return mt_arg_int("--max-nonfinite", arg, 1, 1 << 30, &o->max_nonfinite);
     case O_NO_SAVE: o->no_save = 1; return MT_OK;
     case O_OFFLOAD: o->offload = 1; return MT_OK;
     case O_RESIDENT: return mt_arg_choice("--resident-weights", arg, "auto|yes|no", &o->resident);
@@ -191,7 +215,8 @@ static int parse_one(mt_train_opts *o, int c, const char *arg) {
 int mt_train_opts_parse(mt_train_opts *o, int argc, char **argv, int *exit_now) {
     *o = (mt_train_opts){.steps = 1000, .batch = 8, .lr = 3e-4, .schedule = 0, .beta1 = 0.9,
                          .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .clip = 1.0,
-                         .seed = 1337, .keep = 3, .eval_batches = 8, .saved_layers = -1};
+                         .seed = 1337, .keep = 3, .eval_batches = 8, .saved_layers = -1,
+                         .max_nonfinite = 3};
     *exit_now = 0;
     optind = 1;
     opterr = 0;
@@ -218,6 +243,8 @@ int mt_train_opts_parse(mt_train_opts *o, int argc, char **argv, int *exit_now) 
     if (o->warmup > o->steps) return mt_error_set("--warmup: %lld is more than --steps %lld", (long long)o->warmup, (long long)o->steps);
     if (o->eval_every && !o->eval_data) return mt_error_set("--eval-every needs --eval-data");
     if (o->no_save && (o->save_every || o->resume)) return mt_error_set("--no-save contradicts --save-every and --resume");
+    if (o->overwrite && o->resume) return mt_error_set("--overwrite starts the run in --out again; it contradicts --resume");
+    if (o->resume_changed && !o->resume) return mt_error_set("--resume-changed needs --resume");
     return MT_OK;
 }
 
@@ -244,13 +271,89 @@ char *mt_train_opts_json(const mt_train_opts *o) {
     json_object_set_new(j, "seed", json_integer(o->seed));
     json_object_set_new(j, "shuffle", json_boolean(!o->no_shuffle));
     json_object_set_new(j, "device", json_string(devices[o->device]));
-    if (o->have_chat_flags) {
-        json_object_set_new(j, "loss_on", json_string(o->loss_on == MT_CHAT_LOSS_ALL ? "all" : "assistant"));
-        json_object_set_new(j, "chat_format", json_string(mt_chat_format_name((mt_chat_format)o->chat_format)));
-        json_object_set_new(j, "long", json_string(mt_long_policy_name((mt_long_policy)o->long_policy)));
-        json_object_set_new(j, "pack", json_string(mt_pack_policy_name((mt_pack_policy)o->pack_policy)));
-    }
-    char *s = json_dumps(j, JSON_COMPACT);
+    json_object_set_new(j, "doc_sep", o->doc_sep ? json_string(o->doc_sep) : json_null());
+    /* written also when not given (defaults), so that a resume can tell a change from an omission */
+    json_object_set_new(j, "loss_on", json_string(o->loss_on == MT_CHAT_LOSS_ALL ? "all" : "assistant"));
+    json_object_set_new(j, "chat_format", json_string(mt_chat_format_name((mt_chat_format)o->chat_format)));
+    json_object_set_new(j, "long", json_string(mt_long_policy_name((mt_long_policy)o->long_policy)));
+    json_object_set_new(j, "pack", json_string(mt_pack_policy_name((mt_pack_policy)o->pack_policy)));
+    char *s = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(j);
     return s;
+}
+
+/* A value as the user would type it (strings bare, null as "(none)"); numbers with `digits`
+ * significant digits. */
+static void value_text(const json_t *v, int digits, char *buf, size_t n) {
+    if (!v || json_is_null(v)) snprintf(buf, n, "(none)");
+    else if (json_is_string(v)) snprintf(buf, n, "%s", json_string_value(v));
+    else if (json_is_true(v) || json_is_false(v)) snprintf(buf, n, "%s", json_is_true(v) ? "true" : "false");
+    else if (json_is_integer(v)) snprintf(buf, n, "%lld", (long long)json_integer_value(v));
+    else snprintf(buf, n, "%.*g", digits, json_number_value(v));
+}
+
+/* Old and new value as text: 6 significant digits, more when those read the same. */
+static void values_text(const json_t *a, const json_t *b, char *va, char *vb, size_t n) {
+    for (int digits = 6; digits <= 17; digits++) {
+        value_text(a, digits, va, n);
+        value_text(b, digits, vb, n);
+        if (strcmp(va, vb) != 0) break;
+    }
+}
+
+/* Two values are the same setting: equal JSON, equal numbers (1 and 1.0), or two spellings of
+ * one path that exists (relative and absolute; the stored one resolved from here). */
+static int same_value(const json_t *a, const json_t *b, int is_path) {
+    if (json_equal((json_t *)a, (json_t *)b)) return 1;
+    if (json_is_number(a) && json_is_number(b)) return json_number_value(a) == json_number_value(b);
+    if (!is_path || !json_is_string(a) || !json_is_string(b)) return 0;
+    char *ra = realpath(json_string_value(a), NULL), *rb = realpath(json_string_value(b), NULL);
+    int same = ra && rb && strcmp(ra, rb) == 0;
+    free(ra), free(rb);
+    return same;
+}
+
+int mt_train_opts_changes(const mt_train_opts *o, const char *stored_json, char **list) {
+    /* the math of the remaining steps: what is read and in which order, the batch shape, the
+     * schedule (its length and warmup shape every lr) and AdamW's hyper-parameters (each update's
+     * step; a changed beta mixes two averages in one moment). Not compared: --micro-batch (the
+     * summation order only), the device and memory flags, threads, logging, saving, stopping. */
+    static const struct { const char *key, *flag; } keys[] = {
+        {"data", "--data"}, {"model", "--model"}, {"seed", "--seed"}, {"shuffle", "--no-shuffle"},
+        {"doc_sep", "--doc-sep"}, {"loss_on", "--loss-on"}, {"chat_format", "--chat-format"},
+        {"long", "--long"}, {"pack", "--pack"}, {"batch", "--batch"}, {"seq", "--seq"},
+        {"steps", "--steps"}, {"schedule", "--schedule"}, {"warmup", "--warmup"}, {"lr", "--lr"},
+        {"min_lr", "--min-lr"}, {"beta1", "--beta1"}, {"beta2", "--beta2"}, {"eps", "--eps"},
+        {"weight_decay", "--weight-decay"}, {"clip", "--clip"},
+    };
+    *list = NULL;
+    json_error_t err;
+    json_t *old = json_loads(stored_json, 0, &err);
+    if (!json_is_object(old)) {
+        json_decref(old);
+        return -1;
+    }
+    char *now_text = mt_train_opts_json(o);
+    json_t *now = json_loads(now_text, 0, &err);
+    free(now_text);
+    enum { ITEM = 1200 };
+    size_t len = 0;
+    char *out = mt_malloc(sizeof keys / sizeof keys[0] * ITEM + 1);
+    out[0] = '\0';
+    int count = 0;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const json_t *a = json_object_get(old, keys[i].key), *b = json_object_get(now, keys[i].key);
+        if (!a || same_value(a, b, i < 2)) continue;
+        char va[512], vb[512], item[ITEM];
+        values_text(a, b, va, vb, sizeof va);
+        int n = snprintf(item, sizeof item, "%s%s %s -> %s", count ? ", " : "", keys[i].flag, va, vb);
+        if (n >= ITEM) n = ITEM - 1; /* truncated by snprintf */
+        memcpy(out + len, item, (size_t)n + 1);
+        len += (size_t)n;
+        count++;
+    }
+    json_decref(old);
+    json_decref(now);
+    *list = out;
+    return count;
 }

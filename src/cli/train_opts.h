@@ -32,6 +32,10 @@ typedef struct {
     int have_chat_flags;        /* one of the four was given */
     int64_t max_ms;             /* stop after this many ms of training (0 = no limit) */
     int64_t stop_at;            /* stop (and save) once this many steps are done (0 = --steps) */
+    int nonfinite_stop;         /* --on-nonfinite: 0 skip the step's update, 1 stop at the first */
+    int64_t max_nonfinite;      /* skip: stop after this many non-finite steps in a row */
+    int overwrite;              /* a fresh run may replace the run already in --out */
+    int resume_changed;         /* --resume may go on with settings that differ from the checkpoint's */
     /* set when the user gave the flag (defaults that depend on others are filled afterwards) */
     int have_min_lr, have_warmup, have_micro_batch, have_seq;
 } mt_train_opts;
@@ -41,5 +45,11 @@ int mt_train_opts_parse(mt_train_opts *o, int argc, char **argv, int *exit_now);
 void mt_train_opts_usage(FILE *out);
 /* The options as a JSON object (stored in checkpoints); malloc'd. */
 char *mt_train_opts_json(const mt_train_opts *o);
+/* The settings that shape the math of the remaining steps (data and its order, batch shape,
+ * schedule, AdamW) whose values in o differ from those in stored_json (a checkpoint's args):
+ * "--lr 0.0003 -> 0.001, --seed 1337 -> 5" into *list (malloc'd, "" when none). Keys that
+ * stored_json lacks (older checkpoints) are not compared. Returns the count, -1 when stored_json
+ * is not a JSON object. */
+int mt_train_opts_changes(const mt_train_opts *o, const char *stored_json, char **list);
 
 #endif
