@@ -293,7 +293,12 @@ static void value_text(const json_t *v, int digits, char *buf, size_t n) {
 }
 
 /* Old and new value as text: 6 significant digits, more when those read the same. */
-static void values_text(const json_t *a, const json_t *b, char *va, char *vb, size_t n) {
+static void values_text(const char *key, const json_t *a, const json_t *b, char *va, char *vb, size_t n) {
+    if (!strcmp(key, "shuffle")) { /* the flag says the opposite of the key */
+        snprintf(va, n, "%s", json_is_true(a) ? "shuffled" : "in order");
+        snprintf(vb, n, "%s", json_is_true(b) ? "shuffled" : "in order");
+        return;
+    }
     for (int digits = 6; digits <= 17; digits++) {
         value_text(a, digits, va, n);
         value_text(b, digits, vb, n);
@@ -345,7 +350,7 @@ int mt_train_opts_changes(const mt_train_opts *o, const char *stored_json, char 
         const json_t *a = json_object_get(old, keys[i].key), *b = json_object_get(now, keys[i].key);
         if (!a || same_value(a, b, i < 2)) continue;
         char va[512], vb[512], item[ITEM];
-        values_text(a, b, va, vb, sizeof va);
+        values_text(keys[i].key, a, b, va, vb, sizeof va);
         int n = snprintf(item, sizeof item, "%s%s %s -> %s", count ? ", " : "", keys[i].flag, va, vb);
         if (n >= ITEM) n = ITEM - 1; /* truncated by snprintf */
         memcpy(out + len, item, (size_t)n + 1);
