@@ -76,7 +76,7 @@ typedef struct {
     int64_t eval_step;
     char last_ckpt[4200];  /* the newest checkpoint written or resumed from ("" none) */
     int64_t first_step;    /* the step this process started at */
-    double first_ms, rest_ms; /* time of the first step of this process, and of the others */
+    double rest_ms;        /* time of this process's steps but the first (for the ETA) */
     int saved_layers;      /* layers whose backward skips the recompute (for the MFU) */
 } train_run;
 
@@ -209,9 +209,8 @@ static int train_loop(train_run *r) {
             r->good_loss = res.loss;
             r->good_step = r->step;
         }
-        if (r->step == r->first_step + 1) r->first_ms = ms;
-        else r->rest_ms += ms;
         int64_t timed = r->step - r->first_step - 1; /* the first step (warm-up of caches) is left out */
+        if (timed > 0) r->rest_ms += ms;
         double sec = ms / 1e3;
         int gpu = r->be->mem_used != NULL; /* a device with its own memory: the GPU measurements mean something */
         mt_step_line line = {.step = r->step, .loss = res.loss, .lr = hp.lr, .grad_norm = res.grad_norm,
