@@ -42,7 +42,7 @@ void mt_train_opts_usage(FILE *out) {
 "  --eval-data PATH       held-out tokens, evaluated every --eval-every steps\n"
 "  --eval-every K         (default 0: only at the end when --eval-data is given)\n"
 "  --eval-batches N       batches per evaluation (default 8)\n"
-"  --out DIR              run directory (created)\n"
+"  --out DIR              run directory (created); one train at a time (OUT/.lock)\n"
 "shape of a step\n"
 "  --steps N              optimizer steps (default 1000)\n"
 "  --batch B              sequences per step (default 8)\n"
@@ -323,8 +323,8 @@ int mt_train_opts_changes(const mt_train_opts *o, const char *stored_json, char 
      * schedule (its length and warmup shape every lr) and AdamW's hyper-parameters (each update's
      * step; a changed beta mixes two averages in one moment). Not compared: --micro-batch (the
      * summation order only), the device and memory flags, threads, logging, saving, stopping. */
-    static const struct { const char *key, *flag; } keys[] = {
-        {"data", "--data"}, {"model", "--model"}, {"seed", "--seed"}, {"shuffle", "--no-shuffle"},
+    static const struct { const char *key, *flag; int is_path; } keys[] = {
+        {"data", "--data", 1}, {"model", "--model", 1}, {"seed", "--seed"}, {"shuffle", "--no-shuffle"},
         {"doc_sep", "--doc-sep"}, {"loss_on", "--loss-on"}, {"chat_format", "--chat-format"},
         {"long", "--long"}, {"pack", "--pack"}, {"batch", "--batch"}, {"seq", "--seq"},
         {"steps", "--steps"}, {"schedule", "--schedule"}, {"warmup", "--warmup"}, {"lr", "--lr"},
@@ -348,7 +348,7 @@ int mt_train_opts_changes(const mt_train_opts *o, const char *stored_json, char 
     int count = 0;
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         const json_t *a = json_object_get(old, keys[i].key), *b = json_object_get(now, keys[i].key);
-        if (!a || same_value(a, b, i < 2)) continue;
+        if (!a || same_value(a, b, keys[i].is_path)) continue;
         char va[512], vb[512], item[ITEM];
         values_text(keys[i].key, a, b, va, vb, sizeof va);
         int n = snprintf(item, sizeof item, "%s%s %s -> %s", count ? ", " : "", keys[i].flag, va, vb);
