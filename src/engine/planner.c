@@ -184,7 +184,13 @@ void mt_plan_print(const mt_plan *p, FILE *out) {
                 "skips the recompute\n", m->dev_saved / g, eo->saved_layers, p->L);
     if (eo->resident)
         fprintf(out, "             resident weights: every layer keeps its slot, loaded once per step\n");
-    if (!p->backend.host_ram && p->budget > 0 && p->backend.headroom > 0)
-        fprintf(out, "             %.2f GiB of the budget kept free for the backend's pool\n",
-                (double)p->backend.headroom / g);
+    if (!p->backend.host_ram && p->budget > 0 && p->backend.headroom > 0) {
+        if (fits_roomy(p))
+            fprintf(out, "             %.2f GiB of the budget kept free for the backend's pool\n",
+                    (double)p->backend.headroom / g);
+        else if (fits_budget(p))
+            fprintf(out, "             only %.2f GiB of the budget left for the backend's pool (it "
+                    "asks for %.2f)\n", ((double)p->budget - p->compute_bytes) / g,
+                    (double)p->backend.headroom / g);
+    }
 }
