@@ -350,8 +350,8 @@ static void test_plan(void **state) {
     assert_non_null(strstr(out, "memory plan"));
     assert_non_null(strstr(out, "fits"));
     /* the GPU side, planned even without a GPU, for the fixture model with 16 layers and 512k
-     * tokens a step: its 18 activation sets (0.6 GB) do not fit a budget of 1890 MiB beside the
-     * 1.68 GB of library scratch, so the checkpoints go to the host (3 sets on the GPU); 8 GiB holds
+     * tokens a step: its 18 activation sets (0.56 GiB) do not fit a budget of 1890 MiB beside the
+     * 1.56 GiB of library scratch, so the checkpoints go to the host (3 sets on the GPU); 8 GiB holds
      * the internals of 14 layers; 12 GiB those of all 16, and then every layer's weights too */
     char path[4096], cfg[4096];
     snprintf(path, sizeof path, "%s/config.json", g.fixture);

@@ -37,6 +37,17 @@ typedef enum {
     MT_STREAMS = 3,
 } mt_stream;
 
+/* What a backend reports to the memory planner (engine/planner.h) about its compute side, beside
+ * mem_budget: what it takes for itself, outside the engine's plan. */
+typedef struct {
+    int64_t scratch;  /* bytes it allocates for itself through alloc, counted in mem_budget
+                         (cuda: the cuBLASLt workspace and the LM head's logits chunk) */
+    int64_t headroom; /* bytes to leave free under mem_budget for temporaries it takes outside
+                         alloc's accounting (cuda: the stream-ordered pool of the attention backward) */
+    int host_ram;     /* the compute side is host RAM (cpu): its bytes count against the host's
+                         memory, and moving the checkpoints to the host frees nothing */
+} mt_backend_memory;
+
 struct mt_backend {
     const char *name;
     mt_dtype dtype; /* compute dtype of weights and activations */
@@ -74,6 +85,7 @@ struct mt_backend {
     size_t (*mem_used)(mt_backend *be);
     int64_t mem_budget; /* bytes alloc may hand out in all (cuda: --gpu-mem or the free memory at
                            start); 0: no limit (cpu) */
+    mt_backend_memory memory; /* what the memory planner must know of the compute side */
 
     /* ---- ops ---- */
 
@@ -155,6 +167,9 @@ mt_backend *mt_backend_cpu_create(void);
 mt_backend *mt_backend_cuda_create(int64_t mem_budget_bytes);
 /* 1 when a CUDA device is usable (0 in builds without CUDA support is the caller's #ifdef). */
 int mt_backend_cuda_available(void);
+/* The CUDA backend's be->memory, in every build and without a GPU (megatrain plan --device cuda
+ * plans for a GPU it does not have). */
+mt_backend_memory mt_backend_cuda_memory(void);
 
 #ifdef __cplusplus
 }

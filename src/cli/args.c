@@ -20,6 +20,16 @@ int mt_arg_int(const char *flag, const char *text, int64_t min, int64_t max, int
     return MT_OK;
 }
 
+int mt_arg_int_or_auto(const char *flag, const char *text, int64_t min, int64_t max, int64_t *out) {
+    if (strcmp(text, "auto") == 0) {
+        *out = -1;
+        return MT_OK;
+    }
+    if (mt_arg_int(flag, text, min, max, out) == MT_OK) return MT_OK;
+    return mt_error_set("%s: '%s' is not auto or an integer in [%lld, %lld]", flag, text,
+                        (long long)min, (long long)max);
+}
+
 int mt_arg_float(const char *flag, const char *text, double min, double max, double *out) {
     char *end;
     errno = 0;
@@ -36,7 +46,7 @@ int mt_arg_size(const char *flag, const char *text, int64_t *out) {
     errno = 0;
     double v = strtod(text, &end);
     if (errno || end == text || !isfinite(v) || v < 0)
-        return mt_error_set("%s: '%s' is not a size (e.g. 24G, 512M)", flag, text);
+        return mt_error_set("%s: '%s' is not a size (e.g. 24G = 24 GiB, 512M)", flag, text);
     double mult = 1;
     switch (*end) {
     case 'K': case 'k': mult = 1024.0; end++; break;
@@ -45,8 +55,11 @@ int mt_arg_size(const char *flag, const char *text, int64_t *out) {
     case 'T': case 't': mult = 1024.0 * 1024 * 1024 * 1024; end++; break;
     default: break;
     }
-    if (*end == 'B' || *end == 'b') end++;
-    if (*end != '\0') return mt_error_set("%s: '%s' is not a size (e.g. 24G, 512M)", flag, text);
+    /* 24G, 24GiB and 24GB all mean 24 GiB: one unit, the one every size is printed in */
+    if (mult > 1 && (*end == 'i' || *end == 'I') && (end[1] == 'B' || end[1] == 'b')) end += 2;
+    else if (*end == 'B' || *end == 'b') end++;
+    if (*end != '\0' || v * mult > 9e18)
+        return mt_error_set("%s: '%s' is not a size (e.g. 24G = 24 GiB, 512M)", flag, text);
     *out = (int64_t)(v * mult);
     return MT_OK;
 }

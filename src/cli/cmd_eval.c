@@ -92,7 +92,7 @@ int mt_cmd_eval(int argc, char **argv) {
     mt_host_model m;
     if (mt_host_model_open(&m, model_dir, NULL, 0, 1) != MT_OK) return mt_cli_fail();
     const mt_config *cfg = &m.table.cfg;
-    if (!T) T = cfg->max_position_embeddings < 1024 ? cfg->max_position_embeddings : 1024;
+    if (!T) T = mt_plan_default_seq(cfg); /* as train and plan */
     mt_run_data f = {0};
     char scratch[] = "/tmp/megatrain_eval_XXXXXX"; /* derived files: private, removed at the end */
     if (!mkdtemp(scratch)) {

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "../core/error.h"
+#include "../engine/planner.h"
 #include "commands.h"
 #include "model_source.h"
 
@@ -17,10 +18,6 @@ static void print_usage(FILE *out) {
             "                      validated but not kept\n"
             "  --init CONFIG.json  a config.json alone\n"
             "  --tensors           list every tensor: name, shape, owning layer\n");
-}
-
-static void print_gb(const char *what, double bytes) {
-    printf("  %-34s %10.2f GB\n", what, bytes / 1e9);
 }
 
 int mt_cmd_info(int argc, char **argv) {
@@ -59,11 +56,21 @@ int mt_cmd_info(int argc, char **argv) {
            cfg->qk_norm ? "; q/k norm" : "");
     printf("parameters: %.0f (%.3f B); one layer %lld\n", n, n / 1e9,
            (long long)m.table.layer_size);
-    printf("host memory for training (bytes/param):\n");
-    print_gb("fp32 master weights (4)", 4 * n);
-    print_gb("fp32 Adam moments (8)", 8 * n);
-    print_gb("bf16 upload copy (2)", 2 * n);
-    print_gb("total (14)", 14 * n);
+    /* the planner's numbers, as `megatrain plan --device cuda` prints them for the same shape */
+    mt_backend gpu = {.name = "cuda", .dtype = MT_BF16, .memory = mt_backend_cuda_memory()};
+    mt_plan_request rq = {.batch = MT_PLAN_DEFAULT_BATCH, .T = mt_plan_default_seq(cfg),
+                          .micro_batch = MT_AUTO, .offload = MT_AUTO, .saved_layers = MT_AUTO,
+                          .resident = MT_AUTO, .n_slots = 2};
+    mt_plan plan;
+    if (mt_plan_resolve(&m.table, &gpu, &rq, &plan) != MT_OK) {
+        mt_host_model_free(&m);
+        return mt_cli_fail();
+    }
+    printf("training on a GPU at --batch %d --seq %d (megatrain plan for others and the GPU side):\n  ",
+           rq.batch, rq.T);
+    mt_plan_print_host(&plan, stdout);
+    printf("\n  (checkpoints offloaded by a short --gpu-mem add L x B x T x hidden x 2 bytes; on\n"
+           "  --device cpu the upload copy is fp32 and the compute side is host RAM too)\n");
     if (model_dir) printf("weights: all %d tensors present and valid\n", m.table.n_params);
     if (tensors) {
         for (int i = 0; i < m.table.n_params; i++) {

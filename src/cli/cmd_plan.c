@@ -11,10 +11,13 @@
 static void print_usage(FILE *out) {
     fprintf(out,
             "usage: megatrain plan (--model DIR | --init CONFIG.json) [--batch B] [--seq T]\n"
-            "                      [--micro-batch b] [--device auto|cpu|cuda] [--gpu-mem SIZE]\n"
+            "                      [--micro-batch auto|b] [--device auto|cpu|cuda] [--gpu-mem SIZE]\n"
             "  Prints what training would hold in host RAM and on the compute device, and exits 0\n"
-            "  when it fits this machine, 1 when it does not (with what to change). Without a\n"
-            "  CUDA device here, --device cuda or --gpu-mem plans the GPU side for one anyway.\n");
+            "  when it fits this machine, 1 when it does not (with what to change). Defaults as in\n"
+            "  train: --batch %d, --seq min(1024, max_position_embeddings), --micro-batch auto (the\n"
+            "  largest dividing B that fits). Sizes are GiB (2^30 bytes): --gpu-mem 24G = 24 GiB.\n"
+            "  Without a CUDA device here, --device cuda or --gpu-mem plans the GPU side for one.\n",
+            MT_PLAN_DEFAULT_BATCH);
 }
 
 static int cuda_here(void) {
@@ -27,7 +30,7 @@ static int cuda_here(void) {
 
 int mt_cmd_plan(int argc, char **argv) {
     const char *model_dir = NULL, *init = NULL;
-    int64_t B = 8, T = 1024, b = 0, gpu_mem = 0;
+    int64_t B = MT_PLAN_DEFAULT_BATCH, T = 0, b = MT_AUTO, gpu_mem = 0;
     int device = 0;
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"init", required_argument, 0, 'i'},
@@ -47,7 +50,7 @@ int mt_cmd_plan(int argc, char **argv) {
         case 'i': init = optarg; break;
         case 'b': rc = mt_arg_int("--batch", optarg, 1, 1 << 20, &B); break;
         case 't': rc = mt_arg_int("--seq", optarg, 1, 1 << 24, &T); break;
-        case 'u': rc = mt_arg_int("--micro-batch", optarg, 1, 1 << 20, &b); break;
+        case 'u': rc = mt_arg_int_or_auto("--micro-batch", optarg, 1, 1 << 20, &b); break;
         case 'd': rc = mt_arg_choice("--device", optarg, "auto|cpu|cuda", &device); break;
         case 'g': rc = mt_arg_size("--gpu-mem", optarg, &gpu_mem); break;
         case 'h': print_usage(stdout); return 0;
@@ -55,29 +58,35 @@ int mt_cmd_plan(int argc, char **argv) {
         }
         if (rc != MT_OK) return mt_cli_fail();
     }
-    if (!b) b = B;
-    if (B % b) {
+    if (b != MT_AUTO && B % b) {
         mt_error_set("--micro-batch: %lld does not divide --batch %lld", (long long)b, (long long)B);
         return mt_cli_fail();
     }
     mt_host_model m;
     if (mt_host_model_open(&m, model_dir, init, 0, 0) != MT_OK) return mt_cli_fail();
-    mt_backend *be = NULL, planned = {.name = "cuda", .dtype = MT_BF16, .mem_budget = gpu_mem};
-    int rc = MT_OK;
-    if (!cuda_here() && (device == 2 || (device == 0 && gpu_mem))) {
+    if (!T) T = mt_plan_default_seq(&m.table.cfg);
+    mt_backend *be = NULL, planned = {.name = "cuda", .dtype = MT_BF16, .mem_budget = gpu_mem,
+                                      .memory = mt_backend_cuda_memory()};
+    int rc = mt_run_check_seq(&m.table.cfg, (int)T, "--seq");
+    if (rc == MT_OK && !cuda_here() && (device == 2 || (device == 0 && gpu_mem))) {
         /* the GPU side of the plan is arithmetic: plan it for a GPU this machine does not have */
         printf("no CUDA device here: planning for one%s\n",
                gpu_mem ? " with the --gpu-mem budget" : " (give --gpu-mem SIZE to plan what its memory buys)");
         be = &planned;
-    } else {
+    } else if (rc == MT_OK) {
         rc = mt_run_backend(&be, device, gpu_mem);
     }
     if (rc == MT_OK) {
-        mt_engine_opts eo = {.batch = (int)B, .micro_batch = (int)b, .T = (int)T, .n_slots = 2,
-                             .saved_layers = -1, .resident = -1};
-        printf("%.1fM parameters, %lld x %lld tokens per step (micro-batch %lld), %s backend\n",
-               m.table.n_real / 1e6, (long long)B, (long long)T, (long long)b, be->name);
-        rc = mt_run_check_memory(&m.table, be, &eo, gpu_mem);
+        mt_plan_request rq = {.batch = (int)B, .T = (int)T, .micro_batch = (int)b, .offload = MT_AUTO,
+                              .saved_layers = MT_AUTO, .resident = MT_AUTO, .n_slots = 2,
+                              .gpu_mem = gpu_mem,
+                              /* another machine will train: this one's RAM says nothing */
+                              .host_available = be == &planned ? 0 : mt_run_host_available()};
+        mt_engine_opts eo;
+        printf("%.1fM parameters, %lld x %lld tokens per step, %s backend%s\n", m.table.n_real / 1e6,
+               (long long)B, (long long)T, be->name,
+               be == &planned ? " (host RAM not checked: this machine does not train it)" : "");
+        rc = mt_run_check_memory(&m.table, be, &rq, &eo);
         if (rc == MT_OK) printf("fits\n");
         if (be != &planned) be->destroy(be);
     }

@@ -364,7 +364,7 @@ static int train(train_run *r) {
     mt_train_opts *o = &r->o;
     MT_TRY(mt_host_model_open(&r->model, o->model_dir, o->init_config, (uint64_t)o->seed, 0));
     const mt_config *cfg = &r->model.table.cfg;
-    if (!o->have_seq) o->seq = cfg->max_position_embeddings < 1024 ? cfg->max_position_embeddings : 1024;
+    if (!o->have_seq) o->seq = mt_plan_default_seq(cfg);
     MT_TRY(mt_run_check_seq(cfg, (int)o->seq, "--seq"));
     /* a missing data file is refused before --out is created, so a typo leaves nothing behind */
     MT_TRY(readable_file("--data", o->data));
@@ -383,11 +383,15 @@ static int train(train_run *r) {
     if (o->eval_data) MT_TRY(mt_run_data_open(&r->eval, o->eval_data, &dopts, cfg));
     MT_TRY(mt_run_backend(&r->be, o->device, o->gpu_mem));
 
-    mt_engine_opts eo = {.batch = (int)o->batch, .micro_batch = (int)o->micro_batch, .T = (int)o->seq,
-                         .n_slots = 2, .opt_threads = (int)o->threads, .trace = o->trace_path != NULL,
-                         .offload = o->offload, .saved_layers = (int)o->saved_layers,
-                         .resident = o->resident == 1 ? 1 : o->resident == 2 ? 0 : -1};
-    MT_TRY(mt_run_check_memory(&r->model.table, r->be, &eo, o->gpu_mem));
+    mt_plan_request rq = {.batch = (int)o->batch, .T = (int)o->seq, .micro_batch = (int)o->micro_batch,
+                          .offload = o->offload ? 1 : MT_AUTO, .saved_layers = (int)o->saved_layers,
+                          .resident = o->resident == 1 ? 1 : o->resident == 2 ? 0 : MT_AUTO,
+                          .n_slots = 2, .gpu_mem = o->gpu_mem, .host_available = mt_run_host_available()};
+    mt_engine_opts eo;
+    MT_TRY(mt_run_check_memory(&r->model.table, r->be, &rq, &eo));
+    eo.opt_threads = (int)o->threads;
+    eo.trace = o->trace_path != NULL;
+    o->micro_batch = eo.micro_batch; /* resolved: for the header and the stored arguments */
     r->saved_layers = eo.saved_layers;
     r->e = mt_engine_create(&r->model.table, r->be, &eo, NULL);
     float *master = mt_engine_master(r->e);

@@ -5,6 +5,7 @@
 
 #include "../backend/backend.h"
 #include "../engine/engine.h"
+#include "../engine/planner.h"
 #include "../io/tokens.h"
 #include "../model/config.h"
 
@@ -14,11 +15,13 @@ int mt_run_check_seq(const mt_config *cfg, int T, const char *flag);
 /* device: 0 auto (cuda when built with it and a GPU is there), 1 cpu, 2 cuda; gpu_mem: the
  * --gpu-mem cap in bytes (0 = the whole GPU). */
 int mt_run_backend(mt_backend **out, int device, int64_t gpu_mem);
-/* Prints the memory plan and refuses, before allocating, what the machine cannot hold
- * (gpu_budget: bytes the GPU side may use, 0 = unchecked). When the budget is short it moves the
- * layer checkpoints to pinned host memory (sets eo->offload). eo->saved_layers < 0 and
- * eo->resident < 0 mean auto: they are resolved here from what the budget leaves. */
-int mt_run_check_memory(const mt_param_table *t, mt_backend *be, mt_engine_opts *eo,
-                        int64_t gpu_budget);
+/* Bytes of host RAM available now (MemAvailable), -1 when unknown. */
+double mt_run_host_available(void);
+/* Resolves the request (engine/planner.h; its host_available from mt_run_host_available, or 0
+ * to leave host RAM unchecked) against the backend, prints the plan, and refuses before anything is allocated what the machine cannot hold
+ * (MT_ERR with what to change). *eo: the options the engine runs, every choice resolved;
+ * opt_threads and trace are left 0 for the caller. */
+int mt_run_check_memory(const mt_param_table *t, mt_backend *be, const mt_plan_request *rq,
+                        mt_engine_opts *eo);
 
 #endif

@@ -47,7 +47,8 @@ void mt_train_opts_usage(FILE *out) {
 "  --steps N              optimizer steps (default 1000)\n"
 "  --batch B              sequences per step (default 8)\n"
 "  --seq T                tokens per sequence (default min(1024, max_position_embeddings))\n"
-"  --micro-batch b        sequences per micro-batch; B %% b == 0 (default B)\n"
+"  --micro-batch b|auto   sequences per micro-batch; B %% b == 0 (default auto: the largest that\n"
+"                         fits the GPU budget, checkpoints offloaded only when none fits; on cpu B)\n"
 "optimizer (torch.optim.AdamW semantics)\n"
 "  --lr X                 peak learning rate (default 3e-4)\n"
 "  --min-lr X             final learning rate (default lr/10)\n"
@@ -60,8 +61,8 @@ void mt_train_opts_usage(FILE *out) {
 "  --seed N               data order and init (default 1337)\n"
 "  --no-shuffle           read the data in order (the contract's order)\n"
 "  --device D             auto | cpu | cuda (default auto)\n"
-"  --gpu-mem SIZE         cap on GPU memory, e.g. 24G (default: all); when the plan does not fit,\n"
-"                         the layer checkpoints move to pinned host memory\n"
+"  --gpu-mem SIZE         cap on GPU memory, e.g. 24G = 24 GiB (default: all); when the plan does\n"
+"                         not fit, the layer checkpoints move to pinned host memory\n"
 "  --offload-checkpoints  keep the layer checkpoints in host memory in any case\n"
 "  --saved-layers N|auto  layers whose internals stay on the GPU so that their backward skips the\n"
 "                         recompute (same results, less work); auto: as many as the GPU memory\n"
@@ -173,7 +174,7 @@ static int parse_one(mt_train_opts *o, int c, const char *arg) {
     case O_STEPS: return mt_arg_int("--steps", arg, 1, big, &o->steps);
     case O_BATCH: return mt_arg_int("--batch", arg, 1, 1 << 20, &o->batch);
     case O_SEQ: o->have_seq = 1; return mt_arg_int("--seq", arg, 1, 1 << 24, &o->seq);
-    case O_MICRO: o->have_micro_batch = 1; return mt_arg_int("--micro-batch", arg, 1, 1 << 20, &o->micro_batch);
+    case O_MICRO: o->have_micro_batch = 1; return mt_arg_int_or_auto("--micro-batch", arg, 1, 1 << 20, &o->micro_batch);
     case O_LR: return mt_arg_float("--lr", arg, 0, 10, &o->lr);
     case O_MIN_LR: o->have_min_lr = 1; return mt_arg_float("--min-lr", arg, 0, 10, &o->min_lr);
     case O_WARMUP: o->have_warmup = 1; return mt_arg_int("--warmup", arg, 0, big, &o->warmup);
@@ -235,8 +236,8 @@ int mt_train_opts_parse(mt_train_opts *o, int argc, char **argv, int *exit_now) 
     if (!o->model_dir == !o->init_config) return mt_error_set("train: give exactly one of --model DIR and --init CONFIG.json");
     if (!o->data) return mt_error_set("train: --data PATH is required");
     if (!o->out_dir) return mt_error_set("train: --out DIR is required");
-    if (!o->have_micro_batch) o->micro_batch = o->batch;
-    if (o->batch % o->micro_batch)
+    if (!o->have_micro_batch) o->micro_batch = -1; /* auto: the memory planner picks it */
+    if (o->micro_batch > 0 && o->batch % o->micro_batch)
         return mt_error_set("--micro-batch: %lld does not divide --batch %lld", (long long)o->micro_batch, (long long)o->batch);
     if (!o->have_min_lr) o->min_lr = o->lr / 10;
     if (!o->have_warmup) o->warmup = o->steps / 20 < 100 ? o->steps / 20 : 100;

@@ -9,10 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_memory.h"
 #include "ops.cuh"
 
-#define MT_CUDA_LT_WORKSPACE (64u << 20) /* cuBLASLt workspace, shared by every matmul */
-#define MT_CUDA_POOL_KEEP (256u << 20)   /* stream-ordered pool memory kept between ops */
 #define MIB(x) ((double)(x) / (1024.0 * 1024.0))
 
 struct mt_event {
@@ -399,6 +398,7 @@ mt_backend *mt_backend_cuda_create(int64_t mem_budget_bytes) {
     be->event_elapsed_ms = cuda_event_elapsed_ms;
     be->mem_used = cuda_mem_used;
     be->mem_budget = c->budget;
+    be->memory = mt_backend_cuda_memory();
     be->embedding_forward = cu_embedding_forward;
     be->embedding_backward = cu_embedding_backward;
     be->rmsnorm_forward = cu_rmsnorm_forward;

@@ -30,17 +30,15 @@
 #include <float.h>
 #include <math.h>
 
+#include "cuda_memory.h"
 #include "ops.cuh"
 
-/* The fp32 logits chunk stays under this many bytes (the bf16 dlogits chunk adds half of it when a
- * gradient is wanted, so the scratch is 1.5 GiB): 1 GiB gives 1728 rows for a 152k vocabulary,
- * 2048 for 128k. Every chunk pays one read-modify-write of the fp32 (V, C) dweight in the dweight
+/* The fp32 logits chunk stays under MT_CUDA_LM_HEAD_LOGITS_BYTES (cuda_memory.h; the bf16
+ * dlogits chunk adds half of it when a gradient is wanted, so the scratch is 1.5 GiB): 1 GiB gives
+ * 1728 rows for a 152k vocabulary, 2048 for 128k. Every chunk pays one read-modify-write of the fp32 (V, C) dweight in the dweight
  * GEMM (k = rows), so small chunks make it memory-bound. Measured on an H200, N = 8192, C = 3584,
  * V = 152064, forward + dinp + dweight: 63.7 ms at 256 MiB, 52.2 ms at 512 MiB, 45.5 ms at 1 GiB,
  * 43.4 ms at 2 GiB (the GEMMs alone would take ~38 ms at 700 TFLOP/s). */
-#ifndef MT_CUDA_LM_HEAD_LOGITS_BYTES /* a test may shrink it to exercise many chunks */
-#define MT_CUDA_LM_HEAD_LOGITS_BYTES ((size_t)1 << 30)
-#endif
 #define LM_HEAD_THREADS 512
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -1,0 +1,25 @@
+/* The sizes the CUDA backend takes for itself on the GPU, in one place: the backend allocates by
+ * them and mt_backend_cuda_memory() (backend/cuda_memory.c, in every build) reports them to the
+ * memory planner, so that a plan made without a GPU counts the same bytes. Plain C. */
+#ifndef MT_CUDA_MEMORY_H
+#define MT_CUDA_MEMORY_H
+
+#include <stddef.h>
+
+#define MT_CUDA_LT_WORKSPACE ((size_t)64 << 20) /* cuBLASLt workspace, shared by every matmul */
+#define MT_CUDA_POOL_KEEP ((size_t)256 << 20)   /* stream-ordered pool memory kept between ops */
+
+/* The LM head's fp32 logits chunk stays under this many bytes; the bf16 dlogits chunk adds half
+ * of it when a gradient is wanted, so the op scratch is 1.5 times it (lm_head_loss.cu says why
+ * 1 GiB). */
+#ifndef MT_CUDA_LM_HEAD_LOGITS_BYTES /* a test may shrink it to exercise many chunks */
+#define MT_CUDA_LM_HEAD_LOGITS_BYTES ((size_t)1 << 30)
+#endif
+#define MT_CUDA_LM_HEAD_SCRATCH (MT_CUDA_LM_HEAD_LOGITS_BYTES + MT_CUDA_LM_HEAD_LOGITS_BYTES / 2)
+
+/* Left free under the budget: the attention backward's scratch (fp32 dQ and Delta, ~0.5 GiB for
+ * 32k tokens of 28 heads of 128) and small temporaries come from the stream-ordered pool, outside
+ * be->alloc's accounting. */
+#define MT_CUDA_POOL_HEADROOM ((size_t)2 << 30)
+
+#endif

@@ -1,0 +1,83 @@
+/* The memory planner: from what the user asked for (a request, where a choice may be MT_AUTO) and
+ * what the backend reports (its dtype, be->mem_budget, be->memory), the options the engine runs —
+ * every value resolved — and the bytes they hold on each side, before anything is allocated.
+ *
+ * The choices, in this order (each uses what the ones before it left):
+ *  1. micro-batch and checkpoint placement: the largest b dividing B whose plan fits the budget
+ *     with the layer checkpoints on the compute side; only when no b does, the checkpoints go to
+ *     host memory and it is the largest b that fits then. Offloading comes last because it costs
+ *     most: it rules out saved internals (step 2, worth +6% at 7B and +16% at 1.5B on the H200,
+ *     bench/RESULTS.md) and adds PCIe traffic (−2% at 7B), while halving b cost 4–5% (1.5B:
+ *     micro 8, 4, 2 = 376, 362, 343 TFLOPS). On a backend whose compute side is host RAM (cpu)
+ *     nothing is offloaded and b is the largest that host RAM holds: B unless RAM is short (one
+ *     pass gives BLAS the most rows; there is no copy to overlap).
+ *  2. saved internals (--saved-layers auto): as many layers as the memory left holds.
+ *  3. resident weights (auto): when every layer keeps its internals and the L slots still fit.
+ * "Fits" keeps be->memory.headroom free under the budget; a plan is refused only when it does
+ * not fit even without the headroom. No budget (0: cpu, or a GPU planned without --gpu-mem)
+ * means nothing to fit: b = B, nothing offloaded, saved or resident unless asked for.
+ *
+ * Sizes are printed in GiB (2^30 bytes), as --gpu-mem reads them (args.h). */
+#ifndef MT_PLANNER_H
+#define MT_PLANNER_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "backend/backend.h"
+#include "engine/engine.h"
+#include "model/config.h"
+#include "model/params.h"
+
+#define MT_AUTO (-1) /* a request's choice left to the planner */
+
+/* The defaults of train and plan when --batch / --seq are not given. */
+#define MT_PLAN_DEFAULT_BATCH 8
+int mt_plan_default_seq(const mt_config *cfg); /* min(max_position_embeddings, 1024) */
+
+typedef struct {
+    int batch;            /* B sequences per step */
+    int T;                /* tokens per sequence */
+    int micro_batch;      /* b dividing B, or MT_AUTO */
+    int offload;          /* 1: the layer checkpoints go to host memory; MT_AUTO: when short */
+    int saved_layers;     /* 0..L, or MT_AUTO */
+    int resident;         /* 0, 1, or MT_AUTO */
+    int n_slots;          /* weight slots (>= 2) when not resident */
+    int64_t gpu_mem;      /* --gpu-mem as given (0: not given), for the messages */
+    double host_available; /* host RAM free for training in bytes (<= 0: unknown, unchecked) */
+} mt_plan_request;
+
+typedef struct {
+    mt_engine_opts eo;    /* what the engine runs (batch, micro_batch, T, n_slots, offload,
+                             saved_layers, resident; the caller adds opt_threads and trace) */
+    mt_engine_plan mem;   /* the engine's bytes for eo */
+    mt_backend_memory backend; /* what the backend takes for itself */
+    const char *backend_name;
+    int64_t budget;       /* compute-side budget in bytes (be->mem_budget; 0: none) */
+    int64_t gpu_mem;      /* from the request */
+    double host_available;
+    double host_bytes;    /* host RAM in all (with the compute side when it is host RAM) */
+    double compute_bytes; /* compute side in all: the engine's bytes + the backend's scratch */
+    int micro_auto, offload_auto; /* chosen by the planner (for the printout and the messages) */
+    int L;
+    double n_params;
+} mt_plan;
+
+/* Resolves the request. MT_ERR (message naming the flag) when the request contradicts itself or
+ * the model (a micro-batch that does not divide B, more saved layers than the model has, saved
+ * layers with offloaded checkpoints); MT_OK otherwise, also when the plan does not fit: print it,
+ * then mt_plan_check says so. */
+int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan_request *rq,
+                    mt_plan *p);
+/* MT_OK when the machine holds the plan; else MT_ERR with what to change. */
+int mt_plan_check(const mt_plan *p);
+
+/* The plan as `megatrain plan` and `train` show it: the micro-batch line, the host line
+ * (mt_plan_print_host), the compute-side line, saved internals, resident weights. */
+void mt_plan_print(const mt_plan *p, FILE *out);
+/* "host X GiB (Y B/param: master .., moments .., upload copy .., tokens ..[, layer checkpoints])" */
+void mt_plan_print_host(const mt_plan *p, FILE *out);
+
+#define MT_GIB 1073741824.0
+
+#endif
