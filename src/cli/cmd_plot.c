@@ -128,6 +128,11 @@ static int metrics_read(metrics *m, const char *path) {
     }
     mt_lines_close(&in);
     if (rc != 0) return MT_ERR;
+    if (m->not_json)
+        fprintf(stderr, "megatrain: warning: %s: %lld lines are not JSON objects, skipped (the first: line %lld)\n",
+                path, m->not_json, m->first_not_json);
+    if (m->no_step)
+        fprintf(stderr, "megatrain: warning: %s: %lld lines have no numeric \"step\", skipped\n", path, m->no_step);
     if (m->lines == 0) return mt_error_set("%s: empty, no metrics to plot", path);
     if (m->step.n == 0 && m->estep.n == 0)
         return mt_error_set("%s: no metrics lines (a \"step\" with \"loss\" or \"eval_loss\") in %lld lines",
@@ -219,12 +224,6 @@ static int plot(const char *arg, const char *out, int log_loss) {
         metrics_free(&m);
         return MT_ERR;
     }
-    if (m.not_json)
-        fprintf(stderr, "megatrain: warning: %s: %lld lines are not JSON objects, skipped (the first: line %lld)\n",
-                metrics_path, m.not_json, m.first_not_json);
-    if (m.no_step)
-        fprintf(stderr, "megatrain: warning: %s: %lld lines have no numeric \"step\", skipped\n", metrics_path,
-                m.no_step);
     if (log_loss && count_nonpositive(&m.loss) + count_nonpositive(&m.eloss))
         fprintf(stderr, "megatrain: warning: --log-loss: %zu loss values <= 0 are not drawn\n",
                 count_nonpositive(&m.loss) + count_nonpositive(&m.eloss));
