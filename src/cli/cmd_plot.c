@@ -177,7 +177,10 @@ static void describe(const metrics *m, size_t n_bad, char *buf, size_t size) {
     static const char *dot = "  \u00b7  ";
     buf[0] = '\0';
     if (m->step.n) {
-        append(buf, size, "steps %.10g\u2013%.10g", m->step.v[0], m->step.v[m->step.n - 1]);
+        if (m->step.n == 1)
+            append(buf, size, "step %.10g", m->step.v[0]);
+        else
+            append(buf, size, "steps %.10g\u2013%.10g", m->step.v[0], m->step.v[m->step.n - 1]);
         double first = NAN, last = NAN;
         for (size_t i = 0; i < m->loss.n; i++)
             if (isfinite(m->loss.v[i])) {

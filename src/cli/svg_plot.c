@@ -91,7 +91,8 @@ static int decimals(double step) {
 }
 
 /* A tick label: as many decimals as the spacing needs; k/M/G for large axes (ref is the axis'
- * largest magnitude), m·e-k for small ones (learning rates). */
+ * largest magnitude), m·e-k with the exponent of ref for small ones (learning rates), so that
+ * the labels of one axis compare at a glance. */
 static void format_tick(char *buf, size_t n, double v, double step, double ref) {
     v = round(v / step) * step;
     if (fabs(v) < step * 1e-6) {
@@ -105,7 +106,7 @@ static void format_tick(char *buf, size_t n, double v, double step, double ref) 
         strip_zeros(buf);
         strncat(buf, suffix, n - strlen(buf) - 1);
     } else if (ref < 1e-2) {
-        int e = (int)floor(log10(fabs(v)) + 1e-9), d = e - (int)floor(log10(step) + 1e-9);
+        int e = (int)floor(log10(ref) + 1e-9), d = e - (int)floor(log10(step) + 1e-9);
         if (d < 0) d = 0;
         double m = v / pow(10, e);
         if (fabs(round(m * pow(10, d)) / pow(10, d)) >= 10) { /* 9.99.. rounded up */
