@@ -534,6 +534,12 @@ static void test_plot_errors(void **st) {
     /* --out where nothing can be written: named, nothing left */
     rc = mt(out, "plot --out no/such/dir/p.svg partrun");
     expect(rc, 1, out, "megatrain: --out no/such/dir/p.svg: cannot write: No such file or directory");
+    /* --out onto the metrics file itself: refused, the data kept */
+    rc = mt(out, "plot --out partrun/./metrics.jsonl partrun");
+    expect(rc, 1, out, "that is the metrics file being plotted");
+    char *kept = read_file("partrun/metrics.jsonl");
+    assert_string_equal(kept, text);
+    free(kept);
     /* usage errors */
     rc = mt(out, "plot");
     expect(rc, 1, out, "plot takes one run directory");

@@ -222,6 +222,9 @@ static int plot(const char *arg, const char *out, int log_loss) {
     char metrics_path[PATH_MAX], svg_path[PATH_MAX];
     MT_TRY(resolve(arg, metrics_path, svg_path, sizeof metrics_path));
     if (out) snprintf(svg_path, sizeof svg_path, "%s", out);
+    struct stat a, b; /* never write the picture over the data */
+    if (stat(svg_path, &a) == 0 && stat(metrics_path, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+        return mt_error_set("--out %s: that is the metrics file being plotted; choose another name", svg_path);
     metrics m = {0};
     if (metrics_read(&m, metrics_path) != MT_OK) {
         metrics_free(&m);
