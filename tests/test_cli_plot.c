@@ -170,7 +170,7 @@ static panel find_panel(const char *svg, const char *name) {
     p.name = name;
     p.start = strstr(svg, key);
     if (!p.start) fail_msg("no panel %s", name);
-    p.end = strstr(p.start + 1, "<g class=\"panel\"");
+    p.end = p.start ? strstr(p.start + 1, "<g class=\"panel\"") : NULL;
     if (!p.end) p.end = p.start + strlen(p.start);
     p.x0 = attr(p.start, "data-x0"), p.x1 = attr(p.start, "data-x1");
     p.y0 = attr(p.start, "data-y0"), p.y1 = attr(p.start, "data-y1");
