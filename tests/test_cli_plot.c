@@ -513,12 +513,13 @@ static void test_plot_errors(void **st) {
     expect(rc, 1, out, "emptyrun/metrics.jsonl: empty, no metrics to plot");
     assert_false(exists("emptyrun/metrics.svg") || exists("emptyrun/metrics.svg.tmp"));
     /* nothing usable */
-    write_file("junkrun/metrics.jsonl", "not json\n[1, 2]\n{\"loss\": 3}\n{\"step\": 1, \"note\": \"x\"}\n");
+    write_file("junkrun/metrics.jsonl", "not json\n[1, 2]\n{\"loss\": 3}\n{\"step\": 1, \"note\": \"x\"}\n"
+                                        "{\"step\": 1e300, \"loss\": 3}\n");
     rc = mt(out, "plot junkrun");
-    expect(rc, 1, out, "junkrun/metrics.jsonl: no metrics lines (a \"step\" with \"loss\" or \"eval_loss\") in 4 lines");
+    expect(rc, 1, out, "junkrun/metrics.jsonl: no metrics lines (a \"step\" with \"loss\" or \"eval_loss\") in 5 lines");
     assert_int_equal(mt_cli_error_lines(out, first, sizeof first), 1);
     expect(rc, 1, out, "warning: junkrun/metrics.jsonl: 2 lines are not JSON objects, skipped (the first: line 1)");
-    expect(rc, 1, out, "1 lines have no numeric \"step\"");
+    expect(rc, 1, out, "2 lines have no numeric \"step\"");
     assert_false(exists("junkrun/metrics.svg"));
     /* invalid lines among good ones (a line cut by a crash): counted, the rest drawn */
     char text[4096];

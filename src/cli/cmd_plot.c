@@ -82,11 +82,11 @@ static void supersede_eval(metrics *m, double step) {
 
 static void add_line(metrics *m, json_t *o) {
     json_t *js = json_object_get(o, "step");
-    if (!json_is_number(js)) {
+    double step = json_is_number(js) ? json_number_value(js) : NAN;
+    if (!(fabs(step) < 1e15)) { /* missing, not a number, or no step count */
         m->no_step++;
         return;
     }
-    double step = json_number_value(js);
     if (json_object_get(o, "loss")) {
         if (m->step.n && m->step.v[m->step.n - 1] >= step) {
             m->resumes++;

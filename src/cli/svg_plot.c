@@ -152,7 +152,8 @@ static void put_text(FILE *f, const char *s) {
     }
 }
 
-static int drawable(double y, const axis *ay) { return isfinite(y) && (!ay->log || y > 0); }
+/* 1e300: beyond it a range overflows; no metric gets there. */
+static int drawable(double y, const axis *ay) { return isfinite(y) && fabs(y) < 1e300 && (!ay->log || y > 0); }
 
 static void put_point(FILE *f, const axis *ax, const axis *ay, double x, double y) {
     fprintf(f, "%.2f,%.2f ", axis_map(ax, x), axis_map(ay, y));
