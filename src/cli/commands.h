@@ -11,6 +11,8 @@ int mt_cmd_eval(int argc, char **argv);
 int mt_cmd_plan(int argc, char **argv);
 int mt_cmd_generate(int argc, char **argv);
 int mt_cmd_tokenize(int argc, char **argv);
+int mt_cmd_plot(int argc, char **argv);
+int mt_cmd_version(int argc, char **argv); /* also `megatrain --version` */
 
 /* Prints "megatrain: <message>" for the current bad-input error and returns 1. */
 int mt_cli_fail(void);

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "../core/error.h"
+#include "build_info.h"
 #include "commands.h"
 
 typedef struct {
@@ -20,10 +21,30 @@ static const command commands[] = {
     {"info", mt_cmd_info, "describe a model: config, parameters, tensors, memory"},
     {"convert", mt_cmd_convert, "load a Hugging Face checkpoint and write it again (bf16/fp32, shards)"},
     {"bench", mt_cmd_bench, "benchmarks: fwdbwd (CPU forward+backward), adamw (optimizer Gparam/s)"},
+    {"plot", mt_cmd_plot, "draw a run's metrics.jsonl (loss, eval loss, lr, tokens/s) as SVG"},
+    {"version", mt_cmd_version, "the version, commit, build date, backends and compiler"},
 };
 
+int mt_cmd_version(int argc, char **argv) {
+    if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        printf("usage: megatrain version | megatrain --version\n"
+               "  One line: version, commit (git describe at build time), build date, the compiled\n"
+               "  backends (and why CUDA is missing, where it is) and the compilers.\n");
+        return 0;
+    }
+    if (argc > 1) {
+        fprintf(stderr, "megatrain: version takes no arguments (got '%s')\n", argv[1]);
+        return 1;
+    }
+    char line[512];
+    mt_build_describe(line, sizeof line);
+    printf("%s\n", line);
+    return 0;
+}
+
 static void usage(FILE *out) {
-    fprintf(out, "usage: megatrain <command> [options]   (megatrain <command> --help for its options)\n\n"
+    fprintf(out, "usage: megatrain <command> [options]   (megatrain <command> --help for its options)\n"
+                 "       megatrain --version\n\n"
                  "commands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
@@ -43,6 +64,7 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) return mt_cmd_version(argc - 1, argv + 1);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
     fprintf(stderr, "megatrain: unknown command '%s'\n", argv[1]);
