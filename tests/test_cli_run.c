@@ -466,11 +466,11 @@ static void test_cpu_lines_and_summary(void **state) {
     json_t *lines[16];
     int n = metrics_lines("seen", lines, 16);
     assert_int_equal(n, 4);
-    static const char *const gpu_keys[] = {"mfu", "gpu_busy", "h2d_gbs", "d2h_gbs", "opt_ms", "gpu_gb"};
+    static const char *const gpu_keys[] = {"mfu", "gpu_busy", "h2d_gbs", "d2h_gbs", "opt_ms", "gpu_gib"};
     for (int i = 0; i < n; i++) {
         for (size_t k = 0; k < sizeof gpu_keys / sizeof gpu_keys[0]; k++)
             if (json_object_get(lines[i], gpu_keys[k])) fail_msg("a CPU run wrote \"%s\"", gpu_keys[k]);
-        assert_non_null(json_object_get(lines[i], "host_gb"));
+        assert_non_null(json_object_get(lines[i], "host_gib"));
         assert_null(json_object_get(lines[i], "nonfinite"));
     }
     free_lines(lines, n);

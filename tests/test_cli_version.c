@@ -90,6 +90,16 @@ static void test_version_args(void **st) {
     expect(mt(out, "--help"), 0, out, "megatrain --version");
     expect(mt(out, "--help"), 0, out, "  plot ");
     expect(mt(out, "--help"), 0, out, "  version ");
+#ifndef MT_HAVE_CUDA
+    /* a build without the backend says how it was built, not that a compiler is missing */
+    mt_test_sh("printf 'some text to train on\\n' > '%s/t.txt'", g_env.tmp);
+    expect(mt(out, "tokenize --bytes --out t.bin t.txt"), 0, out, NULL);
+    rc = mt(out, "train --init '%s/configs/tiny-bytes.json' --data t.bin --out run --steps 1 --batch 1 --seq 4 "
+                 "--device cuda", g_src);
+    expect(rc, 1, out, "megatrain: --device cuda: this build has no CUDA backend (");
+    assert_true(strstr(out, "(built with -DMT_CUDA=OFF)") || strstr(out, "(nvcc was not found when it was configured)"));
+    assert_int_equal(mt_cli_error_lines(out, first, sizeof first), 1);
+#endif
 }
 
 static int have(const char *tool) {

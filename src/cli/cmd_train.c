@@ -38,15 +38,15 @@ static void install_signals(void) {
     sigaction(SIGTERM, &sa, NULL);
 }
 
-/* The process's resident set now, in GB (-1 when /proc is not there). */
-static double resident_gb(void) {
+/* The process's resident set now, in GiB (-1 when /proc is not there). */
+static double resident_gib(void) {
     FILE *f = fopen("/proc/self/statm", "r");
     long long size = 0, resident = -1;
     if (f) {
         if (fscanf(f, "%lld %lld", &size, &resident) != 2) resident = -1;
         fclose(f);
     }
-    return resident < 0 ? -1 : (double)resident * (double)sysconf(_SC_PAGESIZE) / 1e9;
+    return resident < 0 ? -1 : (double)resident * (double)sysconf(_SC_PAGESIZE) / 1073741824.0;
 }
 
 static double now_ms(void) {
@@ -226,8 +226,8 @@ static int train_loop(train_run *r) {
                              .d2h_gbs = res.d2h_bytes / sec / 1e9,
                              .gpu_busy = res.compute_ms >= 0 ? res.compute_ms / ms : -1,
                              .opt_ms = res.opt_ms,
-                             .gpu_gb = gpu ? r->be->mem_used(r->be) / 1e9 : -1,
-                             .host_gb = resident_gb()};
+                             .gpu_gib = gpu ? r->be->mem_used(r->be) / 1073741824.0 : -1,
+                             .host_gib = resident_gib()};
         if ((rc = mt_train_log_step(&r->log, &line)) != MT_OK) break;
         if (res.skipped && (rc = on_nonfinite(r, &res)) != MT_OK) break;
         if (o->eval_data && o->eval_every && r->step % o->eval_every == 0)

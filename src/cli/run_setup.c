@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "../core/error.h"
+#include "build_info.h"
 
 int mt_run_make_dir(const char *path) {
     char buf[4096];
@@ -43,7 +44,7 @@ int mt_run_backend(mt_backend **out, int device, int64_t gpu_mem) {
     }
 #else
     if (device == 2)
-        return mt_error_set("--device cuda: this build has no CUDA backend (nvcc was not found at build time)");
+        return mt_error_set("--device cuda: this build has no CUDA backend (%s)", mt_build_no_cuda_reason());
 #endif
     if (gpu_mem && device == 1) return mt_error_set("--gpu-mem applies to the cuda device, not --device cpu");
     *out = mt_backend_cpu_create();

@@ -113,8 +113,8 @@ static void format_step(char *buf, size_t n, const mt_step_line *s, int64_t step
         num(norm, sizeof norm, "%.3f", s->grad_norm), s->clip_coef < 1.0 ? " (clipped)" : "", s->lr, s->ms,
         s->tok_per_s, s->tflops);
     if (s->gpu) /* GPU runs: where the time goes */
-        add(buf, n, &len, " | MFU %.0f%% | GPU busy %.0f%% | H2D %.1f D2H %.1f GB/s | opt %.0f ms | GPU %.1f host %.1f GB",
-            100 * s->mfu, 100 * s->gpu_busy, s->h2d_gbs, s->d2h_gbs, s->opt_ms, s->gpu_gb, s->host_gb);
+        add(buf, n, &len, " | MFU %.0f%% | GPU busy %.0f%% | H2D %.1f D2H %.1f GB/s | opt %.0f ms | GPU %.1f host %.1f GiB",
+            100 * s->mfu, 100 * s->gpu_busy, s->h2d_gbs, s->d2h_gbs, s->opt_ms, s->gpu_gib, s->host_gib);
     if (s->eta_s >= 0) {
         char eta[32];
         format_eta(eta, sizeof eta, s->eta_s);
@@ -140,9 +140,9 @@ static void metrics_step(char *buf, size_t n, const mt_step_line *s) {
         add_num(buf, n, &len, "d2h_gbs", "%.3f", s->d2h_gbs);
         add_num(buf, n, &len, "gpu_busy", "%.4f", s->gpu_busy);
         add_num(buf, n, &len, "opt_ms", "%.1f", s->opt_ms);
-        add_num(buf, n, &len, "gpu_gb", "%.3f", s->gpu_gb);
+        add_num(buf, n, &len, "gpu_gib", "%.3f", s->gpu_gib);
     }
-    add_num(buf, n, &len, "host_gb", "%.3f", s->host_gb);
+    add_num(buf, n, &len, "host_gib", "%.3f", s->host_gib);
     if (s->skipped) add(buf, n, &len, ", \"nonfinite\": true, \"skipped\": true");
     add(buf, n, &len, "}");
 }

@@ -32,8 +32,8 @@ typedef struct {
     /* measurements: the GPU ones only when gpu (a backend with its own memory) */
     int gpu;
     double mfu;      /* executed matmul FLOP/s over the 800 TFLOP/s bf16 GEMM rate measured on the H200 */
-    double h2d_gbs, d2h_gbs, gpu_busy, opt_ms, gpu_gb;
-    double host_gb;  /* resident set of the process now (GB) */
+    double h2d_gbs, d2h_gbs, gpu_busy, opt_ms, gpu_gib;
+    double host_gib;  /* resident set of the process now (GiB) */
 } mt_step_line;
 
 /* append: a resumed run adds to both files, a fresh one starts them. MT_ERR names the file. */
