@@ -192,8 +192,9 @@ static int any_nonfinite(const void *x, int64_t n) {
     return bad;
 }
 
-static const char *const ARENA_WHAT[3] = {"the master weights", "exp_avg (Adam's first moment)",
-                                          "exp_avg_sq (Adam's second moment)"};
+static const char *const ARENA_WHAT[3] = {"the master weights hold",
+                                          "exp_avg (Adam's first moment) holds",
+                                          "exp_avg_sq (Adam's second moment) holds"};
 
 /* The first tensor (arena order: master, m1, m2) holding NaN/inf, or NULL; *which = the arena. */
 static const char *first_nonfinite(const mt_param_table *t, const float *const arenas[3],
@@ -427,7 +428,7 @@ int mt_checkpoint_save(const char *out_dir, const mt_param_table *t, const float
     int which;
     const char *bad = first_nonfinite(t, arenas, &which);
     if (bad)
-        return mt_error_set("%s: checkpoint of step %lld not written: %s of %s hold NaN or inf "
+        return mt_error_set("%s: checkpoint of step %lld not written: %s NaN or inf in tensor %s "
                             "(the older checkpoints are kept as they are)", out_dir,
                             (long long)st->step, ARENA_WHAT[which], bad);
     json_t *args = NULL;
