@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -417,6 +419,13 @@ static void test_stale_tmp(void **state) {
     snprintf(junk, sizeof junk, "%s/.tmp-step_00000004", ckdir);
     assert_int_equal(mkdir(junk, 0755), 0);
     write_text(junk, "config.json", "{");
+    /* a save in progress elsewhere (its temporary is locked): left alone until it is done */
+    char live[4200];
+    snprintf(live, sizeof live, "%s/.tmp-step_00000077.AbCd12", ckdir);
+    assert_int_equal(mkdir(live, 0755), 0);
+    int live_fd = open(live, O_RDONLY | O_DIRECTORY);
+    assert_true(live_fd >= 0);
+    assert_int_equal(flock(live_fd, LOCK_EX), 0);
     snprintf(junk, sizeof junk, "%s/step_abc", ckdir);
     assert_int_equal(mkdir(junk, 0755), 0);
     write_text(ckdir, "step_00000500", "a file, not a directory");
@@ -428,6 +437,10 @@ static void test_stale_tmp(void **state) {
     assert_int_equal(back.step, 3);
 
     st.step = 4;
+    save_ok(&m, out, &st, NULL, NULL, 0);
+    assert_int_equal(count_prefix(ckdir, ".tmp-"), 1);
+    assert_true(exists(ckdir, ".tmp-step_00000077.AbCd12"));
+    close(live_fd); /* that save died: its leftover goes with the next save */
     save_ok(&m, out, &st, NULL, NULL, 0);
     assert_int_equal(count_prefix(ckdir, ".tmp-"), 0);
     latest_ok(out, path, sizeof path);

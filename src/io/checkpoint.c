@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -169,15 +170,15 @@ static void add_file(file_list *l, const char *name, const mt_file_digest *d) {
 
 /* 1 when any of the n floats at p (possibly unaligned: a mapped file) is NaN or inf. */
 static int block_nonfinite(const unsigned char *p, int64_t n) {
-    uint32_t hi = 0; /* the largest magnitude bit pattern; >= inf's when any is NaN/inf */
-#pragma omp simd reduction(max : hi)
+    int bad = 0;
+    /* |x| as bits > FLT_MAX's bits <=> NaN or inf; a signed compare, which SSE2 has */
+#pragma omp simd reduction(| : bad)
     for (int64_t i = 0; i < n; i++) {
         uint32_t u;
         memcpy(&u, p + 4 * i, 4);
-        u &= 0x7fffffffu;
-        hi = u > hi ? u : hi;
+        bad |= (int32_t)(u & 0x7fffffffu) > 0x7f7fffff;
     }
-    return hi >= 0x7f800000u;
+    return bad;
 }
 
 static int any_nonfinite(const void *x, int64_t n) {
@@ -380,6 +381,21 @@ static int publish(const char *ckdir, const char *tmp, const char *name) {
     return rc;
 }
 
+/* An flock on directory PATH (flags: 0 or LOCK_NB), held while the returned fd is open; -1 and
+ * errno on failure. A save holds one on its temporary directory, so that even without OUT's lock
+ * another process's prune never removes a save in progress. */
+static int lock_dir(const char *path, int flags) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    if (flock(fd, LOCK_EX | flags) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
 /* Keeps the keep_last highest steps (and `keep`, the one just written), then removes every
  * .tmp-* entry. Directories are renamed to .tmp-* before removal, so a crash mid-removal never
  * leaves a partial step_ directory. Failures here only warn: the new checkpoint is in place. */
@@ -411,7 +427,9 @@ static void prune(const char *ckdir, int keep_last, int64_t keep) {
     while ((e = readdir(d))) {
         if (strncmp(e->d_name, TMP_PREFIX, strlen(TMP_PREFIX)) != 0) continue;
         char *p = path_join(ckdir, e->d_name);
-        warn_rmtree(p);
+        int fd = lock_dir(p, LOCK_NB);
+        if (fd >= 0 || errno != EWOULDBLOCK) warn_rmtree(p); /* not a live save's */
+        if (fd >= 0) close(fd);
         free(p);
     }
     closedir(d);
@@ -446,6 +464,9 @@ int mt_checkpoint_save(const char *out_dir, const mt_param_table *t, const float
     step_name(tmp_prefix, sizeof tmp_prefix, TMP_PREFIX, st->step);
     char *prefix = path_join(ckdir, tmp_prefix), *tmp = NULL;
     if (rc == MT_OK) rc = mt_make_temp_dir(prefix, &tmp); /* .tmp-step_N.XXXXXX, ours alone */
+    int lock = rc == MT_OK ? lock_dir(tmp, 0) : -1;
+    if (rc == MT_OK && lock < 0)
+        rc = mt_error_set("%s: cannot lock: %s", tmp, strerror(errno));
     if (rc == MT_OK) {
         rc = save_contents(tmp, t, master, m1, m2, st, args, tokenizer_dir);
         if (rc == MT_OK) rc = publish(ckdir, tmp, name);
@@ -456,6 +477,7 @@ int mt_checkpoint_save(const char *out_dir, const mt_param_table *t, const float
             mt_error_set("%s", msg);
         }
     }
+    if (lock >= 0) close(lock);
     if (rc == MT_OK) prune(ckdir, keep_last, st->step);
     json_decref(args);
     free(prefix);

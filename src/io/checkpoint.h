@@ -54,7 +54,8 @@ void mt_ckpt_state_free(mt_ckpt_state *st);
  * the tokenizer files it holds are copied, absent ones skipped. A checkpoint of the same step is
  * replaced atomically (renameat2 exchange). Afterwards only the keep_last highest step_
  * directories are kept (keep_last <= 0: all; the one just written is never removed) and stale
- * .tmp-* directories are removed; each removal renames first, so it too is crash safe.
+ * .tmp-* directories are removed (not one that a save in progress holds locked: the temporary
+ * directory is flock'd while it is filled); each removal renames first, so it too is crash safe.
  * Master, m1 and m2 must be finite: a NaN/inf in any parameter is MT_ERR naming the arena and the
  * first such tensor, with nothing written and no older checkpoint pruned.
  * Returns MT_OK, or MT_ERR (the message names the path) leaving no new step_ directory behind. */

@@ -33,7 +33,7 @@ int mt_digest_parse_hex(const char *s, uint64_t *out) {
 }
 
 int mt_digest_file(const char *path, mt_file_digest *out) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block */
     if (fd < 0) return errno;
     struct stat sb;
     int e = fstat(fd, &sb) != 0 ? errno : S_ISDIR(sb.st_mode) ? EISDIR : !S_ISREG(sb.st_mode) ? EINVAL : 0;
