@@ -1071,6 +1071,7 @@ static int64_t verify_all(const mt_param_table *t, float *const a[3], const char
         if (!check_step(t, a, st.step))
             fail_msg("%s: data is not step %lld's", p, (long long)st.step);
         if (st.step > latest) latest = st.step;
+        mt_ckpt_state_free(&st);
     }
     closedir(d);
     char want[64];
