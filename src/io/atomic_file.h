@@ -1,7 +1,7 @@
 /* Atomic file replacement: write a temporary PATH.tmp.XXXXXX unique to this writer (in PATH's
  * directory), flush, fsync, rename over PATH, fsync the directory. A crash or an error never leaves
  * a half-written file under PATH, and two writers of one PATH never share a temporary: PATH ends
- * up as one of their complete results. Internal to src/io.
+ * up as one of their complete results. Used by src/io and by mt_config_save.
  *
  * The writer holds an flock on its temporary until the rename, so a leftover of a killed writer
  * is recognisable: mt_atomic_open removes PATH.tmp.* files that nobody holds, never another live
