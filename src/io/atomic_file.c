@@ -142,12 +142,14 @@ static int create_temp(mt_atomic_file *af, int *fd_out) {
             return errno;
         }
         struct stat a, b;
-        if (flock(fd, LOCK_EX) == 0 && fstat(fd, &a) == 0 && stat(af->tmp, &b) == 0 &&
-            a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+        /* no flock on this file system: no cleaner can lock (and remove) it either */
+        int unlockable = flock(fd, LOCK_EX) != 0;
+        if (unlockable || (fstat(fd, &a) == 0 && stat(af->tmp, &b) == 0 && a.st_dev == b.st_dev &&
+                           a.st_ino == b.st_ino)) {
             *fd_out = fd;
             return 0;
         }
-        close(fd);
+        close(fd); /* removed by a cleaner before we locked it: the name is not ours any more */
     }
     return EEXIST;
 }
