@@ -2,7 +2,7 @@
 # Installs the Debian packages megatrain builds with (plus any named as arguments) when any is
 # missing. Idempotent.
 set -euo pipefail
-packages=(build-essential cmake pkg-config libjansson-dev libopenblas-openmp-dev libcmocka-dev libpcre2-dev libutf8proc-dev "$@")
+packages=(build-essential cmake pkg-config libjansson-dev libopenblas-openmp-dev libcmocka-dev libpcre2-dev libutf8proc-dev libxxhash-dev "$@")
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

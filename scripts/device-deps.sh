@@ -12,6 +12,7 @@
 #   libcmocka-dev -> libcmocka0 -> libc6
 #   libpcre2-dev -> libpcre2-8-0, libpcre2-16-0, libpcre2-32-0, libpcre2-posix3 (-> libpcre2-8-0), libc-dev
 #   libutf8proc-dev -> libutf8proc2 -> libc6
+#   libxxhash-dev -> libxxhash0 -> libc6
 #   pkgconf-bin -> libpkgconf3 -> libc6   (pkg-config, in case the image has none)
 # libc6, libc-dev (libc6-dev), libgcc-s1 and libgomp1 are newer on Ubuntu 24.04 (gcc 13, glibc 2.39) and are left out.
 set -euo pipefail
@@ -22,6 +23,7 @@ packages=(libjansson4 libjansson-dev
           libgfortran5 libquadmath0 gcc-12-base
           libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3
           libutf8proc-dev libutf8proc2
+          libxxhash-dev libxxhash0
           pkgconf-bin libpkgconf3)
 dir=third_party/debs
 mkdir -p "$dir"

@@ -1,5 +1,7 @@
 /* checkpoint: save -> latest -> load bitwise round trips, keep_last pruning, stale temporaries,
- * load errors that leave the arenas untouched, and crash safety: a child saving a few-M-parameter
+ * load errors that leave the arenas untouched, checksums (a flipped byte in any file is refused),
+ * resume falling back past damaged checkpoints, exported (bf16) weights, NaN/inf refused at save
+ * and at load, format-1 checkpoints, and crash safety: a child saving a few-M-parameter
  * model in a loop is SIGKILLed at random moments; every step_ directory left behind must load
  * completely and hold the data of the step its trainer_state.json names.
  * The child is this executable re-executed with --crash-child (no fork-after-OpenMP hazards). */
@@ -11,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -18,6 +22,7 @@
 
 #include "core/error.h"
 #include "io/checkpoint.h"
+#include "io/digest.h"
 #include "io/model_io.h"
 #include "io/safetensors.h"
 #include "model/params.h"
@@ -181,6 +186,93 @@ static void assert_msg_has(const char *needle) {
     if (!strstr(msg, needle)) fail_msg("message '%s' does not mention '%s'", msg, needle);
 }
 
+/* ---- editing a saved checkpoint ---- */
+
+static json_t *load_state_json(const char *dir) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/trainer_state.json", dir);
+    json_error_t je;
+    json_t *o = json_load_file(p, 0, &je);
+    if (!o) fail_msg("%s: %s", p, je.text);
+    return o;
+}
+
+static void store_state_json(const char *dir, json_t *o) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/trainer_state.json", dir);
+    assert_int_equal(json_dump_file(o, p, JSON_INDENT(2)), 0);
+    json_decref(o);
+}
+
+/* Records FILE's current length and checksum in trainer_state.json: a file rewritten on purpose
+ * (a test of what comes after the checksum) with a valid checksum. */
+static void restamp(const char *dir, const char *file) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", dir, file);
+    mt_file_digest d;
+    assert_int_equal(mt_digest_file(p, &d), 0);
+    char hex[MT_DIGEST_HEX];
+    mt_digest_hex(d.xxh3, hex);
+    json_t *o = load_state_json(dir);
+    json_t *e = json_object_get(json_object_get(o, "files"), file);
+    assert_non_null(e);
+    json_object_set_new(e, "bytes", json_integer((json_int_t)d.bytes));
+    json_object_set_new(e, "xxh3_64", json_string(hex));
+    store_state_json(dir, o);
+}
+
+/* XORs one byte of DIR/FILE at offset (negative: from the end). */
+static void flip_byte(const char *dir, const char *file, long offset) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", dir, file);
+    FILE *f = fopen(p, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, offset, offset < 0 ? SEEK_END : SEEK_SET), 0);
+    long at = ftell(f);
+    int c = fgetc(f);
+    assert_true(c != EOF);
+    assert_int_equal(fseek(f, at, SEEK_SET), 0);
+    fputc(c ^ 0x20, f);
+    fclose(f);
+}
+
+static long file_size(const char *dir, const char *file) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", dir, file);
+    struct stat sb;
+    assert_int_equal(stat(p, &sb), 0);
+    return (long)sb.st_size;
+}
+
+/* stderr into a file between capture_begin and capture_end (which returns it, malloc'd). */
+static int saved_stderr = -1;
+static char capture_path[4096];
+
+static void capture_begin(void) {
+    fflush(stderr);
+    snprintf(capture_path, sizeof capture_path, "%s/stderr.txt", tmpdir);
+    FILE *f = fopen(capture_path, "wb");
+    assert_non_null(f);
+    saved_stderr = dup(2);
+    dup2(fileno(f), 2);
+    fclose(f);
+}
+
+static char *capture_end(void) {
+    fflush(stderr);
+    dup2(saved_stderr, 2);
+    close(saved_stderr);
+    char *text = read_text(tmpdir, "stderr.txt");
+    assert_non_null(text);
+    fputs(text, stdout); /* shown in the test's log */
+    unlink(capture_path);
+    return text;
+}
+
+static void assert_has(const char *text, const char *needle) {
+    if (!strstr(text, needle)) fail_msg("'%s' does not mention '%s'", text, needle);
+}
+
 /* ---- round trips ---- */
 
 static void roundtrip(const char *variant) {
@@ -218,9 +310,25 @@ static void roundtrip(const char *variant) {
     json_error_t je;
     json_t *o = json_load_file(sp, 0, &je);
     assert_non_null(o);
-    assert_int_equal(json_integer_value(json_object_get(o, "format")), 1);
+    assert_int_equal(json_integer_value(json_object_get(o, "format")), 2);
     assert_int_equal(json_integer_value(json_object_get(o, "step")), 7);
     assert_int_equal(json_integer_value(json_object_get(json_object_get(o, "args"), "batch")), 8);
+    /* every file but trainer_state.json itself, with its length and XXH3-64 */
+    json_t *fo = json_object_get(o, "files");
+    assert_int_equal(json_object_size(fo), 5);
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        if (strcmp(files[i], "trainer_state.json") == 0) continue;
+        json_t *e = json_object_get(fo, files[i]);
+        if (!e) fail_msg("trainer_state.json: no checksum of %s", files[i]);
+        char fp[4400];
+        snprintf(fp, sizeof fp, "%s/%s", path, files[i]);
+        mt_file_digest d;
+        assert_int_equal(mt_digest_file(fp, &d), 0);
+        char hex[MT_DIGEST_HEX];
+        mt_digest_hex(d.xxh3, hex);
+        assert_int_equal(json_integer_value(json_object_get(e, "bytes")), (json_int_t)d.bytes);
+        assert_string_equal(json_string_value(json_object_get(e, "xxh3_64")), hex);
+    }
     json_decref(o);
 
     load_ok(&m, path, &back);
@@ -311,6 +419,13 @@ static void test_stale_tmp(void **state) {
     snprintf(junk, sizeof junk, "%s/.tmp-step_00000004", ckdir);
     assert_int_equal(mkdir(junk, 0755), 0);
     write_text(junk, "config.json", "{");
+    /* a save in progress elsewhere (its temporary is locked): left alone until it is done */
+    char live[4200];
+    snprintf(live, sizeof live, "%s/.tmp-step_00000077.AbCd12", ckdir);
+    assert_int_equal(mkdir(live, 0755), 0);
+    int live_fd = open(live, O_RDONLY | O_DIRECTORY);
+    assert_true(live_fd >= 0);
+    assert_int_equal(flock(live_fd, LOCK_EX), 0);
     snprintf(junk, sizeof junk, "%s/step_abc", ckdir);
     assert_int_equal(mkdir(junk, 0755), 0);
     write_text(ckdir, "step_00000500", "a file, not a directory");
@@ -322,6 +437,10 @@ static void test_stale_tmp(void **state) {
     assert_int_equal(back.step, 3);
 
     st.step = 4;
+    save_ok(&m, out, &st, NULL, NULL, 0);
+    assert_int_equal(count_prefix(ckdir, ".tmp-"), 1);
+    assert_true(exists(ckdir, ".tmp-step_00000077.AbCd12"));
+    close(live_fd); /* that save died: its leftover goes with the next save */
     save_ok(&m, out, &st, NULL, NULL, 0);
     assert_int_equal(count_prefix(ckdir, ".tmp-"), 0);
     latest_ok(out, path, sizeof path);
@@ -489,6 +608,7 @@ static void test_load_missing_optimizer_tensor(void **state) {
     char opt[4200];
     snprintf(opt, sizeof opt, "%s/optimizer.safetensors", path);
     assert_int_equal(mt_safetensors_write(opt, w, k, NULL, 0), MT_OK);
+    restamp(path, "optimizer.safetensors"); /* the structure checks are past the checksum */
     expect_load_error(&m, &m.t, path, "exp_avg_sq.model.norm.weight");
 
     /* an extra tensor beside the full set */
@@ -500,13 +620,15 @@ static void test_load_missing_optimizer_tensor(void **state) {
     w[k + 1] = w[0];
     w[k + 1].name = "exp_avg.something_else";
     assert_int_equal(mt_safetensors_write(opt, w, k + 2, NULL, 0), MT_OK);
-    expect_load_error(&m, &m.t, path, "optimizer.safetensors");
+    restamp(path, "optimizer.safetensors");
+    expect_load_error(&m, &m.t, path, "tensors that are not exp_avg/exp_avg_sq");
 
     /* a wrong shape */
     w[k + 1] = w[0];
     w[k].shape[0] = m.t.cfg.C - 1;
     assert_int_equal(mt_safetensors_write(opt, w, k + 1, NULL, 0), MT_OK);
-    expect_load_error(&m, &m.t, path, "exp_avg_sq.model.norm.weight");
+    restamp(path, "optimizer.safetensors");
+    expect_load_error(&m, &m.t, path, "exp_avg_sq.model.norm.weight: shape");
 
     /* the file itself missing */
     unlink(opt);
@@ -522,15 +644,17 @@ static void test_load_bad_state(void **state) {
     char path[4096];
     fresh_checkpoint(&m, "bad_state", path, sizeof path);
     const char *bad[] = {
-        "{\"format\": 1, \"step\": 3",                             /* truncated */
+        "{\"format\": 1, \"step\": 5",                             /* truncated */
         "[1, 2]",                                                   /* not an object */
         "{\"format\": 1, \"step\": -3, \"seed\": 1, \"loss\": 0}",  /* negative step */
         "{\"format\": 1, \"step\": 2.5, \"seed\": 1, \"loss\": 0}", /* not an integer */
         "{\"format\": 1, \"seed\": 1, \"loss\": 0}",                /* no step */
-        "{\"format\": 2, \"step\": 3, \"seed\": 1, \"loss\": 0}",   /* a future format */
-        "{\"format\": 1, \"step\": 3, \"seed\": -1, \"loss\": 0}",  /* negative seed */
-        "{\"format\": 1, \"step\": 3, \"seed\": \"12x\", \"loss\": 0}",
-        "{\"format\": 1, \"step\": 3, \"seed\": 1, \"loss\": \"low\"}",
+        "{\"format\": 3, \"step\": 5, \"seed\": 1, \"loss\": 0}",   /* a future format */
+        "{\"format\": 2, \"step\": 5, \"seed\": 1, \"loss\": 0}",   /* format 2 without files */
+        "{\"format\": 1, \"step\": 11, \"seed\": 1, \"loss\": 0}",  /* not the directory's step */
+        "{\"format\": 1, \"step\": 5, \"seed\": -1, \"loss\": 0}",  /* negative seed */
+        "{\"format\": 1, \"step\": 5, \"seed\": \"12x\", \"loss\": 0}",
+        "{\"format\": 1, \"step\": 5, \"seed\": 1, \"loss\": \"low\"}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         write_text(path, "trainer_state.json", bad[i]);
@@ -540,13 +664,20 @@ static void test_load_bad_state(void **state) {
     snprintf(sp, sizeof sp, "%s/trainer_state.json", path);
     unlink(sp);
     expect_load_error(&m, &m.t, path, "trainer_state.json");
-    /* a good hand-written one loads */
+    /* a good hand-written one of format 1 (no checksums) loads, saying it cannot be verified */
     write_text(path, "trainer_state.json",
-               "{\"format\": 1, \"step\": 11, \"seed\": \"18446744073709551615\", \"loss\": null}");
+               "{\"format\": 1, \"step\": 5, \"seed\": \"18446744073709551615\", \"loss\": null}");
     mt_ckpt_state st;
     reset_got(&m);
+    capture_begin();
     load_ok(&m, path, &st);
-    assert_int_equal(st.step, 11);
+    char *err = capture_end();
+    assert_has(err, "megatrain: warning: ");
+    assert_has(err, "format-1 checkpoint has no checksums; it cannot be verified");
+    assert_has(err, path);
+    free(err);
+    for (int k = 0; k < 3; k++) assert_memory_equal(m.got[k], m.w[k], m.bytes);
+    assert_int_equal(st.step, 5);
     assert_true(st.seed == UINT64_MAX && isnan(st.loss));
     model_free(&m);
 }
@@ -565,6 +696,286 @@ static void test_load_missing_pieces(void **state) {
     snprintf(p, sizeof p, "%s/config.json", path);
     unlink(p);
     expect_load_error(&m, &m.t, path, "config.json");
+    model_free(&m);
+}
+
+/* ---- integrity ---- */
+
+/* A flipped byte in any recorded file is refused by name, with "checksum"; flipped back, it loads. */
+static void test_checksum_flip(void **state) {
+    model m;
+    model_init(&m, "llama_gqa", 21);
+    char *out = subdir("flip"), *tok = subdir("flip_tok");
+    mkdir(tok, 0755);
+    write_text(tok, "tokenizer.json", "{\"version\": \"1.0\", \"model\": {}}\n");
+    mt_ckpt_state st = {5, 9, 1.5, 5, 0, NULL}, back;
+    save_ok(&m, out, &st, NULL, tok, 0);
+    char path[4096];
+    latest_ok(out, path, sizeof path);
+    const char *names[] = {"model.safetensors", "optimizer.safetensors", "config.json",
+                           "tokenizer.json"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        long at = file_size(path, names[i]) / 2; /* model/optimizer: inside a tensor's data */
+        flip_byte(path, names[i], at);
+        char want[4400];
+        snprintf(want, sizeof want, "%s/%s: checksum mismatch", path, names[i]);
+        expect_load_error(&m, &m.t, path, want);
+        flip_byte(path, names[i], at);
+        reset_got(&m);
+        load_ok(&m, path, &back);
+        for (int k = 0; k < 3; k++) assert_memory_equal(m.got[k], m.w[k], m.bytes);
+        mt_ckpt_state_free(&back);
+    }
+    /* a truncated file, and one whose recorded checksum is not hex */
+    char p[4400];
+    snprintf(p, sizeof p, "%s/optimizer.safetensors", path);
+    assert_int_equal(truncate(p, file_size(path, "optimizer.safetensors") - 4), 0);
+    expect_load_error(&m, &m.t, path, "optimizer.safetensors: checksum mismatch");
+    json_t *o = load_state_json(path);
+    json_object_set_new(json_object_get(json_object_get(o, "files"), "model.safetensors"),
+                        "xxh3_64", json_string("not hex"));
+    store_state_json(path, o);
+    expect_load_error(&m, &m.t, path, "\"xxh3_64\"");
+    mt_test_rmtree(out);
+    mt_test_rmtree(tok);
+    free(out);
+    free(tok);
+    model_free(&m);
+}
+
+/* convert --model CK --out CK replaced the fp32 master with bf16: refused with what happened,
+ * before the checksum would only say "replaced". */
+static void test_exported_weights_refused(void **state) {
+    model m;
+    model_init(&m, "qwen2_bias_tied", 22);
+    char path[4096];
+    fresh_checkpoint(&m, "exported", path, sizeof path);
+    assert_int_equal(mt_model_save(&m.t, m.w[0], path, MT_BF16, 0), MT_OK);
+    char want[8400];
+    snprintf(want, sizeof want,
+             "%s/model.safetensors holds bf16 weights: an exported model, not a training checkpoint "
+             "(the fp32 master is gone); fine-tune from it with --model %s instead of --resume",
+             path, path);
+    expect_load_error(&m, &m.t, path, want);
+    assert_string_equal(mt_error_message(), want);
+    /* the same for a format-1 checkpoint, which has no checksum to catch it */
+    json_t *o = load_state_json(path);
+    json_object_set_new(o, "format", json_integer(1));
+    json_object_del(o, "files");
+    store_state_json(path, o);
+    expect_load_error(&m, &m.t, path, want);
+    model_free(&m);
+}
+
+/* Writes DIR/FILE as the table's tensors (prefix before each name) from arena, with one value of
+ * tensor `name` replaced by bad, and records its checksum: only the finiteness check can refuse it. */
+static void write_with_value(const model *m, const char *dir, const char *file, const char *prefix,
+                             const float *arena, const char *name, float bad) {
+    int n = m->t.n_params;
+    mt_st_write_tensor *w = calloc((size_t)n, sizeof *w);
+    char (*names)[160] = calloc((size_t)n, sizeof *names);
+    float *copy = malloc(m->bytes);
+    memcpy(copy, arena, m->bytes);
+    int hit = 0;
+    for (int i = 0; i < n; i++) {
+        const mt_param *p = &m->t.params[i];
+        snprintf(names[i], sizeof names[i], "%s%s", prefix, p->name);
+        if (strcmp(p->name, name) == 0) copy[p->offset + p->numel / 2] = bad, hit = 1;
+        w[i].name = names[i];
+        w[i].dtype = MT_F32;
+        w[i].ndim = p->ndim;
+        for (int d = 0; d < p->ndim; d++) w[i].shape[d] = p->shape[d];
+        w[i].data = copy + m->t.params[i].offset;
+    }
+    assert_true(hit);
+    char p[4400];
+    snprintf(p, sizeof p, "%s/%s", dir, file);
+    const mt_st_meta meta[] = {{"format", "pt"}};
+    assert_int_equal(mt_safetensors_write(p, w, n, meta, 1), MT_OK);
+    restamp(dir, file);
+    free(copy);
+    free(names);
+    free(w);
+}
+
+static void test_nonfinite_file_refused(void **state) {
+    model m;
+    model_init(&m, "llama_gqa", 23);
+    char path[4096];
+    fresh_checkpoint(&m, "nan_file", path, sizeof path);
+    const char *tensor = "model.layers.1.self_attn.k_proj.weight";
+    write_with_value(&m, path, "model.safetensors", "", m.w[0], tensor, NAN);
+    expect_load_error(&m, &m.t, path, "tensor model.layers.1.self_attn.k_proj.weight holds NaN or inf");
+    assert_msg_has("model.safetensors");
+    write_with_value(&m, path, "model.safetensors", "", m.w[0], tensor, 1.0f); /* repaired */
+
+    /* moments: an inf in exp_avg_sq; the optimizer file has both prefixes, so write it whole */
+    int n = 2 * m.t.n_params;
+    mt_st_write_tensor *w = calloc((size_t)n, sizeof *w);
+    char (*names)[160] = calloc((size_t)n, sizeof *names);
+    float *m2 = malloc(m.bytes);
+    memcpy(m2, m.w[2], m.bytes);
+    const mt_param *last = &m.t.params[m.t.n_params - 1];
+    m2[last->offset + last->numel - 1] = -INFINITY;
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < m.t.n_params; i++) {
+            const mt_param *p = &m.t.params[i];
+            int j = k * m.t.n_params + i;
+            snprintf(names[j], sizeof names[j], "%s.%s", k ? "exp_avg_sq" : "exp_avg", p->name);
+            w[j].name = names[j];
+            w[j].dtype = MT_F32;
+            w[j].ndim = p->ndim;
+            for (int d = 0; d < p->ndim; d++) w[j].shape[d] = p->shape[d];
+            w[j].data = (k ? m2 : m.w[1]) + p->offset;
+        }
+    char opt[4400];
+    snprintf(opt, sizeof opt, "%s/optimizer.safetensors", path);
+    assert_int_equal(mt_safetensors_write(opt, w, n, NULL, 0), MT_OK);
+    restamp(path, "optimizer.safetensors");
+    char want[256];
+    snprintf(want, sizeof want, "tensor exp_avg_sq.%s holds NaN or inf", last->name);
+    expect_load_error(&m, &m.t, path, want);
+    free(m2);
+    free(names);
+    free(w);
+    model_free(&m);
+}
+
+/* Never write non-finite state: refused, nothing written, older checkpoints kept and not pruned. */
+static void test_save_nonfinite_refused(void **state) {
+    model m;
+    model_init(&m, "llama_gqa", 24);
+    char *out = subdir("save_nan");
+    char ckdir[4096];
+    snprintf(ckdir, sizeof ckdir, "%s/checkpoints", out);
+    for (int s = 1; s <= 2; s++) {
+        mt_ckpt_state st = {s, 1, 0.5, s, 0, NULL};
+        save_ok(&m, out, &st, NULL, NULL, 2);
+    }
+    const mt_param *p = &m.t.params[3];
+    struct {
+        int arena;
+        float value;
+        const char *what;
+    } cases[] = {{2, NAN, "exp_avg_sq"}, {0, INFINITY, "master weights"}, {1, -INFINITY, "exp_avg"}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        float keep = m.w[cases[c].arena][p->offset + p->numel - 1];
+        m.w[cases[c].arena][p->offset + p->numel - 1] = cases[c].value;
+        mt_ckpt_state st = {3, 1, 0.5, 3, 0, NULL};
+        assert_int_equal(mt_checkpoint_save(out, &m.t, m.w[0], m.w[1], m.w[2], &st, NULL, NULL, 1),
+                         MT_ERR);
+        assert_msg_has(cases[c].what);
+        assert_msg_has(p->name);
+        assert_msg_has("NaN or inf");
+        m.w[cases[c].arena][p->offset + p->numel - 1] = keep;
+        /* keep_last 1 would have pruned step 1: both are still there and load */
+        assert_int_equal(count_prefix(ckdir, "step_"), 2);
+        assert_false(exists(ckdir, "step_00000003"));
+        assert_int_equal(count_prefix(ckdir, ".tmp-"), 0);
+    }
+    for (int s = 1; s <= 2; s++) {
+        char dir[4200];
+        snprintf(dir, sizeof dir, "%s/step_%08d", ckdir, s);
+        mt_ckpt_state back;
+        reset_got(&m);
+        load_ok(&m, dir, &back);
+        for (int k = 0; k < 3; k++) assert_memory_equal(m.got[k], m.w[k], m.bytes);
+        assert_int_equal(back.step, s);
+    }
+    /* a NaN in the padding between tensors is not state: ignored */
+    if (m.t.params[1].offset > m.t.params[0].offset + m.t.params[0].numel) {
+        m.w[0][m.t.params[0].offset + m.t.params[0].numel] = NAN;
+        mt_ckpt_state st = {3, 1, 0.5, 3, 0, NULL};
+        save_ok(&m, out, &st, NULL, NULL, 0);
+    }
+    mt_test_rmtree(out);
+    free(out);
+    model_free(&m);
+}
+
+/* ---- resume ---- */
+
+static int resume(model *m, const char *out, mt_ckpt_state *st, char *path, size_t size) {
+    return mt_checkpoint_resume(out, &m->t, m->got[0], m->got[1], m->got[2], st, path, size);
+}
+
+static void test_resume_fallback(void **state) {
+    model m;
+    model_init(&m, "llama_gqa", 25);
+    char *out = subdir("fallback");
+    char ckdir[4096], path[4096], dir[4200];
+    snprintf(ckdir, sizeof ckdir, "%s/checkpoints", out);
+    mt_ckpt_state st, back;
+
+    /* no checkpoint at all (no OUT, then an empty checkpoints/): MT_CKPT_NONE */
+    assert_int_equal(resume(&m, out, &st, path, sizeof path), MT_CKPT_NONE);
+    assert_msg_has("no checkpoint to resume from");
+    mkdir(out, 0755);
+    mkdir(ckdir, 0755);
+    assert_int_equal(resume(&m, out, &st, path, sizeof path), MT_CKPT_NONE);
+    assert_true(got_untouched(&m));
+
+    /* steps 10, 20, 30 with different data; the newest intact one loads without a warning */
+    float *w10[3];
+    for (int s = 10; s <= 30; s += 10) {
+        model_fill_random(&m, (uint64_t)s);
+        if (s == 10)
+            for (int k = 0; k < 3; k++) {
+                w10[k] = malloc(m.bytes);
+                memcpy(w10[k], m.w[k], m.bytes);
+            }
+        st = (mt_ckpt_state){s, 3, 0.25, s, 0, NULL};
+        save_ok(&m, out, &st, NULL, NULL, 0);
+    }
+    capture_begin();
+    int rc = resume(&m, out, &back, path, sizeof path);
+    char *err = capture_end();
+    if (rc != MT_OK) fail_msg("%s", mt_error_message());
+    assert_int_equal(back.step, 30);
+    assert_ends_with(path, "/checkpoints/step_00000030");
+    for (int k = 0; k < 3; k++) assert_memory_equal(m.got[k], m.w[k], m.bytes);
+    assert_string_equal(err, "");
+    free(err);
+    mt_ckpt_state_free(&back);
+
+    /* 30: a flipped byte; 20: its trainer_state.json gone. Resume takes 10, naming both. */
+    snprintf(dir, sizeof dir, "%s/step_00000030", ckdir);
+    flip_byte(dir, "optimizer.safetensors", -5);
+    snprintf(dir, sizeof dir, "%s/step_00000020/trainer_state.json", ckdir);
+    assert_int_equal(unlink(dir), 0);
+    reset_got(&m);
+    capture_begin();
+    rc = resume(&m, out, &back, path, sizeof path);
+    err = capture_end();
+    if (rc != MT_OK) fail_msg("%s", mt_error_message());
+    assert_int_equal(back.step, 10);
+    assert_ends_with(path, "/checkpoints/step_00000010");
+    for (int k = 0; k < 3; k++) assert_memory_equal(m.got[k], w10[k], m.bytes);
+    char want[8400];
+    snprintf(want, sizeof want,
+             "megatrain: warning: %s/step_00000030 is damaged (optimizer.safetensors: checksum "
+             "mismatch", ckdir);
+    assert_has(err, want);
+    assert_has(err, "); resuming from step_00000010 instead\n");
+    snprintf(want, sizeof want,
+             "megatrain: warning: %s/step_00000020 is damaged (trainer_state.json: cannot open",
+             ckdir);
+    assert_has(err, want);
+    free(err);
+    mt_ckpt_state_free(&back);
+
+    /* every one damaged: MT_ERR naming the newest and its damage, the arenas untouched */
+    snprintf(dir, sizeof dir, "%s/step_00000010", ckdir);
+    flip_byte(dir, "model.safetensors", -1);
+    reset_got(&m);
+    memset(&back, SENTINEL, sizeof back);
+    assert_int_equal(resume(&m, out, &back, path, sizeof path), MT_ERR);
+    assert_msg_has("step_00000030 is damaged (optimizer.safetensors: checksum mismatch");
+    assert_msg_has("none of the 2 older checkpoints is intact");
+    assert_true(got_untouched(&m));
+    for (int k = 0; k < 3; k++) free(w10[k]);
+    mt_test_rmtree(out);
+    free(out);
     model_free(&m);
 }
 
@@ -660,6 +1071,7 @@ static int64_t verify_all(const mt_param_table *t, float *const a[3], const char
         if (!check_step(t, a, st.step))
             fail_msg("%s: data is not step %lld's", p, (long long)st.step);
         if (st.step > latest) latest = st.step;
+        mt_ckpt_state_free(&st);
     }
     closedir(d);
     char want[64];
@@ -764,6 +1176,11 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_load_missing_optimizer_tensor),
         cmocka_unit_test(test_load_bad_state),
         cmocka_unit_test(test_load_missing_pieces),
+        cmocka_unit_test(test_checksum_flip),
+        cmocka_unit_test(test_exported_weights_refused),
+        cmocka_unit_test(test_nonfinite_file_refused),
+        cmocka_unit_test(test_save_nonfinite_refused),
+        cmocka_unit_test(test_resume_fallback),
         cmocka_unit_test(test_crash_safety),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

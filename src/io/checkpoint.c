@@ -1,6 +1,7 @@
 /* Training checkpoints: a temporary directory filled, fsync'd and renamed into place. */
 #include "io/checkpoint.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -10,11 +11,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/digest.h"
 #include "io/model_io.h"
 #include "io/safetensors.h"
 #include "model/config.h"
@@ -23,6 +26,8 @@
 #define STEP_PREFIX "step_"
 #define TMP_PREFIX ".tmp-"
 #define COPY_CHUNK (1 << 20)
+#define MAX_FILES 16        /* entries of trainer_state.json's "files" */
+#define FINITE_BLOCK (1 << 16) /* floats per finiteness-check work item */
 
 static const char *const TOKENIZER_FILES[] = {"tokenizer.json", "tokenizer_config.json",
                                               "special_tokens_map.json", "generation_config.json"};
@@ -144,30 +149,112 @@ static void step_name(char *buf, size_t size, const char *prefix, int64_t step) 
     snprintf(buf, size, "%s" STEP_PREFIX "%08lld", prefix, (long long)step);
 }
 
+/* The files of a checkpoint with their digests, as trainer_state.json records them. */
+typedef struct {
+    char name[64];
+    mt_file_digest d;
+} file_entry;
+
+typedef struct {
+    file_entry e[MAX_FILES];
+    int n;
+} file_list;
+
+static void add_file(file_list *l, const char *name, const mt_file_digest *d) {
+    MT_CHECK(l->n < MAX_FILES && strlen(name) < sizeof l->e[0].name, "checkpoint file list");
+    snprintf(l->e[l->n].name, sizeof l->e[0].name, "%s", name);
+    l->e[l->n++].d = *d;
+}
+
+/* ---- finiteness: a NaN or inf in saved state would poison every step after a resume ---- */
+
+/* 1 when any of the n floats at p (possibly unaligned: a mapped file) is NaN or inf. */
+static int block_nonfinite(const unsigned char *p, int64_t n) {
+    int bad = 0;
+    /* |x| as bits > FLT_MAX's bits <=> NaN or inf; a signed compare, which SSE2 has */
+#pragma omp simd reduction(| : bad)
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, p + 4 * i, 4);
+        bad |= (int32_t)(u & 0x7fffffffu) > 0x7f7fffff;
+    }
+    return bad;
+}
+
+static int any_nonfinite(const void *x, int64_t n) {
+    const unsigned char *p = x;
+    int64_t blocks = (n + FINITE_BLOCK - 1) / FINITE_BLOCK;
+    int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad) if (blocks > 4)
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t begin = b * FINITE_BLOCK, k = n - begin < FINITE_BLOCK ? n - begin : FINITE_BLOCK;
+        bad |= block_nonfinite(p + 4 * begin, k);
+    }
+    return bad;
+}
+
+static const char *const ARENA_WHAT[3] = {"the master weights hold",
+                                          "exp_avg (Adam's first moment) holds",
+                                          "exp_avg_sq (Adam's second moment) holds"};
+
+/* The first tensor (arena order: master, m1, m2) holding NaN/inf, or NULL; *which = the arena. */
+static const char *first_nonfinite(const mt_param_table *t, const float *const arenas[3],
+                                   int *which) {
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < t->n_params; i++) {
+            const mt_param *p = &t->params[i];
+            if (any_nonfinite(arenas[k] + p->offset, p->numel)) {
+                *which = k;
+                return p->name;
+            }
+        }
+    return NULL;
+}
+
 /* ---- save ---- */
 
-static int save_optimizer(const char *dir, const mt_param_table *t, const float *m1,
-                          const float *m2) {
-    int n = 2 * t->n_params;
+/* DIR/NAME: one tensor per parameter and prefix (prefix "" names it as the model does), every
+ * arena in table order, F32, metadata {"format": "pt"}; its digest into files. */
+static int save_tensors(const char *dir, const char *name, const mt_param_table *t,
+                        const float *const *arenas, const char *const *prefixes, int n_arenas,
+                        file_list *files) {
+    int n = n_arenas * t->n_params;
     mt_st_write_tensor *w = mt_calloc((size_t)(n ? n : 1), sizeof *w);
-    char (*names)[128] = mt_calloc((size_t)(n ? n : 1), sizeof *names);
-    for (int k = 0; k < 2; k++)
+    char (*names)[160] = mt_calloc((size_t)(n ? n : 1), sizeof *names);
+    for (int k = 0; k < n_arenas; k++)
         for (int i = 0; i < t->n_params; i++) {
             const mt_param *p = &t->params[i];
             int j = k * t->n_params + i;
-            snprintf(names[j], sizeof names[j], "%s.%s", k ? "exp_avg_sq" : "exp_avg", p->name);
+            snprintf(names[j], sizeof names[j], "%s%s", prefixes[k], p->name);
             w[j].name = names[j];
             w[j].dtype = MT_F32;
             w[j].ndim = p->ndim;
             for (int d = 0; d < p->ndim; d++) w[j].shape[d] = p->shape[d];
-            w[j].data = (k ? m2 : m1) + p->offset;
+            w[j].data = arenas[k] + p->offset;
         }
     const mt_st_meta meta[] = {{"format", "pt"}};
-    char *path = path_join(dir, "optimizer.safetensors");
-    int rc = mt_safetensors_write(path, w, n, meta, 1);
+    char *path = path_join(dir, name);
+    mt_file_digest d;
+    int rc = mt_safetensors_write_digest(path, w, n, meta, 1, &d);
+    if (rc == MT_OK) add_file(files, name, &d);
     free(path);
     free(names);
     free(w);
+    return rc;
+}
+
+/* DIR/config.json (written by the config module), its digest into files. A few hundred bytes:
+ * reading it back costs nothing. */
+static int save_config(const char *dir, const mt_param_table *t, file_list *files) {
+    char *path = path_join(dir, "config.json");
+    int rc = mt_config_save(&t->cfg, path);
+    mt_file_digest d;
+    if (rc == MT_OK) {
+        int e = mt_digest_file(path, &d);
+        if (e) rc = mt_error_set("%s: cannot read back: %s", path, strerror(e));
+        else add_file(files, "config.json", &d);
+    }
+    free(path);
     return rc;
 }
 
@@ -179,7 +266,8 @@ static json_t *seed_json(uint64_t seed) {
     return json_string(buf);
 }
 
-static int save_state(const char *dir, const mt_ckpt_state *st, json_t *args) {
+static int save_state(const char *dir, const mt_ckpt_state *st, json_t *args,
+                      const file_list *files) {
     json_t *o = json_object();
     json_object_set_new(o, "format", json_integer(MT_CKPT_FORMAT));
     json_object_set_new(o, "step", json_integer((json_int_t)st->step));
@@ -188,6 +276,16 @@ static int save_state(const char *dir, const mt_ckpt_state *st, json_t *args) {
     json_object_set_new(o, "updates", json_integer((json_int_t)st->updates));
     json_object_set_new(o, "skipped", json_integer((json_int_t)st->skipped));
     json_object_set(o, "args", args ? args : json_null());
+    json_t *fo = json_object();
+    for (int i = 0; i < files->n; i++) {
+        char hex[MT_DIGEST_HEX];
+        mt_digest_hex(files->e[i].d.xxh3, hex);
+        json_t *e = json_object();
+        json_object_set_new(e, "bytes", json_integer((json_int_t)files->e[i].d.bytes));
+        json_object_set_new(e, "xxh3_64", json_string(hex));
+        json_object_set_new(fo, files->e[i].name, e);
+    }
+    json_object_set_new(o, "files", fo);
     char *s = json_dumps(o, JSON_INDENT(2));
     json_decref(o);
     MT_CHECK(s, "json_dumps failed (out of memory?)");
@@ -203,8 +301,8 @@ static int save_state(const char *dir, const mt_ckpt_state *st, json_t *args) {
     return rc;
 }
 
-/* Copies SRC to DST (atomic); *copied = 0 when SRC does not exist. */
-static int copy_file(const char *src, const char *dst, int *copied) {
+/* Copies SRC to DST (atomic); *copied = 0 when SRC does not exist, else *d its digest. */
+static int copy_file(const char *src, const char *dst, int *copied, mt_file_digest *d) {
     *copied = 0;
     FILE *in = fopen(src, "rb");
     if (!in) {
@@ -228,19 +326,21 @@ static int copy_file(const char *src, const char *dst, int *copied) {
         mt_atomic_abort(&af);
         return MT_ERR;
     }
-    MT_TRY(mt_atomic_commit(&af));
+    MT_TRY(mt_atomic_commit_digest(&af, d));
     *copied = 1;
     return MT_OK;
 }
 
-static int save_tokenizer(const char *dir, const char *tok_dir) {
+static int save_tokenizer(const char *dir, const char *tok_dir, file_list *files) {
     for (size_t i = 0; i < sizeof TOKENIZER_FILES / sizeof *TOKENIZER_FILES; i++) {
         char *src = path_join(tok_dir, TOKENIZER_FILES[i]);
         char *dst = path_join(dir, TOKENIZER_FILES[i]);
-        int copied, rc = copy_file(src, dst, &copied);
+        mt_file_digest d;
+        int copied, rc = copy_file(src, dst, &copied, &d);
         free(src);
         free(dst);
         MT_TRY(rc);
+        if (copied) add_file(files, TOKENIZER_FILES[i], &d);
     }
     return MT_OK;
 }
@@ -248,17 +348,22 @@ static int save_tokenizer(const char *dir, const char *tok_dir) {
 static int save_contents(const char *dir, const mt_param_table *t, const float *master,
                          const float *m1, const float *m2, const mt_ckpt_state *st, json_t *args,
                          const char *tok_dir) {
-    MT_TRY(mt_model_save(t, master, dir, MT_F32, 0)); /* config.json + model.safetensors */
-    MT_TRY(save_optimizer(dir, t, m1, m2));
-    MT_TRY(save_state(dir, st, args));
-    if (tok_dir) MT_TRY(save_tokenizer(dir, tok_dir));
+    file_list files = {.n = 0};
+    const float *const model_arena[] = {master}, *const moments[] = {m1, m2};
+    const char *const model_prefix[] = {""}, *const moment_prefixes[] = {"exp_avg.", "exp_avg_sq."};
+    /* config.json + model.safetensors are what mt_model_save writes for F32: a model directory */
+    MT_TRY(save_config(dir, t, &files));
+    MT_TRY(save_tensors(dir, "model.safetensors", t, model_arena, model_prefix, 1, &files));
+    MT_TRY(save_tensors(dir, "optimizer.safetensors", t, moments, moment_prefixes, 2, &files));
+    if (tok_dir) MT_TRY(save_tokenizer(dir, tok_dir, &files));
+    MT_TRY(save_state(dir, st, args, &files)); /* last: it records the others' digests */
     return fsync_dir(dir); /* each file was fsync'd and renamed by the atomic writer */
 }
 
 /* Moves CKDIR/TMP to CKDIR/NAME. When NAME exists (the same step saved again) the two are
  * exchanged atomically and the old one, now under TMP, is removed. */
-static int publish(const char *ckdir, const char *tmp_name, const char *name) {
-    char *tmp = path_join(ckdir, tmp_name), *dst = path_join(ckdir, name);
+static int publish(const char *ckdir, const char *tmp, const char *name) {
+    char *dst = path_join(ckdir, name);
     int rc = MT_OK, exchanged = 0;
     if (rename(tmp, dst) != 0) {
         int e = errno;
@@ -272,9 +377,23 @@ static int publish(const char *ckdir, const char *tmp_name, const char *name) {
     if (rc == MT_OK && fsync_dir(ckdir) != MT_OK)
         fprintf(stderr, "megatrain: warning: %s\n", mt_error_message());
     if (exchanged) warn_rmtree(tmp);
-    free(tmp);
     free(dst);
     return rc;
+}
+
+/* An flock on directory PATH (flags: 0 or LOCK_NB), held while the returned fd is open; -1 and
+ * errno on failure. A save holds one on its temporary directory, so that even without OUT's lock
+ * another process's prune never removes a save in progress. */
+static int lock_dir(const char *path, int flags) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    if (flock(fd, LOCK_EX | flags) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
 }
 
 /* Keeps the keep_last highest steps (and `keep`, the one just written), then removes every
@@ -308,7 +427,9 @@ static void prune(const char *ckdir, int keep_last, int64_t keep) {
     while ((e = readdir(d))) {
         if (strncmp(e->d_name, TMP_PREFIX, strlen(TMP_PREFIX)) != 0) continue;
         char *p = path_join(ckdir, e->d_name);
-        warn_rmtree(p);
+        int fd = lock_dir(p, LOCK_NB);
+        if (fd >= 0 || errno != EWOULDBLOCK) warn_rmtree(p); /* not a live save's */
+        if (fd >= 0) close(fd);
         free(p);
     }
     closedir(d);
@@ -321,6 +442,13 @@ int mt_checkpoint_save(const char *out_dir, const mt_param_table *t, const float
         return mt_error_set("%s: checkpoint step %lld must be >= 0", out_dir, (long long)st->step);
     if (tokenizer_dir && !is_dir(tokenizer_dir))
         return mt_error_set("%s: tokenizer directory not found", tokenizer_dir);
+    const float *const arenas[3] = {master, m1, m2};
+    int which;
+    const char *bad = first_nonfinite(t, arenas, &which);
+    if (bad)
+        return mt_error_set("%s: checkpoint of step %lld not written: %s NaN or inf in tensor %s "
+                            "(the older checkpoints are kept as they are)", out_dir,
+                            (long long)st->step, ARENA_WHAT[which], bad);
     json_t *args = NULL;
     if (args_json) {
         json_error_t je;
@@ -331,19 +459,17 @@ int mt_checkpoint_save(const char *out_dir, const mt_param_table *t, const float
     }
     char *ckdir = path_join(out_dir, CKPT_SUBDIR);
     int rc = make_dirs(ckdir);
-    char name[64], tmp_name[80];
+    char name[64], tmp_prefix[80];
     step_name(name, sizeof name, "", st->step);
-    step_name(tmp_name, sizeof tmp_name, TMP_PREFIX, st->step);
-    char *tmp = path_join(ckdir, tmp_name);
-    if (rc == MT_OK) {
-        int e = rmtree(tmp); /* a leftover of an interrupted save of this step */
-        if (e) rc = mt_error_set("%s: cannot remove a stale temporary: %s", tmp, strerror(e));
-    }
-    if (rc == MT_OK && mkdir(tmp, 0755) != 0)
-        rc = mt_error_set("%s: cannot create directory: %s", tmp, strerror(errno));
+    step_name(tmp_prefix, sizeof tmp_prefix, TMP_PREFIX, st->step);
+    char *prefix = path_join(ckdir, tmp_prefix), *tmp = NULL;
+    if (rc == MT_OK) rc = mt_make_temp_dir(prefix, &tmp); /* .tmp-step_N.XXXXXX, ours alone */
+    int lock = rc == MT_OK ? lock_dir(tmp, 0) : -1;
+    if (rc == MT_OK && lock < 0)
+        rc = mt_error_set("%s: cannot lock: %s", tmp, strerror(errno));
     if (rc == MT_OK) {
         rc = save_contents(tmp, t, master, m1, m2, st, args, tokenizer_dir);
-        if (rc == MT_OK) rc = publish(ckdir, tmp_name, name);
+        if (rc == MT_OK) rc = publish(ckdir, tmp, name);
         if (rc != MT_OK) {
             char msg[1024]; /* the cleanup must not overwrite the message */
             snprintf(msg, sizeof msg, "%s", mt_error_message());
@@ -351,8 +477,10 @@ int mt_checkpoint_save(const char *out_dir, const mt_param_table *t, const float
             mt_error_set("%s", msg);
         }
     }
+    if (lock >= 0) close(lock);
     if (rc == MT_OK) prune(ckdir, keep_last, st->step);
     json_decref(args);
+    free(prefix);
     free(tmp);
     free(ckdir);
     return rc;
@@ -434,7 +562,58 @@ static int parse_seed(const json_t *v, uint64_t *out) {
     return MT_OK;
 }
 
-static int read_state(const char *path, mt_ckpt_state *out) {
+/* A file name trainer_state.json may list: plain, inside the checkpoint directory. */
+static int plain_file_name(const char *s) {
+    return *s && strlen(s) < sizeof((file_entry *)0)->name && !strchr(s, '/') &&
+           strcmp(s, ".") != 0 && strcmp(s, "..") != 0 && strcmp(s, "trainer_state.json") != 0;
+}
+
+/* "files": {NAME: {"bytes": N, "xxh3_64": "16 hex"}, ...} -> l. */
+static int read_files(const char *path, const json_t *fo, file_list *l) {
+    if (!json_is_object(fo))
+        return mt_error_set("%s: \"files\" must be an object of file checksums (format 2)", path);
+    const char *name;
+    json_t *v;
+    l->n = 0;
+    json_object_foreach((json_t *)fo, name, v) {
+        json_t *bytes = json_object_get(v, "bytes");
+        mt_file_digest d;
+        if (!plain_file_name(name) || l->n == MAX_FILES)
+            return mt_error_set("%s: \"files\": \"%s\" is not a checkpoint file name", path, name);
+        if (!json_is_integer(bytes) || json_integer_value(bytes) < 0 ||
+            mt_digest_parse_hex(json_string_value(json_object_get(v, "xxh3_64")), &d.xxh3) != MT_OK)
+            return mt_error_set("%s: \"files\": \"%s\" needs \"bytes\" (an integer >= 0) and "
+                                "\"xxh3_64\" (16 hex digits)", path, name);
+        d.bytes = (uint64_t)json_integer_value(bytes);
+        add_file(l, name, &d);
+    }
+    static const char *const required[] = {"config.json", "model.safetensors",
+                                           "optimizer.safetensors"};
+    for (size_t r = 0; r < sizeof required / sizeof *required; r++) {
+        int found = 0;
+        for (int k = 0; k < l->n; k++) found |= strcmp(l->e[k].name, required[r]) == 0;
+        if (!found)
+            return mt_error_set("%s: \"files\" has no checksum of %s", path, required[r]);
+    }
+    return MT_OK;
+}
+
+/* The step a directory's name says (.../step_00000038 -> 38), or -1 for another name. */
+static int64_t dir_step(const char *dir) {
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    size_t b = n;
+    while (b > 0 && dir[b - 1] != '/') b--;
+    char name[64];
+    if (n - b >= sizeof name) return -1;
+    memcpy(name, dir + b, n - b);
+    name[n - b] = '\0';
+    return parse_step_name(name);
+}
+
+/* trainer_state.json -> *out, *format and (format 2) the recorded files. */
+static int read_state(const char *path, int64_t dir_step_num, mt_ckpt_state *out, int *format,
+                      file_list *files) {
     if (access(path, R_OK) != 0) return mt_error_set("%s: cannot open: %s", path, strerror(errno));
     json_error_t je;
     json_t *o = json_load_file(path, 0, &je);
@@ -445,14 +624,21 @@ static int read_state(const char *path, mt_ckpt_state *out) {
     json_t *updates = json_object_get(o, "updates"), *skipped = json_object_get(o, "skipped");
     json_t *args = json_object_get(o, "args");
     mt_ckpt_state s = {0, 0, NAN, 0, 0, NULL};
-    if (!json_is_integer(fmt) || json_integer_value(fmt) != MT_CKPT_FORMAT)
-        rc = mt_error_set("%s: \"format\" must be %d (a checkpoint of another version?)", path,
-                          MT_CKPT_FORMAT);
+    files->n = 0;
+    if (!json_is_integer(fmt) || json_integer_value(fmt) < 1 ||
+        json_integer_value(fmt) > MT_CKPT_FORMAT)
+        rc = mt_error_set("%s: \"format\" must be 1 to %d (a checkpoint of a newer version?)",
+                          path, MT_CKPT_FORMAT);
     else if (!json_is_integer(step) || json_integer_value(step) < 0)
         rc = mt_error_set("%s: \"step\" must be an integer >= 0", path);
     else {
+        *format = (int)json_integer_value(fmt);
         s.step = json_integer_value(step);
-        if (parse_seed(seed, &s.seed) != MT_OK)
+        if (dir_step_num >= 0 && s.step != dir_step_num)
+            rc = mt_error_set("%s: \"step\" is %lld but the directory is step %lld's (a checkpoint "
+                              "copied or renamed by hand?)", path, (long long)s.step,
+                              (long long)dir_step_num);
+        else if (parse_seed(seed, &s.seed) != MT_OK)
             rc = mt_error_set("%s: \"seed\" must be an integer >= 0", path);
     }
     if (rc == MT_OK) {
@@ -467,11 +653,74 @@ static int read_state(const char *path, mt_ckpt_state *out) {
             s.updates < 0 || s.skipped < 0 || s.updates > s.step || s.skipped > s.step)
             rc = mt_error_set("%s: \"updates\" and \"skipped\" must be integers from 0 to \"step\"", path);
     }
+    if (rc == MT_OK && *format >= 2) rc = read_files(path, json_object_get(o, "files"), files);
     if (rc == MT_OK && args && !json_is_null(args))
         s.args_json = json_dumps(args, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
     json_decref(o);
     if (rc == MT_OK) *out = s;
     return rc;
+}
+
+/* Every recorded file has its recorded length and XXH3-64; files hashed in parallel (a 7B
+ * checkpoint is ~100 GB), the first failure in list order reported. */
+static int verify_files(const char *dir, const file_list *l) {
+    int err[MAX_FILES];
+    mt_file_digest got[MAX_FILES];
+#pragma omp parallel for schedule(dynamic, 1) if (l->n > 1)
+    for (int i = 0; i < l->n; i++) {
+        char *p = path_join(dir, l->e[i].name);
+        err[i] = mt_digest_file(p, &got[i]);
+        free(p);
+    }
+    for (int i = 0; i < l->n; i++) {
+        const mt_file_digest *want = &l->e[i].d;
+        const char *name = l->e[i].name;
+        if (err[i])
+            return mt_error_set("%s/%s: cannot read to verify its checksum: %s", dir, name,
+                                strerror(err[i]));
+        if (got[i].bytes != want->bytes)
+            return mt_error_set("%s/%s: checksum mismatch: %llu bytes, trainer_state.json records "
+                                "%llu (the file is truncated, damaged or was replaced)", dir, name,
+                                (unsigned long long)got[i].bytes,
+                                (unsigned long long)want->bytes);
+        if (got[i].xxh3 != want->xxh3) {
+            char a[MT_DIGEST_HEX], b[MT_DIGEST_HEX];
+            mt_digest_hex(got[i].xxh3, a);
+            mt_digest_hex(want->xxh3, b);
+            return mt_error_set("%s/%s: checksum mismatch: xxh3_64 %s, trainer_state.json records "
+                                "%s (the file is damaged or was replaced)", dir, name, a, b);
+        }
+    }
+    return MT_OK;
+}
+
+/* A training checkpoint holds the fp32 master; an exported (converted) model in its place is
+ * refused with what happened, before the checksum (which would only say "replaced"). */
+static int check_weights_f32(const mt_safetensors *mst, const char *ckpt_dir) {
+    for (int i = 0; i < mt_safetensors_count(mst); i++) {
+        const mt_st_tensor *x = mt_safetensors_at(mst, i);
+        if (x->dtype == MT_F32) continue;
+        char dt[16];
+        snprintf(dt, sizeof dt, "%s", mt_dtype_name(x->dtype));
+        for (char *c = dt; *c; c++) *c = (char)tolower((unsigned char)*c);
+        return mt_error_set("%s holds %s weights: an exported model, not a training checkpoint "
+                            "(the fp32 master is gone); fine-tune from it with --model %s instead "
+                            "of --resume", mt_safetensors_source(mst), dt, ckpt_dir);
+    }
+    return MT_OK;
+}
+
+/* The table's tensors in a handle (model: prefix "", optimizer: "exp_avg." ...) are finite. */
+static int check_finite(const mt_safetensors *st, const mt_param_table *t, const char *prefix) {
+    char name[160];
+    for (int i = 0; i < t->n_params; i++) {
+        snprintf(name, sizeof name, "%s%s", prefix, t->params[i].name);
+        const mt_st_tensor *x = mt_safetensors_find(st, name);
+        if (x && x->dtype == MT_F32 && any_nonfinite(x->data, x->numel))
+            return mt_error_set("%s: tensor %s holds NaN or inf; a checkpoint must be finite "
+                                "(this one is damaged)", x->path, name);
+    }
+    return MT_OK;
 }
 
 static int check_moment(const mt_safetensors *ost, const char *path, const char *prefix,
@@ -532,12 +781,28 @@ int mt_checkpoint_load(const char *ckpt_dir, const mt_param_table *t, float *mas
     char *opt_path = path_join(ckpt_dir, "optimizer.safetensors");
     mt_config cfg;
     mt_ckpt_state s = {0};
-    mt_safetensors *ost = NULL;
-    int rc = mt_config_load(&cfg, cfg_path);
+    mt_safetensors *mst = NULL, *ost = NULL;
+    file_list files;
+    int format = 0;
+    char open_err[1024] = "";
+    int rc = read_state(state_path, dir_step(ckpt_dir), &s, &format, &files);
+    if (rc == MT_OK) { /* an exported model in place of the master: say so first */
+        if (mt_safetensors_open_dir(&mst, ckpt_dir) == MT_OK) rc = check_weights_f32(mst, ckpt_dir);
+        else snprintf(open_err, sizeof open_err, "%s", mt_error_message());
+    }
+    if (rc == MT_OK && format >= 2) rc = verify_files(ckpt_dir, &files);
+    if (rc == MT_OK && format < 2)
+        fprintf(stderr, "megatrain: warning: %s: a format-%d checkpoint has no checksums; it cannot "
+                "be verified\n", ckpt_dir, format);
+    if (rc == MT_OK && !mst) rc = mt_error_set("%s", open_err);
+    if (rc == MT_OK) rc = mt_config_load(&cfg, cfg_path);
     if (rc == MT_OK) rc = check_config(&cfg, &t->cfg, cfg_path);
-    if (rc == MT_OK) rc = read_state(state_path, &s);
     if (rc == MT_OK) rc = mt_safetensors_open_file(&ost, opt_path);
     if (rc == MT_OK) rc = check_optimizer(ost, opt_path, t);
+    if (rc == MT_OK) rc = check_finite(mst, t, "");
+    if (rc == MT_OK) rc = check_finite(ost, t, "exp_avg.");
+    if (rc == MT_OK) rc = check_finite(ost, t, "exp_avg_sq.");
+    mt_safetensors_close(mst);
     /* mt_model_load validates everything before it writes master; nothing below can fail. */
     if (rc == MT_OK) rc = mt_model_load(t, master, ckpt_dir);
     if (rc == MT_OK) {
@@ -551,5 +816,67 @@ int mt_checkpoint_load(const char *ckpt_dir, const mt_param_table *t, float *mas
     free(cfg_path);
     free(state_path);
     free(opt_path);
+    return rc;
+}
+
+/* ---- resume ---- */
+
+/* MSG without a leading "DIR/" (the warning names DIR already). */
+static const char *relative_to(const char *msg, const char *dir) {
+    size_t n = strlen(dir);
+    return strncmp(msg, dir, n) == 0 && msg[n] == '/' ? msg + n + 1 : msg;
+}
+
+int mt_checkpoint_resume(const char *out_dir, const mt_param_table *t, float *master, float *m1,
+                         float *m2, mt_ckpt_state *st, char *path, size_t path_size) {
+    char *ckdir = path_join(out_dir, CKPT_SUBDIR);
+    int err;
+    step_list l = list_steps(ckdir, &err);
+    int rc = MT_ERR, found = -1;
+    char **why = mt_calloc((size_t)(l.n ? l.n : 1), sizeof *why); /* each damaged one's reason */
+    if (err && err != ENOENT)
+        mt_error_set("%s: cannot list checkpoints: %s", ckdir, strerror(err));
+    else if (l.n == 0) {
+        mt_error_set("%s: no checkpoint to resume from (no %s/" STEP_PREFIX "* directory)",
+                     out_dir, ckdir);
+        rc = MT_CKPT_NONE;
+    }
+    int too_long = 0;
+    for (int i = 0; i < l.n && found < 0 && !too_long; i++) {
+        char name[64];
+        step_name(name, sizeof name, "", l.steps[i]);
+        int k = snprintf(path, path_size, "%s/%s", ckdir, name); /* before the arenas change */
+        if (k < 0 || (size_t)k >= path_size) {
+            too_long = 1;
+            mt_error_set("%s/%s: path longer than %zu bytes", ckdir, name, path_size);
+            break;
+        }
+        if (mt_checkpoint_load(path, t, master, m1, m2, st) == MT_OK) found = i;
+        else why[i] = mt_strdup(relative_to(mt_error_message(), path));
+    }
+    if (found >= 0) {
+        char name[64];
+        step_name(name, sizeof name, "", l.steps[found]);
+        for (int i = 0; i < found; i++) {
+            char bad[64];
+            step_name(bad, sizeof bad, "", l.steps[i]);
+            fprintf(stderr, "megatrain: warning: %s/%s is damaged (%s); resuming from %s instead\n",
+                    ckdir, bad, why[i], name);
+        }
+        rc = MT_OK;
+    } else if (l.n > 0 && !too_long) {
+        char name[64];
+        step_name(name, sizeof name, "", l.steps[0]);
+        if (l.n == 1)
+            mt_error_set("%s/%s is damaged (%s) and there is no older checkpoint to resume from",
+                         ckdir, name, why[0]);
+        else
+            mt_error_set("%s/%s is damaged (%s), and none of the %d older checkpoints is intact "
+                         "either", ckdir, name, why[0], l.n - 1);
+    }
+    for (int i = 0; i < l.n; i++) free(why[i]);
+    free(why);
+    free(l.steps);
+    free(ckdir);
     return rc;
 }

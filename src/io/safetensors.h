@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "core/dtype.h"
+#include "io/digest.h"
 
 #define MT_ST_MAX_DIMS 8
 #define MT_ST_MAX_HEADER 100000000 /* bytes; the limit the Python library uses too */
@@ -78,7 +79,7 @@ typedef struct {
 typedef int (*mt_st_fill_fn)(void *ctx, int i, int64_t elem_begin, int64_t n, void *dst);
 
 /* Writes tensors in the order given, data contiguous without holes, header padded with spaces to
- * a multiple of 8 bytes. Atomic: PATH.tmp is written, flushed, fsync'd and renamed over PATH; on
+ * a multiple of 8 bytes. Atomic: a unique PATH.tmp.XXXXXX is written, flushed, fsync'd and renamed over PATH; on
  * any error it is removed and PATH is untouched. meta may be NULL when n_meta is 0. */
 int mt_safetensors_write(const char *path, const mt_st_write_tensor *tensors, int n,
                          const mt_st_meta *meta, int n_meta);
@@ -87,5 +88,10 @@ int mt_safetensors_write(const char *path, const mt_st_write_tensor *tensors, in
  * so a caller converting dtypes needs only a small bounce buffer (owned by the writer). */
 int mt_safetensors_write_fill(const char *path, const mt_st_write_tensor *tensors, int n,
                               const mt_st_meta *meta, int n_meta, mt_st_fill_fn fill, void *ctx);
+
+/* As mt_safetensors_write (every tensor's data given), and *digest = the file's length and XXH3-64,
+ * computed while writing. */
+int mt_safetensors_write_digest(const char *path, const mt_st_write_tensor *tensors, int n,
+                                const mt_st_meta *meta, int n_meta, mt_file_digest *digest);
 
 #endif

@@ -114,8 +114,9 @@ static int write_body(mt_atomic_file *af, const char *header, size_t hlen,
     return rc;
 }
 
-int mt_safetensors_write_fill(const char *path, const mt_st_write_tensor *tensors, int n,
-                              const mt_st_meta *meta, int n_meta, mt_st_fill_fn fill, void *ctx) {
+static int write_file(const char *path, const mt_st_write_tensor *tensors, int n,
+                      const mt_st_meta *meta, int n_meta, mt_st_fill_fn fill, void *ctx,
+                      mt_file_digest *digest) {
     char *header;
     size_t hlen;
     MT_TRY(build_header(path, tensors, n, meta, n_meta, &header, &hlen));
@@ -129,14 +130,24 @@ int mt_safetensors_write_fill(const char *path, const mt_st_write_tensor *tensor
     int rc = mt_atomic_open(&af, path);
     if (rc == MT_OK) {
         rc = write_body(&af, header, hlen, tensors, n, fill, ctx);
-        if (rc == MT_OK) rc = mt_atomic_commit(&af);
+        if (rc == MT_OK) rc = mt_atomic_commit_digest(&af, digest);
         else mt_atomic_abort(&af);
     }
     free(header);
     return rc;
 }
 
+int mt_safetensors_write_fill(const char *path, const mt_st_write_tensor *tensors, int n,
+                              const mt_st_meta *meta, int n_meta, mt_st_fill_fn fill, void *ctx) {
+    return write_file(path, tensors, n, meta, n_meta, fill, ctx, NULL);
+}
+
 int mt_safetensors_write(const char *path, const mt_st_write_tensor *tensors, int n,
                          const mt_st_meta *meta, int n_meta) {
-    return mt_safetensors_write_fill(path, tensors, n, meta, n_meta, NULL, NULL);
+    return write_file(path, tensors, n, meta, n_meta, NULL, NULL, NULL);
+}
+
+int mt_safetensors_write_digest(const char *path, const mt_st_write_tensor *tensors, int n,
+                                const mt_st_meta *meta, int n_meta, mt_file_digest *digest) {
+    return write_file(path, tensors, n, meta, n_meta, NULL, NULL, digest);
 }

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "io/atomic_file.h" /* config.json is replaced atomically, like every file we write */
 
 /* ---- typed field access: every error names the file and the field ---- */
 
@@ -464,32 +465,17 @@ static json_t *cfg_to_json(const mt_config *cfg) {
 
 int mt_config_save(const mt_config *cfg, const char *path) {
     MT_TRY(mt_config_validate(cfg, path));
-    size_t n = strlen(path) + 5;
-    char *tmp = mt_malloc(n);
-    snprintf(tmp, n, "%s.tmp", path);
     json_t *o = cfg_to_json(cfg);
-    int r = MT_ERR;
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        mt_error_set("%s: cannot create: %s", tmp, strerror(errno));
-    } else {
-        int bad = json_dumpf(o, f, JSON_INDENT(2) | JSON_REAL_PRECISION(json_real_digits(o))) != 0;
-        bad |= fputc('\n', f) == EOF;
-        bad |= fflush(f) != 0;
-        bad |= fsync(fileno(f)) != 0;
-        bad |= fclose(f) != 0;
-        if (bad) {
-            mt_error_set("%s: write failed: %s", tmp, strerror(errno));
-            remove(tmp);
-        } else if (rename(tmp, path) != 0) {
-            mt_error_set("%s: cannot rename to %s: %s", tmp, path, strerror(errno));
-            remove(tmp);
-        } else {
-            r = MT_OK;
-        }
-    }
+    char *text = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(json_real_digits(o)));
     json_decref(o);
-    free(tmp);
+    MT_CHECK(text, "json_dumps failed (out of memory?)");
+    size_t n = strlen(text);
+    char *line = mt_malloc(n + 2);
+    memcpy(line, text, n);
+    line[n] = '\n';
+    free(text);
+    int r = mt_atomic_write_file(path, line, n + 1); /* a unique temporary, renamed over PATH */
+    free(line);
     return r;
 }
 
