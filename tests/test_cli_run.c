@@ -318,6 +318,39 @@ static void test_resume_cuts_metrics(void **state) {
     assert_int_equal(evals, 4); /* 2, 4, 6, 8 */
 }
 
+/* ---- verified resume ---- */
+
+/* A damaged newest checkpoint (one byte of its weights flipped) is passed over, with a warning
+ * naming both, and the run goes on from the newest intact one; a checkpoint whose weights were
+ * replaced by an exported bf16 model is refused with what to do instead. */
+static void test_resume_verified(void **state) {
+    train_ok("dmg", "--steps 6 --stop-at 4 --save-every 2 --keep 5");
+    /* flip one byte in the middle of step 4's weights (past the header: the data, not the JSON) */
+    mt_test_sh("f='%s'; n=$(stat -c %%s \"$f\"); o=$((n - 64)); "
+               "b=$(dd if=\"$f\" bs=1 skip=$o count=1 2>/dev/null | od -An -tu1 | tr -d ' '); "
+               "printf \"$(printf '\\\\%%03o' $(( (b + 1) %% 256 )))\" | dd of=\"$f\" bs=1 seek=$o conv=notrunc 2>/dev/null",
+               path_in("dmg", "checkpoints/step_00000004/model.safetensors"));
+    train_ok("dmg", "--steps 6 --save-every 2 --keep 5 --resume");
+    expect_in(g_out, "megatrain: warning: dmg/checkpoints/step_00000004 is damaged (");
+    expect_in(g_out, "checksum");
+    expect_in(g_out, "resuming from step_00000002 instead");
+    expect_in(g_out, "resuming from dmg/checkpoints/step_00000002 (step 2");
+    int evals;
+    assert_int_equal(step_lines("dmg", &evals), 6);
+
+    /* convert into a checkpoint: its fp32 master replaced by bf16 (convert refuses --out == --model;
+     * a copy through another directory does the same damage) */
+    train_ok("exp", "--steps 4 --stop-at 2 --save-every 2");
+    mt_test_sh("cd '%s' && '%s' convert --model exp/checkpoints/step_00000002 --out exported >/dev/null && "
+               "cp exported/model.safetensors exp/checkpoints/step_00000002/model.safetensors",
+               g_env.tmp, g_env.bin);
+    int rc = train("exp", "--steps 4 --resume");
+    assert_int_equal(rc, 1);
+    const char *line = error_line();
+    expect_in(line, "holds bf16 weights: an exported model, not a training checkpoint");
+    expect_in(line, "--model");
+}
+
 /* ---- resume with other settings ---- */
 
 static void test_resume_changed_settings(void **state) {
@@ -501,6 +534,7 @@ int main(void) {
         cmocka_unit_test(test_nonfinite_stop),
         cmocka_unit_test(test_used_out),
         cmocka_unit_test(test_resume_cuts_metrics),
+        cmocka_unit_test(test_resume_verified),
         cmocka_unit_test(test_resume_changed_settings),
         cmocka_unit_test(test_one_process_per_out),
         cmocka_unit_test(test_write_errors),

@@ -294,15 +294,18 @@ static int readable_file(const char *flag, const char *path) {
     return MT_OK;
 }
 
-/* The newest checkpoint of OUT into the engine's arenas and *st; *found = 0 when OUT has none.
+/* The newest intact checkpoint of OUT into the engine's arenas and *st; *found = 0 when OUT has none.
  * (The one place that picks and loads the checkpoint to resume from.) */
 static int load_resume_checkpoint(train_run *r, mt_ckpt_state *st, int *found) {
-    char latest[4096];
-    *found = mt_checkpoint_latest(r->o.out_dir, latest, sizeof latest) == MT_OK;
-    if (!*found) return MT_OK;
-    MT_TRY(mt_checkpoint_load(latest, &r->model.table, mt_engine_master(r->e), mt_engine_moment1(r->e),
-                              mt_engine_moment2(r->e), st));
-    snprintf(r->last_ckpt, sizeof r->last_ckpt, "%s", latest);
+    char path[4096];
+    /* the newest checkpoint that verifies (checksums, dtypes, finite values); a damaged newer one
+     * is named in a warning */
+    int rc = mt_checkpoint_resume(r->o.out_dir, &r->model.table, mt_engine_master(r->e), mt_engine_moment1(r->e),
+                                  mt_engine_moment2(r->e), st, path, sizeof path);
+    *found = rc == MT_OK;
+    if (rc == MT_CKPT_NONE) return MT_OK;
+    MT_TRY(rc);
+    snprintf(r->last_ckpt, sizeof r->last_ckpt, "%s", path);
     return MT_OK;
 }
 
