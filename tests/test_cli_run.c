@@ -494,6 +494,24 @@ static void test_write_errors(void **state) {
 
 /* ---- what the user sees ---- */
 
+/* Without OMP_WAIT_POLICY the process re-executes itself with PASSIVE (idle OpenMP threads sleep
+ * instead of spinning, README "Threads"); a user's own setting is kept. The run header says which. */
+static void test_wait_policy_default(void **state) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && env -u OMP_WAIT_POLICY '%s' train --model '%s' --data '%s/data.bin' --batch 2 --seq 16 "
+             "--steps 1 --device cpu --no-save --out pol",
+             g_env.tmp, g_env.bin, g_env.fixture, g_env.fixture);
+    assert_int_equal(mt_test_run(cmd, g_out, sizeof g_out), 0);
+    expect_in(g_out, "(OpenMP wait policy PASSIVE (megatrain's default))");
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && OMP_WAIT_POLICY=active '%s' train --model '%s' --data '%s/data.bin' --batch 2 --seq 16 "
+             "--steps 1 --device cpu --no-save --overwrite --out pol",
+             g_env.tmp, g_env.bin, g_env.fixture, g_env.fixture);
+    assert_int_equal(mt_test_run(cmd, g_out, sizeof g_out), 0);
+    expect_in(g_out, "(OpenMP wait policy active (OMP_WAIT_POLICY))");
+}
+
 static void test_cpu_lines_and_summary(void **state) {
     train_ok("seen", "--steps 5 --stop-at 4");
     json_t *lines[16];
@@ -539,6 +557,7 @@ int main(void) {
         cmocka_unit_test(test_one_process_per_out),
         cmocka_unit_test(test_write_errors),
         cmocka_unit_test(test_cpu_lines_and_summary),
+        cmocka_unit_test(test_wait_policy_default),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

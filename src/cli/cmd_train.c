@@ -1,6 +1,7 @@
 /* megatrain train: the training loop around the streaming engine. */
 #include <errno.h>
 #include <math.h>
+#include <omp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@
 #include "../io/tokens.h"
 #include "commands.h"
 #include "model_source.h"
+#include "process_env.h"
 #include "run_data.h"
 #include "run_dir.h"
 #include "run_setup.h"
@@ -414,6 +416,7 @@ static int train(train_run *r) {
            "data %s (%s)\n",
            r->model.table.n_real / 1e6, r->be->name, (long long)o->steps, (long long)o->batch,
            (long long)o->seq, (long long)o->micro_batch, o->data, data_desc);
+    printf("host threads: %d (OpenMP wait policy %s)\n", omp_get_max_threads(), mt_process_wait_policy());
     install_signals();
     double t0 = now_ms();
     int rc = train_loop(r);

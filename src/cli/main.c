@@ -5,6 +5,7 @@
 #include "../core/error.h"
 #include "build_info.h"
 #include "commands.h"
+#include "process_env.h"
 
 typedef struct {
     const char *name;
@@ -56,6 +57,7 @@ int mt_cli_fail(void) {
 }
 
 int main(int argc, char **argv) {
+    mt_process_env_init(argv);
     if (argc < 2) {
         usage(stderr);
         return 1;
