@@ -125,20 +125,12 @@ static int bytes_to_tokens(mt_token_file *f, const char *path, const char *cache
                             "for byte-level tokens (257) and %s has no tokenizer.json; give a token file "
                             "(.bin)", path, cfg->V, o->model_dir ? o->model_dir : "--init");
     derived_forget(cache); /* the byte-level file replaces any tokenizer cache of the same name */
-    int64_t n;
     const char *paths[1] = {path};
-    if (mt_text_is_jsonl(path)) {
-        mt_text_opts to = mt_text_opts_default();
-        to.eos_id = BYTE_EOS;
-        mt_text_stats s;
-        int rc = mt_text_to_tokens(NULL, paths, 1, cache, &to, &s);
-        mt_text_stats_report(&s, "megatrain: warning: ", stderr);
-        MT_TRY(rc);
-        n = s.tokens;
-    } else {
-        MT_TRY(mt_byte_text_to_tokens(paths, 1, cache, o->doc_sep, BYTE_EOS, &n));
-    }
-    printf("%s: %lld byte-level tokens -> %s\n", path, (long long)n, cache);
+    mt_text_stats s;
+    int rc = mt_byte_text_to_tokens(paths, 1, cache, o->doc_sep, BYTE_EOS, &s); /* = tokenize --bytes */
+    mt_text_stats_report(&s, "megatrain: warning: ", stderr);
+    MT_TRY(rc);
+    printf("%s: %lld byte-level tokens -> %s\n", path, (long long)s.tokens, cache);
     return mt_tokens_open(f, cache, 2, cfg->V);
 }
 
