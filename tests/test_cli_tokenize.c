@@ -1,6 +1,8 @@
 /* The `megatrain` binary (env MT_BIN) with a tokenizer.json:
  *  - `tokenize --tokenizer` writes exactly the file `train --data TEXT` caches (.txt and .jsonl),
  *    and training on that file gives the same losses as training on the text;
+ *  - `tokenize --bytes` of a JSONL reads its "text" fields, and writes exactly the file `train --data`
+ *    makes from it for a model without a tokenizer (whitespace-only texts encoded, "" skipped);
  *  - the cache is re-used while source, tokenizer and --doc-sep are unchanged, remade otherwise;
  *  - generate encodes the prompt and decodes the output with the tokenizer;
  *  - bad input: clear one-line errors with exit 1 (no output file left), warnings with counts for
@@ -92,6 +94,48 @@ static void test_tokenize_equals_train(void **st) {
     free(out);
 }
 
+/* The bytes of each non-empty "text" (whitespace-only included) + eos 256, uint16 little-endian. */
+static void test_tokenize_bytes_jsonl(void **st) {
+    (void)st;
+    char *out = malloc(OUT_SIZE);
+    write_text("bytes.jsonl", "{\"text\": \"ab\"}\n"
+                              "{\"text\": \"\"}\n"
+                              "\n"
+                              "{\"text\": \" \\n\"}\n"
+                              "not json\n"
+                              "{\"text\": \"caf\\u00e9\", \"id\": 3}\n");
+    static const unsigned char want[] = {'a', 0, 'b', 0, 0, 1, ' ', 0, '\n', 0, 0, 1,
+                                         'c', 0, 'a', 0, 'f', 0, 0xc3, 0, 0xa9, 0, 0, 1};
+    char path[4096];
+    snprintf(path, sizeof path, "%s/want.bin", g.tmp);
+    FILE *f = fopen(path, "wb");
+    assert_int_equal(fwrite(want, 1, sizeof want, f), sizeof want);
+    assert_int_equal(fclose(f), 0);
+    int rc = mt(out, "tokenize --bytes --out bytes.bin bytes.jsonl 2>&1");
+    expect(rc, 0, out, "bytes.bin: 12 tokens from 3 documents");
+    expect(rc, 0, out, "1 empty document(s) skipped (first: bytes.jsonl line 2)");
+    expect(rc, 0, out, "1 line(s) that are not a JSON object skipped (first: bytes.jsonl line 5");
+    same_file("bytes.bin", "want.bin");
+    /* train on a model without a tokenizer (vocab 300 > 256) derives the same file */
+    char *fx = mt_fixture_path("train_llama");
+    sh("cd '%s' && sed 's/\"vocab_size\": 96/\"vocab_size\": 300/' '%s/config.json' > bytes_cfg.json && "
+       "grep -q '\"vocab_size\": 300' bytes_cfg.json", g.tmp, fx);
+    free(fx);
+    rc = mt(out, "train --init bytes_cfg.json --data bytes.jsonl --out run_bytes --steps 1 --batch 1 "
+                 "--seq 4 --no-save 2>&1");
+    expect(rc, 0, out, "12 byte-level tokens");
+    same_file("bytes.bin", "run_bytes/bytes.jsonl.tokens.bin");
+    /* plain text: the same reader, so the same file too (a whitespace-only document kept) */
+    write_text("bytes.txt", "one\n%\n  \n%\n%\ntwo\n");
+    rc = mt(out, "tokenize --bytes --doc-sep %% --out bytes_txt.bin bytes.txt 2>&1");
+    expect(rc, 0, out, "bytes_txt.bin: 14 tokens from 3 documents");
+    rc = mt(out, "train --init bytes_cfg.json --data bytes.txt --doc-sep %% --out run_bytes_txt "
+                 "--steps 1 --batch 1 --seq 4 --no-save 2>&1");
+    expect(rc, 0, out, "14 byte-level tokens");
+    same_file("bytes_txt.bin", "run_bytes_txt/bytes.txt.tokens.bin");
+    free(out);
+}
+
 static void test_cache_reuse(void **st) {
     (void)st;
     char *out = malloc(OUT_SIZE);
@@ -160,7 +204,7 @@ static void test_bad_input(void **st) {
     expect(rc, 0, out, "from 2 documents");
     expect(rc, 0, out, "1 line(s) that are not a JSON object skipped (first: mixed.jsonl line 2");
     expect(rc, 0, out, "1 JSON object(s) without a string \"text\" skipped (first: mixed.jsonl line 3)");
-    expect(rc, 0, out, "1 empty or whitespace-only document(s) skipped (first: mixed.jsonl line 4)");
+    expect(rc, 0, out, "1 empty document(s) skipped (first: mixed.jsonl line 4)");
     write_text("bad_utf8.txt", "ok \xff\xfe text\n");
     rc = mt(out, "tokenize --tokenizer '%s' --out y.bin bad_utf8.txt", g.model);
     expect(rc, 0, out, "1 document(s) with invalid UTF-8");
@@ -209,6 +253,7 @@ static int teardown(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tokenize_equals_train),
+        cmocka_unit_test(test_tokenize_bytes_jsonl),
         cmocka_unit_test(test_cache_reuse),
         cmocka_unit_test(test_generate),
         cmocka_unit_test(test_bad_input),

@@ -271,6 +271,59 @@ static void test_refusals(void **state) {
     free(llama);
 }
 
+/* Absurd sizes are bad input naming the field, not an out-of-memory fatal or an int64 overflow
+ * of the parameter count later. */
+static void test_absurd_sizes(void **state) {
+    static const struct { const char *key, *value, *needle; } cases[] = {
+        {"num_hidden_layers", "2000000000", "num_hidden_layers = 2000000000 is larger than"},
+        {"hidden_size", "1000000000", "hidden_size = 1000000000 is larger than"},
+        {"intermediate_size", "2000000000", "intermediate_size = 2000000000 is larger than"},
+        {"vocab_size", "1000000000000", "vocab_size"},
+        {"vocab_size", "100000000", "vocab_size = 100000000 is larger than"},
+        {"num_attention_heads", "1048576", "num_attention_heads = 1048576 is larger than"},
+        {"num_key_value_heads", "1048576", "num_key_value_heads"},
+        {"head_dim", "1048576", "head_dim = 1048576 is larger than"},
+        {"max_position_embeddings", "2000000000", "max_position_embeddings = 2000000000 is larger"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect_refused(base_json, cases[i].key, cases[i].value, cases[i].needle);
+    /* each field within its bound, the products not: H * D (the q projection's rows) */
+    char *heads = with_field(base_json, "num_attention_heads", "128");
+    expect_refused(heads, "head_dim", "16384", "num_attention_heads * head_dim = 128 * 16384");
+    free(heads);
+    /* and the total: C = F = 2^20 with 16384 layers is ~5.4e16 parameters (petabytes) */
+    char *wide = with_field(base_json, "hidden_size", "1048576");
+    char *wider = with_field(wide, "intermediate_size", "1048576");
+    expect_refused(wider, "num_hidden_layers", "16384", "more than megatrain's limit 2^40");
+    free(wide);
+    free(wider);
+    /* the largest published dense model still parses (Llama 3.1 405B) */
+    mt_config c = load_ref("llama-3.1-8b.json");
+    c.C = 16384, c.F = 53248, c.L = 126, c.H = 128, c.G = 8, c.D = 128;
+    assert_int_equal(mt_config_validate(&c, "config.json"), MT_OK);
+    assert_true(mt_config_param_count(&c) > 400000000000LL);
+}
+
+/* The CLI: `megatrain info --init huge.json` is one error line naming the file, exit 1. */
+static void test_cli_absurd_config(void **state) {
+    mt_cli_env env;
+    assert_int_equal(mt_cli_env_init(&env, "train_llama"), 0);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", env.fixture);
+    json_t *cfg = json_load_file(path, 0, NULL);
+    assert_non_null(cfg);
+    json_object_set_new(cfg, "num_hidden_layers", json_integer(2000000000));
+    snprintf(path, sizeof path, "%s/huge.json", env.tmp);
+    assert_int_equal(json_dump_file(cfg, path, 0), 0);
+    json_decref(cfg);
+    static char out[65536];
+    char first[1024];
+    int rc = mt_cli_run(&env, out, sizeof out, "info --init huge.json 2>&1");
+    mt_cli_expect(rc, 1, out, "huge.json: num_hidden_layers = 2000000000 is larger than");
+    assert_int_equal(mt_cli_error_lines(out, first, sizeof first), 1);
+    mt_cli_env_free(&env);
+}
+
 static void test_bad_json(void **state) {
     mt_config c;
     memset(&c, 0x5a, sizeof c);
@@ -458,6 +511,8 @@ int main(void) {
         cmocka_unit_test(test_param_counts),
         cmocka_unit_test(test_v4_v5_rope_equal),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_absurd_sizes),
+        cmocka_unit_test(test_cli_absurd_config),
         cmocka_unit_test(test_bad_json),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_rope_precedence),

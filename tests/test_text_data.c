@@ -1,7 +1,9 @@
 /* mt_text_to_tokens (src/io/text_data.h) against the tokenizer fixtures:
  *  - JSONL: tokenizing the fixture's own cases.jsonl (355 texts, each a {"text": ...} object) gives
  *    exactly the ids Python's tokenizers gave for each text with add_special_tokens=True
- *    ("ids_special"), each followed by the eos id, whitespace-only texts skipped and counted;
+ *    ("ids_special"), each followed by the eos id; whitespace-only texts are encoded too (as
+ *    tokenizer(text) encodes them: they used to be skipped), only the empty text is skipped and
+ *    counted;
  *  - text: the same texts as files (one document each, and with --doc-sep) give the ids of
  *    encoding each document separately + eos;
  *  - bad input: lines that are not JSON, objects without a string "text", empty documents are
@@ -29,12 +31,6 @@ typedef struct {
     int32_t *ids; /* ids_special */
     size_t n;
 } tcase;
-
-static int only_space(const char *s, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        if (!strchr(" \t\n\r\v\f", s[i]) || s[i] == '\0') return 0;
-    return 1;
-}
 
 static tcase *load_cases(const char *kind, size_t *n_out) {
     char rel[256];
@@ -147,7 +143,8 @@ static void run_ok(const mt_tokenizer *t, const char *const *paths, int n, const
     if (mt_text_to_tokens(t, paths, n, out, o, s) != MT_OK) fail_msg("%s", mt_error_message());
 }
 
-/* cases.jsonl itself as input: ids_special + eos per non-blank text, against Python tokenizers. */
+/* cases.jsonl itself as input: ids_special + eos per non-empty text (whitespace-only ones included),
+ * against Python tokenizers. */
 static void check_jsonl_fixture(const char *kind) {
     size_t nc;
     tcase *cs = load_cases(kind, &nc);
@@ -161,9 +158,10 @@ static void check_jsonl_fixture(const char *kind) {
     const char *paths[1] = {in};
     run_ok(t, paths, 1, out, NULL, &s);
     ivec want = {0};
-    int64_t docs = 0, empty = 0;
+    int64_t docs = 0, empty = 0, space = 0;
     for (size_t i = 0; i < nc; i++) {
-        if (only_space(cs[i].text, cs[i].len)) {
+        space += cs[i].len && strspn(cs[i].text, " \t\n\r\v\f") == cs[i].len;
+        if (cs[i].len == 0) {
             empty++;
             continue;
         }
@@ -179,8 +177,9 @@ static void check_jsonl_fixture(const char *kind) {
     assert_int_equal(s.tokens, (int64_t)want.n);
     assert_int_equal(s.bad_json + s.missing_text + s.invalid_utf8, 0);
     assert_int_equal(s.elem_size, 2);
-    printf("%s: cases.jsonl -> %zu tokens, %lld documents, %lld empty: identical to tokenizers\n", kind, n,
-           (long long)docs, (long long)empty);
+    assert_true(space >= 5); /* the fixture holds whitespace-only texts, and they were checked */
+    printf("%s: cases.jsonl -> %zu tokens, %lld documents (%lld whitespace-only), %lld empty: identical "
+           "to tokenizers\n", kind, n, (long long)docs, (long long)space, (long long)empty);
 
     /* the same texts as text: one file per document, and one file with --doc-sep */
     char **files = malloc(nc * sizeof(char *));
@@ -195,9 +194,10 @@ static void check_jsonl_fixture(const char *kind) {
         write_file(files[nf++], cs[i].text, cs[i].len);
         fwrite(cs[i].text, 1, cs[i].len, sf);
         fputs("\n@@SEP@@\r\n", sf);
-        if (only_space(cs[i].text, cs[i].len)) continue;
-        ivec_put(&want_files, cs[i].ids, cs[i].n);
-        ivec_put(&want_files, &eos, 1);
+        if (cs[i].len) { /* an empty file is the one skipped document */
+            ivec_put(&want_files, cs[i].ids, cs[i].n);
+            ivec_put(&want_files, &eos, 1);
+        }
         int32_t *ids;
         size_t ni;
         char *doc = malloc(cs[i].len + 2);
@@ -223,7 +223,8 @@ static void check_jsonl_fixture(const char *kind) {
     free(got);
     got = read_tokens(out, 2, &n);
     check_ids("--doc-sep", got, n, &want_sep);
-    assert_int_equal(s.documents, docs);
+    assert_int_equal(s.documents, (int64_t)nc); /* each with its "\n": none is empty */
+    assert_int_equal(s.empty_docs, 0);
 
     /* forced uint32: same ids, 4 bytes each */
     o = mt_text_opts_default();
@@ -261,7 +262,7 @@ static void test_bad_jsonl(void **st) {
         "{\"text\": \"\"}\n"                  /* 5: empty */
         "{\"text\": 42}\n"                    /* 6: missing (not a string) */
         "[\"an\", \"array\"]\n"               /* 7: bad (not an object) */
-        "{\"text\": \"   \\n\"}\n"            /* 8: empty (whitespace) */
+        "{\"text\": \"   \\n\"}\n"            /* 8: whitespace only: a document */
         "{\"text\": \"second\", \"x\": 1}\n"  /* 9 */
         "{\"text\": \"trunc\n"                /* 10: bad */
         "{\"text\": \"last \\u00e9\"}";       /* 11, no final newline */
@@ -270,18 +271,18 @@ static void test_bad_jsonl(void **st) {
     mt_text_stats s;
     const char *paths[1] = {in};
     run_ok(t, paths, 1, out, NULL, &s);
-    assert_int_equal(s.documents, 3);
+    assert_int_equal(s.documents, 4);
     assert_int_equal(s.bad_json, 3);
     assert_int_equal(s.bad_json_line, 3);
     assert_int_equal(s.missing_text, 2);
     assert_int_equal(s.missing_text_line, 4);
-    assert_int_equal(s.empty_docs, 2);
+    assert_int_equal(s.empty_docs, 1);
     assert_int_equal(s.empty_line, 5);
     assert_int_equal(s.bytes, (int64_t)strlen(text));
     assert_string_equal(s.bad_json_path, in);
     ivec want = {0};
-    const char *docs[] = {"first document", "second", "last \xc3\xa9"};
-    for (int i = 0; i < 3; i++) {
+    const char *docs[] = {"first document", "   \n", "second", "last \xc3\xa9"};
+    for (int i = 0; i < 4; i++) {
         int32_t *ids;
         size_t n;
         mt_tokenizer_encode(t, docs[i], strlen(docs[i]), 1, &ids, &n);

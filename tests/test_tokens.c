@@ -472,19 +472,22 @@ static void assert_tokens_text(const int32_t *ids, int64_t n, const char *text) 
 
 static void test_byte_text(void **state) {
     char a[512], b[512], c[512], out[512];
-    /* Fortune-style: "%" lines separate; empty and whitespace-only documents vanish; CRLF "%"
-     * lines count; a "%" inside a line or "%%" does not separate. */
+    /* Fortune-style: "%" lines separate; nothing between two separators is no document, but a
+     * whitespace-only one is kept (as Hugging Face's tokenizer(text) keeps it: it used to be
+     * dropped); CRLF "%" lines count; a "%" inside a line or "%%" does not separate. */
     const char *fa = "%\none\n%\n%\n  \n\n%\ntwo 100%\nlines\n%%\n%\r\nthree\r\n%\n";
     write_bytes(tpath(a, "a.txt"), fa, strlen(fa));
     write_bytes(tpath(b, "b.txt"), "four", 4); /* no trailing newline, no separator */
     write_bytes(tpath(c, "c.txt"), "", 0);     /* an empty file adds nothing */
     const char *paths[3] = {a, b, c};
-    int64_t n = -1;
-    int rc = mt_byte_text_to_tokens(paths, 3, tpath(out, "text.bin"), "%", 256, &n);
+    mt_text_stats st;
+    int rc = mt_byte_text_to_tokens(paths, 3, tpath(out, "text.bin"), "%", 256, &st);
     if (rc != MT_OK) print_error("%s\n", mt_error_message());
     assert_int_equal(rc, MT_OK);
-    const char *want = "one\n|two 100%\nlines\n%%\n|three\r\n|four|";
-    assert_int_equal(n, (int64_t)strlen(want));
+    const char *want = "one\n|  \n\n|two 100%\nlines\n%%\n|three\r\n|four|";
+    assert_int_equal(st.tokens, (int64_t)strlen(want));
+    assert_int_equal(st.documents, 5);
+    assert_int_equal(st.empty_docs, 0);
     int64_t got_n;
     int32_t *ids = read_all(out, &got_n);
     assert_tokens_text(ids, got_n, want);
@@ -495,18 +498,25 @@ static void test_byte_text(void **state) {
     /* Round trip: decode shows eos as a newline. */
     char text[256];
     int len = mt_byte_text_decode(ids, (int)got_n, text, sizeof text);
-    const char *back = "one\n\ntwo 100%\nlines\n%%\n\nthree\r\n\nfour\n";
+    const char *back = "one\n\n  \n\n\ntwo 100%\nlines\n%%\n\nthree\r\n\nfour\n";
     assert_int_equal(len, (int)strlen(back));
     assert_string_equal(text, back);
     free(ids);
 
-    /* No separator: each file is one document, "%" lines are text. */
-    rc = mt_byte_text_to_tokens(paths, 2, out, NULL, 256, &n);
+    /* No separator: each file is one document, "%" lines are text; a whitespace-only file is a
+     * document, an empty one is skipped and counted. */
+    char ws[512];
+    write_bytes(tpath(ws, "ws.txt"), " \n\t\n", 4);
+    const char *paths2[4] = {a, b, ws, c};
+    rc = mt_byte_text_to_tokens(paths2, 4, out, NULL, 256, &st);
     assert_int_equal(rc, MT_OK);
     ids = read_all(out, &got_n);
     char want2[256];
-    snprintf(want2, sizeof want2, "%s|four|", fa);
+    snprintf(want2, sizeof want2, "%s|four| \n\t\n|", fa);
     assert_tokens_text(ids, got_n, want2);
+    assert_int_equal(st.documents, 3);
+    assert_int_equal(st.empty_docs, 1);
+    assert_string_equal(st.empty_path, c);
     free(ids);
 
     /* All bytes 0..255 survive. */
@@ -514,13 +524,49 @@ static void test_byte_text(void **state) {
     for (int i = 0; i < 256; i++) all[i] = (unsigned char)(255 - i);
     write_bytes(tpath(c, "bin.txt"), all, 256);
     const char *one[1] = {c};
-    assert_int_equal(mt_byte_text_to_tokens(one, 1, out, NULL, 300, &n), MT_OK);
-    assert_int_equal(n, 257);
+    assert_int_equal(mt_byte_text_to_tokens(one, 1, out, NULL, 300, &st), MT_OK);
+    assert_int_equal(st.tokens, 257);
     mt_token_file f;
     open_ok(&f, out, 2, 301);
     for (int i = 0; i < 256; i++) assert_int_equal(mt_tokens_at(&f, i), 255 - i);
     assert_int_equal(mt_tokens_at(&f, 256), 300);
     mt_tokens_close(&f);
+}
+
+/* A document longer than a batch goes in pieces (bounded memory) and is still one document: the
+ * same bytes, one eos, counted once (invalid UTF-8 in two of its pieces too). */
+static void test_byte_text_long_document(void **state) {
+    char in[512], out[512];
+    size_t line_len = 100, n_lines = 5 * (size_t)MT_TEXT_BATCH_BYTES / 2 / line_len;
+    size_t long_len = n_lines * line_len;
+    const char *tail = "%\nshort\n";
+    char *text = malloc(long_len + strlen(tail));
+    for (size_t i = 0; i < n_lines; i++) {
+        char *l = text + i * line_len;
+        memset(l, 'a' + (int)(i % 26), line_len - 1);
+        l[line_len - 1] = '\n';
+    }
+    text[1] = (char)0xff;                          /* invalid UTF-8 in the first piece ... */
+    text[long_len - 2] = (char)0xfe;               /* ... and in the last */
+    memcpy(text + long_len, tail, strlen(tail));
+    write_bytes(tpath(in, "long.txt"), text, long_len + strlen(tail));
+    const char *paths[1] = {in};
+    mt_text_stats st;
+    assert_int_equal(mt_byte_text_to_tokens(paths, 1, tpath(out, "long.bin"), "%", 256, &st), MT_OK);
+    assert_int_equal(st.documents, 2);
+    assert_int_equal(st.invalid_utf8, 1);
+    assert_int_equal(st.tokens, (int64_t)long_len + 1 + 6 + 1);
+    int64_t n;
+    int32_t *ids = read_all(out, &n);
+    assert_int_equal(n, st.tokens);
+    int64_t bad = -1;
+    for (size_t i = 0; i < long_len && bad < 0; i++)
+        if (ids[i] != (unsigned char)text[i]) bad = (int64_t)i;
+    assert_int_equal(bad, -1);
+    assert_int_equal(ids[long_len], 256);
+    assert_tokens_text(ids + long_len + 1, 7, "short\n|");
+    free(ids);
+    free(text);
 }
 
 static void test_byte_text_decode(void **state) {
@@ -538,13 +584,13 @@ static void test_byte_text_decode(void **state) {
 static void expect_text_error(const char *const *paths, int n_paths, const char *out,
                               const char *sep, int eos, const char *needle) {
     mt_error_clear();
-    int64_t n = 123;
-    assert_int_equal(mt_byte_text_to_tokens(paths, n_paths, out, sep, eos, &n), MT_ERR);
+    mt_text_stats st;
+    assert_int_equal(mt_byte_text_to_tokens(paths, n_paths, out, sep, eos, &st), MT_ERR);
     const char *msg = mt_error_message();
     print_message("  %s\n", msg);
     assert_non_null(strstr(msg, needle));
     assert_null(strchr(msg, '\n'));
-    assert_int_equal(n, 0);
+    assert_int_equal(st.documents, 0);
     char tmp[600];
     snprintf(tmp, sizeof tmp, "%s.tmp", out);
     assert_false(file_exists(out));
@@ -561,7 +607,7 @@ static void test_byte_text_errors(void **state) {
     expect_text_error(p1, 1, out, "%", 255, out);   /* eos collides with a byte */
     expect_text_error(p1, 1, out, "%", 65536, out); /* eos does not fit uint16 */
     expect_text_error(p1, 0, out, "%", 256, out);
-    write_bytes(tpath(ws, "ws.txt"), "%\n \n%\n\n", 7);
+    write_bytes(tpath(ws, "ws.txt"), "%\n%\n%\r\n", 7);
     const char *p2[1] = {ws};
     expect_text_error(p2, 1, out, "%", 256, out); /* no text at all */
     /* An unwritable output names its temporary. */
@@ -585,6 +631,7 @@ int main(void) {
         cmocka_unit_test(test_eval_rows),
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_byte_text),
+        cmocka_unit_test(test_byte_text_long_document),
         cmocka_unit_test(test_byte_text_decode),
         cmocka_unit_test(test_byte_text_errors),
     };

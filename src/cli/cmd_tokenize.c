@@ -16,17 +16,19 @@ static void print_usage(FILE *out) {
     fprintf(out,
             "usage: megatrain tokenize --tokenizer DIR|FILE.json --out FILE.bin [--doc-sep LINE]\n"
             "                          [--dtype u16|u32] [--no-special] INPUT...\n"
-            "       megatrain tokenize --bytes --out FILE.bin [--doc-sep LINE] TEXT...\n"
+            "       megatrain tokenize --bytes --out FILE.bin [--doc-sep LINE] INPUT...\n"
             "  With --tokenizer (a model directory holding tokenizer.json, or the file itself): each\n"
             "  document is encoded as Hugging Face's tokenizer(text) does (the post-processor's bos\n"
             "  prefix included; --no-special leaves it out) and followed by the tokenizer's eos.\n"
             "  Inputs: *.jsonl, one JSON object per line with a string \"text\" (one document a line);\n"
             "  any other file is plain text: one document per file, or, with --doc-sep, the text\n"
-            "  between lines equal to LINE (e.g. %% for fortune files). Empty documents, lines that are\n"
-            "  not JSON and objects without \"text\" are skipped and reported; invalid UTF-8 is encoded\n"
-            "  as raw bytes and reported. --dtype: uint16 when the vocabulary fits (default), else u32.\n"
-            "  With --bytes: every byte is a token (0-255), each document is followed by the\n"
-            "  end-of-text token 256, uint16.\n"
+            "  between lines equal to LINE (e.g. %% for fortune files). Empty documents (no byte at\n"
+            "  all; whitespace is text), lines that are not JSON and objects without \"text\" are\n"
+            "  skipped and reported; invalid UTF-8 is encoded as raw bytes and reported. --dtype:\n"
+            "  uint16 when the vocabulary fits (default), else u32.\n"
+            "  With --bytes: the same inputs (JSONL: the bytes of \"text\"), every byte a token\n"
+            "  (0-255), each document followed by the end-of-text token 256, uint16; the file\n"
+            "  `train --data` makes for a model without a tokenizer.\n"
             "\n"
             "usage: megatrain tokenize --tokenizer DIR|FILE.json --chat --seq T --out FILE.packed\n"
             "                          [--chat-format F] [--loss-on assistant|all] [--long truncate|skip]\n"
@@ -60,11 +62,14 @@ static int run_chat(const char *tok_path, const char *out, const mt_chat_pack_op
     return 0;
 }
 
+/* The reader `train --data` uses for a model without a tokenizer, so both write the same file. */
 static int run_bytes(const char *out, const char *sep, char **inputs, int n) {
-    int64_t nt;
-    if (mt_byte_text_to_tokens((const char *const *)inputs, n, out, sep, 256, &nt) != MT_OK)
-        return mt_cli_fail();
-    printf("%s: %lld tokens from %d file(s)\n", out, (long long)nt, n);
+    mt_text_stats s;
+    int rc = mt_byte_text_to_tokens((const char *const *)inputs, n, out, sep, 256, &s);
+    mt_text_stats_report(&s, "megatrain: warning: ", stderr);
+    if (rc != MT_OK) return mt_cli_fail();
+    printf("%s: %lld tokens from %lld documents in %d file(s)\n", out, (long long)s.tokens,
+           (long long)s.documents, n);
     return 0;
 }
 

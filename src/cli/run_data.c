@@ -12,6 +12,7 @@
 
 #include "../core/error.h"
 #include "../io/byte_text.h"
+#include "../io/map_guard.h"
 #include "../io/text_data.h"
 #include "../tokenizer/tokenizer.h"
 
@@ -125,20 +126,12 @@ static int bytes_to_tokens(mt_token_file *f, const char *path, const char *cache
                             "for byte-level tokens (257) and %s has no tokenizer.json; give a token file "
                             "(.bin)", path, cfg->V, o->model_dir ? o->model_dir : "--init");
     derived_forget(cache); /* the byte-level file replaces any tokenizer cache of the same name */
-    int64_t n;
     const char *paths[1] = {path};
-    if (mt_text_is_jsonl(path)) {
-        mt_text_opts to = mt_text_opts_default();
-        to.eos_id = BYTE_EOS;
-        mt_text_stats s;
-        int rc = mt_text_to_tokens(NULL, paths, 1, cache, &to, &s);
-        mt_text_stats_report(&s, "megatrain: warning: ", stderr);
-        MT_TRY(rc);
-        n = s.tokens;
-    } else {
-        MT_TRY(mt_byte_text_to_tokens(paths, 1, cache, o->doc_sep, BYTE_EOS, &n));
-    }
-    printf("%s: %lld byte-level tokens -> %s\n", path, (long long)n, cache);
+    mt_text_stats s;
+    int rc = mt_byte_text_to_tokens(paths, 1, cache, o->doc_sep, BYTE_EOS, &s); /* = tokenize --bytes */
+    mt_text_stats_report(&s, "megatrain: warning: ", stderr);
+    MT_TRY(rc);
+    printf("%s: %lld byte-level tokens -> %s\n", path, (long long)s.tokens, cache);
     return mt_tokens_open(f, cache, 2, cfg->V);
 }
 
@@ -192,6 +185,7 @@ static int refuse_chat_flags(const char *path, const char *what) {
 
 int mt_run_data_open(mt_run_data *d, const char *path, const mt_run_data_opts *o, const mt_config *cfg) {
     memset(d, 0, sizeof *d);
+    mt_map_guard_install(); /* every command that reads data from here on reads mappings */
     struct stat st;
     if (stat(path, &st) != 0) return mt_error_set("%s: cannot open: %s", path, strerror(errno));
     size_t len = strlen(path);
@@ -241,8 +235,20 @@ static int32_t *doc_buffer(mt_run_data *d, int n) {
     return d->doc_start;
 }
 
+/* A data file that shrank under the run ends the command here, before the batch is read: the batch
+ * API has no error path (the step loops cannot fail at this point), and what was saved so far is
+ * complete on disk (checkpoints are renamed into place whole), so only the steps since are lost. */
+static void data_still_whole(const mt_run_data *d) {
+    if (mt_map_guard_check(d->packed.data ? (const void *)d->packed.data : (const void *)d->tokens.data) == MT_OK)
+        return;
+    fflush(stdout);
+    fprintf(stderr, "megatrain: %s\n", mt_error_message());
+    exit(1);
+}
+
 const int32_t *mt_run_data_batch(mt_run_data *d, const mt_batch_order *o, int64_t step, int B, int T,
                                  int32_t *inputs, int32_t *targets) {
+    data_still_whole(d);
     if (!d->packed.data) {
         mt_tokens_batch(&d->tokens, o, step, B, T, inputs, targets);
         return NULL;
@@ -259,6 +265,7 @@ int64_t mt_run_data_eval_rows(const mt_run_data *d, int T) {
 
 const int32_t *mt_run_data_eval_batch(mt_run_data *d, int64_t first_row, int B, int T, int32_t *inputs,
                                       int32_t *targets) {
+    data_still_whole(d);
     if (!d->packed.data) {
         mt_tokens_eval_batch(&d->tokens, first_row, B, T, inputs, targets);
         return NULL;

@@ -8,6 +8,9 @@
  *     tokenizer.json into OUT/<name>.packed (flags: chat_format, loss_on, long_policy, pack);
  *   - anything else: text / JSONL ("text" field) tokenized into OUT/<name>.tokens.bin with the
  *     model's tokenizer.json, or as bytes for a model without one.
+ * Opening installs the SIGBUS guard of io/map_guard.h, and each batch read first checks that the
+ * file has not shrunk: a data file truncated under a running command ends it with one line naming
+ * the file and exit 1 (never a SIGBUS), before that batch is used.
  * A derived file is re-used while its sidecar OUT/<file>.json says it was made from the same source
  * (path, size, mtime), tokenizer files and options; otherwise it is made again (and the sidecar is
  * written last, so a crash never leaves a stale file trusted).

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "io/map_guard.h"
 
 static uint32_t get_u32(const unsigned char *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
@@ -125,8 +126,11 @@ int mt_packed_open(mt_packed_file *f, const char *path, int T, int model_vocab) 
     }
     void *m = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
-    close(fd); /* the mapping keeps the file alive */
-    if (m == MAP_FAILED) return mt_error_set("%s: cannot mmap packed data: %s", path, strerror(e));
+    if (m == MAP_FAILED) {
+        close(fd);
+        return mt_error_set("%s: cannot mmap packed data: %s", path, strerror(e));
+    }
+    mt_map_guard_register(m, (size_t)size, fd, path); /* keeps fd, to notice a truncation */
     f->data = m;
     f->nbytes = (size_t)size;
     f->path = mt_strdup(path);
@@ -140,7 +144,7 @@ int mt_packed_open(mt_packed_file *f, const char *path, int T, int model_vocab) 
 }
 
 void mt_packed_close(mt_packed_file *f) {
-    if (f->data) munmap((void *)f->data, f->nbytes);
+    if (f->data) mt_map_guard_unregister(f->data), munmap((void *)f->data, f->nbytes);
     free(f->path);
     memset(f, 0, sizeof *f);
 }

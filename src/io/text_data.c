@@ -24,6 +24,8 @@ typedef struct {
     const char *path;
     int64_t line; /* first line of the document (1-based) */
     int json;     /* text is a JSONL line: its "text" field is the document */
+    int cont;     /* byte-level pieces of one long document: this one continues the last one */
+    int more;     /* ... and another follows (no eos after this one) */
     td_kind kind;
     char err[160]; /* jansson's message for a bad line */
     int32_t *ids; /* filled by the encoder */
@@ -44,6 +46,7 @@ typedef struct {
     td_doc *docs;
     int n_docs;
     size_t batch_bytes;
+    int utf8_noted; /* the document in pieces being written was counted as invalid UTF-8 */
 } td_run;
 
 static double now_s(void) {
@@ -134,7 +137,8 @@ static td_kind parse_json(td_doc *d) {
 
 static void encode_doc(const mt_tokenizer *tok, int add_special, td_doc *d) {
     d->kind = d->json ? parse_json(d) : TD_KEEP;
-    if (d->kind == TD_KEEP && mt_text_only_space(d->text, d->len)) d->kind = TD_EMPTY;
+    /* Only a document without a byte is skipped: whitespace is text to tokenizer(text) too. */
+    if (d->kind == TD_KEEP && d->len == 0 && !d->cont) d->kind = TD_EMPTY;
     if (d->kind != TD_KEEP) return;
     d->invalid_utf8 = !mt_text_utf8_valid((const unsigned char *)d->text, d->len);
     if (tok) {
@@ -162,8 +166,12 @@ static int write_doc(td_run *r, const td_doc *d) {
     case TD_NO_TEXT: note(&s->missing_text, &s->missing_text_path, &s->missing_text_line, d); return MT_OK;
     case TD_KEEP: break;
     }
-    if (d->invalid_utf8) note(&s->invalid_utf8, &s->invalid_utf8_path, &s->invalid_utf8_line, d);
+    /* a document in pieces is counted once, as one document */
+    if (d->invalid_utf8 && !r->utf8_noted)
+        note(&s->invalid_utf8, &s->invalid_utf8_path, &s->invalid_utf8_line, d);
+    r->utf8_noted = d->more && (r->utf8_noted || d->invalid_utf8);
     for (size_t k = 0; k < d->n_ids; k++) MT_TRY(put_token(r, d->ids[k]));
+    if (d->more) return MT_OK;
     MT_TRY(put_token(r, r->eos));
     s->documents++;
     return MT_OK;
@@ -189,9 +197,11 @@ static int flush_batch(td_run *r) {
     return rc;
 }
 
-/* Takes ownership of text: a document, or (json) a JSONL line. */
-static int add_doc(td_run *r, char *text, size_t len, const char *path, int64_t line, int json) {
-    r->docs[r->n_docs++] = (td_doc){.text = text, .len = len, .path = path, .line = line, .json = json};
+/* Takes ownership of text: a document (or a piece of one: cont, more), or (json) a JSONL line. */
+static int add_doc(td_run *r, char *text, size_t len, const char *path, int64_t line, int json, int cont,
+                   int more) {
+    r->docs[r->n_docs++] = (td_doc){.text = text, .len = len, .path = path, .line = line, .json = json,
+                                    .cont = cont, .more = more};
     r->batch_bytes += len;
     if (r->n_docs == TD_MAX_BATCH_DOCS || r->batch_bytes >= MT_TEXT_BATCH_BYTES) return flush_batch(r);
     return MT_OK;
@@ -220,12 +230,13 @@ static void buf_put(td_buf *b, const char *s, size_t n) {
     b->n += n;
 }
 
-/* Hands the buffer's text over as a document (an empty buffer still counts as an empty one). */
-static int emit_buf(td_run *r, td_buf *b, const char *path, int64_t line) {
+/* Hands the buffer's text over as a document (an empty buffer still counts as an empty one), or,
+ * more = 1, as a piece of one that goes on; cont: the buffer continues an earlier piece. */
+static int emit_buf(td_run *r, td_buf *b, const char *path, int64_t line, int cont, int more) {
     char *text = b->p ? b->p : mt_malloc(1);
     size_t len = b->n;
     *b = (td_buf){0};
-    return add_doc(r, text, len, path, line, 0);
+    return add_doc(r, text, len, path, line, 0, cont, more);
 }
 
 static int read_text(td_run *r, mt_lines *L) {
@@ -233,17 +244,26 @@ static int read_text(td_run *r, mt_lines *L) {
     size_t sep_len = sep ? strlen(sep) : 0, len;
     td_buf doc = {0};
     int64_t doc_line = 1;
-    int rc = MT_OK, got;
+    int rc = MT_OK, got, cont = 0;
     while (rc == MT_OK && (got = mt_lines_next(L, &line, &len)) > 0) {
         r->s->bytes += (int64_t)len;
         if (sep && is_sep_line(line, len, sep, sep_len)) {
             /* a separator right after another (or at the start) ends no lines: not a document */
-            if (doc.n) rc = emit_buf(r, &doc, L->path, doc_line);
+            if (doc.n || cont) rc = emit_buf(r, &doc, L->path, doc_line, cont, 0);
+            cont = 0;
             doc_line = L->lineno + 1;
-        } else buf_put(&doc, line, len);
+        } else {
+            buf_put(&doc, line, len);
+            /* Byte-level ids do not depend on where a document is cut, so a long one goes in
+             * pieces (at line ends) and memory stays bounded; a tokenizer needs it whole. */
+            if (!r->tok && doc.n >= MT_TEXT_BATCH_BYTES) {
+                rc = emit_buf(r, &doc, L->path, doc_line, cont, 1);
+                cont = 1;
+            }
+        }
     }
     if (rc == MT_OK && got < 0) rc = MT_ERR;
-    if (rc == MT_OK && (doc.n || !sep)) rc = emit_buf(r, &doc, L->path, doc_line);
+    if (rc == MT_OK && (doc.n || cont || !sep)) rc = emit_buf(r, &doc, L->path, doc_line, cont, 0);
     free(doc.p);
     return rc;
 }
@@ -258,7 +278,7 @@ static int read_jsonl(td_run *r, mt_lines *L) {
         if (mt_text_only_space(line, len)) continue;
         char *copy = mt_malloc(len + 1);
         memcpy(copy, line, len);
-        rc = add_doc(r, copy, len, L->path, L->lineno, 1);
+        rc = add_doc(r, copy, len, L->path, L->lineno, 1, 0, 0);
     }
     return rc == MT_OK && got < 0 ? MT_ERR : rc;
 }
@@ -330,7 +350,7 @@ int mt_text_to_tokens(const mt_tokenizer *tok, const char *const *paths, int n, 
 
 void mt_text_stats_report(const mt_text_stats *s, const char *prefix, FILE *out) {
     if (s->empty_docs)
-        fprintf(out, "%s%lld empty or whitespace-only document(s) skipped (first: %s line %lld)\n", prefix,
+        fprintf(out, "%s%lld empty document(s) skipped (first: %s line %lld)\n", prefix,
                 (long long)s->empty_docs, s->empty_path, (long long)s->empty_line);
     if (s->bad_json)
         fprintf(out, "%s%lld line(s) that are not a JSON object skipped (first: %s line %lld: %s)\n",

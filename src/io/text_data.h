@@ -6,11 +6,12 @@
  *    Lines that are not JSON (jansson also refuses raw invalid UTF-8 inside a JSON string) and
  *    objects without a string "text" are skipped and counted, with the first line number of each
  *    kind kept for the report.
- *  - anything else is plain text, read as mt_byte_text_to_tokens reads it: doc_sep == NULL, each
- *    file is one document; otherwise a line equal to doc_sep (without its "\n" / "\r\n") ends the
+ *  - anything else is plain text: doc_sep == NULL, each file is one document; otherwise a line equal to doc_sep (without its "\n" / "\r\n") ends the
  *    document and is dropped, the other lines are kept byte for byte, newlines included.
- * Documents that are empty or only ASCII whitespace are skipped and counted. Text that is not valid
- * UTF-8 is encoded all the same (the tokenizer takes any bytes and decode gives them back) and the
+ * Documents without a byte (a JSONL "text": "", an empty text file) are skipped and counted; a
+ * document of only whitespace is encoded like any other, as Hugging Face's tokenizer(text) does
+ * (a blank JSONL line holds no JSON object, so is no document, and nothing between two doc_sep
+ * lines is none either). Text that is not valid UTF-8 is encoded all the same (the tokenizer takes any bytes and decode gives them back) and the
  * documents holding it are counted.
  *
  * Each kept document becomes encode(text, add_special) followed by eos: add_special applies the
@@ -20,7 +21,8 @@
  * tokenizer is thread-safe for encode, jansson for separate values) in batches of about
  * MT_TEXT_BATCH_BYTES and written and counted in input order, so neither the output nor the report
  * depends on the thread count. A document is held in memory whole while it is encoded (a plain
- * text file without doc_sep is one document: use doc_sep for multi-GB files).
+ * text file without doc_sep is one document: use doc_sep for multi-GB files), except with byte-level
+ * tokens, whose long documents go in pieces of about MT_TEXT_BATCH_BYTES (cut at line ends).
  *
  * tok == NULL selects byte-level tokens (each byte its id 0..255, eos = opts->eos_id >= 256): the
  * JSONL reader for models without a tokenizer.
@@ -40,7 +42,7 @@ typedef struct {
     int64_t tokens;         /* tokens written, eos included */
     int64_t bytes;          /* input bytes read */
     double seconds;
-    int64_t empty_docs;     /* skipped: empty or whitespace-only */
+    int64_t empty_docs;     /* skipped: empty (no byte at all) */
     int64_t invalid_utf8;   /* kept documents whose text is not valid UTF-8 */
     int64_t bad_json;       /* skipped JSONL lines that are not a JSON object */
     int64_t missing_text;   /* skipped JSONL objects without a string "text" */

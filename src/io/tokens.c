@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "io/map_guard.h"
 
 int mt_tokens_elem_size_for_vocab(int vocab) { return vocab <= 65536 ? 2 : 4; }
 
@@ -79,8 +80,11 @@ int mt_tokens_open(mt_token_file *f, const char *path, int elem_size, int vocab)
     }
     void *m = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
-    close(fd); /* the mapping keeps the file alive */
-    if (m == MAP_FAILED) return mt_error_set("%s: cannot mmap token file: %s", path, strerror(e));
+    if (m == MAP_FAILED) {
+        close(fd);
+        return mt_error_set("%s: cannot mmap token file: %s", path, strerror(e));
+    }
+    mt_map_guard_register(m, (size_t)size, fd, path); /* keeps fd, to notice a truncation */
 
     f->data = m;
     f->nbytes = (size_t)size;
@@ -90,6 +94,7 @@ int mt_tokens_open(mt_token_file *f, const char *path, int elem_size, int vocab)
     int64_t bad = first_bad_id(f);
     if (bad < f->n_tokens) {
         uint32_t id = raw_at(f, bad);
+        mt_map_guard_unregister(m);
         munmap(m, (size_t)size);
         memset(f, 0, sizeof *f);
         return mt_error_set("%s: token id %u at position %lld is >= vocab %d (%s tokens; wrong "
@@ -101,7 +106,7 @@ int mt_tokens_open(mt_token_file *f, const char *path, int elem_size, int vocab)
 }
 
 void mt_tokens_close(mt_token_file *f) {
-    if (f->data) munmap((void *)f->data, f->nbytes);
+    if (f->data) mt_map_guard_unregister(f->data), munmap((void *)f->data, f->nbytes);
     free(f->path);
     memset(f, 0, sizeof *f);
 }

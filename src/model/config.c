@@ -338,6 +338,32 @@ int mt_config_validate(const mt_config *cfg, const char *path) {
     if (cfg->H % cfg->G != 0)
         return mt_error_set("%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
                             path, cfg->H, cfg->G);
+    /* Upper bounds, so that an absurd value is this error instead of an out-of-memory fatal
+     * later. Each is far above any published model (C 16384, F 53248, L 126, H 128, D 256,
+     * V 262144, 10M positions); with them (and G <= H) every product below fits in int64. */
+    const struct { const char *name; int v, max; } bounds[] = {
+        {"hidden_size", cfg->C, MT_CONFIG_MAX_WIDTH},
+        {"intermediate_size", cfg->F, MT_CONFIG_MAX_WIDTH},
+        {"num_hidden_layers", cfg->L, MT_CONFIG_MAX_LAYERS},
+        {"num_attention_heads", cfg->H, MT_CONFIG_MAX_HEADS},
+        {"num_key_value_heads", cfg->G, MT_CONFIG_MAX_HEADS},
+        {"head_dim", cfg->D, MT_CONFIG_MAX_HEAD_DIM},
+        {"vocab_size", cfg->V, MT_CONFIG_MAX_VOCAB},
+        {"max_position_embeddings", cfg->max_position_embeddings, MT_CONFIG_MAX_POSITIONS},
+    };
+    for (size_t i = 0; i < sizeof bounds / sizeof bounds[0]; i++)
+        if (bounds[i].v > bounds[i].max)
+            return mt_error_set("%s: %s = %d is larger than megatrain's limit %d", path,
+                                bounds[i].name, bounds[i].v, bounds[i].max);
+    if ((int64_t)cfg->H * cfg->D > MT_CONFIG_MAX_WIDTH)
+        return mt_error_set("%s: num_attention_heads * head_dim = %d * %d is larger than "
+                            "megatrain's limit %d", path, cfg->H, cfg->D, MT_CONFIG_MAX_WIDTH);
+    int64_t n = mt_config_param_count(cfg);
+    if (n > MT_CONFIG_MAX_PARAMS)
+        return mt_error_set("%s: the model has %lld parameters (hidden_size %d, intermediate_size "
+                            "%d, num_hidden_layers %d, vocab_size %d), more than megatrain's limit "
+                            "2^40 = %lld", path, (long long)n, cfg->C, cfg->F, cfg->L, cfg->V,
+                            (long long)MT_CONFIG_MAX_PARAMS);
     if (cfg->D % 2 != 0) return mt_error_set("%s: head_dim = %d must be even (RoPE)", path, cfg->D);
     if (cfg->max_position_embeddings <= 0)
         return mt_error_set("%s: max_position_embeddings = %d must be positive", path,

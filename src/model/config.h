@@ -58,7 +58,18 @@ int mt_config_load(mt_config *cfg, const char *path);
 /* Writes a config.json that transformers loads as the same model (atomic: temp file + rename). */
 int mt_config_save(const mt_config *cfg, const char *path);
 
-/* Checks the derived constraints (H % G == 0, D even, sizes > 0); MT_ERR names the field. */
+/* Upper bounds of the shaping fields and of the parameter count (inclusive). With them every
+ * tensor's element count and the arena's size fit in int64 with room to spare. */
+#define MT_CONFIG_MAX_WIDTH (1 << 20)     /* hidden_size, intermediate_size, H * D */
+#define MT_CONFIG_MAX_LAYERS (1 << 14)
+#define MT_CONFIG_MAX_HEADS (1 << 14)
+#define MT_CONFIG_MAX_HEAD_DIM (1 << 14)
+#define MT_CONFIG_MAX_VOCAB (1 << 24)
+#define MT_CONFIG_MAX_POSITIONS (1 << 28) /* max_position_embeddings */
+#define MT_CONFIG_MAX_PARAMS (1LL << 40)
+
+/* Checks the derived constraints (H % G == 0, D even, sizes > 0 and within the bounds above,
+ * at most MT_CONFIG_MAX_PARAMS parameters); MT_ERR names the field. */
 int mt_config_validate(const mt_config *cfg, const char *path);
 
 /* Number of parameters of the whole model. */
