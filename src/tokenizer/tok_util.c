@@ -145,6 +145,7 @@ static size_t invalid_subpart(const unsigned char *s, size_t n) {
 }
 
 void tok_utf8_lossy(tok_buf *out, const char *s, size_t n) {
+    if (!n) return; /* s may be NULL (an empty buffer) */
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0, run = 0;
     while (i < n) {
