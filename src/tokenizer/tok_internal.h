@@ -59,7 +59,12 @@ typedef struct {
     pcre2_code *code;
 } tok_regex;
 
-/* literal: match the pattern as a plain string. Error names `where`. */
+/* Appends pattern p with its Unicode classes (\s \d \w \p{..} and negations) rewritten to those
+ * of Hugging Face tokenizers' regex engine (tok_uclass.c). */
+void tok_regex_unicode(const char *p, size_t n, tok_buf *out);
+
+/* literal: match the pattern as a plain string, else with tokenizers' Unicode classes
+ * (tok_regex_unicode). Error names `where` and an offset into the pattern as written. */
 int tok_regex_compile(tok_regex *r, const char *pattern, size_t len, int literal, const char *where);
 void tok_regex_free(tok_regex *r);
 

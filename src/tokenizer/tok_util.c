@@ -256,10 +256,21 @@ int tok_regex_compile(tok_regex *r, const char *pattern, size_t len, int literal
     int err;
     PCRE2_SIZE off;
     uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : 0);
-    r->code = pcre2_compile((PCRE2_SPTR)pattern, len, opts, &err, &off, NULL);
+    tok_buf re = {0};
+    if (literal) tok_buf_put(&re, pattern, len);
+    else tok_regex_unicode(pattern, len, &re);
+    r->code = pcre2_compile((PCRE2_SPTR)(re.p ? re.p : ""), re.n, opts, &err, &off, NULL);
+    tok_buf_free(&re);
     if (!r->code) {
+        /* The offset of the error in the pattern as written: compile that for the message. */
+        pcre2_code *orig = pcre2_compile((PCRE2_SPTR)(len ? pattern : ""), len, opts, &err, &off, NULL);
+        int orig_ok = orig != NULL;
+        pcre2_code_free(orig);
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
+        if (orig_ok)
+            return mt_error_set("%s: regex does not compile once its Unicode classes are rewritten "
+                                "(%s): please report it", where, (const char *)msg);
         return mt_error_set("%s: regex does not compile at offset %zu: %s", where, (size_t)off,
                             (const char *)msg);
     }

@@ -1,0 +1,190 @@
+/* The Unicode classes of tokenizer.json regexes against Hugging Face `tokenizers`' own (Oniguruma,
+ * Unicode 16.0): tests/fixtures/tokenizers/unicode_classes.json holds, for \s \d \w and every
+ * \p{general category}, the code points `tokenizers` matches (made by make_unicode_classes.py).
+ * For each, over every code point, through the linked PCRE2 as the tokenizer compiles patterns:
+ * the escape alone, inside a bracket class, negated (\S, \P{..}), in a negated class, and with a
+ * negated item inside a class ([^\S\r\n], [a\S]), which the rewrite turns into alternations.
+ * Then the rewrite itself on patterns whose text it must keep (\Q..\E, \x{..}, scripts, POSIX
+ * classes, a '-' after a class item). */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "tokenizer/tok_internal.h"
+#include "util/testutil.h"
+
+/* Every code point (no surrogates) as UTF-8, with the code point at each byte offset. */
+static char *g_text;
+static size_t g_len;
+static uint32_t *g_cp_at; /* byte offset -> code point */
+static json_t *g_truth;
+
+static int setup(void **st) {
+    (void)st;
+    g_text = malloc(0x110000 * 4);
+    g_cp_at = malloc(0x110000 * 4 * sizeof *g_cp_at);
+    for (uint32_t c = 0; c < 0x110000; c++) {
+        if (c >= 0xD800 && c < 0xE000) continue;
+        size_t k = tok_utf8_put(g_text + g_len, c);
+        for (size_t i = 0; i < k; i++) g_cp_at[g_len + i] = c;
+        g_len += k;
+    }
+    char *path = mt_fixture_path("tokenizers/unicode_classes.json");
+    json_error_t err;
+    g_truth = json_load_file(path, 0, &err);
+    if (!g_truth) fprintf(stderr, "%s: %s\n", path, err.text);
+    free(path);
+    return g_truth ? 0 : -1;
+}
+
+static int teardown(void **st) {
+    (void)st;
+    free(g_text);
+    free(g_cp_at);
+    json_decref(g_truth);
+    return 0;
+}
+
+/* 1 for each code point the pattern (compiled as the tokenizer does) matches as a run member. */
+static uint8_t *members(const char *pattern) {
+    tok_regex re;
+    if (tok_regex_compile(&re, pattern, strlen(pattern), 0, "test") != MT_OK)
+        fail_msg("%s: %s", pattern, mt_error_message());
+    uint8_t *in = calloc(0x110000, 1);
+    tok_matcher m = {0};
+    size_t from = 0, ms, me;
+    while (tok_regex_next(&re, &m, g_text, g_len, from, &ms, &me)) {
+        for (size_t i = ms; i < me; i++) in[g_cp_at[i]] = 1;
+        from = me;
+    }
+    tok_matcher_free(&m);
+    tok_regex_free(&re);
+    return in;
+}
+
+/* The truth of one class: 1 for its members. */
+static uint8_t *truth(const char *name) {
+    json_t *list = json_object_get(json_object_get(g_truth, "classes"), name);
+    if (!json_is_array(list)) fail_msg("unicode_classes.json has no class %s", name);
+    uint8_t *in = calloc(0x110000, 1);
+    size_t i;
+    json_t *r;
+    json_array_foreach(list, i, r) {
+        for (json_int_t c = json_integer_value(json_array_get(r, 0)); c <= json_integer_value(json_array_get(r, 1)); c++)
+            in[c] = 1;
+    }
+    return in;
+}
+
+/* Counts the code points where got != (want XOR flip); prints the first few. */
+static size_t diff(const char *pattern, const uint8_t *got, const uint8_t *want, int flip) {
+    size_t bad = 0;
+    for (uint32_t c = 0; c < 0x110000; c++) {
+        if (c >= 0xD800 && c < 0xE000) continue;
+        if (got[c] != (want[c] ^ flip) && bad++ < 5)
+            print_message("  %s: U+%04X %s by megatrain, %s by tokenizers\n", pattern, c,
+                          got[c] ? "matched" : "not matched", (want[c] ^ flip) ? "matched" : "not matched");
+    }
+    return bad;
+}
+
+static size_t check(const char *pattern, const uint8_t *want, int flip) {
+    uint8_t *got = members(pattern);
+    size_t bad = diff(pattern, got, want, flip);
+    free(got);
+    return bad;
+}
+
+static void test_every_class(void **st) {
+    (void)st;
+    const char *name;
+    json_t *v;
+    size_t bad = 0, n = 0;
+    json_object_foreach(json_object_get(g_truth, "classes"), name, v) {
+        uint8_t *want = truth(name);
+        char pat[160], neg[80];
+        snprintf(neg, sizeof neg, "%s", name);
+        neg[0] = (char)(neg[0] - 0x20); /* s -> S, p{L} -> P{L} */
+        snprintf(pat, sizeof pat, "\\%s+", name);
+        bad += check(pat, want, 0);
+        snprintf(pat, sizeof pat, "[\\%s]+", name);
+        bad += check(pat, want, 0);
+        snprintf(pat, sizeof pat, "\\%s+", neg);
+        bad += check(pat, want, 1);
+        snprintf(pat, sizeof pat, "[^\\%s]+", name);
+        bad += check(pat, want, 1);
+        snprintf(pat, sizeof pat, "[^\\%s]+", neg); /* a negated item inside a negated class */
+        bad += check(pat, want, 0);
+        free(want);
+        n++;
+    }
+    print_message("%zu classes, %zu code points differ\n", n, bad);
+    assert_true(n >= 30);
+    assert_int_equal(bad, 0);
+}
+
+/* Unions as the real patterns write them, and negated items beside others. */
+static void test_combined(void **st) {
+    (void)st;
+    uint8_t *s = truth("s"), *l = truth("p{L}"), *nn = truth("p{N}");
+    uint8_t *want = calloc(0x110000, 1);
+    size_t bad = 0;
+    /* [^\s\p{L}\p{N}] (GPT-2, Llama 3) */
+    for (uint32_t c = 0; c < 0x110000; c++) want[c] = !(s[c] || l[c] || nn[c]);
+    bad += check("[^\\s\\p{L}\\p{N}]+", want, 0);
+    /* [^\r\n\p{L}\p{N}] */
+    for (uint32_t c = 0; c < 0x110000; c++) want[c] = !(c == '\r' || c == '\n' || l[c] || nn[c]);
+    bad += check("[^\\r\\n\\p{L}\\p{N}]+", want, 0);
+    /* [^\S\r\n]: whitespace but CR and LF */
+    for (uint32_t c = 0; c < 0x110000; c++) want[c] = s[c] && c != '\r' && c != '\n';
+    bad += check("[^\\S\\r\\n]+", want, 0);
+    /* [x\S\d]: x, or not whitespace (then \d adds nothing) */
+    for (uint32_t c = 0; c < 0x110000; c++) want[c] = c == 'x' || !s[c];
+    bad += check("[x\\S\\d]+", want, 0);
+    /* [^\P{L}\P{N}]: both a letter and a number: none */
+    memset(want, 0, 0x110000);
+    bad += check("[^\\P{L}\\P{N}]+", want, 0);
+    free(s), free(l), free(nn), free(want);
+    assert_int_equal(bad, 0);
+}
+
+static void rewrite_is(const char *pattern, const char *want) {
+    tok_buf b = {0};
+    tok_regex_unicode(pattern, strlen(pattern), &b);
+    tok_buf_putc(&b, 0);
+    if (strcmp(b.p, want) != 0) fail_msg("%s -> %s, want %s", pattern, b.p, want);
+    tok_buf_free(&b);
+}
+
+static void test_rewrite_keeps_the_rest(void **st) {
+    (void)st;
+    rewrite_is("\\p{Han}+|\\x{1F600}|[[:alpha:]]|\\Q\\s\\E|\\\\s|(?#\\s)|\\p{Lt}", "\\p{Han}+|\\x{1F600}|[[:alpha:]]|\\Q\\s\\E|\\\\s|(?#\\s)|[\\p{Lt}]");
+    tok_buf b = {0};
+    const char *lead = "[\\]\\pL-]"; /* a leading ], \pL, a trailing - */
+    tok_regex_unicode(lead, strlen(lead), &b);
+    tok_buf_putc(&b, 0);
+    assert_int_equal(strncmp(b.p, "[\\]\\p{L}\\x{1C89}-\\x{1C8A}", 22), 0);
+    assert_string_equal(b.p + strlen(b.p) - 2, "-]");
+    b.n = 0;
+    const char *p = "[\\s-x]";
+    tok_regex_unicode(p, strlen(p), &b);
+    tok_buf_putc(&b, 0);
+    assert_non_null(strstr(b.p, "\\x{3000}\\-x]")); /* the hyphen stays a literal */
+    tok_buf_free(&b);
+    /* unterminated: left for PCRE2 to report, at the offset in the pattern as written */
+    rewrite_is("a[\\s", "a[\\s");
+    tok_regex re;
+    assert_int_equal(tok_regex_compile(&re, "ab(\\p{L}", 8, 0, "tokenizer.json: pre_tokenizer.pattern"), MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "at offset 8"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_class),
+        cmocka_unit_test(test_combined),
+        cmocka_unit_test(test_rewrite_keeps_the_rest),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
