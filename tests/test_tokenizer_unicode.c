@@ -20,6 +20,7 @@ static char *g_text;
 static size_t g_len;
 static uint32_t *g_cp_at; /* byte offset -> code point */
 static json_t *g_truth;
+static uint8_t *g_new; /* tok_uclass_is_new, by code point */
 
 static int setup(void **st) {
     (void)st;
@@ -31,6 +32,8 @@ static int setup(void **st) {
         for (size_t i = 0; i < k; i++) g_cp_at[g_len + i] = c;
         g_len += k;
     }
+    g_new = malloc(0x110000);
+    for (uint32_t c = 0; c < 0x110000; c++) g_new[c] = (uint8_t)tok_uclass_is_new(c);
     char *path = mt_fixture_path("tokenizers/unicode_classes.json");
     json_error_t err;
     g_truth = json_load_file(path, 0, &err);
@@ -43,19 +46,22 @@ static int teardown(void **st) {
     (void)st;
     free(g_text);
     free(g_cp_at);
+    free(g_new);
     json_decref(g_truth);
     return 0;
 }
 
-/* 1 for each code point the pattern (compiled as the tokenizer does) matches as a run member. */
-static uint8_t *members(const char *pattern) {
+/* 1 for each code point the pattern (compiled as the tokenizer does, in the exact or the fast
+ * form) matches as a run member. */
+static uint8_t *members(const char *pattern, int exact, int *one_form) {
     tok_regex re;
     if (tok_regex_compile(&re, pattern, strlen(pattern), 0, "test") != MT_OK)
         fail_msg("%s: %s", pattern, mt_error_message());
+    *one_form = re.exact == NULL;
     uint8_t *in = calloc(0x110000, 1);
     tok_matcher m = {0};
     size_t from = 0, ms, me;
-    while (tok_regex_next(&re, &m, g_text, g_len, from, &ms, &me)) {
+    while (tok_regex_next(&re, exact, &m, g_text, g_len, from, &ms, &me)) {
         for (size_t i = ms; i < me; i++) in[g_cp_at[i]] = 1;
         from = me;
     }
@@ -78,22 +84,28 @@ static uint8_t *truth(const char *name) {
     return in;
 }
 
-/* Counts the code points where got != (want XOR flip); prints the first few. */
-static size_t diff(const char *pattern, const uint8_t *got, const uint8_t *want, int flip) {
+/* Counts the code points where got != (want XOR flip), for the fast form only those it must get
+ * right (not tok_uclass_is_new); prints the first few. */
+static size_t diff(const char *pattern, const uint8_t *got, const uint8_t *want, int flip, int exact) {
     size_t bad = 0;
     for (uint32_t c = 0; c < 0x110000; c++) {
-        if (c >= 0xD800 && c < 0xE000) continue;
+        if ((c >= 0xD800 && c < 0xE000) || (!exact && g_new[c])) continue;
         if (got[c] != (want[c] ^ flip) && bad++ < 5)
-            print_message("  %s: U+%04X %s by megatrain, %s by tokenizers\n", pattern, c,
+            print_message("  %s (%s): U+%04X %s by megatrain, %s by tokenizers\n", pattern, exact ? "exact" : "fast", c,
                           got[c] ? "matched" : "not matched", (want[c] ^ flip) ? "matched" : "not matched");
     }
     return bad;
 }
 
 static size_t check(const char *pattern, const uint8_t *want, int flip) {
-    uint8_t *got = members(pattern);
-    size_t bad = diff(pattern, got, want, flip);
-    free(got);
+    size_t bad = 0;
+    for (int exact = 0; exact < 2; exact++) {
+        int one_form;
+        uint8_t *got = members(pattern, exact, &one_form);
+        bad += diff(pattern, got, want, flip, exact || one_form);
+        free(got);
+        if (one_form) break;
+    }
     return bad;
 }
 
@@ -109,6 +121,13 @@ static void test_every_class(void **st) {
         neg[0] = (char)(neg[0] - 0x20); /* s -> S, p{L} -> P{L} */
         snprintf(pat, sizeof pat, "\\%s+", name);
         bad += check(pat, want, 0);
+        if (!strcmp(name, "p{C}") || !strcmp(name, "p{Cn}")) { /* 700+ ranges: slow sweeps */
+            snprintf(pat, sizeof pat, "\\%s+", neg);
+            bad += check(pat, want, 1);
+            free(want);
+            n++;
+            continue;
+        }
         snprintf(pat, sizeof pat, "[\\%s]+", name);
         bad += check(pat, want, 0);
         snprintf(pat, sizeof pat, "\\%s+", neg);
@@ -152,7 +171,7 @@ static void test_combined(void **st) {
 
 static void rewrite_is(const char *pattern, const char *want) {
     tok_buf b = {0};
-    tok_regex_unicode(pattern, strlen(pattern), &b);
+    tok_regex_unicode(pattern, strlen(pattern), 1, &b);
     tok_buf_putc(&b, 0);
     if (strcmp(b.p, want) != 0) fail_msg("%s -> %s, want %s", pattern, b.p, want);
     tok_buf_free(&b);
@@ -163,13 +182,13 @@ static void test_rewrite_keeps_the_rest(void **st) {
     rewrite_is("\\p{Han}+|\\x{1F600}|[[:alpha:]]|\\Q\\s\\E|\\\\s|(?#\\s)|\\p{Lt}", "\\p{Han}+|\\x{1F600}|[[:alpha:]]|\\Q\\s\\E|\\\\s|(?#\\s)|[\\p{Lt}]");
     tok_buf b = {0};
     const char *lead = "[\\]\\pL-]"; /* a leading ], \pL, a trailing - */
-    tok_regex_unicode(lead, strlen(lead), &b);
+    tok_regex_unicode(lead, strlen(lead), 1, &b);
     tok_buf_putc(&b, 0);
     assert_int_equal(strncmp(b.p, "[\\]\\p{L}\\x{1C89}-\\x{1C8A}", 22), 0);
     assert_string_equal(b.p + strlen(b.p) - 2, "-]");
     b.n = 0;
     const char *p = "[\\s-x]";
-    tok_regex_unicode(p, strlen(p), &b);
+    tok_regex_unicode(p, strlen(p), 1, &b);
     tok_buf_putc(&b, 0);
     assert_non_null(strstr(b.p, "\\x{3000}\\-x]")); /* the hyphen stays a literal */
     tok_buf_free(&b);
@@ -180,11 +199,35 @@ static void test_rewrite_keeps_the_rest(void **st) {
     assert_non_null(strstr(mt_error_message(), "at offset 8"));
 }
 
+/* Which text needs the exact form, and that the fast one is chosen otherwise. */
+static void test_form_choice(void **st) {
+    (void)st;
+    assert_false(tok_uclass_text_has_new("plain ASCII, caf\xc3\xa9 \xe4\xbd\xa0\xe5\xa5\xbd \xf0\x9f\x98\x80",
+                                         30));
+    assert_false(tok_uclass_text_has_new("\xe1\xa0\x8e", 3)); /* U+180E: \s is all ranges in both */
+    assert_false(tok_uclass_text_has_new("\xff\xf0\x91", 3));  /* invalid, truncated */
+    assert_true(tok_uclass_text_has_new("ab \xf0\x91\xbc\x84", 7)); /* Kawi U+11F04 */
+    assert_true(tok_uclass_is_new(0x31350) && tok_uclass_is_new(0x11F50) && !tok_uclass_is_new('a'));
+    tok_regex re;
+    const char *p = "\\p{L}+";
+    assert_int_equal(tok_regex_compile(&re, p, strlen(p), 0, "test"), MT_OK);
+    assert_non_null(re.exact);
+    assert_false(tok_regex_exact_for(&re, "abc", 3));
+    assert_true(tok_regex_exact_for(&re, "\xf0\x91\xbc\x84", 4));
+    tok_regex_free(&re);
+    p = "\\s+|x"; /* no class with new code points: one form */
+    assert_int_equal(tok_regex_compile(&re, p, strlen(p), 0, "test"), MT_OK);
+    assert_null(re.exact);
+    assert_false(tok_regex_exact_for(&re, "\xf0\x91\xbc\x84", 4));
+    tok_regex_free(&re);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_class),
         cmocka_unit_test(test_combined),
         cmocka_unit_test(test_rewrite_keeps_the_rest),
+        cmocka_unit_test(test_form_choice),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

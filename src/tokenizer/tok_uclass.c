@@ -5,13 +5,19 @@
  * its \s holds U+180E, and its \w and \d are other sets. Before compiling, each \s \S \d \D \w \W
  * \p{X} \P{X} (X a general category) is replaced by PCRE2's own item for the part it gets right
  * plus explicit ranges for the rest (tok_uclass.h, measured on `tokenizers` by
- * tests/fixtures/tokenizers/make_unicode_classes.py). Keeping PCRE2's item for the bulk keeps its
- * one-lookup property test and JIT speed; the extra ranges are a few dozen compares at most.
+ * tests/fixtures/tokenizers/make_unicode_classes.py).
+ *
+ * Speed: those ranges cost each character that fails the class a few dozen compares (the GPT-2
+ * regex ran 1.4x slower with them). So each regex is compiled twice: with PCRE2's item alone
+ * (the fast form) and with the ranges (exact). Both match the same on text without any of the
+ * code points the ranges add (tok_uclass_is_new: new in Unicode 15-16 nearly all), and the
+ * encoder runs the exact form only on text that has one (a scan of its non-ASCII characters).
  *
  * Inside a bracket class a negated item ([^\S\r\n], [\P{L}x]) cannot be written as a union of
  * ranges, so such a class becomes an alternation of single-character matchers:
  *   [A \S]  -> (?:[A]|[^S])          [^A \S] -> (?:(?![A])[S])
  * Other escapes (\x{..}, \Q..\E, scripts like \p{Han}, POSIX [:alpha:]) are copied unchanged. */
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -60,9 +66,11 @@ static const tok_uclass *class_at(const char *p, size_t n, size_t *len, int *neg
 
 static void put_s(tok_buf *b, const char *s) { tok_buf_put(b, s, strlen(s)); }
 
-/* The class's members as bracket-class items. */
-static void put_items(tok_buf *b, const tok_uclass *u) {
+/* The class's members as bracket-class items; without exact, PCRE2's item alone where it has one
+ * (right on every code point but the tok_uclass_is_new ones). */
+static void put_items(tok_buf *b, const tok_uclass *u, int exact) {
     put_s(b, u->native);
+    if (u->native[0] && !exact) return;
     for (unsigned i = u->first; i < (unsigned)u->first + u->count; i++) {
         char s[40];
         const uint32_t *r = TOK_UCLASS_RANGES[i];
@@ -80,7 +88,7 @@ static size_t quoted_len(const char *p, size_t n) {
 }
 
 /* The bracket class starting at p[0] == '['; returns its length (to the end if unterminated). */
-static size_t put_bracket(tok_buf *out, const char *p, size_t n) {
+static size_t put_bracket(tok_buf *out, const char *p, size_t n, int exact) {
     size_t j = 1;
     int negated = j < n && p[j] == '^';
     if (negated) j++;
@@ -107,9 +115,9 @@ static size_t put_bracket(tok_buf *out, const char *p, size_t n) {
                    (!neg || n_negs < 8)) {
             if (neg) {
                 negs[n_negs] = (tok_buf){0};
-                put_items(&negs[n_negs++], u);
+                put_items(&negs[n_negs++], u, exact);
             } else {
-                put_items(&pos, u);
+                put_items(&pos, u, exact);
             }
             j += len;
             /* A '-' after a class item is a literal hyphen; after explicit ranges it would
@@ -168,7 +176,7 @@ static size_t put_bracket(tok_buf *out, const char *p, size_t n) {
     return j;
 }
 
-void tok_regex_unicode(const char *p, size_t n, tok_buf *out) {
+void tok_regex_unicode(const char *p, size_t n, int exact, tok_buf *out) {
     size_t i = 0;
     while (i < n) {
         size_t len;
@@ -180,14 +188,14 @@ void tok_regex_unicode(const char *p, size_t n, tok_buf *out) {
             i += len;
         } else if (p[i] == '\\' && (u = class_at(p + i, n - i, &len, &neg)) != NULL) {
             put_s(out, neg ? "[^" : "[");
-            put_items(out, u);
+            put_items(out, u, exact);
             tok_buf_putc(out, ']');
             i += len;
         } else if (p[i] == '\\' && i + 1 < n) {
             tok_buf_put(out, p + i, 2);
             i += 2;
         } else if (p[i] == '[') {
-            i += put_bracket(out, p + i, n - i);
+            i += put_bracket(out, p + i, n - i, exact);
         } else if (p[i] == '(' && i + 2 < n && p[i + 1] == '?' && p[i + 2] == '#') { /* comment */
             const char *e = memchr(p + i, ')', n - i);
             len = e ? (size_t)(e - (p + i)) + 1 : n - i;
@@ -197,4 +205,44 @@ void tok_regex_unicode(const char *p, size_t n, tok_buf *out) {
             tok_buf_putc(out, p[i++]);
         }
     }
+}
+
+/* ---- code points where a fast form may differ ---- */
+
+static uint8_t g_new[0x110000 / 8];
+static pthread_once_t g_new_once = PTHREAD_ONCE_INIT;
+
+static void new_init(void) {
+    for (size_t i = 0; i < N_UCLASS; i++) {
+        if (!TOK_UCLASS[i].native[0]) continue; /* all ranges in both forms */
+        for (unsigned k = TOK_UCLASS[i].first; k < (unsigned)TOK_UCLASS[i].first + TOK_UCLASS[i].count; k++)
+            for (uint32_t c = TOK_UCLASS_RANGES[k][0]; c <= TOK_UCLASS_RANGES[k][1]; c++)
+                g_new[c >> 3] |= (uint8_t)(1u << (c & 7));
+    }
+}
+
+int tok_uclass_is_new(uint32_t cp) {
+    pthread_once(&g_new_once, new_init);
+    return cp < 0x110000 && (g_new[cp >> 3] >> (cp & 7) & 1);
+}
+
+int tok_uclass_text_has_new(const char *s, size_t n) {
+    pthread_once(&g_new_once, new_init);
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        if (u[i] < 0x80) {
+            i++;
+            continue;
+        }
+        uint32_t cp;
+        int k = tok_utf8_next(u + i, n - i, &cp);
+        if (!k) {
+            i++;
+            continue;
+        }
+        if (g_new[cp >> 3] >> (cp & 7) & 1) return 1;
+        i += (size_t)k;
+    }
+    return 0;
 }

@@ -252,16 +252,18 @@ void tok_strmap_free(tok_strmap *m) {
 
 /* ---- regexes: PCRE2 with UTF, UCP (Unicode \s \d \w and properties) and JIT ---- */
 
-int tok_regex_compile(tok_regex *r, const char *pattern, size_t len, int literal, const char *where) {
+/* Compiles pattern (as rewritten by tok_regex_unicode in the given form) into *code. */
+static int compile_one(pcre2_code **code, const char *pattern, size_t len, int literal, int exact,
+                       const char *where) {
     int err;
     PCRE2_SIZE off;
     uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : 0);
     tok_buf re = {0};
     if (literal) tok_buf_put(&re, pattern, len);
-    else tok_regex_unicode(pattern, len, &re);
-    r->code = pcre2_compile((PCRE2_SPTR)(re.p ? re.p : ""), re.n, opts, &err, &off, NULL);
+    else tok_regex_unicode(pattern, len, exact, &re);
+    *code = pcre2_compile((PCRE2_SPTR)(re.p ? re.p : ""), re.n, opts, &err, &off, NULL);
     tok_buf_free(&re);
-    if (!r->code) {
+    if (!*code) {
         /* The offset of the error in the pattern as written: compile that for the message. */
         pcre2_code *orig = pcre2_compile((PCRE2_SPTR)(len ? pattern : ""), len, opts, &err, &off, NULL);
         int orig_ok = orig != NULL;
@@ -275,13 +277,36 @@ int tok_regex_compile(tok_regex *r, const char *pattern, size_t len, int literal
                             (const char *)msg);
     }
     /* JIT is an optimisation: where it is unavailable the interpreter gives the same matches. */
-    (void)pcre2_jit_compile(r->code, PCRE2_JIT_COMPLETE);
+    (void)pcre2_jit_compile(*code, PCRE2_JIT_COMPLETE);
     return MT_OK;
+}
+
+int tok_regex_compile(tok_regex *r, const char *pattern, size_t len, int literal, const char *where) {
+    r->code = r->exact = NULL;
+    MT_TRY(compile_one(&r->code, pattern, len, literal, 0, where));
+    if (literal) return MT_OK;
+    /* The exact form only where it differs (a class with code points PCRE2's tables lack). */
+    tok_buf a = {0}, b = {0};
+    tok_regex_unicode(pattern, len, 0, &a);
+    tok_regex_unicode(pattern, len, 1, &b);
+    int same = a.n == b.n && (a.n == 0 || memcmp(a.p, b.p, a.n) == 0);
+    tok_buf_free(&a);
+    tok_buf_free(&b);
+    if (!same && compile_one(&r->exact, pattern, len, 0, 1, where) != MT_OK) {
+        tok_regex_free(r);
+        return MT_ERR;
+    }
+    return MT_OK;
+}
+
+int tok_regex_exact_for(const tok_regex *r, const char *s, size_t n) {
+    return r->exact != NULL && tok_uclass_text_has_new(s, n);
 }
 
 void tok_regex_free(tok_regex *r) {
     pcre2_code_free(r->code);
-    r->code = NULL;
+    pcre2_code_free(r->exact);
+    r->code = r->exact = NULL;
 }
 
 void tok_matcher_free(tok_matcher *m) {
@@ -291,14 +316,15 @@ void tok_matcher_free(tok_matcher *m) {
     memset(m, 0, sizeof *m);
 }
 
-int tok_regex_next(const tok_regex *r, tok_matcher *m, const char *s, size_t n, size_t from,
+int tok_regex_next(const tok_regex *r, int exact, tok_matcher *m, const char *s, size_t n, size_t from,
                    size_t *ms, size_t *me) {
+    const pcre2_code *code = exact && r->exact ? r->exact : r->code;
     if (!m->md) {
         m->md = pcre2_match_data_create(1, NULL);
         MT_CHECK(m->md != NULL, "out of host memory (pcre2 match data)");
     }
     while (from < n) {
-        int rc = pcre2_match(r->code, (PCRE2_SPTR)s, n, from, 0, m->md, m->mctx);
+        int rc = pcre2_match(code, (PCRE2_SPTR)s, n, from, 0, m->md, m->mctx);
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !m->stack) {
             /* A long run (e.g. of spaces) outgrew the default 32 KiB JIT stack: give it 64 MiB. */
             m->stack = pcre2_jit_stack_create(1 << 16, 64 << 20, NULL);
