@@ -60,8 +60,10 @@ static uint8_t *members(const char *pattern, int exact, int *one_form) {
     *one_form = re.exact == NULL;
     uint8_t *in = calloc(0x110000, 1);
     tok_matcher m = {0};
+    tok_subject sub;
+    tok_subject_init(&sub, &re, g_text, g_len, exact ? TOK_RE_EXACT : TOK_RE_FAST);
     size_t from = 0, ms, me;
-    while (tok_regex_next(&re, exact, &m, g_text, g_len, from, &ms, &me)) {
+    while (tok_regex_next(&re, &sub, &m, from, &ms, &me)) {
         for (size_t i = ms; i < me; i++) in[g_cp_at[i]] = 1;
         from = me;
     }
@@ -199,27 +201,83 @@ static void test_rewrite_keeps_the_rest(void **st) {
     assert_non_null(strstr(mt_error_message(), "at offset 8"));
 }
 
-/* Which text needs the exact form, and that the fast one is chosen otherwise. */
-static void test_form_choice(void **st) {
+/* Where the new code points are, and which patterns get two forms. */
+static void test_new_code_points(void **st) {
     (void)st;
-    assert_false(tok_uclass_text_has_new("plain ASCII, caf\xc3\xa9 \xe4\xbd\xa0\xe5\xa5\xbd \xf0\x9f\x98\x80",
-                                         30));
-    assert_false(tok_uclass_text_has_new("\xe1\xa0\x8e", 3)); /* U+180E: \s is all ranges in both */
-    assert_false(tok_uclass_text_has_new("\xff\xf0\x91", 3));  /* invalid, truncated */
-    assert_true(tok_uclass_text_has_new("ab \xf0\x91\xbc\x84", 7)); /* Kawi U+11F04 */
+    const char *plain = "plain ASCII, caf\xc3\xa9 \xe4\xbd\xa0\xe5\xa5\xbd \xf0\x9f\x98\x80";
+    assert_int_equal(tok_uclass_next_new(plain, strlen(plain), 0), strlen(plain));
+    assert_int_equal(tok_uclass_next_new("\xe1\xa0\x8e", 3, 0), 3); /* U+180E: \s is ranges in both */
+    assert_int_equal(tok_uclass_next_new("\xff\xf0\x91", 3, 0), 3);  /* invalid, truncated */
+    /* Kawi U+11F04 after an invalid lead byte, found where it starts */
+    assert_int_equal(tok_uclass_next_new("ab\xe4\xf0\x91\xbc\x84 \xf0\x91\xbc\x84", 12, 0), 3);
+    assert_int_equal(tok_uclass_next_new("ab\xe4\xf0\x91\xbc\x84 \xf0\x91\xbc\x84", 12, 4), 8);
     assert_true(tok_uclass_is_new(0x31350) && tok_uclass_is_new(0x11F50) && !tok_uclass_is_new('a'));
+    assert_false(tok_uclass_is_new(0xB2)); /* superscript two: \w to tokenizers, assigned in 14.0 */
     tok_regex re;
     const char *p = "\\p{L}+";
     assert_int_equal(tok_regex_compile(&re, p, strlen(p), 0, "test"), MT_OK);
     assert_non_null(re.exact);
-    assert_false(tok_regex_exact_for(&re, "abc", 3));
-    assert_true(tok_regex_exact_for(&re, "\xf0\x91\xbc\x84", 4));
+    assert_false(re.lookbehind);
     tok_regex_free(&re);
     p = "\\s+|x"; /* no class with new code points: one form */
     assert_int_equal(tok_regex_compile(&re, p, strlen(p), 0, "test"), MT_OK);
     assert_null(re.exact);
-    assert_false(tok_regex_exact_for(&re, "\xf0\x91\xbc\x84", 4));
     tok_regex_free(&re);
+}
+
+/* The pieces of a whole subject. */
+static size_t pieces(const tok_regex *re, const char *s, size_t n, int mode, size_t *out) {
+    tok_matcher m = {0};
+    tok_subject sub;
+    tok_subject_init(&sub, re, s, n, mode);
+    size_t k = 0, from = 0, ms, me;
+    while (tok_regex_next(re, &sub, &m, from, &ms, &me)) {
+        out[k++] = ms;
+        out[k++] = me;
+        from = me;
+    }
+    tok_matcher_free(&m);
+    return k;
+}
+
+/* The automatic choice (fast form up to each new code point, exact around it) gives exactly the
+ * exact form's pieces: real pre-tokenizer patterns and ones that look ahead, back and at the end. */
+static void test_auto_equals_exact(void **st) {
+    (void)st;
+    const char *const pats[] = {
+        "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+",
+        "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+        "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+        "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|\\p{N}{1,3}|"
+        " ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+        "\\p{L}+(?=\\p{N})|\\p{N}+$|\\p{L}{2}|.",
+        "(?<=\\p{L})\\p{N}+|\\b\\w+|\\s+|.",
+    };
+    /* ASCII words with code points new in Unicode 15-16 here and there, and every code point */
+    tok_buf t = {0};
+    const char *bits[] = {"the quick 12345 brown", "\xf0\x91\xbc\x84", " fox's 9", "\xf0\x91\xbd\x90",
+                          "1234 jumps", "  \xe1\xa0\x8e ", "\xf0\x9e\x93\x90x7", "\n\n", "\xf0\x9d\x8b\x80"};
+    for (int rep = 0; rep < 300; rep++) tok_buf_put(&t, bits[(rep * 7) % 9], strlen(bits[(rep * 7) % 9]));
+    /* and every code point of U+0000..U+1FFFF (where most new ones are): AUTO switches forms
+     * thousands of times there */
+    size_t upto = 0;
+    while (upto < g_len && g_cp_at[upto] < 0x20000) upto++;
+    const char *texts[] = {t.p, g_text};
+    size_t lens[] = {t.n, upto};
+    size_t *a = malloc(2 * (g_len + 1) * sizeof *a), *b = malloc(2 * (g_len + 1) * sizeof *b);
+    for (size_t i = 0; i < sizeof pats / sizeof *pats; i++) {
+        tok_regex re;
+        assert_int_equal(tok_regex_compile(&re, pats[i], strlen(pats[i]), 0, "test"), MT_OK);
+        assert_non_null(re.exact);
+        for (int k = 0; k < 2; k++) {
+            size_t na = pieces(&re, texts[k], lens[k], TOK_RE_AUTO, a), nb = pieces(&re, texts[k], lens[k], TOK_RE_EXACT, b);
+            if (na != nb || memcmp(a, b, na * sizeof *a) != 0) fail_msg("pattern %zu, text %d: pieces differ", i, k);
+        }
+        tok_regex_free(&re);
+    }
+    free(a);
+    free(b);
+    tok_buf_free(&t);
 }
 
 int main(void) {
@@ -227,7 +285,8 @@ int main(void) {
         cmocka_unit_test(test_every_class),
         cmocka_unit_test(test_combined),
         cmocka_unit_test(test_rewrite_keeps_the_rest),
-        cmocka_unit_test(test_form_choice),
+        cmocka_unit_test(test_new_code_points),
+        cmocka_unit_test(test_auto_equals_exact),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

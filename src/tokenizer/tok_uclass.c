@@ -9,9 +9,9 @@
  *
  * Speed: those ranges cost each character that fails the class a few dozen compares (the GPT-2
  * regex ran 1.4x slower with them). So each regex is compiled twice: with PCRE2's item alone
- * (the fast form) and with the ranges (exact). Both match the same on text without any of the
- * code points the ranges add (tok_uclass_is_new: new in Unicode 15-16 nearly all), and the
- * encoder runs the exact form only on text that has one (a scan of its non-ASCII characters).
+ * (and the few code points Unicode 14.0 already had: the fast form) and with all the ranges
+ * (exact). Both match the same on text without any code point new since Unicode 14.0
+ * (tok_uclass_is_new); tok_regex_next runs the exact form only where a match may reach one.
  *
  * Inside a bracket class a negated item ([^\S\r\n], [\P{L}x]) cannot be written as a union of
  * ranges, so such a class becomes an alternation of single-character matchers:
@@ -66,12 +66,12 @@ static const tok_uclass *class_at(const char *p, size_t n, size_t *len, int *neg
 
 static void put_s(tok_buf *b, const char *s) { tok_buf_put(b, s, strlen(s)); }
 
-/* The class's members as bracket-class items; without exact, PCRE2's item alone where it has one
- * (right on every code point but the tok_uclass_is_new ones). */
+/* The class's members as bracket-class items; without exact, all but the code points new since
+ * Unicode 14.0 (tok_uclass_is_new), which PCRE2's tables do not have at all. */
 static void put_items(tok_buf *b, const tok_uclass *u, int exact) {
     put_s(b, u->native);
-    if (u->native[0] && !exact) return;
-    for (unsigned i = u->first; i < (unsigned)u->first + u->count; i++) {
+    unsigned end = (unsigned)u->first + u->count + (exact ? u->n_new : 0);
+    for (unsigned i = u->first; i < end; i++) {
         char s[40];
         const uint32_t *r = TOK_UCLASS_RANGES[i];
         if (r[0] == r[1]) snprintf(s, sizeof s, "\\x{%X}", (unsigned)r[0]);
@@ -207,17 +207,22 @@ void tok_regex_unicode(const char *p, size_t n, int exact, tok_buf *out) {
     }
 }
 
-/* ---- code points where a fast form may differ ---- */
+/* ---- code points where the fast form may differ: new since Unicode 14.0 ---- */
 
 static uint8_t g_new[0x110000 / 8];
+static uint8_t g_lead[256]; /* first UTF-8 bytes of those */
 static pthread_once_t g_new_once = PTHREAD_ONCE_INIT;
 
 static void new_init(void) {
     for (size_t i = 0; i < N_UCLASS; i++) {
-        if (!TOK_UCLASS[i].native[0]) continue; /* all ranges in both forms */
-        for (unsigned k = TOK_UCLASS[i].first; k < (unsigned)TOK_UCLASS[i].first + TOK_UCLASS[i].count; k++)
-            for (uint32_t c = TOK_UCLASS_RANGES[k][0]; c <= TOK_UCLASS_RANGES[k][1]; c++)
+        const tok_uclass *u = &TOK_UCLASS[i];
+        for (unsigned k = (unsigned)u->first + u->count; k < (unsigned)u->first + u->count + u->n_new; k++)
+            for (uint32_t c = TOK_UCLASS_RANGES[k][0]; c <= TOK_UCLASS_RANGES[k][1]; c++) {
                 g_new[c >> 3] |= (uint8_t)(1u << (c & 7));
+                char b[4];
+                tok_utf8_put(b, c);
+                g_lead[(unsigned char)b[0]] = 1;
+            }
     }
 }
 
@@ -226,23 +231,18 @@ int tok_uclass_is_new(uint32_t cp) {
     return cp < 0x110000 && (g_new[cp >> 3] >> (cp & 7) & 1);
 }
 
-int tok_uclass_text_has_new(const char *s, size_t n) {
+/* Every byte that could start such a code point is decoded where it stands: a lead byte is never
+ * a continuation byte, so no valid sequence is missed whatever invalid bytes come before it. */
+size_t tok_uclass_next_new(const char *s, size_t n, size_t from) {
     pthread_once(&g_new_once, new_init);
     const unsigned char *u = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < n) {
-        if (u[i] < 0x80) {
-            i++;
-            continue;
-        }
+    size_t i = from;
+    for (;;) {
+        while (i + 4 <= n && !(g_lead[u[i]] | g_lead[u[i + 1]] | g_lead[u[i + 2]] | g_lead[u[i + 3]])) i += 4;
+        while (i < n && !g_lead[u[i]]) i++;
+        if (i >= n) return n;
         uint32_t cp;
-        int k = tok_utf8_next(u + i, n - i, &cp);
-        if (!k) {
-            i++;
-            continue;
-        }
-        if (g_new[cp >> 3] >> (cp & 7) & 1) return 1;
-        i += (size_t)k;
+        if (tok_utf8_next(u + i, n - i, &cp) && (g_new[cp >> 3] >> (cp & 7) & 1)) return i;
+        i++;
     }
-    return 0;
 }

@@ -254,7 +254,7 @@ void tok_strmap_free(tok_strmap *m) {
 
 /* Compiles pattern (as rewritten by tok_regex_unicode in the given form) into *code. */
 static int compile_one(pcre2_code **code, const char *pattern, size_t len, int literal, int exact,
-                       const char *where) {
+                       uint32_t jit, const char *where) {
     int err;
     PCRE2_SIZE off;
     uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : 0);
@@ -277,36 +277,46 @@ static int compile_one(pcre2_code **code, const char *pattern, size_t len, int l
                             (const char *)msg);
     }
     /* JIT is an optimisation: where it is unavailable the interpreter gives the same matches. */
-    (void)pcre2_jit_compile(*code, PCRE2_JIT_COMPLETE);
+    (void)pcre2_jit_compile(*code, jit);
     return MT_OK;
 }
 
 int tok_regex_compile(tok_regex *r, const char *pattern, size_t len, int literal, const char *where) {
-    r->code = r->exact = NULL;
-    MT_TRY(compile_one(&r->code, pattern, len, literal, 0, where));
-    if (literal) return MT_OK;
-    /* The exact form only where it differs (a class with code points PCRE2's tables lack). */
+    memset(r, 0, sizeof *r);
     tok_buf a = {0}, b = {0};
-    tok_regex_unicode(pattern, len, 0, &a);
-    tok_regex_unicode(pattern, len, 1, &b);
-    int same = a.n == b.n && (a.n == 0 || memcmp(a.p, b.p, a.n) == 0);
+    if (!literal) {
+        tok_regex_unicode(pattern, len, 0, &a);
+        tok_regex_unicode(pattern, len, 1, &b);
+    }
+    /* The exact form only where it differs (a class with code points new since Unicode 14.0);
+     * the fast one then also runs on text cut short before such a code point (partial matching). */
+    int two = a.n != b.n || (a.n && memcmp(a.p, b.p, a.n) != 0);
     tok_buf_free(&a);
     tok_buf_free(&b);
-    if (!same && compile_one(&r->exact, pattern, len, 0, 1, where) != MT_OK) {
+    MT_TRY(compile_one(&r->code, pattern, len, literal, 0,
+                       PCRE2_JIT_COMPLETE | (two ? PCRE2_JIT_PARTIAL_HARD : 0), where));
+    if (two && compile_one(&r->exact, pattern, len, 0, 1, PCRE2_JIT_COMPLETE, where) != MT_OK) {
         tok_regex_free(r);
         return MT_ERR;
     }
+    uint32_t lb = 0;
+    pcre2_pattern_info(r->code, PCRE2_INFO_MAXLOOKBEHIND, &lb);
+    r->lookbehind = lb > 0;
     return MT_OK;
-}
-
-int tok_regex_exact_for(const tok_regex *r, const char *s, size_t n) {
-    return r->exact != NULL && tok_uclass_text_has_new(s, n);
 }
 
 void tok_regex_free(tok_regex *r) {
     pcre2_code_free(r->code);
     pcre2_code_free(r->exact);
     r->code = r->exact = NULL;
+}
+
+void tok_subject_init(tok_subject *sub, const tok_regex *r, const char *s, size_t n, int mode) {
+    sub->s = s;
+    sub->n = n;
+    sub->mode = r->exact ? mode : TOK_RE_FAST;
+    sub->past_new = 0;
+    sub->next_new = sub->mode == TOK_RE_AUTO ? tok_uclass_next_new(s, n, 0) : n;
 }
 
 void tok_matcher_free(tok_matcher *m) {
@@ -316,22 +326,49 @@ void tok_matcher_free(tok_matcher *m) {
     memset(m, 0, sizeof *m);
 }
 
-int tok_regex_next(const tok_regex *r, int exact, tok_matcher *m, const char *s, size_t n, size_t from,
-                   size_t *ms, size_t *me) {
-    const pcre2_code *code = exact && r->exact ? r->exact : r->code;
+/* pcre2_match, giving the JIT a larger stack when a long run outgrows the default one. */
+static int match(const pcre2_code *code, tok_matcher *m, const char *s, size_t n, size_t from,
+                 uint32_t opts) {
+    for (;;) {
+        int rc = pcre2_match(code, (PCRE2_SPTR)s, n, from, opts, m->md, m->mctx);
+        if (rc != PCRE2_ERROR_JIT_STACKLIMIT || m->stack) return rc;
+        /* A long run (e.g. of spaces) outgrew the default 32 KiB JIT stack: give it 64 MiB. */
+        m->stack = pcre2_jit_stack_create(1 << 16, 64 << 20, NULL);
+        m->mctx = pcre2_match_context_create(NULL);
+        MT_CHECK(m->stack && m->mctx, "out of host memory (pcre2 JIT stack)");
+        pcre2_jit_stack_assign(m->mctx, NULL, m->stack);
+    }
+}
+
+int tok_regex_next(const tok_regex *r, tok_subject *sub, tok_matcher *m, size_t from, size_t *ms,
+                   size_t *me) {
+    const char *s = sub->s;
+    size_t n = sub->n;
     if (!m->md) {
         m->md = pcre2_match_data_create(1, NULL);
         MT_CHECK(m->md != NULL, "out of host memory (pcre2 match data)");
     }
     while (from < n) {
-        int rc = pcre2_match(code, (PCRE2_SPTR)s, n, from, 0, m->md, m->mctx);
-        if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !m->stack) {
-            /* A long run (e.g. of spaces) outgrew the default 32 KiB JIT stack: give it 64 MiB. */
-            m->stack = pcre2_jit_stack_create(1 << 16, 64 << 20, NULL);
-            m->mctx = pcre2_match_context_create(NULL);
-            MT_CHECK(m->stack && m->mctx, "out of host memory (pcre2 JIT stack)");
-            pcre2_jit_stack_assign(m->mctx, NULL, m->stack);
-            continue;
+        int rc;
+        if (sub->mode == TOK_RE_EXACT) {
+            rc = match(r->exact, m, s, n, from, 0);
+        } else if (sub->mode == TOK_RE_FAST) {
+            rc = match(r->code, m, s, n, from, 0);
+        } else {
+            if (sub->next_new < from) { /* passed it: find the next one */
+                sub->past_new = 1;
+                sub->next_new = tok_uclass_next_new(s, n, from);
+            }
+            if (sub->past_new && r->lookbehind) { /* it could look back at one already passed */
+                rc = match(r->exact, m, s, n, from, 0);
+            } else if (sub->next_new >= n) {
+                rc = match(r->code, m, s, n, from, 0);
+            } else {
+                /* The fast form on the text cut before the new code point: a complete match there
+                 * never looked at it (else it is partial), so the exact form finds the same one. */
+                rc = match(r->code, m, s, sub->next_new, from, PCRE2_PARTIAL_HARD);
+                if (rc < 0) rc = match(r->exact, m, s, n, from, 0);
+            }
         }
         if (rc == PCRE2_ERROR_NOMATCH) return 0;
         MT_CHECK(rc >= 0, "pcre2_match failed with code %d", rc); /* 0: ovector too small for the groups */
