@@ -5,7 +5,9 @@
  * the escape alone, inside a bracket class, negated (\S, \P{..}), in a negated class, and with a
  * negated item inside a class ([^\S\r\n], [a\S]), which the rewrite turns into alternations.
  * Then the rewrite itself on patterns whose text it must keep (\Q..\E, \x{..}, scripts, POSIX
- * classes, a '-' after a class item). */
+ * classes, a '-' after a class item); the characters added tokens' single_word and lstrip/rstrip
+ * see as word characters and whitespace; and that matching with the fast form up to each code
+ * point new since Unicode 14.0 gives exactly the exact form's pieces. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,9 +74,9 @@ static uint8_t *members(const char *pattern, int exact, int *one_form) {
     return in;
 }
 
-/* The truth of one class: 1 for its members. */
-static uint8_t *truth(const char *name) {
-    json_t *list = json_object_get(json_object_get(g_truth, "classes"), name);
+/* The truth of one class ("classes") or added-token set ("added_token"): 1 for its members. */
+static uint8_t *truth_of(const char *group, const char *name) {
+    json_t *list = json_object_get(json_object_get(g_truth, group), name);
     if (!json_is_array(list)) fail_msg("unicode_classes.json has no class %s", name);
     uint8_t *in = calloc(0x110000, 1);
     size_t i;
@@ -85,6 +87,8 @@ static uint8_t *truth(const char *name) {
     }
     return in;
 }
+
+static uint8_t *truth(const char *name) { return truth_of("classes", name); }
 
 /* Counts the code points where got != (want XOR flip), for the fast form only those it must get
  * right (not tok_uclass_is_new); prints the first few. */
@@ -201,6 +205,24 @@ static void test_rewrite_keeps_the_rest(void **st) {
     assert_non_null(strstr(mt_error_message(), "at offset 8"));
 }
 
+/* Word characters beside a single_word added token and whitespace for lstrip/rstrip, as
+ * tokenizers' AddedVocabulary has them (Rust's tables, Unicode 16.0). */
+static void test_added_token_chars(void **st) {
+    (void)st;
+    uint8_t *word = truth_of("added_token", "word"), *space = truth_of("added_token", "whitespace");
+    size_t bad = 0;
+    for (uint32_t c = 0; c < 0x110000; c++) {
+        if (c >= 0xD800 && c < 0xE000) continue;
+        if (tok_is_word(c) != word[c] && bad++ < 5)
+            print_message("  U+%04X: word character %d, tokenizers %d\n", c, tok_is_word(c), word[c]);
+        if (tok_is_whitespace(c) != space[c] && bad++ < 5)
+            print_message("  U+%04X: whitespace %d, tokenizers %d\n", c, tok_is_whitespace(c), space[c]);
+    }
+    free(word);
+    free(space);
+    assert_int_equal(bad, 0);
+}
+
 /* Where the new code points are, and which patterns get two forms. */
 static void test_new_code_points(void **st) {
     (void)st;
@@ -285,6 +307,7 @@ int main(void) {
         cmocka_unit_test(test_every_class),
         cmocka_unit_test(test_combined),
         cmocka_unit_test(test_rewrite_keeps_the_rest),
+        cmocka_unit_test(test_added_token_chars),
         cmocka_unit_test(test_new_code_points),
         cmocka_unit_test(test_auto_equals_exact),
     };

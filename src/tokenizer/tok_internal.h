@@ -36,7 +36,7 @@ int tok_utf8_valid(const char *s, size_t n);
 void tok_utf8_lossy(tok_buf *out, const char *s, size_t n);
 size_t tok_utf8_put(char *out, uint32_t cp); /* encodes cp (< 0x110000), returns 1..4 */
 int tok_is_whitespace(uint32_t cp);          /* Unicode White_Space (via utf8proc categories) */
-int tok_is_word(uint32_t cp);                /* regex \w: alphabetic, marks, Nd, Pc */
+int tok_is_word(uint32_t cp); /* a word character to tokenizers' single_word (tok_uclass.c) */
 
 /* string -> id, open addressing over an id array; keys live in the caller's token table. */
 typedef struct {

@@ -246,3 +246,18 @@ size_t tok_uclass_next_new(const char *s, size_t n, size_t from) {
         i++;
     }
 }
+
+/* ---- single_word added tokens ---- */
+
+/* tokenizers asks Rust's regex-syntax (\w: Alphabetic, marks, Nd, Pc, Join_Control; Unicode 16.0);
+ * the set is measured on tokenizers itself, as the classes are. */
+int tok_is_word(uint32_t cp) {
+    size_t lo = 0, hi = sizeof TOK_WORD_RANGES / sizeof *TOK_WORD_RANGES;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (cp < TOK_WORD_RANGES[mid][0]) hi = mid;
+        else if (cp > TOK_WORD_RANGES[mid][1]) lo = mid + 1;
+        else return 1;
+    }
+    return 0;
+}

@@ -194,19 +194,6 @@ int tok_is_whitespace(uint32_t cp) {
     return c == UTF8PROC_CATEGORY_ZS || c == UTF8PROC_CATEGORY_ZL || c == UTF8PROC_CATEGORY_ZP;
 }
 
-int tok_is_word(uint32_t cp) {
-    if (cp == '_') return 1;
-    switch (utf8proc_category((utf8proc_int32_t)cp)) {
-    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_NL:
-    case UTF8PROC_CATEGORY_MN: case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME:
-    case UTF8PROC_CATEGORY_ND: case UTF8PROC_CATEGORY_PC:
-        return 1;
-    default:
-        return 0;
-    }
-}
-
 /* ---- string -> id map ---- */
 
 void tok_strmap_init(tok_strmap *m, size_t expected, char *const *keys, const uint32_t *klens) {
