@@ -32,7 +32,7 @@ static const tok_uclass *class_at(const char *p, size_t n, size_t *len, int *neg
     char c = p[1], name[32];
     size_t l;
     *neg = 0;
-    if (strchr("sSdDwW", c)) {
+    if (c && strchr("sSdDwW", c)) {
         name[0] = (char)(c | 0x20); /* lower case */
         name[1] = 0;
         *neg = c < 'a';
