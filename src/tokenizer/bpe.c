@@ -199,7 +199,8 @@ int tok_bpe_load(tok_bpe *m, void *json_model, int byte_level, const char *path)
     if (!json_is_array(merges)) return mt_error_set("%s: model.merges must be an array", path);
     size_t nm = json_array_size(merges);
     merges_init(&m->merges, nm);
-    tok_buf cat = {0};
+    tok_buf cat = {0}; /* a + b; every exit below frees it */
+    int rc = MT_OK;
     for (size_t r = 0; r < nm; r++) {
         json_t *e = json_array_get(merges, r);
         const char *a, *b;
@@ -207,34 +208,36 @@ int tok_bpe_load(tok_bpe *m, void *json_model, int byte_level, const char *path)
         if (json_is_string(e)) { /* "a b" */
             const char *s = json_string_value(e);
             const char *sp = strchr(s, ' ');
-            if (!sp || strchr(sp + 1, ' '))
-                return mt_error_set("%s: model.merges[%zu] \"%s\" must be two tokens separated by "
-                                    "one space", path, r, s);
+            if (!sp || strchr(sp + 1, ' ')) {
+                rc = mt_error_set("%s: model.merges[%zu] \"%s\" must be two tokens separated by one "
+                                  "space", path, r, s);
+                break;
+            }
             a = s;
             an = (size_t)(sp - s);
             b = sp + 1;
             bn = json_string_length(e) - an - 1;
-        } else if (json_is_array(e) && json_array_size(e) == 2 && json_str(json_array_get(e, 0), &a, &an) &&
-                   json_str(json_array_get(e, 1), &b, &bn)) {
-        } else {
-            return mt_error_set("%s: model.merges[%zu] must be \"a b\" or [\"a\", \"b\"]", path, r);
+        } else if (!(json_is_array(e) && json_array_size(e) == 2 && json_str(json_array_get(e, 0), &a, &an) &&
+                     json_str(json_array_get(e, 1), &b, &bn))) {
+            rc = mt_error_set("%s: model.merges[%zu] must be \"a b\" or [\"a\", \"b\"]", path, r);
+            break;
         }
         int32_t ia = tok_strmap_get(&m->map, a, an), ib = tok_strmap_get(&m->map, b, bn);
         cat.n = 0;
         tok_buf_put(&cat, a, an);
         tok_buf_put(&cat, b, bn);
-        int32_t inew = tok_strmap_get(&m->map, cat.p, cat.n);
+        tok_buf_putc(&cat, 0); /* for the message; not part of the key */
+        int32_t inew = tok_strmap_get(&m->map, cat.p, cat.n - 1);
         if (ia < 0 || ib < 0 || inew < 0) {
-            tok_buf_putc(&cat, 0);
-            mt_error_set("%s: model.merges[%zu]: \"%s\" is not in model.vocab", path, r,
-                         ia < 0 ? a : ib < 0 ? b : cat.p);
-            tok_buf_free(&cat);
-            return MT_ERR;
+            const char *bad = ia < 0 ? a : ib < 0 ? b : cat.p;
+            int blen = (int)(ia < 0 ? an : ib < 0 ? bn : cat.n - 1);
+            rc = mt_error_set("%s: model.merges[%zu]: \"%.*s\" is not in model.vocab", path, r, blen, bad);
+            break;
         }
         merges_put(&m->merges, ia, ib, (uint32_t)r, (uint32_t)inew);
     }
     tok_buf_free(&cat);
-    return MT_OK;
+    return rc;
 }
 
 void tok_bpe_free(tok_bpe *m) {

@@ -25,6 +25,7 @@ static void list_add(tok_list *l, const char *s, size_t n) {
     l->off[l->n] = l->bytes.n;
     l->len[l->n] = n;
     l->n++;
+    tok_buf_reserve(&l->bytes, n ? n : 1); /* so that STR() never offsets a NULL buffer */
     tok_buf_put(&l->bytes, s, n);
 }
 

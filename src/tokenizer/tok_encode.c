@@ -171,10 +171,12 @@ static void collect_spans(enc_ctx *c, const tok_regex *re, const char *lit, size
                           int invert, const char *p, size_t n, tok_spans *l) {
     l->n = 0;
     size_t pos = 0, ms, me;
+    tok_subject sub;
+    if (re) tok_subject_init(&sub, re, p, n, TOK_RE_AUTO);
     for (;;) {
         int found;
         if (re) {
-            found = tok_regex_next(re, &c->matcher, p, n, pos, &ms, &me);
+            found = tok_regex_next(re, &sub, &c->matcher, pos, &ms, &me);
         } else {
             const char *f = pos < n ? memmem(p + pos, n - pos, lit, lit_len) : NULL;
             found = f != NULL;
@@ -195,7 +197,9 @@ static void split_run(enc_ctx *c, int stage, const tok_regex *re, const char *li
                       int behavior, int invert, const char *p, size_t n, int at_start) {
     if (behavior == SPLIT_ISOLATED && re) { /* the common case, streamed */
         size_t pos = 0, ms, me;
-        while (tok_regex_next(re, &c->matcher, p, n, pos, &ms, &me)) {
+        tok_subject sub;
+        tok_subject_init(&sub, re, p, n, TOK_RE_AUTO);
+        while (tok_regex_next(re, &sub, &c->matcher, pos, &ms, &me)) {
             if (ms > pos) pretok_run(c, stage + 1, p + pos, ms - pos, at_start && pos == 0);
             pretok_run(c, stage + 1, p + ms, me - ms, at_start && ms == 0);
             pos = me;

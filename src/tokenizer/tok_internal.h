@@ -36,7 +36,7 @@ int tok_utf8_valid(const char *s, size_t n);
 void tok_utf8_lossy(tok_buf *out, const char *s, size_t n);
 size_t tok_utf8_put(char *out, uint32_t cp); /* encodes cp (< 0x110000), returns 1..4 */
 int tok_is_whitespace(uint32_t cp);          /* Unicode White_Space (via utf8proc categories) */
-int tok_is_word(uint32_t cp);                /* regex \w: alphabetic, marks, Nd, Pc */
+int tok_is_word(uint32_t cp); /* a word character to tokenizers' single_word (tok_uclass.c) */
 
 /* string -> id, open addressing over an id array; keys live in the caller's token table. */
 typedef struct {
@@ -55,13 +55,38 @@ void tok_strmap_free(tok_strmap *m);
 
 /* ---- regex (tok_util.c) ---- */
 
+/* Appends pattern p with its Unicode classes (\s \d \w \p{..} and negations) rewritten to those
+ * of Hugging Face tokenizers' regex engine (tok_uclass.c). exact 0: without the code points new
+ * since Unicode 14.0 (PCRE2 10.42's tables lack them: they stay unmatched), which agrees on any text
+ * without such code points and is faster; exact 1: with them. */
+void tok_regex_unicode(const char *p, size_t n, int exact, tok_buf *out);
+/* Offset of the first code point new since Unicode 14.0 that a class gains, at or after `from`
+ * (n when none). Invalid UTF-8 is skipped. */
+size_t tok_uclass_next_new(const char *s, size_t n, size_t from);
+int tok_uclass_is_new(uint32_t cp);
+
 typedef struct {
-    pcre2_code *code;
+    pcre2_code *code;  /* the fast form; exact on text without tok_uclass_next_new code points */
+    pcre2_code *exact; /* the exact form, NULL when the same as code */
+    int lookbehind;    /* the pattern looks back (lookbehind, \b, \A) */
 } tok_regex;
 
-/* literal: match the pattern as a plain string. Error names `where`. */
+/* literal: match the pattern as a plain string, else with tokenizers' Unicode classes (both
+ * forms). Error names `where` and an offset into the pattern as written. */
 int tok_regex_compile(tok_regex *r, const char *pattern, size_t len, int literal, const char *where);
 void tok_regex_free(tok_regex *r);
+
+/* One text being searched: the fast form runs up to the next new code point, the exact form
+ * only around it. */
+enum { TOK_RE_AUTO, TOK_RE_FAST, TOK_RE_EXACT }; /* FAST, EXACT: one form only (tests) */
+typedef struct {
+    const char *s;
+    size_t n;
+    size_t next_new; /* first new code point at or after the last search, or n */
+    int past_new;    /* one lies before the search position */
+    int mode;
+} tok_subject;
+void tok_subject_init(tok_subject *sub, const tok_regex *r, const char *s, size_t n, int mode);
 
 /* Per-call matcher state (match data, JIT stack on demand). */
 typedef struct {
@@ -70,9 +95,10 @@ typedef struct {
     pcre2_jit_stack *stack;
 } tok_matcher;
 void tok_matcher_free(tok_matcher *m);
-/* Finds the next non-empty match in s[0..n) at or after `from`; 1 with [*ms, *me), else 0. */
-int tok_regex_next(const tok_regex *r, tok_matcher *m, const char *s, size_t n, size_t from,
-                   size_t *ms, size_t *me);
+/* Finds the next non-empty match in the subject at or after `from`; 1 with [*ms, *me), else 0.
+ * Searches of one subject go forward (from never decreases). */
+int tok_regex_next(const tok_regex *r, tok_subject *sub, tok_matcher *m, size_t from, size_t *ms,
+                   size_t *me);
 
 /* ---- BPE model (bpe.c) ---- */
 

@@ -262,9 +262,9 @@ static int add_decoder(ld *L, json_t *o, const char *where) {
         char c[8];
         size_t n;
         MT_TRY(metaspace_char(L, o, where, c, &n));
+        MT_TRY(prepend_scheme(L, o, where, &d.prepend_scheme)); /* before the copy: no leak on error */
         d.a = dup_n(c, n);
         d.alen = n;
-        MT_TRY(prepend_scheme(L, o, where, &d.prepend_scheme));
     } else {
         return mt_error_set("%s: %s: decoder type \"%s\" is not supported (supported: ByteLevel, "
                             "ByteFallback, Fuse, Replace, Strip, Metaspace, Sequence)", L->path, where, ty);
@@ -518,7 +518,10 @@ static int load_config(ld *L, const char *cfg_path) {
     struct stat st;
     if (stat(cfg_path, &st) != 0) return MT_OK;
     json_error_t jerr;
-    json_t *cfg = json_load_file(cfg_path, JSON_ALLOW_NUL, &jerr);
+    /* Integers as doubles: the real Llama 2 / Mistral files hold model_max_length = 1e30 written
+     * as an integer, past jansson's 64 bits. Nothing numeric is read from this file (only the
+     * bos/eos strings and the chat template), so the rounding never matters. */
+    json_t *cfg = json_load_file(cfg_path, JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, &jerr);
     if (!cfg) return mt_error_set("%s:%d: %s", cfg_path, jerr.line, jerr.text);
     int rc = MT_OK;
     if (!json_is_object(cfg)) {

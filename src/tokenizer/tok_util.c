@@ -145,6 +145,7 @@ static size_t invalid_subpart(const unsigned char *s, size_t n) {
 }
 
 void tok_utf8_lossy(tok_buf *out, const char *s, size_t n) {
+    if (!n) return; /* s may be NULL (an empty buffer) */
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0, run = 0;
     while (i < n) {
@@ -193,19 +194,6 @@ int tok_is_whitespace(uint32_t cp) {
     return c == UTF8PROC_CATEGORY_ZS || c == UTF8PROC_CATEGORY_ZL || c == UTF8PROC_CATEGORY_ZP;
 }
 
-int tok_is_word(uint32_t cp) {
-    if (cp == '_') return 1;
-    switch (utf8proc_category((utf8proc_int32_t)cp)) {
-    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_NL:
-    case UTF8PROC_CATEGORY_MN: case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME:
-    case UTF8PROC_CATEGORY_ND: case UTF8PROC_CATEGORY_PC:
-        return 1;
-    default:
-        return 0;
-    }
-}
-
 /* ---- string -> id map ---- */
 
 void tok_strmap_init(tok_strmap *m, size_t expected, char *const *keys, const uint32_t *klens) {
@@ -251,25 +239,71 @@ void tok_strmap_free(tok_strmap *m) {
 
 /* ---- regexes: PCRE2 with UTF, UCP (Unicode \s \d \w and properties) and JIT ---- */
 
-int tok_regex_compile(tok_regex *r, const char *pattern, size_t len, int literal, const char *where) {
+/* Compiles pattern (as rewritten by tok_regex_unicode in the given form) into *code. */
+static int compile_one(pcre2_code **code, const char *pattern, size_t len, int literal, int exact,
+                       uint32_t jit, const char *where) {
     int err;
     PCRE2_SIZE off;
     uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : 0);
-    r->code = pcre2_compile((PCRE2_SPTR)pattern, len, opts, &err, &off, NULL);
-    if (!r->code) {
+    tok_buf re = {0};
+    if (literal) tok_buf_put(&re, pattern, len);
+    else tok_regex_unicode(pattern, len, exact, &re);
+    *code = pcre2_compile((PCRE2_SPTR)(re.p ? re.p : ""), re.n, opts, &err, &off, NULL);
+    tok_buf_free(&re);
+    if (!*code) {
+        /* The offset of the error in the pattern as written: compile that for the message. */
+        pcre2_code *orig = pcre2_compile((PCRE2_SPTR)(len ? pattern : ""), len, opts, &err, &off, NULL);
+        int orig_ok = orig != NULL;
+        pcre2_code_free(orig);
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
+        if (orig_ok)
+            return mt_error_set("%s: regex does not compile once its Unicode classes are rewritten "
+                                "(%s): please report it", where, (const char *)msg);
         return mt_error_set("%s: regex does not compile at offset %zu: %s", where, (size_t)off,
                             (const char *)msg);
     }
     /* JIT is an optimisation: where it is unavailable the interpreter gives the same matches. */
-    (void)pcre2_jit_compile(r->code, PCRE2_JIT_COMPLETE);
+    (void)pcre2_jit_compile(*code, jit);
+    return MT_OK;
+}
+
+int tok_regex_compile(tok_regex *r, const char *pattern, size_t len, int literal, const char *where) {
+    memset(r, 0, sizeof *r);
+    tok_buf a = {0}, b = {0};
+    if (!literal) {
+        tok_regex_unicode(pattern, len, 0, &a);
+        tok_regex_unicode(pattern, len, 1, &b);
+    }
+    /* The exact form only where it differs (a class with code points new since Unicode 14.0);
+     * the fast one then also runs on text cut short before such a code point (partial matching). */
+    int two = a.n != b.n || (a.n && memcmp(a.p, b.p, a.n) != 0);
+    tok_buf_free(&a);
+    tok_buf_free(&b);
+    MT_TRY(compile_one(&r->code, pattern, len, literal, 0,
+                       PCRE2_JIT_COMPLETE | (two ? PCRE2_JIT_PARTIAL_HARD : 0), where));
+    if (two && compile_one(&r->exact, pattern, len, 0, 1, PCRE2_JIT_COMPLETE, where) != MT_OK) {
+        tok_regex_free(r);
+        return MT_ERR;
+    }
+    uint32_t lb = 0;
+    pcre2_pattern_info(r->code, PCRE2_INFO_MAXLOOKBEHIND, &lb);
+    r->lookbehind = lb > 0;
     return MT_OK;
 }
 
 void tok_regex_free(tok_regex *r) {
     pcre2_code_free(r->code);
-    r->code = NULL;
+    pcre2_code_free(r->exact);
+    r->code = r->exact = NULL;
+}
+
+void tok_subject_init(tok_subject *sub, const tok_regex *r, const char *s, size_t n, int mode) {
+    sub->s = s;
+    sub->n = n;
+    sub->mode = r->exact ? mode : TOK_RE_FAST;
+    sub->past_new = 0;
+    sub->next_new = sub->mode == TOK_RE_AUTO ? tok_uclass_next_new(s, n, 0) : n;
 }
 
 void tok_matcher_free(tok_matcher *m) {
@@ -279,21 +313,49 @@ void tok_matcher_free(tok_matcher *m) {
     memset(m, 0, sizeof *m);
 }
 
-int tok_regex_next(const tok_regex *r, tok_matcher *m, const char *s, size_t n, size_t from,
-                   size_t *ms, size_t *me) {
+/* pcre2_match, giving the JIT a larger stack when a long run outgrows the default one. */
+static int match(const pcre2_code *code, tok_matcher *m, const char *s, size_t n, size_t from,
+                 uint32_t opts) {
+    for (;;) {
+        int rc = pcre2_match(code, (PCRE2_SPTR)s, n, from, opts, m->md, m->mctx);
+        if (rc != PCRE2_ERROR_JIT_STACKLIMIT || m->stack) return rc;
+        /* A long run (e.g. of spaces) outgrew the default 32 KiB JIT stack: give it 64 MiB. */
+        m->stack = pcre2_jit_stack_create(1 << 16, 64 << 20, NULL);
+        m->mctx = pcre2_match_context_create(NULL);
+        MT_CHECK(m->stack && m->mctx, "out of host memory (pcre2 JIT stack)");
+        pcre2_jit_stack_assign(m->mctx, NULL, m->stack);
+    }
+}
+
+int tok_regex_next(const tok_regex *r, tok_subject *sub, tok_matcher *m, size_t from, size_t *ms,
+                   size_t *me) {
+    const char *s = sub->s;
+    size_t n = sub->n;
     if (!m->md) {
         m->md = pcre2_match_data_create(1, NULL);
         MT_CHECK(m->md != NULL, "out of host memory (pcre2 match data)");
     }
     while (from < n) {
-        int rc = pcre2_match(r->code, (PCRE2_SPTR)s, n, from, 0, m->md, m->mctx);
-        if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !m->stack) {
-            /* A long run (e.g. of spaces) outgrew the default 32 KiB JIT stack: give it 64 MiB. */
-            m->stack = pcre2_jit_stack_create(1 << 16, 64 << 20, NULL);
-            m->mctx = pcre2_match_context_create(NULL);
-            MT_CHECK(m->stack && m->mctx, "out of host memory (pcre2 JIT stack)");
-            pcre2_jit_stack_assign(m->mctx, NULL, m->stack);
-            continue;
+        int rc;
+        if (sub->mode == TOK_RE_EXACT) {
+            rc = match(r->exact, m, s, n, from, 0);
+        } else if (sub->mode == TOK_RE_FAST) {
+            rc = match(r->code, m, s, n, from, 0);
+        } else {
+            if (sub->next_new < from) { /* passed it: find the next one */
+                sub->past_new = 1;
+                sub->next_new = tok_uclass_next_new(s, n, from);
+            }
+            if (sub->past_new && r->lookbehind) { /* it could look back at one already passed */
+                rc = match(r->exact, m, s, n, from, 0);
+            } else if (sub->next_new >= n) {
+                rc = match(r->code, m, s, n, from, 0);
+            } else {
+                /* The fast form on the text cut before the new code point: a complete match there
+                 * never looked at it (else it is partial), so the exact form finds the same one. */
+                rc = match(r->code, m, s, sub->next_new, from, PCRE2_PARTIAL_HARD);
+                if (rc < 0) rc = match(r->exact, m, s, n, from, 0);
+            }
         }
         if (rc == PCRE2_ERROR_NOMATCH) return 0;
         MT_CHECK(rc >= 0, "pcre2_match failed with code %d", rc); /* 0: ovector too small for the groups */

@@ -7,7 +7,9 @@
  *   normalizer    null, NFC, NFD, NFKC, NFKD (libutf8proc), Prepend, Replace (String pattern),
  *                 Sequence of those
  *   pre_tokenizer null, ByteLevel (use_regex: the GPT-2 regex), Split (String or Regex pattern,
- *                 every behavior, invert; regexes run in PCRE2 with UTF, UCP and JIT), Metaspace
+ *                 every behavior, invert; regexes run in PCRE2 with UTF, UCP and JIT, their \s \d
+ *                 \w \p{general category} rewritten to tokenizers' sets, Unicode 16.0:
+ *                 tok_uclass.c), Metaspace
  *                 (prepend_scheme always|first|never, split), Sequence of those; ByteLevel must be
  *                 the last step
  *   post_processor null, ByteLevel, TemplateProcessing (its "single" template), Sequence
