@@ -351,6 +351,18 @@ static void test_resume_verified(void **state) {
     expect_in(line, "--model");
 }
 
+/* --resume without --micro-batch keeps the checkpoint's micro-batch (auto could pick another on a
+ * machine in another state, and micro-batches change the summation order): the resumed run ends
+ * with the same bits as the uninterrupted one. */
+static void test_resume_keeps_micro_batch(void **state) {
+    train_ok("mb_whole", "--steps 4 --micro-batch 1");
+    train_ok("mb_cut", "--steps 4 --stop-at 2 --micro-batch 1");
+    train_ok("mb_cut", "--steps 4 --resume");
+    expect_in(g_out, "--resume: micro-batch 1, as the checkpoint's run");
+    mt_test_sh("cmp '%s' '%s'", path_in("mb_whole", "checkpoints/step_00000004/model.safetensors"),
+               path_in("mb_cut", "checkpoints/step_00000004/model.safetensors"));
+}
+
 /* ---- resume with other settings ---- */
 
 static void test_resume_changed_settings(void **state) {
@@ -553,6 +565,7 @@ int main(void) {
         cmocka_unit_test(test_used_out),
         cmocka_unit_test(test_resume_cuts_metrics),
         cmocka_unit_test(test_resume_verified),
+        cmocka_unit_test(test_resume_keeps_micro_batch),
         cmocka_unit_test(test_resume_changed_settings),
         cmocka_unit_test(test_one_process_per_out),
         cmocka_unit_test(test_write_errors),

@@ -1,5 +1,6 @@
 /* megatrain train: the training loop around the streaming engine. */
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <omp.h>
 #include <signal.h>
@@ -365,6 +366,24 @@ static int resume(train_run *r, int *resumed) {
     return rc;
 }
 
+/* --resume without --micro-batch: the micro-batch the checkpoint's run used, so that the resumed
+ * steps sum their micro-batches in the same order (bit-identical to an uninterrupted run) even
+ * when the planner would choose another today (a GPU with less free memory). -1: none recorded
+ * (or it no longer divides --batch): the planner chooses. */
+static int64_t resumed_micro_batch(const mt_train_opts *o) {
+    char latest[4096];
+    mt_ckpt_state st = {0};
+    if (!o->resume || o->have_micro_batch || mt_checkpoint_latest(o->out_dir, latest, sizeof latest) != MT_OK ||
+        mt_checkpoint_read_state(latest, &st) != MT_OK)
+        return -1;
+    json_t *args = st.args_json ? json_loads(st.args_json, 0, NULL) : NULL;
+    json_t *mb = json_object_get(args, "micro_batch");
+    int64_t b = json_is_integer(mb) ? (int64_t)json_integer_value(mb) : -1;
+    json_decref(args);
+    mt_ckpt_state_free(&st);
+    return b > 0 && o->batch % b == 0 ? b : -1;
+}
+
 static int train(train_run *r) {
     mt_train_opts *o = &r->o;
     MT_TRY(mt_host_model_open(&r->model, o->model_dir, o->init_config, (uint64_t)o->seed, 0));
@@ -388,6 +407,12 @@ static int train(train_run *r) {
     if (o->eval_data) MT_TRY(mt_run_data_open(&r->eval, o->eval_data, &dopts, cfg));
     MT_TRY(mt_run_backend(&r->be, o->device, o->gpu_mem));
 
+    int64_t resumed_mb = resumed_micro_batch(o);
+    if (resumed_mb > 0) {
+        o->micro_batch = resumed_mb;
+        printf("--resume: micro-batch %lld, as the checkpoint's run (give --micro-batch to choose another)\n",
+               (long long)resumed_mb);
+    }
     mt_plan_request rq = {.batch = (int)o->batch, .T = (int)o->seq, .micro_batch = (int)o->micro_batch,
                           .offload = o->offload ? 1 : MT_AUTO, .saved_layers = (int)o->saved_layers,
                           .resident = o->resident == 1 ? 1 : o->resident == 2 ? 0 : MT_AUTO,

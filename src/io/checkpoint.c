@@ -768,6 +768,15 @@ static void load_moments(const mt_safetensors *ost, const char *prefix, const mt
     if (t->total > cursor) memset(arena + cursor, 0, sizeof(float) * (size_t)(t->total - cursor));
 }
 
+int mt_checkpoint_read_state(const char *ckpt_dir, mt_ckpt_state *st) {
+    char *path = path_join(ckpt_dir, "trainer_state.json");
+    file_list files;
+    int format;
+    int rc = read_state(path, dir_step(ckpt_dir), st, &format, &files);
+    free(path);
+    return rc;
+}
+
 void mt_ckpt_state_free(mt_ckpt_state *st) {
     free(st->args_json);
     st->args_json = NULL;

@@ -45,6 +45,11 @@ typedef struct {
                         (malloc'd, NULL when absent; mt_ckpt_state_free); save: ignored */
 } mt_ckpt_state;
 
+/* CKPT/trainer_state.json alone into *st (args_json malloc'd): what a run recorded, read before
+ * the model's memory is planned (the micro-batch to resume with, the settings to compare). Nothing
+ * else of the checkpoint is read or verified. */
+int mt_checkpoint_read_state(const char *ckpt_dir, mt_ckpt_state *st);
+
 /* Frees what mt_checkpoint_load allocated in *st (args_json). */
 void mt_ckpt_state_free(mt_ckpt_state *st);
 
