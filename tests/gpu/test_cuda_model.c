@@ -198,6 +198,60 @@ static void test_memory_modes_agree(void **state) {
     if (!ok) fail_msg("a memory mode changes the training on the GPU");
 }
 
+/* A step whose loss is NaN applies no update on the GPU path either: master, moments and the bf16
+ * upload copy are bit for bit what they were (the skipped update rewrites the upload copy, which
+ * held the gradients, from the master), and training goes on with finite steps. The bad batch
+ * reads one token whose (untied) embedding row is NaN. */
+static void test_nonfinite_step_skipped(void **state) {
+    mt_config cfg = small_config(64);
+    cfg.V = 256;
+    cfg.tie_word_embeddings = 0;
+    mt_param_table t;
+    mt_param_table_init(&t, &cfg);
+    float *w = bf16_weights(&t, 0.02f, 8);
+    const int B = 4, T = 64, bad_token = 255;
+    for (int i = 0; i < t.n_params; i++)
+        if (t.params[i].kind == MT_W_EMBED)
+            for (int c = 0; c < cfg.C; c++) w[t.params[i].offset + (int64_t)bad_token * cfg.C + c] = NAN;
+    mt_engine_opts o = {.batch = B, .micro_batch = 2, .T = T, .n_slots = 2, .opt_threads = 2};
+    mt_engine *e = mt_engine_create(&t, gpu, &o, w);
+    int32_t ids[4 * 64], tg[4 * 64];
+    for (int i = 0; i < B * T; i++) ids[i] = (i * 7 + 3) % bad_token, tg[i] = (i * 5 + 1) % bad_token;
+    mt_adamw_hparams hp = {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    mt_step_result r;
+    mt_engine_step(e, ids, tg, &hp, 1, 1.0, &r);
+    assert_false(r.skipped);
+    assert_true(isfinite(r.loss) && isfinite(r.grad_norm));
+    mt_engine_finish(e);
+    size_t bytes = (size_t)t.total * sizeof(float), up = (size_t)t.total * mt_dtype_size(gpu->dtype);
+    float *before[3];
+    const float *arena[3] = {mt_engine_master(e), mt_engine_moment1(e), mt_engine_moment2(e)};
+    void *up_before = malloc(up);
+    for (int k = 0; k < 3; k++) before[k] = malloc(bytes), memcpy(before[k], arena[k], bytes);
+    memcpy(up_before, mt_engine_upload(e), up);
+    ids[17] = bad_token;
+    mt_engine_step(e, ids, tg, &hp, 2, 1.0, &r);
+    fprintf(stderr, "bad batch on the GPU: loss %g norm %g skipped %d\n", r.loss, r.grad_norm, r.skipped);
+    assert_true(r.skipped);
+    mt_engine_finish(e);
+    for (int k = 0; k < 3; k++) assert_memory_equal(before[k], arena[k], bytes);
+    assert_memory_equal(up_before, mt_engine_upload(e), up);
+    ids[17] = 3;
+    double prev = 0;
+    for (int s = 0; s < 3; s++) { /* finite again, and still learning */
+        mt_engine_step(e, ids, tg, &hp, 2 + s, 1.0, &r);
+        fprintf(stderr, "after the skip, step %d: loss %.6f norm %.5f\n", s + 1, r.loss, r.grad_norm);
+        assert_false(r.skipped);
+        assert_true(isfinite(r.loss));
+        if (s) assert_true(r.loss < prev);
+        prev = r.loss;
+    }
+    mt_engine_destroy(e);
+    for (int k = 0; k < 3; k++) free(before[k]);
+    free(up_before), free(w);
+    mt_param_table_free(&t);
+}
+
 /* w with every element nudged by a relative amount uniform in (-2^-9, 2^-9): bf16's rounding
  * step, the size of the difference between what the two backends compute with. */
 static float *nudged(const float *w, int64_t n, uint64_t seed) {
@@ -281,6 +335,7 @@ int main(void) {
         cmocka_unit_test(test_tiny_variants),
         cmocka_unit_test(test_small_models),
         cmocka_unit_test(test_memory_modes_agree),
+        cmocka_unit_test(test_nonfinite_step_skipped),
         cmocka_unit_test(test_training_tracks_cpu),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
