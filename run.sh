@@ -10,9 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 out=out/default
-echo "run.sh: outputs go to $out/ (model checkpoints in $out/run/checkpoints/, metrics in" \
-  "$out/run/metrics.jsonl); about 2 minutes of training (--max-time 120), plus a few minutes" \
-  "to install packages and build on a fresh machine"
+echo "run.sh: outputs go to $out/ (checkpoints in $out/run/checkpoints/, metrics in" \
+  "$out/run/metrics.jsonl); it takes about 2.5 minutes: at most 2 of training (--max-time 120)," \
+  "then an evaluation and a sample; on a fresh machine first the packages and a build (~1 minute)"
 scripts/deps.sh fortunes
 # the CUDA backend only where a GPU can run it (test.sh compiles it wherever nvcc exists)
 if nvidia-smi -L >/dev/null 2>&1; then scripts/build.sh build; bin=build/megatrain
