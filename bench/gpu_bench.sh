@@ -13,7 +13,7 @@ log=$out/bench.log
 bin=${MT_BIN:-build-gpu/megatrain}
 B=${BENCH_BATCH:-16}; T=${BENCH_SEQ:-4096}; MB=${BENCH_MICRO:-2}; STEPS=${BENCH_STEPS:-4}
 shapes=${*:-1.5b 3b 7b}
-fsdp_shapes=${FSDP_SHAPES-1.5b 3b}   # FSDP2 finished no 7B step in 280 s (HARDWARE.md)
+fsdp_shapes=${FSDP_SHAPES-1.5b 3b}   # FSDP2: no 7B step in 280 s (docs/DESIGN.md, "The test machine")
 say() { echo "$@" | tee -a "$log"; }
 say "# megatrain bench $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$log"

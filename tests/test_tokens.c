@@ -1,4 +1,4 @@
-/* Token files and batch order (DESIGN.md "Token data"): the no-shuffle order exactly as the
+/* Token files and batch order (docs/DESIGN.md, "Data"): the no-shuffle order exactly as the
  * contract, the shuffled order (deterministic, seed-dependent, every window once per epoch,
  * resumable), eval rows, bad files, and byte-level text conversion.
  *

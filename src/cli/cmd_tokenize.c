@@ -1,4 +1,4 @@
-/* megatrain tokenize: text or JSONL in, the token file of DESIGN.md out, through a tokenizer.json
+/* megatrain tokenize: text or JSONL in, a token file (docs/DESIGN.md "Data") out, via a tokenizer.json
  * (--tokenizer) or byte-level (--bytes); with --chat, chat JSONL in, packed rows (io/packed.h) out. */
 #include <getopt.h>
 #include <stdio.h>

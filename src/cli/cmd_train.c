@@ -135,7 +135,7 @@ static double step_matmul_flops(const mt_config *c, double tokens, int T, int sa
                      2.0 * c->C * c->V * 3);
 }
 
-#define H200_GEMM_PEAK 800e12 /* bf16 dense GEMM measured on the H200 (HARDWARE.md) */
+#define H200_GEMM_PEAK 800e12 /* bf16 GEMM rate of the H200 (docs/DESIGN.md, "The test machine") */
 
 /* A number for a message: nan and inf spelled plainly (printf may write -nan). */
 static const char *num_text(double x, char *buf, size_t n) {

@@ -59,7 +59,7 @@ void mt_train_opts_usage(FILE *out) {
 "  --clip X               global L2 norm clip, 0 = off (default 1.0)\n"
 "run\n"
 "  --seed N               data order and init (default 1337)\n"
-"  --no-shuffle           read the data in order (the contract's order)\n"
+"  --no-shuffle           read the data in order (docs/DESIGN.md, \"Data\")\n"
 "  --device D             auto | cpu | cuda (default auto)\n"
 "  --gpu-mem SIZE         cap on GPU memory, e.g. 24G = 24 GiB (default: all); when the plan does\n"
 "                         not fit, the layer checkpoints move to pinned host memory\n"

@@ -1,4 +1,4 @@
-/* The flags of `megatrain train` (DESIGN.md "Contracts"), parsed and validated in one place. */
+/* The flags of `megatrain train` (docs/DESIGN.md "Command line"), parsed and checked in one place. */
 #ifndef MT_TRAIN_OPTS_H
 #define MT_TRAIN_OPTS_H
 

@@ -1,4 +1,4 @@
-/* The training engine: host-resident state and the layer-streaming step (DESIGN.md, "One
+/* The training engine: host-resident state and the layer-streaming step (docs/DESIGN.md, "One
  * training step"), written once against the backend interface.
  *
  * Host: fp32 master weights, fp32 Adam moments, and the upload copy in the compute dtype (bf16 on

@@ -1,4 +1,4 @@
-/* Text and JSONL -> the token file of DESIGN.md, through a tokenizer.json tokenizer.
+/* Text and JSONL -> the token file of docs/DESIGN.md ("Data"), through a tokenizer.json tokenizer.
  *
  * Inputs, by file name:
  *  - *.jsonl: one JSON object per line with a string field "text"; each such line is one document.

@@ -1,4 +1,4 @@
-/* Token files and the order batches are read in (DESIGN.md "Contracts" -> "Token data").
+/* Token files and the order batches are read in (docs/DESIGN.md, "Contracts" -> "Data").
  *
  * A token file is a flat array of little-endian token ids, uint16 (elem_size 2, the default) or
  * uint32 (elem_size 4, for vocabularies over 65536), as nanoGPT's train.bin. It is mmapped read-only
