@@ -1,0 +1,109 @@
+/* What checkpoint saving and loading share: paths, the step_N directories, the recorded file list
+ * and the finiteness check. Internal to src/io (checkpoint_dir.h). */
+#include "io/checkpoint_dir.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/error.h"
+
+#define FINITE_BLOCK (1 << 16) /* floats per finiteness-check work item */
+
+/* ---- small file-system helpers ---- */
+
+char *ckpt_path_join(const char *dir, const char *name) {
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = mt_malloc(n);
+    snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+int ckpt_is_dir(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+/* "step_<digits>" -> step; -1 for any other name. */
+int64_t ckpt_parse_step_name(const char *name) {
+    size_t k = strlen(STEP_PREFIX);
+    if (strncmp(name, STEP_PREFIX, k) != 0) return -1;
+    const char *s = name + k;
+    size_t n = strlen(s);
+    if (n == 0 || n > 18 || strspn(s, "0123456789") != n) return -1;
+    return strtoll(s, NULL, 10);
+}
+
+/* The step_N directories of CKDIR, highest first. errno-style result in *err (0 when listed). */
+ckpt_step_list ckpt_list_steps(const char *ckdir, int *err) {
+    ckpt_step_list l = {NULL, 0, 0};
+    *err = 0;
+    DIR *d = opendir(ckdir);
+    if (!d) {
+        *err = errno;
+        return l;
+    }
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int64_t s = ckpt_parse_step_name(e->d_name);
+        if (s < 0) continue;
+        char *p = ckpt_path_join(ckdir, e->d_name);
+        int dir = ckpt_is_dir(p);
+        free(p);
+        if (!dir) continue;
+        if (l.n == l.cap) {
+            l.cap = l.cap ? 2 * l.cap : 16;
+            int64_t *grown = mt_malloc(sizeof(int64_t) * (size_t)l.cap);
+            if (l.n) memcpy(grown, l.steps, sizeof(int64_t) * (size_t)l.n);
+            free(l.steps);
+            l.steps = grown;
+        }
+        l.steps[l.n++] = s;
+    }
+    closedir(d);
+    for (int i = 1; i < l.n; i++) /* insertion sort, descending; lists are short */
+        for (int j = i; j > 0 && l.steps[j] > l.steps[j - 1]; j--) {
+            int64_t x = l.steps[j];
+            l.steps[j] = l.steps[j - 1];
+            l.steps[j - 1] = x;
+        }
+    return l;
+}
+
+void ckpt_step_name(char *buf, size_t size, const char *prefix, int64_t step) {
+    snprintf(buf, size, "%s" STEP_PREFIX "%08lld", prefix, (long long)step);
+}
+
+void ckpt_add_file(ckpt_file_list *l, const char *name, const mt_file_digest *d) {
+    MT_CHECK(l->n < MAX_FILES && strlen(name) < sizeof l->e[0].name, "checkpoint file list");
+    snprintf(l->e[l->n].name, sizeof l->e[0].name, "%s", name);
+    l->e[l->n++].d = *d;
+}
+
+/* 1 when any of the n floats at p (possibly unaligned: a mapped file) is NaN or inf. */
+static int block_nonfinite(const unsigned char *p, int64_t n) {
+    int bad = 0;
+    /* |x| as bits > FLT_MAX's bits <=> NaN or inf; a signed compare, which SSE2 has */
+#pragma omp simd reduction(| : bad)
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, p + 4 * i, 4);
+        bad |= (int32_t)(u & 0x7fffffffu) > 0x7f7fffff;
+    }
+    return bad;
+}
+
+int ckpt_any_nonfinite(const void *x, int64_t n) {
+    const unsigned char *p = x;
+    int64_t blocks = (n + FINITE_BLOCK - 1) / FINITE_BLOCK;
+    int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad) if (blocks > 4)
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t begin = b * FINITE_BLOCK, k = n - begin < FINITE_BLOCK ? n - begin : FINITE_BLOCK;
+        bad |= block_nonfinite(p + 4 * begin, k);
+    }
+    return bad;
+}
