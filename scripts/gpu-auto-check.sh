@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mt-out}
 log=$OUT/auto.log
 bin=${MT_BIN:-build-gpu/megatrain}
+multi=$(ls -d "${MT_DEPS:-/tmp/mtdeps}"/usr/lib/*-linux-gnu 2>/dev/null | head -1) # gpu-test.sh's libraries
+[ -n "$multi" ] && export LD_LIBRARY_PATH="$multi:$multi/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 STEPS=${STEPS:-4}
 say() { echo "$@" | tee -a "$log"; }
 say "# gpu-auto-check $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
