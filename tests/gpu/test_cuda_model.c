@@ -237,15 +237,16 @@ static void test_nonfinite_step_skipped(void **state) {
     for (int k = 0; k < 3; k++) assert_memory_equal(before[k], arena[k], bytes);
     assert_memory_equal(up_before, mt_engine_upload(e), up);
     ids[17] = 3;
-    double prev = 0;
-    for (int s = 0; s < 3; s++) { /* finite again, and still learning */
+    double first = 0;
+    for (int s = 0; s < 4; s++) { /* finite again, and still learning (not monotone step by step on
+                                     the H200: 4.60, 4.06, 4.09 — Adam on one repeated batch) */
         mt_engine_step(e, ids, tg, &hp, 2 + s, 1.0, &r);
         fprintf(stderr, "after the skip, step %d: loss %.6f norm %.5f\n", s + 1, r.loss, r.grad_norm);
         assert_false(r.skipped);
-        assert_true(isfinite(r.loss));
-        if (s) assert_true(r.loss < prev);
-        prev = r.loss;
+        assert_true(isfinite(r.loss) && isfinite(r.grad_norm));
+        if (!s) first = r.loss;
     }
+    assert_true(r.loss < first);
     mt_engine_destroy(e);
     for (int k = 0; k < 3; k++) free(before[k]);
     free(up_before), free(w);
