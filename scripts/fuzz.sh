@@ -47,9 +47,10 @@ tmp=${MT_FUZZ_TMP:-$( [ -w /dev/shm ] && echo /dev/shm || echo /tmp )/mtfuzz-run
 mkdir -p "$tmp"
 trap 'rm -rf "$tmp"' EXIT
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
-# halt_on_error: a report is a crash; the suppressions are known bugs being fixed elsewhere (see the file)
+# halt_on_error: a report is a crash; the suppressions are known bugs being fixed elsewhere (see the files)
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$PWD/tests/fuzz/ubsan.supp
 export ASAN_OPTIONS=detect_leaks=1
+export LSAN_OPTIONS=print_suppressions=0:suppressions=$PWD/tests/fuzz/lsan.supp
 
 run_one() {
   local t=$1 log="$dir/logs/$1.log" crashes="$dir/crashes/$1"
