@@ -16,7 +16,12 @@ shift || true
 scripts/deps.sh clang libclang-rt-dev libomp-dev
 dir=build-fuzz
 CC=clang cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DMT_FUZZ=ON -DMT_CUDA=OFF >/dev/null
-cmake --build "$dir" --target fuzz -j"$(nproc)" 2>&1 | grep -v -E '^\[ *[0-9]+%\]' || true
+mkdir -p "$dir/logs"
+if ! cmake --build "$dir" --target fuzz -j"$(nproc)" >"$dir/logs/build.log" 2>&1; then
+  grep -v -E '^\[ *[0-9]+%\]' "$dir/logs/build.log" >&2
+  echo "megatrain: fuzz.sh: the fuzz build failed (log: $dir/logs/build.log)" >&2
+  exit 1
+fi
 
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then

@@ -42,6 +42,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (mt_chat_pack(tok, paths, n, out, &o, &s) != MT_OK) {
         FZ_ASSERT(mt_error_message()[0] && access(out, F_OK) != 0 &&
                   access(fz_path(3, "chat.packed.tmp"), F_OK) != 0);
+        fz_refused();
         return 0;
     }
     FZ_ASSERT(s.conversations >= 1 && s.rows >= 1 && s.format != MT_CHAT_AUTO);

@@ -40,6 +40,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     free(text);
     if (rc != MT_OK) {
         FZ_ASSERT(memcmp(&cfg, &before, sizeof cfg) == 0 && mt_error_message()[0]);
+        fz_refused();
         return 0;
     }
     FZ_ASSERT(mt_config_validate(&cfg, "config.json") == MT_OK);

@@ -15,6 +15,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     mt_error_clear();
     if (mt_packed_open(&f, path, 0, 0) != MT_OK) {
         FZ_ASSERT(f.data == NULL && f.path == NULL && mt_error_message()[0]);
+        fz_refused();
         return 0;
     }
     FZ_ASSERT(f.T >= 1 && f.rows >= 1 && (size_t)f.rows * f.row_bytes + MT_PACKED_HEADER == size);

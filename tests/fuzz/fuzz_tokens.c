@@ -27,6 +27,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     mt_error_clear();
     if (mt_tokens_open(&f, path, es, vocab) != MT_OK) {
         FZ_ASSERT(f.data == NULL && f.path == NULL && mt_error_message()[0]);
+        fz_refused();
         return 0;
     }
     FZ_ASSERT(f.n_tokens == (int64_t)(n / es) && n % es == 0 && f.n_tokens >= 2);

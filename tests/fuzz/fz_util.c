@@ -99,6 +99,12 @@ mt_tokenizer *fz_tokenizer(const char *rel) {
     return t;
 }
 
+void fz_refused(void) {
+    static int verbose = -1;
+    if (verbose < 0) verbose = getenv("MT_FUZZ_VERBOSE") != NULL;
+    if (verbose) fprintf(stderr, "fuzz: refused: %s\n", mt_error_message());
+}
+
 void fz_fail(const char *file, int line, const char *what) {
     fprintf(stderr, "fuzz: %s:%d: invariant failed: %s (last error: %s)\n", file, line, what,
             mt_error_message());

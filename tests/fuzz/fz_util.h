@@ -60,6 +60,10 @@ enum { FZ_N_TOKENIZERS = 7 };
 struct mt_safetensors;
 void fz_check_safetensors(const struct mt_safetensors *st, size_t total_bytes);
 
+/* Called where a harness's input was refused (MT_ERR): prints the message when $MT_FUZZ_VERBOSE is
+ * set, to see why a seed or a crash input is refused. */
+void fz_refused(void);
+
 void fz_fail(const char *file, int line, const char *what);
 #define FZ_ASSERT(cond)                                        \
     do {                                                       \
