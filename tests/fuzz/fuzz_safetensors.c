@@ -1,6 +1,6 @@
 /* libFuzzer: one safetensors file (mt_safetensors_open_file), the input being the whole file.
  * A file that opens is then read as the loader reads it: every tensor by index and by name, the
- * metadata, and each float tensor converted to fp32; every tensor's bytes must lie in the file. */
+ * metadata, and each float tensor converted to fp32 (fz_check_safetensors). */
 #include "core/error.h"
 #include "fz_util.h"
 #include "io/safetensors.h"
