@@ -234,6 +234,8 @@ static void test_refusals(void **state) {
         {"rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 4,"
                          " \"high_freq_factor\": 1}", "high_freq_factor"},
         {"rms_norm_eps", "0", "rms_norm_eps"},
+        {"rms_norm_eps", "1e205", "rms_norm_eps = inf must be positive and fit a float32"},
+        {"initializer_range", "-1e39", "initializer_range = -inf must fit a float32"},
         {"max_position_embeddings", "0", "max_position_embeddings"},
         {"partial_rotary_factor", "0.5", "partial_rotary_factor"},
         {"rope_parameters", "{\"rope_type\": \"default\", \"partial_rotary_factor\": 0.5}",

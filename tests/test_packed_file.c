@@ -327,6 +327,9 @@ static void test_bad_files(void **state) {
     FRESH(), put32(b + 24, 40), expect_refused(bad, b, n, T, 40 + 0, "token id");
     FRESH(), expect_refused(bad, b, n, T, V - 1, "header field vocab is 50, more than the model's");
     FRESH(), put32(b + 24, 70000), expect_refused(bad, b, n, T, 0, "header field vocab is 70000");
+    /* ids are read as int32: a larger vocabulary would let negative ids through (found by fuzz_packed) */
+    FRESH(), put32(b + 24, 0x80000000u), put32(b + 28, 4),
+        expect_refused(bad, b, n, T, 0, "header field vocab is 2147483648");
     FRESH(), put32(b + 28, 3), expect_refused(bad, b, n, T, V, "header field id_size is 3");
     FRESH(), b[50] = 1, expect_refused(bad, b, n, T, V, "header field reserved");
     FRESH(), put32(b + 40, 0), put32(b + 44, 0), expect_refused(bad, b, n, T, V, "header field trained");

@@ -46,7 +46,7 @@ static int check_header(mt_packed_file *f, const unsigned char *h, int64_t size,
                             "(give --seq %u, or repack)", p, t, t, T, t);
     if (id_size != 2 && id_size != 4)
         return mt_error_set("%s: header field id_size is %u; must be 2 (uint16) or 4 (uint32)", p, id_size);
-    if (vocab < 1 || (id_size == 2 && vocab > 65536))
+    if (vocab < 1 || vocab > INT32_MAX || (id_size == 2 && vocab > 65536)) /* ids are int32 when read */
         return mt_error_set("%s: header field vocab is %u, impossible for %u-byte ids", p, vocab, id_size);
     if (model_vocab > 0 && vocab > (uint32_t)model_vocab)
         return mt_error_set("%s: header field vocab is %u, more than the model's vocabulary (vocab_size) %d "

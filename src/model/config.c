@@ -371,8 +371,12 @@ int mt_config_validate(const mt_config *cfg, const char *path) {
     if (cfg->sliding_window < 0)
         return mt_error_set("%s: sliding_window = %d must be positive or null", path,
                             cfg->sliding_window);
-    if (!(cfg->rms_norm_eps > 0))
-        return mt_error_set("%s: rms_norm_eps = %g must be positive", path, cfg->rms_norm_eps);
+    /* float fields: a value past float32's range became inf when read (json_real cannot write it) */
+    if (!(cfg->rms_norm_eps > 0) || isinf(cfg->rms_norm_eps))
+        return mt_error_set("%s: rms_norm_eps = %g must be positive and fit a float32", path,
+                            cfg->rms_norm_eps);
+    if (!isfinite(cfg->initializer_range))
+        return mt_error_set("%s: initializer_range = %g must fit a float32", path, cfg->initializer_range);
     if (!(cfg->rope_theta > 0))
         return mt_error_set("%s: rope_theta = %g must be positive", path, cfg->rope_theta);
     if (cfg->rope_type == MT_ROPE_LLAMA3 &&
