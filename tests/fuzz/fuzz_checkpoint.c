@@ -46,7 +46,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fz_refused();
         return 0;
     }
-    FZ_ASSERT(st.step >= 0);
+    FZ_ASSERT(st.step >= 0 && st.updates >= 0 && st.updates <= st.step);
+    mt_ckpt_state_free(&st); /* the recorded args */
     for (int k = 0; k < 3; k++) {
         int64_t cursor = 0;
         for (int i = 0; i < table.n_params; i++) {
