@@ -1,6 +1,6 @@
 /* compact/tight AdamW kernel, AVX2 + FMA, 8 lanes: the operations of mt_optim_elem and
  * mt_optim_block_requant (kernel.h) in the same order, so the results are bitwise the plain C
- * path's. Table lookups (codes, quantization table, thresholds) are gathers. Compiled with a
+ * path's. Table lookups (codes, the quantization cells) are gathers. Compiled with a
  * target attribute; used only when the CPU has AVX2 and FMA. */
 #include "kernel.h"
 
@@ -54,15 +54,21 @@ MT_AVX2_INLINE __m256i sr_bits(mt_sr_key k, uint64_t base) {
 
 /* mt_qmap_quantize, 8 lanes -> 8 bytes */
 MT_AVX2_INLINE void quantize(const mt_qmap *q, __m256 x, uint8_t *dst) {
-    const __m256i one = _mm256_set1_epi32(1);
     __m256i u = _mm256_castps_si256(x);
-    __m256i k = _mm256_i32gather_epi32((const int *)q->lut, _mm256_srli_epi32(u, 16), 1);
-    k = _mm256_and_si256(k, _mm256_set1_epi32(0xff));
+    __m256i a = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x7fff));
+    a = _mm256_min_epi32(_mm256_max_epi32(a, _mm256_set1_epi32(MT_QMAP_CELL_LO)),
+                         _mm256_set1_epi32(MT_QMAP_CELL_HI));
     __m256i neg = _mm256_srai_epi32(u, 31);
-    __m256 t = _mm256_i32gather_ps(q->thr, _mm256_add_epi32(k, _mm256_add_epi32(neg, one)), 4);
-    __m256i ge = _mm256_castps_si256(_mm256_cmp_ps(x, t, _CMP_GE_OQ));
-    __m256i lt = _mm256_castps_si256(_mm256_cmp_ps(x, t, _CMP_LT_OQ));
-    k = _mm256_blendv_epi8(_mm256_sub_epi32(k, ge), _mm256_add_epi32(k, lt), neg);
+    __m256i idx = _mm256_add_epi32(_mm256_sub_epi32(a, _mm256_set1_epi32(MT_QMAP_CELL_LO)),
+                                   _mm256_and_si256(neg, _mm256_set1_epi32(MT_QMAP_CELLS)));
+    __m256i e = _mm256_i32gather_epi32((const int *)q->cell, idx, 4);
+    __m256i k = _mm256_and_si256(e, _mm256_set1_epi32(0xff));
+    __m256i t = _mm256_srli_epi32(e, 8);
+    __m256i low = _mm256_and_si256(u, _mm256_set1_epi32(0xffff));
+    /* values < 2^17: signed compares; masks are -1 */
+    __m256i up = _mm256_cmpgt_epi32(_mm256_add_epi32(low, _mm256_set1_epi32(1)), t);
+    __m256i dn = _mm256_cmpgt_epi32(low, t);
+    k = _mm256_blendv_epi8(_mm256_sub_epi32(k, up), _mm256_add_epi32(k, dn), neg);
     __m128i p16 = _mm_packus_epi32(_mm256_castsi256_si128(k), _mm256_extracti128_si256(k, 1));
     _mm_storel_epi64((__m128i *)dst, _mm_packus_epi16(p16, p16));
 }

@@ -1,6 +1,6 @@
 /* compact/tight AdamW kernel, AVX-512 (F, BW, VL), 16 lanes: the operations of mt_optim_elem and
  * mt_optim_block_requant (kernel.h) in the same order, so the results are bitwise the plain C
- * path's. Table lookups are gathers. Compiled with a target attribute; used only when the CPU
+ * path's. Table lookups (codes, the quantization cells) are gathers. Compiled with a target attribute; used only when the CPU
  * has AVX-512. */
 #include "kernel.h"
 
@@ -52,14 +52,18 @@ MT_AVX512_INLINE __m512i sr_bits(mt_sr_key k, uint64_t base) {
 MT_AVX512_INLINE void quantize(const mt_qmap *q, __m512 x, uint8_t *dst) {
     const __m512i one = _mm512_set1_epi32(1);
     __m512i u = _mm512_castps_si512(x);
-    __m512i k = _mm512_i32gather_epi32(_mm512_srli_epi32(u, 16), (const int *)q->lut, 1);
-    k = _mm512_and_si512(k, _mm512_set1_epi32(0xff));
+    __m512i a = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x7fff));
+    a = _mm512_min_epi32(_mm512_max_epi32(a, _mm512_set1_epi32(MT_QMAP_CELL_LO)),
+                         _mm512_set1_epi32(MT_QMAP_CELL_HI));
     __mmask16 neg = _mm512_cmplt_epi32_mask(u, _mm512_setzero_si512());
-    /* threshold above k for x >= +0, at k below */
-    __m512i sel = _mm512_mask_blend_epi32(neg, _mm512_add_epi32(k, one), k);
-    __m512 t = _mm512_i32gather_ps(sel, q->thr, 4);
-    __mmask16 up = _mm512_mask_cmp_ps_mask(~neg, x, t, _CMP_GE_OQ);
-    __mmask16 dn = _mm512_mask_cmp_ps_mask(neg, x, t, _CMP_LT_OQ);
+    __m512i idx = _mm512_sub_epi32(a, _mm512_set1_epi32(MT_QMAP_CELL_LO));
+    idx = _mm512_mask_add_epi32(idx, neg, idx, _mm512_set1_epi32(MT_QMAP_CELLS));
+    __m512i e = _mm512_i32gather_epi32(idx, (const int *)q->cell, 4);
+    __m512i k = _mm512_and_si512(e, _mm512_set1_epi32(0xff));
+    __m512i t = _mm512_srli_epi32(e, 8);
+    __m512i low = _mm512_and_si512(u, _mm512_set1_epi32(0xffff));
+    __mmask16 up = _mm512_mask_cmpge_epi32_mask(~neg, low, t);
+    __mmask16 dn = _mm512_mask_cmpgt_epi32_mask(neg, low, t);
     k = _mm512_mask_add_epi32(k, up, k, one);
     k = _mm512_mask_sub_epi32(k, dn, k, one);
     _mm_storeu_si128((__m128i *)dst, _mm512_cvtepi32_epi8(k));

@@ -54,16 +54,30 @@ static void build(mt_qmap *q, int is_signed) {
     q->thr[256] = NAN; /* no code above 255: x >= thr[256] is false even for +inf */
     for (int k = 1; k < 256; k++) q->thr[k] = (float)(((double)c[k - 1] + c[k]) * 0.5);
     q->is_signed = is_signed;
-    /* The table and its one-step correction: every bf16 cell [t, t + ulp) (mirrored below 0)
-     * must hold at most one threshold, i.e. its two ends' nearest codes differ by <= 1. */
-    for (uint32_t h = 0; h < 65536; h++) {
-        float t = bits_f32(h << 16), far = bits_f32((h << 16) | 0xffffu);
-        int a = mt_qmap_nearest(q, t), b = mt_qmap_nearest(q, far);
-        q->lut[h] = (uint8_t)a;
-        if (!isnan(t) && !isnan(far))
-            MT_CHECK(abs(a - b) <= 1, "quantization map: bf16 cell %04x spans codes %d..%d", h, a, b);
-    }
-    memset(q->lut + 65536, 0, 4);
+    /* The cell table. A cell [t, t + ulp) of bits hh << 16 .. | 0xffff (mirrored below zero) must
+     * hold at most one threshold: the nearest codes of its two ends differ by <= 1. */
+    for (uint32_t sign = 0; sign < 2; sign++)
+        for (uint32_t a = MT_QMAP_CELL_LO; a <= MT_QMAP_CELL_HI; a++) {
+            uint32_t hh = sign << 15 | a;
+            float t = bits_f32(hh << 16), far = bits_f32(hh << 16 | 0xffffu);
+            int k = mt_qmap_nearest(q, t), kf = mt_qmap_nearest(q, far);
+            MT_CHECK(abs(k - kf) <= 1, "quantization map: bf16 cell %04x spans codes %d..%d", hh,
+                     k, kf);
+            int j = sign ? k : k + 1; /* the threshold next to k, away from zero */
+            uint32_t low = MT_QMAP_NO_THR;
+            if (j >= 1 && j <= 255) {
+                uint32_t tb;
+                memcpy(&tb, &q->thr[j], 4);
+                if (tb >> 16 == hh) low = tb & 0xffffu;
+            }
+            MT_CHECK((low != MT_QMAP_NO_THR) == (k != kf), "quantization map: cell %04x", hh);
+            q->cell[sign * MT_QMAP_CELLS + a - MT_QMAP_CELL_LO] = (uint32_t)k | low << 8;
+        }
+    /* the clamped ends: no threshold below 2^-24 (down to 0) or above 1 (up to inf) */
+    MT_CHECK(mt_qmap_nearest(q, 0.0f) == mt_qmap_nearest(q, bits_f32(MT_QMAP_CELL_LO << 16 | 0xffffu)) &&
+                 mt_qmap_nearest(q, INFINITY) == mt_qmap_nearest(q, 1.0f) &&
+                 mt_qmap_nearest(q, -INFINITY) == mt_qmap_nearest(q, -1.0f),
+             "quantization map: a threshold outside [2^-24, 1]");
 }
 
 static void build_maps(void) {
