@@ -1,7 +1,7 @@
 /* compact/tight AdamW kernel, AVX-512 (F, BW, VL), 16 lanes: the operations of mt_optim_elem and
  * mt_optim_block_requant (kernel.h) in the same order, so the results are bitwise the plain C
- * path's. Table lookups (codes, the quantization cells) are gathers. Compiled with a target attribute; used only when the CPU
- * has AVX-512. */
+ * path's. Table lookups (codes, the quantization cells) are gathers. Compiled with a target
+ * attribute; used only when the CPU has AVX-512. */
 #include "kernel.h"
 
 #if defined(__x86_64__) || defined(__i386__)

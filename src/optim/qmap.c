@@ -74,7 +74,8 @@ static void build(mt_qmap *q, int is_signed) {
             q->cell[sign * MT_QMAP_CELLS + a - MT_QMAP_CELL_LO] = (uint32_t)k | low << 8;
         }
     /* the clamped ends: no threshold below 2^-24 (down to 0) or above 1 (up to inf) */
-    MT_CHECK(mt_qmap_nearest(q, 0.0f) == mt_qmap_nearest(q, bits_f32(MT_QMAP_CELL_LO << 16 | 0xffffu)) &&
+    float lo_end = bits_f32(MT_QMAP_CELL_LO << 16 | 0xffffu);
+    MT_CHECK(mt_qmap_nearest(q, 0.0f) == mt_qmap_nearest(q, lo_end) &&
                  mt_qmap_nearest(q, INFINITY) == mt_qmap_nearest(q, 1.0f) &&
                  mt_qmap_nearest(q, -INFINITY) == mt_qmap_nearest(q, -1.0f),
              "quantization map: a threshold outside [2^-24, 1]");
