@@ -493,6 +493,36 @@ static void test_bytes_and_errors(void **state) {
     mt_optim_state_free(s);
 }
 
+/* ---- (f) megatrain bench adamw --state ---- */
+
+static void test_bench_cli(void **state) {
+    (void)state;
+    const char *bin = getenv("MT_BIN");
+    if (!bin) fail_msg("MT_BIN is not set (run through ctest)");
+    char cmd[1024], out[4096];
+    const char *states[] = {"compact", "tight", "full"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(cmd, sizeof cmd, "%s bench adamw --state %s --params 5000 --threads 1 --reps 1 "
+                 "--grad bf16", bin, states[k]);
+        int rc = mt_test_run(cmd, out, sizeof out);
+        printf("%s", out);
+        assert_int_equal(rc, 0);
+        assert_non_null(strstr(out, "Gparam/s"));
+        assert_non_null(strstr(out, "GB/s"));
+        if (k < 2) {
+            char want[64];
+            snprintf(want, sizeof want, "--state %s: 5000 params", states[k]);
+            assert_non_null(strstr(out, want));
+        }
+    }
+    snprintf(cmd, sizeof cmd, "%s bench adamw --state medium", bin);
+    assert_int_equal(mt_test_run(cmd, out, sizeof out), 1);
+    assert_non_null(strstr(out, "megatrain: --state: 'medium' is not one of full|compact|tight"));
+    snprintf(cmd, sizeof cmd, "%s bench adamw --state tight --grad bf16 --alias", bin);
+    assert_int_equal(mt_test_run(cmd, out, sizeof out), 1);
+    assert_non_null(strstr(out, "--alias is for --state full"));
+}
+
 int main(void) {
     printf("optimizer ISA in use: %s\n", mt_optim_isa_name(mt_optim_isa_active()));
     const struct CMUnitTest tests[] = {
@@ -502,6 +532,7 @@ int main(void) {
         cmocka_unit_test(test_isa_threads_bitwise),
         cmocka_unit_test(test_save_restore),
         cmocka_unit_test(test_bytes_and_errors),
+        cmocka_unit_test(test_bench_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
