@@ -1,8 +1,12 @@
 /* megatrain bench adamw: the CPU AdamW update rate (Gparam/s) and the memory traffic it moves
- * (GB/s), for the dispatched ISA path and for the plain C path beside it.
- * Bytes counted per parameter: param, m, v read and written (24), the gradient read (4 or 2),
- * the bf16 upload written (2): 30 with fp32 gradients, 28 with bf16 ones. With --alias the
- * gradient buffer receives the upload (bf16 only), as in the engine. */
+ * (GB/s), for the dispatched ISA path and for the plain C path beside it, per state format.
+ * Bytes counted per parameter, the gradient read (4 or 2) included:
+ *   --state full (default): param, m, v read and written (24), the bf16 upload written (2):
+ *     30 with fp32 gradients, 28 with bf16 ones. With --alias the gradient buffer receives the
+ *     upload (bf16 only), as in the engine.
+ *   --state compact: bf16 master, compensation, 8-bit m and v read and written (12), and the
+ *     two fp32 scales per 256 (16/256): 16.06 / 14.06.
+ *   --state tight: bf16 master, 8-bit m and v (8) and the scales: 12.06 / 10.06. */
 #include <getopt.h>
 #include <omp.h>
 #include <stdio.h>
@@ -12,6 +16,7 @@
 
 #include "../core/error.h"
 #include "../engine/adamw.h"
+#include "../optim/state.h"
 #include "args.h"
 #include "commands.h"
 
@@ -49,14 +54,70 @@ static double time_updates(bench_bufs *b, int reps) {
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: megatrain bench adamw [--params N] [--threads K] [--grad f32|bf16] "
-                    "[--alias] [--reps R] [--no-scalar]\n");
+    fprintf(stderr, "usage: megatrain bench adamw [--state full|compact|tight] [--params N] "
+                    "[--threads K] [--grad f32|bf16] [--alias] [--reps R] [--no-scalar]\n");
+}
+
+/* Best time of `reps` updates of the whole state (after one warm-up), in seconds. */
+static double time_state_updates(mt_optim_state *s, const void *grad, mt_dtype gt, int threads,
+                                 int reps) {
+    double best = 1e30;
+    size_t n = mt_optim_state_numel(s);
+    for (int r = 0; r <= reps; r++) {
+        mt_optim_step a = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
+                           .weight_decay = 0.1, .step = r + 1, .grad_scale = 0.5f};
+        double t0 = now_s();
+        if (mt_optim_state_update(s, &a, 0, n, grad, gt, threads)) return -1;
+        double t = now_s() - t0;
+        if (r > 0 && t < best) best = t;
+    }
+    return best;
+}
+
+/* --state compact|tight: the src/optim kernels */
+static int bench_state(mt_state_format f, size_t n, int threads, int bf16_grad, int reps,
+                       int scalar) {
+    double per = (f == MT_STATE_COMPACT ? 12.0 : 8.0) + 16.0 / MT_OPTIM_BLOCK;
+    double gb = n * (per + (bf16_grad ? 2 : 4)) / 1e9;
+    printf("adamw --state %s: %zu params, %.2f GB state (%.5g B/param) + %.2f GB grad, %d threads, "
+           "%s grad\n", mt_state_format_name(f), n, mt_optim_state_bytes(f, n) / 1e9,
+           mt_optim_bytes_per_param(f), n * (bf16_grad ? 2.0 : 4.0) / 1e9, threads,
+           bf16_grad ? "bf16" : "f32");
+    mt_optim_state *s = mt_optim_state_create(f, n, 1, NULL);
+    float *w = mt_aligned_alloc(n * 4);
+    void *grad = mt_aligned_alloc(n * (bf16_grad ? 2 : 4));
+    float *gf = grad;
+    mt_bf16 *gh = grad;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        w[i] = 0.01f * (float)(i % 97);
+        float g = 1e-3f * (float)(i % 89) - 0.04f;
+        if (bf16_grad) gh[i] = mt_f32_to_bf16(g);
+        else gf[i] = g;
+    }
+    mt_optim_state_set_weights(s, 0, w, n);
+    free(w);
+    int rc = 0;
+    mt_optim_isa best = mt_optim_isa_active();
+    for (int pass = 0; pass < 1 + (scalar && best != MT_OPTIM_SCALAR); pass++) {
+        mt_optim_isa isa = pass ? MT_OPTIM_SCALAR : best;
+        if ((rc = mt_optim_set_isa(isa))) break;
+        double t = time_state_updates(s, grad, bf16_grad ? MT_BF16 : MT_F32, threads, reps);
+        if (t < 0) { rc = MT_ERR; break; }
+        printf("  %-7s %6.3f Gparam/s  %6.1f GB/s  (%.1f ms per update)\n",
+               mt_optim_isa_name(isa), n / t / 1e9, gb / t, t * 1e3);
+    }
+    if (!rc) rc = mt_optim_set_isa(best);
+    mt_optim_state_free(s);
+    free(grad);
+    return rc ? mt_cli_fail() : 0;
 }
 
 int mt_bench_adamw(int argc, char **argv) {
     int64_t n = 64ll << 20, threads = omp_get_max_threads(), reps = 5;
-    int grad_kind = 0, alias = 0, scalar = 1;
+    int grad_kind = 0, alias = 0, scalar = 1, state = MT_STATE_FULL;
     static const struct option opts[] = {
+        {"state", required_argument, 0, 'S'},
         {"params", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
         {"grad", required_argument, 0, 'g'},   {"alias", no_argument, 0, 'a'},
         {"reps", required_argument, 0, 'r'},   {"no-scalar", no_argument, 0, 's'},
@@ -64,6 +125,7 @@ int mt_bench_adamw(int argc, char **argv) {
     optind = 1;
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
         switch (c) {
+        case 'S': if (mt_arg_choice("--state", optarg, "full|compact|tight", &state)) return mt_cli_fail(); break;
         case 'n': if (mt_arg_int("--params", optarg, 1, 1ll << 40, &n)) return mt_cli_fail(); break;
         case 't': if (mt_arg_int("--threads", optarg, 1, 4096, &threads)) return mt_cli_fail(); break;
         case 'g': if (mt_arg_choice("--grad", optarg, "f32|bf16", &grad_kind)) return mt_cli_fail(); break;
@@ -77,6 +139,13 @@ int mt_bench_adamw(int argc, char **argv) {
         mt_error_set("--alias needs --grad bf16 (the upload is bf16)");
         return mt_cli_fail();
     }
+    if (alias && state != MT_STATE_FULL) {
+        mt_error_set("--alias is for --state full (compact and tight upload their bf16 master)");
+        return mt_cli_fail();
+    }
+    if (state != MT_STATE_FULL)
+        return bench_state((mt_state_format)state, (size_t)n, (int)threads, grad_kind, (int)reps,
+                           scalar);
     bench_bufs b = {.n = (size_t)n, .bf16_grad = grad_kind, .alias = alias, .threads = (int)threads};
     size_t nn = (size_t)n;
     double gb = nn * (24.0 + (grad_kind ? 2 : 4) + 2) / 1e9;

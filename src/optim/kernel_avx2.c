@@ -1,0 +1,170 @@
+/* compact/tight AdamW kernel, AVX2 + FMA, 8 lanes: the operations of mt_optim_elem and
+ * mt_optim_block_requant (kernel.h) in the same order, so the results are bitwise the plain C
+ * path's. Table lookups (codes, the quantization cells) are gathers. Compiled with a
+ * target attribute; used only when the CPU has AVX2 and FMA. */
+#include "kernel.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#define MT_AVX2 __attribute__((target("avx2,fma")))
+#define MT_AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) static inline
+
+MT_AVX2_INLINE __m256 load_bf16(const mt_bf16 *s) {
+    __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)s));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+}
+
+/* 8 lanes holding 16-bit values -> 8 uint16 (unsigned: packus; signed: packs) */
+MT_AVX2_INLINE void store_u16(void *dst, __m256i x) {
+    __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(x, x), 0x08);
+    _mm_storeu_si128((__m128i *)dst, _mm256_castsi256_si128(p));
+}
+
+MT_AVX2_INLINE void store_i16(void *dst, __m256i x) {
+    __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(x, x), 0x08);
+    _mm_storeu_si128((__m128i *)dst, _mm256_castsi256_si128(p));
+}
+
+MT_AVX2_INLINE __m256i load_codes(const uint8_t *q) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
+}
+
+MT_AVX2_INLINE __m256i mix32(__m256i x) {
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32((int)0x85ebca6bu));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 13));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32((int)0xc2b2ae35u));
+    return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+}
+
+/* mt_sr_bits16 of indices base .. base+7 */
+MT_AVX2_INLINE __m256i sr_bits(mt_sr_key k, uint64_t base) {
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i flip = _mm256_set1_epi32((int)0x80000000u);
+    __m256i blo = _mm256_set1_epi32((int)(uint32_t)base);
+    __m256i lo = _mm256_add_epi32(blo, lanes);
+    /* lanes whose low half wrapped carry into the high half (unsigned lo < base_lo) */
+    __m256i wrap = _mm256_cmpgt_epi32(_mm256_xor_si256(blo, flip), _mm256_xor_si256(lo, flip));
+    __m256i hi = _mm256_sub_epi32(_mm256_set1_epi32((int)(uint32_t)(base >> 32)), wrap);
+    __m256i x = mix32(_mm256_xor_si256(lo, _mm256_set1_epi32((int)k.lo)));
+    x = mix32(_mm256_xor_si256(_mm256_xor_si256(x, hi), _mm256_set1_epi32((int)k.hi)));
+    return _mm256_srli_epi32(x, 16);
+}
+
+/* mt_qmap_quantize, 8 lanes -> 8 bytes */
+MT_AVX2_INLINE void quantize(const mt_qmap *q, __m256 x, uint8_t *dst) {
+    __m256i u = _mm256_castps_si256(x);
+    __m256i a = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x7fff));
+    a = _mm256_min_epi32(_mm256_max_epi32(a, _mm256_set1_epi32(MT_QMAP_CELL_LO)),
+                         _mm256_set1_epi32(MT_QMAP_CELL_HI));
+    __m256i neg = _mm256_srai_epi32(u, 31);
+    __m256i idx = _mm256_add_epi32(_mm256_sub_epi32(a, _mm256_set1_epi32(MT_QMAP_CELL_LO)),
+                                   _mm256_and_si256(neg, _mm256_set1_epi32(MT_QMAP_CELLS)));
+    __m256i e = _mm256_i32gather_epi32((const int *)q->cell, idx, 4);
+    __m256i k = _mm256_and_si256(e, _mm256_set1_epi32(0xff));
+    __m256i t = _mm256_srli_epi32(e, 8);
+    __m256i low = _mm256_and_si256(u, _mm256_set1_epi32(0xffff));
+    /* values < 2^17: signed compares; masks are -1 */
+    __m256i up = _mm256_cmpgt_epi32(_mm256_add_epi32(low, _mm256_set1_epi32(1)), t);
+    __m256i dn = _mm256_cmpgt_epi32(low, t);
+    k = _mm256_blendv_epi8(_mm256_sub_epi32(k, up), _mm256_add_epi32(k, dn), neg);
+    __m128i p16 = _mm_packus_epi32(_mm256_castsi256_si128(k), _mm256_extracti128_si256(k, 1));
+    _mm_storel_epi64((__m128i *)dst, _mm_packus_epi16(p16, p16));
+}
+
+MT_AVX2_INLINE uint32_t hmax(__m256i x) {
+    uint32_t l[8], m = 0;
+    _mm256_storeu_si256((__m256i *)l, x);
+    for (int j = 0; j < 8; j++) m = l[j] > m ? l[j] : m;
+    return m;
+}
+
+MT_AVX2_INLINE void block(const mt_optim_consts *c, const mt_optim_span *s, size_t nb,
+                          const int grad_bf16, const int tight) {
+    float mb[MT_OPTIM_BLOCK] __attribute__((aligned(32)));
+    float vb[MT_OPTIM_BLOCK] __attribute__((aligned(32)));
+    const float *gf = s->grad;
+    const mt_bf16 *gh = s->grad;
+    const __m256 gs = _mm256_set1_ps(c->gs), decay = _mm256_set1_ps(c->decay),
+                 lc = _mm256_set1_ps(c->lerp_coef), b2 = _mm256_set1_ps(c->b2),
+                 c2 = _mm256_set1_ps(c->c2), bc2s = _mm256_set1_ps(c->bc2s),
+                 eps = _mm256_set1_ps(c->eps), ns = _mm256_set1_ps(c->neg_step),
+                 sm = _mm256_set1_ps(s->ms[0]), sv = _mm256_set1_ps(s->vs[0]);
+    const __m256i absm = _mm256_set1_epi32(0x7fffffff), q40 = _mm256_set1_epi32(0x40),
+                  half = _mm256_set1_epi32(0x8000);
+    const int do_decay = c->do_decay, small = c->lerp_small;
+    __m256i am8 = _mm256_setzero_si256(), av8 = _mm256_setzero_si256();
+    size_t i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        __m256 g = grad_bf16 ? load_bf16(gh + i) : _mm256_loadu_ps(gf + i);
+        g = _mm256_mul_ps(g, gs);
+        __m256 pp;
+        if (tight) {
+            pp = load_bf16(s->w + i);
+        } else {
+            __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(s->w + i)));
+            __m256i cp = _mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i *)(s->comp + i)));
+            pp = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(hi, 16), cp));
+        }
+        if (do_decay) pp = _mm256_mul_ps(pp, decay);
+        __m256 mm = _mm256_mul_ps(_mm256_i32gather_ps(c->qm->code, load_codes(s->mq + i), 4), sm);
+        mm = _mm256_fmadd_ps(lc, _mm256_sub_ps(g, mm), small ? mm : g);
+        __m256 vv = _mm256_mul_ps(_mm256_i32gather_ps(c->qv->code, load_codes(s->vq + i), 4), sv);
+        vv = _mm256_mul_ps(vv, b2);
+        vv = _mm256_fmadd_ps(_mm256_mul_ps(c2, g), g, vv);
+        __m256 d = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), bc2s), eps);
+        pp = _mm256_add_ps(pp, _mm256_div_ps(_mm256_mul_ps(ns, mm), d));
+        __m256i u = _mm256_castps_si256(pp);
+        __m256i isnan = _mm256_castps_si256(_mm256_cmp_ps(pp, pp, _CMP_UNORD_Q));
+        __m256i qnan = _mm256_or_si256(_mm256_srli_epi32(u, 16), q40);
+        if (tight) {
+            __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, sr_bits(c->key, s->index0 + i)), 16);
+            store_u16(s->w + i, _mm256_blendv_epi8(r, qnan, isnan));
+        } else {
+            __m256i h = _mm256_srli_epi32(_mm256_add_epi32(u, half), 16);
+            __m256i cp = _mm256_sub_epi32(u, _mm256_slli_epi32(h, 16));
+            store_u16(s->w + i, _mm256_blendv_epi8(h, qnan, isnan));
+            store_i16(s->comp + i, _mm256_andnot_si256(isnan, cp));
+        }
+        _mm256_store_ps(mb + i, mm);
+        _mm256_store_ps(vb + i, vv);
+        am8 = _mm256_max_epi32(am8, _mm256_and_si256(_mm256_castps_si256(mm), absm));
+        av8 = _mm256_max_epi32(av8, _mm256_and_si256(_mm256_castps_si256(vv), absm));
+    }
+    uint32_t am = hmax(am8), av = hmax(av8);
+    mt_optim_block_elems(c, s, i, nb, mb, vb, &am, &av);
+    float dm = mt_optim_divisor(am), dv = mt_optim_divisor(av);
+    const __m256 dm8 = _mm256_set1_ps(dm), dv8 = _mm256_set1_ps(dv);
+    for (i = 0; i + 8 <= nb; i += 8) {
+        quantize(c->qm, _mm256_div_ps(_mm256_load_ps(mb + i), dm8), s->mq + i);
+        quantize(c->qv, _mm256_div_ps(_mm256_load_ps(vb + i), dv8), s->vq + i);
+    }
+    mt_optim_block_requant(c, s, i, nb, mb, vb, dm, dv);
+    s->ms[0] = mt_f32_from_bits(am);
+    s->vs[0] = mt_f32_from_bits(av);
+}
+
+MT_AVX2_INLINE void blocks(const mt_optim_consts *c, const mt_optim_span *s, size_t n,
+                           const int grad_bf16, const int tight) {
+    for (size_t b0 = 0; b0 < n; b0 += MT_OPTIM_BLOCK) {
+        mt_optim_span sb = mt_optim_span_at(s, b0);
+        block(c, &sb, n - b0 < MT_OPTIM_BLOCK ? n - b0 : MT_OPTIM_BLOCK, grad_bf16, tight);
+    }
+}
+
+MT_AVX2 void mt_optim_kernel_avx2(const mt_optim_consts *c, const mt_optim_span *s, size_t n) {
+    /* one specialised loop per (grad type, format): no per-vector branching on them */
+    switch (s->grad_bf16 * 2 + c->tight) {
+    case 0: blocks(c, s, n, 0, 0); break;
+    case 1: blocks(c, s, n, 0, 1); break;
+    case 2: blocks(c, s, n, 1, 0); break;
+    default: blocks(c, s, n, 1, 1); break;
+    }
+}
+
+#else
+void mt_optim_kernel_avx2(const mt_optim_consts *c, const mt_optim_span *s, size_t n) {
+    mt_optim_kernel_scalar(c, s, n);
+}
+#endif

@@ -1,0 +1,161 @@
+/* compact/tight AdamW kernel, AVX-512 (F, BW, VL), 16 lanes: the operations of mt_optim_elem and
+ * mt_optim_block_requant (kernel.h) in the same order, so the results are bitwise the plain C
+ * path's. Table lookups (codes, the quantization cells) are gathers. Compiled with a target
+ * attribute; used only when the CPU has AVX-512. */
+#include "kernel.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#define MT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
+#define MT_AVX512_INLINE \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"), always_inline)) static inline
+
+MT_AVX512_INLINE __m512 load_bf16(const mt_bf16 *s) {
+    __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)s));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+}
+
+/* 16 lanes holding 16-bit values (either sign): keep each lane's low 16 bits */
+MT_AVX512_INLINE void store_16(void *dst, __m512i x) {
+    _mm256_storeu_si256((__m256i *)dst, _mm512_cvtepi32_epi16(x));
+}
+
+MT_AVX512_INLINE __m512i load_codes(const uint8_t *q) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
+}
+
+MT_AVX512_INLINE __m512i mix32(__m512i x) {
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+    x = _mm512_mullo_epi32(x, _mm512_set1_epi32((int)0x85ebca6bu));
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 13));
+    x = _mm512_mullo_epi32(x, _mm512_set1_epi32((int)0xc2b2ae35u));
+    return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+}
+
+/* mt_sr_bits16 of indices base .. base+15 */
+MT_AVX512_INLINE __m512i sr_bits(mt_sr_key k, uint64_t base) {
+    const __m512i lanes =
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512i blo = _mm512_set1_epi32((int)(uint32_t)base);
+    __m512i lo = _mm512_add_epi32(blo, lanes);
+    /* lanes whose low half wrapped carry into the high half */
+    __mmask16 wrap = _mm512_cmplt_epu32_mask(lo, blo);
+    __m512i hi = _mm512_set1_epi32((int)(uint32_t)(base >> 32));
+    hi = _mm512_mask_add_epi32(hi, wrap, hi, _mm512_set1_epi32(1));
+    __m512i x = mix32(_mm512_xor_si512(lo, _mm512_set1_epi32((int)k.lo)));
+    x = mix32(_mm512_xor_si512(_mm512_xor_si512(x, hi), _mm512_set1_epi32((int)k.hi)));
+    return _mm512_srli_epi32(x, 16);
+}
+
+/* mt_qmap_quantize, 16 lanes -> 16 bytes */
+MT_AVX512_INLINE void quantize(const mt_qmap *q, __m512 x, uint8_t *dst) {
+    const __m512i one = _mm512_set1_epi32(1);
+    __m512i u = _mm512_castps_si512(x);
+    __m512i a = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x7fff));
+    a = _mm512_min_epi32(_mm512_max_epi32(a, _mm512_set1_epi32(MT_QMAP_CELL_LO)),
+                         _mm512_set1_epi32(MT_QMAP_CELL_HI));
+    __mmask16 neg = _mm512_cmplt_epi32_mask(u, _mm512_setzero_si512());
+    __m512i idx = _mm512_sub_epi32(a, _mm512_set1_epi32(MT_QMAP_CELL_LO));
+    idx = _mm512_mask_add_epi32(idx, neg, idx, _mm512_set1_epi32(MT_QMAP_CELLS));
+    __m512i e = _mm512_i32gather_epi32(idx, (const int *)q->cell, 4);
+    __m512i k = _mm512_and_si512(e, _mm512_set1_epi32(0xff));
+    __m512i t = _mm512_srli_epi32(e, 8);
+    __m512i low = _mm512_and_si512(u, _mm512_set1_epi32(0xffff));
+    __mmask16 up = _mm512_mask_cmpge_epi32_mask(~neg, low, t);
+    __mmask16 dn = _mm512_mask_cmpgt_epi32_mask(neg, low, t);
+    k = _mm512_mask_add_epi32(k, up, k, one);
+    k = _mm512_mask_sub_epi32(k, dn, k, one);
+    _mm_storeu_si128((__m128i *)dst, _mm512_cvtepi32_epi8(k));
+}
+
+MT_AVX512_INLINE void block(const mt_optim_consts *c, const mt_optim_span *s, size_t nb,
+                            const int grad_bf16, const int tight) {
+    float mb[MT_OPTIM_BLOCK] __attribute__((aligned(64)));
+    float vb[MT_OPTIM_BLOCK] __attribute__((aligned(64)));
+    const float *gf = s->grad;
+    const mt_bf16 *gh = s->grad;
+    const __m512 gs = _mm512_set1_ps(c->gs), decay = _mm512_set1_ps(c->decay),
+                 lc = _mm512_set1_ps(c->lerp_coef), b2 = _mm512_set1_ps(c->b2),
+                 c2 = _mm512_set1_ps(c->c2), bc2s = _mm512_set1_ps(c->bc2s),
+                 eps = _mm512_set1_ps(c->eps), ns = _mm512_set1_ps(c->neg_step),
+                 sm = _mm512_set1_ps(s->ms[0]), sv = _mm512_set1_ps(s->vs[0]);
+    const __m512i absm = _mm512_set1_epi32(0x7fffffff), q40 = _mm512_set1_epi32(0x40),
+                  half = _mm512_set1_epi32(0x8000);
+    const int do_decay = c->do_decay, small = c->lerp_small;
+    __m512i am16 = _mm512_setzero_si512(), av16 = _mm512_setzero_si512();
+    size_t i = 0;
+    for (; i + 16 <= nb; i += 16) {
+        __m512 g = grad_bf16 ? load_bf16(gh + i) : _mm512_loadu_ps(gf + i);
+        g = _mm512_mul_ps(g, gs);
+        __m512 pp;
+        if (tight) {
+            pp = load_bf16(s->w + i);
+        } else {
+            __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s->w + i)));
+            __m512i cp =
+                _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)(s->comp + i)));
+            pp = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(hi, 16), cp));
+        }
+        if (do_decay) pp = _mm512_mul_ps(pp, decay);
+        __m512 mm = _mm512_mul_ps(_mm512_i32gather_ps(load_codes(s->mq + i), c->qm->code, 4), sm);
+        mm = _mm512_fmadd_ps(lc, _mm512_sub_ps(g, mm), small ? mm : g);
+        __m512 vv = _mm512_mul_ps(_mm512_i32gather_ps(load_codes(s->vq + i), c->qv->code, 4), sv);
+        vv = _mm512_mul_ps(vv, b2);
+        vv = _mm512_fmadd_ps(_mm512_mul_ps(c2, g), g, vv);
+        __m512 d = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), bc2s), eps);
+        pp = _mm512_add_ps(pp, _mm512_div_ps(_mm512_mul_ps(ns, mm), d));
+        __m512i u = _mm512_castps_si512(pp);
+        __mmask16 isnan = _mm512_cmp_ps_mask(pp, pp, _CMP_UNORD_Q);
+        __m512i qnan = _mm512_or_si512(_mm512_srli_epi32(u, 16), q40);
+        if (tight) {
+            __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, sr_bits(c->key, s->index0 + i)), 16);
+            store_16(s->w + i, _mm512_mask_blend_epi32(isnan, r, qnan));
+        } else {
+            __m512i h = _mm512_srli_epi32(_mm512_add_epi32(u, half), 16);
+            __m512i cp = _mm512_sub_epi32(u, _mm512_slli_epi32(h, 16));
+            store_16(s->w + i, _mm512_mask_blend_epi32(isnan, h, qnan));
+            store_16(s->comp + i, _mm512_maskz_mov_epi32(~isnan, cp));
+        }
+        _mm512_store_ps(mb + i, mm);
+        _mm512_store_ps(vb + i, vv);
+        am16 = _mm512_max_epu32(am16, _mm512_and_si512(_mm512_castps_si512(mm), absm));
+        av16 = _mm512_max_epu32(av16, _mm512_and_si512(_mm512_castps_si512(vv), absm));
+    }
+    uint32_t am = (uint32_t)_mm512_reduce_max_epu32(am16);
+    uint32_t av = (uint32_t)_mm512_reduce_max_epu32(av16);
+    mt_optim_block_elems(c, s, i, nb, mb, vb, &am, &av);
+    float dm = mt_optim_divisor(am), dv = mt_optim_divisor(av);
+    const __m512 dm16 = _mm512_set1_ps(dm), dv16 = _mm512_set1_ps(dv);
+    for (i = 0; i + 16 <= nb; i += 16) {
+        quantize(c->qm, _mm512_div_ps(_mm512_load_ps(mb + i), dm16), s->mq + i);
+        quantize(c->qv, _mm512_div_ps(_mm512_load_ps(vb + i), dv16), s->vq + i);
+    }
+    mt_optim_block_requant(c, s, i, nb, mb, vb, dm, dv);
+    s->ms[0] = mt_f32_from_bits(am);
+    s->vs[0] = mt_f32_from_bits(av);
+}
+
+MT_AVX512_INLINE void blocks(const mt_optim_consts *c, const mt_optim_span *s, size_t n,
+                             const int grad_bf16, const int tight) {
+    for (size_t b0 = 0; b0 < n; b0 += MT_OPTIM_BLOCK) {
+        mt_optim_span sb = mt_optim_span_at(s, b0);
+        block(c, &sb, n - b0 < MT_OPTIM_BLOCK ? n - b0 : MT_OPTIM_BLOCK, grad_bf16, tight);
+    }
+}
+
+MT_AVX512 void mt_optim_kernel_avx512(const mt_optim_consts *c, const mt_optim_span *s,
+                                      size_t n) {
+    switch (s->grad_bf16 * 2 + c->tight) {
+    case 0: blocks(c, s, n, 0, 0); break;
+    case 1: blocks(c, s, n, 0, 1); break;
+    case 2: blocks(c, s, n, 1, 0); break;
+    default: blocks(c, s, n, 1, 1); break;
+    }
+}
+
+#else
+void mt_optim_kernel_avx512(const mt_optim_consts *c, const mt_optim_span *s, size_t n) {
+    mt_optim_kernel_scalar(c, s, n);
+}
+#endif

@@ -1,0 +1,133 @@
+/* The optimizer state of one format: master weights and Adam moments in host RAM, the AdamW
+ * update over one group (offset, n) of it, and the list of its tensors for checkpoints.
+ *
+ * Formats, bytes per parameter (B = MT_OPTIM_BLOCK = 256 values share one fp32 scale):
+ *   full     fp32 master 4 + fp32 exp_avg 4 + fp32 exp_avg_sq 4 + bf16 upload copy 2   = 14
+ *            (torch-exact; the update itself is today's src/engine kernel, handed in by the
+ *            caller through mt_optim_state_set_full_update, since optim sits below engine)
+ *   compact  bf16 master 2 + 16-bit compensation 2 + exp_avg 1 + exp_avg_sq 1
+ *            + 2 fp32 scales per 256 (8/256 = 0.03125)                                 = 6.03125
+ *   tight    bf16 master 2 + exp_avg 1 + exp_avg_sq 1 + 8/256                          = 4.03125
+ * The scales put both 8-bit formats 1/32 B over the issue's round 6 and 4 (a 7B model: +0.2 GB);
+ * blocks of 256 are the paper's choice and keep the per-block error small. In compact and tight
+ * the bf16 master IS the upload copy: no separate one.
+ *
+ * compact's 16 bits: the fp32 master w, split without loss. hi = w's bits rounded to 16 (to
+ * nearest, ties away from zero: (bits + 0x8000) >> 16), an ordinary bf16 that is uploaded; the
+ * compensation is the signed residual bits(w) - (hi << 16), in [-2^15, 2^15), i.e. what bf16
+ * rounding lost, counted in units of w's fp32 last place. hi + residual is w bit for bit, so
+ * the weight accumulates updates exactly as an fp32 master would (no update is lost to bf16
+ * rounding, however small against the weight, down to fp32's own half ulp); the upload copy is
+ * the nearest bf16 (it differs from round-to-even only on the 1-in-65536 exact ties).
+ *
+ * tight: the fp32 result of each update is rounded to bf16 stochastically: up with probability
+ * (the 16 lost bits)/65536, so the expected stored value is the fp32 value exactly. The random
+ * 16 bits are a hash of (seed, step, arena index): a resumed run reproduces them.
+ *
+ * Moments (compact, tight): 8-bit blockwise dynamic quantization (Dettmers et al., 8-bit
+ * optimizers): per block of 256, scale = max |x| (fp32), each x/scale stored as the nearest of
+ * 256 codes of a dynamic tree map, signed for exp_avg, unsigned for exp_avg_sq (qmap.h).
+ *
+ * What stays fp32: 1-D tensors (norm weights, biases) are meant to stay in `full`, the caller
+ * keeping a second, `full` state over them (they are also the tensors without weight decay).
+ * They are ~C per tensor against C*C for matrices: in a Llama-3 8B, 0.27M of 8.0B parameters
+ * (0.003%), which costs 8 B x 0.27M = 2 MB over compact, nothing worth a format. Group offsets
+ * of compact and tight must be multiples of 256 (a block never spans two update calls), so
+ * their tensors are laid out at 256-element boundaries.
+ *
+ * Every path (AVX-512, AVX2, plain C; MT_ADAMW_ISA=avx512|avx2|scalar overrides the choice, as
+ * for src/engine/adamw.h) gives bitwise identical results, for any thread count. */
+#ifndef MT_OPTIM_STATE_H
+#define MT_OPTIM_STATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/dtype.h"
+
+#define MT_OPTIM_BLOCK 256
+
+typedef enum { MT_STATE_FULL = 0, MT_STATE_COMPACT = 1, MT_STATE_TIGHT = 2 } mt_state_format;
+
+const char *mt_state_format_name(mt_state_format f);
+/* "full" | "compact" | "tight"; MT_ERR with a message naming the value otherwise. */
+int mt_state_format_parse(const char *text, mt_state_format *out);
+
+/* Host bytes of a state of n parameters (arenas and scales), for the planner. */
+size_t mt_optim_state_bytes(mt_state_format f, size_t n);
+/* The same per parameter, for large n (14, 6.03125, 4.03125). */
+double mt_optim_bytes_per_param(mt_state_format f);
+
+typedef struct {
+    double lr, beta1, beta2, eps; /* double: torch's hyperparameters are Python floats */
+    double weight_decay;          /* decoupled; 0 = no decay (the caller's mask: 1-D tensors) */
+    int64_t step;                 /* 1-based number of the step being taken */
+    float grad_scale;             /* fp32 clip coefficient, 1 = none */
+} mt_optim_step;
+
+/* The full format's update (src/engine's mt_adamw_update*): grad is fp32 or bf16 (grad_bf16),
+ * upload receives bf16(param). */
+typedef void (*mt_optim_full_fn)(const mt_optim_step *a, float *param, float *m, float *v,
+                                 const void *grad, int grad_bf16, size_t n, mt_bf16 *upload,
+                                 int n_threads);
+
+/* Where the upload-able arena (the bf16 master, or full's upload copy) is allocated: pinned
+ * memory in the engine. NULL: mt_aligned_alloc / free. */
+typedef struct {
+    void *(*alloc)(void *ctx, size_t bytes);
+    void (*free)(void *ctx, void *p);
+    void *ctx;
+} mt_optim_alloc;
+
+/* One tensor of the state, for checkpoints: saving `bytes` from `data` and restoring them into
+ * a state of the same format and n reproduces it bit for bit. */
+typedef struct {
+    const char *name; /* "master", "master_comp", "exp_avg", "exp_avg_scale", ... */
+    mt_dtype dtype;   /* master_comp is U16 holding the int16 residual's two's complement */
+    size_t numel, bytes;
+    void *data;
+} mt_optim_tensor;
+
+#define MT_OPTIM_MAX_TENSORS 8
+
+typedef struct mt_optim_state mt_optim_state;
+
+/* A state of n parameters in format f, weights and moments zero. seed: tight's rounding. */
+mt_optim_state *mt_optim_state_create(mt_state_format f, size_t n, uint64_t seed,
+                                      const mt_optim_alloc *alloc);
+void mt_optim_state_free(mt_optim_state *s);
+
+mt_state_format mt_optim_state_format(const mt_optim_state *s);
+size_t mt_optim_state_numel(const mt_optim_state *s);
+void mt_optim_state_set_full_update(mt_optim_state *s, mt_optim_full_fn fn);
+/* tight: element k's random bits are those of model-arena index base + k (default 0), so a
+ * state holding a slice of the model (a GPU-tier layer, say) rounds as a whole-model one. */
+void mt_optim_state_set_index_base(mt_optim_state *s, uint64_t base);
+
+/* Sets weights [offset, offset+n) from fp32 values (the upload copy follows); moments stay. */
+void mt_optim_state_set_weights(mt_optim_state *s, size_t offset, const float *w, size_t n);
+/* The master weights [offset, offset+n) as fp32 (compact: exact; tight: the bf16 value). */
+void mt_optim_state_get_weights(const mt_optim_state *s, size_t offset, float *w, size_t n);
+/* The bf16 arena the forward uploads: the master itself (compact, tight), the copy (full). */
+mt_bf16 *mt_optim_state_upload(const mt_optim_state *s);
+
+/* One AdamW step over [offset, offset+n) with the gradient grad (MT_F32 or MT_BF16, n values;
+ * it must not overlap the state). Also writes the upload copy. n_threads <= 0: all of OpenMP's;
+ * threads take chunks of 1024 blocks. MT_ERR (with a message) for a range outside the state, an
+ * offset of compact/tight off a 256 boundary, a bad grad dtype, or full without its update. */
+int mt_optim_state_update(mt_optim_state *s, const mt_optim_step *a, size_t offset, size_t n,
+                          const void *grad, mt_dtype grad_dtype, int n_threads);
+
+/* The tensors to checkpoint, in a fixed order; returns their count (<= MT_OPTIM_MAX_TENSORS).
+ * The upload copy of full is not listed (it is bf16(master)). */
+int mt_optim_state_tensors(const mt_optim_state *s, mt_optim_tensor *out);
+
+/* Instruction-set paths of the compact and tight kernels, as mt_adamw_isa. */
+typedef enum { MT_OPTIM_SCALAR = 0, MT_OPTIM_AVX2 = 1, MT_OPTIM_AVX512 = 2 } mt_optim_isa;
+const char *mt_optim_isa_name(mt_optim_isa isa);
+int mt_optim_isa_supported(mt_optim_isa isa);
+mt_optim_isa mt_optim_isa_active(void);
+/* Tests and benchmarks: the path later calls use (not while updates run); MT_ERR if absent. */
+int mt_optim_set_isa(mt_optim_isa isa);
+
+#endif

@@ -1,0 +1,538 @@
+/* The optimizer state (src/optim/state.h): each format's AdamW step against an fp64 reference of
+ * the same math (dequantize -> fp64 AdamW -> requantize), long runs of tiny updates through the
+ * kernels, every ISA path and thread count bitwise equal to the plain C one, the checkpoint
+ * tensor list round-tripping bit for bit (resume), bytes per parameter, and the errors. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "engine/adamw.h"
+#include "optim/qmap.h"
+#include "optim/state.h"
+#include "util/testutil.h"
+
+#if defined(__SANITIZE_THREAD__)
+#define NSTEPS_BIG 2
+#else
+#define NSTEPS_BIG 3
+#endif
+/* More than two of the update's 1024-block thread chunks, and odd. */
+#define N_THREADED (2 * 262144 + 4099)
+
+/* The full format's update: today's engine kernel, as the engine will hand it in. */
+static void full_update(const mt_optim_step *a, float *p, float *m, float *v, const void *grad,
+                        int grad_bf16, size_t n, mt_bf16 *upload, int n_threads) {
+    mt_adamw_step_args b = {.lr = a->lr, .beta1 = a->beta1, .beta2 = a->beta2, .eps = a->eps,
+                            .weight_decay = a->weight_decay, .step = a->step,
+                            .grad_scale = a->grad_scale};
+    if (grad_bf16) mt_adamw_update_bf16(&b, p, m, v, grad, n, upload, MT_BF16, n_threads);
+    else mt_adamw_update(&b, p, m, v, grad, n, upload, MT_BF16, n_threads);
+}
+
+static mt_optim_step step_args(double wd, int64_t step, float gs) {
+    mt_optim_step a = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
+                       .weight_decay = wd, .step = step, .grad_scale = gs};
+    return a;
+}
+
+/* Gradients with mixed magnitudes: mostly ~0.02, some 1e3x larger, some 1e-20x, some zero. */
+static void fill_grad(mt_test_rng *r, float *g, size_t n) {
+    mt_test_fill_normal(r, g, n, 0.02f);
+    for (size_t i = 0; i < n; i++) {
+        if (i % 7 == 0) g[i] *= 1e3f;
+        else if (i % 11 == 3) g[i] *= 1e-20f;
+        else if (i % 13 == 5) g[i] = 0.0f;
+    }
+}
+
+static mt_optim_tensor *find_tensor(mt_optim_tensor *t, int nt, const char *name) {
+    for (int k = 0; k < nt; k++)
+        if (!strcmp(t[k].name, name)) return &t[k];
+    fail_msg("state has no tensor %s", name);
+    return NULL;
+}
+
+/* The moments as the kernel reads them: code * scale (exact in double). */
+static void dequant(const mt_optim_state *s, double *m, double *v) {
+    mt_optim_tensor t[MT_OPTIM_MAX_TENSORS];
+    int nt = mt_optim_state_tensors(s, t);
+    const uint8_t *mq = find_tensor(t, nt, "exp_avg")->data, *vq = find_tensor(t, nt, "exp_avg_sq")->data;
+    const float *ms = find_tensor(t, nt, "exp_avg_scale")->data;
+    const float *vs = find_tensor(t, nt, "exp_avg_sq_scale")->data;
+    for (size_t i = 0; i < mt_optim_state_numel(s); i++) {
+        m[i] = (double)mt_qmap_signed()->code[mq[i]] * ms[i / MT_OPTIM_BLOCK];
+        v[i] = (double)mt_qmap_unsigned()->code[vq[i]] * vs[i / MT_OPTIM_BLOCK];
+    }
+}
+
+static double half_gap(const mt_qmap *q, double y) {
+    int k = 0;
+    while (k < 254 && q->code[k + 1] < y) k++;
+    return 0.5 * ((double)q->code[k + 1] - q->code[k]);
+}
+
+typedef struct {
+    double w, m, v, u, d; /* after the step; u the update, d its denominator */
+} ref_elem;
+
+static ref_elem ref_adamw(const mt_optim_step *a, double w, double m, double v, double g) {
+    double bc1 = 1.0 - pow(a->beta1, (double)a->step), bc2 = 1.0 - pow(a->beta2, (double)a->step);
+    ref_elem r;
+    g *= a->grad_scale;
+    r.m = m + (1.0 - a->beta1) * (g - m);
+    r.v = a->beta2 * v + (1.0 - a->beta2) * g * g;
+    r.d = sqrt(r.v) / sqrt(bc2) + a->eps;
+    r.u = -a->lr / bc1 * r.m / r.d;
+    r.w = w * (1.0 - a->lr * a->weight_decay) + r.u;
+    return r;
+}
+
+/* ---- (a) one step of each format against fp64 ---- */
+
+/* Checks the new moments of one element against the reference; the block's reference scale is
+ * max |reference| over the block. Returns the error as a fraction of the bound. */
+static double check_moment(const char *what, const mt_qmap *q, double got, double ref,
+                           double ref_scale, float scale, size_t i) {
+    /* bound: the nearest code's error (half the code spacing at ref/scale, times the scale),
+     * plus 1e-5 of the scale for the kernel's fp32 arithmetic against fp64 */
+    double y = ref_scale ? ref / ref_scale : 0;
+    double bound = ref_scale * (half_gap(q, y) + 1e-5);
+    double err = fabs(got - ref);
+    if (!(err <= bound) || !(fabs(scale - ref_scale) <= 1e-5 * ref_scale))
+        printf("%s[%zu]: %.9g, reference %.9g, err %.3g > %.3g (scale %.9g, reference %.9g)\n",
+               what, i, got, ref, err, bound, scale, ref_scale);
+    assert_true(err <= bound);
+    assert_true(fabs(scale - ref_scale) <= 1e-5 * ref_scale);
+    return bound > 0 ? err / bound : 0;
+}
+
+static void check_vs_fp64(mt_state_format f, int bf16_grad) {
+    const size_t n = 4099, split = 1536; /* two groups: decay on the first only */
+    mt_test_rng r;
+    mt_test_rng_seed(&r, 17 + f);
+    mt_optim_state *s = mt_optim_state_create(f, n, 99, NULL);
+    float *w = malloc(n * 4), *g = malloc(n * 4), *wn = malloc(n * 4);
+    mt_bf16 *gh = malloc(n * 2);
+    double *m = malloc(n * 8), *v = malloc(n * 8), *mn = malloc(n * 8), *vn = malloc(n * 8);
+    ref_elem *ref = malloc(n * sizeof *ref);
+    mt_test_fill_normal(&r, w, n, 0.5f);
+    mt_optim_state_set_weights(s, 0, w, n);
+    double worst_w = 0, worst_m = 0, worst_v = 0;
+    for (int step = 1; step <= 10; step++) {
+        mt_optim_step a1 = step_args(0.1, step, step % 2 ? 0.37f : 1.0f), a2 = a1;
+        a2.weight_decay = 0.0;
+        fill_grad(&r, g, n);
+        for (size_t i = 0; i < n; i++) gh[i] = mt_f32_to_bf16(g[i]);
+        if (bf16_grad)
+            for (size_t i = 0; i < n; i++) g[i] = mt_bf16_to_f32(gh[i]);
+        mt_optim_state_get_weights(s, 0, w, n);
+        dequant(s, m, v);
+        for (size_t i = 0; i < n; i++) ref[i] = ref_adamw(i < split ? &a1 : &a2, w[i], m[i], v[i], g[i]);
+        const void *src = bf16_grad ? (const void *)gh : (const void *)g;
+        mt_dtype gt = bf16_grad ? MT_BF16 : MT_F32;
+        assert_int_equal(mt_optim_state_update(s, &a1, 0, split, src, gt, 1), MT_OK);
+        assert_int_equal(mt_optim_state_update(s, &a2, split, n - split,
+                                               (const char *)src + split * (bf16_grad ? 2 : 4), gt, 1),
+                         MT_OK);
+        mt_optim_state_get_weights(s, 0, wn, n);
+        dequant(s, mn, vn);
+        mt_optim_tensor t[MT_OPTIM_MAX_TENSORS];
+        int nt = mt_optim_state_tensors(s, t);
+        const float *ms = find_tensor(t, nt, "exp_avg_scale")->data;
+        const float *vs = find_tensor(t, nt, "exp_avg_sq_scale")->data;
+        for (size_t b0 = 0; b0 < n; b0 += MT_OPTIM_BLOCK) {
+            size_t b1 = b0 + MT_OPTIM_BLOCK < n ? b0 + MT_OPTIM_BLOCK : n;
+            double am = 0, av = 0;
+            for (size_t i = b0; i < b1; i++) {
+                am = fmax(am, fabs(ref[i].m));
+                av = fmax(av, ref[i].v);
+            }
+            for (size_t i = b0; i < b1; i++) {
+                double fm = check_moment("exp_avg", mt_qmap_signed(), mn[i], ref[i].m, am,
+                                         ms[i / MT_OPTIM_BLOCK], i);
+                double fv = check_moment("exp_avg_sq", mt_qmap_unsigned(), vn[i], ref[i].v, av,
+                                         vs[i / MT_OPTIM_BLOCK], i);
+                worst_m = fmax(worst_m, fm);
+                worst_v = fmax(worst_v, fv);
+            }
+        }
+        for (size_t i = 0; i < n; i++) {
+            /* the weight: three half-ulp fp32 roundings of w (the decay factor f32(1-lr*wd),
+             * the product, the add: 1.5 ulp of the larger |w|) and the update's ~10 fp32
+             * operations (1e-5 of |u|, and of m's two terms where they cancel); tight adds its
+             * rounding to one of the two bf16 neighbours (< 1 bf16 ulp) */
+            double bc1 = 1.0 - pow(0.9, step);
+            double m_terms = fabs(m[i]) + fabs((double)g[i] * a1.grad_scale);
+            double wmax = fmax(fabs(ref[i].w), fabs((double)w[i]));
+            double bound = 1.5 * ldexp(1.0, ilogb(wmax) - 23) + 1e-5 * fabs(ref[i].u) +
+                           1e-6 * a1.lr / bc1 * m_terms / ref[i].d;
+            if (f == MT_STATE_TIGHT) bound += ldexp(1.0, ilogb(wmax) - 7);
+            double err = fabs((double)wn[i] - ref[i].w);
+            if (!(err <= bound))
+                printf("%s step %d: w[%zu] %.9g, reference %.9g (from %.9g, update %.3g): err "
+                       "%.3g > %.3g\n", mt_state_format_name(f), step, i, wn[i], ref[i].w, w[i],
+                       ref[i].u, err, bound);
+            assert_true(err <= bound);
+            worst_w = fmax(worst_w, err / bound);
+        }
+    }
+    printf("%s, %s grad, 10 steps vs fp64: worst weight %.1f%%, exp_avg %.1f%%, exp_avg_sq %.1f%% "
+           "of the bounds\n", mt_state_format_name(f), bf16_grad ? "bf16" : "f32",
+           100 * worst_w, 100 * worst_m, 100 * worst_v);
+    /* the moments' bounds are tight: quantization uses most of its half spacing */
+    assert_true(worst_m > 0.5 && worst_v > 0.5);
+    mt_optim_state_free(s);
+    free(w); free(g); free(wn); free(gh); free(m); free(v); free(mn); free(vn); free(ref);
+}
+
+static void test_vs_fp64(void **state) {
+    (void)state;
+    check_vs_fp64(MT_STATE_COMPACT, 0);
+    check_vs_fp64(MT_STATE_COMPACT, 1);
+    check_vs_fp64(MT_STATE_TIGHT, 0);
+    check_vs_fp64(MT_STATE_TIGHT, 1);
+}
+
+/* full through the engine's kernel: bitwise what mt_adamw_update gives on its own arenas */
+static void test_full_wraps_engine(void **state) {
+    (void)state;
+    const size_t n = 1000;
+    mt_test_rng r;
+    mt_test_rng_seed(&r, 4);
+    mt_optim_state *s = mt_optim_state_create(MT_STATE_FULL, n, 0, NULL);
+    mt_optim_state_set_full_update(s, full_update);
+    float *p = mt_aligned_alloc(n * 4), *m = mt_aligned_alloc(n * 4), *v = mt_aligned_alloc(n * 4);
+    float *g = malloc(n * 4), *w = malloc(n * 4);
+    mt_bf16 *up = mt_aligned_alloc(n * 2);
+    mt_test_fill_normal(&r, p, n, 0.5f);
+    memset(m, 0, n * 4);
+    memset(v, 0, n * 4);
+    mt_optim_state_set_weights(s, 0, p, n);
+    for (int step = 1; step <= 5; step++) {
+        mt_optim_step a = step_args(0.1, step, 0.5f);
+        fill_grad(&r, g, n);
+        assert_int_equal(mt_optim_state_update(s, &a, 0, n, g, MT_F32, 1), MT_OK);
+        full_update(&a, p, m, v, g, 0, n, up, 1);
+    }
+    mt_optim_state_get_weights(s, 0, w, n);
+    assert_memory_equal(w, p, n * 4);
+    assert_memory_equal(mt_optim_state_upload(s), up, n * 2);
+    mt_optim_tensor t[MT_OPTIM_MAX_TENSORS];
+    int nt = mt_optim_state_tensors(s, t);
+    assert_memory_equal(find_tensor(t, nt, "exp_avg")->data, m, n * 4);
+    assert_memory_equal(find_tensor(t, nt, "exp_avg_sq")->data, v, n * 4);
+    mt_optim_state_free(s);
+    free(p); free(m); free(v); free(g); free(w); free(up);
+}
+
+/* ---- (b) long runs of tiny updates through the kernels ---- */
+
+static void test_long_tiny_updates(void **state) {
+    (void)state;
+    const size_t n = 256, steps = 20000;
+    const double lr = 1e-5; /* Adam's update ~lr; bf16 half ulp at 1..2 is 2^-8 = 0.0039 */
+    for (int fi = 0; fi < 2; fi++) {
+        mt_state_format f = fi ? MT_STATE_TIGHT : MT_STATE_COMPACT;
+        mt_test_rng r;
+        mt_test_rng_seed(&r, 23);
+        mt_optim_state *s = mt_optim_state_create(f, n, 5, NULL);
+        float w[256], g[256], wk[256];
+        double wref[256], m[256], v[256];
+        mt_bf16 plain[256];
+        for (size_t i = 0; i < n; i++) {
+            w[i] = 1.0f + 0.5f * mt_test_rng_uniform(&r);
+            g[i] = (i % 2 ? 1.0f : -1.0f) * (0.5f + mt_test_rng_uniform(&r)) * 1e-2f;
+            wref[i] = w[i];
+            plain[i] = mt_f32_to_bf16(w[i]);
+            w[i] = mt_bf16_to_f32(plain[i]); /* start on the bf16 grid, as plain does */
+            wref[i] = w[i];
+        }
+        mt_optim_state_set_weights(s, 0, w, n);
+        for (size_t st = 1; st <= steps; st++) {
+            mt_optim_step a = {.lr = lr, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
+                               .weight_decay = 0.0, .step = (int64_t)st, .grad_scale = 1.0f};
+            dequant(s, m, v);
+            mt_optim_state_get_weights(s, 0, wk, n);
+            for (size_t i = 0; i < n; i++) {
+                ref_elem e = ref_adamw(&a, wk[i], m[i], v[i], g[i]);
+                wref[i] += e.u;
+                plain[i] = mt_f32_to_bf16(mt_bf16_to_f32(plain[i]) + (float)e.u);
+            }
+            assert_int_equal(mt_optim_state_update(s, &a, 0, n, g, MT_F32, 1), MT_OK);
+        }
+        mt_optim_state_get_weights(s, 0, wk, n);
+        double moved = 0, err_max = 0, err_mean = 0, plain_err = 0;
+        for (size_t i = 0; i < n; i++) {
+            moved += fabs(wref[i] - w[i]) / n;
+            err_max = fmax(err_max, fabs(wk[i] - wref[i]));
+            err_mean += (wk[i] - wref[i]) / n;
+            plain_err += fabs(mt_bf16_to_f32(plain[i]) - wref[i]) / n;
+            assert_true(plain[i] == mt_f32_to_bf16(w[i])); /* plain bf16 never moved */
+        }
+        /* compact accumulates in fp32: per step half an fp32 ulp (|w| < 2: 2^-24) and the
+         * update's fp32 error (1e-5 of lr) */
+        double bound_c = steps * (0x1p-24 + 1e-5 * lr);
+        /* tight: each step's rounding is a draw of variance <= ulp * |u| (bf16 ulp <= 2^-7):
+         * the mean over the 256 elements is within 5 sigma = 5 sqrt(steps ulp lr / 256) */
+        double bound_t = 5 * sqrt(steps * 0x1p-7 * lr / n);
+        printf("%s: %zu steps of lr %g moved the weights %.4f on average; error max %.3g mean "
+               "%.3g (bound %.3g); plain bf16 error %.4f\n", mt_state_format_name(f), steps, lr,
+               moved, err_max, err_mean, f == MT_STATE_COMPACT ? bound_c : bound_t, plain_err);
+        assert_true(moved > 0.15);
+        assert_true(plain_err > 0.95 * moved);
+        if (f == MT_STATE_COMPACT) assert_true(err_max <= bound_c && bound_c < 0.01 * moved);
+        else assert_true(fabs(err_mean) <= bound_t && bound_t < 0.1 * moved);
+        mt_optim_state_free(s);
+    }
+}
+
+/* ---- (c) every ISA and thread count bitwise equal to scalar on one thread ---- */
+
+typedef struct {
+    mt_optim_state *s;
+} run_out;
+
+static mt_optim_state *run_steps(mt_state_format f, size_t n, int steps, int bf16_grad,
+                                 int threads) {
+    mt_test_rng r;
+    mt_test_rng_seed(&r, 7 + n);
+    mt_optim_state *s = mt_optim_state_create(f, n, 1234, NULL);
+    mt_optim_state_set_index_base(s, (1ull << 32) - 1003); /* tight's counter crosses 2^32 */
+    float *w = malloc(n * 4), *g = malloc(n * 4);
+    mt_bf16 *gh = malloc(n * 2);
+    mt_test_fill_normal(&r, w, n, 0.5f);
+    mt_optim_state_set_weights(s, 0, w, n);
+    size_t split = n > 512 ? 512 : n;
+    for (int step = 1; step <= steps; step++) {
+        mt_optim_step a1 = step_args(0.1, step, 0.731f), a2 = a1;
+        a2.weight_decay = 0.0;
+        fill_grad(&r, g, n);
+        for (size_t i = 0; i < n; i++) gh[i] = mt_f32_to_bf16(g[i]);
+        const char *src = bf16_grad ? (const char *)gh : (const char *)g;
+        mt_dtype gt = bf16_grad ? MT_BF16 : MT_F32;
+        size_t esz = bf16_grad ? 2 : 4;
+        assert_int_equal(mt_optim_state_update(s, &a1, 0, split, src, gt, threads), MT_OK);
+        if (split < n)
+            assert_int_equal(mt_optim_state_update(s, &a2, split, n - split, src + split * esz,
+                                                   gt, threads), MT_OK);
+    }
+    free(w); free(g); free(gh);
+    return s;
+}
+
+static int states_equal(const char *what, const mt_optim_state *a, const mt_optim_state *b) {
+    mt_optim_tensor ta[MT_OPTIM_MAX_TENSORS], tb[MT_OPTIM_MAX_TENSORS];
+    int na = mt_optim_state_tensors(a, ta), nb = mt_optim_state_tensors(b, tb), ok = na == nb;
+    for (int k = 0; ok && k < na; k++) {
+        if (ta[k].bytes != tb[k].bytes || memcmp(ta[k].data, tb[k].data, ta[k].bytes)) {
+            const unsigned char *x = ta[k].data, *y = tb[k].data;
+            size_t i = 0;
+            while (i < ta[k].bytes && x[i] == y[i]) i++;
+            printf("%s: %s differs, first at byte %zu\n", what, ta[k].name, i);
+            ok = 0;
+        }
+    }
+    size_t n = mt_optim_state_numel(a);
+    if (ok && memcmp(mt_optim_state_upload(a), mt_optim_state_upload(b), n * 2)) {
+        printf("%s: upload differs\n", what);
+        ok = 0;
+    }
+    return ok;
+}
+
+static void test_isa_threads_bitwise(void **state) {
+    (void)state;
+    const size_t sizes[] = {1, 15, 256, 257, 4099, N_THREADED};
+    mt_optim_isa saved = mt_optim_isa_active();
+    int checked = 0;
+    for (int fi = 0; fi < 2; fi++)
+        for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++)
+            for (int bg = 0; bg < 2; bg++) {
+                mt_state_format f = fi ? MT_STATE_TIGHT : MT_STATE_COMPACT;
+                size_t n = sizes[si];
+                int big = n == N_THREADED, steps = big ? NSTEPS_BIG : 6;
+                assert_int_equal(mt_optim_set_isa(MT_OPTIM_SCALAR), MT_OK);
+                mt_optim_state *ref = run_steps(f, n, steps, bg, 1);
+                for (int isa = MT_OPTIM_SCALAR; isa <= MT_OPTIM_AVX512; isa++) {
+                    if (!mt_optim_isa_supported((mt_optim_isa)isa)) continue;
+                    assert_int_equal(mt_optim_set_isa((mt_optim_isa)isa), MT_OK);
+                    const int thr[] = {1, 2, 3};
+                    for (int ti = 0; ti < (big ? 3 : 1); ti++) {
+                        if (isa == MT_OPTIM_SCALAR && thr[ti] == 1) continue;
+                        char what[128];
+                        snprintf(what, sizeof what, "%s n=%zu %s grad %s thr=%d",
+                                 mt_state_format_name(f), n, bg ? "bf16" : "f32",
+                                 mt_optim_isa_name((mt_optim_isa)isa), thr[ti]);
+                        mt_optim_state *o = run_steps(f, n, steps, bg, thr[ti]);
+                        assert_true(states_equal(what, o, ref));
+                        mt_optim_state_free(o);
+                        checked++;
+                    }
+                }
+                mt_optim_state_free(ref);
+            }
+    printf("%d runs (formats x sizes x grad types x ISA x threads) bitwise equal to scalar on "
+           "1 thread; paths here:", checked);
+    for (int isa = MT_OPTIM_SCALAR; isa <= MT_OPTIM_AVX512; isa++)
+        if (mt_optim_isa_supported((mt_optim_isa)isa)) printf(" %s", mt_optim_isa_name((mt_optim_isa)isa));
+    printf("\n");
+    assert_true(checked > 0);
+    assert_int_equal(mt_optim_set_isa(saved), MT_OK);
+}
+
+/* ---- (d) checkpoint tensors: save, restore into a fresh state, resume bit-exact ---- */
+
+static void test_save_restore(void **state) {
+    (void)state;
+    const size_t n = 3000;
+    for (int fi = 0; fi <= 2; fi++) {
+        mt_state_format f = (mt_state_format)fi;
+        mt_test_rng r;
+        mt_test_rng_seed(&r, 31);
+        float *w = malloc(n * 4), *g = malloc(n * 4);
+        mt_test_fill_normal(&r, w, n, 0.5f);
+        mt_optim_state *a = mt_optim_state_create(f, n, 777, NULL);
+        mt_optim_state_set_full_update(a, full_update);
+        mt_optim_state_set_weights(a, 0, w, n);
+        int step = 1;
+        for (; step <= 4; step++) {
+            fill_grad(&r, g, n);
+            mt_optim_step sa = step_args(0.1, step, 0.9f);
+            assert_int_equal(mt_optim_state_update(a, &sa, 0, n, g, MT_F32, 1), MT_OK);
+        }
+        /* save: copy every listed tensor's bytes */
+        mt_optim_tensor ta[MT_OPTIM_MAX_TENSORS], tb[MT_OPTIM_MAX_TENSORS];
+        int na = mt_optim_state_tensors(a, ta);
+        size_t listed = 0;
+        void *saved[MT_OPTIM_MAX_TENSORS];
+        for (int k = 0; k < na; k++) {
+            assert_int_equal(ta[k].bytes, ta[k].numel * mt_dtype_size(ta[k].dtype));
+            saved[k] = malloc(ta[k].bytes);
+            memcpy(saved[k], ta[k].data, ta[k].bytes);
+            listed += ta[k].bytes;
+        }
+        /* everything but full's upload copy (bf16(master)) and tight's 8-byte seed is listed */
+        size_t want = mt_optim_state_bytes(f, n) - (f == MT_STATE_FULL ? 2 * n : 0) +
+                      (f == MT_STATE_TIGHT ? 8 : 0);
+        assert_int_equal(listed, want);
+        /* restore into a fresh state with another seed */
+        mt_optim_state *b = mt_optim_state_create(f, n, 1, NULL);
+        mt_optim_state_set_full_update(b, full_update);
+        int nb = mt_optim_state_tensors(b, tb);
+        assert_int_equal(na, nb);
+        for (int k = 0; k < nb; k++) {
+            assert_string_equal(ta[k].name, tb[k].name);
+            assert_int_equal(ta[k].dtype, tb[k].dtype);
+            assert_int_equal(ta[k].bytes, tb[k].bytes);
+            memcpy(tb[k].data, saved[k], tb[k].bytes);
+        }
+        if (f == MT_STATE_FULL) { /* the upload copy is rebuilt from the master */
+            float *mw = malloc(n * 4);
+            mt_optim_state_get_weights(b, 0, mw, n);
+            mt_optim_state_set_weights(b, 0, mw, n);
+            free(mw);
+        }
+        /* resume both: identical bits after 3 more steps */
+        for (; step <= 7; step++) {
+            fill_grad(&r, g, n);
+            mt_optim_step sa = step_args(0.1, step, 0.9f);
+            assert_int_equal(mt_optim_state_update(a, &sa, 0, n, g, MT_F32, 1), MT_OK);
+            assert_int_equal(mt_optim_state_update(b, &sa, 0, n, g, MT_F32, 2), MT_OK);
+        }
+        char what[64];
+        snprintf(what, sizeof what, "%s resumed", mt_state_format_name(f));
+        assert_true(states_equal(what, a, b));
+        printf("%s: %d tensors (%zu bytes) restored; 3 more steps bitwise equal\n",
+               mt_state_format_name(f), na, listed);
+        for (int k = 0; k < na; k++) free(saved[k]);
+        mt_optim_state_free(a);
+        mt_optim_state_free(b);
+        free(w); free(g);
+    }
+}
+
+/* ---- (e) bytes per parameter and errors ---- */
+
+static void test_bytes_and_errors(void **state) {
+    (void)state;
+    assert_true(mt_optim_bytes_per_param(MT_STATE_FULL) == 14.0);
+    assert_true(mt_optim_bytes_per_param(MT_STATE_COMPACT) == 6.03125);
+    assert_true(mt_optim_bytes_per_param(MT_STATE_TIGHT) == 4.03125);
+    assert_int_equal(mt_optim_state_bytes(MT_STATE_COMPACT, 1000), 6000 + 2 * 4 * 4);
+    assert_int_equal(mt_optim_state_bytes(MT_STATE_TIGHT, 1024), 4096 + 2 * 4 * 4);
+    mt_state_format f;
+    assert_int_equal(mt_state_format_parse("tight", &f), MT_OK);
+    assert_int_equal(f, MT_STATE_TIGHT);
+    assert_int_equal(mt_state_format_parse("medium", &f), MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "'medium'"));
+
+    const size_t n = 1024;
+    float g[1024] = {0};
+    mt_optim_state *s = mt_optim_state_create(MT_STATE_COMPACT, n, 0, NULL);
+    mt_optim_step a = step_args(0.0, 1, 1.0f);
+    assert_int_equal(mt_optim_state_update(s, &a, 100, 256, g, MT_F32, 1), MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "multiples of 256"));
+    assert_int_equal(mt_optim_state_update(s, &a, 768, 512, g, MT_F32, 1), MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "outside"));
+    assert_int_equal(mt_optim_state_update(s, &a, 0, 256, g, MT_F16, 1), MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "F16"));
+    assert_int_equal(mt_optim_state_update(s, &a, 0, 256, mt_optim_state_upload(s), MT_BF16, 1),
+                     MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "overlaps the bf16 master"));
+    a.step = 0;
+    assert_int_equal(mt_optim_state_update(s, &a, 0, 256, g, MT_F32, 1), MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "1-based"));
+    mt_optim_state_free(s);
+    s = mt_optim_state_create(MT_STATE_FULL, n, 0, NULL);
+    a.step = 1;
+    assert_int_equal(mt_optim_state_update(s, &a, 3, 5, g, MT_F32, 1), MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "no update function"));
+    mt_optim_state_free(s);
+}
+
+/* ---- (f) megatrain bench adamw --state ---- */
+
+static void test_bench_cli(void **state) {
+    (void)state;
+    const char *bin = getenv("MT_BIN");
+    if (!bin) fail_msg("MT_BIN is not set (run through ctest)");
+    char cmd[1024], out[4096];
+    const char *states[] = {"compact", "tight", "full"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(cmd, sizeof cmd, "%s bench adamw --state %s --params 5000 --threads 1 --reps 1 "
+                 "--grad bf16", bin, states[k]);
+        int rc = mt_test_run(cmd, out, sizeof out);
+        printf("%s", out);
+        assert_int_equal(rc, 0);
+        assert_non_null(strstr(out, "Gparam/s"));
+        assert_non_null(strstr(out, "GB/s"));
+        if (k < 2) {
+            char want[64];
+            snprintf(want, sizeof want, "--state %s: 5000 params", states[k]);
+            assert_non_null(strstr(out, want));
+        }
+    }
+    snprintf(cmd, sizeof cmd, "%s bench adamw --state medium", bin);
+    assert_int_equal(mt_test_run(cmd, out, sizeof out), 1);
+    assert_non_null(strstr(out, "megatrain: --state: 'medium' is not one of full|compact|tight"));
+    snprintf(cmd, sizeof cmd, "%s bench adamw --state tight --grad bf16 --alias", bin);
+    assert_int_equal(mt_test_run(cmd, out, sizeof out), 1);
+    assert_non_null(strstr(out, "--alias is for --state full"));
+}
+
+int main(void) {
+    printf("optimizer ISA in use: %s\n", mt_optim_isa_name(mt_optim_isa_active()));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_vs_fp64),
+        cmocka_unit_test(test_full_wraps_engine),
+        cmocka_unit_test(test_long_tiny_updates),
+        cmocka_unit_test(test_isa_threads_bitwise),
+        cmocka_unit_test(test_save_restore),
+        cmocka_unit_test(test_bytes_and_errors),
+        cmocka_unit_test(test_bench_cli),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
