@@ -351,6 +351,11 @@ static void bench(int B, int T, int H, int G, int D, int docmax, int iters) {
                dev_rel_diff(out[1], out[0], nq), dev_rel_diff(lse[1], lse[0], nl),
                dev_rel_diff(dq[1], dq[0], nq), dev_rel_diff(dk[1], dk[0], nk),
                dev_rel_diff(dv[1], dv[0], nk));
+    const long long wf = mt_cuda_attention_cudnn_workspace(0, B, T, H, G, D);
+    const long long wb = mt_cuda_attention_cudnn_workspace(1, B, T, H, G, D);
+    if (wf >= 0 || wb >= 0)
+        printf("     cudnn workspace: fwd %.1f MiB, bwd %.1f MiB (ours: bwd %.1f MiB)\n", wf / 1048576.0,
+               wb / 1048576.0, (nl * 4.0 + nq * 4.0) / 1048576.0);
     mt_cuda_attention_set_impl(MT_ATTENTION_AUTO);
     mt_cuda_attention_forward(out[0], lse[0], q, k, v, doc, B, T, H, G, D, 0);
     mt_cuda_attention_backward(nullptr, dq[0], dk[0], dv[0], dout, out[0], lse[0], q, k, v, doc, B,

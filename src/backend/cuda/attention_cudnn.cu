@@ -150,7 +150,10 @@ bool load_locked() {
 
 /* The handle of the current device, made on first use; null when that fails. */
 cudnnHandle_t handle_locked(int device) {
-    if (device < 0 || device >= kMaxDevices) return nullptr;
+    if (device < 0 || device >= kMaxDevices) {
+        g_why = "device " + std::to_string(device) + " is past the cuDNN handles kept";
+        return nullptr;
+    }
     if (!g_handle[device]) {
         cudnnHandle_t h = nullptr;
         cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
@@ -241,8 +244,8 @@ plan &plan_locked(const plan_key &k, cudnnHandle_t h) {
     std::string why;
     try {
         p.graph = make_graph(k, 0);
-        fe::error_t err = p.graph->build(h, {fe::HeurMode_t::A});
-        if (err.is_good()) err = p.graph->get_workspace_size(p.workspace);
+        fe::error_t built = p.graph->build(h, {fe::HeurMode_t::A});
+        fe::error_t err = built.is_good() ? p.graph->get_workspace_size(p.workspace) : built;
         if (err.is_bad()) {
             why = err.get_message();
             p.graph = nullptr;
@@ -275,15 +278,17 @@ bool wanted(int backward, const int32_t *doc_start, int T, int D,
 
 /* Loads cuDNN and returns the cached plan for k on the current device, or null. Locked. */
 plan *usable_plan_locked(plan_key &k, cudnnHandle_t *h) {
-    if (!load_locked()) {
+    if (load_locked()) {
+        if (cudaGetDevice(&k.device) != cudaSuccess) g_why = "cudaGetDevice failed";
+        else *h = handle_locked(k.device);
+    }
+    if (!*h) {
         if (!g_noted)
             fprintf(stderr, "megatrain: %s; attention uses the built-in kernel\n", g_why.c_str());
         g_noted = true;
+        g_loaded = -1; /* no handle: not usable in this process */
         return nullptr;
     }
-    if (cudaGetDevice(&k.device) != cudaSuccess) return nullptr;
-    *h = handle_locked(k.device);
-    if (!*h) return nullptr;
     plan &p = plan_locked(k, *h);
     return p.graph ? &p : nullptr;
 }
@@ -321,9 +326,46 @@ bool run_locked(plan &p, const plan_key &k, cudnnHandle_t h,
 extern "C" int mt_cuda_cudnn_status(const char **why, long *version) {
     std::lock_guard<std::mutex> lock(g_mu);
     bool ok = load_locked();
+    int device = 0;
+    if (ok && cudaGetDevice(&device) == cudaSuccess && !handle_locked(device)) { /* no GPU: no handle */
+        g_loaded = -1;
+        ok = false;
+    }
+    cudaGetLastError(); /* cudaGetDevice's error, when there is no device, is not sticky: clear it */
     if (why) *why = g_why.c_str();
     if (version) *version = ok ? g_version : 0;
     return ok ? 1 : 0;
+}
+
+extern "C" long long mt_cuda_attention_cudnn_workspace(int backward, int B, int T, int H, int G,
+                                                       int D) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    plan_key k = {backward ? 1 : 0, 0, B, T, H, G, D};
+    if (cudaGetDevice(&k.device) != cudaSuccess) return -1;
+    auto it = g_plans.find(k);
+    return it != g_plans.end() && it->second.graph ? (long long)it->second.workspace : -1;
+}
+
+extern "C" int mt_cuda_attention_cudnn_validate(int backward, int B, int T, int H, int G, int D,
+                                                int sm_version, char *why, size_t why_size) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    std::string msg;
+    int ok = -1;
+    if (!load_locked()) {
+        msg = g_why;
+    } else {
+        try {
+            plan_key k = {backward ? 1 : 0, 0, B, T, H, G, D};
+            fe::error_t err = make_graph(k, sm_version)->validate();
+            ok = err.is_good() ? 1 : 0;
+            msg = err.get_message();
+        } catch (const std::exception &ex) {
+            ok = 0;
+            msg = ex.what();
+        }
+    }
+    if (why && why_size) snprintf(why, why_size, "%s", msg.c_str());
+    return ok;
 }
 
 bool mt_cuda_attention_cudnn_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
@@ -370,6 +412,14 @@ extern "C" int mt_cuda_cudnn_status(const char **why, long *version) {
                     "configured; run scripts/cudnn-frontend.sh and configure again)";
     if (version) *version = 0;
     return 0;
+}
+
+extern "C" long long mt_cuda_attention_cudnn_workspace(int, int, int, int, int, int) { return -1; }
+
+extern "C" int mt_cuda_attention_cudnn_validate(int, int, int, int, int, int, int, char *why,
+                                                size_t why_size) {
+    if (why && why_size) snprintf(why, why_size, "built without cuDNN");
+    return -1;
 }
 
 bool mt_cuda_attention_cudnn_forward(bf16 *, float *, const bf16 *, const bf16 *, const bf16 *,

@@ -13,6 +13,8 @@
 #ifndef MT_CUDA_ATTENTION_CUDNN_H
 #define MT_CUDA_ATTENTION_CUDNN_H
 
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -36,9 +38,18 @@ mt_attention_impl mt_cuda_attention_get_impl(void);
 /* What the latest forward (backward = 0) or backward (backward = 1) call ran: MT_ATTENTION_OWN or
  * MT_ATTENTION_CUDNN (MT_ATTENTION_AUTO before the first call). */
 mt_attention_impl mt_cuda_attention_last(int backward);
-/* Loads cuDNN (once; on the current device). 1 when it is usable, with its version (e.g. 91900);
- * 0 with why it is not (a static string) otherwise. Either pointer may be NULL. */
+/* Loads cuDNN (once) and, where a device is current, makes its handle. 1 when it is usable, with
+ * its version (e.g. 91900); 0 with why it is not (valid until the next call) otherwise. Either
+ * pointer may be NULL. */
 int mt_cuda_cudnn_status(const char **why, long *version);
+/* The workspace bytes of the cached cuDNN plan for this shape (taken from the stream-ordered pool
+ * at each call), or -1 when there is none (not run yet, or cuDNN cannot run it). For the bench. */
+long long mt_cuda_attention_cudnn_workspace(int backward, int B, int T, int H, int G, int D);
+/* Checks, without a device, that the graph the op would build for this shape passes the cuDNN
+ * frontend's validation for compute capability sm_version (90: Hopper). 1 when it does; 0 when it
+ * does not, with the frontend's reason in why; -1 when cuDNN is not usable or not built in. */
+int mt_cuda_attention_cudnn_validate(int backward, int B, int T, int H, int G, int D,
+                                     int sm_version, char *why, size_t why_size);
 
 #ifdef __cplusplus
 }
