@@ -112,7 +112,9 @@ int g_loaded = 0; /* 0 untried, 1 usable, -1 not */
 long g_version = 0;
 std::string g_why = "cuDNN not loaded yet";
 cudnnHandle_t g_handle[kMaxDevices];
-std::map<plan_key, plan> g_plans;
+/* Never destroyed, like the handles: at exit the CUDA runtime may be torn down before static
+ * destructors would free the plans' kernels. */
+std::map<plan_key, plan> &g_plans = *new std::map<plan_key, plan>;
 bool g_noted = false;
 
 /* Tries once: dlopen, version, and the frontend's CUDA runtime (the one we link). */
@@ -424,6 +426,12 @@ extern "C" int mt_cuda_attention_cudnn_validate(int, int, int, int, int, int, in
 
 bool mt_cuda_attention_cudnn_forward(bf16 *, float *, const bf16 *, const bf16 *, const bf16 *,
                                      const int32_t *, int, int, int, int, int, cudaStream_t) {
+    static bool noted = false;
+    if (mt_cuda_attention_get_impl() == MT_ATTENTION_CUDNN && !noted) {
+        fprintf(stderr, "megatrain: MT_ATTENTION=cudnn, but this build has no cuDNN; attention uses "
+                        "the built-in kernel\n");
+        noted = true;
+    }
     g_last[0] = MT_ATTENTION_OWN;
     return false;
 }
