@@ -65,12 +65,12 @@ status=0
 say "== test_cuda_attention (MT_REQUIRE_CUDNN=1)  [$(( $(date +%s) - start )) s]"
 MT_REQUIRE_CUDNN=1 CUDNN_LOGLEVEL_DBG=1 CUDNN_LOGDEST_DBG=stderr timeout 150 "$b/test_cuda_attention" \
   > "$OUT/attention-test.log" 2>&1 || { status=1; tail -5 "$OUT/attention-test.log" | tee -a "$log"; }
-grep -E "cuDNN|ran |FAIL|PASSED|FAILED" "$OUT/attention-test.log" | tail -40 | tee -a "$log"
+grep -E "cuDNN|ran |FAIL|PASSED|FAILED|megatrain:" "$OUT/attention-test.log" | tail -40 | tee -a "$log"
 
 say "== attention_bench (scripts/attention-bench.sh)  [$(( $(date +%s) - start )) s]"
 OUT=$OUT MT_BUILD=$b timeout 150 bash scripts/attention-bench.sh > /dev/null 2>&1 ||
   { status=1; tail -5 "$OUT/attention-bench.log" | tee -a "$log"; }
-grep -E "cuDNN|FAIL|PASSED|failure|TFLOP|cudnn vs own|auto runs" "$OUT/attention-bench.log" | tee -a "$log"
+grep -E "cuDNN|FAIL|PASSED|failure|TFLOP|cudnn vs own|cudnn workspace|auto runs|megatrain:" "$OUT/attention-bench.log" | tee -a "$log"
 
 budget=${MT_CHECK_BUDGET_S:-270}
 if [ $(( $(date +%s) - start )) -lt "$budget" ]; then
