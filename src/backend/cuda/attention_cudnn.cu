@@ -26,8 +26,9 @@
  *
  * A graph (validated, with its execution plan) is built once per (direction, B, T, H, G, D, device)
  * and cached, like matmul.cu's plans; one that cuDNN cannot build is remembered as unsupported. The
- * workspace (the backward's fp32 dQ accumulator, ~B*T*H*D*4 bytes) comes from the stream-ordered
- * pool on the op's stream, as our backward's scratch does (MT_CUDA_POOL_HEADROOM covers it). */
+ * workspace (the backward's fp32 dQ accumulator, ~B*T*H*D*4 bytes, and what else cuDNN asks for:
+ * the bench prints it) comes from the stream-ordered pool on the op's stream, as our backward's
+ * scratch does, so MT_CUDA_POOL_HEADROOM must cover it as it covers ours. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
