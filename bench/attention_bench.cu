@@ -1,23 +1,30 @@
-/* Flash-attention check and benchmark (one H200 run gives both).
+/* Flash-attention check and benchmark (one H200 run gives both): our kernels and cuDNN's.
  *
- * Build (from the repository root):
- *   nvcc -arch=sm_90 -O3 -std=c++17 -I src -o attention_bench bench/attention_bench.cu src/core/error.c
- * Run: ./attention_bench [--quick]   (--quick: correctness only)
+ * Build: the CMake target attention_bench in CUDA builds (it links mtcore for attention_cudnn.cu);
+ * scripts/attention-bench.sh builds and runs it. Run: build/attention_bench [--quick]
+ * (--quick: correctness only).
  *
  * 1. Correctness: the launchers of src/backend/cuda/attention.cu (included below, so the bench can
  *    switch the forward's warps per CTA) against a naive fp32 GPU reference on the same bf16
  *    inputs, with and without doc_start, D = 64 and 128 (tensor-core path) and 8, 16 (fallback),
- *    T both multiple and not of the tiles. Outputs are pre-filled with NaN, so any element left
- *    unwritten fails. Errors are max |x - ref| / max |ref| per tensor (lse: max abs error).
- * 2. Speed: causal, D = 128, H = 32, G = 8, T = 4096 (B = 4) and T = 32768 (B = 1).
+ *    T both multiple and not of the tiles; then the same through cuDNN (MT_ATTENTION=cudnn's
+ *    choice: cases with doc_start or D % 8 != 0 run ours, and say so). Outputs are pre-filled with
+ *    NaN, so any element left unwritten fails. Errors are max |x - ref| / max |ref| per tensor
+ *    (lse: max abs error).
+ * 2. Speed, ours against cuDNN: causal, D = 128, H = 28, G = 4 (GQA 7) at T = 1024 (B = 16), 2048
+ *    (B = 8), 4096 (B = 4), 8192 (B = 2), 32768 (B = 1) and 131072 (B = 1); for each, how far
+ *    cuDNN's outputs are from ours and which one auto picks (attention_cudnn.h's rule).
  *    FLOPs counted as causal: forward 4*B*H*T^2*D/2, backward 2.5x that (5 matmuls vs 2).
- *    The backward time includes its Delta pre-pass, scratch alloc/memset and the dq conversion.
+ *    The backward time includes its Delta pre-pass, scratch alloc/memset and the dq conversion
+ *    (ours) or the workspace from the pool (cuDNN). "first" is the first forward + backward call,
+ *    which for cuDNN includes building its plans.
  */
 #include "../src/backend/cuda/attention.cu"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <vector>
 
@@ -183,8 +190,10 @@ static int32_t *make_doc(int B, int T, int maxlen) {
 
 static int failures = 0;
 
-static void check_case(int B, int T, int H, int G, int D, int docmax, int fwd_warps) {
+static void check_case(int B, int T, int H, int G, int D, int docmax, int fwd_warps,
+                       mt_attention_impl impl = MT_ATTENTION_OWN) {
     g_attn_fwd_warps = fwd_warps;
+    mt_cuda_attention_set_impl(impl);
     size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * G * D, nl = (size_t)B * H * T;
     bf16 *q = dev_randn(nq, 1.0f), *k = dev_randn(nk, 1.0f), *v = dev_randn(nk, 1.0f);
     bf16 *dout = dev_randn(nq, 1.0f);
@@ -211,7 +220,9 @@ static void check_case(int B, int T, int H, int G, int D, int docmax, int fwd_wa
     CK(cudaMemset(rdv, 0, nk * 4));
 
     mt_cuda_attention_forward(out, lse, q, k, v, doc, B, T, H, G, D, 0);
+    const mt_attention_impl ran_fwd = mt_cuda_attention_last(0);
     mt_cuda_attention_backward(nullptr, dq, dk, dv, dout, out, lse, q, k, v, doc, B, T, H, G, D, 0);
+    const mt_attention_impl ran_bwd = mt_cuda_attention_last(1);
     int n = B * T * H;
     ref_fwd<<<(n + 127) / 128, 128>>>(rout, rlse, q, k, v, doc, B, T, H, G, D);
     ref_bwd<<<(n + 127) / 128, 128>>>(rdq, rdk, rdv, dout, rout, rlse, q, k, v, doc, B, T, H, G, D);
@@ -225,9 +236,13 @@ static void check_case(int B, int T, int H, int G, int D, int docmax, int fwd_wa
     double ev = rel_err(hdv, hrdv);
     bool ok = eo < 2e-2 && el < 2e-2 && eq < 3e-2 && ek < 3e-2 && ev < 3e-2;
     if (!ok) failures++;
-    printf("%s B=%d T=%4d H=%d G=%d D=%3d doc=%-3s fwdwarps=%d | out %.2e lse %.2e dq %.2e dk %.2e "
-           "dv %.2e\n",
-           ok ? "PASS" : "FAIL", B, T, H, G, D, docmax ? "yes" : "no", fwd_warps, eo, el, eq, ek, ev);
+    printf("%s B=%d T=%4d H=%d G=%d D=%3d doc=%-3s %s | out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
+           ok ? "PASS" : "FAIL", B, T, H, G, D, docmax ? "yes" : "no",
+           ran_fwd == MT_ATTENTION_CUDNN && ran_bwd == MT_ATTENTION_CUDNN ? "cudnn     "
+           : ran_fwd == MT_ATTENTION_CUDNN                             ? "cudnn fwd "
+           : fwd_warps == 8                                            ? "own w8    "
+                                                                       : "own w4    ",
+           eo, el, eq, ek, ev);
     if (T >= 1024) { /* key 0 (seen by every query) of each kv head, batch row 0 */
         double me = 0, ss = 0;
         for (int i = 0; i < G * D; i++) {
@@ -243,30 +258,42 @@ static void check_case(int B, int T, int H, int G, int D, int docmax, int fwd_wa
     cudaFree(dk), cudaFree(dv), cudaFree(lse), cudaFree(rout), cudaFree(rlse), cudaFree(rdq);
     cudaFree(rdk), cudaFree(rdv);
     if (doc) cudaFree(doc);
+    mt_cuda_attention_set_impl(MT_ATTENTION_AUTO);
 }
 
-static void bench(int B, int T, int H, int G, int D, int docmax, int fwd_warps, int iters) {
-    g_attn_fwd_warps = fwd_warps;
-    size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * G * D, nl = (size_t)B * H * T;
-    bf16 *q = dev_randn(nq, 1.0f), *k = dev_randn(nk, 1.0f), *v = dev_randn(nk, 1.0f);
-    bf16 *dout = dev_randn(nq, 1.0f);
-    int32_t *doc = docmax > 0 ? make_doc(B, T, docmax) : nullptr;
-    bf16 *out, *dq, *dk, *dv;
-    float *lse;
-    CK(cudaMalloc(&out, nq * 2));
-    CK(cudaMalloc(&dq, nq * 2));
-    CK(cudaMalloc(&dk, nk * 2));
-    CK(cudaMalloc(&dv, nk * 2));
-    CK(cudaMalloc(&lse, nl * 4));
+/* max |a - b| / max |b| over n elements of two device tensors (bf16 or fp32) */
+template <typename X> static double dev_rel_diff(const X *a, const X *b, size_t n) {
+    std::vector<float> fa, fb;
+    if constexpr (sizeof(X) == 2) fa = to_host_bf16((const bf16 *)a, n), fb = to_host_bf16((const bf16 *)b, n);
+    else fa = to_host_f32((const float *)a, n), fb = to_host_f32((const float *)b, n);
+    return rel_err(fa, fb);
+}
+
+struct impl_time {
+    double first_ms, fwd_ms, bwd_ms;
+};
+
+/* One implementation: its first forward + backward (wall clock, cuDNN's plan build included),
+ * then iters forwards and iters backwards timed by events. */
+static impl_time time_impl(mt_attention_impl impl, bf16 *out, float *lse, bf16 *dq, bf16 *dk,
+                           bf16 *dv, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout,
+                           const int32_t *doc, int B, int T, int H, int G, int D, int iters) {
+    mt_cuda_attention_set_impl(impl);
+    impl_time r;
     cudaEvent_t e0, e1, e2;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     CK(cudaEventCreate(&e2));
-    for (int i = 0; i < 2; i++) {
-        mt_cuda_attention_forward(out, lse, q, k, v, doc, B, T, H, G, D, 0);
-        mt_cuda_attention_backward(nullptr, dq, dk, dv, dout, out, lse, q, k, v, doc, B, T, H, G, D, 0);
-    }
     CK(cudaDeviceSynchronize());
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    mt_cuda_attention_forward(out, lse, q, k, v, doc, B, T, H, G, D, 0);
+    mt_cuda_attention_backward(nullptr, dq, dk, dv, dout, out, lse, q, k, v, doc, B, T, H, G, D, 0);
+    CK(cudaDeviceSynchronize());
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    r.first_ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6;
+    mt_cuda_attention_forward(out, lse, q, k, v, doc, B, T, H, G, D, 0); /* warm */
+    mt_cuda_attention_backward(nullptr, dq, dk, dv, dout, out, lse, q, k, v, doc, B, T, H, G, D, 0);
     CK(cudaEventRecord(e0));
     for (int i = 0; i < iters; i++) mt_cuda_attention_forward(out, lse, q, k, v, doc, B, T, H, G, D, 0);
     CK(cudaEventRecord(e1));
@@ -277,14 +304,69 @@ static void bench(int B, int T, int H, int G, int D, int docmax, int fwd_warps, 
     float tf, tb;
     CK(cudaEventElapsedTime(&tf, e0, e1));
     CK(cudaEventElapsedTime(&tb, e1, e2));
-    tf /= iters, tb /= iters;
-    double flops = 4.0 * B * H * (double)T * T * D / 2; /* causal forward */
-    printf("B=%d T=%5d H=%d G=%d D=%d doc=%s fwdwarps=%d | fwd %8.3f ms %6.1f TFLOP/s | bwd %8.3f ms "
-           "%6.1f TFLOP/s%s\n",
-           B, T, H, G, D, docmax ? "yes" : "no", fwd_warps, tf, flops / tf * 1e-9, tb,
-           2.5 * flops / tb * 1e-9, docmax ? " (nominal causal FLOPs; docs skip most)" : "");
-    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(dout), cudaFree(out), cudaFree(dq);
-    cudaFree(dk), cudaFree(dv), cudaFree(lse);
+    r.fwd_ms = tf / iters, r.bwd_ms = tb / iters;
+    cudaEventDestroy(e0), cudaEventDestroy(e1), cudaEventDestroy(e2);
+    mt_cuda_attention_set_impl(MT_ATTENTION_AUTO);
+    return r;
+}
+
+static const char *impl_str(mt_attention_impl i) {
+    return i == MT_ATTENTION_CUDNN ? "cudnn" : i == MT_ATTENTION_OWN ? "own" : "auto";
+}
+
+/* Ours and cuDNN's at one shape; cuDNN's outputs against ours; what auto runs. */
+static void bench(int B, int T, int H, int G, int D, int docmax, int iters) {
+    g_attn_fwd_warps = 8;
+    size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * G * D, nl = (size_t)B * H * T;
+    bf16 *q = dev_randn(nq, 1.0f), *k = dev_randn(nk, 1.0f), *v = dev_randn(nk, 1.0f);
+    bf16 *dout = dev_randn(nq, 1.0f);
+    int32_t *doc = docmax > 0 ? make_doc(B, T, docmax) : nullptr;
+    bf16 *out[2], *dq[2], *dk[2], *dv[2];
+    float *lse[2];
+    for (int i = 0; i < 2; i++) {
+        CK(cudaMalloc(&out[i], nq * 2));
+        CK(cudaMalloc(&dq[i], nq * 2));
+        CK(cudaMalloc(&dk[i], nk * 2));
+        CK(cudaMalloc(&dv[i], nk * 2));
+        CK(cudaMalloc(&lse[i], nl * 4));
+    }
+    const double flops = 4.0 * B * H * (double)T * T * D / 2; /* causal forward */
+    const mt_attention_impl impls[2] = {MT_ATTENTION_OWN, MT_ATTENTION_CUDNN};
+    for (int i = 0; i < 2; i++) {
+        impl_time r = time_impl(impls[i], out[i], lse[i], dq[i], dk[i], dv[i], q, k, v, dout, doc,
+                                B, T, H, G, D, iters);
+        const mt_attention_impl rf = mt_cuda_attention_last(0), rb = mt_cuda_attention_last(1);
+        char ran[32] = "";
+        if (rf != impls[i] || rb != impls[i])
+            snprintf(ran, sizeof ran, " (ran fwd %s, bwd %s)", impl_str(rf), impl_str(rb));
+        printf("B=%2d T=%6d H=%d G=%d D=%d doc=%s %-5s | fwd %9.3f ms %6.1f TFLOP/s | bwd %9.3f ms "
+               "%6.1f TFLOP/s | first %8.1f ms%s%s\n",
+               B, T, H, G, D, docmax ? "yes" : "no", impl_str(impls[i]), r.fwd_ms,
+               flops / r.fwd_ms * 1e-9, r.bwd_ms, 2.5 * flops / r.bwd_ms * 1e-9, r.first_ms, ran,
+               docmax ? " (nominal causal FLOPs; docs skip most)" : "");
+        fflush(stdout);
+    }
+    if (nq <= ((size_t)1 << 28)) /* host copies of the larger shapes take longer than the runs */
+        printf("     cudnn vs own (max|diff|/max|own|): out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
+               dev_rel_diff(out[1], out[0], nq), dev_rel_diff(lse[1], lse[0], nl),
+               dev_rel_diff(dq[1], dq[0], nq), dev_rel_diff(dk[1], dk[0], nk),
+               dev_rel_diff(dv[1], dv[0], nk));
+    const long long wf = mt_cuda_attention_cudnn_workspace(0, B, T, H, G, D);
+    const long long wb = mt_cuda_attention_cudnn_workspace(1, B, T, H, G, D);
+    if (wf >= 0 || wb >= 0)
+        printf("     cudnn workspace: fwd %.1f MiB, bwd %.1f MiB (ours: bwd %.1f MiB)\n", wf / 1048576.0,
+               wb / 1048576.0, (nl * 4.0 + nq * 4.0) / 1048576.0);
+    mt_cuda_attention_set_impl(MT_ATTENTION_AUTO);
+    mt_cuda_attention_forward(out[0], lse[0], q, k, v, doc, B, T, H, G, D, 0);
+    mt_cuda_attention_backward(nullptr, dq[0], dk[0], dv[0], dout, out[0], lse[0], q, k, v, doc, B,
+                               T, H, G, D, 0);
+    CK(cudaDeviceSynchronize());
+    printf("     auto runs: fwd %s, bwd %s\n", impl_str(mt_cuda_attention_last(0)),
+           impl_str(mt_cuda_attention_last(1)));
+    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(dout);
+    for (int i = 0; i < 2; i++) {
+        cudaFree(out[i]), cudaFree(dq[i]), cudaFree(dk[i]), cudaFree(dv[i]), cudaFree(lse[i]);
+    }
     if (doc) cudaFree(doc);
 }
 
@@ -293,6 +375,10 @@ int main(int argc, char **argv) {
     cudaDeviceProp p;
     CK(cudaGetDeviceProperties(&p, 0));
     printf("%s, %d SMs\n", p.name, p.multiProcessorCount);
+    const char *why = NULL;
+    long version = 0;
+    if (mt_cuda_cudnn_status(&why, &version)) printf("cuDNN %ld loaded\n", version);
+    else printf("cuDNN not usable: %s\n", why);
     printf("-- correctness vs naive fp32 reference (rel = max|err|/max|ref|; lse abs)\n");
     for (int w = 4; w <= 8; w += 4) {
         for (int D = 64; D <= 128; D += 64) {
@@ -309,15 +395,28 @@ int main(int argc, char **argv) {
     check_case(2, 50, 4, 2, 16, 9, 4);
     check_case(2, 33, 4, 4, 8, 0, 4);
     check_case(1, 100, 2, 1, 96, 20, 4);
+    printf("-- the same through cuDNN (cases it does not take run ours)\n");
+    const mt_attention_impl C = MT_ATTENTION_CUDNN;
+    check_case(1, 256, 4, 2, 128, 0, 8, C);
+    check_case(1, 256, 4, 2, 64, 0, 8, C);
+    check_case(2, 77, 6, 3, 64, 0, 8, C);
+    check_case(1, 300, 8, 8, 128, 300, 8, C); /* documents: ours */
+    check_case(1, 1, 2, 1, 64, 0, 8, C);
+    check_case(1, 1024, 4, 2, 128, 0, 8, C);
+    check_case(1, 2048, 4, 1, 64, 0, 8, C);
+    check_case(2, 1000, 8, 2, 128, 0, 8, C);
+    check_case(2, 33, 4, 4, 8, 0, 4, C);
+    check_case(1, 100, 2, 1, 96, 0, 4, C);
     printf("%s: %d failure(s)\n", failures ? "FAILED" : "ALL PASSED", failures);
     if (quick) return failures != 0;
 
-    printf("-- speed (causal FLOPs: fwd 4*B*H*T^2*D/2, bwd 2.5x fwd)\n");
-    for (int w = 4; w <= 8; w += 4) {
-        bench(4, 4096, 32, 8, 128, 0, w, 10);
-        bench(1, 32768, 32, 8, 128, 0, w, 3);
-    }
-    bench(4, 4096, 32, 8, 64, 0, 4, 10);
-    bench(1, 32768, 32, 8, 128, 4096, 4, 3);
+    printf("-- speed, own vs cudnn (causal FLOPs: fwd 4*B*H*T^2*D/2, bwd 2.5x fwd)\n");
+    bench(16, 1024, 28, 4, 128, 0, 10);
+    bench(8, 2048, 28, 4, 128, 0, 10);
+    bench(4, 4096, 28, 4, 128, 0, 10);
+    bench(2, 8192, 28, 4, 128, 0, 5);
+    bench(1, 32768, 28, 4, 128, 0, 3);
+    bench(1, 131072, 28, 4, 128, 0, 2);
+    bench(1, 32768, 28, 4, 128, 4096, 3);
     return failures != 0;
 }

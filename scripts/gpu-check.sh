@@ -20,8 +20,7 @@ OUT=$OUT MT_BIN=build-gpu/megatrain bash scripts/gpu-chat-check.sh > /dev/null 2
 tail -8 "$OUT/chat-check.log" >> "$log" 2>/dev/null
 [ -n "${SKIP_EXTRA:-}" ] || {
   echo "== attention kernel: correctness vs a naive GPU reference, then speed"
-  nvcc -arch=sm_90 -O3 -std=c++17 -I src -o /tmp/attention_bench bench/attention_bench.cu src/core/error.c &&
-    /tmp/attention_bench
+  cmake --build build-gpu --target attention_bench > /dev/null && build-gpu/attention_bench
   echo "== compute-sanitizer memcheck: 3 training steps of a small model on the GPU"
   python3 bench/make_tokens.py 320 20000 /tmp/small.bin
   compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 \

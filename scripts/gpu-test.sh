@@ -3,7 +3,7 @@
 # extracts third_party/debs/*.deb (made here by scripts/device-deps.sh) into /tmp/mtdeps, builds
 # with the CUDA backend against that prefix, runs the GPU tests, then every CPU test, and leaves
 # the logs in $OUT (at most 8 files).
-#   scripts/gpu-test.sh [all|gpu|cpu]     (default all; `gpu` skips the CPU tests)
+#   scripts/gpu-test.sh [all|gpu|cpu|build]  (default all; `gpu` skips the CPU tests, `build` runs none)
 # Environment: OUT (default /tmp/mt-gpu-out), MT_CTEST_JOBS (CPU tests in parallel, default 8),
 # MT_DEPS (extraction folder, default /tmp/mtdeps), MT_BUILD (default build-gpu).
 set -euo pipefail
@@ -49,6 +49,8 @@ grep -E "CUDA backend|dependency prefix" "$OUT/configure.log" || true
 t0=$(date +%s)
 cmake --build "$build" -j"$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E -A5 "error|Error" "$OUT/build.log" | head -80; exit 1; }
 echo "built in $(( $(date +%s) - t0 )) s; warnings: $(grep -c -i 'warning' "$OUT/build.log" || true)"
+grep -E "cuDNN attention" "$OUT/configure.log" || true
+[ "$what" = build ] && { echo "== gpu-test.sh build done"; exit 0; }
 
 status=0
 cd "$build"

@@ -24,6 +24,8 @@
  * Fallback (any other D, or misaligned pointers): simple correct kernels, one warp per query row
  * (forward, dq) or per key row (dk, dv), streaming 32 keys/queries at a time with fp32 math.
  * Nothing T x T is ever materialized.
+ * cuDNN's fused flash attention (attention_cudnn.cu) runs instead where attention_cudnn.h's choice
+ * (MT_ATTENTION, per shape) says so; the launchers below ask it first.
  */
 #include <limits.h>
 #include <math.h>
@@ -31,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention_cudnn.h"
 #include "ops.cuh"
 
 namespace {
@@ -833,6 +836,7 @@ void mt_cuda_attention_forward(bf16 *out, float *lse, const bf16 *q, const bf16 
                                cudaStream_t s) {
     check_shapes(B, T, H, G, D);
     if (B == 0 || T == 0 || H == 0) return;
+    if (mt_cuda_attention_cudnn_forward(out, lse, q, k, v, doc_start, B, T, H, G, D, s)) return;
     const float scale = 1.0f / sqrtf((float)D), sl2 = scale * kLog2e;
     if (fast_path(D, out, q, k, v, q)) {
         const bool w8 = g_attn_fwd_warps == 8;
@@ -860,6 +864,9 @@ void mt_cuda_attention_backward(mt_cuda_ctx *ctx, bf16 *dq, bf16 *dk, bf16 *dv, 
     (void)ctx;
     check_shapes(B, T, H, G, D);
     if (B == 0 || T == 0 || H == 0) return;
+    if (mt_cuda_attention_cudnn_backward(dq, dk, dv, dout, out, lse, q, k, v, doc_start, B, T, H, G,
+                                         D, s))
+        return;
     const float scale = 1.0f / sqrtf((float)D);
     const size_t rows = (size_t)B * T * H;
     const bool fast = fast_path(D, dout, q, k, v, dq);

@@ -1,0 +1,73 @@
+/* Which implementation the CUDA attention op runs: our flash kernels (attention.cu) or cuDNN's fused
+ * flash attention (attention_cudnn.cu). Plain C, so tests and benches can choose; the CUDA backend
+ * itself needs nothing of this (the op picks per shape, see attention_cudnn.cu).
+ *
+ * MT_ATTENTION=own|cudnn|auto (default auto) sets the choice at the first attention call:
+ *   own    our kernels always;
+ *   cudnn  cuDNN for every case it supports (no documents packed in a row, 16-byte aligned tensors,
+ *          a shape cuDNN has a plan for), our kernels for the rest;
+ *   auto   cuDNN's forward where cudnn would use it; cuDNN's backward only from
+ *          MT_CUDNN_BWD_MIN_T tokens a row (below that our backward is as fast or faster).
+ * Without cuDNN at run time (libcudnn.so.9 not loadable, older than 9.0) or in a build without it
+ * (MT_HAVE_CUDNN=0) every choice runs our kernels; a note on stderr says so once. */
+#ifndef MT_CUDA_ATTENTION_CUDNN_H
+#define MT_CUDA_ATTENTION_CUDNN_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    MT_ATTENTION_AUTO = 0,
+    MT_ATTENTION_OWN = 1,
+    MT_ATTENTION_CUDNN = 2,
+} mt_attention_impl;
+
+/* The backward's T from which auto takes cuDNN (H200, 28/4 heads of 128: cuDNN's backward ran at
+ * 205 TFLOP/s against our 182 at T = 4096 and 523 against 222 at T = 32768; below 4096 nothing
+ * was measured and cuDNN's lead shrinks with T, so ours stays). The forward has no threshold:
+ * cuDNN's ran 2.2x ours at both T. bench/attention_bench.cu measures both again. */
+#define MT_CUDNN_BWD_MIN_T 4096
+
+/* Overrides MT_ATTENTION for the following calls (tests, benches). */
+void mt_cuda_attention_set_impl(mt_attention_impl impl);
+/* The choice in force (MT_ATTENTION's value until set_impl). Fatal on a bad MT_ATTENTION. */
+mt_attention_impl mt_cuda_attention_get_impl(void);
+/* What the latest forward (backward = 0) or backward (backward = 1) call ran: MT_ATTENTION_OWN or
+ * MT_ATTENTION_CUDNN (MT_ATTENTION_AUTO before the first call). */
+mt_attention_impl mt_cuda_attention_last(int backward);
+/* Loads cuDNN (once) and, where a device is current, makes its handle. 1 when it is usable, with
+ * its version (e.g. 91900); 0 with why it is not (valid until the next call) otherwise. Either
+ * pointer may be NULL. */
+int mt_cuda_cudnn_status(const char **why, long *version);
+/* The workspace bytes of the cached cuDNN plan for this shape (taken from the stream-ordered pool
+ * at each call), or -1 when there is none (not run yet, or cuDNN cannot run it). For the bench. */
+long long mt_cuda_attention_cudnn_workspace(int backward, int B, int T, int H, int G, int D);
+/* Checks, without a device, that the graph the op would build for this shape passes the cuDNN
+ * frontend's validation for compute capability sm_version (90: Hopper). 1 when it does; 0 when it
+ * does not, with the frontend's reason in why; -1 when cuDNN is not usable or not built in. */
+int mt_cuda_attention_cudnn_validate(int backward, int B, int T, int H, int G, int D,
+                                     int sm_version, char *why, size_t why_size);
+
+#ifdef __cplusplus
+}
+#endif
+
+#ifdef __CUDACC__
+#include "cuda_common.cuh"
+
+/* Run by attention.cu's launchers first: when the choice and the case allow cuDNN, enqueue cuDNN's
+ * forward / backward on s and return true; otherwise return false (the caller runs our kernels).
+ * Arguments as mt_cuda_attention_forward / _backward (ops.cuh). */
+bool mt_cuda_attention_cudnn_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
+                                     const bf16 *v, const int32_t *doc_start, int B, int T, int H,
+                                     int G, int D, cudaStream_t s);
+bool mt_cuda_attention_cudnn_backward(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout,
+                                      const bf16 *out, const float *lse, const bf16 *q,
+                                      const bf16 *k, const bf16 *v, const int32_t *doc_start,
+                                      int B, int T, int H, int G, int D, cudaStream_t s);
+#endif
+
+#endif

@@ -1,0 +1,382 @@
+/* The CUDA attention op through cuDNN's fused flash attention (attention_cudnn.cu): forward and
+ * backward against the fp32 CPU reference, against our own kernels, the per-shape choice
+ * (MT_ATTENTION, attention_cudnn.h) and the fall back to our kernels where cuDNN does not apply.
+ * Exits 77 (ctest: skipped) when no CUDA device is usable. Without a usable cuDNN the cuDNN cases
+ * check that our kernels ran instead, unless MT_REQUIRE_CUDNN=1 (scripts/gpu-attention-check.sh
+ * sets it on the GPU machine), which makes a missing cuDNN a failure.
+ *
+ * Tolerances are test_cuda_ops.c's for attention (inputs on the bf16 grid, the CPU fed the same):
+ *   out: atol 1e-2*RMS(ref), rtol 2e-2;  lse (nats): atol 5e-3, rtol 1e-3;
+ *   dq, dk, dv: atol 3e-2*max(RMS of the (token, head) row, RMS(tensor)/2), rtol 5e-2, and
+ *   max|err|/max|ref| <= 3e-2 (test_cuda_ops.c says why rows);
+ * cuDNN against our kernels: the sum of both one's tolerances against the reference (each may be
+ * off by its own in opposite directions): out atol 2e-2, rtol 4e-2; lse atol 1e-2, rtol 2e-3;
+ * gradients atol 6e-2, rtol 1e-1, tensor 6e-2. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/attention_cudnn.h"
+#include "core/dtype.h"
+#include "util/testutil.h"
+
+#define BF_ATOL 1e-2
+#define BF_RTOL 2e-2
+#define LSE_ATOL 5e-3
+#define LSE_RTOL 1e-3
+#define GRAD_ATOL 3e-2
+#define GRAD_RTOL 5e-2
+
+#define BAD_ENV_CHILD_ARG "--bad-env-child"
+
+static mt_backend *cpu, *gpu;
+static int have_cudnn; /* cuDNN loaded and usable on this machine */
+
+/* ---------------- host <-> device ---------------- */
+
+static float *fnew(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
+
+static double rms(const float *x, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return n ? sqrt(s / n) : 0.0;
+}
+
+static float *rnd_bf(mt_test_rng *rng, size_t n, float std) {
+    float *x = fnew(n);
+    mt_test_fill_normal(rng, x, n, std);
+    for (size_t i = 0; i < n; i++) x[i] = mt_bf16_to_f32(mt_f32_to_bf16(x[i]));
+    return x;
+}
+static void *up_bf(const float *x, size_t n) {
+    mt_bf16 *h = malloc((n ? n : 1) * sizeof(mt_bf16));
+    for (size_t i = 0; i < n; i++) h[i] = mt_f32_to_bf16(x[i]);
+    void *d = gpu->alloc(gpu, n * sizeof(mt_bf16));
+    gpu->upload(gpu, d, h, n * sizeof(mt_bf16));
+    free(h);
+    return d;
+}
+static float *down_bf(const void *d, size_t n) {
+    mt_bf16 *h = malloc((n ? n : 1) * sizeof(mt_bf16));
+    gpu->download(gpu, h, d, n * sizeof(mt_bf16));
+    float *x = fnew(n);
+    for (size_t i = 0; i < n; i++) x[i] = mt_bf16_to_f32(h[i]);
+    free(h);
+    return x;
+}
+static float *down_f32(const float *d, size_t n) {
+    float *x = fnew(n);
+    gpu->download(gpu, x, d, n * sizeof(float));
+    return x;
+}
+/* A device buffer of n NaNs (bf16 0x7fc0 or fp32), so that an unwritten element fails. */
+static void *poison(size_t n, size_t elem) {
+    void *h = malloc((n ? n : 1) * elem);
+    for (size_t i = 0; i < n; i++) {
+        if (elem == 2) ((mt_bf16 *)h)[i] = 0x7fc0;
+        else ((float *)h)[i] = NAN;
+    }
+    void *d = gpu->alloc(gpu, n * elem);
+    gpu->upload(gpu, d, h, n * elem);
+    free(h);
+    return d;
+}
+
+/* got vs ref, atol relative to RMS(ref). */
+static int check(const char *what, const float *got, const float *ref, size_t n, double atol_rel,
+                 double rtol) {
+    double scale = rms(ref, n);
+    return mt_allclose(what, got, ref, n, atol_rel * (scale > 0 ? scale : 1), rtol);
+}
+
+/* got vs ref over rows of `width`, atol relative to max(RMS of the row, RMS of the tensor / 2),
+ * plus max|err|/max|ref| <= tensor_tol (test_cuda_ops.c's check_rows_bf). */
+static int check_rows(const char *what, const float *g, const float *ref, size_t rows,
+                      size_t width, double atol_rel, double rtol, double tensor_tol) {
+    double worst = 0, floor = 0.5 * rms(ref, rows * width);
+    size_t bad = 0, worst_i = 0;
+    for (size_t r = 0; r < rows; r++) {
+        double scale = rms(ref + r * width, width);
+        if (scale < floor) scale = floor;
+        if (scale == 0) scale = 1;
+        for (size_t j = 0; j < width; j++) {
+            size_t i = r * width + j;
+            double err = fabs((double)g[i] - ref[i]), tol = atol_rel * scale + rtol * fabs(ref[i]);
+            double frac = err / tol;
+            if (!(err <= tol)) {
+                if (bad < 5)
+                    fprintf(stderr, "  %s[%zu]: got %.6g ref %.6g err %.3g tol %.3g\n", what, i,
+                            g[i], ref[i], err, tol);
+                bad++;
+                if (isnan(frac)) frac = INFINITY;
+            }
+            if (frac > worst) worst = frac, worst_i = i;
+        }
+    }
+    double tensor = mt_max_rel_err(g, ref, rows * width);
+    int ok = bad == 0 && tensor <= tensor_tol;
+    fprintf(stderr, "%-48s n=%-9zu worst[%zu] %.1f%% of row tol; max|err|/max|ref| %.3g (tol %.0e)%s\n",
+            what, rows * width, worst_i, 100 * worst, tensor, tensor_tol, ok ? "" : "  FAIL");
+    return ok;
+}
+
+static const char *impl_name(mt_attention_impl i) {
+    return i == MT_ATTENTION_CUDNN ? "cudnn" : i == MT_ATTENTION_OWN ? "own" : "auto";
+}
+
+/* Which implementation the latest call must have run: cuDNN where it is usable and wanted. */
+static void expect_ran(const char *what, int backward, mt_attention_impl want) {
+    mt_attention_impl got = mt_cuda_attention_last(backward);
+    fprintf(stderr, "%-48s ran %s (want %s)\n", what, impl_name(got), impl_name(want));
+    assert_int_equal(got, want);
+}
+
+/* ---------------- one problem: inputs on the device, outputs of a run ---------------- */
+
+typedef struct {
+    int B, T, H, G, D;
+    size_t nq, nk, nl;
+    float *q, *k, *v, *dout;      /* host, on the bf16 grid */
+    int32_t *doc;                 /* host, or NULL */
+    void *d_q, *d_k, *d_v, *d_dout;
+    int32_t *d_doc;
+} problem;
+
+static void problem_init(problem *p, int B, int T, int H, int G, int D, int packed, uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    memset(p, 0, sizeof *p);
+    p->B = B, p->T = T, p->H = H, p->G = G, p->D = D;
+    size_t N = (size_t)B * T;
+    p->nq = N * H * D, p->nk = N * G * D, p->nl = (size_t)B * H * T;
+    p->q = rnd_bf(&rng, p->nq, 1.0f), p->k = rnd_bf(&rng, p->nk, 1.0f);
+    p->v = rnd_bf(&rng, p->nk, 1.0f), p->dout = rnd_bf(&rng, p->nq, 1.0f);
+    if (packed) { /* documents of random lengths packed in each row */
+        p->doc = malloc(N * sizeof(int32_t));
+        for (int b = 0; b < B; b++) {
+            int start = 0;
+            for (int t = 0; t < T; t++) {
+                if (t > start && mt_test_rng_uniform(&rng) < 3.0f / T) start = t;
+                p->doc[b * T + t] = start;
+            }
+        }
+        p->d_doc = gpu->alloc(gpu, N * sizeof(int32_t));
+        gpu->upload(gpu, p->d_doc, p->doc, N * sizeof(int32_t));
+    }
+    p->d_q = up_bf(p->q, p->nq), p->d_k = up_bf(p->k, p->nk), p->d_v = up_bf(p->v, p->nk);
+    p->d_dout = up_bf(p->dout, p->nq);
+}
+
+static void problem_free(problem *p) {
+    gpu->free(gpu, p->d_q), gpu->free(gpu, p->d_k), gpu->free(gpu, p->d_v);
+    gpu->free(gpu, p->d_dout);
+    if (p->d_doc) gpu->free(gpu, p->d_doc);
+    free(p->q), free(p->k), free(p->v), free(p->dout), free(p->doc);
+}
+
+typedef struct {
+    float *out, *lse, *dq, *dk, *dv; /* host copies */
+} result;
+
+static void result_free(result *r) { free(r->out), free(r->lse), free(r->dq), free(r->dk), free(r->dv); }
+
+/* The GPU forward with impl, then its backward with bwd_impl from (out, lse) = fwd_in when given
+ * (host values, uploaded) or else from this forward's own outputs. */
+static result gpu_run(const problem *p, mt_attention_impl impl, mt_attention_impl bwd_impl,
+                      const result *fwd_in) {
+    result r;
+    void *d_out = poison(p->nq, 2);
+    float *d_lse = poison(p->nl, 4);
+    mt_cuda_attention_set_impl(impl);
+    gpu->attention_forward(gpu, d_out, d_lse, p->d_q, p->d_k, p->d_v, p->d_doc, p->B, p->T, p->H,
+                           p->G, p->D);
+    r.out = down_bf(d_out, p->nq);
+    r.lse = down_f32(d_lse, p->nl);
+    if (fwd_in) { /* out as bf16, as a forward would have left it */
+        gpu->free(gpu, d_out);
+        d_out = up_bf(fwd_in->out, p->nq);
+        gpu->upload(gpu, d_lse, fwd_in->lse, p->nl * sizeof(float));
+    }
+    void *d_dq = poison(p->nq, 2), *d_dk = poison(p->nk, 2), *d_dv = poison(p->nk, 2);
+    mt_cuda_attention_set_impl(bwd_impl);
+    gpu->attention_backward(gpu, d_dq, d_dk, d_dv, p->d_dout, d_out, d_lse, p->d_q, p->d_k, p->d_v,
+                            p->d_doc, p->B, p->T, p->H, p->G, p->D);
+    r.dq = down_bf(d_dq, p->nq), r.dk = down_bf(d_dk, p->nk), r.dv = down_bf(d_dv, p->nk);
+    gpu->free(gpu, d_out), gpu->free(gpu, d_lse), gpu->free(gpu, d_dq), gpu->free(gpu, d_dk);
+    gpu->free(gpu, d_dv);
+    mt_cuda_attention_set_impl(MT_ATTENTION_AUTO);
+    return r;
+}
+
+/* The CPU reference: forward, and the backward from the forward's out (rounded to bf16) and lse. */
+static result cpu_run(const problem *p) {
+    result r;
+    r.out = fnew(p->nq), r.lse = fnew(p->nl);
+    cpu->attention_forward(cpu, r.out, r.lse, p->q, p->k, p->v, p->doc, p->B, p->T, p->H, p->G, p->D);
+    for (size_t i = 0; i < p->nq; i++) r.out[i] = mt_bf16_to_f32(mt_f32_to_bf16(r.out[i]));
+    r.dq = fnew(p->nq), r.dk = fnew(p->nk), r.dv = fnew(p->nk);
+    cpu->attention_backward(cpu, r.dq, r.dk, r.dv, p->dout, r.out, r.lse, p->q, p->k, p->v, p->doc,
+                            p->B, p->T, p->H, p->G, p->D);
+    return r;
+}
+
+/* got vs ref, with tolerances times `widen` (1 against the CPU, 2 between two GPU runs). */
+static void compare(const char *tag, const problem *p, const result *got, const result *ref,
+                    double widen) {
+    char what[160];
+    const char *kind = p->doc ? "packed" : "causal";
+    const int B = p->B, T = p->T, H = p->H, G = p->G, D = p->D;
+#define WHAT(x) (snprintf(what, sizeof what, "%s B=%d T=%d H=%d G=%d D=%d %s %s", tag, B, T, H, G, D, kind, x), what)
+    assert_true(check(WHAT("out"), got->out, ref->out, p->nq, widen * BF_ATOL, widen * BF_RTOL));
+    assert_true(mt_allclose(WHAT("lse"), got->lse, ref->lse, p->nl, widen * LSE_ATOL, widen * LSE_RTOL));
+    double a = widen * GRAD_ATOL, r = widen * GRAD_RTOL;
+    assert_true(check_rows(WHAT("dq"), got->dq, ref->dq, p->nq / D, D, a, r, a));
+    assert_true(check_rows(WHAT("dk"), got->dk, ref->dk, p->nk / D, D, a, r, a));
+    assert_true(check_rows(WHAT("dv"), got->dv, ref->dv, p->nk / D, D, a, r, a));
+#undef WHAT
+}
+
+/* cuDNN forward and backward (forced) against the CPU; the backward from the CPU's out and lse,
+ * so each direction is checked alone and cuDNN's backward reads our lse. */
+static void cudnn_case(int B, int T, int H, int G, int D, uint64_t seed) {
+    problem p;
+    problem_init(&p, B, T, H, G, D, 0, seed);
+    result ref = cpu_run(&p);
+    result got = gpu_run(&p, MT_ATTENTION_CUDNN, MT_ATTENTION_CUDNN, &ref);
+    mt_attention_impl want = have_cudnn ? MT_ATTENTION_CUDNN : MT_ATTENTION_OWN;
+    char what[96];
+    snprintf(what, sizeof what, "cudnn forward B=%d T=%d H=%d G=%d D=%d", B, T, H, G, D);
+    /* gpu_run ran the backward last: the forward's record is still there */
+    expect_ran(what, 0, want);
+    snprintf(what, sizeof what, "cudnn backward B=%d T=%d H=%d G=%d D=%d", B, T, H, G, D);
+    expect_ran(what, 1, want);
+    compare("cudnn vs cpu", &p, &got, &ref, 1.0);
+    result_free(&ref), result_free(&got);
+    problem_free(&p);
+}
+
+/* ---------------- tests ---------------- */
+
+static void test_cudnn_vs_cpu(void **state) {
+    cudnn_case(2, 1000, 8, 2, 128, 101);   /* GQA 4, B > 1, T not a multiple of any tile */
+    cudnn_case(1, 4096 + 17, 7, 1, 128, 102); /* GQA 7 (28/4 heads' ratio), long T off the tiles */
+    cudnn_case(3, 257, 4, 4, 128, 103);    /* GQA 1 (multi-head), B = 3 */
+    cudnn_case(2, 300, 8, 2, 64, 104);     /* D = 64 */
+    cudnn_case(1, 64, 28, 4, 128, 105);    /* the 28/4 heads themselves */
+}
+
+/* cuDNN and our kernels on the same inputs agree, each end to end (its own forward's out and lse
+ * feed its backward), at the shape the goal is about (28/4 heads of 128), where the CPU would be
+ * slow; and a forward of one with the backward of the other (lse interchangeable). */
+static void test_cudnn_vs_own(void **state) {
+    problem p;
+    problem_init(&p, 2, 2048 + 5, 28, 4, 128, 0, 201);
+    result own = gpu_run(&p, MT_ATTENTION_OWN, MT_ATTENTION_OWN, NULL);
+    expect_ran("own forward", 0, MT_ATTENTION_OWN);
+    expect_ran("own backward", 1, MT_ATTENTION_OWN);
+    result cud = gpu_run(&p, MT_ATTENTION_CUDNN, MT_ATTENTION_CUDNN, NULL);
+    mt_attention_impl want = have_cudnn ? MT_ATTENTION_CUDNN : MT_ATTENTION_OWN;
+    expect_ran("cudnn forward", 0, want);
+    expect_ran("cudnn backward", 1, want);
+    compare("cudnn vs own", &p, &cud, &own, 2.0);
+    /* cuDNN's backward from our forward's (out, lse), and ours from cuDNN's */
+    result mix1 = gpu_run(&p, MT_ATTENTION_OWN, MT_ATTENTION_CUDNN, &own);
+    compare("own fwd -> cudnn bwd vs own", &p, &mix1, &own, 2.0);
+    result mix2 = gpu_run(&p, MT_ATTENTION_CUDNN, MT_ATTENTION_OWN, &cud);
+    compare("cudnn fwd -> own bwd vs own", &p, &mix2, &own, 2.0);
+    result_free(&own), result_free(&cud), result_free(&mix1), result_free(&mix2);
+    problem_free(&p);
+}
+
+/* Documents packed in a row: cuDNN is not used (even when asked for), and the result is right. */
+static void test_packed_falls_back(void **state) {
+    problem p;
+    problem_init(&p, 2, 300, 8, 2, 128, 1, 301);
+    result ref = cpu_run(&p);
+    result got = gpu_run(&p, MT_ATTENTION_CUDNN, MT_ATTENTION_CUDNN, &ref);
+    expect_ran("cudnn asked, packed rows: forward", 0, MT_ATTENTION_OWN);
+    expect_ran("cudnn asked, packed rows: backward", 1, MT_ATTENTION_OWN);
+    compare("packed (own) vs cpu", &p, &got, &ref, 1.0);
+    result_free(&ref), result_free(&got);
+    problem_free(&p);
+}
+
+/* The auto rule: cuDNN's forward at every T; cuDNN's backward from MT_CUDNN_BWD_MIN_T on; own:
+ * never cuDNN. Outputs are checked by the tests above; here only which implementation ran. */
+static void test_choice(void **state) {
+    mt_attention_impl c = have_cudnn ? MT_ATTENTION_CUDNN : MT_ATTENTION_OWN;
+    int Ts[2] = {MT_CUDNN_BWD_MIN_T - 1, MT_CUDNN_BWD_MIN_T};
+    for (int i = 0; i < 2; i++) {
+        problem p;
+        problem_init(&p, 1, Ts[i], 2, 1, 128, 0, 401 + i);
+        char what[96];
+        result r = gpu_run(&p, MT_ATTENTION_AUTO, MT_ATTENTION_AUTO, NULL);
+        snprintf(what, sizeof what, "auto T=%d forward", Ts[i]);
+        expect_ran(what, 0, c);
+        snprintf(what, sizeof what, "auto T=%d backward", Ts[i]);
+        expect_ran(what, 1, Ts[i] >= MT_CUDNN_BWD_MIN_T ? c : MT_ATTENTION_OWN);
+        result_free(&r);
+        r = gpu_run(&p, MT_ATTENTION_OWN, MT_ATTENTION_OWN, NULL);
+        snprintf(what, sizeof what, "own T=%d forward", Ts[i]);
+        expect_ran(what, 0, MT_ATTENTION_OWN);
+        snprintf(what, sizeof what, "own T=%d backward", Ts[i]);
+        expect_ran(what, 1, MT_ATTENTION_OWN);
+        result_free(&r);
+        problem_free(&p);
+    }
+}
+
+/* A bad MT_ATTENTION is a one-line error naming it, exit 1 (a child process reads it afresh). */
+static void test_bad_env(void **state) {
+    char exe[4096];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    assert_true(len > 0);
+    exe[len] = '\0';
+    char cmd[4300], out[4096];
+    snprintf(cmd, sizeof cmd, "MT_ATTENTION=fastest '%s' %s", exe, BAD_ENV_CHILD_ARG);
+    int rc = mt_test_run(cmd, out, sizeof out);
+    fprintf(stderr, "MT_ATTENTION=fastest: exit %d, said: %s", rc, out);
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(out, "megatrain: MT_ATTENTION=fastest: expected own, cudnn or auto"));
+}
+
+static int bad_env_child(void) {
+    (void)mt_cuda_attention_get_impl(); /* exits 1 */
+    fprintf(stderr, "bad env child: NOT STOPPED\n");
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (!mt_backend_cuda_available()) {
+        fprintf(stderr, "test_cuda_attention: no usable CUDA device, skipped\n");
+        return 77;
+    }
+    if (argc > 1 && strcmp(argv[1], BAD_ENV_CHILD_ARG) == 0) return bad_env_child();
+    cpu = mt_backend_cpu_create();
+    gpu = mt_backend_cuda_create(0);
+    const char *why = NULL;
+    long version = 0;
+    have_cudnn = mt_cuda_cudnn_status(&why, &version);
+    if (have_cudnn)
+        fprintf(stderr, "test_cuda_attention: cuDNN %ld loaded\n", version);
+    else
+        fprintf(stderr, "test_cuda_attention: cuDNN not usable (%s): the cuDNN cases check that "
+                        "our kernels run instead\n", why);
+    const char *req = getenv("MT_REQUIRE_CUDNN");
+    if (!have_cudnn && req && strcmp(req, "1") == 0) {
+        fprintf(stderr, "test_cuda_attention: MT_REQUIRE_CUDNN=1 but cuDNN is not usable  FAIL\n");
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cudnn_vs_cpu),     cmocka_unit_test(test_cudnn_vs_own),
+        cmocka_unit_test(test_packed_falls_back), cmocka_unit_test(test_choice),
+        cmocka_unit_test(test_bad_env),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    gpu->destroy(gpu);
+    cpu->destroy(cpu);
+    return failed ? 1 : 0;
+}
