@@ -2,7 +2,11 @@
  * flash attention (attention_cudnn.cu). Plain C, so tests and benches can choose; the CUDA backend
  * itself needs nothing of this (the op picks per shape, see attention_cudnn.cu).
  *
- * MT_ATTENTION=own|cudnn|auto (default auto) sets the choice at the first attention call:
+ * MT_ATTENTION=own|cudnn|auto (default own) sets the choice at the first attention call. cuDNN is
+ * opt-in for now: on the H200 (bench/RESULTS.md, session 3) it is 2.1-2.4x faster than ours both
+ * ways, but its forward is further from the fp32 reference than ours (test_cudnn_vs_cpu: 11 of 2M
+ * outputs up to 158% of the bf16 tolerance ours meets) and test_cuda_model's 50-step curve with
+ * cuDNN's forward left its 15% band at steps 45-48 (19%); until that is understood, own.
  *   own    our kernels always;
  *   cudnn  cuDNN for every case it supports (no documents packed in a row, 16-byte aligned tensors,
  *          a shape cuDNN has a plan for), our kernels for the rest;
@@ -25,10 +29,10 @@ typedef enum {
     MT_ATTENTION_CUDNN = 2,
 } mt_attention_impl;
 
-/* The backward's T from which auto takes cuDNN (H200, 28/4 heads of 128: cuDNN's backward ran at
- * 205 TFLOP/s against our 182 at T = 4096 and 523 against 222 at T = 32768; below 4096 nothing
- * was measured and cuDNN's lead shrinks with T, so ours stays). The forward has no threshold:
- * cuDNN's ran 2.2x ours at both T. bench/attention_bench.cu measures both again. */
+/* The backward's T from which auto takes cuDNN. Chosen from PyTorch's numbers (cuDNN's backward
+ * 205 TFLOP/s against our 182 at T = 4096); our own bench since measured cuDNN's backward faster at
+ * every T it ran, 28/4 heads of 128: 293 vs 132 TFLOP/s at 1024, 398 vs 146 at 2048, 475 vs 160
+ * at 4096, 531 vs 216 at 32768 (bench/RESULTS.md), so this can go to 0 once cuDNN is the default. */
 #define MT_CUDNN_BWD_MIN_T 4096
 
 /* Overrides MT_ATTENTION for the following calls (tests, benches). */
