@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/cpu_isa.h"
 #include "../core/error.h"
 #include "adamw_kernel.h"
 
@@ -42,43 +43,11 @@ void mt_adamw_kernel_scalar(const mt_adamw_consts *c, float *p, float *m, float 
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 static _Atomic int isa_current = MT_ADAMW_SCALAR;
 
-const char *mt_adamw_isa_name(mt_adamw_isa isa) {
-    switch (isa) {
-    case MT_ADAMW_AVX512: return "avx512";
-    case MT_ADAMW_AVX2: return "avx2";
-    default: return "scalar";
-    }
-}
+const char *mt_adamw_isa_name(mt_adamw_isa isa) { return mt_isa_name((mt_isa)isa); }
 
-int mt_adamw_isa_supported(mt_adamw_isa isa) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    switch (isa) {
-    case MT_ADAMW_AVX512:
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
-    case MT_ADAMW_AVX2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    default: return 1;
-    }
-#else
-    return isa == MT_ADAMW_SCALAR;
-#endif
-}
+int mt_adamw_isa_supported(mt_adamw_isa isa) { return mt_isa_supported((mt_isa)isa); }
 
-static void isa_init(void) {
-    mt_adamw_isa isa = MT_ADAMW_SCALAR;
-    if (mt_adamw_isa_supported(MT_ADAMW_AVX512)) isa = MT_ADAMW_AVX512;
-    else if (mt_adamw_isa_supported(MT_ADAMW_AVX2)) isa = MT_ADAMW_AVX2;
-    const char *env = getenv("MT_ADAMW_ISA");
-    if (env && *env) {
-        if (!strcmp(env, "avx512")) isa = MT_ADAMW_AVX512;
-        else if (!strcmp(env, "avx2")) isa = MT_ADAMW_AVX2;
-        else if (!strcmp(env, "scalar")) isa = MT_ADAMW_SCALAR;
-        else mt_fatal(__FILE__, __LINE__, "MT_ADAMW_ISA=%s: expected avx512, avx2 or scalar", env);
-        MT_CHECK(mt_adamw_isa_supported(isa), "MT_ADAMW_ISA=%s: this CPU lacks it", env);
-    }
-    atomic_store(&isa_current, (int)isa);
-}
+static void isa_init(void) { atomic_store(&isa_current, (int)mt_isa_default()); }
 
 mt_adamw_isa mt_adamw_isa_active(void) {
     pthread_once(&isa_once, isa_init);
