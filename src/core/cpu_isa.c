@@ -1,6 +1,7 @@
 #include "core/cpu_isa.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,4 +51,22 @@ static void default_init(void) {
 mt_isa mt_isa_default(void) {
     pthread_once(&default_once, default_init);
     return default_isa;
+}
+
+static _Atomic int active_isa = -1; /* -1: not chosen yet */
+
+mt_isa mt_isa_active(void) {
+    int a = atomic_load(&active_isa);
+    if (a < 0) {
+        int unset = -1;
+        atomic_compare_exchange_strong(&active_isa, &unset, (int)mt_isa_default());
+        a = atomic_load(&active_isa);
+    }
+    return (mt_isa)a;
+}
+
+int mt_isa_set(mt_isa isa) {
+    if (!mt_isa_supported(isa)) return mt_error_set("CPU path %s: this CPU lacks it", mt_isa_name(isa));
+    atomic_store(&active_isa, (int)isa);
+    return MT_OK;
 }

@@ -40,27 +40,13 @@ void mt_adamw_kernel_scalar(const mt_adamw_consts *c, float *p, float *m, float 
 
 /* ---- dispatch ---- */
 
-static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
-static _Atomic int isa_current = MT_ADAMW_SCALAR;
-
 const char *mt_adamw_isa_name(mt_adamw_isa isa) { return mt_isa_name((mt_isa)isa); }
 
 int mt_adamw_isa_supported(mt_adamw_isa isa) { return mt_isa_supported((mt_isa)isa); }
 
-static void isa_init(void) { atomic_store(&isa_current, (int)mt_isa_default()); }
+mt_adamw_isa mt_adamw_isa_active(void) { return (mt_adamw_isa)mt_isa_active(); }
 
-mt_adamw_isa mt_adamw_isa_active(void) {
-    pthread_once(&isa_once, isa_init);
-    return (mt_adamw_isa)atomic_load(&isa_current);
-}
-
-int mt_adamw_set_isa(mt_adamw_isa isa) {
-    pthread_once(&isa_once, isa_init);
-    if (!mt_adamw_isa_supported(isa))
-        return mt_error_set("AdamW path %s: this CPU lacks it", mt_adamw_isa_name(isa));
-    atomic_store(&isa_current, (int)isa);
-    return MT_OK;
-}
+int mt_adamw_set_isa(mt_adamw_isa isa) { return mt_isa_set((mt_isa)isa); }
 
 static mt_adamw_kernel_fn kernel_for(mt_adamw_isa isa) {
     switch (isa) {

@@ -210,27 +210,13 @@ void mt_optim_kernel_scalar(const mt_optim_consts *c, const mt_optim_span *s, si
 
 /* ---- dispatch ---- */
 
-static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
-static _Atomic int isa_current = MT_OPTIM_SCALAR;
-
 const char *mt_optim_isa_name(mt_optim_isa isa) { return mt_isa_name((mt_isa)isa); }
 
 int mt_optim_isa_supported(mt_optim_isa isa) { return mt_isa_supported((mt_isa)isa); }
 
-static void isa_init(void) { atomic_store(&isa_current, (int)mt_isa_default()); }
+mt_optim_isa mt_optim_isa_active(void) { return (mt_optim_isa)mt_isa_active(); }
 
-mt_optim_isa mt_optim_isa_active(void) {
-    pthread_once(&isa_once, isa_init);
-    return (mt_optim_isa)atomic_load(&isa_current);
-}
-
-int mt_optim_set_isa(mt_optim_isa isa) {
-    pthread_once(&isa_once, isa_init);
-    if (!mt_optim_isa_supported(isa))
-        return mt_error_set("optimizer path %s: this CPU lacks it", mt_optim_isa_name(isa));
-    atomic_store(&isa_current, (int)isa);
-    return MT_OK;
-}
+int mt_optim_set_isa(mt_optim_isa isa) { return mt_isa_set((mt_isa)isa); }
 
 static mt_optim_kernel_fn kernel_for(mt_optim_isa isa) {
     switch (isa) {
