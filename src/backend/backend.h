@@ -24,6 +24,7 @@ extern "C" {
 #include <stdint.h>
 
 #include "../core/dtype.h"
+#include "../optim/state.h"
 
 typedef struct mt_backend mt_backend;
 typedef struct mt_event mt_event; /* opaque; one per backend kind */
@@ -147,6 +148,15 @@ struct mt_backend {
     void (*sumsq)(mt_backend *be, float *out, const float *x, size_t n);
     /* dst (compute dtype) = src (fp32) over n elements (rounded to nearest even for bf16). */
     void (*from_f32)(mt_backend *be, void *dst, const float *src, size_t n);
+    /* dst (compute dtype) = src (bf16) over n elements, both on the compute side (exact). */
+    void (*from_bf16)(mt_backend *be, void *dst, const mt_bf16 *src, size_t n);
+
+    /* One AdamW step of an optimizer state whose arenas live on the compute side (the GPU tier:
+     * optim/state.h's mt_optim_arenas with compute-side pointers) over [offset, offset+n), with
+     * the gradient grad (compute side, grad_dtype MT_F32 or MT_BF16): the same bits as
+     * mt_optim_arenas_update computes on the host, for every format. On the compute stream. */
+    void (*optim_update)(mt_backend *be, const mt_optim_arenas *s, const mt_optim_step *a,
+                         size_t offset, size_t n, const void *grad, mt_dtype grad_dtype);
 
     /* LM head fused with cross-entropy, in chunks of rows so that (N, V) logits never exist:
      * logits = inp (N, C) @ weight (V, C)^T; losses[n] = logsumexp(logits[n]) - logits[n][targets[n]],

@@ -138,7 +138,8 @@ mt_state_format mt_optim_state_format(const mt_optim_state *s) { return s->f; }
 size_t mt_optim_state_numel(const mt_optim_state *s) { return s->n; }
 void mt_optim_state_set_full_update(mt_optim_state *s, mt_optim_full_fn fn) { s->full_fn = fn; }
 void mt_optim_state_set_index_base(mt_optim_state *s, uint64_t base) { s->index_base = base; }
-mt_bf16 *mt_optim_state_upload(const mt_optim_state *s) { return s->w; }
+void *mt_optim_state_upload(const mt_optim_state *s) { return s->w; }
+mt_dtype mt_optim_state_upload_dtype(const mt_optim_state *s) { (void)s; return MT_BF16; }
 
 void mt_optim_state_set_weights(mt_optim_state *s, size_t offset, const float *w, size_t n) {
     MT_CHECK(n <= s->n && offset <= s->n - n, "set_weights [%zu, +%zu) outside %zu", offset, n,

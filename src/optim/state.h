@@ -45,6 +45,10 @@
 
 #include "core/dtype.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define MT_OPTIM_BLOCK 256
 
 typedef enum { MT_STATE_FULL = 0, MT_STATE_COMPACT = 1, MT_STATE_TIGHT = 2 } mt_state_format;
@@ -58,6 +62,8 @@ size_t mt_optim_state_bytes(mt_state_format f, size_t n);
 /* The same per parameter, for large n (14, 6.03125, 4.03125). */
 double mt_optim_bytes_per_param(mt_state_format f);
 
+typedef struct mt_optim_state mt_optim_state;
+
 typedef struct {
     double lr, beta1, beta2, eps; /* double: torch's hyperparameters are Python floats */
     double weight_decay;          /* decoupled; 0 = no decay (the caller's mask: 1-D tensors) */
@@ -65,18 +71,21 @@ typedef struct {
     float grad_scale;             /* fp32 clip coefficient, 1 = none */
 } mt_optim_step;
 
-/* The full format's update (src/engine's mt_adamw_update*): grad is fp32 or bf16 (grad_bf16),
- * upload receives bf16(param). */
+/* (Until the full kernel moves into src/optim: src/engine's update, handed in.) */
 typedef void (*mt_optim_full_fn)(const mt_optim_step *a, float *param, float *m, float *v,
                                  const void *grad, int grad_bf16, size_t n, mt_bf16 *upload,
                                  int n_threads);
+void mt_optim_state_set_full_update(mt_optim_state *s, mt_optim_full_fn fn);
 
 /* Where the upload-able arena (the bf16 master, or full's upload copy) is allocated: pinned
- * memory in the engine. NULL: mt_aligned_alloc / free. */
+ * memory in the engine. alloc NULL: mt_aligned_alloc / free. upload_dtype: full's upload copy,
+ * MT_BF16 (the cuda backend) or MT_F32 (the cpu backend, which computes in fp32); compact and
+ * tight require MT_BF16 (their master is the upload copy). A zeroed struct means BF16. */
 typedef struct {
     void *(*alloc)(void *ctx, size_t bytes);
     void (*free)(void *ctx, void *p);
     void *ctx;
+    mt_dtype upload_dtype;
 } mt_optim_alloc;
 
 /* One tensor of the state, for checkpoints: saving `bytes` from `data` and restoring them into
@@ -90,8 +99,6 @@ typedef struct {
 
 #define MT_OPTIM_MAX_TENSORS 8
 
-typedef struct mt_optim_state mt_optim_state;
-
 /* A state of n parameters in format f, weights and moments zero. seed: tight's rounding. */
 mt_optim_state *mt_optim_state_create(mt_state_format f, size_t n, uint64_t seed,
                                       const mt_optim_alloc *alloc);
@@ -99,7 +106,6 @@ void mt_optim_state_free(mt_optim_state *s);
 
 mt_state_format mt_optim_state_format(const mt_optim_state *s);
 size_t mt_optim_state_numel(const mt_optim_state *s);
-void mt_optim_state_set_full_update(mt_optim_state *s, mt_optim_full_fn fn);
 /* tight: element k's random bits are those of model-arena index base + k (default 0), so a
  * state holding a slice of the model (a GPU-tier layer, say) rounds as a whole-model one. */
 void mt_optim_state_set_index_base(mt_optim_state *s, uint64_t base);
@@ -108,11 +114,15 @@ void mt_optim_state_set_index_base(mt_optim_state *s, uint64_t base);
 void mt_optim_state_set_weights(mt_optim_state *s, size_t offset, const float *w, size_t n);
 /* The master weights [offset, offset+n) as fp32 (compact: exact; tight: the bf16 value). */
 void mt_optim_state_get_weights(const mt_optim_state *s, size_t offset, float *w, size_t n);
-/* The bf16 arena the forward uploads: the master itself (compact, tight), the copy (full). */
-mt_bf16 *mt_optim_state_upload(const mt_optim_state *s);
+/* The arena the forward uploads: the bf16 master itself (compact, tight), the copy (full, in
+ * the alloc's upload_dtype). */
+void *mt_optim_state_upload(const mt_optim_state *s);
+mt_dtype mt_optim_state_upload_dtype(const mt_optim_state *s);
 
 /* One AdamW step over [offset, offset+n) with the gradient grad (MT_F32 or MT_BF16, n values;
- * it must not overlap the state). Also writes the upload copy. n_threads <= 0: all of OpenMP's;
+ * it must not overlap the state, except that in full it may be the upload copy's own
+ * [offset, offset+n) when grad_dtype is the upload dtype: each gradient element is read before
+ * its upload element is written — the engine's full path keeps the gradient there). Also writes the upload copy. n_threads <= 0: all of OpenMP's;
  * threads take chunks of 1024 blocks. MT_ERR (with a message) for a range outside the state, an
  * offset of compact/tight off a 256 boundary, a bad grad dtype, or full without its update. */
 int mt_optim_state_update(mt_optim_state *s, const mt_optim_step *a, size_t offset, size_t n,
@@ -122,6 +132,46 @@ int mt_optim_state_update(mt_optim_state *s, const mt_optim_step *a, size_t offs
  * The upload copy of full is not listed (it is bf16(master)). */
 int mt_optim_state_tensors(const mt_optim_state *s, mt_optim_tensor *out);
 
+/* The arenas of a state as plain pointers (NULL where the format has none), for what works on
+ * them outside this module: a backend updating a state that lives in its own memory (the GPU
+ * tier: the same arenas allocated there, mt_backend.optim_update), and copies to and from it.
+ * Sizes: master, m, v: n floats (full); w: n elements of w_dtype; comp: n uint16; mq, vq: n
+ * bytes; ms, vs: nblocks floats (compact, tight). */
+typedef struct {
+    mt_state_format f;
+    size_t n, nblocks;
+    uint64_t seed, index_base; /* tight's rounding: seed and arena index of element 0 */
+    float *master, *m, *v;
+    void *w;
+    mt_dtype w_dtype;
+    uint16_t *comp;
+    uint8_t *mq, *vq;
+    float *ms, *vs;
+} mt_optim_arenas;
+
+mt_optim_arenas mt_optim_state_arenas(const mt_optim_state *s);
+
+/* mt_optim_state_update on arenas in host memory (the cpu backend's optim_update; the state's
+ * own update is this on its arenas). Same checks and errors. */
+int mt_optim_arenas_update(const mt_optim_arenas *s, const mt_optim_step *a, size_t offset,
+                           size_t n, const void *grad, mt_dtype grad_dtype, int n_threads);
+
+/* The optimizer's own parts of one tensor at [offset, offset+numel) — what a checkpoint stores
+ * beside the tensor's fp32 weights (which, from mt_optim_state_get_weights, are exact for every
+ * format: compact's bf16 + residual is the fp32 value, tight's bf16 widens exactly), in a fixed
+ * order, names without the tensor's:
+ *   full:           exp_avg F32 [numel], exp_avg_sq F32 [numel]
+ *   compact, tight: exp_avg U8 [numel], exp_avg_scale F32 [nb], exp_avg_sq U8 [numel],
+ *                   exp_avg_sq_scale F32 [nb]            (nb = ceil(numel / 256))
+ * plus, for tight, the rounding seed, which is the state's (mt_optim_arenas.seed), not a part.
+ * data points into the arenas (offset must be a multiple of 256 for compact and tight). Returns
+ * the count (<= MT_OPTIM_MAX_TENSORS), or -1 with an error set for a bad range. Writing the same
+ * bytes back through the pointers restores the tensor's state bit for bit. */
+int mt_optim_arenas_parts(const mt_optim_arenas *s, size_t offset, size_t numel,
+                          mt_optim_tensor *out);
+/* The same list with data NULL: what a tensor of numel elements stores in format f. */
+int mt_optim_parts_layout(mt_state_format f, size_t numel, mt_optim_tensor *out);
+
 /* Instruction-set paths of the compact and tight kernels, as mt_adamw_isa. */
 typedef enum { MT_OPTIM_SCALAR = 0, MT_OPTIM_AVX2 = 1, MT_OPTIM_AVX512 = 2 } mt_optim_isa;
 const char *mt_optim_isa_name(mt_optim_isa isa);
@@ -129,5 +179,9 @@ int mt_optim_isa_supported(mt_optim_isa isa);
 mt_optim_isa mt_optim_isa_active(void);
 /* Tests and benchmarks: the path later calls use (not while updates run); MT_ERR if absent. */
 int mt_optim_set_isa(mt_optim_isa isa);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
