@@ -1,6 +1,8 @@
 /* The fp32 CPU ops against plain double-precision references: embedding, RMSNorm, matmul, RoPE,
  * SwiGLU, add, and the backend's memory calls. (Attention and the LM head have their own files.)
  *
+ * from_bf16 (exact widening) is compared bit for bit.
+ *
  * Forward: fp32 op vs the double reference, atol 1e-6 rtol 1e-5.
  * Backward: fp32 op vs central finite differences (h = 1e-4, in double, error ~1e-9) of the double
  * reference for the scalar sum(out * Rw), Rw random; atol 1e-5 rtol 1e-4. Outputs written (=) are
@@ -479,13 +481,29 @@ static void test_sumsq_from_f32(void **state) {
     }
 }
 
+/* from_bf16 widens exactly: every bf16 bit pattern (NaNs, infinities, subnormals, -0) becomes
+ * the fp32 with the same top 16 bits and zero low bits; the odd length runs threaded. */
+static void test_from_bf16(void **state) {
+    assert_non_null(be->from_bf16);
+    size_t n = 3 * 65536 + 7;
+    mt_bf16 *x = malloc(n * sizeof *x);
+    uint32_t *y = malloc(n * sizeof *y);
+    for (size_t i = 0; i < n; i++) x[i] = (mt_bf16)(i * 40503u); /* a bijection per 65536 */
+    poison((float *)y, n);
+    be->from_bf16(be, y, x, n);
+    for (size_t i = 0; i < n; i++)
+        if (y[i] != (uint32_t)x[i] << 16) fail_msg("from_bf16: %04x -> %08x", x[i], y[i]);
+    free(x);
+    free(y);
+}
+
 int main(void) {
     be = mt_backend_cpu_create();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_memory),  cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_rope),    cmocka_unit_test(test_swiglu_add),
-        cmocka_unit_test(test_sumsq_from_f32),
+        cmocka_unit_test(test_sumsq_from_f32), cmocka_unit_test(test_from_bf16),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     be->destroy(be);

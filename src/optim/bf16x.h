@@ -9,27 +9,36 @@
 
 #include "core/dtype.h"
 
-static inline uint32_t mt_f32_bits(float f) {
+/* Host and device: src/backend/cuda/optim.cu runs these same definitions on the GPU. */
+#ifndef MT_HD
+#ifdef __CUDACC__
+#define MT_HD __host__ __device__
+#else
+#define MT_HD
+#endif
+#endif
+
+MT_HD static inline uint32_t mt_f32_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     return u;
 }
 
-static inline float mt_f32_from_bits(uint32_t u) {
+MT_HD static inline float mt_f32_from_bits(uint32_t u) {
     float f;
     memcpy(&f, &u, 4);
     return f;
 }
 
 /* w = hi + residual, bit for bit: bits(w) = (hi << 16) + sign-extended comp, mod 2^32. */
-static inline float mt_bf16c_join(mt_bf16 hi, uint16_t comp) {
+MT_HD static inline float mt_bf16c_join(mt_bf16 hi, uint16_t comp) {
     uint32_t u = ((uint32_t)hi << 16) + comp - ((uint32_t)(comp & 0x8000u) << 1);
     return mt_f32_from_bits(u);
 }
 
 /* hi = bits rounded to nearest, ties away from zero; comp = bits(w) - (hi << 16) in
  * [-2^15, 2^15). A NaN becomes hi = its quiet bf16 NaN, comp = 0 (the payload is not kept). */
-static inline void mt_bf16c_split(float w, mt_bf16 *hi, uint16_t *comp) {
+MT_HD static inline void mt_bf16c_split(float w, mt_bf16 *hi, uint16_t *comp) {
     uint32_t u = mt_f32_bits(w);
     if ((u & 0x7fffffffu) > 0x7f800000u) {
         *hi = (mt_bf16)((u >> 16) | 0x40u);
@@ -43,7 +52,7 @@ static inline void mt_bf16c_split(float w, mt_bf16 *hi, uint16_t *comp) {
 
 /* Stochastic rounding: up (in magnitude) when r16 < the 16 bits bf16 drops, with r16 uniform in
  * [0, 2^16), so E[result] = w exactly. NaN -> quiet NaN, as mt_f32_to_bf16. */
-static inline mt_bf16 mt_bf16_round_sr(float w, uint32_t r16) {
+MT_HD static inline mt_bf16 mt_bf16_round_sr(float w, uint32_t r16) {
     uint32_t u = mt_f32_bits(w);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (mt_bf16)((u >> 16) | 0x40u);
     return (mt_bf16)((u + r16) >> 16);
@@ -56,7 +65,7 @@ typedef struct {
     uint32_t lo, hi;
 } mt_sr_key;
 
-static inline uint32_t mt_sr_mix32(uint32_t x) {
+MT_HD static inline uint32_t mt_sr_mix32(uint32_t x) {
     x ^= x >> 16;
     x *= 0x85ebca6bu;
     x ^= x >> 13;
@@ -75,7 +84,7 @@ static inline mt_sr_key mt_sr_key_make(uint64_t seed, int64_t step) {
     return k;
 }
 
-static inline uint32_t mt_sr_bits16(mt_sr_key k, uint64_t index) {
+MT_HD static inline uint32_t mt_sr_bits16(mt_sr_key k, uint64_t index) {
     uint32_t x = mt_sr_mix32((uint32_t)index ^ k.lo);
     x = mt_sr_mix32(x ^ (uint32_t)(index >> 32) ^ k.hi);
     return x >> 16;

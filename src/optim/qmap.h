@@ -23,6 +23,15 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Host and device: src/backend/cuda/optim.cu runs these same definitions on the GPU. */
+#ifndef MT_HD
+#ifdef __CUDACC__
+#define MT_HD __host__ __device__
+#else
+#define MT_HD
+#endif
+#endif
+
 /* bf16 cells of |x| with an entry: [2^-24, 1], 3073 of each sign */
 #define MT_QMAP_CELL_LO 0x3380u
 #define MT_QMAP_CELL_HI 0x3f80u
@@ -47,13 +56,13 @@ uint8_t mt_qmap_nearest(const mt_qmap *q, float x);
 /* The kernels' quantization (== mt_qmap_nearest for every non-NaN float, tested; a NaN gets
  * a deterministic code). Above zero the cell's threshold is the one above its code (x >= it:
  * one code up), below zero the one below (x < it, i.e. more low bits: one code down). */
-static inline uint32_t mt_qmap_cell_index(uint32_t u) {
+MT_HD static inline uint32_t mt_qmap_cell_index(uint32_t u) {
     uint32_t a = (u >> 16) & 0x7fffu;
     a = a < MT_QMAP_CELL_LO ? MT_QMAP_CELL_LO : a > MT_QMAP_CELL_HI ? MT_QMAP_CELL_HI : a;
     return a - MT_QMAP_CELL_LO + (u >> 31) * MT_QMAP_CELLS;
 }
 
-static inline uint8_t mt_qmap_quantize(const mt_qmap *q, float x) {
+MT_HD static inline uint8_t mt_qmap_quantize(const mt_qmap *q, float x) {
     uint32_t u;
     memcpy(&u, &x, 4);
     uint32_t e = q->cell[mt_qmap_cell_index(u)];

@@ -84,6 +84,9 @@ static void cpu_sumsq(mt_backend *be, float *out, const float *x, size_t n) {
 static void cpu_from_f32(mt_backend *be, void *dst, const float *src, size_t n) {
     mt_cpu_from_f32(dst, src, n);
 }
+static void cpu_from_bf16(mt_backend *be, void *dst, const mt_bf16 *src, size_t n) {
+    mt_cpu_from_bf16(dst, src, n);
+}
 static void cpu_lm_head_loss(mt_backend *be, float *losses, void *dinp, float *dweight,
                              const void *inp, const void *weight, const int32_t *targets, int N,
                              int C, int V, float loss_scale) {
@@ -119,6 +122,7 @@ mt_backend *mt_backend_cpu_create(void) {
     be->add = cpu_add;
     be->sumsq = cpu_sumsq;
     be->from_f32 = cpu_from_f32;
+    be->from_bf16 = cpu_from_bf16;
     be->lm_head_loss = cpu_lm_head_loss;
     mt_cpu_streams_install(be); /* host buffers, copy_async, events, sync */
     return be;

@@ -49,6 +49,8 @@ void mt_cpu_add(float *out, const float *a, const float *b, size_t n);
 /* out[0] += sum of x[i]^2 (accumulated in double); dst = src (the compute dtype is fp32). */
 void mt_cpu_sumsq(float *out, const float *x, size_t n);
 void mt_cpu_from_f32(float *dst, const float *src, size_t n);
+/* dst = src widened to fp32 (exact). */
+void mt_cpu_from_bf16(float *dst, const uint16_t *src, size_t n);
 
 /* dinp == NULL: losses only. dweight may be NULL with dinp set (a frozen head). */
 void mt_cpu_lm_head_loss(float *losses, float *dinp, float *dweight, const float *inp,

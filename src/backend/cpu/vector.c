@@ -1,8 +1,9 @@
 /* fp32 vector helpers the engine uses on gradients: sum of squares (for the global norm) and the
- * conversion into the compute dtype (fp32 here, so a copy). */
+ * conversions into the compute dtype (fp32 here: a copy, or bf16 widened). */
 #include <omp.h>
 #include <string.h>
 
+#include "../../core/dtype.h"
 #include "cpu_ops.h"
 
 #define SUMSQ_MAX_THREADS 256
@@ -29,4 +30,8 @@ void mt_cpu_sumsq(float *out, const float *x, size_t n) {
 
 void mt_cpu_from_f32(float *dst, const float *src, size_t n) {
     if (n && dst != src) memcpy(dst, src, n * sizeof(float));
+}
+
+void mt_cpu_from_bf16(float *dst, const uint16_t *src, size_t n) {
+    mt_convert_bf16_to_f32(dst, src, n);
 }

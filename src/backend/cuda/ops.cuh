@@ -52,6 +52,14 @@ void mt_cuda_add(bf16 *out, const bf16 *a, const bf16 *b, size_t n, cudaStream_t
 void mt_cuda_sumsq(float *out, const float *x, size_t n, cudaStream_t s);
 void mt_cuda_from_f32(bf16 *dst, const float *src, size_t n, cudaStream_t s);
 
+/* optim.cu: the AdamW update of a state on the device (bit for bit mt_optim_arenas_update), and
+ * from_bf16 (a device copy). mt_cuda_optim_init uploads the qmaps to the current device, once
+ * per backend before its first update. */
+void mt_cuda_optim_init(void);
+void mt_cuda_optim_update(const mt_optim_arenas *s, const mt_optim_step *a, size_t offset,
+                          size_t n, const void *grad, mt_dtype grad_dtype, cudaStream_t st);
+void mt_cuda_from_bf16(bf16 *dst, const bf16 *src, size_t n, cudaStream_t s);
+
 /* lm_head_loss.cu (chunked: the (N, V) logits never exist) */
 void mt_cuda_lm_head_loss(mt_backend *be, float *losses, bf16 *dinp, float *dweight,
                           const bf16 *inp, const bf16 *weight, const int32_t *targets, int N,
