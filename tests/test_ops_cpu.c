@@ -1,7 +1,8 @@
 /* The fp32 CPU ops against plain double-precision references: embedding, RMSNorm, matmul, RoPE,
  * SwiGLU, add, and the backend's memory calls. (Attention and the LM head have their own files.)
  *
- * from_bf16 (exact widening) is compared bit for bit.
+ * from_bf16 (exact widening) and optim_update (the optimizer state's own update on its arenas)
+ * are compared bit for bit.
  *
  * Forward: fp32 op vs the double reference, atol 1e-6 rtol 1e-5.
  * Backward: fp32 op vs central finite differences (h = 1e-4, in double, error ~1e-9) of the double
@@ -16,6 +17,8 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_ops.h"
+#include "core/error.h"
+#include "optim/state.h"
 #include "util/testutil.h"
 
 #define FWD_ATOL 1e-6
@@ -497,6 +500,59 @@ static void test_from_bf16(void **state) {
     free(y);
 }
 
+/* optim_update on host arenas is the state's own update: twin states, one stepped through
+ * mt_optim_state_update, one through the op on its mt_optim_state_arenas, end byte for byte
+ * equal in every checkpoint tensor and the upload arena, for each format and gradient dtype,
+ * over a group at a nonzero offset that ends in a partial block. */
+static void check_optim_update(mt_state_format f, mt_dtype grad_dtype) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 17 + (uint64_t)f * 2 + (uint64_t)grad_dtype);
+    size_t n = 5 * 256 + 77, off = 256, gn = n - off;
+    /* the cpu backend computes in fp32: full's upload copy is fp32 there */
+    mt_optim_alloc al = {.upload_dtype = f == MT_STATE_FULL ? MT_F32 : MT_BF16};
+    mt_optim_state *a = mt_optim_state_create(f, n, 99, &al);
+    mt_optim_state *b = mt_optim_state_create(f, n, 99, &al);
+    mt_optim_state_set_index_base(a, 3 * 256);
+    mt_optim_state_set_index_base(b, 3 * 256);
+    float *w = randn(&rng, n, 0.05f), *g = fnew(gn);
+    mt_bf16 *gh = malloc(gn * sizeof *gh);
+    mt_optim_state_set_weights(a, 0, w, n);
+    mt_optim_state_set_weights(b, 0, w, n);
+    float *w0 = fnew(n), *w1 = fnew(n);
+    mt_optim_state_get_weights(b, 0, w0, n); /* tight: w rounded to bf16 */
+    mt_optim_arenas ar = mt_optim_state_arenas(b);
+    for (int64_t step = 1; step <= 4; step++) {
+        mt_test_fill_normal(&rng, g, gn, 0.02f);
+        for (size_t i = 0; i < gn; i++) gh[i] = mt_f32_to_bf16(g[i]);
+        const void *grad = grad_dtype == MT_BF16 ? (const void *)gh : g;
+        mt_optim_step st = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
+                            .weight_decay = 0.1, .step = step, .grad_scale = 0.5f};
+        assert_int_equal(mt_optim_state_update(a, &st, off, gn, grad, grad_dtype, 0), MT_OK);
+        be->optim_update(be, &ar, &st, off, gn, grad, grad_dtype);
+    }
+    mt_optim_tensor ta[MT_OPTIM_MAX_TENSORS], tb[MT_OPTIM_MAX_TENSORS];
+    int nt = mt_optim_state_tensors(a, ta);
+    assert_int_equal(mt_optim_state_tensors(b, tb), nt);
+    for (int k = 0; k < nt; k++) assert_memory_equal(ta[k].data, tb[k].data, ta[k].bytes);
+    size_t ub = n * mt_dtype_size(mt_optim_state_upload_dtype(a));
+    assert_memory_equal(mt_optim_state_upload(a), mt_optim_state_upload(b), ub);
+    /* the steps moved the weights (the comparison is not of two untouched states) */
+    mt_optim_state_get_weights(b, 0, w1, n);
+    assert_memory_equal(w1, w0, off * sizeof(float));
+    assert_memory_not_equal(w1 + off, w0 + off, gn * sizeof(float));
+    free(w), free(w0), free(w1), free(g), free(gh);
+    mt_optim_state_free(a);
+    mt_optim_state_free(b);
+}
+
+static void test_optim_update(void **state) {
+    assert_non_null(be->optim_update);
+    for (int f = MT_STATE_FULL; f <= MT_STATE_TIGHT; f++) {
+        check_optim_update((mt_state_format)f, MT_F32);
+        check_optim_update((mt_state_format)f, MT_BF16);
+    }
+}
+
 int main(void) {
     be = mt_backend_cpu_create();
     const struct CMUnitTest tests[] = {
@@ -504,6 +560,7 @@ int main(void) {
         cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_rope),    cmocka_unit_test(test_swiglu_add),
         cmocka_unit_test(test_sumsq_from_f32), cmocka_unit_test(test_from_bf16),
+        cmocka_unit_test(test_optim_update),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     be->destroy(be);

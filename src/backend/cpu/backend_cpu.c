@@ -87,6 +87,13 @@ static void cpu_from_f32(mt_backend *be, void *dst, const float *src, size_t n) 
 static void cpu_from_bf16(mt_backend *be, void *dst, const mt_bf16 *src, size_t n) {
     mt_cpu_from_bf16(dst, src, n);
 }
+/* The arenas are host memory here: the state's own update. A bad range or dtype is the caller's
+ * bug (the op has no error return). */
+static void cpu_optim_update(mt_backend *be, const mt_optim_arenas *s, const mt_optim_step *a,
+                             size_t offset, size_t n, const void *grad, mt_dtype grad_dtype) {
+    if (mt_optim_arenas_update(s, a, offset, n, grad, grad_dtype, 0) != MT_OK)
+        mt_fatal(__FILE__, __LINE__, "%s", mt_error_message());
+}
 static void cpu_lm_head_loss(mt_backend *be, float *losses, void *dinp, float *dweight,
                              const void *inp, const void *weight, const int32_t *targets, int N,
                              int C, int V, float loss_scale) {
@@ -123,6 +130,7 @@ mt_backend *mt_backend_cpu_create(void) {
     be->sumsq = cpu_sumsq;
     be->from_f32 = cpu_from_f32;
     be->from_bf16 = cpu_from_bf16;
+    be->optim_update = cpu_optim_update;
     be->lm_head_loss = cpu_lm_head_loss;
     mt_cpu_streams_install(be); /* host buffers, copy_async, events, sync */
     return be;

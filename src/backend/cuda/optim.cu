@@ -3,8 +3,8 @@
  *
  * Same bits as the CPU because every step is the CPU's own:
  *  - the fp32 constants are computed here on the host exactly as src/optim/state.c and
- *    src/engine/adamw.c compute them (double hyperparameters, one rounding each);
- *  - the AdamW element is mt_optim_elem / mt_adamw_elem op for op, each op written as an IEEE
+ *    adamw_full.c compute them (double hyperparameters, one rounding each);
+ *  - the AdamW element is mt_optim_elem (kernel.h) / mt_adamw_elem (full_kernel.h) op for op, each op written as an IEEE
  *    round-to-nearest intrinsic (__fmul_rn, __fdiv_rn, __fsqrt_rn, ...): nvcc never contracts
  *    those into an FMA (its default --fmad=true would contract a plain a*b+c) and they are exact
  *    whatever -prec-div/-prec-sqrt say; only the explicit __fmaf_rn is fused, where the CPU calls
@@ -101,11 +101,11 @@ static __device__ __forceinline__ float adamw_elem(const adamw_consts &c, float 
 
 /* ---------------- full: fp32 master and moments, the upload copy ---------------- */
 
-/* Arena pointers at the range's first element; grad may be the upload copy itself (each
+/* Arena pointers at the range's first element; grad may be the upload copy's own range (each
  * element's gradient is read before its upload element is written, by the same thread). */
 typedef struct {
     float *master, *m, *v;
-    void *w;
+    void *w; /* the upload copy, bf16 or fp32 */
     int w_bf16;
     const void *grad;
     int grad_bf16;
@@ -120,7 +120,6 @@ static __global__ void full_kernel(adamw_consts c, full_span s, size_t n) {
         s.master[i] = p;
         s.m[i] = m;
         s.v[i] = v;
-        if (!s.w) continue;
         if (s.w_bf16) ((uint16_t *)s.w)[i] = f32_to_bf16_bits(p);
         else ((float *)s.w)[i] = p;
     }
@@ -186,42 +185,69 @@ static __global__ void __launch_bounds__(MT_OPTIM_BLOCK)
 
 /* ---------------- launchers ---------------- */
 
-void mt_cuda_optim_update(const mt_optim_arenas *s, const mt_optim_step *a, size_t offset,
-                          size_t n, const void *grad, mt_dtype grad_dtype, cudaStream_t st) {
-    /* mt_optim_arenas_update's checks; bad arguments here are the caller's bug */
+static int overlaps(const void *a, size_t abytes, const void *b, size_t bbytes) {
+    if (!a || !b) return 0;
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + bbytes && y < x + abytes;
+}
+
+/* mt_optim_arenas_update's checks (state.c), fatal here: the op has no error return, and bad
+ * arguments are the caller's bug. */
+static void check_args(const mt_optim_arenas *s, const mt_optim_step *a, size_t offset, size_t n,
+                       const void *grad, mt_dtype grad_dtype) {
+    const char *fname = mt_state_format_name(s->f);
+    MT_CHECK(s->f >= MT_STATE_FULL && s->f <= MT_STATE_TIGHT, "optimizer update: format %d",
+             (int)s->f);
+    if (s->f == MT_STATE_FULL)
+        MT_CHECK(s->w && (s->w_dtype == MT_BF16 || s->w_dtype == MT_F32) && s->master && s->m &&
+                     s->v,
+                 "optimizer update: full arenas incomplete (w of dtype BF16 or F32, master, m, v)");
+    else
+        MT_CHECK(s->w && s->w_dtype == MT_BF16 && (s->f == MT_STATE_TIGHT || s->comp) && s->mq &&
+                     s->vq && s->ms && s->vs,
+                 "optimizer update: %s arenas incomplete", fname);
     MT_CHECK(n <= s->n && offset <= s->n - n, "optimizer update [%zu, %zu) outside the state's "
              "%zu parameters", offset, offset + n, s->n);
     MT_CHECK(grad_dtype == MT_F32 || grad_dtype == MT_BF16, "optimizer update: gradient dtype "
              "%s, expected F32 or BF16", mt_dtype_name(grad_dtype));
     MT_CHECK(a->step >= 1, "optimizer update: step is 1-based, got %lld", (long long)a->step);
     if (n == 0) return;
+    MT_CHECK(s->f == MT_STATE_FULL || offset % MT_OPTIM_BLOCK == 0, "optimizer update at offset "
+             "%zu: %s state groups start at multiples of %d", offset, fname, MT_OPTIM_BLOCK);
     MT_CHECK(grad, "optimizer update: NULL gradient");
+    size_t gbytes = n * mt_dtype_size(grad_dtype), wsz = mt_dtype_size(s->w_dtype);
+    int own = s->f == MT_STATE_FULL && grad_dtype == s->w_dtype &&
+              grad == (const char *)s->w + offset * wsz;
+    MT_CHECK(own || !overlaps(grad, gbytes, s->w, s->n * wsz),
+             "optimizer update: the gradient overlaps w other than as full's own range");
+    const void *other[] = {s->master, s->m, s->v, s->comp, s->mq, s->vq, s->ms, s->vs};
+    size_t bytes[] = {s->n * 4, s->n * 4, s->n * 4, s->n * 2, s->n, s->n, s->nblocks * 4,
+                      s->nblocks * 4};
+    for (int k = 0; k < 8; k++)
+        MT_CHECK(!overlaps(grad, gbytes, other[k], bytes[k]),
+                 "optimizer update: the gradient overlaps arena %d of the state", k);
+}
+
+void mt_cuda_optim_update(const mt_optim_arenas *s, const mt_optim_step *a, size_t offset,
+                          size_t n, const void *grad, mt_dtype grad_dtype, cudaStream_t st) {
+    check_args(s, a, offset, n, grad, grad_dtype);
+    if (n == 0) return;
     adamw_consts c = make_consts(a);
     int gbf = grad_dtype == MT_BF16;
     if (s->f == MT_STATE_FULL) {
-        MT_CHECK(s->master && s->m && s->v, "optimizer update: full state without its arenas");
-        MT_CHECK(!s->w || s->w_dtype == MT_BF16 || s->w_dtype == MT_F32,
-                 "optimizer update: upload copy of dtype %s", mt_dtype_name(s->w_dtype));
         full_span sp;
         sp.master = s->master + offset;
         sp.m = s->m + offset;
         sp.v = s->v + offset;
         sp.w_bf16 = s->w_dtype == MT_BF16;
-        sp.w = s->w ? (char *)s->w + offset * (sp.w_bf16 ? 2 : 4) : NULL;
+        sp.w = (char *)s->w + offset * mt_dtype_size(s->w_dtype);
         sp.grad = grad;
         sp.grad_bf16 = gbf;
         full_kernel<<<mt_ew_blocks(n), MT_CUDA_EW_THREADS, 0, st>>>(c, sp, n);
         CUDA_LAUNCH_CHECK();
         return;
     }
-    MT_CHECK(s->f == MT_STATE_COMPACT || s->f == MT_STATE_TIGHT, "optimizer update: format %d",
-             (int)s->f);
-    MT_CHECK(offset % MT_OPTIM_BLOCK == 0, "optimizer update at offset %zu: %s state groups "
-             "start at multiples of %d", offset, mt_state_format_name(s->f), MT_OPTIM_BLOCK);
     int tight = s->f == MT_STATE_TIGHT;
-    MT_CHECK(s->w && s->w_dtype == MT_BF16 && s->mq && s->vq && s->ms && s->vs &&
-                 (tight || s->comp),
-             "optimizer update: %s state without its arenas", mt_state_format_name(s->f));
     size_t nblocks = (n + MT_OPTIM_BLOCK - 1) / MT_OPTIM_BLOCK;
     MT_CHECK(nblocks <= 0x7fffffffu, "optimizer update of %zu elements: too many blocks", n);
     q8_span sp;
