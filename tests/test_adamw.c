@@ -1,4 +1,4 @@
-/* CPU AdamW (src/engine/adamw.h): against a double-precision reference of the formulas, against
+/* CPU AdamW (src/optim/adamw.h): against a double-precision reference of the formulas, against
  * real torch.optim.AdamW (tests/fixtures/adamw, make_adamw_fixture.py), every ISA path bitwise
  * equal to the plain C one, bf16 upload == mt_f32_to_bf16, grad/upload aliasing, thread count. */
 #include <math.h>
@@ -8,7 +8,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "engine/adamw.h"
+#include "optim/adamw.h"
 #include "util/testutil.h"
 
 #define NSTEPS 10

@@ -1,15 +1,19 @@
 /* The optimizer state (src/optim/state.h): each format's AdamW step against an fp64 reference of
  * the same math (dequantize -> fp64 AdamW -> requantize), long runs of tiny updates through the
- * kernels, every ISA path and thread count bitwise equal to the plain C one, the checkpoint
- * tensor list round-tripping bit for bit (resume), bytes per parameter, and the errors. */
+ * kernels, every ISA path and thread count bitwise equal to the plain C one, full as adamw.h's
+ * update (either upload dtype, the gradient in the upload copy), the checkpoint tensor list and a
+ * tensor's parts round-tripping bit for bit (resume), the arenas' update, bytes per parameter,
+ * and the errors. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "engine/adamw.h"
+#include "optim/adamw.h"
 #include "optim/qmap.h"
 #include "optim/state.h"
 #include "util/testutil.h"
@@ -22,15 +26,18 @@
 /* More than two of the update's 1024-block thread chunks, and odd. */
 #define N_THREADED (2 * 262144 + 4099)
 
-/* The full format's update: today's engine kernel, as the engine will hand it in. */
+/* The full format's update as mt_adamw_update computes it on separate buffers. */
 static void full_update(const mt_optim_step *a, float *p, float *m, float *v, const void *grad,
-                        int grad_bf16, size_t n, mt_bf16 *upload, int n_threads) {
+                        int grad_bf16, size_t n, void *upload, mt_dtype upload_dtype,
+                        int n_threads) {
     mt_adamw_step_args b = {.lr = a->lr, .beta1 = a->beta1, .beta2 = a->beta2, .eps = a->eps,
                             .weight_decay = a->weight_decay, .step = a->step,
                             .grad_scale = a->grad_scale};
-    if (grad_bf16) mt_adamw_update_bf16(&b, p, m, v, grad, n, upload, MT_BF16, n_threads);
-    else mt_adamw_update(&b, p, m, v, grad, n, upload, MT_BF16, n_threads);
+    if (grad_bf16) mt_adamw_update_bf16(&b, p, m, v, grad, n, upload, upload_dtype, n_threads);
+    else mt_adamw_update(&b, p, m, v, grad, n, upload, upload_dtype, n_threads);
 }
+
+static int states_equal(const char *what, const mt_optim_state *a, const mt_optim_state *b);
 
 static mt_optim_step step_args(double wd, int64_t step, float gs) {
     mt_optim_step a = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
@@ -196,17 +203,19 @@ static void test_vs_fp64(void **state) {
     check_vs_fp64(MT_STATE_TIGHT, 1);
 }
 
-/* full through the engine's kernel: bitwise what mt_adamw_update gives on its own arenas */
-static void test_full_wraps_engine(void **state) {
-    (void)state;
+/* full is mt_adamw_update: bitwise what it gives on separate buffers, with either upload dtype
+ * (the F32 copy is the master itself) */
+static void check_full_is_adamw(mt_dtype up_dtype) {
     const size_t n = 1000;
     mt_test_rng r;
     mt_test_rng_seed(&r, 4);
-    mt_optim_state *s = mt_optim_state_create(MT_STATE_FULL, n, 0, NULL);
-    mt_optim_state_set_full_update(s, full_update);
+    mt_optim_alloc al = {.upload_dtype = up_dtype};
+    mt_optim_state *s = mt_optim_state_create(MT_STATE_FULL, n, 0, &al);
+    assert_int_equal(mt_optim_state_upload_dtype(s), up_dtype);
+    size_t usz = mt_dtype_size(up_dtype);
     float *p = mt_aligned_alloc(n * 4), *m = mt_aligned_alloc(n * 4), *v = mt_aligned_alloc(n * 4);
     float *g = malloc(n * 4), *w = malloc(n * 4);
-    mt_bf16 *up = mt_aligned_alloc(n * 2);
+    void *up = mt_aligned_alloc(n * usz);
     mt_test_fill_normal(&r, p, n, 0.5f);
     memset(m, 0, n * 4);
     memset(v, 0, n * 4);
@@ -215,17 +224,77 @@ static void test_full_wraps_engine(void **state) {
         mt_optim_step a = step_args(0.1, step, 0.5f);
         fill_grad(&r, g, n);
         assert_int_equal(mt_optim_state_update(s, &a, 0, n, g, MT_F32, 1), MT_OK);
-        full_update(&a, p, m, v, g, 0, n, up, 1);
+        full_update(&a, p, m, v, g, 0, n, up, up_dtype, 1);
     }
     mt_optim_state_get_weights(s, 0, w, n);
     assert_memory_equal(w, p, n * 4);
-    assert_memory_equal(mt_optim_state_upload(s), up, n * 2);
+    assert_memory_equal(mt_optim_state_upload(s), up, n * usz);
+    if (up_dtype == MT_F32) assert_memory_equal(up, p, n * 4);
     mt_optim_tensor t[MT_OPTIM_MAX_TENSORS];
     int nt = mt_optim_state_tensors(s, t);
     assert_memory_equal(find_tensor(t, nt, "exp_avg")->data, m, n * 4);
     assert_memory_equal(find_tensor(t, nt, "exp_avg_sq")->data, v, n * 4);
     mt_optim_state_free(s);
     free(p); free(m); free(v); free(g); free(w); free(up);
+}
+
+static void test_full_is_adamw(void **state) {
+    (void)state;
+    check_full_is_adamw(MT_BF16);
+    check_full_is_adamw(MT_F32);
+}
+
+/* full with the gradient in the upload copy's own range (the engine's layout) == the same
+ * gradient in a buffer of its own, for both dtypes, over a group at an odd offset */
+static void check_full_alias(mt_dtype dt) {
+    const size_t n = 5000, off = 1003, len = 3001;
+    size_t esz = mt_dtype_size(dt);
+    mt_optim_alloc al = {.upload_dtype = dt};
+    mt_optim_state *a = mt_optim_state_create(MT_STATE_FULL, n, 0, &al);
+    mt_optim_state *b = mt_optim_state_create(MT_STATE_FULL, n, 0, &al);
+    mt_test_rng r;
+    mt_test_rng_seed(&r, 8);
+    float *w = malloc(n * 4), *g = malloc(len * 4);
+    void *gsep = malloc(len * esz);
+    mt_test_fill_normal(&r, w, n, 0.5f);
+    mt_optim_state_set_weights(a, 0, w, n);
+    mt_optim_state_set_weights(b, 0, w, n);
+    char *bup = (char *)mt_optim_state_upload(b) + off * esz;
+    for (int step = 1; step <= 4; step++) {
+        fill_grad(&r, g, len);
+        for (size_t i = 0; i < len; i++) {
+            if (dt == MT_BF16) ((mt_bf16 *)gsep)[i] = mt_f32_to_bf16(g[i]);
+            else ((float *)gsep)[i] = g[i];
+        }
+        memcpy(bup, gsep, len * esz); /* b's gradient lives in its upload copy */
+        mt_optim_step s1 = step_args(0.1, step, 0.8f);
+        assert_int_equal(mt_optim_state_update(a, &s1, off, len, gsep, dt, 2), MT_OK);
+        assert_int_equal(mt_optim_state_update(b, &s1, off, len, bup, dt, 2), MT_OK);
+    }
+    char what[64];
+    snprintf(what, sizeof what, "full, %s grad in the upload copy", mt_dtype_name(dt));
+    assert_true(states_equal(what, a, b));
+    /* any other overlap: one element off, the other dtype, or into a moment */
+    mt_optim_step s1 = step_args(0.1, 5, 1.0f);
+    assert_int_equal(mt_optim_state_update(b, &s1, off, len, bup + esz, dt, 1), MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "overlaps the upload copy"));
+    mt_dtype other = dt == MT_BF16 ? MT_F32 : MT_BF16;
+    assert_int_equal(mt_optim_state_update(b, &s1, off, len / 2, bup, other, 1), MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "overlaps the upload copy"));
+    mt_optim_tensor t[MT_OPTIM_MAX_TENSORS];
+    int nt = mt_optim_state_tensors(b, t);
+    assert_int_equal(mt_optim_state_update(b, &s1, 0, 16, find_tensor(t, nt, "exp_avg_sq")->data,
+                                           MT_F32, 1), MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "overlaps the exp_avg_sq"));
+    mt_optim_state_free(a);
+    mt_optim_state_free(b);
+    free(w); free(g); free(gsep);
+}
+
+static void test_full_alias(void **state) {
+    (void)state;
+    check_full_alias(MT_BF16);
+    check_full_alias(MT_F32);
 }
 
 /* ---- (b) long runs of tiny updates through the kernels ---- */
@@ -336,7 +405,9 @@ static int states_equal(const char *what, const mt_optim_state *a, const mt_opti
         }
     }
     size_t n = mt_optim_state_numel(a);
-    if (ok && memcmp(mt_optim_state_upload(a), mt_optim_state_upload(b), n * 2)) {
+    size_t usz = mt_dtype_size(mt_optim_state_upload_dtype(a));
+    if (ok && (mt_optim_state_upload_dtype(b) != mt_optim_state_upload_dtype(a) ||
+               memcmp(mt_optim_state_upload(a), mt_optim_state_upload(b), n * usz))) {
         printf("%s: upload differs\n", what);
         ok = 0;
     }
@@ -395,7 +466,6 @@ static void test_save_restore(void **state) {
         float *w = malloc(n * 4), *g = malloc(n * 4);
         mt_test_fill_normal(&r, w, n, 0.5f);
         mt_optim_state *a = mt_optim_state_create(f, n, 777, NULL);
-        mt_optim_state_set_full_update(a, full_update);
         mt_optim_state_set_weights(a, 0, w, n);
         int step = 1;
         for (; step <= 4; step++) {
@@ -420,7 +490,6 @@ static void test_save_restore(void **state) {
         assert_int_equal(listed, want);
         /* restore into a fresh state with another seed */
         mt_optim_state *b = mt_optim_state_create(f, n, 1, NULL);
-        mt_optim_state_set_full_update(b, full_update);
         int nb = mt_optim_state_tensors(b, tb);
         assert_int_equal(na, nb);
         for (int k = 0; k < nb; k++) {
@@ -454,7 +523,223 @@ static void test_save_restore(void **state) {
     }
 }
 
-/* ---- (e) bytes per parameter and errors ---- */
+/* ---- (e) the arenas: their update is the state's, a tensor's parts restore it ---- */
+
+static void test_arenas_update(void **state) {
+    (void)state;
+    const size_t n = 4099;
+    for (int fi = 0; fi <= 2; fi++) {
+        mt_state_format f = (mt_state_format)fi;
+        mt_optim_state *a = mt_optim_state_create(f, n, 55, NULL);
+        mt_optim_state *b = mt_optim_state_create(f, n, 55, NULL);
+        mt_optim_state_set_index_base(a, 77 * 256);
+        mt_optim_state_set_index_base(b, 77 * 256);
+        mt_optim_arenas ar = mt_optim_state_arenas(b);
+        assert_int_equal(ar.f, f);
+        assert_int_equal(ar.n, n);
+        assert_int_equal(ar.nblocks, (n + 255) / 256);
+        assert_int_equal(ar.seed, 55);
+        assert_int_equal(ar.index_base, 77 * 256);
+        assert_ptr_equal(ar.w, mt_optim_state_upload(b));
+        assert_int_equal(ar.w_dtype, MT_BF16);
+        assert_true((ar.master != NULL) == (f == MT_STATE_FULL));
+        assert_true((ar.comp != NULL) == (f == MT_STATE_COMPACT));
+        assert_true((ar.mq != NULL) == (f != MT_STATE_FULL));
+        mt_test_rng r;
+        mt_test_rng_seed(&r, 3);
+        float *w = malloc(n * 4), *g = malloc(n * 4);
+        mt_test_fill_normal(&r, w, n, 0.5f);
+        mt_optim_state_set_weights(a, 0, w, n);
+        mt_optim_state_set_weights(b, 0, w, n);
+        for (int step = 1; step <= 3; step++) {
+            fill_grad(&r, g, n);
+            mt_optim_step s1 = step_args(0.1, step, 0.6f), s2 = s1;
+            s2.weight_decay = 0;
+            assert_int_equal(mt_optim_state_update(a, &s1, 0, 1024, g, MT_F32, 1), MT_OK);
+            assert_int_equal(mt_optim_state_update(a, &s2, 1024, n - 1024, g + 1024, MT_F32, 1),
+                             MT_OK);
+            assert_int_equal(mt_optim_arenas_update(&ar, &s1, 0, 1024, g, MT_F32, 2), MT_OK);
+            assert_int_equal(mt_optim_arenas_update(&ar, &s2, 1024, n - 1024, g + 1024, MT_F32, 2),
+                             MT_OK);
+        }
+        assert_true(states_equal("arenas_update vs state_update", a, b));
+        /* the same checks: an arena missing, a bad offset */
+        mt_optim_arenas bad = ar;
+        bad.v = NULL;
+        bad.vq = NULL;
+        mt_optim_step s1 = step_args(0.0, 4, 1.0f);
+        assert_int_equal(mt_optim_arenas_update(&bad, &s1, 0, 256, g, MT_F32, 1), MT_ERR);
+        assert_non_null(strstr(mt_error_message(), "arenas lack"));
+        if (f != MT_STATE_FULL) {
+            assert_int_equal(mt_optim_arenas_update(&ar, &s1, 128, 256, g, MT_F32, 1), MT_ERR);
+            assert_non_null(strstr(mt_error_message(), "multiples of 256"));
+        }
+        mt_optim_state_free(a);
+        mt_optim_state_free(b);
+        free(w); free(g);
+    }
+}
+
+/* Tensors at 256-element boundaries, as the engine lays them out: padding between them. */
+static const size_t part_off[] = {0, 768, 1024, 1280}, part_len[] = {700, 256, 1, 1500};
+#define N_PARTS 4
+#define PARTS_N (1280 + 1500)
+
+static void parts_grad(mt_test_rng *r, float *g) {
+    fill_grad(r, g, PARTS_N);
+    for (size_t i = 0; i < PARTS_N; i++) { /* padding: weights and gradients 0, as the engine's */
+        int in = 0;
+        for (int t = 0; t < N_PARTS; t++) in |= i >= part_off[t] && i < part_off[t] + part_len[t];
+        if (!in) g[i] = 0;
+    }
+}
+
+static void parts_steps(mt_optim_state *a, mt_optim_state *b, mt_test_rng *r, float *g, int from,
+                        int to) {
+    for (int step = from; step <= to; step++) {
+        parts_grad(r, g);
+        mt_optim_step s1 = step_args(0.1, step, 0.7f);
+        assert_int_equal(mt_optim_state_update(a, &s1, 0, PARTS_N, g, MT_F32, 1), MT_OK);
+        if (b) assert_int_equal(mt_optim_state_update(b, &s1, 0, PARTS_N, g, MT_F32, 2), MT_OK);
+    }
+}
+
+static void test_parts_restore(void **state) {
+    (void)state;
+    for (int fi = 0; fi <= 2; fi++) {
+        mt_state_format f = (mt_state_format)fi;
+        mt_test_rng r;
+        mt_test_rng_seed(&r, 41);
+        float *w = calloc(PARTS_N, 4), *g = malloc(PARTS_N * 4);
+        for (int t = 0; t < N_PARTS; t++) mt_test_fill_normal(&r, w + part_off[t], part_len[t], 0.5f);
+        mt_optim_state *a = mt_optim_state_create(f, PARTS_N, 909, NULL);
+        mt_optim_state_set_weights(a, 0, w, PARTS_N);
+        parts_steps(a, NULL, &r, g, 1, 4);
+        /* save each tensor: its fp32 weights and its parts */
+        mt_optim_arenas ar = mt_optim_state_arenas(a);
+        float *saved_w[N_PARTS];
+        void *saved[N_PARTS][MT_OPTIM_MAX_TENSORS];
+        int np = 0;
+        for (int t = 0; t < N_PARTS; t++) {
+            mt_optim_tensor p[MT_OPTIM_MAX_TENSORS], lay[MT_OPTIM_MAX_TENSORS];
+            np = mt_optim_arenas_parts(&ar, part_off[t], part_len[t], p);
+            assert_int_equal(np, f == MT_STATE_FULL ? 2 : 4);
+            assert_int_equal(mt_optim_parts_layout(f, part_len[t], lay), np);
+            for (int k = 0; k < np; k++) {
+                assert_string_equal(p[k].name, lay[k].name);
+                assert_int_equal(p[k].dtype, lay[k].dtype);
+                assert_int_equal(p[k].bytes, lay[k].bytes);
+                assert_null(lay[k].data);
+                saved[t][k] = malloc(p[k].bytes);
+                memcpy(saved[t][k], p[k].data, p[k].bytes);
+            }
+            saved_w[t] = malloc(part_len[t] * 4);
+            mt_optim_state_get_weights(a, part_off[t], saved_w[t], part_len[t]);
+        }
+        /* restore into a fresh state (tight: the saved seed), tensor by tensor */
+        mt_optim_state *b = mt_optim_state_create(f, PARTS_N, 909, NULL);
+        mt_optim_arenas br = mt_optim_state_arenas(b);
+        for (int t = 0; t < N_PARTS; t++) {
+            mt_optim_tensor p[MT_OPTIM_MAX_TENSORS];
+            assert_int_equal(mt_optim_arenas_parts(&br, part_off[t], part_len[t], p), np);
+            for (int k = 0; k < np; k++) memcpy(p[k].data, saved[t][k], p[k].bytes);
+            mt_optim_state_set_weights(b, part_off[t], saved_w[t], part_len[t]);
+        }
+        char what[64];
+        snprintf(what, sizeof what, "%s restored from parts", mt_state_format_name(f));
+        assert_true(states_equal(what, a, b));
+        parts_steps(a, b, &r, g, 5, 8);
+        snprintf(what, sizeof what, "%s restored from parts, 4 more steps", mt_state_format_name(f));
+        assert_true(states_equal(what, a, b));
+        printf("%s: %d tensors restored from %d parts each; 4 more steps bitwise equal\n",
+               mt_state_format_name(f), N_PARTS, np);
+        for (int t = 0; t < N_PARTS; t++) {
+            for (int k = 0; k < np; k++) free(saved[t][k]);
+            free(saved_w[t]);
+        }
+        mt_optim_state_free(a);
+        mt_optim_state_free(b);
+        free(w); free(g);
+    }
+}
+
+static void test_parts_layout_and_errors(void **state) {
+    (void)state;
+    mt_optim_tensor p[MT_OPTIM_MAX_TENSORS];
+    assert_int_equal(mt_optim_parts_layout(MT_STATE_FULL, 700, p), 2);
+    assert_string_equal(p[0].name, "exp_avg");
+    assert_string_equal(p[1].name, "exp_avg_sq");
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(p[k].dtype, MT_F32);
+        assert_int_equal(p[k].numel, 700);
+        assert_int_equal(p[k].bytes, 2800);
+    }
+    const char *names[] = {"exp_avg", "exp_avg_scale", "exp_avg_sq", "exp_avg_sq_scale"};
+    for (int fi = MT_STATE_COMPACT; fi <= MT_STATE_TIGHT; fi++) {
+        assert_int_equal(mt_optim_parts_layout((mt_state_format)fi, 700, p), 4);
+        for (int k = 0; k < 4; k++) {
+            assert_string_equal(p[k].name, names[k]);
+            assert_int_equal(p[k].dtype, k % 2 ? MT_F32 : MT_U8);
+            assert_int_equal(p[k].numel, k % 2 ? 3 : 700);
+            assert_int_equal(p[k].bytes, k % 2 ? 12 : 700);
+        }
+        assert_int_equal(mt_optim_parts_layout((mt_state_format)fi, 512, p), 4);
+        assert_int_equal(p[1].numel, 2);
+        /* parts point into the arenas: the scales of block offset/256 */
+        mt_optim_state *s = mt_optim_state_create((mt_state_format)fi, 2000, 0, NULL);
+        mt_optim_arenas ar = mt_optim_state_arenas(s);
+        assert_int_equal(mt_optim_arenas_parts(&ar, 512, 300, p), 4);
+        assert_ptr_equal(p[0].data, ar.mq + 512);
+        assert_ptr_equal(p[1].data, ar.ms + 2);
+        assert_ptr_equal(p[2].data, ar.vq + 512);
+        assert_ptr_equal(p[3].data, ar.vs + 2);
+        assert_int_equal(mt_optim_arenas_parts(&ar, 100, 300, p), -1);
+        assert_non_null(strstr(mt_error_message(), "multiples of 256"));
+        assert_int_equal(mt_optim_arenas_parts(&ar, 1792, 300, p), -1);
+        assert_non_null(strstr(mt_error_message(), "outside"));
+        mt_optim_state_free(s);
+    }
+    mt_optim_state *s = mt_optim_state_create(MT_STATE_FULL, 2000, 0, NULL);
+    mt_optim_arenas ar = mt_optim_state_arenas(s);
+    assert_int_equal(mt_optim_arenas_parts(&ar, 100, 300, p), 2); /* full: any offset */
+    assert_ptr_equal(p[0].data, ar.m + 100);
+    assert_ptr_equal(p[1].data, ar.v + 100);
+    assert_int_equal(mt_optim_arenas_parts(&ar, 1900, 101, p), -1);
+    assert_non_null(strstr(mt_error_message(), "outside"));
+    mt_optim_state_free(s);
+}
+
+/* compact and tight with an fp32 upload copy: fatal, naming it (their master is bf16) */
+static void test_upload_dtype_f32_refused(void **state) {
+    (void)state;
+    for (int fi = MT_STATE_COMPACT; fi <= MT_STATE_TIGHT; fi++) {
+        int fd[2];
+        assert_int_equal(pipe(fd), 0);
+        fflush(stdout);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            dup2(fd[1], 2);
+            mt_optim_alloc al = {.upload_dtype = MT_F32};
+            mt_optim_state_create((mt_state_format)fi, 256, 0, &al);
+            _exit(0);
+        }
+        close(fd[1]);
+        char buf[1024];
+        size_t len = 0;
+        for (ssize_t k; len < sizeof buf - 1 && (k = read(fd[0], buf + len, sizeof buf - 1 - len)) > 0;)
+            len += (size_t)k;
+        close(fd[0]);
+        buf[len] = 0;
+        int st;
+        assert_int_equal(waitpid(pid, &st, 0), pid);
+        printf("%s", buf);
+        assert_true(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+        assert_non_null(strstr(buf, "upload_dtype F32"));
+    }
+}
+
+/* ---- (f) bytes per parameter and errors ---- */
 
 static void test_bytes_and_errors(void **state) {
     (void)state;
@@ -488,12 +773,14 @@ static void test_bytes_and_errors(void **state) {
     mt_optim_state_free(s);
     s = mt_optim_state_create(MT_STATE_FULL, n, 0, NULL);
     a.step = 1;
-    assert_int_equal(mt_optim_state_update(s, &a, 3, 5, g, MT_F32, 1), MT_ERR);
-    assert_non_null(strstr(mt_error_message(), "no update function"));
+    assert_int_equal(mt_optim_state_update(s, &a, 3, 5, g, MT_F32, 1), MT_OK); /* any offset */
+    assert_int_equal(mt_optim_state_update(s, &a, 0, 8, mt_optim_state_upload(s), MT_F32, 1),
+                     MT_ERR); /* fp32 gradient over the bf16 upload */
+    assert_non_null(strstr(mt_error_message(), "overlaps the upload copy"));
     mt_optim_state_free(s);
 }
 
-/* ---- (f) megatrain bench adamw --state ---- */
+/* ---- (g) megatrain bench adamw --state ---- */
 
 static void test_bench_cli(void **state) {
     (void)state;
@@ -527,10 +814,15 @@ int main(void) {
     printf("optimizer ISA in use: %s\n", mt_optim_isa_name(mt_optim_isa_active()));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vs_fp64),
-        cmocka_unit_test(test_full_wraps_engine),
+        cmocka_unit_test(test_full_is_adamw),
+        cmocka_unit_test(test_full_alias),
         cmocka_unit_test(test_long_tiny_updates),
         cmocka_unit_test(test_isa_threads_bitwise),
         cmocka_unit_test(test_save_restore),
+        cmocka_unit_test(test_arenas_update),
+        cmocka_unit_test(test_parts_restore),
+        cmocka_unit_test(test_parts_layout_and_errors),
+        cmocka_unit_test(test_upload_dtype_f32_refused),
         cmocka_unit_test(test_bytes_and_errors),
         cmocka_unit_test(test_bench_cli),
     };

@@ -15,7 +15,7 @@
 #include <time.h>
 
 #include "../core/error.h"
-#include "../engine/adamw.h"
+#include "../optim/adamw.h"
 #include "../optim/state.h"
 #include "args.h"
 #include "commands.h"

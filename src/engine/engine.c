@@ -8,7 +8,7 @@
 #include "../model/head.h"
 #include "../model/layer.h"
 #include "../model/docs.h"
-#include "adamw.h"
+#include "../optim/adamw.h"
 #include "dev_trace.h"
 
 struct mt_engine {

@@ -6,7 +6,7 @@
 #include <unistd.h>
 
 #include "../core/error.h"
-#include "adamw.h"
+#include "../optim/adamw.h"
 
 struct mt_optimizer {
     const mt_param_table *t;

@@ -2,10 +2,10 @@
  * functions below are the definition every vector path reproduces op for op.
  *
  * Per block of <= 256 elements: dequantize m and v (code * scale, fp32), run the AdamW element
- * of src/engine/adamw.h (torch's fp32 rounding of every op) on the fp32 weight, store the weight
+ * of adamw.h (torch's fp32 rounding of every op) on the fp32 weight, store the weight
  * (compact: split into bf16 + residual; tight: stochastic rounding), keep the new fp32 m, v in a
  * block buffer and their absmax (on the bits: order-free), then requantize the block.
- * Only the explicit fmaf() may be fused: every rounding step is its own statement (adamw_kernel.h
+ * Only the explicit fmaf() may be fused: every rounding step is its own statement (full_kernel.h
  * says why), and the cross-ISA bitwise test catches a build that fuses anyway. */
 #ifndef MT_OPTIM_KERNEL_H
 #define MT_OPTIM_KERNEL_H

@@ -1,6 +1,6 @@
 /* The optimizer state: arenas per format, the update's checks, constants, thread split and ISA
  * dispatch, the plain C kernel, and the checkpoint tensor list. Vector kernels: kernel_avx2.c,
- * kernel_avx512.c. */
+ * kernel_avx512.c. The full format calls the AdamW of adamw.h. */
 #include "state.h"
 
 #include <math.h>
@@ -10,11 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "adamw.h"
 #include "core/cpu_isa.h"
 #include "core/error.h"
 #include "kernel.h"
 
-/* libgomp is invisible to ThreadSanitizer: as in src/engine/adamw.c, the annotations give it the
+/* libgomp is invisible to ThreadSanitizer: as in adamw_full.c, the annotations give it the
  * caller -> worker -> caller order and nothing among workers. */
 #if defined(__SANITIZE_THREAD__)
 #include <sanitizer/tsan_interface.h>
@@ -28,17 +29,8 @@
 #endif
 
 struct mt_optim_state {
-    mt_state_format f;
-    size_t n, nblocks;
-    uint64_t seed;        /* tight's rounding; a checkpoint tensor of its own */
-    uint64_t index_base;  /* tight: arena index of element 0 */
-    mt_optim_alloc alloc; /* for w */
-    float *master, *m, *v;/* full */
-    mt_bf16 *w;           /* compact, tight: the master; full: the upload copy */
-    uint16_t *comp;       /* compact */
-    uint8_t *mq, *vq;     /* compact, tight */
-    float *ms, *vs;       /* one per block */
-    mt_optim_full_fn full_fn;
+    mt_optim_arenas a;    /* every arena, as mt_optim_state_arenas hands them out */
+    mt_optim_alloc alloc; /* for a.w */
 };
 
 /* ---- formats ---- */
@@ -91,80 +83,98 @@ static void *w_alloc(const mt_optim_alloc *a, size_t bytes) {
     return mt_aligned_alloc(bytes);
 }
 
+static void *zeroed(size_t bytes) {
+    void *p = mt_aligned_alloc(bytes);
+    memset(p, 0, bytes);
+    return p;
+}
+
 mt_optim_state *mt_optim_state_create(mt_state_format f, size_t n, uint64_t seed,
                                       const mt_optim_alloc *alloc) {
     MT_CHECK(n > 0, "optimizer state of 0 parameters");
     mt_optim_state *s = mt_calloc(1, sizeof *s);
-    s->f = f;
-    s->n = n;
-    s->nblocks = nblocks_of(n);
-    s->seed = seed;
-    if (alloc) s->alloc = *alloc;
-    s->w = w_alloc(&s->alloc, n * sizeof(mt_bf16));
-    memset(s->w, 0, n * sizeof(mt_bf16));
+    mt_dtype up = MT_BF16;
+    if (alloc) {
+        s->alloc = *alloc;
+        up = alloc->upload_dtype;
+    }
+    MT_CHECK(up == MT_BF16 || (up == MT_F32 && f == MT_STATE_FULL),
+             "optimizer state %s: upload_dtype %s (full takes BF16 or F32; compact and tight "
+             "upload their bf16 master, so BF16 only)", mt_state_format_name(f),
+             mt_dtype_name(up));
+    mt_optim_arenas *a = &s->a;
+    a->f = f;
+    a->n = n;
+    a->nblocks = nblocks_of(n);
+    a->seed = seed;
+    a->w_dtype = up;
+    size_t wbytes = n * mt_dtype_size(up);
+    a->w = w_alloc(&s->alloc, wbytes);
+    memset(a->w, 0, wbytes);
     if (f == MT_STATE_FULL) {
-        s->master = mt_aligned_alloc(n * 4);
-        s->m = mt_aligned_alloc(n * 4);
-        s->v = mt_aligned_alloc(n * 4);
-        memset(s->master, 0, n * 4);
-        memset(s->m, 0, n * 4);
-        memset(s->v, 0, n * 4);
+        a->master = zeroed(n * 4);
+        a->m = zeroed(n * 4);
+        a->v = zeroed(n * 4);
         return s;
     }
-    if (f == MT_STATE_COMPACT) {
-        s->comp = mt_aligned_alloc(n * 2);
-        memset(s->comp, 0, n * 2);
-    }
-    s->mq = mt_aligned_alloc(n);
-    s->vq = mt_aligned_alloc(n);
+    if (f == MT_STATE_COMPACT) a->comp = zeroed(n * 2);
+    a->mq = mt_aligned_alloc(n);
+    a->vq = mt_aligned_alloc(n);
     /* moments zero: the code of 0.0, scale 0 */
-    memset(s->mq, mt_qmap_nearest(mt_qmap_signed(), 0.0f), n);
-    memset(s->vq, mt_qmap_nearest(mt_qmap_unsigned(), 0.0f), n);
-    s->ms = mt_calloc(s->nblocks, sizeof(float));
-    s->vs = mt_calloc(s->nblocks, sizeof(float));
+    memset(a->mq, mt_qmap_nearest(mt_qmap_signed(), 0.0f), n);
+    memset(a->vq, mt_qmap_nearest(mt_qmap_unsigned(), 0.0f), n);
+    a->ms = mt_calloc(a->nblocks, sizeof(float));
+    a->vs = mt_calloc(a->nblocks, sizeof(float));
     return s;
 }
 
 void mt_optim_state_free(mt_optim_state *s) {
     if (!s) return;
-    if (s->alloc.free) s->alloc.free(s->alloc.ctx, s->w);
-    else if (!s->alloc.alloc) free(s->w);
-    free(s->master); free(s->m); free(s->v); free(s->comp);
-    free(s->mq); free(s->vq); free(s->ms); free(s->vs);
+    mt_optim_arenas *a = &s->a;
+    if (s->alloc.free) s->alloc.free(s->alloc.ctx, a->w);
+    else if (!s->alloc.alloc) free(a->w);
+    free(a->master); free(a->m); free(a->v); free(a->comp);
+    free(a->mq); free(a->vq); free(a->ms); free(a->vs);
     free(s);
 }
 
-mt_state_format mt_optim_state_format(const mt_optim_state *s) { return s->f; }
-size_t mt_optim_state_numel(const mt_optim_state *s) { return s->n; }
-void mt_optim_state_set_full_update(mt_optim_state *s, mt_optim_full_fn fn) { s->full_fn = fn; }
-void mt_optim_state_set_index_base(mt_optim_state *s, uint64_t base) { s->index_base = base; }
-void *mt_optim_state_upload(const mt_optim_state *s) { return s->w; }
-mt_dtype mt_optim_state_upload_dtype(const mt_optim_state *s) { (void)s; return MT_BF16; }
+mt_state_format mt_optim_state_format(const mt_optim_state *s) { return s->a.f; }
+size_t mt_optim_state_numel(const mt_optim_state *s) { return s->a.n; }
+void mt_optim_state_set_index_base(mt_optim_state *s, uint64_t base) { s->a.index_base = base; }
+void *mt_optim_state_upload(const mt_optim_state *s) { return s->a.w; }
+mt_dtype mt_optim_state_upload_dtype(const mt_optim_state *s) { return s->a.w_dtype; }
+mt_optim_arenas mt_optim_state_arenas(const mt_optim_state *s) { return s->a; }
 
 void mt_optim_state_set_weights(mt_optim_state *s, size_t offset, const float *w, size_t n) {
-    MT_CHECK(n <= s->n && offset <= s->n - n, "set_weights [%zu, +%zu) outside %zu", offset, n,
-             s->n);
+    const mt_optim_arenas *a = &s->a;
+    MT_CHECK(n <= a->n && offset <= a->n - n, "set_weights [%zu, +%zu) outside %zu", offset, n,
+             a->n);
+    mt_bf16 *wh = a->w;
+    float *wf = a->w;
     for (size_t i = 0; i < n; i++) {
         size_t k = offset + i;
-        if (s->f == MT_STATE_FULL) {
-            s->master[k] = w[i];
-            s->w[k] = mt_f32_to_bf16(w[i]);
-        } else if (s->f == MT_STATE_COMPACT) {
-            mt_bf16c_split(w[i], &s->w[k], &s->comp[k]);
+        if (a->f == MT_STATE_FULL) {
+            a->master[k] = w[i];
+            if (a->w_dtype == MT_F32) wf[k] = w[i];
+            else wh[k] = mt_f32_to_bf16(w[i]);
+        } else if (a->f == MT_STATE_COMPACT) {
+            mt_bf16c_split(w[i], &wh[k], &a->comp[k]);
         } else {
-            s->w[k] = mt_f32_to_bf16(w[i]);
+            wh[k] = mt_f32_to_bf16(w[i]);
         }
     }
 }
 
 void mt_optim_state_get_weights(const mt_optim_state *s, size_t offset, float *w, size_t n) {
-    MT_CHECK(n <= s->n && offset <= s->n - n, "get_weights [%zu, +%zu) outside %zu", offset, n,
-             s->n);
+    const mt_optim_arenas *a = &s->a;
+    MT_CHECK(n <= a->n && offset <= a->n - n, "get_weights [%zu, +%zu) outside %zu", offset, n,
+             a->n);
+    const mt_bf16 *wh = a->w;
     for (size_t i = 0; i < n; i++) {
         size_t k = offset + i;
-        if (s->f == MT_STATE_FULL) w[i] = s->master[k];
-        else if (s->f == MT_STATE_COMPACT) w[i] = mt_bf16c_join(s->w[k], s->comp[k]);
-        else w[i] = mt_bf16_to_f32(s->w[k]);
+        if (a->f == MT_STATE_FULL) w[i] = a->master[k];
+        else if (a->f == MT_STATE_COMPACT) w[i] = mt_bf16c_join(wh[k], a->comp[k]);
+        else w[i] = mt_bf16_to_f32(wh[k]);
     }
 }
 
@@ -177,21 +187,58 @@ static mt_optim_tensor tensor(const char *name, mt_dtype t, size_t numel, void *
 
 int mt_optim_state_tensors(const mt_optim_state *s, mt_optim_tensor *out) {
     mt_optim_state *w = (mt_optim_state *)s; /* the list hands out writable pointers for restore */
+    const mt_optim_arenas *a = &w->a;
     int k = 0;
-    if (s->f == MT_STATE_FULL) {
-        out[k++] = tensor("master", MT_F32, s->n, w->master);
-        out[k++] = tensor("exp_avg", MT_F32, s->n, w->m);
-        out[k++] = tensor("exp_avg_sq", MT_F32, s->n, w->v);
+    if (a->f == MT_STATE_FULL) {
+        out[k++] = tensor("master", MT_F32, a->n, a->master);
+        out[k++] = tensor("exp_avg", MT_F32, a->n, a->m);
+        out[k++] = tensor("exp_avg_sq", MT_F32, a->n, a->v);
         return k;
     }
-    out[k++] = tensor("master", MT_BF16, s->n, w->w);
-    if (s->f == MT_STATE_COMPACT) out[k++] = tensor("master_comp", MT_U16, s->n, w->comp);
-    out[k++] = tensor("exp_avg", MT_U8, s->n, w->mq);
-    out[k++] = tensor("exp_avg_scale", MT_F32, s->nblocks, w->ms);
-    out[k++] = tensor("exp_avg_sq", MT_U8, s->n, w->vq);
-    out[k++] = tensor("exp_avg_sq_scale", MT_F32, s->nblocks, w->vs);
-    if (s->f == MT_STATE_TIGHT) out[k++] = tensor("sr_seed", MT_I64, 1, &w->seed);
+    out[k++] = tensor("master", MT_BF16, a->n, a->w);
+    if (a->f == MT_STATE_COMPACT) out[k++] = tensor("master_comp", MT_U16, a->n, a->comp);
+    out[k++] = tensor("exp_avg", MT_U8, a->n, a->mq);
+    out[k++] = tensor("exp_avg_scale", MT_F32, a->nblocks, a->ms);
+    out[k++] = tensor("exp_avg_sq", MT_U8, a->n, a->vq);
+    out[k++] = tensor("exp_avg_sq_scale", MT_F32, a->nblocks, a->vs);
+    if (a->f == MT_STATE_TIGHT) out[k++] = tensor("sr_seed", MT_I64, 1, &w->a.seed);
     return k;
+}
+
+/* One tensor's parts: the arenas at [offset, offset+numel), or data NULL (layout) when s is. */
+static int parts(mt_state_format f, const mt_optim_arenas *s, size_t offset, size_t numel,
+                 mt_optim_tensor *out) {
+    int k = 0;
+    if (f == MT_STATE_FULL) {
+        out[k++] = tensor("exp_avg", MT_F32, numel, s ? s->m + offset : NULL);
+        out[k++] = tensor("exp_avg_sq", MT_F32, numel, s ? s->v + offset : NULL);
+        return k;
+    }
+    size_t nb = nblocks_of(numel), b = offset / MT_OPTIM_BLOCK;
+    out[k++] = tensor("exp_avg", MT_U8, numel, s ? s->mq + offset : NULL);
+    out[k++] = tensor("exp_avg_scale", MT_F32, nb, s ? s->ms + b : NULL);
+    out[k++] = tensor("exp_avg_sq", MT_U8, numel, s ? s->vq + offset : NULL);
+    out[k++] = tensor("exp_avg_sq_scale", MT_F32, nb, s ? s->vs + b : NULL);
+    return k;
+}
+
+int mt_optim_arenas_parts(const mt_optim_arenas *s, size_t offset, size_t numel,
+                          mt_optim_tensor *out) {
+    if (numel == 0 || numel > s->n || offset > s->n - numel) {
+        mt_error_set("optimizer parts [%zu, %zu): outside the state's %zu parameters (or empty)",
+                     offset, offset + numel, s->n);
+        return -1;
+    }
+    if (s->f != MT_STATE_FULL && offset % MT_OPTIM_BLOCK) {
+        mt_error_set("optimizer parts at offset %zu: %s tensors start at multiples of %d", offset,
+                     mt_state_format_name(s->f), MT_OPTIM_BLOCK);
+        return -1;
+    }
+    return parts(s->f, s, offset, numel, out);
+}
+
+int mt_optim_parts_layout(mt_state_format f, size_t numel, mt_optim_tensor *out) {
+    return parts(f, NULL, 0, numel, out);
 }
 
 /* ---- the plain C kernel ---- */
@@ -229,9 +276,9 @@ static mt_optim_kernel_fn kernel_for(mt_optim_isa isa) {
 
 /* ---- the update ---- */
 
-/* The fp32 constants as src/engine/adamw.c computes them (double hyperparameters, one rounding
- * each), so the moment and weight arithmetic is torch's. */
-static mt_optim_consts make_consts(const mt_optim_state *s, const mt_optim_step *a) {
+/* The fp32 constants as adamw_full.c computes them (double hyperparameters, one rounding each),
+ * so the moment and weight arithmetic is torch's. */
+static mt_optim_consts make_consts(const mt_optim_arenas *s, const mt_optim_step *a) {
     mt_optim_consts c;
     memset(&c, 0, sizeof c);
     c.gs = a->grad_scale;
@@ -255,6 +302,7 @@ static mt_optim_consts make_consts(const mt_optim_state *s, const mt_optim_step 
 }
 
 static int overlaps(const void *a, size_t abytes, const void *b, size_t bbytes) {
+    if (!a || !b) return 0;
     uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
     return x < y + bbytes && y < x + abytes;
 }
@@ -285,8 +333,55 @@ MT_TSAN_SKIP static void run(const mt_optim_consts *c, const mt_optim_span *s, s
     MT_TSAN_ACQUIRE(&sync[1]);
 }
 
-int mt_optim_state_update(mt_optim_state *s, const mt_optim_step *a, size_t offset, size_t n,
-                          const void *grad, mt_dtype grad_dtype, int n_threads) {
+/* The arenas a format needs are there; the name of the first missing one otherwise. */
+static const char *missing_arena(const mt_optim_arenas *s) {
+    if (!s->w) return "w";
+    if (s->f == MT_STATE_FULL) {
+        if (s->w_dtype != MT_BF16 && s->w_dtype != MT_F32) return "w (dtype BF16 or F32)";
+        return !s->master ? "master" : !s->m ? "m" : !s->v ? "v" : NULL;
+    }
+    if (s->w_dtype != MT_BF16) return "w (dtype BF16)";
+    if (s->f == MT_STATE_COMPACT && !s->comp) return "comp";
+    return !s->mq ? "mq" : !s->vq ? "vq" : !s->ms ? "ms" : !s->vs ? "vs" : NULL;
+}
+
+/* The gradient must not overlap any arena; full's only exception is the upload copy's own
+ * [offset, offset+n) in the upload dtype (adamw.h reads each element before writing it). */
+static int check_grad(const mt_optim_arenas *s, size_t offset, size_t n, const void *grad,
+                      mt_dtype grad_dtype) {
+    size_t gbytes = n * mt_dtype_size(grad_dtype), wsz = mt_dtype_size(s->w_dtype);
+    const char *w_name = s->f == MT_STATE_FULL ? "upload copy" : "bf16 master";
+    if (overlaps(grad, gbytes, s->w, s->n * wsz)) {
+        int own = s->f == MT_STATE_FULL && grad_dtype == s->w_dtype &&
+                  grad == (const char *)s->w + offset * wsz;
+        if (!own)
+            return mt_error_set("optimizer update: the gradient overlaps the %s%s", w_name,
+                                s->f == MT_STATE_FULL ? " other than as its own range in the "
+                                                        "upload dtype" : "");
+    }
+    struct {
+        const void *p;
+        size_t bytes;
+        const char *name;
+    } other[] = {{s->master, s->n * 4, "master"}, {s->m, s->n * 4, "exp_avg"},
+                 {s->v, s->n * 4, "exp_avg_sq"},  {s->comp, s->n * 2, "compensation"},
+                 {s->mq, s->n, "exp_avg"},        {s->vq, s->n, "exp_avg_sq"},
+                 {s->ms, s->nblocks * 4, "exp_avg scales"},
+                 {s->vs, s->nblocks * 4, "exp_avg_sq scales"}};
+    for (size_t k = 0; k < sizeof other / sizeof *other; k++)
+        if (overlaps(grad, gbytes, other[k].p, other[k].bytes))
+            return mt_error_set("optimizer update: the gradient overlaps the %s", other[k].name);
+    return MT_OK;
+}
+
+int mt_optim_arenas_update(const mt_optim_arenas *s, const mt_optim_step *a, size_t offset,
+                           size_t n, const void *grad, mt_dtype grad_dtype, int n_threads) {
+    if (s->f < MT_STATE_FULL || s->f > MT_STATE_TIGHT)
+        return mt_error_set("optimizer update: unknown state format %d", (int)s->f);
+    const char *miss = missing_arena(s);
+    if (miss)
+        return mt_error_set("optimizer update: %s arenas lack %s", mt_state_format_name(s->f),
+                            miss);
     if (n > s->n || offset > s->n - n)
         return mt_error_set("optimizer update [%zu, %zu) outside the state's %zu parameters",
                             offset, offset + n, s->n);
@@ -296,28 +391,35 @@ int mt_optim_state_update(mt_optim_state *s, const mt_optim_step *a, size_t offs
     if (a->step < 1)
         return mt_error_set("optimizer update: step is 1-based, got %lld", (long long)a->step);
     if (n == 0) return MT_OK;
-    int gbf = grad_dtype == MT_BF16;
-    if (overlaps(grad, n * (gbf ? 2 : 4), s->w, s->n * sizeof(mt_bf16)))
-        return mt_error_set("optimizer update: the gradient overlaps the %s",
-                            s->f == MT_STATE_FULL ? "upload copy" : "bf16 master");
-    if (s->f == MT_STATE_FULL) {
-        if (!s->full_fn)
-            return mt_error_set("optimizer update: state full has no update function "
-                                "(mt_optim_state_set_full_update)");
-        s->full_fn(a, s->master + offset, s->m + offset, s->v + offset, grad, gbf, n,
-                   s->w + offset, n_threads);
-        return MT_OK;
-    }
-    if (offset % MT_OPTIM_BLOCK)
+    if (s->f != MT_STATE_FULL && offset % MT_OPTIM_BLOCK)
         return mt_error_set("optimizer update at offset %zu: %s state groups start at multiples "
                             "of %d", offset, mt_state_format_name(s->f), MT_OPTIM_BLOCK);
+    MT_TRY(check_grad(s, offset, n, grad, grad_dtype));
+    int gbf = grad_dtype == MT_BF16;
+    if (s->f == MT_STATE_FULL) {
+        mt_adamw_step_args b = {.lr = a->lr, .beta1 = a->beta1, .beta2 = a->beta2,
+                                .eps = a->eps, .weight_decay = a->weight_decay, .step = a->step,
+                                .grad_scale = a->grad_scale};
+        void *up = (char *)s->w + offset * mt_dtype_size(s->w_dtype);
+        if (gbf)
+            mt_adamw_update_bf16(&b, s->master + offset, s->m + offset, s->v + offset, grad, n,
+                                 up, s->w_dtype, n_threads);
+        else
+            mt_adamw_update(&b, s->master + offset, s->m + offset, s->v + offset, grad, n, up,
+                            s->w_dtype, n_threads);
+        return MT_OK;
+    }
     mt_optim_consts c = make_consts(s, a);
     mt_optim_span sp = {.w = s->w, .comp = s->comp, .mq = s->mq, .vq = s->vq, .ms = s->ms,
-                        .vs = s->vs, .grad = grad, .grad_bf16 = gbf,
-                        .index0 = s->index_base};
+                        .vs = s->vs, .grad = grad, .grad_bf16 = gbf, .index0 = s->index_base};
     /* span_at works on whole blocks of the arena; grad is the group's own */
     mt_optim_span so = mt_optim_span_at(&sp, offset);
     so.grad = grad;
     run(&c, &so, n, n_threads);
     return MT_OK;
+}
+
+int mt_optim_state_update(mt_optim_state *s, const mt_optim_step *a, size_t offset, size_t n,
+                          const void *grad, mt_dtype grad_dtype, int n_threads) {
+    return mt_optim_arenas_update(&s->a, a, offset, n, grad, grad_dtype, n_threads);
 }

@@ -3,8 +3,8 @@
  *
  * Formats, bytes per parameter (B = MT_OPTIM_BLOCK = 256 values share one fp32 scale):
  *   full     fp32 master 4 + fp32 exp_avg 4 + fp32 exp_avg_sq 4 + bf16 upload copy 2   = 14
- *            (torch-exact; the update itself is today's src/engine kernel, handed in by the
- *            caller through mt_optim_state_set_full_update, since optim sits below engine)
+ *            (torch-exact: the AdamW of adamw.h, in this module; an fp32 upload copy, for the
+ *            cpu backend, is 2 B more)
  *   compact  bf16 master 2 + 16-bit compensation 2 + exp_avg 1 + exp_avg_sq 1
  *            + 2 fp32 scales per 256 (8/256 = 0.03125)                                 = 6.03125
  *   tight    bf16 master 2 + exp_avg 1 + exp_avg_sq 1 + 8/256                          = 4.03125
@@ -28,15 +28,16 @@
  * optimizers): per block of 256, scale = max |x| (fp32), each x/scale stored as the nearest of
  * 256 codes of a dynamic tree map, signed for exp_avg, unsigned for exp_avg_sq (qmap.h).
  *
- * What stays fp32: 1-D tensors (norm weights, biases) are meant to stay in `full`, the caller
- * keeping a second, `full` state over them (they are also the tensors without weight decay).
- * They are ~C per tensor against C*C for matrices: in a Llama-3 8B, 0.27M of 8.0B parameters
- * (0.003%), which costs 8 B x 0.27M = 2 MB over compact, nothing worth a format. Group offsets
+ * Every tensor is in the chosen format: the engine keeps ONE state over the whole model, norm
+ * weights and biases included (there is no second, full state for the 1-D tensors; they differ
+ * only in having no weight decay, the caller's per-group weight_decay 0). Keeping them fp32
+ * would not be worth a second state: they are ~C per tensor against C*C for matrices, in a
+ * Llama-3 8B 0.27M of 8.0B parameters (0.003%), 8 B x 0.27M = 2 MB over compact. Group offsets
  * of compact and tight must be multiples of 256 (a block never spans two update calls), so
  * their tensors are laid out at 256-element boundaries.
  *
  * Every path (AVX-512, AVX2, plain C; MT_ADAMW_ISA=avx512|avx2|scalar overrides the choice, as
- * for src/engine/adamw.h) gives bitwise identical results, for any thread count. */
+ * for adamw.h) gives bitwise identical results, for any thread count. */
 #ifndef MT_OPTIM_STATE_H
 #define MT_OPTIM_STATE_H
 
@@ -71,16 +72,12 @@ typedef struct {
     float grad_scale;             /* fp32 clip coefficient, 1 = none */
 } mt_optim_step;
 
-/* (Until the full kernel moves into src/optim: src/engine's update, handed in.) */
-typedef void (*mt_optim_full_fn)(const mt_optim_step *a, float *param, float *m, float *v,
-                                 const void *grad, int grad_bf16, size_t n, mt_bf16 *upload,
-                                 int n_threads);
-void mt_optim_state_set_full_update(mt_optim_state *s, mt_optim_full_fn fn);
-
 /* Where the upload-able arena (the bf16 master, or full's upload copy) is allocated: pinned
  * memory in the engine. alloc NULL: mt_aligned_alloc / free. upload_dtype: full's upload copy,
  * MT_BF16 (the cuda backend) or MT_F32 (the cpu backend, which computes in fp32); compact and
- * tight require MT_BF16 (their master is the upload copy). A zeroed struct means BF16. */
+ * tight require MT_BF16 (their master is the upload copy; F32 is fatal, naming it). alloc NULL
+ * means BF16; in a struct upload_dtype is taken as set, and MT_F32 is 0: a zeroed struct means
+ * F32, so set it. */
 typedef struct {
     void *(*alloc)(void *ctx, size_t bytes);
     void (*free)(void *ctx, void *p);
@@ -122,9 +119,10 @@ mt_dtype mt_optim_state_upload_dtype(const mt_optim_state *s);
 /* One AdamW step over [offset, offset+n) with the gradient grad (MT_F32 or MT_BF16, n values;
  * it must not overlap the state, except that in full it may be the upload copy's own
  * [offset, offset+n) when grad_dtype is the upload dtype: each gradient element is read before
- * its upload element is written — the engine's full path keeps the gradient there). Also writes the upload copy. n_threads <= 0: all of OpenMP's;
- * threads take chunks of 1024 blocks. MT_ERR (with a message) for a range outside the state, an
- * offset of compact/tight off a 256 boundary, a bad grad dtype, or full without its update. */
+ * its upload element is written — the engine's full path keeps the gradient there). Also
+ * writes the upload copy. n_threads <= 0: all of OpenMP's; threads take chunks of 1024 blocks
+ * (full: of 256K elements). MT_ERR (with a message) for a range outside the state, an offset of
+ * compact/tight off a 256 boundary, a bad grad dtype or step, or a forbidden overlap. */
 int mt_optim_state_update(mt_optim_state *s, const mt_optim_step *a, size_t offset, size_t n,
                           const void *grad, mt_dtype grad_dtype, int n_threads);
 

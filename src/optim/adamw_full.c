@@ -1,5 +1,5 @@
 /* CPU AdamW: constants, ISA dispatch, the thread split and the plain C kernel.
- * The vector kernels live in adamw_avx2.c and adamw_avx512.c. */
+ * The vector kernels live in full_avx2.c and full_avx512.c. */
 #include "adamw.h"
 
 #include <math.h>
@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/cpu_isa.h"
-#include "../core/error.h"
-#include "adamw_kernel.h"
+#include "core/cpu_isa.h"
+#include "core/error.h"
+#include "full_kernel.h"
 
 /* libgomp is not instrumented for ThreadSanitizer, which then sees no order between the caller and
  * the team. The annotations supply exactly that order (caller -> each worker -> caller) and no

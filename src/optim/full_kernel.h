@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../core/dtype.h"
+#include "core/dtype.h"
 
 /* Contracting a*b+c into an FMA would change rounding; only the explicit fmaf() may be fused.
  * GCC contracts only under -ffp-contract=fast, which -std=c11 (our build) turns off; clang

@@ -1,7 +1,7 @@
 /* AdamW kernel, AVX2 + FMA, 8 floats a vector. The same operations in the same order as
- * mt_adamw_elem (adamw_kernel.h), so the results are bitwise those of the plain C path.
+ * mt_adamw_elem (full_kernel.h), so the results are bitwise those of the plain C path.
  * Compiled with a target attribute: no special flags; used only when the CPU has AVX2 and FMA. */
-#include "adamw_kernel.h"
+#include "full_kernel.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../core/dtype.h"
+#include "core/dtype.h"
 
 typedef struct {
     double lr, beta1, beta2, eps; /* double: torch's hyperparameters are Python floats */
