@@ -541,6 +541,34 @@ static void test_tight_sr_seed(void **state) {
     assert_true(st.sr_seed == UINT64_MAX && m.dst->sr_seed == UINT64_MAX);
     assert_true(mt_test_state_equal(m.src, m.dst, &m.t));
     mt_ckpt_state_free(&st);
+
+    /* what the seed is for: a state resumed with it rounds the next update as the saved one
+     * does (a state of another seed would not: checked, so the comparison can fail) */
+    save_ok(&m, out, 10);
+    ckpt_dir(dir, sizeof dir, out, 10);
+    load_ok(&m, dir, &st); /* m.dst->sr_seed: the saved seed */
+    mt_ckpt_state_free(&st);
+    mt_test_state *resumed = mt_test_state_create(MT_STATE_TIGHT, &m.t, m.dst->sr_seed);
+    mt_test_state *other = mt_test_state_create(MT_STATE_TIGHT, &m.t, m.dst->sr_seed + 1);
+    assert_int_equal(mt_checkpoint_load(dir, &m.t, &resumed->io, &st), MT_OK);
+    mt_ckpt_state_free(&st);
+    assert_int_equal(mt_checkpoint_load(dir, &m.t, &other->io, &st), MT_OK);
+    mt_ckpt_state_free(&st);
+    size_t n = (size_t)m.t.total;
+    float *grad = malloc(sizeof(float) * n);
+    mt_test_rng r;
+    mt_test_rng_seed(&r, 5);
+    mt_test_fill_normal(&r, grad, n, 0.1f);
+    mt_optim_step a = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .step = 11,
+                       .grad_scale = 1.0f};
+    mt_test_state *all[] = {m.src, resumed, other};
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(mt_optim_state_update(all[k]->s, &a, 0, n, grad, MT_F32, 0), MT_OK);
+    assert_true(mt_test_state_equal(m.src, resumed, &m.t));
+    assert_false(mt_test_state_equal(m.src, other, &m.t));
+    free(grad);
+    mt_test_state_free(resumed);
+    mt_test_state_free(other);
     mt_test_rmtree(out);
     free(out);
     model_free(&m);
