@@ -1,5 +1,5 @@
 /* checkpoint: save -> latest -> load bitwise round trips, keep_last pruning, stale temporaries,
- * load errors that leave the arenas untouched, checksums (a flipped byte in any file is refused),
+ * load errors that leave the state untouched (io never called), checksums (a flipped byte in any file is refused),
  * resume falling back past damaged checkpoints, exported (bf16) weights, NaN/inf refused at save
  * and at load, format-1 checkpoints, and crash safety: a child saving a few-M-parameter
  * model in a loop is SIGKILLed at random moments; every step_ directory left behind must load
@@ -30,7 +30,7 @@
 #include "util/testutil.h"
 #include "util/tiny_config.h"
 
-#define SENTINEL 0x7f /* every byte of an untouched arena */
+#define SENTINEL 0x7f /* every byte of an untouched state */
 #define CRASH_KILLS 8
 #define CRASH_SEED 1234u
 
@@ -567,7 +567,7 @@ static void test_load_config_mismatch(void **state) {
     fresh_checkpoint(&m, "mismatch", path, sizeof path);
     mt_config cfg = m.t.cfg;
     cfg.C = 32;
-    model big; /* arenas sized for the other table */
+    model big; /* a state sized for the other table */
     model_init_cfg(&big, &cfg);
     expect_load_error(&big, &big.t, path, "hidden_size");
     model_free(&big);
@@ -969,7 +969,7 @@ static void test_resume_fallback(void **state) {
     free(err);
     mt_ckpt_state_free(&back);
 
-    /* every one damaged: MT_ERR naming the newest and its damage, the arenas untouched */
+    /* every one damaged: MT_ERR naming the newest and its damage, the state untouched */
     snprintf(dir, sizeof dir, "%s/step_00000010", ckdir);
     flip_byte(dir, "model.safetensors", -1);
     reset_got(&m);
