@@ -1,7 +1,7 @@
 /* checkpoint: save -> latest -> load bitwise round trips, keep_last pruning, stale temporaries,
- * load errors that leave the state untouched (io never called), checksums (a flipped byte in any file is refused),
- * resume falling back past damaged checkpoints, exported (bf16) weights, NaN/inf refused at save
- * and at load, format-1 checkpoints, and crash safety: a child saving a few-M-parameter
+ * load errors that leave the state untouched (io never called), checksums (a flipped byte in any
+ * file is refused), resume falling back past damaged checkpoints, exported (bf16) weights, NaN/inf
+ * refused at save and at load, format-1 checkpoints, and crash safety: a child saving a few-M-parameter
  * model in a loop is SIGKILLed at random moments; every step_ directory left behind must load
  * completely and hold the data of the step its trainer_state.json names.
  * The child is this executable re-executed with --crash-child (no fork-after-OpenMP hazards). */
