@@ -1,7 +1,7 @@
 /* checkpoint: save -> latest -> load bitwise round trips, keep_last pruning, stale temporaries,
- * load errors that leave the arenas untouched, checksums (a flipped byte in any file is refused),
- * resume falling back past damaged checkpoints, exported (bf16) weights, NaN/inf refused at save
- * and at load, format-1 checkpoints, and crash safety: a child saving a few-M-parameter
+ * load errors that leave the state untouched (io never called), checksums (a flipped byte in any
+ * file is refused), resume falling back past damaged checkpoints, exported (bf16) weights, NaN/inf
+ * refused at save and at load, format-1 checkpoints, and crash safety: a child saving a few-M-parameter
  * model in a loop is SIGKILLed at random moments; every step_ directory left behind must load
  * completely and hold the data of the step its trainer_state.json names.
  * The child is this executable re-executed with --crash-child (no fork-after-OpenMP hazards). */
@@ -26,10 +26,11 @@
 #include "io/model_io.h"
 #include "io/safetensors.h"
 #include "model/params.h"
+#include "util/state_io.h"
 #include "util/testutil.h"
 #include "util/tiny_config.h"
 
-#define SENTINEL 0x7f /* every byte of an untouched arena */
+#define SENTINEL 0x7f /* every byte of an untouched state */
 #define CRASH_KILLS 8
 #define CRASH_SEED 1234u
 
@@ -98,38 +99,33 @@ static int count_prefix(const char *dir, const char *prefix) {
     return n;
 }
 
-/* ---- a model with master weights and moments ---- */
+/* ---- a model and its state ---- */
 
 typedef struct {
     mt_param_table t;
-    float *w[3];   /* master, m1, m2: what is saved */
-    float *got[3]; /* load destinations */
-    size_t bytes;
+    mt_state_format f;
+    mt_test_state *src, *dst; /* what is saved; the load destination */
+    float *w[3];              /* full: src's master, exp_avg, exp_avg_sq arenas (t.total floats) */
+    size_t bytes;             /* of one such arena */
 } model;
 
-static void model_init_cfg(model *m, const mt_config *cfg) {
+static void model_init_fmt(model *m, const mt_config *cfg, mt_state_format f, uint64_t sr_seed) {
     mt_param_table_init(&m->t, cfg);
+    m->f = f;
     m->bytes = sizeof(float) * (size_t)m->t.total;
-    for (int k = 0; k < 3; k++) {
-        m->w[k] = mt_aligned_alloc(m->bytes);
-        m->got[k] = mt_aligned_alloc(m->bytes);
-        memset(m->w[k], 0, m->bytes);
-        memset(m->got[k], SENTINEL, m->bytes);
-    }
+    m->src = mt_test_state_create(f, &m->t, sr_seed);
+    m->dst = mt_test_state_create(f, &m->t, 0);
+    mt_optim_arenas a = mt_optim_state_arenas(m->src->s);
+    m->w[0] = a.master, m->w[1] = a.m, m->w[2] = a.v;
+    mt_test_state_poison(m->dst, SENTINEL);
 }
 
-/* Random values in the real parameters, zero padding (as the loader produces). */
+static void model_init_cfg(model *m, const mt_config *cfg) {
+    model_init_fmt(m, cfg, MT_STATE_FULL, 0);
+}
+
 static void model_fill_random(model *m, uint64_t seed) {
-    mt_test_rng r;
-    mt_test_rng_seed(&r, seed);
-    for (int k = 0; k < 3; k++)
-        for (int i = 0; i < m->t.n_params; i++) {
-            const mt_param *p = &m->t.params[i];
-            float *x = m->w[k] + p->offset;
-            mt_test_fill_normal(&r, x, (size_t)p->numel, k == 2 ? 1e-3f : 0.05f);
-            if (k == 2)
-                for (int64_t j = 0; j < p->numel; j++) x[j] = x[j] * x[j];
-        }
+    mt_test_state_fill_random(m->src, &m->t, seed);
 }
 
 static void model_init(model *m, const char *variant, uint64_t seed) {
@@ -140,34 +136,43 @@ static void model_init(model *m, const char *variant, uint64_t seed) {
 
 static void model_free(model *m) {
     mt_param_table_free(&m->t);
-    for (int k = 0; k < 3; k++) {
-        free(m->w[k]);
-        free(m->got[k]);
-    }
+    mt_test_state_free(m->src);
+    mt_test_state_free(m->dst);
 }
 
-static void reset_got(model *m) {
-    for (int k = 0; k < 3; k++) memset(m->got[k], SENTINEL, m->bytes);
-}
+static void reset_got(model *m) { mt_test_state_poison(m->dst, SENTINEL); }
 
 static int got_untouched(const model *m) {
-    for (int k = 0; k < 3; k++) {
-        const unsigned char *b = (const unsigned char *)m->got[k];
-        for (size_t i = 0; i < m->bytes; i++)
-            if (b[i] != SENTINEL) return 0;
+    return mt_test_state_poisoned(m->dst, SENTINEL) && m->dst->n_sets == 0;
+}
+
+/* The loaded state is the saved one, tensor by tensor, bit for bit. */
+static void assert_loaded(model *m) {
+    if (!mt_test_state_equal(m->src, m->dst, &m->t)) fail_msg("the loaded state differs");
+}
+
+/* DIR's model.safetensors + config.json load as a Hugging Face model with the saved weights. */
+static void assert_model_dir(const model *m, const char *dir) {
+    float *arena = mt_aligned_alloc(m->bytes), *w = mt_aligned_alloc(m->bytes);
+    if (mt_model_load(&m->t, arena, dir) != MT_OK) fail_msg("%s", mt_error_message());
+    for (int i = 0; i < m->t.n_params; i++) {
+        const mt_param *p = &m->t.params[i];
+        assert_int_equal(m->src->io.get_weights(m->src, p, w), MT_OK);
+        assert_memory_equal(arena + p->offset, w, sizeof(float) * (size_t)p->numel);
     }
-    return 1;
+    free(arena);
+    free(w);
 }
 
 static void save_ok(const model *m, const char *out, const mt_ckpt_state *st, const char *args,
                     const char *tok, int keep_last) {
-    if (mt_checkpoint_save(out, &m->t, m->w[0], m->w[1], m->w[2], st, args, tok, keep_last) !=
-        MT_OK)
+    if (mt_checkpoint_save(out, &m->t, &m->src->io, st, args, tok, keep_last) != MT_OK)
         fail_msg("%s", mt_error_message());
 }
 
 static void load_ok(model *m, const char *dir, mt_ckpt_state *st) {
-    if (mt_checkpoint_load(dir, &m->t, m->got[0], m->got[1], m->got[2], st) != MT_OK)
+    m->dst->n_sets = 0;
+    if (mt_checkpoint_load(dir, &m->t, &m->dst->io, st) != MT_OK)
         fail_msg("%s", mt_error_message());
 }
 
@@ -310,7 +315,9 @@ static void roundtrip(const char *variant) {
     json_error_t je;
     json_t *o = json_load_file(sp, 0, &je);
     assert_non_null(o);
-    assert_int_equal(json_integer_value(json_object_get(o, "format")), 2);
+    assert_int_equal(json_integer_value(json_object_get(o, "format")), 3);
+    assert_string_equal(json_string_value(json_object_get(o, "state")), "full");
+    assert_null(json_object_get(o, "sr_seed")); /* tight's alone */
     assert_int_equal(json_integer_value(json_object_get(o, "step")), 7);
     assert_int_equal(json_integer_value(json_object_get(json_object_get(o, "args"), "batch")), 8);
     /* every file but trainer_state.json itself, with its length and XXH3-64 */
@@ -332,7 +339,7 @@ static void roundtrip(const char *variant) {
     json_decref(o);
 
     load_ok(&m, path, &back);
-    for (int k = 0; k < 3; k++) assert_memory_equal(m.got[k], m.w[k], m.bytes); /* bitwise */
+    assert_loaded(&m); /* bitwise */
     assert_int_equal(back.step, st.step);
     assert_true(back.seed == st.seed);
     assert_true(back.loss == st.loss);
@@ -342,9 +349,7 @@ static void roundtrip(const char *variant) {
     mt_ckpt_state_free(&back);
 
     /* model.safetensors + config.json alone are a Hugging Face model directory */
-    reset_got(&m);
-    if (mt_model_load(&m.t, m.got[0], path) != MT_OK) fail_msg("%s", mt_error_message());
-    assert_memory_equal(m.got[0], m.w[0], m.bytes);
+    assert_model_dir(&m, path);
 
     /* the same step saved again replaces the checkpoint; a NaN loss comes back as NaN */
     model_fill_random(&m, 99);
@@ -352,7 +357,7 @@ static void roundtrip(const char *variant) {
     save_ok(&m, out, &st2, NULL, NULL, 0);
     reset_got(&m);
     load_ok(&m, path, &back);
-    for (int k = 0; k < 3; k++) assert_memory_equal(m.got[k], m.w[k], m.bytes);
+    assert_loaded(&m);
     assert_true(back.seed == 5 && isnan(back.loss));
     assert_false(exists(path, "tokenizer.json")); /* a fresh directory, not a merge */
     assert_int_equal(count_prefix(ckdir, ".tmp-"), 0);
@@ -487,7 +492,7 @@ static void test_save_errors(void **state) {
     /* the output directory is a regular file */
     write_text(tmpdir, "not_a_dir", "x");
     char *out = subdir("not_a_dir");
-    assert_int_equal(mt_checkpoint_save(out, &m.t, m.w[0], m.w[1], m.w[2], &st, NULL, NULL, 0),
+    assert_int_equal(mt_checkpoint_save(out, &m.t, &m.src->io, &st, NULL, NULL, 0),
                      MT_ERR);
     assert_msg_has("not_a_dir");
     free(out);
@@ -497,21 +502,20 @@ static void test_save_errors(void **state) {
     snprintf(ck, sizeof ck, "%s/checkpoints", out);
     mkdir(out, 0755);
     write_text(out, "checkpoints", "a file");
-    assert_int_equal(mt_checkpoint_save(out, &m.t, m.w[0], m.w[1], m.w[2], &st, NULL, NULL, 0),
+    assert_int_equal(mt_checkpoint_save(out, &m.t, &m.src->io, &st, NULL, NULL, 0),
                      MT_ERR);
     assert_msg_has("checkpoints");
     unlink(ck);
     /* bad args, missing tokenizer dir, negative step: refused before anything is written */
-    assert_int_equal(mt_checkpoint_save(out, &m.t, m.w[0], m.w[1], m.w[2], &st, "{\"lr\": ", NULL,
-                                        0), MT_ERR);
+    assert_int_equal(mt_checkpoint_save(out, &m.t, &m.src->io, &st, "{\"lr\": ", NULL, 0), MT_ERR);
     assert_msg_has("not valid JSON");
     char *nodir = subdir("no_such_tokenizer");
-    assert_int_equal(mt_checkpoint_save(out, &m.t, m.w[0], m.w[1], m.w[2], &st, NULL, nodir, 0),
+    assert_int_equal(mt_checkpoint_save(out, &m.t, &m.src->io, &st, NULL, nodir, 0),
                      MT_ERR);
     assert_msg_has("no_such_tokenizer");
     free(nodir);
     mt_ckpt_state neg = {-1, 1, 0.0};
-    assert_int_equal(mt_checkpoint_save(out, &m.t, m.w[0], m.w[1], m.w[2], &neg, NULL, NULL, 0),
+    assert_int_equal(mt_checkpoint_save(out, &m.t, &m.src->io, &neg, NULL, NULL, 0),
                      MT_ERR);
     assert_msg_has("step");
     assert_int_equal(count_prefix(ck, "step_"), 0);
@@ -522,7 +526,7 @@ static void test_save_errors(void **state) {
     char tj[4200];
     snprintf(tj, sizeof tj, "%s/tokenizer.json", tok);
     mkdir(tj, 0755); /* a directory where a file is expected: reading it fails */
-    assert_int_equal(mt_checkpoint_save(out, &m.t, m.w[0], m.w[1], m.w[2], &st, NULL, tok, 0),
+    assert_int_equal(mt_checkpoint_save(out, &m.t, &m.src->io, &st, NULL, tok, 0),
                      MT_ERR);
     printf("  error (expected): %s\n", mt_error_message());
     assert_int_equal(count_prefix(ck, "step_"), 0);
@@ -549,7 +553,8 @@ static void expect_load_error(model *m, const mt_param_table *t, const char *dir
     mt_ckpt_state st, before;
     memset(&st, SENTINEL, sizeof st);
     before = st;
-    assert_int_equal(mt_checkpoint_load(dir, t, m->got[0], m->got[1], m->got[2], &st), MT_ERR);
+    m->dst->n_sets = 0;
+    assert_int_equal(mt_checkpoint_load(dir, t, &m->dst->io, &st), MT_ERR);
     assert_msg_has(needle);
     assert_true(got_untouched(m));
     assert_memory_equal(&st, &before, sizeof st);
@@ -562,7 +567,7 @@ static void test_load_config_mismatch(void **state) {
     fresh_checkpoint(&m, "mismatch", path, sizeof path);
     mt_config cfg = m.t.cfg;
     cfg.C = 32;
-    model big; /* arenas sized for the other table */
+    model big; /* a state sized for the other table */
     model_init_cfg(&big, &cfg);
     expect_load_error(&big, &big.t, path, "hidden_size");
     model_free(&big);
@@ -649,7 +654,10 @@ static void test_load_bad_state(void **state) {
         "{\"format\": 1, \"step\": -3, \"seed\": 1, \"loss\": 0}",  /* negative step */
         "{\"format\": 1, \"step\": 2.5, \"seed\": 1, \"loss\": 0}", /* not an integer */
         "{\"format\": 1, \"seed\": 1, \"loss\": 0}",                /* no step */
-        "{\"format\": 3, \"step\": 5, \"seed\": 1, \"loss\": 0}",   /* a future format */
+        "{\"format\": 4, \"step\": 5, \"seed\": 1, \"loss\": 0}",   /* a future format */
+        "{\"format\": 3, \"step\": 5, \"seed\": 1, \"loss\": 0}",   /* format 3 without files */
+        "{\"format\": 1, \"state\": \"half\", \"step\": 5, \"seed\": 1, \"loss\": 0}",
+        "{\"format\": 1, \"state\": 2, \"step\": 5, \"seed\": 1, \"loss\": 0}",
         "{\"format\": 2, \"step\": 5, \"seed\": 1, \"loss\": 0}",   /* format 2 without files */
         "{\"format\": 1, \"step\": 11, \"seed\": 1, \"loss\": 0}",  /* not the directory's step */
         "{\"format\": 1, \"step\": 5, \"seed\": -1, \"loss\": 0}",  /* negative seed */
@@ -676,7 +684,7 @@ static void test_load_bad_state(void **state) {
     assert_has(err, "format-1 checkpoint has no checksums; it cannot be verified");
     assert_has(err, path);
     free(err);
-    for (int k = 0; k < 3; k++) assert_memory_equal(m.got[k], m.w[k], m.bytes);
+    assert_loaded(&m);
     assert_int_equal(st.step, 5);
     assert_true(st.seed == UINT64_MAX && isnan(st.loss));
     model_free(&m);
@@ -723,7 +731,7 @@ static void test_checksum_flip(void **state) {
         flip_byte(path, names[i], at);
         reset_got(&m);
         load_ok(&m, path, &back);
-        for (int k = 0; k < 3; k++) assert_memory_equal(m.got[k], m.w[k], m.bytes);
+        assert_loaded(&m);
         mt_ckpt_state_free(&back);
     }
     /* a truncated file, and one whose recorded checksum is not hex */
@@ -862,7 +870,7 @@ static void test_save_nonfinite_refused(void **state) {
         float keep = m.w[cases[c].arena][p->offset + p->numel - 1];
         m.w[cases[c].arena][p->offset + p->numel - 1] = cases[c].value;
         mt_ckpt_state st = {3, 1, 0.5, 3, 0, NULL};
-        assert_int_equal(mt_checkpoint_save(out, &m.t, m.w[0], m.w[1], m.w[2], &st, NULL, NULL, 1),
+        assert_int_equal(mt_checkpoint_save(out, &m.t, &m.src->io, &st, NULL, NULL, 1),
                          MT_ERR);
         assert_msg_has(cases[c].what);
         assert_msg_has(p->name);
@@ -879,7 +887,7 @@ static void test_save_nonfinite_refused(void **state) {
         mt_ckpt_state back;
         reset_got(&m);
         load_ok(&m, dir, &back);
-        for (int k = 0; k < 3; k++) assert_memory_equal(m.got[k], m.w[k], m.bytes);
+        assert_loaded(&m);
         assert_int_equal(back.step, s);
     }
     /* a NaN in the padding between tensors is not state: ignored */
@@ -896,7 +904,8 @@ static void test_save_nonfinite_refused(void **state) {
 /* ---- resume ---- */
 
 static int resume(model *m, const char *out, mt_ckpt_state *st, char *path, size_t size) {
-    return mt_checkpoint_resume(out, &m->t, m->got[0], m->got[1], m->got[2], st, path, size);
+    m->dst->n_sets = 0;
+    return mt_checkpoint_resume(out, &m->t, &m->dst->io, st, path, size);
 }
 
 static void test_resume_fallback(void **state) {
@@ -916,14 +925,10 @@ static void test_resume_fallback(void **state) {
     assert_true(got_untouched(&m));
 
     /* steps 10, 20, 30 with different data; the newest intact one loads without a warning */
-    float *w10[3];
+    mt_test_state *s10 = mt_test_state_create(m.f, &m.t, 0);
+    mt_test_state_fill_random(s10, &m.t, 10);
     for (int s = 10; s <= 30; s += 10) {
         model_fill_random(&m, (uint64_t)s);
-        if (s == 10)
-            for (int k = 0; k < 3; k++) {
-                w10[k] = malloc(m.bytes);
-                memcpy(w10[k], m.w[k], m.bytes);
-            }
         st = (mt_ckpt_state){s, 3, 0.25, s, 0, NULL};
         save_ok(&m, out, &st, NULL, NULL, 0);
     }
@@ -933,7 +938,7 @@ static void test_resume_fallback(void **state) {
     if (rc != MT_OK) fail_msg("%s", mt_error_message());
     assert_int_equal(back.step, 30);
     assert_ends_with(path, "/checkpoints/step_00000030");
-    for (int k = 0; k < 3; k++) assert_memory_equal(m.got[k], m.w[k], m.bytes);
+    assert_loaded(&m);
     assert_string_equal(err, "");
     free(err);
     mt_ckpt_state_free(&back);
@@ -950,7 +955,7 @@ static void test_resume_fallback(void **state) {
     if (rc != MT_OK) fail_msg("%s", mt_error_message());
     assert_int_equal(back.step, 10);
     assert_ends_with(path, "/checkpoints/step_00000010");
-    for (int k = 0; k < 3; k++) assert_memory_equal(m.got[k], w10[k], m.bytes);
+    assert_true(mt_test_state_equal(m.dst, s10, &m.t));
     char want[8400];
     snprintf(want, sizeof want,
              "megatrain: warning: %s/step_00000030 is damaged (optimizer.safetensors: checksum "
@@ -964,7 +969,7 @@ static void test_resume_fallback(void **state) {
     free(err);
     mt_ckpt_state_free(&back);
 
-    /* every one damaged: MT_ERR naming the newest and its damage, the arenas untouched */
+    /* every one damaged: MT_ERR naming the newest and its damage, the state untouched */
     snprintf(dir, sizeof dir, "%s/step_00000010", ckdir);
     flip_byte(dir, "model.safetensors", -1);
     reset_got(&m);
@@ -973,7 +978,7 @@ static void test_resume_fallback(void **state) {
     assert_msg_has("step_00000030 is damaged (optimizer.safetensors: checksum mismatch");
     assert_msg_has("none of the 2 older checkpoints is intact");
     assert_true(got_untouched(&m));
-    for (int k = 0; k < 3; k++) free(w10[k]);
+    mt_test_state_free(s10);
     mt_test_rmtree(out);
     free(out);
     model_free(&m);
@@ -1002,14 +1007,18 @@ static void fill_step(const mt_param_table *t, float *const a[3], int64_t s) {
         }
 }
 
-/* 1 when the loaded arenas hold step s's data exactly (padding zero). */
+/* A full state's master, exp_avg and exp_avg_sq arenas. */
+static void full_arenas(const mt_test_state *ts, float *a[3]) {
+    mt_optim_arenas x = mt_optim_state_arenas(ts->s);
+    a[0] = x.master, a[1] = x.m, a[2] = x.v;
+}
+
+/* 1 when the loaded arenas hold step s's data exactly (in the tensors: a load does not write
+ * the padding between them). */
 static int check_step(const mt_param_table *t, float *const a[3], int64_t s) {
     for (int k = 0; k < 3; k++) {
-        int64_t cursor = 0;
         for (int i = 0; i < t->n_params; i++) {
             const mt_param *p = &t->params[i];
-            for (int64_t j = cursor; j < p->offset; j++)
-                if (a[k][j] != 0.0f) return 0;
             for (int64_t j = 0; j < p->numel; j++)
                 if (a[k][p->offset + j] != pattern(s, k, p->offset + j)) {
                     fprintf(stderr, "arena %d %s[%lld] = %g, step %lld wants %g\n", k, p->name,
@@ -1017,7 +1026,6 @@ static int check_step(const mt_param_table *t, float *const a[3], int64_t s) {
                             pattern(s, k, p->offset + j));
                     return 0;
                 }
-            cursor = p->offset + p->numel;
         }
     }
     return 1;
@@ -1028,19 +1036,16 @@ static int crash_child(const char *out, int64_t start, int ready_fd) {
     mt_config cfg = crash_config();
     mt_param_table t;
     mt_param_table_init(&t, &cfg);
+    mt_test_state *ts = mt_test_state_create(MT_STATE_FULL, &t, 0);
     float *a[3];
-    for (int k = 0; k < 3; k++) {
-        a[k] = mt_aligned_alloc(sizeof(float) * (size_t)t.total);
-        memset(a[k], 0, sizeof(float) * (size_t)t.total);
-    }
+    full_arenas(ts, a);
     char one = 1;
     if (write(ready_fd, &one, 1) != 1) return 2;
     close(ready_fd);
     for (int64_t s = start; s < start + 100000; s++) {
         fill_step(&t, a, s);
         mt_ckpt_state st = {s, CRASH_SEED, 0.5 * (double)s};
-        if (mt_checkpoint_save(out, &t, a[0], a[1], a[2], &st, "{\"crash\": true}", NULL, 2) !=
-            MT_OK) {
+        if (mt_checkpoint_save(out, &t, &ts->io, &st, "{\"crash\": true}", NULL, 2) != MT_OK) {
             fprintf(stderr, "crash child: %s\n", mt_error_message());
             return 1;
         }
@@ -1049,7 +1054,9 @@ static int crash_child(const char *out, int64_t start, int ready_fd) {
 }
 
 /* Loads and checks every step_ directory of OUT; returns the highest step. */
-static int64_t verify_all(const mt_param_table *t, float *const a[3], const char *out) {
+static int64_t verify_all(const mt_param_table *t, mt_test_state *ts, const char *out) {
+    float *a[3];
+    full_arenas(ts, a);
     char path[4096], ckdir[4096];
     latest_ok(out, path, sizeof path);
     snprintf(ckdir, sizeof ckdir, "%s/checkpoints", out);
@@ -1062,8 +1069,8 @@ static int64_t verify_all(const mt_param_table *t, float *const a[3], const char
         char p[4400];
         snprintf(p, sizeof p, "%s/%s", ckdir, e->d_name);
         mt_ckpt_state st;
-        for (int k = 0; k < 3; k++) memset(a[k], SENTINEL, sizeof(float) * (size_t)t->total);
-        if (mt_checkpoint_load(p, t, a[0], a[1], a[2], &st) != MT_OK)
+        mt_test_state_poison(ts, SENTINEL);
+        if (mt_checkpoint_load(p, t, &ts->io, &st) != MT_OK)
             fail_msg("after a kill: %s", mt_error_message());
         if (strtoll(e->d_name + 5, NULL, 10) != st.step)
             fail_msg("%s holds step %lld", p, (long long)st.step);
@@ -1085,17 +1092,18 @@ static void test_crash_safety(void **state) {
     mt_config cfg = crash_config();
     mt_param_table t;
     mt_param_table_init(&t, &cfg);
+    mt_test_state *ts = mt_test_state_create(MT_STATE_FULL, &t, 0);
     float *a[3];
-    for (int k = 0; k < 3; k++) a[k] = mt_aligned_alloc(sizeof(float) * (size_t)t.total);
+    full_arenas(ts, a);
     char *out = subdir("crash");
 
     /* step 0 from here, timed: the kills are spread over a few save times */
     fill_step(&t, a, 0);
-    double ts = now_ms();
+    double t_save = now_ms();
     mt_ckpt_state st0 = {0, CRASH_SEED, 0.0};
-    if (mt_checkpoint_save(out, &t, a[0], a[1], a[2], &st0, NULL, NULL, 2) != MT_OK)
+    if (mt_checkpoint_save(out, &t, &ts->io, &st0, NULL, NULL, 2) != MT_OK)
         fail_msg("%s", mt_error_message());
-    double save_ms = now_ms() - ts;
+    double save_ms = now_ms() - t_save;
     printf("  crash model: %lld params, %.1f MB per checkpoint, one save %.1f ms\n",
            (long long)t.n_real, 3.0 * 4.0 * (double)t.n_real / 1e6, save_ms);
 
@@ -1137,7 +1145,7 @@ static void test_crash_safety(void **state) {
         if (!WIFSIGNALED(status)) fail_msg("the child exited by itself (status %d)", status);
         int tmp_left = count_prefix(ckdir, ".tmp-");
         mid_save += tmp_left > 0;
-        int64_t now = verify_all(&t, a, out);
+        int64_t now = verify_all(&t, ts, out);
         printf("  kill %d after %.1f ms: latest step %lld (from %lld)%s\n", kill_i, delay,
                (long long)now, (long long)latest, tmp_left ? ", a .tmp- directory left" : "");
         assert_true(now >= latest);
@@ -1149,15 +1157,15 @@ static void test_crash_safety(void **state) {
     /* the next save (a resume) removes the leftovers */
     fill_step(&t, a, latest + 1);
     mt_ckpt_state st = {latest + 1, CRASH_SEED, 0.5 * (double)(latest + 1)};
-    if (mt_checkpoint_save(out, &t, a[0], a[1], a[2], &st, NULL, NULL, 2) != MT_OK)
+    if (mt_checkpoint_save(out, &t, &ts->io, &st, NULL, NULL, 2) != MT_OK)
         fail_msg("%s", mt_error_message());
     assert_int_equal(count_prefix(ckdir, ".tmp-"), 0);
     assert_int_equal(count_prefix(ckdir, "step_"), 2);
-    assert_int_equal(verify_all(&t, a, out), latest + 1);
+    assert_int_equal(verify_all(&t, ts, out), latest + 1);
 
     mt_test_rmtree(out);
     free(out);
-    for (int k = 0; k < 3; k++) free(a[k]);
+    mt_test_state_free(ts);
     mt_param_table_free(&t);
 }
 

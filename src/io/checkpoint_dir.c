@@ -83,6 +83,54 @@ void ckpt_add_file(ckpt_file_list *l, const char *name, const mt_file_digest *d)
     l->e[l->n++].d = *d;
 }
 
+/* ---- one tensor's state at a time ---- */
+
+static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
+
+void ckpt_buf_init(ckpt_tensor_buf *b, const mt_param_table *t, mt_state_format f) {
+    int64_t most = 1;
+    for (int i = 0; i < t->n_params; i++)
+        if (t->params[i].numel > most) most = t->params[i].numel;
+    mt_optim_tensor x[MT_OPTIM_MAX_TENSORS];
+    int n = mt_optim_parts_layout(f, (size_t)most, x);
+    MT_CHECK(n > 0 && n <= MT_OPTIM_MAX_TENSORS, "parts layout of format %d", (int)f);
+    size_t bytes = 0; /* a part's size grows with numel: the largest tensor's bound them all */
+    for (int k = 0; k < n; k++) bytes += round64(x[k].bytes);
+    b->f = f;
+    b->w = mt_aligned_alloc(sizeof(float) * (size_t)most);
+    b->block = mt_aligned_alloc(bytes);
+    b->n_parts = 0;
+}
+
+void ckpt_buf_free(ckpt_tensor_buf *b) {
+    free(b->w);
+    free(b->block);
+    b->w = NULL;
+    b->block = NULL;
+}
+
+void ckpt_buf_layout(ckpt_tensor_buf *b, const mt_param *p) {
+    b->n_parts = mt_optim_parts_layout(b->f, (size_t)p->numel, b->part);
+    size_t at = 0;
+    for (int k = 0; k < b->n_parts; k++) {
+        b->part[k].data = b->block + at;
+        at += round64(b->part[k].bytes);
+    }
+}
+
+void ckpt_part_name(char *buf, size_t size, const mt_optim_tensor *x, const mt_param *p) {
+    snprintf(buf, size, "%s.%s", x->name, p->name);
+}
+
+int ckpt_part_shape(const mt_optim_tensor *x, const mt_param *p, int64_t shape[2]) {
+    if ((int64_t)x->numel != p->numel) {
+        shape[0] = (int64_t)x->numel;
+        return 1;
+    }
+    for (int d = 0; d < p->ndim; d++) shape[d] = p->shape[d];
+    return p->ndim;
+}
+
 /* 1 when any of the n floats at p (possibly unaligned: a mapped file) is NaN or inf. */
 static int block_nonfinite(const unsigned char *p, int64_t n) {
     int bad = 0;

@@ -7,11 +7,14 @@
 #include <stdint.h>
 
 #include "io/digest.h"
+#include "model/params.h"
+#include "optim/state.h"
 
 #define CKPT_SUBDIR "checkpoints"
 #define STEP_PREFIX "step_"
 #define TMP_PREFIX ".tmp-"
 #define MAX_FILES 16 /* entries of trainer_state.json's "files" */
+#define CKPT_PART_NAME 128 /* "<part>.<HF name>" (HF names are < 96) */
 
 /* ---- small file-system helpers ---- */
 
@@ -44,6 +47,28 @@ typedef struct {
 } ckpt_file_list;
 
 void ckpt_add_file(ckpt_file_list *l, const char *name, const mt_file_digest *d);
+
+/* ---- one tensor's state at a time ---- */
+
+/* Host buffers for one tensor's fp32 weights and its optimizer parts in format f, sized for the
+ * table's largest tensor: the most the checkpoint code ever holds. */
+typedef struct {
+    mt_state_format f;
+    float *w;
+    unsigned char *block; /* every part of the largest tensor, each 64-byte aligned */
+    mt_optim_tensor part[MT_OPTIM_MAX_TENSORS]; /* ckpt_buf_layout's */
+    int n_parts;
+} ckpt_tensor_buf;
+
+void ckpt_buf_init(ckpt_tensor_buf *b, const mt_param_table *t, mt_state_format f);
+void ckpt_buf_free(ckpt_tensor_buf *b);
+/* b->part = p's parts (mt_optim_parts_layout), data pointing into b's buffers. */
+void ckpt_buf_layout(ckpt_tensor_buf *b, const mt_param *p);
+
+/* The file's name of part x of tensor p: "<part>.<HF name>". */
+void ckpt_part_name(char *buf, size_t size, const mt_optim_tensor *x, const mt_param *p);
+/* Its shape: p's when it has p's numel (the moments), else 1-D [numel] (the scales). */
+int ckpt_part_shape(const mt_optim_tensor *x, const mt_param *p, int64_t shape[2]);
 
 /* 1 when any of the n floats at x (possibly unaligned: a mapped file) is NaN or inf; threaded. */
 int ckpt_any_nonfinite(const void *x, int64_t n);

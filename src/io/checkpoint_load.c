@@ -20,7 +20,6 @@
 #include "io/atomic_file.h"
 #include "io/checkpoint_dir.h"
 #include "io/digest.h"
-#include "io/model_io.h"
 #include "io/safetensors.h"
 #include "model/config.h"
 
@@ -111,7 +110,7 @@ static int plain_file_name(const char *s) {
 /* "files": {NAME: {"bytes": N, "xxh3_64": "16 hex"}, ...} -> l. */
 static int read_files(const char *path, const json_t *fo, ckpt_file_list *l) {
     if (!json_is_object(fo))
-        return mt_error_set("%s: \"files\" must be an object of file checksums (format 2)", path);
+        return mt_error_set("%s: \"files\" must be an object of file checksums (format >= 2)", path);
     const char *name;
     json_t *v;
     l->n = 0;
@@ -151,7 +150,7 @@ static int64_t dir_step(const char *dir) {
     return ckpt_parse_step_name(name);
 }
 
-/* trainer_state.json -> *out, *format and (format 2) the recorded files. */
+/* trainer_state.json -> *out, *format and (format >= 2) the recorded files. */
 static int read_state(const char *path, int64_t dir_step_num, mt_ckpt_state *out, int *format,
                       ckpt_file_list *files) {
     if (access(path, R_OK) != 0) return mt_error_set("%s: cannot open: %s", path, strerror(errno));
@@ -163,7 +162,8 @@ static int read_state(const char *path, int64_t dir_step_num, mt_ckpt_state *out
     json_t *seed = json_object_get(o, "seed"), *loss = json_object_get(o, "loss");
     json_t *updates = json_object_get(o, "updates"), *skipped = json_object_get(o, "skipped");
     json_t *args = json_object_get(o, "args");
-    mt_ckpt_state s = {0, 0, NAN, 0, 0, NULL};
+    json_t *state = json_object_get(o, "state"), *sr_seed = json_object_get(o, "sr_seed");
+    mt_ckpt_state s = {0, 0, NAN, 0, 0, NULL, MT_STATE_FULL, 0};
     files->n = 0;
     if (!json_is_integer(fmt) || json_integer_value(fmt) < 1 ||
         json_integer_value(fmt) > MT_CKPT_FORMAT)
@@ -193,6 +193,14 @@ static int read_state(const char *path, int64_t dir_step_num, mt_ckpt_state *out
             s.updates < 0 || s.skipped < 0 || s.updates > s.step || s.skipped > s.step)
             rc = mt_error_set("%s: \"updates\" and \"skipped\" must be integers from 0 to \"step\"", path);
     }
+    if (rc == MT_OK && state) { /* absent before format 3: full */
+        const char *name = json_string_value(state);
+        if (!name || mt_state_format_parse(name, &s.state) != MT_OK)
+            rc = mt_error_set("%s: \"state\" must be \"full\", \"compact\" or \"tight\"", path);
+    }
+    if (rc == MT_OK && s.state == MT_STATE_TIGHT && parse_seed(sr_seed, &s.sr_seed) != MT_OK)
+        rc = mt_error_set("%s: \"sr_seed\" (tight's rounding seed) must be the decimal digits of "
+                          "an integer from 0 to 2^64 - 1", path);
     if (rc == MT_OK && *format >= 2) rc = read_files(path, json_object_get(o, "files"), files);
     if (rc == MT_OK && args && !json_is_null(args))
         s.args_json = json_dumps(args, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
@@ -250,62 +258,120 @@ static int check_weights_f32(const mt_safetensors *mst, const char *ckpt_dir) {
     return MT_OK;
 }
 
-/* The table's tensors in a handle (model: prefix "", optimizer: "exp_avg." ...) are finite. */
-static int check_finite(const mt_safetensors *st, const mt_param_table *t, const char *prefix) {
-    char name[160];
-    for (int i = 0; i < t->n_params; i++) {
-        snprintf(name, sizeof name, "%s%s", prefix, t->params[i].name);
-        const mt_st_tensor *x = mt_safetensors_find(st, name);
-        if (x && x->dtype == MT_F32 && ckpt_any_nonfinite(x->data, x->numel))
-            return mt_error_set("%s: tensor %s holds NaN or inf; a checkpoint must be finite "
-                                "(this one is damaged)", x->path, name);
-    }
-    return MT_OK;
+static int same_shape(const mt_st_tensor *x, int ndim, const int64_t *shape) {
+    int same = x->ndim == ndim;
+    for (int d = 0; same && d < ndim; d++) same = x->shape[d] == shape[d];
+    return same;
 }
 
-static int check_moment(const mt_safetensors *ost, const char *path, const char *prefix,
-                        const mt_param *p) {
-    char name[128];
-    snprintf(name, sizeof name, "%s.%s", prefix, p->name);
-    const mt_st_tensor *x = mt_safetensors_find(ost, name);
-    if (!x) return mt_error_set("%s: tensor %s is missing", path, name);
-    if (x->dtype != MT_F32)
-        return mt_error_set("%s: tensor %s: dtype %s, optimizer state must be F32", path, name,
-                            mt_dtype_name(x->dtype));
-    int same = x->ndim == p->ndim;
-    for (int d = 0; same && d < p->ndim; d++) same = x->shape[d] == p->shape[d];
-    if (!same)
-        return mt_error_set("%s: tensor %s: shape differs from the model's", path, name);
-    return MT_OK;
+static int ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
 }
 
-static int check_optimizer(const mt_safetensors *ost, const char *path, const mt_param_table *t) {
-    for (int i = 0; i < t->n_params; i++) {
-        MT_TRY(check_moment(ost, path, "exp_avg", &t->params[i]));
-        MT_TRY(check_moment(ost, path, "exp_avg_sq", &t->params[i]));
-    }
-    if (mt_safetensors_count(ost) != 2 * t->n_params)
-        return mt_error_set("%s: %d tensors, the model's optimizer state has %d (tensors that are "
-                            "not exp_avg/exp_avg_sq of this model)", path,
-                            mt_safetensors_count(ost), 2 * t->n_params);
-    return MT_OK;
-}
-
-/* Copies validated moments into an arena, zeroing the padding. */
-static void load_moments(const mt_safetensors *ost, const char *prefix, const mt_param_table *t,
-                         float *arena) {
-    int64_t cursor = 0;
-    char name[128];
+/* The weights (all F32 by now): every tensor of the table with its shape, nothing else but what
+ * mt_model_load also passes over (a rotary inv_freq; lm_head.weight of a tied model, warned). */
+static int check_model(const mt_safetensors *mst, const mt_param_table *t) {
+    const char *src = mt_safetensors_source(mst);
     for (int i = 0; i < t->n_params; i++) {
         const mt_param *p = &t->params[i];
-        if (p->offset > cursor)
-            memset(arena + cursor, 0, sizeof(float) * (size_t)(p->offset - cursor));
-        snprintf(name, sizeof name, "%s.%s", prefix, p->name);
-        MT_CHECK(mt_st_tensor_to_f32(mt_safetensors_find(ost, name), arena + p->offset) == MT_OK,
-                 "%s", mt_error_message());
-        cursor = p->offset + p->numel;
+        const mt_st_tensor *x = mt_safetensors_find(mst, p->name);
+        if (!x) return mt_error_set("%s: tensor %s is missing", src, p->name);
+        if (!same_shape(x, p->ndim, p->shape))
+            return mt_error_set("%s: tensor %s: shape differs from the model's", src, p->name);
     }
-    if (t->total > cursor) memset(arena + cursor, 0, sizeof(float) * (size_t)(t->total - cursor));
+    for (int i = 0; i < mt_safetensors_count(mst); i++) {
+        const mt_st_tensor *x = mt_safetensors_at(mst, i);
+        if (mt_param_find(t, x->name) || ends_with(x->name, "rotary_emb.inv_freq")) continue;
+        if (t->cfg.tie_word_embeddings && strcmp(x->name, "lm_head.weight") == 0) {
+            fprintf(stderr, "megatrain: warning: %s: ignoring lm_head.weight: the model ties it to "
+                    "model.embed_tokens.weight (tie_word_embeddings)\n", x->path);
+            continue;
+        }
+        return mt_error_set("%s: tensor %s is not part of this %s model", x->path, x->name,
+                            t->cfg.model_type);
+    }
+    return MT_OK;
+}
+
+/* The optimizer file holds exactly the parts of format b->f of every tensor, with their dtypes
+ * and shapes. */
+static int check_optimizer(const mt_safetensors *ost, const char *path, const mt_param_table *t,
+                           ckpt_tensor_buf *b) {
+    int want = 0;
+    char name[CKPT_PART_NAME], parts[128] = "";
+    for (int i = 0; i < t->n_params; i++) {
+        const mt_param *p = &t->params[i];
+        ckpt_buf_layout(b, p);
+        for (int k = 0; k < b->n_parts; k++, want++) {
+            const mt_optim_tensor *part = &b->part[k];
+            ckpt_part_name(name, sizeof name, part, p);
+            const mt_st_tensor *x = mt_safetensors_find(ost, name);
+            if (!x) return mt_error_set("%s: tensor %s is missing", path, name);
+            if (x->dtype != part->dtype)
+                return mt_error_set("%s: tensor %s: dtype %s, %s optimizer state stores %s", path,
+                                    name, mt_dtype_name(x->dtype), mt_state_format_name(b->f),
+                                    mt_dtype_name(part->dtype));
+            int64_t shape[2];
+            int ndim = ckpt_part_shape(part, p, shape);
+            if (!same_shape(x, ndim, shape))
+                return mt_error_set("%s: tensor %s: shape differs from the model's", path, name);
+            if (i == 0) /* the part names, for the message below */
+                snprintf(parts + strlen(parts), sizeof parts - strlen(parts), "%s%s",
+                         k ? "/" : "", part->name);
+        }
+    }
+    if (mt_safetensors_count(ost) != want)
+        return mt_error_set("%s: %d tensors, the model's %s optimizer state has %d (tensors that "
+                            "are not %s of this model)", path, mt_safetensors_count(ost),
+                            mt_state_format_name(b->f), want, parts);
+    return MT_OK;
+}
+
+/* Every weight and every fp32 part (moments, scales) finite. U8 codes all decode to finite
+ * values: nothing to check. */
+static int check_finite(const mt_safetensors *mst, const mt_safetensors *ost,
+                        const mt_param_table *t, ckpt_tensor_buf *b) {
+    char name[CKPT_PART_NAME];
+    for (int i = 0; i < t->n_params; i++) {
+        const mt_st_tensor *x = mt_safetensors_find(mst, t->params[i].name);
+        if (ckpt_any_nonfinite(x->data, x->numel))
+            return mt_error_set("%s: tensor %s holds NaN or inf; a checkpoint must be finite "
+                                "(this one is damaged)", x->path, x->name);
+    }
+    for (int i = 0; i < t->n_params; i++) {
+        ckpt_buf_layout(b, &t->params[i]);
+        for (int k = 0; k < b->n_parts; k++) {
+            if (b->part[k].dtype != MT_F32) continue;
+            ckpt_part_name(name, sizeof name, &b->part[k], &t->params[i]);
+            const mt_st_tensor *x = mt_safetensors_find(ost, name);
+            if (ckpt_any_nonfinite(x->data, x->numel))
+                return mt_error_set("%s: tensor %s holds NaN or inf; a checkpoint must be finite "
+                                    "(this one is damaged)", x->path, name);
+        }
+    }
+    return MT_OK;
+}
+
+/* The validated tensors into the state, one at a time through b (the mapping's bytes may be
+ * unaligned; io gets aligned buffers). */
+static int apply(const mt_safetensors *mst, const mt_safetensors *ost, const mt_param_table *t,
+                 const mt_state_io *io, ckpt_tensor_buf *b) {
+    char name[CKPT_PART_NAME];
+    for (int i = 0; i < t->n_params; i++) {
+        const mt_param *p = &t->params[i];
+        MT_CHECK(mt_st_tensor_to_f32(mt_safetensors_find(mst, p->name), b->w) == MT_OK, "%s",
+                 mt_error_message());
+        MT_TRY(io->set_weights(io->ctx, p, b->w));
+        ckpt_buf_layout(b, p);
+        for (int k = 0; k < b->n_parts; k++) {
+            ckpt_part_name(name, sizeof name, &b->part[k], p);
+            const mt_st_tensor *x = mt_safetensors_find(ost, name);
+            memcpy(b->part[k].data, x->data, x->nbytes);
+        }
+        MT_TRY(io->set_parts(io->ctx, p, b->part));
+    }
+    return MT_OK;
 }
 
 int mt_checkpoint_read_state(const char *ckpt_dir, mt_ckpt_state *st) {
@@ -322,8 +388,13 @@ void mt_ckpt_state_free(mt_ckpt_state *st) {
     st->args_json = NULL;
 }
 
-int mt_checkpoint_load(const char *ckpt_dir, const mt_param_table *t, float *master, float *m1,
-                       float *m2, mt_ckpt_state *st) {
+/* mt_checkpoint_load; *other_format = 1 when the checkpoint is refused for holding another
+ * state format than io's (not damage: resume does not fall back past it). */
+static int load_dir(const char *ckpt_dir, const mt_param_table *t, const mt_state_io *io,
+                    mt_ckpt_state *st, int *other_format) {
+    MT_CHECK(io && io->set_weights && io->set_parts && io->format >= MT_STATE_FULL &&
+             io->format <= MT_STATE_TIGHT, "checkpoint load: incomplete mt_state_io");
+    *other_format = 0;
     if (!ckpt_is_dir(ckpt_dir)) return mt_error_set("%s: no such checkpoint directory", ckpt_dir);
     char *cfg_path = ckpt_path_join(ckpt_dir, "config.json");
     char *state_path = ckpt_path_join(ckpt_dir, "trainer_state.json");
@@ -335,6 +406,13 @@ int mt_checkpoint_load(const char *ckpt_dir, const mt_param_table *t, float *mas
     int format = 0;
     char open_err[1024] = "";
     int rc = read_state(state_path, dir_step(ckpt_dir), &s, &format, &files);
+    if (rc == MT_OK && s.state != io->format) {
+        const char *has = mt_state_format_name(s.state);
+        rc = mt_error_set("%s: holds %s optimizer state, this run uses --state %s: resume with "
+                          "--state %s (converting between formats is not supported)", ckpt_dir,
+                          has, mt_state_format_name(io->format), has);
+        *other_format = 1;
+    }
     if (rc == MT_OK) { /* an exported model in place of the master: say so first */
         if (mt_safetensors_open_dir(&mst, ckpt_dir) == MT_OK) rc = check_weights_f32(mst, ckpt_dir);
         else snprintf(open_err, sizeof open_err, "%s", mt_error_message());
@@ -346,26 +424,31 @@ int mt_checkpoint_load(const char *ckpt_dir, const mt_param_table *t, float *mas
     if (rc == MT_OK && !mst) rc = mt_error_set("%s", open_err);
     if (rc == MT_OK) rc = mt_config_load(&cfg, cfg_path);
     if (rc == MT_OK) rc = check_config(&cfg, &t->cfg, cfg_path);
+    if (rc == MT_OK) rc = check_model(mst, t);
     if (rc == MT_OK) rc = mt_safetensors_open_file(&ost, opt_path);
-    if (rc == MT_OK) rc = check_optimizer(ost, opt_path, t);
-    if (rc == MT_OK) rc = check_finite(mst, t, "");
-    if (rc == MT_OK) rc = check_finite(ost, t, "exp_avg.");
-    if (rc == MT_OK) rc = check_finite(ost, t, "exp_avg_sq.");
+    ckpt_tensor_buf b;
+    ckpt_buf_init(&b, t, io->format);
+    if (rc == MT_OK) rc = check_optimizer(ost, opt_path, t, &b);
+    if (rc == MT_OK) rc = check_finite(mst, ost, t, &b);
+    /* Only now is the state written: a bad checkpoint never leaves it half loaded. */
+    if (rc == MT_OK) rc = apply(mst, ost, t, io, &b);
+    if (rc == MT_OK && s.state == MT_STATE_TIGHT && io->set_sr_seed)
+        io->set_sr_seed(io->ctx, s.sr_seed);
+    if (rc == MT_OK) *st = s;
+    else mt_ckpt_state_free(&s);
+    ckpt_buf_free(&b);
     mt_safetensors_close(mst);
-    /* mt_model_load validates everything before it writes master; nothing below can fail. */
-    if (rc == MT_OK) rc = mt_model_load(t, master, ckpt_dir);
-    if (rc == MT_OK) {
-        load_moments(ost, "exp_avg", t, m1);
-        load_moments(ost, "exp_avg_sq", t, m2);
-        *st = s;
-    } else {
-        mt_ckpt_state_free(&s);
-    }
     mt_safetensors_close(ost);
     free(cfg_path);
     free(state_path);
     free(opt_path);
     return rc;
+}
+
+int mt_checkpoint_load(const char *ckpt_dir, const mt_param_table *t, const mt_state_io *io,
+                       mt_ckpt_state *st) {
+    int other_format;
+    return load_dir(ckpt_dir, t, io, st, &other_format);
 }
 
 /* ---- resume ---- */
@@ -376,8 +459,8 @@ static const char *relative_to(const char *msg, const char *dir) {
     return strncmp(msg, dir, n) == 0 && msg[n] == '/' ? msg + n + 1 : msg;
 }
 
-int mt_checkpoint_resume(const char *out_dir, const mt_param_table *t, float *master, float *m1,
-                         float *m2, mt_ckpt_state *st, char *path, size_t path_size) {
+int mt_checkpoint_resume(const char *out_dir, const mt_param_table *t, const mt_state_io *io,
+                         mt_ckpt_state *st, char *path, size_t path_size) {
     char *ckdir = ckpt_path_join(out_dir, CKPT_SUBDIR);
     int err;
     ckpt_step_list l = ckpt_list_steps(ckdir, &err);
@@ -390,8 +473,8 @@ int mt_checkpoint_resume(const char *out_dir, const mt_param_table *t, float *ma
                      out_dir, ckdir);
         rc = MT_CKPT_NONE;
     }
-    int too_long = 0;
-    for (int i = 0; i < l.n && found < 0 && !too_long; i++) {
+    int too_long = 0, other_format = 0;
+    for (int i = 0; i < l.n && found < 0 && !too_long && !other_format; i++) {
         char name[64];
         ckpt_step_name(name, sizeof name, "", l.steps[i]);
         int k = snprintf(path, path_size, "%s/%s", ckdir, name); /* before the arenas change */
@@ -400,8 +483,8 @@ int mt_checkpoint_resume(const char *out_dir, const mt_param_table *t, float *ma
             mt_error_set("%s/%s: path longer than %zu bytes", ckdir, name, path_size);
             break;
         }
-        if (mt_checkpoint_load(path, t, master, m1, m2, st) == MT_OK) found = i;
-        else why[i] = mt_strdup(relative_to(mt_error_message(), path));
+        if (load_dir(path, t, io, st, &other_format) == MT_OK) found = i;
+        else if (!other_format) why[i] = mt_strdup(relative_to(mt_error_message(), path));
     }
     if (found >= 0) {
         char name[64];
@@ -413,7 +496,7 @@ int mt_checkpoint_resume(const char *out_dir, const mt_param_table *t, float *ma
                     ckdir, bad, why[i], name);
         }
         rc = MT_OK;
-    } else if (l.n > 0 && !too_long) {
+    } else if (l.n > 0 && !too_long && !other_format) {
         char name[64];
         ckpt_step_name(name, sizeof name, "", l.steps[0]);
         if (l.n == 1)

@@ -2,7 +2,6 @@
  * (checkpoint.h). */
 #include "io/checkpoint.h"
 
-#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -20,7 +19,6 @@
 #include "io/atomic_file.h"
 #include "io/checkpoint_dir.h"
 #include "io/digest.h"
-#include "io/model_io.h"
 #include "io/safetensors.h"
 #include "model/config.h"
 
@@ -79,57 +77,139 @@ static void warn_rmtree(const char *path) {
         fprintf(stderr, "megatrain: warning: %s: could not remove: %s\n", path, strerror(e));
 }
 
-/* ---- finiteness: a NaN or inf in saved state would poison every step after a resume ---- */
+/* ---- the state, one tensor at a time ---- */
 
-static const char *const ARENA_WHAT[3] = {"the master weights hold",
-                                          "exp_avg (Adam's first moment) holds",
-                                          "exp_avg_sq (Adam's second moment) holds"};
-
-/* The first tensor (arena order: master, m1, m2) holding NaN/inf, or NULL; *which = the arena. */
-static const char *first_nonfinite(const mt_param_table *t, const float *const arenas[3],
-                                   int *which) {
-    for (int k = 0; k < 3; k++)
-        for (int i = 0; i < t->n_params; i++) {
-            const mt_param *p = &t->params[i];
-            if (ckpt_any_nonfinite(arenas[k] + p->offset, p->numel)) {
-                *which = k;
-                return p->name;
-            }
-        }
-    return NULL;
+/* What holds a NaN/inf, for the refusal: the weights, or a part by its name. A NaN or inf in
+ * saved state would poison every step after a resume. */
+static const char *part_what(const char *part) {
+    static const struct {
+        const char *name, *what;
+    } w[] = {
+        {"exp_avg", "exp_avg (Adam's first moment) holds"},
+        {"exp_avg_sq", "exp_avg_sq (Adam's second moment) holds"},
+        {"exp_avg_scale", "exp_avg_scale (the first moment's block scales) holds"},
+        {"exp_avg_sq_scale", "exp_avg_sq_scale (the second moment's block scales) holds"},
+    };
+    for (size_t i = 0; i < sizeof w / sizeof *w; i++)
+        if (strcmp(part, w[i].name) == 0) return w[i].what;
+    return part;
 }
 
-/* ---- save ---- */
+/* The writer's fill callbacks produce tensor i of a file chunk by chunk: its param's weights (or
+ * parts) are fetched from io into the buffers at the first chunk, and checked there. */
+typedef struct {
+    const mt_param_table *t;
+    const mt_state_io *io;
+    ckpt_tensor_buf *b;
+    const char *out_dir;
+    int64_t step;
+    int cur;             /* the param whose state is in b, -1 none */
+    const int *param_of; /* optimizer file: tensor -> its param, and which of its parts */
+    const int *part_of;
+} fill_ctx;
 
-/* DIR/NAME: one tensor per parameter and prefix (prefix "" names it as the model does), every
- * arena in table order, F32, metadata {"format": "pt"}; its digest into files. */
-static int save_tensors(const char *dir, const char *name, const mt_param_table *t,
-                        const float *const *arenas, const char *const *prefixes, int n_arenas,
-                        ckpt_file_list *files) {
-    int n = n_arenas * t->n_params;
-    mt_st_write_tensor *w = mt_calloc((size_t)(n ? n : 1), sizeof *w);
-    char (*names)[160] = mt_calloc((size_t)(n ? n : 1), sizeof *names);
-    for (int k = 0; k < n_arenas; k++)
-        for (int i = 0; i < t->n_params; i++) {
-            const mt_param *p = &t->params[i];
-            int j = k * t->n_params + i;
-            snprintf(names[j], sizeof names[j], "%s%s", prefixes[k], p->name);
-            w[j].name = names[j];
-            w[j].dtype = MT_F32;
-            w[j].ndim = p->ndim;
-            for (int d = 0; d < p->ndim; d++) w[j].shape[d] = p->shape[d];
-            w[j].data = arenas[k] + p->offset;
+static int nonfinite(const fill_ctx *c, const char *what, const mt_param *p) {
+    return mt_error_set("%s: checkpoint of step %lld not written: %s NaN or inf in tensor %s "
+                        "(the older checkpoints are kept as they are)", c->out_dir,
+                        (long long)c->step, what, p->name);
+}
+
+static int fill_weights(void *ctx, int i, int64_t begin, int64_t n, void *dst) {
+    fill_ctx *c = ctx;
+    const mt_param *p = &c->t->params[i];
+    if (c->cur != i) {
+        MT_TRY(c->io->get_weights(c->io->ctx, p, c->b->w));
+        if (ckpt_any_nonfinite(c->b->w, p->numel))
+            return nonfinite(c, "the master weights hold", p);
+        c->cur = i;
+    }
+    memcpy(dst, c->b->w + begin, sizeof(float) * (size_t)n);
+    return MT_OK;
+}
+
+static int fill_parts(void *ctx, int i, int64_t begin, int64_t n, void *dst) {
+    fill_ctx *c = ctx;
+    const mt_param *p = &c->t->params[c->param_of[i]];
+    if (c->cur != c->param_of[i]) {
+        ckpt_buf_layout(c->b, p);
+        MT_TRY(c->io->get_parts(c->io->ctx, p, c->b->part));
+        for (int k = 0; k < c->b->n_parts; k++) {
+            const mt_optim_tensor *x = &c->b->part[k];
+            if (x->dtype == MT_F32 && ckpt_any_nonfinite(x->data, (int64_t)x->numel))
+                return nonfinite(c, part_what(x->name), p);
         }
+        c->cur = c->param_of[i];
+    }
+    const mt_optim_tensor *x = &c->b->part[c->part_of[i]];
+    size_t es = mt_dtype_size(x->dtype);
+    memcpy(dst, (const unsigned char *)x->data + (size_t)begin * es, (size_t)n * es);
+    return MT_OK;
+}
+
+/* DIR/NAME from the tensors w (data produced by fill), metadata {"format": "pt"}; its digest
+ * into files. */
+static int write_file(const char *dir, const char *name, const mt_st_write_tensor *w, int n,
+                      mt_st_fill_fn fill, fill_ctx *c, ckpt_file_list *files) {
     const mt_st_meta meta[] = {{"format", "pt"}};
     char *path = ckpt_path_join(dir, name);
     mt_file_digest d;
-    int rc = mt_safetensors_write_digest(path, w, n, meta, 1, &d);
+    c->cur = -1;
+    int rc = mt_safetensors_write_fill_digest(path, w, n, meta, 1, fill, c, &d);
     if (rc == MT_OK) ckpt_add_file(files, name, &d);
     free(path);
+    return rc;
+}
+
+/* DIR/model.safetensors: every tensor's fp32 weights under its Hugging Face name, table order
+ * (what mt_model_save writes for F32: with config.json, a model directory). */
+static int save_weights(const char *dir, fill_ctx *c, ckpt_file_list *files) {
+    const mt_param_table *t = c->t;
+    mt_st_write_tensor *w = mt_calloc((size_t)t->n_params + 1, sizeof *w);
+    for (int i = 0; i < t->n_params; i++) {
+        const mt_param *p = &t->params[i];
+        w[i] = (mt_st_write_tensor){.name = p->name, .dtype = MT_F32, .ndim = p->ndim};
+        for (int d = 0; d < p->ndim; d++) w[i].shape[d] = p->shape[d];
+    }
+    int rc = write_file(dir, "model.safetensors", w, t->n_params, fill_weights, c, files);
+    free(w);
+    return rc;
+}
+
+/* DIR/optimizer.safetensors: tensor by tensor, its parts in the layout's order. */
+static int save_parts(const char *dir, fill_ctx *c, ckpt_file_list *files) {
+    const mt_param_table *t = c->t;
+    int n = 0;
+    for (int i = 0; i < t->n_params; i++) {
+        ckpt_buf_layout(c->b, &t->params[i]);
+        n += c->b->n_parts;
+    }
+    mt_st_write_tensor *w = mt_calloc((size_t)n + 1, sizeof *w);
+    char (*names)[CKPT_PART_NAME] = mt_calloc((size_t)n + 1, sizeof *names);
+    int *param_of = mt_calloc((size_t)n + 1, sizeof(int));
+    int *part_of = mt_calloc((size_t)n + 1, sizeof(int));
+    for (int i = 0, j = 0; i < t->n_params; i++) {
+        const mt_param *p = &t->params[i];
+        ckpt_buf_layout(c->b, p);
+        for (int k = 0; k < c->b->n_parts; k++, j++) {
+            const mt_optim_tensor *x = &c->b->part[k];
+            ckpt_part_name(names[j], sizeof names[j], x, p);
+            w[j] = (mt_st_write_tensor){.name = names[j], .dtype = x->dtype};
+            w[j].ndim = ckpt_part_shape(x, p, w[j].shape);
+            param_of[j] = i;
+            part_of[j] = k;
+        }
+    }
+    c->param_of = param_of;
+    c->part_of = part_of;
+    int rc = write_file(dir, "optimizer.safetensors", w, n, fill_parts, c, files);
+    free(part_of);
+    free(param_of);
     free(names);
     free(w);
     return rc;
 }
+
+/* ---- save ---- */
 
 /* DIR/config.json (written by the config module), its digest into files. A few hundred bytes:
  * reading it back costs nothing. */
@@ -154,10 +234,16 @@ static json_t *seed_json(uint64_t seed) {
     return json_string(buf);
 }
 
-static int save_state(const char *dir, const mt_ckpt_state *st, json_t *args,
-                      const ckpt_file_list *files) {
+static int save_state(const char *dir, const mt_ckpt_state *st, const mt_state_io *io,
+                      json_t *args, const ckpt_file_list *files) {
     json_t *o = json_object();
     json_object_set_new(o, "format", json_integer(MT_CKPT_FORMAT));
+    json_object_set_new(o, "state", json_string(mt_state_format_name(io->format)));
+    if (io->format == MT_STATE_TIGHT) { /* a string always: JSON readers lose u64 integers */
+        char seed[32];
+        snprintf(seed, sizeof seed, "%llu", (unsigned long long)io->sr_seed);
+        json_object_set_new(o, "sr_seed", json_string(seed));
+    }
     json_object_set_new(o, "step", json_integer((json_int_t)st->step));
     json_object_set_new(o, "seed", seed_json(st->seed));
     json_object_set_new(o, "loss", isfinite(st->loss) ? json_real(st->loss) : json_null());
@@ -233,19 +319,22 @@ static int save_tokenizer(const char *dir, const char *tok_dir, ckpt_file_list *
     return MT_OK;
 }
 
-static int save_contents(const char *dir, const mt_param_table *t, const float *master,
-                         const float *m1, const float *m2, const mt_ckpt_state *st, json_t *args,
-                         const char *tok_dir) {
+static int save_contents(const char *dir, const mt_param_table *t, const mt_state_io *io,
+                         const mt_ckpt_state *st, json_t *args, const char *tok_dir,
+                         const char *out_dir) {
     ckpt_file_list files = {.n = 0};
-    const float *const model_arena[] = {master}, *const moments[] = {m1, m2};
-    const char *const model_prefix[] = {""}, *const moment_prefixes[] = {"exp_avg.", "exp_avg_sq."};
+    ckpt_tensor_buf b;
+    ckpt_buf_init(&b, t, io->format);
+    fill_ctx c = {.t = t, .io = io, .b = &b, .out_dir = out_dir, .step = st->step};
     /* config.json + model.safetensors are what mt_model_save writes for F32: a model directory */
-    MT_TRY(save_config(dir, t, &files));
-    MT_TRY(save_tensors(dir, "model.safetensors", t, model_arena, model_prefix, 1, &files));
-    MT_TRY(save_tensors(dir, "optimizer.safetensors", t, moments, moment_prefixes, 2, &files));
-    if (tok_dir) MT_TRY(save_tokenizer(dir, tok_dir, &files));
-    MT_TRY(save_state(dir, st, args, &files)); /* last: it records the others' digests */
-    return fsync_dir(dir); /* each file was fsync'd and renamed by the atomic writer */
+    int rc = save_config(dir, t, &files);
+    if (rc == MT_OK) rc = save_weights(dir, &c, &files);
+    if (rc == MT_OK) rc = save_parts(dir, &c, &files);
+    ckpt_buf_free(&b);
+    if (rc == MT_OK && tok_dir) rc = save_tokenizer(dir, tok_dir, &files);
+    if (rc == MT_OK) rc = save_state(dir, st, io, args, &files); /* last: it records the digests */
+    if (rc == MT_OK) rc = fsync_dir(dir); /* each file was fsync'd and renamed by the writer */
+    return rc;
 }
 
 /* Moves CKDIR/TMP to CKDIR/NAME. When NAME exists (the same step saved again) the two are
@@ -323,20 +412,15 @@ static void prune(const char *ckdir, int keep_last, int64_t keep) {
     closedir(d);
 }
 
-int mt_checkpoint_save(const char *out_dir, const mt_param_table *t, const float *master,
-                       const float *m1, const float *m2, const mt_ckpt_state *st,
-                       const char *args_json, const char *tokenizer_dir, int keep_last) {
+int mt_checkpoint_save(const char *out_dir, const mt_param_table *t, const mt_state_io *io,
+                       const mt_ckpt_state *st, const char *args_json, const char *tokenizer_dir,
+                       int keep_last) {
+    MT_CHECK(io && io->get_weights && io->get_parts && io->format >= MT_STATE_FULL &&
+             io->format <= MT_STATE_TIGHT, "checkpoint save: incomplete mt_state_io");
     if (st->step < 0)
         return mt_error_set("%s: checkpoint step %lld must be >= 0", out_dir, (long long)st->step);
     if (tokenizer_dir && !ckpt_is_dir(tokenizer_dir))
         return mt_error_set("%s: tokenizer directory not found", tokenizer_dir);
-    const float *const arenas[3] = {master, m1, m2};
-    int which;
-    const char *bad = first_nonfinite(t, arenas, &which);
-    if (bad)
-        return mt_error_set("%s: checkpoint of step %lld not written: %s NaN or inf in tensor %s "
-                            "(the older checkpoints are kept as they are)", out_dir,
-                            (long long)st->step, ARENA_WHAT[which], bad);
     json_t *args = NULL;
     if (args_json) {
         json_error_t je;
@@ -356,7 +440,7 @@ int mt_checkpoint_save(const char *out_dir, const mt_param_table *t, const float
     if (rc == MT_OK && lock < 0)
         rc = mt_error_set("%s: cannot lock: %s", tmp, strerror(errno));
     if (rc == MT_OK) {
-        rc = save_contents(tmp, t, master, m1, m2, st, args, tokenizer_dir);
+        rc = save_contents(tmp, t, io, st, args, tokenizer_dir, out_dir);
         if (rc == MT_OK) rc = publish(ckdir, tmp, name);
         if (rc != MT_OK) {
             char msg[1024]; /* the cleanup must not overwrite the message */

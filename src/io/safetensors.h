@@ -89,6 +89,11 @@ int mt_safetensors_write(const char *path, const mt_st_write_tensor *tensors, in
 int mt_safetensors_write_fill(const char *path, const mt_st_write_tensor *tensors, int n,
                               const mt_st_meta *meta, int n_meta, mt_st_fill_fn fill, void *ctx);
 
+/* mt_safetensors_write_fill, and *digest = the file's length and XXH3-64, computed while writing. */
+int mt_safetensors_write_fill_digest(const char *path, const mt_st_write_tensor *tensors, int n,
+                                     const mt_st_meta *meta, int n_meta, mt_st_fill_fn fill,
+                                     void *ctx, mt_file_digest *digest);
+
 /* As mt_safetensors_write (every tensor's data given), and *digest = the file's length and XXH3-64,
  * computed while writing. */
 int mt_safetensors_write_digest(const char *path, const mt_st_write_tensor *tensors, int n,

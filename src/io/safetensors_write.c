@@ -142,6 +142,12 @@ int mt_safetensors_write_fill(const char *path, const mt_st_write_tensor *tensor
     return write_file(path, tensors, n, meta, n_meta, fill, ctx, NULL);
 }
 
+int mt_safetensors_write_fill_digest(const char *path, const mt_st_write_tensor *tensors, int n,
+                                     const mt_st_meta *meta, int n_meta, mt_st_fill_fn fill,
+                                     void *ctx, mt_file_digest *digest) {
+    return write_file(path, tensors, n, meta, n_meta, fill, ctx, digest);
+}
+
 int mt_safetensors_write(const char *path, const mt_st_write_tensor *tensors, int n,
                          const mt_st_meta *meta, int n_meta) {
     return write_file(path, tensors, n, meta, n_meta, NULL, NULL, NULL);

@@ -6,7 +6,8 @@
  * when untied, lm_head.weight. Each layer group has the same layout, so a layer's tensors are
  * found from the layer's base pointer and per-layer offsets alone (any layer in any slot).
  * Offsets are in elements (the same for an fp32 master arena and a bf16 upload arena) and
- * aligned to MT_PARAM_ALIGN elements for vectorized access.
+ * aligned to MT_PARAM_ALIGN elements: vectorized access, and the 256-value blocks of the 8-bit
+ * optimizer states (optim/state.h: a block never spans two tensors).
  * Everything that walks parameters (I/O, init, optimizer, checksums) walks this table.
  */
 #ifndef MT_PARAMS_H
@@ -17,7 +18,7 @@
 
 #include "config.h"
 
-#define MT_PARAM_ALIGN 32
+#define MT_PARAM_ALIGN 256
 #define MT_GROUP_EMBED (-1) /* layer index of the embed group; the head group is L */
 
 typedef enum {

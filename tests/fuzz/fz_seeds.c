@@ -388,22 +388,24 @@ static void seed_packed_from_chat(void) {
 /* ---- checkpoints of the tiny model ---- */
 
 static void seeds_checkpoint(const mt_param_table *tiny) {
-    size_t bytes = sizeof(float) * (size_t)tiny->total;
-    float *a[3];
-    for (int k = 0; k < 3; k++) {
-        a[k] = calloc(1, bytes);
-        for (int i = 0; i < tiny->n_params; i++)
-            for (int64_t j = 0; j < tiny->params[i].numel; j++)
-                a[k][tiny->params[i].offset + j] = (float)((j + k) % 5) * 0.25f - 0.5f;
-    }
-    static const struct { int64_t step; double loss; const char *name; } kinds[] = {
-        {3, 2.5, "step3"}, {0, NAN, "step0-loss-null"},
+    static const struct { int64_t step; double loss; mt_state_format f; const char *name; } kinds[] = {
+        {3, 2.5, MT_STATE_FULL, "step3"}, {0, NAN, MT_STATE_FULL, "step0-loss-null"},
+        {4, 1.5, MT_STATE_COMPACT, "step4-compact"}, {5, 1.0, MT_STATE_TIGHT, "step5-tight"},
     };
+    float *w = malloc(sizeof(float) * (size_t)tiny->total);
     buf b = {0};
     for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+        fz_state *fs = fz_state_create(kinds[k].f, tiny);
+        fs->io.sr_seed = 987654321;
+        for (int i = 0; i < tiny->n_params; i++) { /* weights only: moments stay zero */
+            const mt_param *p = &tiny->params[i];
+            for (int64_t j = 0; j < p->numel; j++) w[j] = (float)((j + i) % 5) * 0.25f - 0.5f;
+            if (fs->io.set_weights(fs, p, w) != MT_OK) die(p->name);
+        }
         const char *o = fz_path(0, "ckpt-out");
         mt_ckpt_state st = {kinds[k].step, 1234567890123ull, kinds[k].loss};
-        if (mt_checkpoint_save(o, tiny, a[0], a[1], a[2], &st, "{\"lr\": 0.001}", NULL, 0) != MT_OK) die(o);
+        if (mt_checkpoint_save(o, tiny, &fs->io, &st, "{\"lr\": 0.001}", NULL, 0) != MT_OK) die(o);
+        fz_state_free(fs);
         static const char *const files[] = {"trainer_state.json", "config.json", "model.safetensors",
                                             "optimizer.safetensors"};
         char p[1024];
@@ -414,7 +416,7 @@ static void seeds_checkpoint(const mt_param_table *tiny) {
         }
         emit("fuzz_checkpoint", kinds[k].name, &b);
     }
-    for (int k = 0; k < 3; k++) free(a[k]);
+    free(w);
     free(b.p);
 }
 

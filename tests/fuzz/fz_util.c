@@ -141,3 +141,60 @@ void fz_check_safetensors(const mt_safetensors *st, size_t total_bytes) {
     FZ_ASSERT(mt_safetensors_source(st) != NULL);
 }
 
+
+/* ---- the checkpoint target's state ---- */
+
+static int fz_parts(fz_state *fs, const mt_param *p, mt_optim_tensor *x) {
+    mt_optim_arenas a = mt_optim_state_arenas(fs->s);
+    return mt_optim_arenas_parts(&a, (size_t)p->offset, (size_t)p->numel, x);
+}
+
+static int fz_get_weights(void *ctx, const mt_param *p, float *dst) {
+    fz_state *fs = ctx;
+    mt_optim_state_get_weights(fs->s, (size_t)p->offset, dst, (size_t)p->numel);
+    return MT_OK;
+}
+
+static int fz_set_weights(void *ctx, const mt_param *p, const float *src) {
+    fz_state *fs = ctx;
+    mt_optim_state_set_weights(fs->s, (size_t)p->offset, src, (size_t)p->numel);
+    fs->n_sets++;
+    return MT_OK;
+}
+
+static int fz_get_parts(void *ctx, const mt_param *p, const mt_optim_tensor *parts) {
+    mt_optim_tensor x[MT_OPTIM_MAX_TENSORS];
+    int n = fz_parts(ctx, p, x);
+    for (int k = 0; k < n; k++) memcpy(parts[k].data, x[k].data, x[k].bytes);
+    return n < 0 ? MT_ERR : MT_OK;
+}
+
+static int fz_set_parts(void *ctx, const mt_param *p, const mt_optim_tensor *parts) {
+    fz_state *fs = ctx;
+    mt_optim_tensor x[MT_OPTIM_MAX_TENSORS];
+    int n = fz_parts(fs, p, x);
+    for (int k = 0; k < n; k++) memcpy(x[k].data, parts[k].data, x[k].bytes);
+    fs->n_sets++;
+    return n < 0 ? MT_ERR : MT_OK;
+}
+
+static void fz_set_sr_seed(void *ctx, uint64_t seed) {
+    fz_state *fs = ctx;
+    fs->io.sr_seed = seed;
+    fs->n_sets++;
+}
+
+fz_state *fz_state_create(mt_state_format f, const mt_param_table *t) {
+    fz_state *fs = calloc(1, sizeof *fs);
+    fs->s = mt_optim_state_create(f, (size_t)t->total, 0, NULL);
+    fs->io = (mt_state_io){.format = f, .ctx = fs, .get_weights = fz_get_weights,
+                           .set_weights = fz_set_weights, .get_parts = fz_get_parts,
+                           .set_parts = fz_set_parts, .set_sr_seed = fz_set_sr_seed};
+    return fs;
+}
+
+void fz_state_free(fz_state *fs) {
+    if (!fs) return;
+    mt_optim_state_free(fs->s);
+    free(fs);
+}

@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model/params.h"
+#include "optim/state_io.h"
 #include "tokenizer/tokenizer.h"
 
 #define FZ_SEP "\n#MTFZ#\n"
@@ -53,6 +55,16 @@ enum { FZ_N_TOKENIZERS = 7 };
     "{\"model_type\": \"llama\", \"hidden_size\": 8, \"intermediate_size\": 16, "               \
     "\"num_hidden_layers\": 1, \"num_attention_heads\": 2, \"num_key_value_heads\": 1, "        \
     "\"vocab_size\": 12, \"tie_word_embeddings\": false, \"rms_norm_eps\": 1e-05}"
+
+/* The checkpoint target's state: one host optimizer state of format f over the whole table
+ * (tensor p at p->offset) behind an mt_state_io, as the engine's looks to a checkpoint. */
+typedef struct {
+    mt_optim_state *s;
+    mt_state_io io; /* ctx: this struct */
+    int n_sets;     /* calls of set_weights, set_parts, set_sr_seed */
+} fz_state;
+fz_state *fz_state_create(mt_state_format f, const mt_param_table *t);
+void fz_state_free(fz_state *fs);
 
 /* What every open safetensors handle must satisfy: each tensor found by its name, numel and nbytes
  * agreeing with shape and dtype, float tensors converting to fp32, and all tensors together no more
