@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "model/runner.h"
+#include "util/state_snapshot.h"
 #include "util/testutil.h"
 #include "util/tiny_config.h"
 
@@ -120,21 +121,25 @@ static void test_engine_matches_runner(void **state) {
  * --gpu-mem path), layers keeping their internals so that the backward skips the recompute (all of
  * them, or the last one), and resident weights (one load per layer per step) give the same losses,
  * norms and weights, bit for bit, over several steps, as the plain recompute-everything schedule;
- * the weights cross twice per step, once when resident. Also with qwen3's q/k norm, whose
- * internals are the most. */
-static void check_memory_modes(const char *variant) {
+ * the weights cross twice per step, once when resident, never in the GPU tier. Also with qwen3's
+ * q/k norm, whose internals are the most. For each optimizer state format. */
+static void check_memory_modes(const char *variant, mt_state_format format) {
     setup s;
     setup_init(&s, variant, 3);
-    enum { MODES = 6 };
-    const struct { int offload, saved, resident; } mode[MODES] = {{0, 0, 0}, {1, 0, 0}, {0, 3, 0},
-                                                                  {0, 1, 0}, {0, 3, 1}, {1, 0, 1}};
+    /* the GPU tier (gpu_layers) and the gradients' place (grads_on_device) are modes too: on the
+     * cpu backend the tier's update is the host kernel, so every mode gives the same bits */
+    enum { MODES = 10 };
+    const struct { int offload, saved, resident, tier, grads_dev; } mode[MODES] = {
+        {0, 0, 0, 0, 0}, {1, 0, 0, 0, 0}, {0, 3, 0, 0, 0}, {0, 1, 0, 0, 0}, {0, 3, 1, 0, 0},
+        {1, 0, 1, 0, 0}, {0, 0, 0, 1, 0}, {0, 0, 0, 3, 0}, {0, 0, 0, 0, 1}, {1, 0, 1, 2, 1}};
     double loss[MODES][3], norm[MODES][3], eval[MODES];
-    float *master[MODES];
+    mt_test_snapshot snap[MODES];
     for (int k = 0; k < MODES; k++) {
         mt_backend *be = mt_backend_cpu_create();
         mt_engine_opts o = {.batch = B_ROWS, .micro_batch = 2, .T = T_LEN, .n_slots = 2,
                             .opt_threads = 1, .offload = mode[k].offload, .saved_layers = mode[k].saved,
-                            .resident = mode[k].resident};
+                            .resident = mode[k].resident, .state = format, .gpu_layers = mode[k].tier,
+                            .grads_on_device = mode[k].grads_dev, .seed = 77};
         mt_engine *e = mt_engine_create(&s.table, be, &o, s.weights);
         for (int step = 0; step < 3; step++) {
             mt_step_result r;
@@ -142,15 +147,15 @@ static void check_memory_modes(const char *variant) {
             loss[k][step] = r.loss;
             norm[k][step] = r.grad_norm;
             const int *loads = mt_engine_loads(e);
-            for (int l = 0; l < s.cfg.L; l++) assert_int_equal(loads[l + 1], mode[k].resident ? 1 : 2);
+            for (int l = 0; l < s.cfg.L; l++)
+                assert_int_equal(loads[l + 1], l < mode[k].tier ? 0 : mode[k].resident ? 1 : 2);
         }
         int64_t count;
         eval[k] = mt_engine_eval(e, s.ids, s.targets, B_ROWS, &count) / (double)count;
-        fprintf(stderr, "%s offload %d saved %d resident %d: losses %.7f %.7f %.7f, eval %.7f\n", variant,
-                mode[k].offload, mode[k].saved, mode[k].resident, loss[k][0], loss[k][1], loss[k][2], eval[k]);
-        mt_engine_finish(e);
-        master[k] = malloc((size_t)s.table.total * sizeof(float));
-        memcpy(master[k], mt_engine_master(e), (size_t)s.table.total * sizeof(float));
+        fprintf(stderr, "%s %s offload %d saved %d resident %d tier %d grads_dev %d: losses %.7f %.7f %.7f, "
+                "eval %.7f\n", variant, mt_state_format_name(format), mode[k].offload, mode[k].saved,
+                mode[k].resident, mode[k].tier, mode[k].grads_dev, loss[k][0], loss[k][1], loss[k][2], eval[k]);
+        mt_test_snapshot_state(&snap[k], e, &s.table);
         mt_engine_destroy(e);
         be->destroy(be);
     }
@@ -161,16 +166,18 @@ static void check_memory_modes(const char *variant) {
             assert_true(norm[0][step] == norm[k][step]);
         }
         assert_true(eval[0] == eval[k]);
-        assert_memory_equal(master[0], master[k], (size_t)s.table.total * sizeof(float));
+        mt_test_snapshot_equal(&snap[0], &snap[k]);
     }
-    for (int k = 0; k < MODES; k++) free(master[k]);
+    for (int k = 0; k < MODES; k++) mt_test_snapshot_free(&snap[k]);
     setup_free(&s);
 }
 
 static void test_memory_modes(void **state) {
     (void)state;
-    check_memory_modes("qwen2_bias_tied");
-    check_memory_modes("qwen3_qknorm");
+    for (int f = MT_STATE_FULL; f <= MT_STATE_TIGHT; f++) {
+        check_memory_modes("qwen2_bias_tied", (mt_state_format)f);
+        check_memory_modes("qwen3_qknorm", (mt_state_format)f);
+    }
 }
 
 /* The k-th (0-based) span of a kind, step and group on a lane. */
@@ -260,38 +267,12 @@ static void test_optimizer_overlaps_forward(void **state) {
     setup_free(&s);
 }
 
-/* A snapshot of the engine's host state: master, both moments and the upload copy. */
-typedef struct {
-    float *master, *m1, *m2;
-    void *upload;
-} state_copy;
-
-static void state_take(state_copy *c, mt_engine *e, const mt_param_table *t, size_t upload_bytes) {
-    size_t bytes = (size_t)t->total * sizeof(float);
-    mt_engine_finish(e);
-    c->master = malloc(bytes), c->m1 = malloc(bytes), c->m2 = malloc(bytes), c->upload = malloc(upload_bytes);
-    memcpy(c->master, mt_engine_master(e), bytes);
-    memcpy(c->m1, mt_engine_moment1(e), bytes);
-    memcpy(c->m2, mt_engine_moment2(e), bytes);
-    memcpy(c->upload, mt_engine_upload(e), upload_bytes);
-}
-
-static void state_equal(const state_copy *a, const state_copy *b, const mt_param_table *t, size_t upload_bytes) {
-    size_t bytes = (size_t)t->total * sizeof(float);
-    assert_memory_equal(a->master, b->master, bytes);
-    assert_memory_equal(a->m1, b->m1, bytes);
-    assert_memory_equal(a->m2, b->m2, bytes);
-    assert_memory_equal(a->upload, b->upload, upload_bytes);
-}
-
-static void state_free(state_copy *c) { free(c->master), free(c->m1), free(c->m2), free(c->upload); }
-
 /* A step whose loss is NaN applies no update: master, moments and the upload copy are bit for bit
  * what they were, and the next finite step (with the same Adam step t) gives what a run that never
  * saw the bad batch gives: the same loss, norm and state, bit for bit. The bad batch is made by a
  * NaN embedding row for one token that only it contains (llama_gqa is untied, so the row feeds
  * nothing else, and its gradient in the good batches is zero). */
-static void test_nonfinite_step_skipped(void **state) {
+static void check_nonfinite_step_skipped(mt_state_format format, int tier) {
     setup s;
     setup_init(&s, "llama_gqa", 2);
     int V = s.cfg.V, N = B_ROWS * T_LEN, bad_token = V - 1;
@@ -308,8 +289,8 @@ static void test_nonfinite_step_skipped(void **state) {
         bad[i] = i == 5 ? bad_token : good2[i];
     }
     mt_backend *be = mt_backend_cpu_create();
-    size_t upload_bytes = (size_t)s.table.total * mt_dtype_size(be->dtype);
-    mt_engine_opts o = {.batch = B_ROWS, .micro_batch = 2, .T = T_LEN, .n_slots = 2, .opt_threads = 1};
+    mt_engine_opts o = {.batch = B_ROWS, .micro_batch = 2, .T = T_LEN, .n_slots = 2, .opt_threads = 1,
+                        .state = format, .gpu_layers = tier, .seed = 5};
 
     /* run A: good1, bad (skipped), good2 */
     mt_engine *a = mt_engine_create(&s.table, be, &o, s.weights);
@@ -317,38 +298,50 @@ static void test_nonfinite_step_skipped(void **state) {
     mt_engine_step(a, good1, s.targets, &hp, 1, 1.0, &r1);
     assert_false(r1.skipped);
     assert_true(isfinite(r1.loss) && isfinite(r1.grad_norm));
-    state_copy before, after;
-    state_take(&before, a, &s.table, upload_bytes);
+    mt_test_snapshot before, after, up_before, up_after;
+    mt_test_snapshot_state(&before, a, &s.table);
+    mt_test_snapshot_upload(&up_before, a, &s.table);
     mt_engine_step(a, bad, s.targets, &hp, 2, 1.0, &rbad);
     fprintf(stderr, "bad batch: loss %g norm %g skipped %d\n", rbad.loss, rbad.grad_norm, rbad.skipped);
     assert_true(rbad.skipped);
     assert_false(isfinite(rbad.loss));
-    state_take(&after, a, &s.table, upload_bytes);
-    state_equal(&before, &after, &s.table, upload_bytes);
+    mt_test_snapshot_state(&after, a, &s.table);
+    mt_test_snapshot_upload(&up_after, a, &s.table);
+    mt_test_snapshot_equal(&before, &after);
+    mt_test_snapshot_equal(&up_before, &up_after);
     mt_engine_step(a, good2, s.targets, &hp, 2, 1.0, &ra);
     assert_false(ra.skipped);
-    state_copy end_a;
-    state_take(&end_a, a, &s.table, upload_bytes);
+    mt_test_snapshot end_a;
+    mt_test_snapshot_state(&end_a, a, &s.table);
 
     /* run B: good1, good2 */
     mt_engine *b = mt_engine_create(&s.table, be, &o, s.weights);
     mt_step_result rb;
     mt_engine_step(b, good1, s.targets, &hp, 1, 1.0, &rb);
     mt_engine_step(b, good2, s.targets, &hp, 2, 1.0, &rb);
-    state_copy end_b;
-    state_take(&end_b, b, &s.table, upload_bytes);
+    mt_test_snapshot end_b;
+    mt_test_snapshot_state(&end_b, b, &s.table);
     fprintf(stderr, "after the skip: loss %.7f norm %.7f | never bad: loss %.7f norm %.7f\n", ra.loss,
             ra.grad_norm, rb.loss, rb.grad_norm);
     assert_true(ra.loss == rb.loss && ra.grad_norm == rb.grad_norm);
-    state_equal(&end_a, &end_b, &s.table, upload_bytes);
+    mt_test_snapshot_equal(&end_a, &end_b);
     /* the comparison is not of an untouched state: good2's update moved the weights */
-    assert_true(memcmp(end_a.master, after.master, (size_t)s.table.total * sizeof(float)) != 0);
+    assert_true(memcmp(end_a.data, after.data, after.bytes) != 0);
 
-    state_free(&before), state_free(&after), state_free(&end_a), state_free(&end_b);
+    mt_test_snapshot *all[] = {&before, &after, &up_before, &up_after, &end_a, &end_b};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) mt_test_snapshot_free(all[i]);
     mt_engine_destroy(a);
     mt_engine_destroy(b);
     be->destroy(be);
     setup_free(&s);
+}
+
+static void test_nonfinite_step_skipped(void **state) {
+    (void)state;
+    for (int f = MT_STATE_FULL; f <= MT_STATE_TIGHT; f++) {
+        check_nonfinite_step_skipped((mt_state_format)f, 0);
+        check_nonfinite_step_skipped((mt_state_format)f, 1);
+    }
 }
 
 int main(void) {

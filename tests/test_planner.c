@@ -2,6 +2,7 @@
  * the planner's rule on the Qwen2.5-7B shape (configs/qwen2.5-7b.json) at 24 GiB and 80 GiB,
  * an impossible budget names --micro-batch, the default --seq is the model's when shorter than
  * 1024 (plan and train alike), info and plan print the same host memory, and every size is GiB. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,6 +76,96 @@ static void load_7b(mt_param_table *t) {
     mt_config cfg;
     if (mt_config_load(&cfg, cfg_7b) != MT_OK) fail_msg("%s", mt_error_message());
     mt_param_table_init(t, &cfg);
+}
+
+
+static void load_config(mt_param_table *t, const char *rel) {
+    char *path = mt_fixture_path(rel);
+    mt_config cfg;
+    if (mt_config_load(&cfg, path) != MT_OK) fail_msg("%s", mt_error_message());
+    free(path);
+    mt_param_table_init(t, &cfg);
+}
+
+/* The host bytes per parameter of each --state, from the plan: full 4 + 8 + 2, compact 2 + 2 +
+ * 2.03, tight 2 + 2.03 (weights + moments + upload copy; nothing else per parameter), with the
+ * gradients of the 8-bit formats on the GPU when it has room for them. */
+static void test_state_bytes_per_param(void **state) {
+    (void)state;
+    mt_param_table t;
+    load_7b(&t);
+    mt_backend be = planned_gpu(140 * GIB);
+    const double want[3] = {14.0, 6.03125, 4.03125};
+    for (int f = MT_STATE_FULL; f <= MT_STATE_TIGHT; f++) {
+        mt_plan_request rq = auto_request(16, 4096);
+        rq.state = (mt_state_format)f;
+        rq.gpu_layers = 0;
+        mt_plan p;
+        assert_int_equal(mt_plan_resolve(&t, &be, &rq, &p), MT_OK);
+        double per = (p.mem.host_master + p.mem.host_moments + p.mem.host_upload) / (double)t.total;
+        fprintf(stderr, "%s: %.5f B/param on the host, gradients %s (host buffers %.3f GiB)\n",
+                mt_state_format_name(rq.state), per, p.eo.grads_on_device ? "on the GPU" : "on the host",
+                p.mem.host_grads / GIB);
+        assert_true(fabs(per - want[f]) < 1e-9);
+        /* the 8-bit formats' gradients wait on the GPU; the host keeps only the two 32 MiB buffers
+         * they are fetched through */
+        if (f != MT_STATE_FULL) {
+            assert_true(p.eo.grads_on_device);
+            assert_true(p.mem.host_grads == 2.0 * 2 * (1 << 24));
+        } else {
+            assert_true(p.mem.host_grads == 0);
+        }
+    }
+    mt_param_table_free(&t);
+}
+
+/* --gpu-layers auto takes the fewest layers that let the host hold the rest: with 110 GiB of host
+ * RAM the 32B shape under tight (123 GiB of state; its gradients wait on the GPU) needs some, and
+ * one layer fewer would not fit. */
+static void test_gpu_tier_auto(void **state) {
+    (void)state;
+    mt_param_table t;
+    load_config(&t, "../../bench/configs/qwen2.5-32b.json");
+    mt_backend be = planned_gpu(140 * GIB);
+    mt_plan_request rq = auto_request(16, 4096);
+    rq.state = MT_STATE_TIGHT;
+    rq.gpu_layers = MT_AUTO;
+    rq.host_available = 110.0 * GIB;
+    mt_plan p;
+    assert_int_equal(mt_plan_resolve(&t, &be, &rq, &p), MT_OK);
+    fprintf(stderr, "32B tight, host 110 GiB: %d GPU layers, host %.2f GiB, GPU %.2f GiB, micro %d\n",
+            p.eo.gpu_layers, p.host_bytes / GIB, p.compute_bytes / GIB, p.eo.micro_batch);
+    assert_true(p.eo.gpu_layers > 0);
+    assert_true(p.host_bytes <= rq.host_available);
+    assert_int_equal(mt_plan_check(&p), MT_OK);
+    mt_plan q = p;
+    q.eo.gpu_layers = p.eo.gpu_layers - 1;
+    mt_engine_plan_of(&t, be.dtype, &q.eo, &q.mem);
+    assert_true(q.mem.host_total > rq.host_available); /* one layer fewer does not fit */
+    mt_param_table_free(&t);
+}
+
+/* When the host cannot hold the plan, the error names a --state that would fit (and it does): the
+ * 14B shape under full needs 192 GiB of host state, compact 83 GiB (its gradients, 28 GiB, on the
+ * GPU). With a 40 GiB GPU it would be tight (compact's gradients do not fit there). */
+static void test_suggests_state(void **state) {
+    (void)state;
+    mt_param_table t;
+    load_config(&t, "../../bench/configs/qwen2.5-14b.json");
+    mt_backend be = planned_gpu(64 * GIB);
+    mt_plan_request rq = auto_request(16, 4096);
+    rq.gpu_layers = MT_AUTO;
+    rq.host_available = 100.0 * GIB;
+    mt_plan p;
+    assert_int_equal(mt_plan_resolve(&t, &be, &rq, &p), MT_OK);
+    assert_int_equal(mt_plan_check(&p), MT_ERR);
+    fprintf(stderr, "%s\n", mt_error_message());
+    assert_non_null(strstr(mt_error_message(), "host RAM"));
+    assert_non_null(strstr(mt_error_message(), "--state compact with"));
+    rq.state = MT_STATE_COMPACT;
+    assert_int_equal(mt_plan_resolve(&t, &be, &rq, &p), MT_OK);
+    assert_int_equal(mt_plan_check(&p), MT_OK);
+    mt_param_table_free(&t);
 }
 
 static void test_micro_batch_auto_7b(void **state) {
@@ -307,6 +398,8 @@ int main(void) {
         cmocka_unit_test(test_micro_batch_auto_cpu), cmocka_unit_test(test_default_seq),
         cmocka_unit_test(test_info_plan_agree),     cmocka_unit_test(test_units),
         cmocka_unit_test(test_cli_7b),
+        cmocka_unit_test(test_state_bytes_per_param), cmocka_unit_test(test_gpu_tier_auto),
+        cmocka_unit_test(test_suggests_state),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

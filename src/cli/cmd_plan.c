@@ -12,11 +12,14 @@ static void print_usage(FILE *out) {
     fprintf(out,
             "usage: megatrain plan (--model DIR | --init CONFIG.json) [--batch B] [--seq T]\n"
             "                      [--micro-batch auto|b] [--device auto|cpu|cuda] [--gpu-mem SIZE]\n"
+            "                      [--state full|compact|tight] [--gpu-layers auto|N] [--host-mem SIZE]\n"
             "  Prints what training would hold in host RAM and on the compute device, and exits 0\n"
             "  when it fits this machine, 1 when it does not (with what to change). Defaults as in\n"
             "  train: --batch %d, --seq min(1024, max_position_embeddings), --micro-batch auto (the\n"
             "  largest dividing B that fits). Sizes are GiB (2^30 bytes): --gpu-mem 24G = 24 GiB.\n"
-            "  Without a CUDA device here, --device cuda or --gpu-mem plans the GPU side for one.\n",
+            "  Without a CUDA device here, --device cuda or --gpu-mem plans the GPU side for one.\n"
+            "  --state and --gpu-layers as in train; --host-mem plans for a host with that much RAM\n"
+            "  free for training (default: this machine's, unless planning for another GPU).\n",
             MT_PLAN_DEFAULT_BATCH);
 }
 
@@ -31,7 +34,8 @@ static int cuda_here(void) {
 int mt_cmd_plan(int argc, char **argv) {
     const char *model_dir = NULL, *init = NULL;
     int64_t B = MT_PLAN_DEFAULT_BATCH, T = 0, b = MT_AUTO, gpu_mem = 0;
-    int device = 0;
+    int device = 0, state = 0;
+    int64_t gpu_layers = MT_AUTO, host_mem = 0;
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"init", required_argument, 0, 'i'},
                                          {"batch", required_argument, 0, 'b'},
@@ -39,6 +43,9 @@ int mt_cmd_plan(int argc, char **argv) {
                                          {"micro-batch", required_argument, 0, 'u'},
                                          {"device", required_argument, 0, 'd'},
                                          {"gpu-mem", required_argument, 0, 'g'},
+                                         {"state", required_argument, 0, 's'},
+                                         {"gpu-layers", required_argument, 0, 'l'},
+                                         {"host-mem", required_argument, 0, 'H'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c;
@@ -53,6 +60,9 @@ int mt_cmd_plan(int argc, char **argv) {
         case 'u': rc = mt_arg_int_or_auto("--micro-batch", optarg, 1, 1 << 20, &b); break;
         case 'd': rc = mt_arg_choice("--device", optarg, "auto|cpu|cuda", &device); break;
         case 'g': rc = mt_arg_size("--gpu-mem", optarg, &gpu_mem); break;
+        case 's': rc = mt_arg_choice("--state", optarg, "full|compact|tight", &state); break;
+        case 'l': rc = mt_arg_int_or_auto("--gpu-layers", optarg, 0, 1 << 20, &gpu_layers); break;
+        case 'H': rc = mt_arg_size("--host-mem", optarg, &host_mem); break;
         case 'h': print_usage(stdout); return 0;
         default: print_usage(stderr); return 1;
         }
@@ -81,11 +91,13 @@ int mt_cmd_plan(int argc, char **argv) {
                               .saved_layers = MT_AUTO, .resident = MT_AUTO, .n_slots = 2,
                               .gpu_mem = gpu_mem,
                               /* another machine will train: this one's RAM says nothing */
-                              .host_available = be == &planned ? 0 : mt_run_host_available()};
+                              .host_available = host_mem ? (double)host_mem
+                                                : be == &planned ? 0 : mt_run_host_available(),
+                              .state = (mt_state_format)state, .gpu_layers = (int)gpu_layers};
         mt_engine_opts eo;
         printf("%.1fM parameters, %lld x %lld tokens per step, %s backend%s\n", m.table.n_real / 1e6,
                (long long)B, (long long)T, be->name,
-               be == &planned ? " (host RAM not checked: this machine does not train it)" : "");
+               be == &planned && !host_mem ? " (host RAM not checked: this machine does not train it)" : "");
         rc = mt_run_check_memory(&m.table, be, &rq, &eo);
         if (rc == MT_OK) printf("fits\n");
         if (be != &planned) be->destroy(be);

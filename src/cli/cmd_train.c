@@ -89,9 +89,8 @@ static int save_checkpoint(train_run *r) {
     mt_ckpt_state st = {.step = r->step, .seed = (uint64_t)r->o.seed, .loss = r->last_loss,
                         .updates = r->updates, .skipped = r->skipped};
     double t0 = now_ms();
-    MT_TRY(mt_checkpoint_save(r->o.out_dir, &r->model.table, mt_engine_master(r->e),
-                              mt_engine_moment1(r->e), mt_engine_moment2(r->e), &st, r->args_json,
-                              r->o.model_dir, (int)r->o.keep));
+    MT_TRY(mt_checkpoint_save(r->o.out_dir, &r->model.table, mt_engine_state_io(r->e), &st,
+                              r->args_json, r->o.model_dir, (int)r->o.keep));
     snprintf(r->last_ckpt, sizeof r->last_ckpt, "%s/checkpoints/step_%08lld", r->o.out_dir,
              (long long)r->step);
     return mt_train_log_note(&r->log, "saved %s (%.1f s)", r->last_ckpt, (now_ms() - t0) / 1e3);
@@ -303,8 +302,8 @@ static int load_resume_checkpoint(train_run *r, mt_ckpt_state *st, int *found) {
     char path[4096];
     /* the newest checkpoint that verifies (checksums, dtypes, finite values); a damaged newer one
      * is named in a warning */
-    int rc = mt_checkpoint_resume(r->o.out_dir, &r->model.table, mt_engine_master(r->e), mt_engine_moment1(r->e),
-                                  mt_engine_moment2(r->e), st, path, sizeof path);
+    int rc = mt_checkpoint_resume(r->o.out_dir, &r->model.table, mt_engine_state_io(r->e), st, path,
+                                  sizeof path);
     *found = rc == MT_OK;
     if (rc == MT_CKPT_NONE) return MT_OK;
     MT_TRY(rc);
@@ -384,6 +383,30 @@ static int64_t resumed_micro_batch(const mt_train_opts *o) {
     return b > 0 && o->batch % b == 0 ? b : -1;
 }
 
+/* The weights a fresh run starts from (the model's, or the random init), tensor by tensor into the
+ * engine's state: no fp32 copy of the whole model (a 14B's would be 59 GB). */
+static int set_tensor(void *ctx, const mt_param *p, const float *w) {
+    const mt_state_io *io = ctx;
+    return io->set_weights(io->ctx, p, w);
+}
+
+static int initial_weights(train_run *r) {
+    const mt_param_table *t = &r->model.table;
+    const mt_state_io *io = mt_engine_state_io(r->e);
+    if (r->o.model_dir) return mt_model_load_tensors(t, r->o.model_dir, set_tensor, (void *)io);
+    int64_t biggest = 1;
+    for (int i = 0; i < t->n_params; i++)
+        if (t->params[i].numel > biggest) biggest = t->params[i].numel;
+    float *buf = mt_aligned_alloc((size_t)biggest * sizeof(float));
+    int rc = MT_OK;
+    for (int i = 0; i < t->n_params && rc == MT_OK; i++) {
+        mt_param_init_tensor(t, i, buf, t->cfg.initializer_range, (uint64_t)r->o.seed);
+        rc = set_tensor((void *)io, &t->params[i], buf);
+    }
+    free(buf);
+    return rc;
+}
+
 static int train(train_run *r) {
     mt_train_opts *o = &r->o;
     MT_TRY(mt_host_model_open(&r->model, o->model_dir, o->init_config, (uint64_t)o->seed, 0));
@@ -416,24 +439,22 @@ static int train(train_run *r) {
     mt_plan_request rq = {.batch = (int)o->batch, .T = (int)o->seq, .micro_batch = (int)o->micro_batch,
                           .offload = o->offload ? 1 : MT_AUTO, .saved_layers = (int)o->saved_layers,
                           .resident = o->resident == 1 ? 1 : o->resident == 2 ? 0 : MT_AUTO,
-                          .n_slots = 2, .gpu_mem = o->gpu_mem, .host_available = mt_run_host_available()};
+                          .n_slots = 2, .gpu_mem = o->gpu_mem, .host_available = mt_run_host_available(),
+                          .state = (mt_state_format)o->state,
+                          .gpu_layers = o->gpu_layers < 0 ? MT_AUTO : (int)o->gpu_layers};
     mt_engine_opts eo;
     MT_TRY(mt_run_check_memory(&r->model.table, r->be, &rq, &eo));
     eo.opt_threads = (int)o->threads;
+    eo.seed = (uint64_t)o->seed; /* tight's rounding; a resume takes the checkpoint's */
     eo.trace = o->trace_path != NULL;
     o->micro_batch = eo.micro_batch; /* resolved: for the header and the stored arguments */
     r->saved_layers = eo.saved_layers;
     r->e = mt_engine_create(&r->model.table, r->be, &eo, NULL);
-    float *master = mt_engine_master(r->e);
 
     r->args_json = mt_train_opts_json(o);
     int resumed = 0;
     if (o->resume) MT_TRY(resume(r, &resumed));
-    if (!resumed) {
-        if (o->model_dir) MT_TRY(mt_model_load(&r->model.table, master, o->model_dir));
-        else mt_param_init(&r->model.table, master, cfg->initializer_range, (uint64_t)o->seed);
-    }
-    mt_engine_refresh_upload(r->e);
+    if (!resumed) MT_TRY(initial_weights(r));
     MT_TRY(mt_train_log_open(&r->log, o->out_dir, o->log_path, o->steps, r->step > 0));
     char data_desc[256];
     mt_run_data_describe(&r->data, data_desc, sizeof data_desc);

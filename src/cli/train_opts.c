@@ -7,6 +7,7 @@
 
 #include "../core/error.h"
 #include "../io/chat_pack.h"
+#include "../optim/state.h"
 #include "args.h"
 
 void mt_train_opts_usage(FILE *out) {
@@ -57,6 +58,15 @@ void mt_train_opts_usage(FILE *out) {
 "  --beta1 --beta2 --eps  (defaults 0.9, 0.95, 1e-8)\n"
 "  --weight-decay X       on matrices and embeddings only (default 0.1)\n"
 "  --clip X               global L2 norm clip, 0 = off (default 1.0)\n"
+"  --state F              optimizer state format (default full):\n"
+"                           full     fp32 master and moments, 14 B/param on the host (exact AdamW)\n"
+"                           compact  bf16 master + 16-bit compensation (the fp32 value, exactly) and\n"
+"                                    8-bit blockwise moments: 6.03 B/param\n"
+"                           tight    bf16 master with stochastic rounding, 8-bit moments: 4.03 B/param\n"
+"                         (bench/RESULTS.md gives the measured loss cost; resume with the same F)\n"
+"  --gpu-layers N|auto    the first N layers keep their whole state on the GPU and are updated\n"
+"                         there (no PCIe traffic for them); auto: the fewest that let the host\n"
+"                         hold the rest (default auto)\n"
 "run\n"
 "  --seed N               data order and init (default 1337)\n"
 "  --no-shuffle           read the data in order (docs/DESIGN.md, \"Data\")\n"
@@ -108,7 +118,7 @@ enum {
     O_WARMUP, O_SCHEDULE, O_BETA1, O_BETA2, O_EPS, O_WD, O_CLIP, O_SEED, O_NO_SHUFFLE, O_DEVICE,
     O_GPU_MEM, O_SAVE_EVERY, O_KEEP, O_RESUME, O_EVAL_DATA, O_EVAL_EVERY, O_EVAL_BATCHES, O_LOG,
     O_TRACE, O_THREADS, O_DOC_SEP, O_MAX_TIME, O_STOP_AT, O_NO_SAVE, O_OFFLOAD, O_SAVED_LAYERS, O_RESIDENT, O_HELP,
-    O_ON_NONFINITE, O_MAX_NONFINITE, O_OVERWRITE, O_RESUME_CHANGED,
+    O_ON_NONFINITE, O_MAX_NONFINITE, O_OVERWRITE, O_RESUME_CHANGED, O_STATE, O_GPU_LAYERS,
 };
 
 static const struct option long_opts[] = {
@@ -135,6 +145,7 @@ static const struct option long_opts[] = {
     {"resident-weights", required_argument, 0, O_RESIDENT}, {"help", no_argument, 0, O_HELP},
     {"on-nonfinite", required_argument, 0, O_ON_NONFINITE}, {"max-nonfinite", required_argument, 0, O_MAX_NONFINITE},
     {"overwrite", no_argument, 0, O_OVERWRITE},     {"resume-changed", no_argument, 0, O_RESUME_CHANGED},
+    {"state", required_argument, 0, O_STATE},       {"gpu-layers", required_argument, 0, O_GPU_LAYERS},
     {0, 0, 0, 0},
 };
 
@@ -194,6 +205,10 @@ static int parse_one(mt_train_opts *o, int c, const char *arg) {
     case O_KEEP: return mt_arg_int("--keep", arg, 0, 1 << 20, &o->keep);
     case O_RESUME: o->resume = 1; return MT_OK;
     case O_RESUME_CHANGED: o->resume_changed = 1; return MT_OK;
+    case O_STATE: return mt_arg_choice("--state", arg, "full|compact|tight", &o->state);
+    case O_GPU_LAYERS:
+        if (strcmp(arg, "auto") == 0) return o->gpu_layers = -1, MT_OK;
+        return mt_arg_int("--gpu-layers", arg, 0, 1 << 20, &o->gpu_layers);
     case O_OVERWRITE: o->overwrite = 1; return MT_OK;
     case O_ON_NONFINITE: return mt_arg_choice("--on-nonfinite", arg, "skip|stop", &o->nonfinite_stop);
     case O_MAX_NONFINITE: return mt_arg_int("--max-nonfinite", arg, 1, 1 << 30, &o->max_nonfinite);
@@ -218,7 +233,7 @@ static int parse_one(mt_train_opts *o, int c, const char *arg) {
 int mt_train_opts_parse(mt_train_opts *o, int argc, char **argv, int *exit_now) {
     *o = (mt_train_opts){.steps = 1000, .batch = 8, .lr = 3e-4, .schedule = 0, .beta1 = 0.9,
                          .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .clip = 1.0,
-                         .seed = 1337, .keep = 3, .eval_batches = 8, .saved_layers = -1,
+                         .seed = 1337, .keep = 3, .eval_batches = 8, .saved_layers = -1, .gpu_layers = -1,
                          .max_nonfinite = 3};
     *exit_now = 0;
     optind = 1;
@@ -274,6 +289,7 @@ char *mt_train_opts_json(const mt_train_opts *o) {
     json_object_set_new(j, "seed", json_integer(o->seed));
     json_object_set_new(j, "shuffle", json_boolean(!o->no_shuffle));
     json_object_set_new(j, "device", json_string(devices[o->device]));
+    json_object_set_new(j, "state", json_string(mt_state_format_name((mt_state_format)o->state)));
     json_object_set_new(j, "doc_sep", o->doc_sep ? json_string(o->doc_sep) : json_null());
     /* written also when not given (defaults), so that a resume can tell a change from an omission */
     json_object_set_new(j, "loss_on", json_string(o->loss_on == MT_CHAT_LOSS_ALL ? "all" : "assistant"));

@@ -9,6 +9,7 @@
 #include "../model/layer.h"
 #include "../model/docs.h"
 #include "../optim/adamw.h"
+#include "train_state.h"
 #include "dev_trace.h"
 
 struct mt_engine {
@@ -22,8 +23,10 @@ struct mt_engine {
     float *inv_freq;
 
     /* host */
-    float *master, *m1, *m2;
-    void *upload;                    /* compute dtype, table layout; read by H2D, written by D2H */
+    mt_train_state *ts;              /* weights, optimizer state, where gradients wait */
+    size_t up_elem;                  /* bytes of one element of the host weights loaded */
+    int k;                           /* layers 0..k-1 are in the GPU tier (not streamed) */
+    int n_streamed;                  /* L - k */
     int32_t *host_ids, *host_targets;
 
     /* compute side */
@@ -35,6 +38,8 @@ struct mt_engine {
     void *staging[2];
     mt_event *staging_ready[2], *staging_free[2];
     int next_stage;
+    void *widen;                     /* cpu, 8-bit formats: a bf16 group on its way to fp32 */
+    mt_event *widened, *compute_done;
     float *norms;                    /* (L + 2) squared norms, group order */
     void *acts;                      /* (L + 1, B*T, C) layer inputs, then the last output;
                                         offload: two such sets, layer l in set l % 2 */
@@ -65,12 +70,9 @@ struct mt_engine {
 
 /* ---- sizes and places ---- */
 
+/* A group on the compute side (compute dtype). */
 static size_t group_bytes(const mt_engine *e, int layer) {
     return (size_t)mt_group_size(e->t, layer) * e->elem;
-}
-
-static void *upload_at(const mt_engine *e, int layer) {
-    return (char *)e->upload + (size_t)mt_group_offset(e->t, layer) * e->elem;
 }
 
 static size_t set_bytes(const mt_engine *e) {
@@ -138,18 +140,34 @@ static mt_model_view ends_view(const mt_param_table *t, void *embed, void *head,
     return v;
 }
 
+static mt_train_state_opts state_opts(const mt_engine_opts *o) {
+    mt_train_state_opts so = {.format = o->state, .gpu_layers = o->gpu_layers,
+                              .grads_on_device = o->grads_on_device, .seed = o->seed,
+                              .n_threads = o->opt_threads};
+    return so;
+}
+
 void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_opts *o,
                        mt_engine_plan *p) {
     double n = (double)t->total, el = (double)mt_dtype_size(dtype);
     double N = (double)o->batch * o->T, bN = (double)o->micro_batch * o->T;
     memset(p, 0, sizeof *p);
-    p->host_master = 4 * n;
-    p->host_moments = 8 * n;
-    p->host_upload = el * n;
-    p->host_total = p->host_master + p->host_moments + p->host_upload + 8 * N;
-    p->dev_slots = (double)(o->resident ? t->cfg.L : o->n_slots) * t->layer_size * el;
+    (void)n;
+    mt_train_state_opts so = state_opts(o);
+    mt_train_state_bytes sb;
+    mt_train_state_bytes_of(t, dtype, &so, &sb);
+    int streamed = t->cfg.L - o->gpu_layers;
+    p->host_master = sb.host_weights;
+    p->host_moments = sb.host_moments;
+    p->host_upload = sb.host_upload;
+    p->host_grads = sb.host_grads;
+    p->host_total = sb.host_total + 8 * N;
+    p->dev_tier = sb.dev_tier;
+    p->dev_slots = (double)(o->resident ? (streamed > 2 ? streamed : 2) : o->n_slots) * t->layer_size * el;
     p->dev_embed_head = (double)(t->embed_size + t->head_size) * el;
-    p->dev_grads = 4.0 * (t->layer_size + t->embed_size + t->head_size) + 2.0 * max_group(t) * el;
+    p->dev_grads = 4.0 * (t->layer_size + t->embed_size + t->head_size) + 2.0 * max_group(t) * el +
+                   sb.dev_grads;
+    if (dtype != MT_BF16 && o->state != MT_STATE_FULL) p->dev_grads += 2.0 * max_group(t); /* widen */
     /* the layer inputs (L + 1 sets, or 2 when offloaded) and the gradient dx */
     p->dev_checkpoints = ((o->offload ? 2 : t->cfg.L + 1) + 1) * N * t->cfg.C * el;
     if (o->offload) p->host_total += t->cfg.L * N * t->cfg.C * el;
@@ -159,7 +177,7 @@ void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_
     p->dev_work = (double)mt_layer_ws_bytes(&t->cfg, dtype, (int)bN) + 2 * bN * t->cfg.C * el +
                   N * 4 * 5; /* ids, targets, losses, positions, document starts */
     p->dev_total = p->dev_slots + p->dev_embed_head + p->dev_grads + p->dev_checkpoints + p->dev_saved +
-                   p->dev_work;
+                   p->dev_work + p->dev_tier;
 }
 
 /* ---- weight loads ---- */
@@ -175,23 +193,39 @@ static void load_group(mt_engine *e, int layer, void *dst, mt_event *free_ev, mt
         mt_trace_add(e->trace, MT_SPAN_WAIT_OPT, MT_LANE_MAIN, e->step, layer, t0, mt_trace_now(e->trace));
     }
     double t0 = mt_trace_now(e->trace);
+    size_t n = (size_t)mt_group_size(e->t, layer), bytes = n * e->up_elem;
+    const void *src = mt_train_state_upload(e->ts, layer);
     be->stream_wait(be, MT_STREAM_H2D, free_ev);
     int h = mt_dev_trace_begin(e->dtrace, MT_STREAM_H2D);
-    be->copy_async(be, MT_STREAM_H2D, dst, upload_at(e, layer), group_bytes(e, layer));
+    be->copy_async(be, MT_STREAM_H2D, e->widen ? e->widen : dst, src, bytes);
     mt_dev_trace_end(e->dtrace, h, MT_STREAM_H2D, MT_SPAN_LOAD, e->step, layer);
-    be->event_record(be, loaded, MT_STREAM_H2D);
+    if (e->widen) {
+        /* only the cpu backend loads bf16 into fp32: its compute stream is the caller, so the
+         * widening is done before the next load reuses the buffer */
+        be->event_record(be, e->widened, MT_STREAM_H2D);
+        be->stream_wait(be, MT_STREAM_COMPUTE, e->widened);
+        be->from_bf16(be, dst, e->widen, n);
+        be->event_record(be, loaded, MT_STREAM_COMPUTE);
+    } else {
+        be->event_record(be, loaded, MT_STREAM_H2D);
+    }
     e->loads[layer + 1]++;
-    e->h2d_bytes += (double)group_bytes(e, layer);
+    e->h2d_bytes += (double)bytes;
     mt_trace_add(e->trace, MT_SPAN_LOAD, MT_LANE_H2D, e->step, layer, t0, mt_trace_now(e->trace));
 }
 
-/* The slot of the layer at position pos of a pass (forward: 0..L-1, backward: layers L-1..0):
- * load number q of the step (forward pos, backward L + pos) uses slot q % n_slots; with resident
- * weights layer l has slot l. */
+/* The streamed layers (k..L-1; the GPU tier's 0..k-1 are never loaded) in pass order: forward
+ * position pos is layer k + pos, backward position pos is layer L-1-pos. Load number q of the step
+ * (forward pos, backward S + pos, S streamed layers) uses slot q % n_slots; with resident weights
+ * layer k + j has slot j. */
+static int streamed_layer(const mt_engine *e, int pos, int backward) {
+    return backward ? e->t->cfg.L - 1 - pos : e->k + pos;
+}
+
 static int slot_of(const mt_engine *e, int pos, int backward) {
-    int L = e->t->cfg.L;
-    if (e->o.resident) return backward ? L - 1 - pos : pos;
-    return (pos + (backward ? L : 0)) % e->o.n_slots;
+    int S = e->n_streamed;
+    if (e->o.resident) return streamed_layer(e, pos, backward) - e->k;
+    return (pos + (backward ? S : 0)) % e->o.n_slots;
 }
 
 /* How many layers ahead of the one computing the loads run: as many as the free slots allow
@@ -201,16 +235,17 @@ static int ahead(const mt_engine *e) { return e->o.resident ? 1 : e->o.n_slots -
 /* Layer loads of one pass in order (forward: 0..L-1, backward: L-1..0; none in the backward with
  * resident weights). Issues every load up to `upto` (a position in the pass). */
 static void prefetch_layers(mt_engine *e, int upto, int backward, int wait_optimizer) {
-    int L = e->t->cfg.L;
     if (backward && e->o.resident) return;
-    for (; e->issued <= upto && e->issued < L; e->issued++) {
+    for (; e->issued <= upto && e->issued < e->n_streamed; e->issued++) {
         int s = slot_of(e, e->issued, backward);
-        int layer = backward ? L - 1 - e->issued : e->issued;
+        int layer = streamed_layer(e, e->issued, backward);
         load_group(e, layer, e->slots[s], e->slot_free[s], e->slot_loaded[s], wait_optimizer);
     }
 }
 
-static mt_layer_weights layer_weights(const mt_engine *e, int s) {
+/* Layer l's weights on the compute side: its slot s, or its own place in the GPU tier. */
+static mt_layer_weights layer_weights(const mt_engine *e, int l, int s) {
+    if (l < e->k) return mt_layer_view_of(e->t, mt_train_state_tier_weights(e->ts, l), e->elem);
     return mt_layer_view_of(e->t, e->slots[s], e->elem);
 }
 
@@ -224,13 +259,18 @@ static void grads_out(mt_engine *e, int layer, float *g) {
     size_t n = (size_t)mt_group_size(e->t, layer);
     double t0 = mt_trace_now(e->trace);
     be->sumsq(be, e->norms + layer + 1, g, n);
+    void *dev = mt_train_state_grad_dev(e->ts, layer);
+    if (dev) { /* it waits on the compute side */
+        be->from_f32(be, dev, g, n);
+        return;
+    }
     int st = e->next_stage++ & 1;
     be->stream_wait(be, MT_STREAM_COMPUTE, e->staging_free[st]);
     be->from_f32(be, e->staging[st], g, n);
     be->event_record(be, e->staging_ready[st], MT_STREAM_COMPUTE);
     be->stream_wait(be, MT_STREAM_D2H, e->staging_ready[st]);
     int h = mt_dev_trace_begin(e->dtrace, MT_STREAM_D2H);
-    be->copy_async(be, MT_STREAM_D2H, upload_at(e, layer), e->staging[st], n * e->elem);
+    be->copy_async(be, MT_STREAM_D2H, mt_train_state_grad_host(e->ts, layer), e->staging[st], n * e->elem);
     mt_dev_trace_end(e->dtrace, h, MT_STREAM_D2H, MT_SPAN_GRAD_OUT, e->step, layer);
     e->d2h_bytes += (double)(n * e->elem);
     be->event_record(be, e->staging_free[st], MT_STREAM_D2H);
@@ -315,14 +355,15 @@ static void forward(mt_engine *e, const mt_model_view *w, int save) {
         mt_embed_forward(&e->lc, w, e->ids + (size_t)m * e->bN, e->bN, act_at(e, 0, m));
 
     for (int l = 0; l < L; l++) {
-        int s = slot_of(e, l, 0);
+        int tier = l < e->k, pos = l - e->k;
+        int s = tier ? -1 : slot_of(e, pos, 0);
         if (e->o.offload) {
             if (save) save_checkpoint(e, l);
             /* the output set held layer l - 1's input: its copy to the host must be done */
             be->stream_wait(be, MT_STREAM_COMPUTE, e->ckpt_saved[(l + 1) % 2]);
         }
-        be->stream_wait(be, MT_STREAM_COMPUTE, e->slot_loaded[s]);
-        mt_layer_weights lw = layer_weights(e, s);
+        if (!tier) be->stream_wait(be, MT_STREAM_COMPUTE, e->slot_loaded[s]);
+        mt_layer_weights lw = layer_weights(e, l, s);
         double t0 = mt_trace_now(e->trace);
         int h = busy_begin(e);
         for (int m = 0; m < e->M; m++) {
@@ -331,9 +372,9 @@ static void forward(mt_engine *e, const mt_model_view *w, int save) {
             mt_layer_forward(&e->lc, &tok, &lw, act_at(e, l, m), act_at(e, l + 1, m), &ws);
         }
         busy_end(e, h, MT_SPAN_FORWARD, l);
-        be->event_record(be, e->slot_free[s], MT_STREAM_COMPUTE);
+        if (!tier) be->event_record(be, e->slot_free[s], MT_STREAM_COMPUTE);
         mt_trace_add(e->trace, MT_SPAN_FORWARD, MT_LANE_MAIN, e->step, l, t0, mt_trace_now(e->trace));
-        prefetch_layers(e, l + ahead(e), 0, 1);
+        if (!tier) prefetch_layers(e, pos + ahead(e), 0, 1);
     }
     load_group(e, L, e->head_w, e->head_free, e->head_loaded, 1);
     be->stream_wait(be, MT_STREAM_COMPUTE, e->head_loaded);
@@ -354,11 +395,12 @@ static void backward(mt_engine *e, const mt_model_view *g) {
     int L = e->t->cfg.L;
     for (int i = 0; i < L; i++) {
         int l = L - 1 - i;
-        int s = slot_of(e, i, 1);
+        int tier = l < e->k; /* the streamed layers come first: position i */
+        int s = tier ? -1 : slot_of(e, i, 1);
         /* offload: layer L - 1's input is still on the compute side; the others were reloaded */
         if (e->o.offload && l < L - 1) be->stream_wait(be, MT_STREAM_COMPUTE, e->ckpt_loaded[l % 2]);
-        be->stream_wait(be, MT_STREAM_COMPUTE, e->slot_loaded[s]);
-        mt_layer_weights lw = layer_weights(e, s);
+        if (!tier) be->stream_wait(be, MT_STREAM_COMPUTE, e->slot_loaded[s]);
+        mt_layer_weights lw = layer_weights(e, l, s);
         mt_layer_weights lg = mt_layer_view_of(e->t, e->g_layer, sizeof(float));
         double t0 = mt_trace_now(e->trace);
         int h = busy_begin(e);
@@ -370,13 +412,13 @@ static void backward(mt_engine *e, const mt_model_view *g) {
                               &ws, recompute_of(e, l));
         }
         busy_end(e, h, MT_SPAN_BACKWARD, l);
-        be->event_record(be, e->slot_free[s], MT_STREAM_COMPUTE);
+        if (!tier) be->event_record(be, e->slot_free[s], MT_STREAM_COMPUTE);
         mt_trace_add(e->trace, MT_SPAN_BACKWARD, MT_LANE_MAIN, e->step, l, t0, mt_trace_now(e->trace));
         if (e->o.offload) {
             be->event_record(be, e->set_free[l % 2], MT_STREAM_COMPUTE);
             if (l >= 1) load_checkpoint(e, l - 1);
         }
-        prefetch_layers(e, i + ahead(e), 1, 0);
+        if (!tier) prefetch_layers(e, i + ahead(e), 1, 0);
         grads_out(e, l, e->g_layer);
     }
     for (int m = 0; m < e->M; m++)
@@ -431,6 +473,9 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
     grads_out(e, L, e->g_head);
 
     backward(e, &g);
+    /* every gradient is out: copied to the host (D2H) or written on the compute side */
+    be->event_record(be, e->compute_done, MT_STREAM_COMPUTE);
+    be->stream_wait(be, MT_STREAM_D2H, e->compute_done);
     be->event_record(be, e->grads_out, MT_STREAM_D2H);
 
     /* the global norm is exact now: every group's squared norm is in */
@@ -451,8 +496,12 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
     /* a NaN or inf anywhere in the loss or the gradient shows in one of the two numbers; such an
      * update would make master and the moments NaN for good, so it is never applied */
     res->skipped = !isfinite(res->loss) || !isfinite(res->grad_norm);
-    if (res->skipped) mt_optimizer_skip(e->opt, adam_step, e->grads_out);
-    else mt_optimizer_start(e->opt, hp, adam_step, res->clip_coef, e->grads_out);
+    if (res->skipped) {
+        mt_optimizer_skip(e->opt, adam_step, e->grads_out);
+    } else {
+        mt_train_state_update_tier(e->ts, hp, adam_step, res->clip_coef); /* compute stream */
+        mt_optimizer_start(e->opt, hp, adam_step, res->clip_coef, e->grads_out);
+    }
 }
 
 double mt_engine_eval(mt_engine *e, const int32_t *inputs, const int32_t *targets, int B,
@@ -485,27 +534,26 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
     MT_CHECK(o->saved_layers >= 0 && o->saved_layers <= t->cfg.L && !(o->offload && o->saved_layers),
              "saved layers %d: must be in [0, %d] and 0 with offloaded checkpoints", o->saved_layers,
              t->cfg.L);
+    MT_CHECK(o->gpu_layers >= 0 && o->gpu_layers <= t->cfg.L, "GPU tier of %d layers: the model has %d",
+             o->gpu_layers, t->cfg.L);
     mt_engine *e = mt_calloc(1, sizeof *e);
     const mt_config *cfg = &t->cfg;
     e->t = t;
     e->be = be;
     e->o = *o;
-    if (o->resident) e->o.n_slots = t->cfg.L > 2 ? t->cfg.L : 2;
+    e->k = o->gpu_layers;
+    e->n_streamed = t->cfg.L - e->k;
+    if (o->resident) e->o.n_slots = e->n_streamed > 2 ? e->n_streamed : 2;
     e->M = o->batch / o->micro_batch;
     e->bN = o->micro_batch * o->T;
     e->elem = mt_dtype_size(be->dtype);
     int N = o->batch * o->T, L = cfg->L;
     size_t n = (size_t)t->total;
 
-    e->master = mt_aligned_alloc(n * sizeof(float));
-    if (weights) memcpy(e->master, weights, n * sizeof(float));
-    else memset(e->master, 0, n * sizeof(float));
-    e->m1 = mt_aligned_alloc(n * sizeof(float));
-    e->m2 = mt_aligned_alloc(n * sizeof(float));
-    memset(e->m1, 0, n * sizeof(float));
-    memset(e->m2, 0, n * sizeof(float));
-    e->upload = be->host_alloc(be, n * e->elem);
-    mt_engine_refresh_upload(e);
+    (void)n;
+    mt_train_state_opts so = state_opts(o);
+    e->ts = mt_train_state_create(t, be, &so);
+    e->up_elem = mt_dtype_size(mt_train_state_upload_dtype(e->ts));
     e->host_ids = be->host_alloc(be, (size_t)N * sizeof(int32_t));
     e->host_targets = be->host_alloc(be, (size_t)N * sizeof(int32_t));
 
@@ -531,6 +579,11 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
         e->staging_ready[i] = new_event(e);
         e->staging_free[i] = new_event(e);
     }
+    if (mt_train_state_upload_dtype(e->ts) != be->dtype) {
+        e->widen = be->alloc(be, (size_t)max_group(t) * e->up_elem);
+        e->widened = new_event(e);
+    }
+    e->compute_done = new_event(e);
     e->norms = be->alloc(be, (size_t)(L + 2) * sizeof(float));
     e->acts = be->alloc(be, (size_t)(o->offload ? 2 : L + 1) * N * cfg->C * e->elem);
     if (o->offload) {
@@ -570,8 +623,8 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
     for (int i = 0; i < e->max_busy; i++) e->busy[i] = new_event(e);
     if (o->trace) e->trace = mt_trace_create();
     e->dtrace = mt_dev_trace_create(be, e->trace);
-    e->opt = mt_optimizer_create(t, e->master, e->m1, e->m2, e->upload, be->dtype, o->opt_threads,
-                                 be, e->trace);
+    e->opt = mt_optimizer_create(t, e->ts, be, e->trace);
+    if (weights) mt_engine_set_weights(e, weights);
     return e;
 }
 
@@ -598,9 +651,11 @@ void mt_engine_destroy(mt_engine *e) {
     void *dev[] = {e->embed_w, e->head_w, e->g_layer, e->g_embed, e->g_head, e->norms, e->acts,
                    e->dx, e->ids, e->targets, e->losses, e->pos, e->doc_start, e->inv_freq};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) be->free(be, dev[i]);
+    if (e->widen) be->free(be, e->widen);
     mt_event *evs[] = {e->embed_loaded, e->embed_free, e->head_loaded, e->head_free, e->ids_ready,
-                       e->grads_out};
-    for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++) be->event_destroy(be, evs[i]);
+                       e->grads_out, e->widened, e->compute_done};
+    for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
+        if (evs[i]) be->event_destroy(be, evs[i]);
     for (int i = 0; i < e->max_busy; i++) be->event_destroy(be, e->busy[i]);
     if (e->o.offload) {
         be->host_free(be, e->host_ckpt);
@@ -609,10 +664,10 @@ void mt_engine_destroy(mt_engine *e) {
         for (size_t i = 0; i < sizeof off / sizeof off[0]; i++) be->event_destroy(be, off[i]);
     }
     free(e->busy);
-    be->host_free(be, e->upload);
+    mt_train_state_free(e->ts);
     be->host_free(be, e->host_ids);
     be->host_free(be, e->host_targets);
-    free(e->master), free(e->m1), free(e->m2), free(e->loads);
+    free(e->loads);
     mt_trace_free(e->trace);
     free(e);
 }
@@ -633,16 +688,29 @@ int mt_engine_set_documents(mt_engine *e, const int32_t *doc_start) {
     return MT_OK;
 }
 
-float *mt_engine_master(mt_engine *e) { return e->master; }
-float *mt_engine_moment1(mt_engine *e) { return e->m1; }
-float *mt_engine_moment2(mt_engine *e) { return e->m2; }
-const void *mt_engine_upload(const mt_engine *e) { return e->upload; }
+mt_train_state *mt_engine_state(mt_engine *e) { return e->ts; }
 
-void mt_engine_refresh_upload(mt_engine *e) {
-    if (e->opt) mt_optimizer_wait_all(e->opt);
-    size_t n = (size_t)e->t->total;
-    if (e->be->dtype == MT_BF16) mt_convert_f32_to_bf16(e->upload, e->master, n);
-    else memcpy(e->upload, e->master, n * sizeof(float));
+const mt_state_io *mt_engine_state_io(mt_engine *e) {
+    mt_optimizer_wait_all(e->opt);
+    e->be->sync(e->be); /* the GPU tier's update runs on the compute stream */
+    return mt_train_state_io(e->ts);
+}
+
+void mt_engine_set_weights(mt_engine *e, const float *arena) {
+    const mt_state_io *io = mt_engine_state_io(e);
+    for (int i = 0; i < e->t->n_params; i++) {
+        const mt_param *p = &e->t->params[i];
+        MT_CHECK(io->set_weights(io->ctx, p, arena + p->offset) == MT_OK, "%s", mt_error_message());
+    }
+}
+
+void mt_engine_get_weights(mt_engine *e, float *arena) {
+    const mt_state_io *io = mt_engine_state_io(e);
+    memset(arena, 0, (size_t)e->t->total * sizeof(float));
+    for (int i = 0; i < e->t->n_params; i++) {
+        const mt_param *p = &e->t->params[i];
+        MT_CHECK(io->get_weights(io->ctx, p, arena + p->offset) == MT_OK, "%s", mt_error_message());
+    }
 }
 
 const int *mt_engine_loads(const mt_engine *e) { return e->loads; }

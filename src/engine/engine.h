@@ -1,8 +1,10 @@
 /* The training engine: host-resident state and the layer-streaming step (docs/DESIGN.md, "One
  * training step"), written once against the backend interface.
  *
- * Host: fp32 master weights, fp32 Adam moments, and the upload copy in the compute dtype (bf16 on
- * cuda, fp32 on cpu) that the copy stream reads. Compute side: weight slots for the layers in
+ * Host: the training state (train_state.h): weights and Adam moments in one optimizer format
+ * (full: fp32 master and moments and an upload copy in the compute dtype; compact, tight: a bf16
+ * master, which is itself uploaded, and 8-bit moments), the first gpu_layers layers' whole state
+ * on the compute side instead. Compute side: weight slots for the layers in
  * flight, dedicated buffers for the embed and head groups, the saved input of every layer for
  * every micro-batch (the checkpoints), one layer's working activations, one layer's fp32
  * gradient. Per step each layer's weights cross to the compute side exactly twice (forward,
@@ -26,7 +28,9 @@
 
 #include "../backend/backend.h"
 #include "../model/params.h"
+#include "../optim/state_io.h"
 #include "optimizer.h"
+#include "train_state.h"
 #include "trace.h"
 
 typedef struct {
@@ -42,6 +46,12 @@ typedef struct {
                          recompute; 0 with offload */
     int resident;     /* every layer's weights keep a slot of their own through the step (n_slots
                          is then L): loaded once per step, for the forward; the backward reuses them */
+    mt_state_format state; /* optimizer state format (optim/state.h) */
+    int gpu_layers;   /* the GPU tier: layers 0..gpu_layers-1 keep weights, moments and gradient
+                         on the compute side and are updated there; never loaded */
+    int grads_on_device; /* compact/tight: gradients wait for the update on the compute side
+                            (else in a pinned host buffer); full keeps them in the upload copy */
+    uint64_t seed;    /* tight's rounding seed */
 } mt_engine_opts;
 
 typedef struct {
@@ -58,8 +68,9 @@ typedef struct {
 
 /* Compute-side and host bytes the engine will allocate (for the plan printed before training). */
 typedef struct {
-    double host_master, host_moments, host_upload, host_total;
-    double dev_slots, dev_embed_head, dev_grads, dev_checkpoints, dev_saved, dev_work, dev_total;
+    double host_master, host_moments, host_upload, host_grads, host_total; /* master: the weights */
+    double dev_slots, dev_embed_head, dev_grads, dev_checkpoints, dev_saved, dev_work, dev_tier,
+        dev_total; /* dev_tier: the GPU tier's weights and moments (its gradients in dev_grads) */
     double dev_saved_per_layer; /* what one more saved layer would cost */
 } mt_engine_plan;
 
@@ -68,8 +79,8 @@ void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_
 
 typedef struct mt_engine mt_engine;
 
-/* Allocates the state; master = the given fp32 weights (NULL: zeros, for a caller that fills
- * mt_engine_master and then calls mt_engine_refresh_upload), moments zero. */
+/* Allocates the state; weights = the given fp32 arena (table layout; NULL: zeros, for a caller
+ * that sets them tensor by tensor through mt_engine_state_io), moments zero. */
 mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_engine_opts *o,
                             const float *weights);
 void mt_engine_destroy(mt_engine *e);
@@ -101,14 +112,15 @@ int mt_engine_set_documents(mt_engine *e, const int32_t *doc_start);
 /* Waits for the optimizer; after it, master/moments are the state after the last step. */
 void mt_engine_finish(mt_engine *e);
 
-/* The host state (fp32, table layout). After changing master (a checkpoint load), call
- * mt_engine_refresh_upload. */
-float *mt_engine_master(mt_engine *e);
-float *mt_engine_moment1(mt_engine *e);
-float *mt_engine_moment2(mt_engine *e);
-void mt_engine_refresh_upload(mt_engine *e);
-/* The upload copy (compute dtype, table layout; tests compare it around a skipped step). */
-const void *mt_engine_upload(const mt_engine *e);
+/* The training state, tensor by tensor (checkpoints, initial weights); waits for the running
+ * update first. */
+const mt_state_io *mt_engine_state_io(mt_engine *e);
+/* The whole weights as an fp32 arena of t->total floats (padding zero) / from one: for tests and
+ * small models (a big model's arena would not fit; use mt_engine_state_io). */
+void mt_engine_get_weights(mt_engine *e, float *arena);
+void mt_engine_set_weights(mt_engine *e, const float *arena);
+/* The state itself (tests look at the upload copy around a skipped step). */
+mt_train_state *mt_engine_state(mt_engine *e);
 
 /* Weight loads issued per group in the last step (index layer + 1: 0 embed, L+1 head). */
 const int *mt_engine_loads(const mt_engine *e);

@@ -6,14 +6,11 @@
 #include <unistd.h>
 
 #include "../core/error.h"
-#include "../optim/adamw.h"
+#include "train_state.h"
 
 struct mt_optimizer {
     const mt_param_table *t;
-    float *master, *m, *v;
-    void *upload;
-    mt_dtype upload_dtype;
-    int n_threads;
+    mt_train_state *st;
     mt_backend *be;
     mt_trace *trace;
     int delay_us;
@@ -27,52 +24,13 @@ struct mt_optimizer {
     int groups_done;          /* of the running step, in order embed, layers, head */
     mt_adamw_hparams hp;
     int64_t step;
-    int restore;              /* the job rewrites the upload copy from master instead (a skip) */
+    int restore;              /* the job restores the groups instead (a skip) */
     float grad_scale;
     mt_event *grads_ready;
 };
 
 /* Group order index: 0 embed, 1..L layers, L+1 head. */
 static int group_index(const mt_param_table *t, int layer) { return layer + 1; }
-
-static void update_group(mt_optimizer *o, int layer) {
-    const mt_param_table *t = o->t;
-    size_t elem = mt_dtype_size(o->upload_dtype);
-    for (int i = 0; i < t->n_params; i++) {
-        const mt_param *p = &t->params[i];
-        if (p->layer != layer) continue;
-        mt_adamw_step_args a = {.lr = o->hp.lr,
-                                .beta1 = o->hp.beta1,
-                                .beta2 = o->hp.beta2,
-                                .eps = o->hp.eps,
-                                .weight_decay = p->ndim >= 2 ? o->hp.weight_decay : 0.0,
-                                .step = o->step,
-                                .grad_scale = o->grad_scale};
-        void *up = (char *)o->upload + (size_t)p->offset * elem;
-        size_t off = (size_t)p->offset, n = (size_t)p->numel;
-        if (o->upload_dtype == MT_BF16)
-            mt_adamw_update_bf16(&a, o->master + off, o->m + off, o->v + off, up, n, up, MT_BF16,
-                                 o->n_threads);
-        else
-            mt_adamw_update(&a, o->master + off, o->m + off, o->v + off, up, n, up, MT_F32,
-                            o->n_threads);
-    }
-}
-
-/* A skipped update: the group's upload buffer holds the dropped gradient; the weights the next
- * forward reads come back from master, with the rounding the update itself uses. */
-static void restore_group(mt_optimizer *o, int layer) {
-    const mt_param_table *t = o->t;
-    size_t elem = mt_dtype_size(o->upload_dtype);
-    for (int i = 0; i < t->n_params; i++) {
-        const mt_param *p = &t->params[i];
-        if (p->layer != layer) continue;
-        void *up = (char *)o->upload + (size_t)p->offset * elem;
-        const float *w = o->master + p->offset;
-        if (o->upload_dtype == MT_BF16) mt_convert_f32_to_bf16(up, w, (size_t)p->numel);
-        else memcpy(up, w, (size_t)p->numel * sizeof(float));
-    }
-}
 
 static void *optimizer_main(void *arg) {
     mt_optimizer *o = arg;
@@ -86,10 +44,11 @@ static void *optimizer_main(void *arg) {
         o->be->event_sync(o->be, o->grads_ready);
         double start = mt_trace_wall_ms();
         int L = o->t->cfg.L;
+        mt_train_state_begin_update(o->st);
         for (int layer = -1; layer <= L; layer++) {
             double t0 = mt_trace_now(o->trace);
-            if (o->restore) restore_group(o, layer);
-            else update_group(o, layer);
+            if (o->restore) mt_train_state_restore_group(o->st, layer);
+            else mt_train_state_update_group(o->st, layer, &o->hp, o->step, o->grad_scale);
             if (o->delay_us) usleep((useconds_t)o->delay_us);
             mt_trace_add(o->trace, MT_SPAN_OPTIMIZER, MT_LANE_OPT, (int)o->step - 1, layer, t0,
                          mt_trace_now(o->trace));
@@ -107,15 +66,10 @@ static void *optimizer_main(void *arg) {
     return NULL;
 }
 
-mt_optimizer *mt_optimizer_create(const mt_param_table *t, float *master, float *m, float *v,
-                                  void *upload, mt_dtype upload_dtype, int n_threads,
-                                  mt_backend *be, mt_trace *trace) {
-    MT_CHECK(upload_dtype == MT_F32 || upload_dtype == MT_BF16, "upload dtype %s",
-             mt_dtype_name(upload_dtype));
+mt_optimizer *mt_optimizer_create(const mt_param_table *t, mt_train_state *st, mt_backend *be,
+                                  mt_trace *trace) {
     mt_optimizer *o = mt_calloc(1, sizeof *o);
-    *o = (mt_optimizer){.t = t, .master = master, .m = m, .v = v, .upload = upload,
-                        .upload_dtype = upload_dtype, .n_threads = n_threads, .be = be,
-                        .trace = trace};
+    *o = (mt_optimizer){.t = t, .st = st, .be = be, .trace = trace};
     pthread_mutex_init(&o->mu, NULL);
     pthread_cond_init(&o->cv, NULL);
     MT_CHECK(pthread_create(&o->thread, NULL, optimizer_main, o) == 0, "cannot start the optimizer thread");

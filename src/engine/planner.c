@@ -38,12 +38,83 @@ static int auto_saved_layers(const mt_plan *p) {
     return k >= p->L ? p->L : (int)k;
 }
 
+static int host_fits(const mt_plan *p) {
+    return p->host_available <= 0 || p->host_bytes <= p->host_available;
+}
+
+/* 0. --gpu-layers auto: the fewest tier layers with which the host holds the state (the current
+ * grads_on_device); none when no number does (p->host_short: the host is what to fix). */
+static void choose_tier(const mt_param_table *t, mt_dtype dtype, mt_plan *p) {
+    p->host_short = 0;
+    for (int k = 0; k <= p->L; k++) {
+        p->eo.gpu_layers = k;
+        measure(t, dtype, p);
+        if (host_fits(p)) return;
+    }
+    p->eo.gpu_layers = 0;
+    p->host_short = 1;
+}
+
+/* 1. the largest micro-batch that fits with the checkpoints on the compute side, else with them
+ * offloaded (the tier chosen for each: offloaded checkpoints take host RAM); when nothing fits,
+ * the smallest plan tried (mt_plan_check refuses it unless it fits without the headroom).
+ * Returns 1 when one fits. */
+static int choose_places(const mt_param_table *t, mt_dtype dtype, const mt_plan_request *rq,
+                         mt_plan *p) {
+    int B = rq->batch;
+    int found = 0, off_first = rq->offload == 1, off_last = rq->offload == 1 || p->offload_auto;
+    for (int off = off_first; off <= off_last && !found; off++) {
+        p->eo.offload = off;
+        p->eo.micro_batch = p->micro_auto ? B : rq->micro_batch; /* the host side does not depend on it */
+        if (p->tier_auto && !p->host_short) choose_tier(t, dtype, p);
+        else p->eo.gpu_layers = p->tier_auto ? 0 : rq->gpu_layers;
+        for (int b = p->micro_auto ? B : rq->micro_batch; b >= 1; b--) {
+            if (B % b) continue;
+            p->eo.micro_batch = b;
+            measure(t, dtype, p);
+            if (fits_roomy(p)) {
+                found = 1;
+                break;
+            }
+            if (!p->micro_auto) break;
+        }
+    }
+    return found;
+}
+
+/* Which of two resolved plans is better: one that fits, then without offloaded checkpoints, then
+ * the larger micro-batch, then the host fitting. */
+static int better(const mt_plan *a, int a_fits, const mt_plan *b, int b_fits) {
+    if (a_fits != b_fits) return a_fits > b_fits;
+    if (a->host_short != b->host_short) return a->host_short < b->host_short;
+    if (a->eo.offload != b->eo.offload) return a->eo.offload < b->eo.offload;
+    return a->eo.micro_batch > b->eo.micro_batch;
+}
+
+/* The first lighter format whose plan fits both sides, for the message. */
+static void suggest_state(const mt_param_table *t, const mt_backend *be, const mt_plan_request *rq,
+                          mt_plan *p) {
+    for (int f = rq->state + 1; f <= MT_STATE_TIGHT; f++) {
+        mt_plan_request r = *rq;
+        r.state = (mt_state_format)f;
+        r.no_suggest = 1;
+        mt_plan q;
+        if (mt_plan_resolve(t, be, &r, &q) != MT_OK || mt_plan_check(&q) != MT_OK) continue;
+        int n = snprintf(p->suggest, sizeof p->suggest, "--state %s", mt_state_format_name(r.state));
+        if (q.eo.gpu_layers)
+            snprintf(p->suggest + n, sizeof p->suggest - (size_t)n, " with %d layers on the GPU",
+                     q.eo.gpu_layers);
+        return;
+    }
+}
+
 int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan_request *rq,
                     mt_plan *p) {
     const int B = rq->batch, L = t->cfg.L;
     memset(p, 0, sizeof *p);
     p->backend = be->memory;
     p->backend_name = be->name;
+    p->dtype = be->dtype;
     p->budget = be->mem_budget;
     p->gpu_mem = rq->gpu_mem;
     p->host_available = rq->host_available;
@@ -55,32 +126,41 @@ int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan
         return mt_error_set("--micro-batch: %d does not divide --batch %d", rq->micro_batch, B);
     if (rq->saved_layers > L)
         return mt_error_set("--saved-layers %d: the model has %d layers", rq->saved_layers, L);
+    if (rq->gpu_layers != MT_AUTO && (rq->gpu_layers < 0 || rq->gpu_layers > L))
+        return mt_error_set("--gpu-layers %d: the model has %d layers", rq->gpu_layers, L);
     if (rq->saved_layers > 0 && rq->offload == 1)
         return mt_error_set("--saved-layers %d: --offload-checkpoints keeps no layer's internals on "
                             "the compute side; use 0 or auto", rq->saved_layers);
     p->micro_auto = rq->micro_batch == MT_AUTO;
     p->offload_auto = rq->offload == MT_AUTO && !p->backend.host_ram;
+    p->tier_auto = rq->gpu_layers == MT_AUTO;
+    p->host_short = 0;
     p->eo = (mt_engine_opts){.batch = B, .T = rq->T, .n_slots = rq->n_slots,
                              .saved_layers = rq->saved_layers > 0 ? rq->saved_layers : 0,
-                             .resident = rq->resident == 1};
+                             .resident = rq->resident == 1, .state = rq->state};
 
-    /* 1. the largest micro-batch that fits with the checkpoints on the compute side, else with
-     * them offloaded; when nothing fits, the smallest plan tried (mt_plan_check refuses it
-     * unless it fits without the headroom) */
-    int found = 0, off_first = rq->offload == 1, off_last = rq->offload == 1 || p->offload_auto;
-    for (int off = off_first; off <= off_last && !found; off++) {
-        p->eo.offload = off;
-        for (int b = p->micro_auto ? B : rq->micro_batch; b >= 1; b--) {
-            if (B % b) continue;
-            p->eo.micro_batch = b;
-            measure(t, be->dtype, p);
-            if (fits_roomy(p)) {
-                found = 1;
-                break;
-            }
-            if (!p->micro_auto) break;
+    /* 0 and 1: the tier, where gradients wait, the micro-batch and the checkpoints' place */
+    int eight_bit = rq->state != MT_STATE_FULL;
+    p->eo.grads_on_device = eight_bit && !p->backend.host_ram;
+    int found = choose_places(t, be->dtype, rq, p);
+    if (p->eo.grads_on_device) {
+        mt_plan q = *p;
+        q.eo.grads_on_device = 0;
+        q.host_short = 0;
+        int q_found = choose_places(t, be->dtype, rq, &q);
+        if (better(&q, q_found, p, found)) {
+            *p = q;
+            found = q_found;
         }
     }
+    if (!found && p->tier_auto && p->eo.gpu_layers > 0) {
+        /* the GPU cannot hold the layers the host cannot: the host is what is short; plan without
+         * a tier so that the message names host RAM (and a --state that would fit) */
+        p->host_short = 1;
+        p->eo.grads_on_device = 0;
+        found = choose_places(t, be->dtype, rq, p);
+    }
+    (void)found;
     if (p->eo.offload && rq->saved_layers > 0)
         return mt_error_set("--saved-layers %d: the budget is short, so the layer checkpoints go to "
                             "host memory and no layer can keep its internals; use 0 or auto, a "
@@ -91,6 +171,7 @@ int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan
         p->eo.saved_layers = auto_saved_layers(p);
         measure(t, be->dtype, p);
     }
+    if (!host_fits(p) && !rq->no_suggest) suggest_state(t, be, rq, p);
     /* 3. resident weights: they only save PCIe traffic, so they come after the saved internals */
     if (rq->resident == MT_AUTO && !p->eo.offload && p->eo.saved_layers == L && p->budget > 0 &&
         !p->backend.host_ram) {
@@ -113,17 +194,23 @@ static const char *more_memory(const mt_plan *p) {
 }
 
 static int check_host(const mt_plan *p) {
-    if (p->host_available <= 0 || p->host_bytes <= p->host_available) return MT_OK;
-    return mt_error_set("host RAM: training needs %.2f GiB, %.2f GiB are available; use a smaller "
-                        "model, --batch or --seq%s, or a machine with more RAM",
+    if (host_fits(p)) return MT_OK;
+    const char *fmt = p->eo.state == MT_STATE_FULL ? "compact" : p->eo.state == MT_STATE_COMPACT ? "tight" : NULL;
+    char hint[160] = "";
+    if (p->suggest[0]) snprintf(hint, sizeof hint, "; %s would fit", p->suggest);
+    else if (fmt) snprintf(hint, sizeof hint, "; --state %s takes fewer bytes per parameter", fmt);
+    return mt_error_set("host RAM: training needs %.2f GiB, %.2f GiB are available (--state %s, %.2f "
+                        "B/param)%s; or use a smaller model, --batch or --seq%s, more GPU layers, or a "
+                        "machine with more RAM",
                         p->host_bytes / MT_GIB, p->host_available / MT_GIB,
+                        mt_state_format_name(p->eo.state), p->mem.host_total / p->n_params, hint,
                         p->backend.host_ram && p->eo.micro_batch > 1 ? ", a smaller --micro-batch" : "");
 }
 
 int mt_plan_check(const mt_plan *p) {
     const double g = MT_GIB;
     const int b = p->eo.micro_batch;
-    if (fits_budget(p)) return check_host(p);
+    if (fits_budget(p) || p->host_short) return check_host(p);
     if (!p->eo.offload)
         return mt_error_set("GPU memory: the plan needs %.2f GiB at --micro-batch %d, the budget is "
                             "%.2f GiB (%s); use a smaller --micro-batch (or auto), "
@@ -147,10 +234,11 @@ void mt_plan_print_host(const mt_plan *p, FILE *out) {
     const double g = MT_GIB;
     const mt_engine_plan *m = &p->mem;
     /* the rest: the host's token arrays, and the layer checkpoints when offloaded */
-    double rest = m->host_total - m->host_master - m->host_moments - m->host_upload;
-    fprintf(out, "host %.2f GiB (%.1f B/param: master %.2f, moments %.2f, upload copy %.2f",
-            p->host_bytes / g, m->host_total / p->n_params, m->host_master / g, m->host_moments / g,
-            m->host_upload / g);
+    double rest = m->host_total - m->host_master - m->host_moments - m->host_upload - m->host_grads;
+    fprintf(out, "host %.2f GiB (%.2f B/param: master %.2f, moments %.2f", p->host_bytes / g,
+            m->host_total / p->n_params, m->host_master / g, m->host_moments / g);
+    if (m->host_upload > 0) fprintf(out, ", upload copy %.2f", m->host_upload / g);
+    if (m->host_grads > 0) fprintf(out, ", gradients %.2f", m->host_grads / g);
     if (p->eo.offload) fprintf(out, ", layer checkpoints %.2f", rest / g);
     else if (rest >= 0.005 * g) fprintf(out, ", tokens %.2f", rest / g);
     fprintf(out, ")%s", p->backend.host_ram ? " + compute" : "");
@@ -168,7 +256,21 @@ void mt_plan_print(const mt_plan *p, FILE *out) {
                 : p->budget <= 0 ? "the whole batch; no GPU budget to fit"
                 : eo->offload ? "no micro-batch fits with the checkpoints on the GPU; the largest "
                                 "that fits with them in host memory"
-                              : "the largest that fits the budget with the checkpoints on the GPU");    fprintf(out, "\nmemory plan: ");
+                              : "the largest that fits the budget with the checkpoints on the GPU");    fprintf(out, "\noptimizer state: %s, %.2f B/param", mt_state_format_name(eo->state),
+            eo->state == MT_STATE_FULL ? 12.0 + (double)mt_dtype_size(p->dtype)
+                                       : mt_optim_bytes_per_param(eo->state));
+    if (eo->state == MT_STATE_COMPACT)
+        fprintf(out, " (bf16 master 2 + compensation 2 + 8-bit moments 2 + block scales 0.03)");
+    else if (eo->state == MT_STATE_TIGHT)
+        fprintf(out, " (bf16 master 2 + 8-bit moments 2 + block scales 0.03)");
+    else
+        fprintf(out, " (fp32 master 4 + fp32 moments 8 + upload copy %d)", (int)mt_dtype_size(p->dtype));
+    if (eo->gpu_layers)
+        fprintf(out, "; GPU tier: layers 0-%d of %d (%.2f GiB on the GPU, updated there%s)",
+                eo->gpu_layers - 1, p->L, m->dev_tier / g, p->tier_auto ? "; auto: the fewest that let the host hold the rest" : "");
+    if (eo->state != MT_STATE_FULL)
+        fprintf(out, "; gradients wait %s", eo->grads_on_device ? "on the GPU" : "in host memory");
+    fprintf(out, "\nmemory plan: ");
     mt_plan_print_host(p, out);
     fprintf(out, "\n             %s %.2f GiB", p->backend.host_ram ? "compute (in host RAM)" : "GPU",
             p->compute_bytes / g);

@@ -3,6 +3,12 @@
  * every value resolved — and the bytes they hold on each side, before anything is allocated.
  *
  * The choices, in this order (each uses what the ones before it left):
+ *  0. the GPU tier and where gradients wait (the optimizer format itself is the user's --state):
+ *     --gpu-layers auto puts the fewest layers on the GPU that make the host state fit host RAM
+ *     (none when it fits: the tier takes GPU memory the steps below would use). compact and tight
+ *     keep their gradients on the GPU (they cannot share the bf16 master the way full's share the
+ *     upload copy) unless the host has room for them and that gives a better plan below (no
+ *     offloaded checkpoints, then a larger micro-batch); on a cpu backend always on the host.
  *  1. micro-batch and checkpoint placement: the largest b dividing B whose plan fits the budget
  *     with the layer checkpoints on the compute side; only when no b does, the checkpoints go to
  *     host memory and it is the largest b that fits then. Offloading comes last because it costs
@@ -45,6 +51,9 @@ typedef struct {
     int n_slots;          /* weight slots (>= 2) when not resident */
     int64_t gpu_mem;      /* --gpu-mem as given (0: not given), for the messages */
     double host_available; /* host RAM free for training in bytes (<= 0: unknown, unchecked) */
+    mt_state_format state; /* --state */
+    int gpu_layers;       /* 0..L, or MT_AUTO */
+    int no_suggest;       /* internal: do not look for a lighter --state that would fit */
 } mt_plan_request;
 
 typedef struct {
@@ -53,12 +62,15 @@ typedef struct {
     mt_engine_plan mem;   /* the engine's bytes for eo */
     mt_backend_memory backend; /* what the backend takes for itself */
     const char *backend_name;
+    mt_dtype dtype;       /* the backend's compute dtype */
     int64_t budget;       /* compute-side budget in bytes (be->mem_budget; 0: none) */
     int64_t gpu_mem;      /* from the request */
     double host_available;
     double host_bytes;    /* host RAM in all (with the compute side when it is host RAM) */
     double compute_bytes; /* compute side in all: the engine's bytes + the backend's scratch */
-    int micro_auto, offload_auto; /* chosen by the planner (for the printout and the messages) */
+    int micro_auto, offload_auto, tier_auto; /* chosen by the planner (printout, messages) */
+    int host_short;       /* the host state does not fit host RAM even with every layer on the GPU */
+    char suggest[96];     /* when the host does not hold the plan: a lighter --state that would fit */
     int L;
     double n_params;
 } mt_plan;
@@ -75,7 +87,8 @@ int mt_plan_check(const mt_plan *p);
 /* The plan as `megatrain plan` and `train` show it: the micro-batch line, the host line
  * (mt_plan_print_host), the compute-side line, saved internals, resident weights. */
 void mt_plan_print(const mt_plan *p, FILE *out);
-/* "host X GiB (Y B/param: master .., moments .., upload copy .., tokens ..[, layer checkpoints])" */
+/* "host X GiB (Y B/param: master .., moments .., upload copy .., gradients .., tokens ..[, layer
+ * checkpoints])" */
 void mt_plan_print_host(const mt_plan *p, FILE *out);
 
 #define MT_GIB 1073741824.0

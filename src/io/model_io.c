@@ -100,6 +100,30 @@ int mt_model_load(const mt_param_table *t, float *arena, const char *dir) {
     return rc;
 }
 
+int mt_model_load_tensors(const mt_param_table *t, const char *dir,
+                          int (*sink)(void *ctx, const mt_param *p, const float *w), void *ctx) {
+    mt_safetensors *st;
+    MT_TRY(mt_safetensors_open_dir(&st, dir));
+    int rc = MT_OK;
+    int64_t biggest = 1;
+    for (int i = 0; i < t->n_params && rc == MT_OK; i++) {
+        rc = check_one(&t->params[i], mt_safetensors_find(st, t->params[i].name),
+                       mt_safetensors_source(st));
+        if (t->params[i].numel > biggest) biggest = t->params[i].numel;
+    }
+    if (rc == MT_OK) rc = check_extra(t, st);
+    /* Only now does anything reach the sink: a bad checkpoint never leaves it half loaded. */
+    float *buf = rc == MT_OK ? mt_aligned_alloc((size_t)biggest * sizeof(float)) : NULL;
+    for (int i = 0; i < t->n_params && rc == MT_OK; i++) {
+        const mt_param *p = &t->params[i];
+        rc = mt_st_tensor_to_f32(mt_safetensors_find(st, p->name), buf);
+        if (rc == MT_OK) rc = sink(ctx, p, buf);
+    }
+    free(buf);
+    mt_safetensors_close(st);
+    return rc;
+}
+
 /* ---- save ---- */
 
 static int make_dirs(const char *dir) {

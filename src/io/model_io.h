@@ -14,6 +14,10 @@
  * model, "lm_head.weight" (ignored with a warning on stderr). All checks run before the arena is
  * written, so on MT_ERR it is untouched. Padding between tensors is zeroed. */
 int mt_model_load(const mt_param_table *t, float *arena, const char *dir);
+/* The same checks, then each tensor as fp32 (a buffer of the largest tensor) handed to sink in
+ * table order: loading without a copy of the whole model. A sink error stops the load. */
+int mt_model_load_tensors(const mt_param_table *t, const char *dir,
+                          int (*sink)(void *ctx, const mt_param *p, const float *w), void *ctx);
 
 /* Writes DIR/config.json (mt_config_save) and the weights in table order, as dtype (MT_F32 or
  * MT_BF16, round-to-nearest-even), with metadata {"format": "pt"}: DIR/model.safetensors, or, when

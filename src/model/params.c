@@ -249,21 +249,25 @@ static int kind_is_norm(mt_param_kind k) {
            k == MT_W_FINAL_NORM;
 }
 
+void mt_param_init_tensor(const mt_param_table *t, int i, float *x, float std, uint64_t seed) {
+    const mt_param *p = &t->params[i];
+    if (kind_is_norm(p->kind)) {
+        fill_const(x, p->numel, 1.0f);
+    } else if (p->ndim == 1) {
+        fill_const(x, p->numel, 0.0f); /* biases */
+    } else {
+        float resid = std / sqrtf(2.0f * (float)t->cfg.L);
+        float s = (p->kind == MT_W_O || p->kind == MT_W_DOWN) ? resid : std;
+        fill_normal(x, p->numel, s, splitmix64(seed ^ splitmix64(0x6d74ull + (uint64_t)i)));
+    }
+}
+
 void mt_param_init(const mt_param_table *t, float *arena, float std, uint64_t seed) {
-    float resid = std / sqrtf(2.0f * (float)t->cfg.L);
     int64_t end = 0; /* end of the previous tensor: the gap up to the next one is padding */
     for (int i = 0; i < t->n_params; i++) {
         const mt_param *p = &t->params[i];
-        float *x = arena + p->offset;
         fill_const(arena + end, p->offset - end, 0.0f);
-        if (kind_is_norm(p->kind)) {
-            fill_const(x, p->numel, 1.0f);
-        } else if (p->ndim == 1) {
-            fill_const(x, p->numel, 0.0f); /* biases */
-        } else {
-            float s = (p->kind == MT_W_O || p->kind == MT_W_DOWN) ? resid : std;
-            fill_normal(x, p->numel, s, splitmix64(seed ^ splitmix64(0x6d74ull + (uint64_t)i)));
-        }
+        mt_param_init_tensor(t, i, arena + p->offset, std, seed);
         end = p->offset + p->numel;
     }
     fill_const(arena + end, t->total - end, 0.0f);

@@ -104,5 +104,8 @@ mt_model_view mt_model_view_of(const mt_param_table *t, void *arena_base, size_t
  * projections (o_proj, down_proj) scaled by 1/sqrt(2 L), norms 1, biases 0. Padding is zeroed.
  * Deterministic in `seed`. */
 void mt_param_init(const mt_param_table *t, float *arena, float std, uint64_t seed);
+/* The same for tensor i alone into x (its numel floats): mt_param_init's values, one tensor at a
+ * time (a model too big for one fp32 arena). */
+void mt_param_init_tensor(const mt_param_table *t, int i, float *x, float std, uint64_t seed);
 
 #endif

@@ -144,6 +144,7 @@ void mt_optim_state_set_index_base(mt_optim_state *s, uint64_t base) { s->a.inde
 void *mt_optim_state_upload(const mt_optim_state *s) { return s->a.w; }
 mt_dtype mt_optim_state_upload_dtype(const mt_optim_state *s) { return s->a.w_dtype; }
 mt_optim_arenas mt_optim_state_arenas(const mt_optim_state *s) { return s->a; }
+void mt_optim_state_set_seed(mt_optim_state *s, uint64_t seed) { s->a.seed = seed; }
 
 void mt_optim_state_set_weights(mt_optim_state *s, size_t offset, const float *w, size_t n) {
     const mt_optim_arenas *a = &s->a;

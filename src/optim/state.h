@@ -106,6 +106,8 @@ size_t mt_optim_state_numel(const mt_optim_state *s);
 /* tight: element k's random bits are those of model-arena index base + k (default 0), so a
  * state holding a slice of the model (a GPU-tier layer, say) rounds as a whole-model one. */
 void mt_optim_state_set_index_base(mt_optim_state *s, uint64_t base);
+/* tight: the rounding seed (a resumed run takes the saved one). */
+void mt_optim_state_set_seed(mt_optim_state *s, uint64_t seed);
 
 /* Sets weights [offset, offset+n) from fp32 values (the upload copy follows); moments stay. */
 void mt_optim_state_set_weights(mt_optim_state *s, size_t offset, const float *w, size_t n);

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "model/runner.h"
+#include "util/state_snapshot.h"
 #include "util/testutil.h"
 #include "util/tiny_config.h"
 
@@ -202,7 +203,7 @@ static void test_memory_modes_agree(void **state) {
  * upload copy are bit for bit what they were (the skipped update rewrites the upload copy, which
  * held the gradients, from the master), and training goes on with finite steps. The bad batch
  * reads one token whose (untied) embedding row is NaN. */
-static void test_nonfinite_step_skipped(void **state) {
+static void check_nonfinite_step_skipped(mt_state_format format, int tier) {
     mt_config cfg = small_config(64);
     cfg.V = 256;
     cfg.tie_word_embeddings = 0;
@@ -213,8 +214,10 @@ static void test_nonfinite_step_skipped(void **state) {
     for (int i = 0; i < t.n_params; i++)
         if (t.params[i].kind == MT_W_EMBED)
             for (int c = 0; c < cfg.C; c++) w[t.params[i].offset + (int64_t)bad_token * cfg.C + c] = NAN;
-    mt_engine_opts o = {.batch = B, .micro_batch = 2, .T = T, .n_slots = 2, .opt_threads = 2};
+    mt_engine_opts o = {.batch = B, .micro_batch = 2, .T = T, .n_slots = 2, .opt_threads = 2,
+                        .state = format, .gpu_layers = tier, .grads_on_device = 1, .seed = 3};
     mt_engine *e = mt_engine_create(&t, gpu, &o, w);
+    fprintf(stderr, "state %s, GPU tier %d layers\n", mt_state_format_name(format), tier);
     int32_t ids[4 * 64], tg[4 * 64];
     for (int i = 0; i < B * T; i++) ids[i] = (i * 7 + 3) % bad_token, tg[i] = (i * 5 + 1) % bad_token;
     mt_adamw_hparams hp = {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
@@ -222,20 +225,19 @@ static void test_nonfinite_step_skipped(void **state) {
     mt_engine_step(e, ids, tg, &hp, 1, 1.0, &r);
     assert_false(r.skipped);
     assert_true(isfinite(r.loss) && isfinite(r.grad_norm));
-    mt_engine_finish(e);
-    size_t bytes = (size_t)t.total * sizeof(float), up = (size_t)t.total * mt_dtype_size(gpu->dtype);
-    float *before[3];
-    const float *arena[3] = {mt_engine_master(e), mt_engine_moment1(e), mt_engine_moment2(e)};
-    void *up_before = malloc(up);
-    for (int k = 0; k < 3; k++) before[k] = malloc(bytes), memcpy(before[k], arena[k], bytes);
-    memcpy(up_before, mt_engine_upload(e), up);
+    mt_test_snapshot before, up_before, after, up_after;
+    mt_test_snapshot_state(&before, e, &t);
+    mt_test_snapshot_upload(&up_before, e, &t);
     ids[17] = bad_token;
     mt_engine_step(e, ids, tg, &hp, 2, 1.0, &r);
     fprintf(stderr, "bad batch on the GPU: loss %g norm %g skipped %d\n", r.loss, r.grad_norm, r.skipped);
     assert_true(r.skipped);
-    mt_engine_finish(e);
-    for (int k = 0; k < 3; k++) assert_memory_equal(before[k], arena[k], bytes);
-    assert_memory_equal(up_before, mt_engine_upload(e), up);
+    mt_test_snapshot_state(&after, e, &t);
+    mt_test_snapshot_upload(&up_after, e, &t);
+    mt_test_snapshot_equal(&before, &after);
+    mt_test_snapshot_equal(&up_before, &up_after);
+    mt_test_snapshot *all[] = {&before, &after, &up_before, &up_after};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) mt_test_snapshot_free(all[i]);
     ids[17] = 3;
     double first = 0;
     for (int s = 0; s < 4; s++) { /* finite again, and still learning (not monotone step by step on
@@ -248,8 +250,62 @@ static void test_nonfinite_step_skipped(void **state) {
     }
     assert_true(r.loss < first);
     mt_engine_destroy(e);
-    for (int k = 0; k < 3; k++) free(before[k]);
-    free(up_before), free(w);
+    free(w);
+    mt_param_table_free(&t);
+}
+
+/* Per optimizer format, with and without layers in the GPU tier (there the update runs in the
+ * backend's optim_update). */
+static void test_nonfinite_step_skipped(void **state) {
+    (void)state;
+    for (int f = MT_STATE_FULL; f <= MT_STATE_TIGHT; f++) {
+        check_nonfinite_step_skipped((mt_state_format)f, 0);
+        check_nonfinite_step_skipped((mt_state_format)f, 2);
+    }
+}
+
+/* The GPU tier changes where a layer's update runs, not what it computes: the CUDA AdamW of each
+ * format gives the host kernel's bits (test_cuda_optim), so training with layers in the tier, and
+ * with the gradients waiting on the GPU or in host memory, gives the same losses and state, bit
+ * for bit, as training with every layer streamed. */
+static void test_gpu_tier_same_bits(void **state) {
+    (void)state;
+    mt_config cfg = small_config(64);
+    mt_param_table t;
+    mt_param_table_init(&t, &cfg);
+    float *w = bf16_weights(&t, 0.02f, 11);
+    const int B = 4, T = 64;
+    int32_t ids[4 * 64], tg[4 * 64];
+    for (int i = 0; i < B * T; i++) ids[i] = (i * 7 + 3) % cfg.V, tg[i] = (i * 5 + 1) % cfg.V;
+    mt_adamw_hparams hp = {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    for (int f = MT_STATE_FULL; f <= MT_STATE_TIGHT; f++) {
+        const struct { int tier, grads_dev; } mode[3] = {{0, 1}, {2, 1}, {1, 0}};
+        mt_test_snapshot snap[3];
+        double loss[3][4];
+        for (int k = 0; k < 3; k++) {
+            mt_engine_opts o = {.batch = B, .micro_batch = 2, .T = T, .n_slots = 2, .opt_threads = 2,
+                                .state = (mt_state_format)f, .gpu_layers = mode[k].tier,
+                                .grads_on_device = mode[k].grads_dev, .seed = 9};
+            mt_engine *e = mt_engine_create(&t, gpu, &o, w);
+            for (int s = 0; s < 4; s++) {
+                mt_step_result r;
+                mt_engine_step(e, ids, tg, &hp, s + 1, 1.0, &r);
+                loss[k][s] = r.loss;
+            }
+            fprintf(stderr, "%s tier %d grads_dev %d: losses %.7f %.7f %.7f %.7f\n",
+                    mt_state_format_name((mt_state_format)f), mode[k].tier, mode[k].grads_dev,
+                    loss[k][0], loss[k][1], loss[k][2], loss[k][3]);
+            mt_test_snapshot_state(&snap[k], e, &t);
+            mt_engine_destroy(e);
+        }
+        assert_true(loss[0][3] < loss[0][0]);
+        for (int k = 1; k < 3; k++) {
+            for (int s = 0; s < 4; s++) assert_true(loss[k][s] == loss[0][s]);
+            mt_test_snapshot_equal(&snap[0], &snap[k]);
+        }
+        for (int k = 0; k < 3; k++) mt_test_snapshot_free(&snap[k]);
+    }
+    free(w);
     mt_param_table_free(&t);
 }
 
@@ -337,6 +393,7 @@ int main(void) {
         cmocka_unit_test(test_small_models),
         cmocka_unit_test(test_memory_modes_agree),
         cmocka_unit_test(test_nonfinite_step_skipped),
+        cmocka_unit_test(test_gpu_tier_same_bits),
         cmocka_unit_test(test_training_tracks_cpu),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

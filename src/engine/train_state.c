@@ -1,0 +1,510 @@
+#include "train_state.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/error.h"
+
+/* Fetch pieces: 16M elements (32 MiB of bf16 gradient per buffer); a multiple of 256, so a
+ * piece's offset inside its tensor keeps the 8-bit formats' blocks whole. */
+#define FETCH_PIECE ((int64_t)1 << 24)
+
+typedef struct {
+    int param;     /* table index, -1 none */
+    int64_t start; /* element offset inside the tensor */
+    int64_t n;
+} fetch_piece;
+
+/* A host piece of the arena: [base, base + n) in one optimizer state. */
+typedef struct {
+    int64_t base, n;
+    mt_optim_state *st;
+    void *grads; /* compact/tight: the gradients (compute dtype), on the compute side when
+                    grads_dev, else pinned host memory; full: NULL (the upload copy holds them) */
+    int grads_dev;
+} host_piece;
+
+struct mt_train_state {
+    const mt_param_table *t;
+    mt_backend *be;
+    mt_train_state_opts o;
+    mt_dtype up_dtype;   /* of the host pieces' upload arenas */
+    size_t elem;         /* compute dtype bytes (gradients) */
+    host_piece host[2];  /* [0] embed, [1] layers k.. and the head */
+
+    /* the GPU tier: layers [0, k) at arena [tier_base, tier_base + tier_n) */
+    int64_t tier_base, tier_n;
+    mt_optim_arenas tier;  /* compute-side arenas */
+    void *tier_weights;    /* compute dtype: tier.w itself, or a widened copy (cpu, 8-bit formats) */
+    void *tier_grads;      /* compute side, compute dtype */
+    mt_optim_state *mirror;/* one layer on the host: converts the tier's weights for io */
+
+    /* compute-side gradients of host groups, fetched a piece ahead of the update: pieces are
+     * runs of at most FETCH_PIECE elements of one tensor, in update order */
+    void *fetch_buf[2];
+    mt_event *fetched[2];
+    fetch_piece piece[2];  /* what each buffer holds or is receiving */
+    fetch_piece next;      /* the next piece to fetch (param -1: none left) */
+    int fetch_next;        /* the buffer the next fetch uses */
+
+    mt_state_io io;
+};
+
+/* ---- places ---- */
+
+int mt_train_state_in_tier(const mt_train_state *s, int layer) {
+    return layer >= 0 && layer < s->o.gpu_layers;
+}
+
+static host_piece *piece_of(const mt_train_state *s, int layer) {
+    MT_CHECK(!mt_train_state_in_tier(s, layer), "group %d is in the GPU tier", layer);
+    return (host_piece *)&s->host[layer == MT_GROUP_EMBED ? 0 : 1];
+}
+
+/* The piece of the arena offset off (a tensor's): -1 tier, 0/1 host. */
+static int piece_index_at(const mt_train_state *s, int64_t off) {
+    if (off < s->host[0].base + s->host[0].n) return 0;
+    if (off < s->tier_base + s->tier_n) return -1;
+    return 1;
+}
+
+static size_t up_size(const mt_train_state *s) { return mt_dtype_size(s->up_dtype); }
+
+void *mt_train_state_upload(const mt_train_state *s, int layer) {
+    const host_piece *p = piece_of(s, layer);
+    int64_t off = mt_group_offset(s->t, layer) - p->base;
+    return (char *)mt_optim_state_upload(p->st) + (size_t)off * up_size(s);
+}
+
+mt_dtype mt_train_state_upload_dtype(const mt_train_state *s) { return s->up_dtype; }
+mt_state_format mt_train_state_format(const mt_train_state *s) { return s->o.format; }
+int mt_train_state_gpu_layers(const mt_train_state *s) { return s->o.gpu_layers; }
+
+void *mt_train_state_tier_weights(const mt_train_state *s, int layer) {
+    MT_CHECK(mt_train_state_in_tier(s, layer), "layer %d is not in the GPU tier", layer);
+    return (char *)s->tier_weights + (size_t)layer * s->t->layer_size * s->elem;
+}
+
+void *mt_train_state_grad_dev(const mt_train_state *s, int layer) {
+    int64_t off = mt_group_offset(s->t, layer);
+    if (mt_train_state_in_tier(s, layer))
+        return (char *)s->tier_grads + (size_t)(off - s->tier_base) * s->elem;
+    const host_piece *p = piece_of(s, layer);
+    return p->grads_dev ? (char *)p->grads + (size_t)(off - p->base) * s->elem : NULL;
+}
+
+void *mt_train_state_grad_host(const mt_train_state *s, int layer) {
+    if (mt_train_state_in_tier(s, layer)) return NULL;
+    const host_piece *p = piece_of(s, layer);
+    if (p->grads_dev) return NULL;
+    if (!p->grads) return mt_train_state_upload(s, layer); /* full: the dead upload copy */
+    return (char *)p->grads + (size_t)(mt_group_offset(s->t, layer) - p->base) * s->elem;
+}
+
+/* ---- sizes ---- */
+
+static int64_t tier_size(const mt_param_table *t, int k) { return (int64_t)k * t->layer_size; }
+
+static int64_t max_group(const mt_param_table *t) {
+    int64_t g = t->layer_size;
+    if (t->embed_size > g) g = t->embed_size;
+    if (t->head_size > g) g = t->head_size;
+    return g;
+}
+
+void mt_train_state_bytes_of(const mt_param_table *t, mt_dtype compute, const mt_train_state_opts *o,
+                             mt_train_state_bytes *b) {
+    double el = (double)mt_dtype_size(compute);
+    double n_tier = (double)tier_size(t, o->gpu_layers), n_host = (double)t->total - n_tier;
+    memset(b, 0, sizeof *b);
+    double per = mt_optim_bytes_per_param(o->format);
+    if (o->format == MT_STATE_FULL) {
+        b->host_weights = 4 * n_host;
+        b->host_moments = 8 * n_host;
+        b->host_upload = el * n_host;
+        b->dev_tier = n_tier * (12 + el);
+    } else {
+        b->host_weights = (per - 2 - 2.0 * sizeof(float) / MT_OPTIM_BLOCK) * n_host; /* master (+comp) */
+        b->host_moments = (2 + 2.0 * sizeof(float) / MT_OPTIM_BLOCK) * n_host;
+        b->host_upload = 0; /* the bf16 master is uploaded */
+        b->dev_tier = n_tier * per + (compute == MT_BF16 ? 0 : n_tier * el); /* + widened copy */
+        if (o->grads_on_device) b->dev_grads = el * n_host;
+        else b->host_grads = el * n_host;
+    }
+    b->dev_grads += el * n_tier;
+    if (o->grads_on_device && o->format != MT_STATE_FULL)
+        b->host_grads += 2.0 * el * (double)(max_group(t) < FETCH_PIECE ? max_group(t) : FETCH_PIECE);
+    b->host_total = b->host_weights + b->host_moments + b->host_upload + b->host_grads;
+    b->dev_total = b->dev_tier + b->dev_grads;
+}
+
+/* ---- create, free ---- */
+
+static void *pinned_alloc(void *ctx, size_t bytes) {
+    mt_backend *be = ctx;
+    return be->host_alloc(be, bytes);
+}
+static void pinned_free(void *ctx, void *p) {
+    mt_backend *be = ctx;
+    be->host_free(be, p);
+}
+
+static void host_piece_init(mt_train_state *s, host_piece *p, int64_t base, int64_t n) {
+    mt_backend *be = s->be;
+    p->base = base;
+    p->n = n;
+    mt_optim_alloc a = {.alloc = pinned_alloc, .free = pinned_free, .ctx = be,
+                        .upload_dtype = s->up_dtype};
+    p->st = mt_optim_state_create(s->o.format, (size_t)n, s->o.seed, &a);
+    mt_optim_state_set_index_base(p->st, (uint64_t)base);
+    if (s->o.format == MT_STATE_FULL) return;
+    size_t bytes = (size_t)n * s->elem;
+    p->grads_dev = s->o.grads_on_device;
+    p->grads = p->grads_dev ? be->alloc(be, bytes) : be->host_alloc(be, bytes);
+}
+
+static void *dev_alloc(mt_backend *be, size_t bytes) { return bytes ? be->alloc(be, bytes) : NULL; }
+
+/* The tier's arenas on the compute side, as the mirror's (a zero state) repeated per layer. */
+static void tier_init(mt_train_state *s) {
+    mt_backend *be = s->be;
+    const mt_param_table *t = s->t;
+    int k = s->o.gpu_layers;
+    s->tier_base = mt_group_offset(t, 0);
+    s->tier_n = tier_size(t, k);
+    mt_optim_alloc a = {.upload_dtype = s->up_dtype};
+    s->mirror = mt_optim_state_create(s->o.format, (size_t)t->layer_size, s->o.seed, &a);
+    if (!k) return;
+    mt_optim_arenas m = mt_optim_state_arenas(s->mirror);
+    size_t n = (size_t)s->tier_n, nb = (n + MT_OPTIM_BLOCK - 1) / MT_OPTIM_BLOCK;
+    mt_optim_arenas *d = &s->tier;
+    *d = m;
+    d->n = n;
+    d->nblocks = nb;
+    d->seed = s->o.seed;
+    d->index_base = (uint64_t)s->tier_base;
+    d->w = dev_alloc(be, n * mt_dtype_size(m.w_dtype));
+    d->master = m.master ? dev_alloc(be, n * 4) : NULL;
+    d->m = m.m ? dev_alloc(be, n * 4) : NULL;
+    d->v = m.v ? dev_alloc(be, n * 4) : NULL;
+    d->comp = m.comp ? dev_alloc(be, n * 2) : NULL;
+    d->mq = m.mq ? dev_alloc(be, n) : NULL;
+    d->vq = m.vq ? dev_alloc(be, n) : NULL;
+    d->ms = m.ms ? dev_alloc(be, nb * 4) : NULL;
+    d->vs = m.vs ? dev_alloc(be, nb * 4) : NULL;
+    /* every layer starts as the zero mirror */
+    size_t ln = (size_t)t->layer_size, lb = ln / MT_OPTIM_BLOCK;
+    for (int l = 0; l < k; l++) {
+        size_t o = (size_t)l * ln;
+        be->upload(be, (char *)d->w + o * mt_dtype_size(m.w_dtype), m.w, ln * mt_dtype_size(m.w_dtype));
+        if (d->master) be->upload(be, d->master + o, m.master, ln * 4);
+        if (d->m) be->upload(be, d->m + o, m.m, ln * 4);
+        if (d->v) be->upload(be, d->v + o, m.v, ln * 4);
+        if (d->comp) be->upload(be, d->comp + o, m.comp, ln * 2);
+        if (d->mq) be->upload(be, d->mq + o, m.mq, ln);
+        if (d->vq) be->upload(be, d->vq + o, m.vq, ln);
+        if (d->ms) be->upload(be, d->ms + (size_t)l * lb, m.ms, lb * 4);
+        if (d->vs) be->upload(be, d->vs + (size_t)l * lb, m.vs, lb * 4);
+    }
+    s->tier_weights = m.w_dtype == be->dtype ? d->w : dev_alloc(be, n * s->elem);
+    if (s->tier_weights != d->w) be->from_bf16(be, s->tier_weights, d->w, n);
+    s->tier_grads = dev_alloc(be, n * s->elem);
+}
+
+static void init_io(mt_train_state *s);
+
+mt_train_state *mt_train_state_create(const mt_param_table *t, mt_backend *be,
+                                      const mt_train_state_opts *o) {
+    int L = t->cfg.L;
+    MT_CHECK(o->gpu_layers >= 0 && o->gpu_layers <= L, "GPU tier of %d layers: the model has %d",
+             o->gpu_layers, L);
+    MT_CHECK(t->layer_size % MT_OPTIM_BLOCK == 0 && t->embed_size % MT_OPTIM_BLOCK == 0,
+             "parameter groups must be multiples of %d elements", MT_OPTIM_BLOCK);
+    mt_train_state *s = mt_calloc(1, sizeof *s);
+    s->t = t;
+    s->be = be;
+    s->o = *o;
+    s->elem = mt_dtype_size(be->dtype);
+    s->up_dtype = o->format == MT_STATE_FULL ? be->dtype : MT_BF16;
+    tier_init(s);
+    host_piece_init(s, &s->host[0], 0, t->embed_size);
+    int64_t b1 = s->tier_base + s->tier_n;
+    host_piece_init(s, &s->host[1], b1, t->total - b1);
+    if (o->grads_on_device && o->format != MT_STATE_FULL) {
+        for (int i = 0; i < 2; i++) {
+            int64_t n = max_group(t) < FETCH_PIECE ? max_group(t) : FETCH_PIECE;
+            s->fetch_buf[i] = be->host_alloc(be, (size_t)n * s->elem);
+            s->fetched[i] = be->event_create(be);
+        }
+    }
+    init_io(s);
+    (void)L;
+    return s;
+}
+
+void mt_train_state_free(mt_train_state *s) {
+    if (!s) return;
+    mt_backend *be = s->be;
+    for (int i = 0; i < 2; i++) {
+        host_piece *p = &s->host[i];
+        mt_optim_state_free(p->st);
+        if (p->grads) {
+            if (p->grads_dev) be->free(be, p->grads);
+            else be->host_free(be, p->grads);
+        }
+        if (s->fetch_buf[i]) be->host_free(be, s->fetch_buf[i]);
+        if (s->fetched[i]) be->event_destroy(be, s->fetched[i]);
+    }
+    mt_optim_arenas *d = &s->tier;
+    if (s->tier_weights && s->tier_weights != d->w) be->free(be, s->tier_weights);
+    void *dev[] = {d->w, d->master, d->m, d->v, d->comp, d->mq, d->vq, d->ms, d->vs, s->tier_grads};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) be->free(be, dev[i]);
+    mt_optim_state_free(s->mirror);
+    free(s);
+}
+
+/* ---- updates ---- */
+
+static mt_optim_step step_args(const mt_adamw_hparams *hp, const mt_param *p, int64_t step,
+                               float grad_scale) {
+    mt_optim_step a = {.lr = hp->lr, .beta1 = hp->beta1, .beta2 = hp->beta2, .eps = hp->eps,
+                       .weight_decay = p->ndim >= 2 ? hp->weight_decay : 0.0, .step = step,
+                       .grad_scale = grad_scale};
+    return a;
+}
+
+/* The piece after p in update order among host tensors whose gradient waits on the compute side
+ * (p.param -1: the first). */
+static fetch_piece next_piece(const mt_train_state *s, fetch_piece p) {
+    const mt_param_table *t = s->t;
+    if (p.param >= 0 && p.start + p.n < t->params[p.param].numel) {
+        fetch_piece q = {p.param, p.start + p.n, 0};
+        int64_t left = t->params[p.param].numel - q.start;
+        q.n = left < FETCH_PIECE ? left : FETCH_PIECE;
+        return q;
+    }
+    for (int i = p.param + 1; i < t->n_params; i++) {
+        const mt_param *x = &t->params[i];
+        if (mt_train_state_in_tier(s, x->layer) || !piece_of(s, x->layer)->grads_dev) continue;
+        fetch_piece q = {i, 0, x->numel < FETCH_PIECE ? x->numel : FETCH_PIECE};
+        return q;
+    }
+    fetch_piece none = {-1, 0, 0};
+    return none;
+}
+
+/* Starts the copy of the next piece into the next buffer (whose update is over). */
+static void fetch_one(mt_train_state *s) {
+    if (s->next.param < 0) return;
+    mt_backend *be = s->be;
+    const mt_param *p = &s->t->params[s->next.param];
+    int b = s->fetch_next;
+    s->fetch_next ^= 1;
+    s->piece[b] = s->next;
+    const char *src = (const char *)mt_train_state_grad_dev(s, p->layer) +
+                      (size_t)(p->offset - mt_group_offset(s->t, p->layer) + s->next.start) * s->elem;
+    be->copy_async(be, MT_STREAM_D2H, s->fetch_buf[b], src, (size_t)s->next.n * s->elem);
+    be->event_record(be, s->fetched[b], MT_STREAM_D2H);
+    s->next = next_piece(s, s->next);
+}
+
+void mt_train_state_begin_update(mt_train_state *s) {
+    if (!s->fetch_buf[0]) return;
+    s->fetch_next = 0;
+    fetch_piece none = {-1, 0, 0};
+    s->piece[0] = s->piece[1] = none;
+    s->next = next_piece(s, none);
+    fetch_one(s);
+    fetch_one(s);
+}
+
+/* The fetched gradient of piece (param, start): its copy is done; when it has been used, the
+ * caller starts the next one (fetch_one) into the buffer. */
+static const void *fetched(mt_train_state *s, int param, int64_t start, int *buf) {
+    int b = s->piece[0].param == param && s->piece[0].start == start ? 0 : 1;
+    MT_CHECK(s->piece[b].param == param && s->piece[b].start == start,
+             "gradient of tensor %d at %lld was not fetched", param, (long long)start);
+    s->be->event_sync(s->be, s->fetched[b]);
+    *buf = b;
+    return s->fetch_buf[b];
+}
+
+/* Group `layer` from compute-side gradients, piece by piece (restore: only consumes them). */
+static void update_fetched(mt_train_state *s, int layer, const mt_adamw_hparams *hp, int64_t step,
+                           float grad_scale, int restore) {
+    host_piece *pc = piece_of(s, layer);
+    const mt_param_table *t = s->t;
+    for (int i = 0; i < t->n_params; i++) {
+        const mt_param *p = &t->params[i];
+        if (p->layer != layer) continue;
+        for (int64_t start = 0; start < p->numel; start += FETCH_PIECE) {
+            int64_t n = p->numel - start < FETCH_PIECE ? p->numel - start : FETCH_PIECE;
+            int b;
+            const void *g = fetched(s, i, start, &b);
+            if (!restore) {
+                mt_optim_step a = step_args(hp, p, step, grad_scale);
+                MT_CHECK(mt_optim_state_update(pc->st, &a, (size_t)(p->offset - pc->base + start),
+                                               (size_t)n, g, s->be->dtype, s->o.n_threads) == MT_OK,
+                         "%s", mt_error_message());
+            }
+            (void)b;
+            fetch_one(s); /* into the buffer just used: its fetch goes out after this update */
+        }
+    }
+}
+
+void mt_train_state_update_group(mt_train_state *s, int layer, const mt_adamw_hparams *hp,
+                                 int64_t step, float grad_scale) {
+    if (mt_train_state_in_tier(s, layer)) return;
+    host_piece *pc = piece_of(s, layer);
+    if (pc->grads_dev) {
+        update_fetched(s, layer, hp, step, grad_scale, 0);
+        return;
+    }
+    const mt_param_table *t = s->t;
+    int64_t goff = mt_group_offset(t, layer);
+    const char *grad = mt_train_state_grad_host(s, layer);
+    for (int i = 0; i < t->n_params; i++) {
+        const mt_param *p = &t->params[i];
+        if (p->layer != layer) continue;
+        mt_optim_step a = step_args(hp, p, step, grad_scale);
+        const void *g = grad + (size_t)(p->offset - goff) * s->elem;
+        MT_CHECK(mt_optim_state_update(pc->st, &a, (size_t)(p->offset - pc->base), (size_t)p->numel, g,
+                                       s->be->dtype, s->o.n_threads) == MT_OK,
+                 "%s", mt_error_message());
+    }
+}
+
+void mt_train_state_restore_group(mt_train_state *s, int layer) {
+    if (mt_train_state_in_tier(s, layer)) return;
+    host_piece *pc = piece_of(s, layer);
+    if (pc->grads) {
+        /* compact/tight: the gradient never touched the weights; a pending fetch is dropped */
+        if (pc->grads_dev) update_fetched(s, layer, NULL, 0, 0, 1);
+        return;
+    }
+    /* full: the upload copy held the gradient; it comes back from master as the update writes it */
+    const mt_param_table *t = s->t;
+    mt_optim_arenas a = mt_optim_state_arenas(pc->st);
+    for (int i = 0; i < t->n_params; i++) {
+        const mt_param *p = &t->params[i];
+        if (p->layer != layer) continue;
+        size_t off = (size_t)(p->offset - pc->base), n = (size_t)p->numel;
+        if (s->up_dtype == MT_BF16) mt_convert_f32_to_bf16((mt_bf16 *)a.w + off, a.master + off, n);
+        else memcpy((float *)a.w + off, a.master + off, n * sizeof(float));
+    }
+}
+
+void mt_train_state_update_tier(mt_train_state *s, const mt_adamw_hparams *hp, int64_t step,
+                                float grad_scale) {
+    if (!s->o.gpu_layers) return;
+    mt_backend *be = s->be;
+    const mt_param_table *t = s->t;
+    for (int i = 0; i < t->n_params; i++) {
+        const mt_param *p = &t->params[i];
+        if (!mt_train_state_in_tier(s, p->layer)) continue;
+        mt_optim_step a = step_args(hp, p, step, grad_scale);
+        size_t off = (size_t)(p->offset - s->tier_base);
+        be->optim_update(be, &s->tier, &a, off, (size_t)p->numel,
+                         (const char *)s->tier_grads + off * s->elem, be->dtype);
+    }
+    if (s->tier_weights != s->tier.w) be->from_bf16(be, s->tier_weights, s->tier.w, (size_t)s->tier_n);
+}
+
+/* ---- tensor by tensor ---- */
+
+static size_t w_size(const mt_optim_arenas *a) { return mt_dtype_size(a->w_dtype); }
+
+/* The tier's weight arenas of tensor p <-> the mirror at p's offset in its layer. */
+static void tier_weights_copy(mt_train_state *s, const mt_param *p, int to_device) {
+    mt_backend *be = s->be;
+    mt_optim_arenas m = mt_optim_state_arenas(s->mirror), *d = &s->tier;
+    size_t lo = (size_t)p->group_offset, off = (size_t)(p->offset - s->tier_base), n = (size_t)p->numel;
+    struct { void *dev, *host; size_t el; } r[] = {
+        {d->w, m.w, w_size(d)}, {d->master, m.master, 4}, {d->comp, m.comp, 2}};
+    for (size_t i = 0; i < sizeof r / sizeof r[0]; i++) {
+        if (!r[i].dev) continue;
+        char *dv = (char *)r[i].dev + off * r[i].el, *hv = (char *)r[i].host + lo * r[i].el;
+        if (to_device) be->upload(be, dv, hv, n * r[i].el);
+        else be->download(be, hv, dv, n * r[i].el);
+    }
+    if (to_device && s->tier_weights != d->w)
+        be->from_bf16(be, (char *)s->tier_weights + off * s->elem, (mt_bf16 *)d->w + off, n);
+}
+
+static int io_get_weights(void *ctx, const mt_param *p, float *dst) {
+    mt_train_state *s = ctx;
+    int k = piece_index_at(s, p->offset);
+    if (k < 0) {
+        tier_weights_copy(s, p, 0);
+        mt_optim_state_get_weights(s->mirror, (size_t)p->group_offset, dst, (size_t)p->numel);
+    } else {
+        const host_piece *pc = &s->host[k];
+        mt_optim_state_get_weights(pc->st, (size_t)(p->offset - pc->base), dst, (size_t)p->numel);
+    }
+    return MT_OK;
+}
+
+static int io_set_weights(void *ctx, const mt_param *p, const float *src) {
+    mt_train_state *s = ctx;
+    int k = piece_index_at(s, p->offset);
+    if (k < 0) {
+        mt_optim_state_set_weights(s->mirror, (size_t)p->group_offset, src, (size_t)p->numel);
+        tier_weights_copy(s, p, 1);
+    } else {
+        host_piece *pc = &s->host[k];
+        mt_optim_state_set_weights(pc->st, (size_t)(p->offset - pc->base), src, (size_t)p->numel);
+    }
+    return MT_OK;
+}
+
+/* The optimizer parts of p where they live; *dev = 1 when on the compute side. */
+static int parts_of(mt_train_state *s, const mt_param *p, mt_optim_tensor *out, int *dev) {
+    int k = piece_index_at(s, p->offset);
+    *dev = k < 0;
+    if (k < 0)
+        return mt_optim_arenas_parts(&s->tier, (size_t)(p->offset - s->tier_base), (size_t)p->numel, out);
+    mt_optim_arenas a = mt_optim_state_arenas(s->host[k].st);
+    return mt_optim_arenas_parts(&a, (size_t)(p->offset - s->host[k].base), (size_t)p->numel, out);
+}
+
+static int io_parts(void *ctx, const mt_param *p, const mt_optim_tensor *parts, int set) {
+    mt_train_state *s = ctx;
+    mt_optim_tensor mine[MT_OPTIM_MAX_TENSORS];
+    int dev, n = parts_of(s, p, mine, &dev);
+    if (n < 0) return MT_ERR;
+    for (int i = 0; i < n; i++) {
+        MT_CHECK(parts[i].bytes == mine[i].bytes, "%s of %s: %zu bytes, expected %zu", mine[i].name,
+                 p->name, parts[i].bytes, mine[i].bytes);
+        if (dev && set) s->be->upload(s->be, mine[i].data, parts[i].data, mine[i].bytes);
+        else if (dev) s->be->download(s->be, parts[i].data, mine[i].data, mine[i].bytes);
+        else if (set) memcpy(mine[i].data, parts[i].data, mine[i].bytes);
+        else memcpy(parts[i].data, mine[i].data, mine[i].bytes);
+    }
+    return MT_OK;
+}
+
+static int io_get_parts(void *ctx, const mt_param *p, const mt_optim_tensor *parts) {
+    return io_parts(ctx, p, parts, 0);
+}
+static int io_set_parts(void *ctx, const mt_param *p, const mt_optim_tensor *parts) {
+    return io_parts(ctx, p, parts, 1);
+}
+
+static void io_set_sr_seed(void *ctx, uint64_t seed) {
+    mt_train_state *s = ctx;
+    s->o.seed = seed;
+    s->io.sr_seed = seed;
+    s->tier.seed = seed;
+    for (int i = 0; i < 2; i++) mt_optim_state_set_seed(s->host[i].st, seed);
+}
+
+static void init_io(mt_train_state *s) {
+    s->io = (mt_state_io){.format = s->o.format, .sr_seed = s->o.seed, .ctx = s,
+                          .get_weights = io_get_weights, .set_weights = io_set_weights,
+                          .get_parts = io_get_parts, .set_parts = io_set_parts,
+                          .set_sr_seed = io_set_sr_seed};
+}
+
+const mt_state_io *mt_train_state_io(mt_train_state *s) { return &s->io; }

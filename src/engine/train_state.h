@@ -1,0 +1,91 @@
+/* The engine's training state: where each group's weights, optimizer state and gradient live, and
+ * the per-group work on them (the update, the restore after a skipped step, tensor-by-tensor
+ * access for checkpoints and initial weights).
+ *
+ * The state is one optimizer format (optim/state.h: full, compact, tight) over three pieces of the
+ * parameter arena:
+ *   host A    the embed group                       host RAM, updated by the optimizer thread
+ *   GPU tier  layers 0 .. k-1 (k = gpu_layers)      compute side, updated there (optim_update)
+ *   host B    layers k .. L-1 and the head group    host RAM, updated by the optimizer thread
+ * The tier takes the first layers: the next forward needs them first, and with their update on
+ * the compute side the host optimizer starts that many layers ahead of the forward.
+ *
+ * Gradients wait for the update (clipping needs the global norm, known only when the backward
+ * ends):
+ *   full, host piece       in the group's upload copy, dead between the backward's last use and
+ *                          the update (no extra bytes; the optimizer rewrites it with weights)
+ *   compact/tight, host    the bf16 master IS the upload copy, so: on the compute side when
+ *                          grads_on_device (the optimizer thread fetches each group before its
+ *                          update), else in a pinned host buffer (2 B/param more on the host)
+ *   GPU tier               on the compute side, always
+ * Gradients are in the compute dtype (bf16 on cuda, as the upload copy held them before).
+ *
+ * Weights for the forward: host groups are copied from mt_train_state_upload (the upload dtype:
+ * the compute dtype for full, bf16 for compact/tight — the cpu backend widens those with
+ * from_bf16); tier layers are used in place (mt_train_state_tier_weights). */
+#ifndef MT_TRAIN_STATE_H
+#define MT_TRAIN_STATE_H
+
+#include <stdint.h>
+
+#include "../backend/backend.h"
+#include "../model/params.h"
+#include "../optim/state.h"
+#include "../optim/state_io.h"
+#include "optimizer.h"
+
+typedef struct {
+    mt_state_format format;
+    int gpu_layers;      /* k: layers 0..k-1 in the GPU tier (0..L) */
+    int grads_on_device; /* compact/tight host pieces: gradients wait on the compute side */
+    uint64_t seed;       /* tight's rounding seed */
+    int n_threads;       /* of one host update (<= 0: all) */
+} mt_train_state_opts;
+
+/* Bytes the state takes on each side (for the planner), gradients included. */
+typedef struct {
+    double host_weights, host_moments, host_upload, host_grads, host_total;
+    double dev_tier, dev_grads, dev_total;
+} mt_train_state_bytes;
+
+void mt_train_state_bytes_of(const mt_param_table *t, mt_dtype compute, const mt_train_state_opts *o,
+                             mt_train_state_bytes *b);
+
+typedef struct mt_train_state mt_train_state;
+
+/* Weights zero, moments zero. */
+mt_train_state *mt_train_state_create(const mt_param_table *t, mt_backend *be,
+                                      const mt_train_state_opts *o);
+void mt_train_state_free(mt_train_state *s);
+
+mt_state_format mt_train_state_format(const mt_train_state *s);
+int mt_train_state_gpu_layers(const mt_train_state *s);
+/* 1 when group `layer` (-1 embed .. L head) is in the GPU tier. */
+int mt_train_state_in_tier(const mt_train_state *s, int layer);
+
+/* Host groups: the weights the forward uploads (dtype mt_train_state_upload_dtype). */
+void *mt_train_state_upload(const mt_train_state *s, int layer);
+mt_dtype mt_train_state_upload_dtype(const mt_train_state *s);
+/* Tier layers: the layer's weights on the compute side, in the compute dtype. */
+void *mt_train_state_tier_weights(const mt_train_state *s, int layer);
+
+/* Where group `layer`'s gradient (compute dtype, the group's size) goes at the end of its
+ * backward: on the compute side (non-NULL), else into the host buffer mt_train_state_grad_host. */
+void *mt_train_state_grad_dev(const mt_train_state *s, int layer);
+void *mt_train_state_grad_host(const mt_train_state *s, int layer);
+
+/* The optimizer thread's work on a host group (tier groups: nothing). fetch: called once per
+ * step before the first group, so that compute-side gradients can be fetched a group ahead. */
+void mt_train_state_begin_update(mt_train_state *s);
+void mt_train_state_update_group(mt_train_state *s, int layer, const mt_adamw_hparams *hp,
+                                 int64_t step, float grad_scale);
+/* After a skipped step: the weights the next forward reads are as before the step. */
+void mt_train_state_restore_group(mt_train_state *s, int layer);
+/* The tier's update, enqueued on the compute stream once the clip coefficient is known. */
+void mt_train_state_update_tier(mt_train_state *s, const mt_adamw_hparams *hp, int64_t step,
+                                float grad_scale);
+
+/* Tensor by tensor access (checkpoints, initial weights); not while an update runs. */
+const mt_state_io *mt_train_state_io(mt_train_state *s);
+
+#endif
