@@ -4,11 +4,12 @@
  * Same bits as the CPU because every step is the CPU's own:
  *  - the fp32 constants are computed here on the host exactly as src/optim/state.c and
  *    adamw_full.c compute them (double hyperparameters, one rounding each);
- *  - the AdamW element is mt_optim_elem (kernel.h) / mt_adamw_elem (full_kernel.h) op for op, each op written as an IEEE
- *    round-to-nearest intrinsic (__fmul_rn, __fdiv_rn, __fsqrt_rn, ...): nvcc never contracts
- *    those into an FMA (its default --fmad=true would contract a plain a*b+c) and they are exact
- *    whatever -prec-div/-prec-sqrt say; only the explicit __fmaf_rn is fused, where the CPU calls
- *    fmaf. Denormals are kept (no --use_fast_math or -ftz anywhere in the build);
+ *  - the AdamW element is mt_optim_elem (kernel.h) / mt_adamw_elem (full_kernel.h) op for op,
+ *    each op an IEEE round-to-nearest intrinsic (__fmul_rn, __fdiv_rn, __fsqrt_rn, ...): nvcc
+ *    never contracts those into an FMA (its default --fmad=true would contract a plain a*b+c)
+ *    and they are exact whatever -prec-div/-prec-sqrt say; only the explicit __fmaf_rn is
+ *    fused, where the CPU calls fmaf. Subnormals are kept (no --use_fast_math or -ftz in the
+ *    build; the intrinsics' PTX has no .ftz);
  *  - the bit-level parts (compact's split and join, tight's stochastic rounding and its hash, the
  *    qmap lookup) are the very definitions of src/optim/bf16x.h and qmap.h, compiled for the
  *    device (MT_HD); the qmap tables are copies of mt_qmap_signed() / mt_qmap_unsigned().
