@@ -234,6 +234,44 @@ static void test_resume_shuffled(void **state) {
     if (same == 5) fail_msg("--seed 5 without --no-shuffle gives the sequential order's losses");
 }
 
+/* Every optimizer state format resumes bit for bit: a 20-step run and a 10 + 10 one save the same
+ * metrics and the same checkpoint files (compact's weights with their compensation, the 8-bit
+ * moments and their scales, tight's rounding seed). */
+static void test_resume_state_formats(void **state) {
+    resume_case("compact_A", "compact_B", "--no-shuffle --state compact");
+    resume_case("tight_A", "tight_B", "--no-shuffle --state tight");
+    /* the formats are not the same run: compact's losses differ from full's and tight's */
+    step_text c[MAX_STEPS], t[MAX_STEPS], f[MAX_STEPS];
+    read_metrics("compact_A", c);
+    read_metrics("tight_A", t);
+    static char out[OUT_SIZE]; /* static: a failing check longjmps out */
+    train("full_ref", "--no-shuffle", out);
+    read_metrics("full_ref", f);
+    assert_true(strcmp(c[19].loss, f[19].loss) != 0 && strcmp(c[19].loss, t[19].loss) != 0);
+}
+
+/* --resume without --state continues in the checkpoint's format and says so; another --state is
+ * refused by name, exit 1, nothing written. */
+static void test_resume_state_mismatch(void **state) {
+    static char out[OUT_SIZE]; /* static: a failing check longjmps out */
+    train("mis", "--no-shuffle --state tight --stop-at 10", out);
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "'%s' train --model '%s' --data '%s/data.bin' --steps 20 --batch 4 --micro-batch 2 --seq 48 "
+             "--lr 1e-2 --warmup 3 --device cpu --out '%s/mis' --no-shuffle --resume --state compact",
+             g_bin, g_fixture, g_fixture, g_tmp);
+    assert_int_equal(mt_test_run(cmd, out, OUT_SIZE), 1);
+    if (!strstr(out, "holds tight optimizer state, this run uses --state compact: resume with --state tight"))
+        fail_msg("no refusal naming both formats:\n%s", out);
+    char names[8][64];
+    int others;
+    assert_int_equal(list_checkpoints("mis", names, 8, &others), 1);
+    train("mis", "--no-shuffle --resume", out);
+    if (!strstr(out, "--resume: --state tight, as the checkpoint's run"))
+        fail_msg("the resumed run does not take the checkpoint's format:\n%s", out);
+    if (!strstr(out, "step 11/20 ")) fail_msg("the resumed run does not go on at step 11:\n%s", out);
+}
+
 /* --resume with nothing to resume: a note, then the same run as without --resume. */
 static void test_resume_empty_out(void **state) {
     static char out[OUT_SIZE]; /* static: a failing check longjmps out */
@@ -295,6 +333,8 @@ int main(void) {
         cmocka_unit_test(test_resume_sequential),
         cmocka_unit_test(test_resume_shuffled),
         cmocka_unit_test(test_resume_empty_out),
+        cmocka_unit_test(test_resume_state_formats),
+        cmocka_unit_test(test_resume_state_mismatch),
         cmocka_unit_test(test_save_every_keep),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -383,6 +383,19 @@ static int64_t resumed_micro_batch(const mt_train_opts *o) {
     return b > 0 && o->batch % b == 0 ? b : -1;
 }
 
+/* --resume without --state: the checkpoint's format (a checkpoint is resumed in the format it was
+ * saved in; another is refused by name). -1: no checkpoint to read. */
+static int resumed_state(const mt_train_opts *o) {
+    char latest[4096];
+    mt_ckpt_state st = {0};
+    if (!o->resume || o->have_state || mt_checkpoint_latest(o->out_dir, latest, sizeof latest) != MT_OK ||
+        mt_checkpoint_read_state(latest, &st) != MT_OK)
+        return -1;
+    int f = (int)st.state;
+    mt_ckpt_state_free(&st);
+    return f;
+}
+
 /* The weights a fresh run starts from (the model's, or the random init), tensor by tensor into the
  * engine's state: no fp32 copy of the whole model (a 14B's would be 59 GB). */
 static int set_tensor(void *ctx, const mt_param *p, const float *w) {
@@ -430,6 +443,11 @@ static int train(train_run *r) {
     if (o->eval_data) MT_TRY(mt_run_data_open(&r->eval, o->eval_data, &dopts, cfg));
     MT_TRY(mt_run_backend(&r->be, o->device, o->gpu_mem));
 
+    int resumed_f = resumed_state(o);
+    if (resumed_f > 0) {
+        o->state = resumed_f;
+        printf("--resume: --state %s, as the checkpoint's run\n", mt_state_format_name((mt_state_format)resumed_f));
+    }
     int64_t resumed_mb = resumed_micro_batch(o);
     if (resumed_mb > 0) {
         o->micro_batch = resumed_mb;

@@ -63,7 +63,8 @@ void mt_train_opts_usage(FILE *out) {
 "                           compact  bf16 master + 16-bit compensation (the fp32 value, exactly) and\n"
 "                                    8-bit blockwise moments: 6.03 B/param\n"
 "                           tight    bf16 master with stochastic rounding, 8-bit moments: 4.03 B/param\n"
-"                         (bench/RESULTS.md gives the measured loss cost; resume with the same F)\n"
+"                         (bench/RESULTS.md gives the measured loss cost); --resume continues in\n"
+"                         the checkpoint's format (another is refused)\n"
 "  --gpu-layers N|auto    the first N layers keep their whole state on the GPU and are updated\n"
 "                         there (no PCIe traffic for them); auto: the fewest that let the host\n"
 "                         hold the rest (default auto)\n"
@@ -205,7 +206,9 @@ static int parse_one(mt_train_opts *o, int c, const char *arg) {
     case O_KEEP: return mt_arg_int("--keep", arg, 0, 1 << 20, &o->keep);
     case O_RESUME: o->resume = 1; return MT_OK;
     case O_RESUME_CHANGED: o->resume_changed = 1; return MT_OK;
-    case O_STATE: return mt_arg_choice("--state", arg, "full|compact|tight", &o->state);
+    case O_STATE:
+        o->have_state = 1;
+        return mt_arg_choice("--state", arg, "full|compact|tight", &o->state);
     case O_GPU_LAYERS:
         if (strcmp(arg, "auto") == 0) return o->gpu_layers = -1, MT_OK;
         return mt_arg_int("--gpu-layers", arg, 0, 1 << 20, &o->gpu_layers);

@@ -39,7 +39,7 @@ typedef struct {
     int overwrite;              /* a fresh run may replace the run already in --out */
     int resume_changed;         /* --resume may go on with settings that differ from the checkpoint's */
     /* set when the user gave the flag (defaults that depend on others are filled afterwards) */
-    int have_min_lr, have_warmup, have_micro_batch, have_seq;
+    int have_min_lr, have_warmup, have_micro_batch, have_seq, have_state;
 } mt_train_opts;
 
 /* Parses argv (argv[0] = "train"); prints --help and sets *exit_now when asked. MT_OK/MT_ERR. */
