@@ -72,13 +72,8 @@ MT_AVX2_INLINE __m256i sr_bits(mt_sr_key k, uint64_t base) {
 
 /* mt_qmap_quantize of 8 lanes (x's bits u) -> their codes, one per 32-bit lane */
 MT_AVX2_INLINE __m256i quantize_k(const mt_qmap *q, __m256i u) {
-    __m256i a = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x7fff));
-    a = _mm256_min_epi32(_mm256_max_epi32(a, _mm256_set1_epi32(MT_QMAP_CELL_LO)),
-                         _mm256_set1_epi32(MT_QMAP_CELL_HI));
     __m256i neg = _mm256_srai_epi32(u, 31);
-    __m256i idx = _mm256_add_epi32(_mm256_sub_epi32(a, _mm256_set1_epi32(MT_QMAP_CELL_LO)),
-                                   _mm256_and_si256(neg, _mm256_set1_epi32(MT_QMAP_CELLS)));
-    __m256i e = lookup_cells(q->cell, idx);
+    __m256i e = lookup_cells(q->cell_by_top, _mm256_srli_epi32(u, 16));
     __m256i k = _mm256_and_si256(e, _mm256_set1_epi32(0xff));
     __m256i t = _mm256_srli_epi32(e, 8);
     __m256i low = _mm256_and_si256(u, _mm256_set1_epi32(0xffff));
