@@ -76,6 +76,8 @@ static void test_table_is_nearest(void **state) {
     for (int mi = 0; mi < 2; mi++) {
         const mt_qmap *q = maps[mi];
         for (uint32_t h = 0; h < 65536; h++) {
+            /* the AVX2 kernel's table, by a value's top 16 bits */
+            assert_int_equal(q->cell_by_top[h], q->cell[mt_qmap_cell_index(h << 16)]);
             const uint32_t lows[] = {0, 1, 0x7fff, 0x8000, 0xfffe, 0xffff,
                                      (uint32_t)mt_test_rng_u64(&r) & 0xffff};
             for (int j = 0; j < 7; j++) {

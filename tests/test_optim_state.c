@@ -26,6 +26,12 @@
 /* More than two of the update's 1024-block thread chunks, and odd. */
 #define N_THREADED (2 * 262144 + 4099)
 
+/* test_pinned_outputs: printed by that test at 8467e7b (kernels as before the speed work) */
+#define PIN_COMPACT_F32 0xcc3e561c3c04fe26ull
+#define PIN_COMPACT_BF16 0x5af0f023ab5964fbull
+#define PIN_TIGHT_F32 0xc004ecc8add52c9full
+#define PIN_TIGHT_BF16 0x418d8f126b21d65aull
+
 /* The full format's update as mt_adamw_update computes it on separate buffers. */
 static void full_update(const mt_optim_step *a, float *p, float *m, float *v, const void *grad,
                         int grad_bf16, size_t n, void *upload, mt_dtype upload_dtype,
@@ -454,6 +460,46 @@ static void test_isa_threads_bitwise(void **state) {
     assert_int_equal(mt_optim_set_isa(saved), MT_OK);
 }
 
+/* ---- (c2) pinned outputs: the kernels' results for a fixed input never change ---- */
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* FNV-1a of every tensor and the upload after run_steps(f, 4099, 6 steps, bf16 and f32 grads);
+ * the values the scalar and AVX2 kernels gave at 8467e7b, before the AVX2 kernel was made
+ * faster (a change of the definition, or of a path, shows up here even if all paths agree). */
+static void test_pinned_outputs(void **state) {
+    (void)state;
+    const uint64_t want[2][2] = {{PIN_COMPACT_F32, PIN_COMPACT_BF16},
+                                 {PIN_TIGHT_F32, PIN_TIGHT_BF16}};
+    mt_optim_isa saved = mt_optim_isa_active();
+    int bad = 0, checked = 0;
+    for (int isa = MT_OPTIM_SCALAR; isa <= MT_OPTIM_AVX512; isa++) {
+        if (!mt_optim_isa_supported((mt_optim_isa)isa)) continue;
+        assert_int_equal(mt_optim_set_isa((mt_optim_isa)isa), MT_OK);
+        for (int fi = 0; fi < 2; fi++)
+            for (int bg = 0; bg < 2; bg++) {
+                mt_optim_state *s = run_steps(fi ? MT_STATE_TIGHT : MT_STATE_COMPACT, 4099, 6, bg, 1);
+                mt_optim_tensor t[MT_OPTIM_MAX_TENSORS];
+                int nt = mt_optim_state_tensors(s, t);
+                uint64_t h = 0xcbf29ce484222325ull;
+                for (int k = 0; k < nt; k++) h = fnv1a(h, t[k].data, t[k].bytes);
+                h = fnv1a(h, mt_optim_state_upload(s), 4099 * 2);
+                printf("%s %s grad %s: %016llx\n", fi ? "tight" : "compact", bg ? "bf16" : "f32",
+                       mt_optim_isa_name((mt_optim_isa)isa), (unsigned long long)h);
+                bad += h != want[fi][bg];
+                checked++;
+                mt_optim_state_free(s);
+            }
+    }
+    assert_int_equal(mt_optim_set_isa(saved), MT_OK);
+    assert_int_equal(bad, 0);
+    assert_true(checked >= 8);
+}
+
 /* ---- (d) checkpoint tensors: save, restore into a fresh state, resume bit-exact ---- */
 
 static void test_save_restore(void **state) {
@@ -818,6 +864,7 @@ int main(void) {
         cmocka_unit_test(test_full_alias),
         cmocka_unit_test(test_long_tiny_updates),
         cmocka_unit_test(test_isa_threads_bitwise),
+        cmocka_unit_test(test_pinned_outputs),
         cmocka_unit_test(test_save_restore),
         cmocka_unit_test(test_arenas_update),
         cmocka_unit_test(test_parts_restore),

@@ -73,6 +73,8 @@ static void build(mt_qmap *q, int is_signed) {
             MT_CHECK((low != MT_QMAP_NO_THR) == (k != kf), "quantization map: cell %04x", hh);
             q->cell[sign * MT_QMAP_CELLS + a - MT_QMAP_CELL_LO] = (uint32_t)k | low << 8;
         }
+    for (uint32_t top = 0; top < 1u << 16; top++)
+        q->cell_by_top[top] = q->cell[mt_qmap_cell_index(top << 16)];
     /* the clamped ends: no threshold below 2^-24 (down to 0) or above 1 (up to inf) */
     float lo_end = bits_f32(MT_QMAP_CELL_LO << 16 | 0xffffu);
     MT_CHECK(mt_qmap_nearest(q, 0.0f) == mt_qmap_nearest(q, lo_end) &&

@@ -129,7 +129,7 @@ int mt_optim_state_update(mt_optim_state *s, const mt_optim_step *a, size_t offs
                           const void *grad, mt_dtype grad_dtype, int n_threads);
 
 /* The tensors to checkpoint, in a fixed order; returns their count (<= MT_OPTIM_MAX_TENSORS).
- * The upload copy of full is not listed (it is bf16(master)). */
+ * The upload copy of full is not listed (it is the master in the upload dtype). */
 int mt_optim_state_tensors(const mt_optim_state *s, mt_optim_tensor *out);
 
 /* The arenas of a state as plain pointers (NULL where the format has none), for what works on
