@@ -9,11 +9,16 @@
  * piece's offset inside its tensor keeps the 8-bit formats' blocks whole. */
 #define FETCH_PIECE ((int64_t)1 << 24)
 
+/* One update call: consecutive tensors of one group with the same weight decay (the 1-D tensors
+ * have none), at most FETCH_PIECE elements. The padding between the tensors of a run is zero
+ * weights, moments and gradients, which an update keeps zero bit for bit (every op of it maps
+ * zeros to +0), so one call over the run gives each tensor the bits a call of its own would, with
+ * fewer, larger calls: the small tensors (k, v, norms) no longer leave threads idle. */
 typedef struct {
-    int param;     /* table index, -1 none */
-    int64_t start; /* element offset inside the tensor */
-    int64_t n;
-} fetch_piece;
+    int layer;
+    int64_t offset, n; /* arena offset (a multiple of 256) and length */
+    int decay;
+} update_piece;
 
 /* A host piece of the arena: [base, base + n) in one optimizer state. */
 typedef struct {
@@ -39,12 +44,15 @@ struct mt_train_state {
     void *tier_grads;      /* compute side, compute dtype */
     mt_optim_state *mirror;/* one layer on the host: converts the tier's weights for io */
 
-    /* compute-side gradients of host groups, fetched a piece ahead of the update: pieces are
-     * runs of at most FETCH_PIECE elements of one tensor, in update order */
+    update_piece *pieces;  /* every group's update calls, in update order */
+    int n_pieces;
+    int *group_first;      /* [layer + 1]: the group's first piece; [L + 2] = n_pieces */
+
+    /* compute-side gradients of host groups, fetched a piece ahead of the update */
     void *fetch_buf[2];
     mt_event *fetched[2];
-    fetch_piece piece[2];  /* what each buffer holds or is receiving */
-    fetch_piece next;      /* the next piece to fetch (param -1: none left) */
+    int held[2];           /* the piece each buffer holds or is receiving (-1: none) */
+    int next;              /* the next piece to fetch (n_pieces: none left) */
     int fetch_next;        /* the buffer the next fetch uses */
 
     mt_state_io io;
@@ -213,6 +221,38 @@ static void tier_init(mt_train_state *s) {
 
 static void init_io(mt_train_state *s);
 
+static void add_piece(mt_train_state *s, int layer, int64_t off, int64_t n, int decay) {
+    for (int64_t o = 0; o < n; o += FETCH_PIECE) {
+        s->pieces = realloc(s->pieces, (size_t)(s->n_pieces + 1) * sizeof *s->pieces);
+        MT_CHECK(s->pieces != NULL, "out of memory");
+        update_piece pc = {layer, off + o, n - o < FETCH_PIECE ? n - o : FETCH_PIECE, decay};
+        s->pieces[s->n_pieces++] = pc;
+    }
+}
+
+/* The update pieces: runs of tensors (table order is arena order, group by group). */
+static void make_pieces(mt_train_state *s) {
+    const mt_param_table *t = s->t;
+    int L = t->cfg.L;
+    s->group_first = mt_calloc((size_t)L + 3, sizeof(int));
+    int run_layer = -2, run_decay = 0;
+    int64_t run_off = 0, run_end = 0;
+    for (int i = 0; i <= t->n_params; i++) {
+        const mt_param *p = i < t->n_params ? &t->params[i] : NULL;
+        int decay = p && p->ndim >= 2;
+        if (p && p->layer == run_layer && decay == run_decay) {
+            run_end = p->offset + p->numel;
+            continue;
+        }
+        if (run_layer > -2) add_piece(s, run_layer, run_off, run_end - run_off, run_decay);
+        if (!p) break;
+        MT_CHECK(p->layer >= run_layer, "parameter table not in group order at %s", p->name);
+        for (int g = run_layer + 1; g <= p->layer; g++) s->group_first[g + 1] = s->n_pieces;
+        run_layer = p->layer, run_decay = decay, run_off = p->offset, run_end = p->offset + p->numel;
+    }
+    for (int g = run_layer + 1; g <= L + 1; g++) s->group_first[g + 1] = s->n_pieces;
+}
+
 mt_train_state *mt_train_state_create(const mt_param_table *t, mt_backend *be,
                                       const mt_train_state_opts *o) {
     int L = t->cfg.L;
@@ -226,6 +266,7 @@ mt_train_state *mt_train_state_create(const mt_param_table *t, mt_backend *be,
     s->o = *o;
     s->elem = mt_dtype_size(be->dtype);
     s->up_dtype = o->format == MT_STATE_FULL ? be->dtype : MT_BF16;
+    make_pieces(s);
     tier_init(s);
     host_piece_init(s, &s->host[0], 0, t->embed_size);
     int64_t b1 = s->tier_base + s->tier_n;
@@ -261,119 +302,83 @@ void mt_train_state_free(mt_train_state *s) {
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) be->free(be, dev[i]);
     mt_optim_state_free(s->mirror);
+    free(s->pieces);
+    free(s->group_first);
     free(s);
 }
 
 /* ---- updates ---- */
 
-static mt_optim_step step_args(const mt_adamw_hparams *hp, const mt_param *p, int64_t step,
+static mt_optim_step step_args(const mt_adamw_hparams *hp, const update_piece *pc, int64_t step,
                                float grad_scale) {
     mt_optim_step a = {.lr = hp->lr, .beta1 = hp->beta1, .beta2 = hp->beta2, .eps = hp->eps,
-                       .weight_decay = p->ndim >= 2 ? hp->weight_decay : 0.0, .step = step,
+                       .weight_decay = pc->decay ? hp->weight_decay : 0.0, .step = step,
                        .grad_scale = grad_scale};
     return a;
 }
 
-/* The piece after p in update order among host tensors whose gradient waits on the compute side
- * (p.param -1: the first). */
-static fetch_piece next_piece(const mt_train_state *s, fetch_piece p) {
-    const mt_param_table *t = s->t;
-    if (p.param >= 0 && p.start + p.n < t->params[p.param].numel) {
-        fetch_piece q = {p.param, p.start + p.n, 0};
-        int64_t left = t->params[p.param].numel - q.start;
-        q.n = left < FETCH_PIECE ? left : FETCH_PIECE;
-        return q;
-    }
-    for (int i = p.param + 1; i < t->n_params; i++) {
-        const mt_param *x = &t->params[i];
-        if (mt_train_state_in_tier(s, x->layer) || !piece_of(s, x->layer)->grads_dev) continue;
-        fetch_piece q = {i, 0, x->numel < FETCH_PIECE ? x->numel : FETCH_PIECE};
-        return q;
-    }
-    fetch_piece none = {-1, 0, 0};
-    return none;
+/* Whether piece k's gradient waits on the compute side for a host update (it is fetched). */
+static int fetched_piece(const mt_train_state *s, int k) {
+    int l = s->pieces[k].layer;
+    return !mt_train_state_in_tier(s, l) && piece_of(s, l)->grads_dev;
 }
 
-/* Starts the copy of the next piece into the next buffer (whose update is over). */
+/* Starts the copy of the next fetched piece into the next buffer (whose update is over). */
 static void fetch_one(mt_train_state *s) {
-    if (s->next.param < 0) return;
+    while (s->next < s->n_pieces && !fetched_piece(s, s->next)) s->next++;
+    if (s->next >= s->n_pieces) return;
     mt_backend *be = s->be;
-    const mt_param *p = &s->t->params[s->next.param];
+    const update_piece *pc = &s->pieces[s->next];
     int b = s->fetch_next;
     s->fetch_next ^= 1;
-    s->piece[b] = s->next;
-    const char *src = (const char *)mt_train_state_grad_dev(s, p->layer) +
-                      (size_t)(p->offset - mt_group_offset(s->t, p->layer) + s->next.start) * s->elem;
-    be->copy_async(be, MT_STREAM_D2H, s->fetch_buf[b], src, (size_t)s->next.n * s->elem);
+    s->held[b] = s->next++;
+    const char *src = (const char *)mt_train_state_grad_dev(s, pc->layer) +
+                      (size_t)(pc->offset - mt_group_offset(s->t, pc->layer)) * s->elem;
+    be->copy_async(be, MT_STREAM_D2H, s->fetch_buf[b], src, (size_t)pc->n * s->elem);
     be->event_record(be, s->fetched[b], MT_STREAM_D2H);
-    s->next = next_piece(s, s->next);
 }
 
 void mt_train_state_begin_update(mt_train_state *s) {
     if (!s->fetch_buf[0]) return;
     s->fetch_next = 0;
-    fetch_piece none = {-1, 0, 0};
-    s->piece[0] = s->piece[1] = none;
-    s->next = next_piece(s, none);
+    s->held[0] = s->held[1] = -1;
+    s->next = 0;
     fetch_one(s);
     fetch_one(s);
 }
 
-/* The fetched gradient of piece (param, start): its copy is done; when it has been used, the
- * caller starts the next one (fetch_one) into the buffer. */
-static const void *fetched(mt_train_state *s, int param, int64_t start, int *buf) {
-    int b = s->piece[0].param == param && s->piece[0].start == start ? 0 : 1;
-    MT_CHECK(s->piece[b].param == param && s->piece[b].start == start,
-             "gradient of tensor %d at %lld was not fetched", param, (long long)start);
+/* Piece k's fetched gradient: its copy is done. */
+static const void *fetched(mt_train_state *s, int k) {
+    int b = s->held[0] == k ? 0 : 1;
+    MT_CHECK(s->held[b] == k, "the gradient of update piece %d was not fetched", k);
     s->be->event_sync(s->be, s->fetched[b]);
-    *buf = b;
     return s->fetch_buf[b];
 }
 
-/* Group `layer` from compute-side gradients, piece by piece (restore: only consumes them). */
-static void update_fetched(mt_train_state *s, int layer, const mt_adamw_hparams *hp, int64_t step,
-                           float grad_scale, int restore) {
-    host_piece *pc = piece_of(s, layer);
-    const mt_param_table *t = s->t;
-    for (int i = 0; i < t->n_params; i++) {
-        const mt_param *p = &t->params[i];
-        if (p->layer != layer) continue;
-        for (int64_t start = 0; start < p->numel; start += FETCH_PIECE) {
-            int64_t n = p->numel - start < FETCH_PIECE ? p->numel - start : FETCH_PIECE;
-            int b;
-            const void *g = fetched(s, i, start, &b);
-            if (!restore) {
-                mt_optim_step a = step_args(hp, p, step, grad_scale);
-                MT_CHECK(mt_optim_state_update(pc->st, &a, (size_t)(p->offset - pc->base + start),
-                                               (size_t)n, g, s->be->dtype, s->o.n_threads) == MT_OK,
-                         "%s", mt_error_message());
-            }
-            (void)b;
-            fetch_one(s); /* into the buffer just used: its fetch goes out after this update */
+/* Group `layer`, piece by piece (restore: only consumes the fetched gradients). */
+static void update_pieces(mt_train_state *s, int layer, const mt_adamw_hparams *hp, int64_t step,
+                          float grad_scale, int restore) {
+    host_piece *hp_ = piece_of(s, layer);
+    int64_t goff = mt_group_offset(s->t, layer);
+    for (int k = s->group_first[layer + 1]; k < s->group_first[layer + 2]; k++) {
+        const update_piece *pc = &s->pieces[k];
+        const void *g = hp_->grads_dev ? fetched(s, k)
+                                       : (const char *)mt_train_state_grad_host(s, layer) +
+                                             (size_t)(pc->offset - goff) * s->elem;
+        if (!restore) {
+            mt_optim_step a = step_args(hp, pc, step, grad_scale);
+            MT_CHECK(mt_optim_state_update(hp_->st, &a, (size_t)(pc->offset - hp_->base), (size_t)pc->n, g,
+                                           s->be->dtype, s->o.n_threads) == MT_OK,
+                     "%s", mt_error_message());
         }
+        if (hp_->grads_dev) fetch_one(s); /* into the buffer just used */
     }
 }
 
 void mt_train_state_update_group(mt_train_state *s, int layer, const mt_adamw_hparams *hp,
                                  int64_t step, float grad_scale) {
     if (mt_train_state_in_tier(s, layer)) return;
-    host_piece *pc = piece_of(s, layer);
-    if (pc->grads_dev) {
-        update_fetched(s, layer, hp, step, grad_scale, 0);
-        return;
-    }
-    const mt_param_table *t = s->t;
-    int64_t goff = mt_group_offset(t, layer);
-    const char *grad = mt_train_state_grad_host(s, layer);
-    for (int i = 0; i < t->n_params; i++) {
-        const mt_param *p = &t->params[i];
-        if (p->layer != layer) continue;
-        mt_optim_step a = step_args(hp, p, step, grad_scale);
-        const void *g = grad + (size_t)(p->offset - goff) * s->elem;
-        MT_CHECK(mt_optim_state_update(pc->st, &a, (size_t)(p->offset - pc->base), (size_t)p->numel, g,
-                                       s->be->dtype, s->o.n_threads) == MT_OK,
-                 "%s", mt_error_message());
-    }
+    update_pieces(s, layer, hp, step, grad_scale, 0);
 }
 
 void mt_train_state_restore_group(mt_train_state *s, int layer) {
@@ -381,7 +386,7 @@ void mt_train_state_restore_group(mt_train_state *s, int layer) {
     host_piece *pc = piece_of(s, layer);
     if (pc->grads) {
         /* compact/tight: the gradient never touched the weights; a pending fetch is dropped */
-        if (pc->grads_dev) update_fetched(s, layer, NULL, 0, 0, 1);
+        if (pc->grads_dev) update_pieces(s, layer, NULL, 0, 0, 1);
         return;
     }
     /* full: the upload copy held the gradient; it comes back from master as the update writes it */
@@ -401,12 +406,12 @@ void mt_train_state_update_tier(mt_train_state *s, const mt_adamw_hparams *hp, i
     if (!s->o.gpu_layers) return;
     mt_backend *be = s->be;
     const mt_param_table *t = s->t;
-    for (int i = 0; i < t->n_params; i++) {
-        const mt_param *p = &t->params[i];
-        if (!mt_train_state_in_tier(s, p->layer)) continue;
-        mt_optim_step a = step_args(hp, p, step, grad_scale);
-        size_t off = (size_t)(p->offset - s->tier_base);
-        be->optim_update(be, &s->tier, &a, off, (size_t)p->numel,
+    (void)t;
+    for (int k = s->group_first[1]; k < s->group_first[s->o.gpu_layers + 1]; k++) {
+        const update_piece *pc = &s->pieces[k];
+        mt_optim_step a = step_args(hp, pc, step, grad_scale);
+        size_t off = (size_t)(pc->offset - s->tier_base);
+        be->optim_update(be, &s->tier, &a, off, (size_t)pc->n,
                          (const char *)s->tier_grads + off * s->elem, be->dtype);
     }
     if (s->tier_weights != s->tier.w) be->from_bf16(be, s->tier_weights, s->tier.w, (size_t)s->tier_n);

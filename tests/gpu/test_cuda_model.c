@@ -310,14 +310,18 @@ static void test_gpu_tier_same_bits(void **state) {
 }
 
 /* w with every element nudged by a relative amount uniform in (-2^-9, 2^-9): bf16's rounding
- * step, the size of the difference between what the two backends compute with. */
-static float *nudged(const float *w, int64_t n, uint64_t seed) {
-    float *p = mt_aligned_alloc((size_t)n * sizeof(float));
-    mt_test_rng rng;
-    mt_test_rng_seed(&rng, seed);
-    for (int64_t i = 0; i < n; i++) {
-        double u = (double)(mt_test_rng_u64(&rng) >> 11) / 9007199254740992.0 * 2 - 1;
-        p[i] = w[i] * (float)(1 + u / 512);
+ * step, the size of the difference between what the two backends compute with. Drawn per tensor
+ * (the tensor's index in the seed), so the table's padding does not move the draws. */
+static float *nudged(const mt_param_table *t, const float *w, uint64_t seed) {
+    float *p = mt_aligned_alloc((size_t)t->total * sizeof(float));
+    memcpy(p, w, (size_t)t->total * sizeof(float));
+    for (int i = 0; i < t->n_params; i++) {
+        mt_test_rng rng;
+        mt_test_rng_seed(&rng, seed * 1000003u + (uint64_t)i);
+        for (int64_t j = 0; j < t->params[i].numel; j++) {
+            double u = (double)(mt_test_rng_u64(&rng) >> 11) / 9007199254740992.0 * 2 - 1;
+            p[t->params[i].offset + j] *= (float)(1 + u / 512);
+        }
     }
     return p;
 }
@@ -336,8 +340,14 @@ static double window_rel(const double *a, const double *b, int w0) {
  * WINDOW_SLACK * d_w + WINDOW_TOL_FLOOR of the CPU run in every window, must learn (final loss
  * under half the first), and no single step may be more than STEP_TOL off. A wrong gradient lags
  * or fails to learn far outside that envelope (the early windows, where the runs have not yet
- * diverged, have envelopes well under 1%). */
-#define NUDGES 3
+ * diverged, have envelopes well under 1%).
+ * NUDGES was 3 until the parameter table's alignment went from 32 to 256 elements (issue 10): the
+ * CUDA run stayed bit for bit what it was (step 21: 3.3143, step 50: 1.2528, as in the session-3
+ * log), but the three nudges, then drawn over the whole arena with its padding, changed, and by
+ * chance all stayed close in steps 21-30 (0.9% against 2.8% before), failing that window (CUDA
+ * 2.9%). Three draws under-estimate the spread: ten per-tensor draws on the dev box give, for
+ * steps 21-30, 0.05% to 5.7%. So: 8 draws, per tensor. */
+#define NUDGES 8
 #define WINDOW_SLACK 1.5
 #define WINDOW_TOL_FLOOR 5e-3
 static void test_training_tracks_cpu(void **state) {
@@ -352,7 +362,7 @@ static void test_training_tracks_cpu(void **state) {
     double *got = train_curve_with(gpu, &t, w, steps, 0, 0, 0, got_norm);
     double envelope[5] = {0};
     for (int k = 0; k < NUDGES; k++) {
-        float *p = nudged(w, t.total, 1234 + (uint64_t)k);
+        float *p = nudged(&t, w, 1234 + (uint64_t)k);
         double *alt = train_curve_with(cpu, &t, p, steps, 0, 0, 0, NULL);
         for (int i = 0; i < 5; i++) {
             double d = window_rel(ref, alt, 10 * i);
