@@ -7,7 +7,8 @@
 #     --profile small|big  small (default): configs/small.json (5.2M params) on this CPU box;
 #                          big: configs/big.json (120M params) with --device cuda
 #     --root DIR           run directories ROOT/FORMAT/, summary.md and curves (default
-#                          bench/accuracy/runs/PROFILE)
+#                          bench/accuracy/runs/PROFILE, whose summary and curves are also copied
+#                          to bench/accuracy/results-PROFILE.md and PROFILE-*.svg)
 #     --parallel           train the formats at once (GPUs: format i on GPU i mod count; one GPU is
 #                          shared, each run capped at --gpu-mem $PAR_GPU_MEM, default 40G)
 #     --steps N            override the profile's steps (the schedule follows)
@@ -72,6 +73,12 @@ if [ "$PARALLEL" = 1 ] && [ -z "$THREADS" ]; then THREADS=$(( $(nproc) / ${#FORM
 train_one() {  # $1 format, $2 index
     local fmt=$1 i=$2 out=$ROOT/$1 args=()
     [ "$FRESH" = 1 ] && rm -rf "$out"
+    # what shapes the result; a finished or resumed run made with other settings is not reused
+    local settings="profile $PROFILE steps $STEPS batch $BATCH seq $SEQ lr $LR warmup $WARMUP config $(cksum <"$CONFIG" | cut -d' ' -f1) data $(stat -c %s "$DATA/train.bin")"
+    if [ -f "$out/settings" ] && [ "$(cat "$out/settings")" != "$settings" ]; then
+        echo "run.sh: $out was trained with other settings ($(cat "$out/settings")); use --fresh or another --root" >&2
+        return 1
+    fi
     if [ -f "$out/done" ]; then echo "run.sh: $fmt already trained ($out/done)"; return 0; fi
     if compgen -G "$out/checkpoints/step_*" >/dev/null; then args+=(--resume); else args+=(--overwrite); fi
     [ "$HAS_STATE" = 1 ] && args+=(--state "$fmt")
@@ -84,6 +91,7 @@ train_one() {  # $1 format, $2 index
         if [ "$NGPU" -lt ${#FORMATS[@]} ]; then args+=(--gpu-mem "${PAR_GPU_MEM:-40G}"); fi
     fi
     mkdir -p "$out"
+    echo "$settings" >"$out/settings"
     echo "run.sh: training $fmt into $out"
     local t0=$SECONDS rc=0
     env "${env[@]}" "$MT" train --init "$CONFIG" --data "$DATA/train.bin" --eval-data "$DATA/eval.bin" \
@@ -164,8 +172,9 @@ for f in "${FORMATS[@]}"; do
     [ -f "$ROOT/$f/metrics.jsonl" ] && "$MT" plot --out "$ROOT/$PROFILE-$f.svg" "$ROOT/$f" >/dev/null
 done
 "$HERE/eval_svg.sh" "$ROOT" "${FORMATS[@]}" >"$ROOT/$PROFILE-eval.svg"
-# the results beside the scripts as well (on the GPU box: copy ROOT to $OUT to bring them back)
-if [ "$ROOT" != "$HERE" ]; then
+# a run in the default root is published beside the scripts (on the GPU box: copy ROOT to $OUT
+# to bring it back)
+if [ "$ROOT" = "$HERE/runs/$PROFILE" ]; then
     cp "$S" "$HERE/results-$PROFILE.md"
     cp "$ROOT"/"$PROFILE"-*.svg "$HERE/" 2>/dev/null || true
 fi
