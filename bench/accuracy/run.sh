@@ -15,6 +15,8 @@
 #     --max-time S         each train stops and saves after S seconds; running run.sh again with
 #                          the same arguments resumes the unfinished ones
 #     --fresh              discard earlier runs in ROOT instead of resuming/keeping them
+#     --seed N             init and data order (default 1337); full with another seed into another
+#                          --root gives the seed-to-seed spread that the gaps are read against
 #   TRAIN_FLAGS go to every `megatrain train` (e.g. --gpu-mem 24G).
 # Needs prepare.sh's token files in $DATA (default bench/accuracy/data). Env: MT (megatrain
 # binary), DATA. A finished format (ROOT/FORMAT/done) is not trained again; its eval is reused.
@@ -22,7 +24,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 DATA=${DATA:-$HERE/data}
-PROFILE=small ROOT= PARALLEL=0 STEPS= MAX_TIME= FRESH=0 FORMATS=() EXTRA=()
+PROFILE=small ROOT= PARALLEL=0 STEPS= MAX_TIME= FRESH=0 SEED=1337 FORMATS=() EXTRA=()
 die() { echo "run.sh: $*" >&2; exit 1; }
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -31,6 +33,7 @@ while [ $# -gt 0 ]; do
         --parallel) PARALLEL=1; shift ;;
         --steps) STEPS=${2:?--steps needs N}; shift 2 ;;
         --max-time) MAX_TIME=${2:?--max-time needs seconds}; shift 2 ;;
+        --seed) SEED=${2:?--seed needs N}; shift 2 ;;
         --fresh) FRESH=1; shift ;;
         --) shift; EXTRA=("$@"); break ;;
         -*) die "unknown option $1 (see the comment at the top of run.sh)" ;;
@@ -42,7 +45,7 @@ for f in "${FORMATS[@]}"; do
     case "$f" in full|compact|tight) ;; *) die "format '$f': expected full, compact or tight" ;; esac
 done
 
-# Both profiles: warmup + cosine to lr/10, AdamW defaults (betas 0.9/0.95, wd 0.1, clip 1), seed 1337.
+# Both profiles: warmup + cosine to lr/10, AdamW defaults (betas 0.9/0.95, wd 0.1, clip 1).
 case "$PROFILE" in
     small)  # measured on the 2-core dev box: ~0.45 s a step at 2 threads when it is not shared
         CONFIG=$HERE/configs/small.json DEVICE=cpu SEQ=256 BATCH=2 STEPS=${STEPS:-2000} LR=1e-3
@@ -74,7 +77,7 @@ train_one() {  # $1 format, $2 index
     local fmt=$1 i=$2 out=$ROOT/$1 args=()
     [ "$FRESH" = 1 ] && rm -rf "$out"
     # what shapes the result; a finished or resumed run made with other settings is not reused
-    local settings="profile $PROFILE steps $STEPS batch $BATCH seq $SEQ lr $LR warmup $WARMUP config $(cksum <"$CONFIG" | cut -d' ' -f1) data $(stat -c %s "$DATA/train.bin")"
+    local settings="profile $PROFILE seed $SEED steps $STEPS batch $BATCH seq $SEQ lr $LR warmup $WARMUP config $(cksum <"$CONFIG" | cut -d' ' -f1) data $(stat -c %s "$DATA/train.bin")"
     if [ -f "$out/settings" ] && [ "$(cat "$out/settings")" != "$settings" ]; then
         echo "run.sh: $out was trained with other settings ($(cat "$out/settings")); use --fresh or another --root" >&2
         return 1
@@ -97,7 +100,7 @@ train_one() {  # $1 format, $2 index
     env "${env[@]}" "$MT" train --init "$CONFIG" --data "$DATA/train.bin" --eval-data "$DATA/eval.bin" \
         --eval-every "$EVAL_EVERY" --eval-batches "$EVAL_BATCHES" --out "$out" \
         --steps "$STEPS" --batch "$BATCH" --seq "$SEQ" --lr "$LR" --min-lr "$(awk -v l="$LR" 'BEGIN{print l/10}')" \
-        --warmup "$WARMUP" --schedule cosine --seed 1337 --device "$DEVICE" --save-every "$SAVE_EVERY" --keep 1 \
+        --warmup "$WARMUP" --schedule cosine --seed "$SEED" --device "$DEVICE" --save-every "$SAVE_EVERY" --keep 1 \
         "${args[@]}" "${EXTRA[@]}" >>"$out/train.log" 2>&1 || rc=$?
     echo $((SECONDS - t0)) >>"$out/wall_s"
     [ "$rc" = 0 ] || { echo "run.sh: $fmt: train failed (exit $rc), see $out/train.log" >&2; tail -3 "$out/train.log" >&2; return 1; }
@@ -134,7 +137,7 @@ S=$ROOT/summary.md
     echo "# Optimizer state formats: accuracy ($PROFILE profile)"
     echo
     echo "$("$MT" --version | head -1); $(date -u +%Y-%m-%dT%H:%MZ); $(basename "$CONFIG") ($("$MT" info --init "$CONFIG" | sed -n 's/^parameters: \([0-9]*\).*/\1/p') params),"
-    echo "--device $DEVICE, --batch $BATCH --seq $SEQ --steps $STEPS, --lr $LR cosine to lr/10, --warmup $WARMUP, --seed 1337;"
+    echo "--device $DEVICE, --batch $BATCH --seq $SEQ --steps $STEPS, --lr $LR cosine to lr/10, --warmup $WARMUP, --seed $SEED;"
     echo "data: $DATA/train.bin ($(( $(stat -c %s "$DATA/train.bin") / 2 )) tokens), eval $DATA/eval.bin ($(( $(stat -c %s "$DATA/eval.bin") / 2 )) tokens)."
     echo "Final eval: \`megatrain eval\` of the last checkpoint, batch 8$([ "$FINAL_BATCHES" -gt 0 ] && echo " x $FINAL_BATCHES batches" || echo ", every row")."
     echo
