@@ -51,8 +51,10 @@ case "$PROFILE" in
         CONFIG=$HERE/configs/small.json DEVICE=cpu SEQ=256 BATCH=2 STEPS=${STEPS:-2000} LR=1e-3
         EVAL_EVERY=200 EVAL_BATCHES=32 FINAL_BATCHES=32 SAVE_EVERY=500 THREADS=${THREADS:-2} ;;
     big)    # 16k tokens a step: 2000 steps are 33M tokens, 0.6 epoch of train.bin
+        # eval: 54 x 16 rows of 1025 tokens = 864 of eval.bin's 867 rows, each time; the final
+        # value is train's eval at the last step
         CONFIG=$HERE/configs/big.json DEVICE=cuda SEQ=1024 BATCH=16 STEPS=${STEPS:-2000} LR=6e-4
-        EVAL_EVERY=200 EVAL_BATCHES=16 FINAL_BATCHES=0 SAVE_EVERY=500 THREADS=${THREADS:-} ;;
+        EVAL_EVERY=200 EVAL_BATCHES=54 FINAL_BATCHES=0 SAVE_EVERY=500 THREADS=${THREADS:-} ;;
     *) die "--profile $PROFILE: expected small or big" ;;
 esac
 WARMUP=$((STEPS / 20))
@@ -107,11 +109,19 @@ train_one() {  # $1 format, $2 index
     local last
     last=$(grep -o '^{"step": [0-9]*, "loss"' "$out/metrics.jsonl" | tail -1 | grep -o '[0-9][0-9]*')
     if [ "${last:-0}" -ge "$STEPS" ]; then
-        local ck
-        ck=$(ls -d "$out"/checkpoints/step_* | sort | tail -1)
-        local eargs=(--model "$ck" --data "$DATA/eval.bin" --batch 8 --seq "$SEQ")
-        [ "$FINAL_BATCHES" -gt 0 ] && eargs+=(--batches "$FINAL_BATCHES")
-        env "${env[@]}" "$MT" eval "${eargs[@]}" >"$out/final_eval.txt" 2>&1 || { echo "run.sh: $fmt: eval failed, see $out/final_eval.txt" >&2; return 1; }
+        if [ "$FINAL_BATCHES" -gt 0 ]; then  # the saved model, read back by `megatrain eval` (CPU)
+            local ck
+            ck=$(ls -d "$out"/checkpoints/step_* | sort | tail -1)
+            env "${env[@]}" "$MT" eval --model "$ck" --data "$DATA/eval.bin" --batch 8 --seq "$SEQ" \
+                --batches "$FINAL_BATCHES" >"$out/final_eval.txt" 2>&1 \
+                || { echo "run.sh: $fmt: eval failed, see $out/final_eval.txt" >&2; return 1; }
+        else  # train's own eval at the last step (on the GPU; `megatrain eval` runs on the CPU only)
+            grep "^{\"step\": $STEPS, \"eval_loss\"" "$out/metrics.jsonl" | tail -1 | awk '{
+                e = $0; sub(/.*"eval_loss": /, "", e); sub(/[^-0-9.e+].*/, "", e)
+                n = $0; sub(/.*"eval_tokens": /, "", n); sub(/[^0-9].*/, "", n)
+                printf "eval (train, last step): loss %s, perplexity %.2f, %s tokens\n", e, exp(e), n }' >"$out/final_eval.txt"
+            [ -s "$out/final_eval.txt" ] || { echo "run.sh: $fmt: no eval at step $STEPS in $out/metrics.jsonl" >&2; return 1; }
+        fi
         touch "$out/done"
         echo "run.sh: $fmt done: $(cat "$out/final_eval.txt" | tail -1)"
     else
@@ -139,7 +149,8 @@ S=$ROOT/summary.md
     echo "$("$MT" --version | head -1); $(date -u +%Y-%m-%dT%H:%MZ); $(basename "$CONFIG") ($("$MT" info --init "$CONFIG" | sed -n 's/^parameters: \([0-9]*\).*/\1/p') params),"
     echo "--device $DEVICE, --batch $BATCH --seq $SEQ --steps $STEPS, --lr $LR cosine to lr/10, --warmup $WARMUP, --seed $SEED;"
     echo "data: $DATA/train.bin ($(( $(stat -c %s "$DATA/train.bin") / 2 )) tokens), eval $DATA/eval.bin ($(( $(stat -c %s "$DATA/eval.bin") / 2 )) tokens)."
-    echo "Final eval: \`megatrain eval\` of the last checkpoint, batch 8$([ "$FINAL_BATCHES" -gt 0 ] && echo " x $FINAL_BATCHES batches" || echo ", every row")."
+    if [ "$FINAL_BATCHES" -gt 0 ]; then echo "Final eval: \`megatrain eval\` of the last checkpoint, $FINAL_BATCHES batches of 8 x $SEQ."
+    else echo "Final eval: train's eval at step $STEPS, $EVAL_BATCHES batches of $BATCH x $SEQ."; fi
     echo
     echo "| format | final eval loss | vs full | goal | last train loss (mean of last 50) | mean ms/step | train wall s |"
     echo "|---|---|---|---|---|---|---|"
