@@ -148,7 +148,7 @@ S=$ROOT/summary.md
     echo
     echo "$("$MT" --version | head -1); $(date -u +%Y-%m-%dT%H:%MZ); $(basename "$CONFIG") ($("$MT" info --init "$CONFIG" | sed -n 's/^parameters: \([0-9]*\).*/\1/p') params),"
     echo "--device $DEVICE, --batch $BATCH --seq $SEQ --steps $STEPS, --lr $LR cosine to lr/10, --warmup $WARMUP, --seed $SEED;"
-    echo "data: $DATA/train.bin ($(( $(stat -c %s "$DATA/train.bin") / 2 )) tokens), eval $DATA/eval.bin ($(( $(stat -c %s "$DATA/eval.bin") / 2 )) tokens)."
+    echo "data: ${DATA#"$REPO"/}/train.bin ($(( $(stat -c %s "$DATA/train.bin") / 2 )) tokens), eval ${DATA#"$REPO"/}/eval.bin ($(( $(stat -c %s "$DATA/eval.bin") / 2 )) tokens)."
     if [ "$FINAL_BATCHES" -gt 0 ]; then echo "Final eval: \`megatrain eval\` of the last checkpoint, $FINAL_BATCHES batches of 8 x $SEQ."
     else echo "Final eval: train's eval at step $STEPS, $EVAL_BATCHES batches of $BATCH x $SEQ."; fi
     echo
