@@ -107,11 +107,11 @@ static void test_state_bytes_per_param(void **state) {
                 mt_state_format_name(rq.state), per, p.eo.grads_on_device ? "on the GPU" : "on the host",
                 p.mem.host_grads / GIB);
         assert_true(fabs(per - want[f]) < 1e-9);
-        /* the 8-bit formats' gradients wait on the GPU; the host keeps only the two 32 MiB buffers
+        /* the 8-bit formats' gradients wait on the GPU; the host keeps only the two 128 MiB buffers
          * they are fetched through */
         if (f != MT_STATE_FULL) {
             assert_true(p.eo.grads_on_device);
-            assert_true(p.mem.host_grads == 2.0 * 2 * (1 << 24));
+            assert_true(p.mem.host_grads == 2.0 * 2 * (1 << 26));
         } else {
             assert_true(p.mem.host_grads == 0);
         }

@@ -65,7 +65,8 @@ fi
 [ -x "${MT:-}" ] || die "no megatrain binary (build it, or set MT=path)"
 for f in train.bin eval.bin; do [ -f "$DATA/$f" ] || die "$DATA/$f missing: run bench/accuracy/prepare.sh first"; done
 HAS_STATE=0
-"$MT" train --help 2>&1 | grep -q -- '--state' && HAS_STATE=1
+help=$("$MT" train --help 2>&1) # not piped into grep -q: an early exit would fail the pipeline
+case $help in *--state*) HAS_STATE=1 ;; esac
 for f in "${FORMATS[@]}"; do
     [ "$HAS_STATE" = 1 ] || [ "$f" = full ] || die "$MT train has no --state flag yet: only 'full' can run"
 done

@@ -5,9 +5,10 @@
 
 #include "../core/error.h"
 
-/* Fetch pieces: 16M elements (32 MiB of bf16 gradient per buffer); a multiple of 256, so a
+/* Fetch pieces: 64M elements (128 MiB of bf16 gradient per buffer; a larger piece is a longer
+ * parallel region: fewer fork-joins and idle tails); a multiple of 256, so a
  * piece's offset inside its tensor keeps the 8-bit formats' blocks whole. */
-#define FETCH_PIECE ((int64_t)1 << 24)
+#define FETCH_PIECE ((int64_t)1 << 26)
 
 /* One update call: consecutive tensors of one group with the same weight decay (the 1-D tensors
  * have none), at most FETCH_PIECE elements. The padding between the tensors of a run is zero
