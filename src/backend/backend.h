@@ -47,6 +47,8 @@ typedef struct {
                          alloc's accounting (cuda: the stream-ordered pool of the attention backward) */
     int host_ram;     /* the compute side is host RAM (cpu): its bytes count against the host's
                          memory, and moving the checkpoints to the host frees nothing */
+    int64_t host_overhead; /* host RAM the process takes beside the plan's arrays (cuda: the driver,
+                              runtime and libraries), kept free when fitting the host */
 } mt_backend_memory;
 
 struct mt_backend {

@@ -16,9 +16,15 @@ static void measure(const mt_param_table *t, mt_dtype dtype, mt_plan *p) {
     p->host_bytes = p->mem.host_total + (p->backend.host_ram ? p->compute_bytes : 0);
 }
 
+/* The host holds the plan, with the backend's own host memory beside it. */
+static int host_fits(const mt_plan *p) {
+    return p->host_available <= 0 ||
+           p->host_bytes + (double)p->backend.host_overhead <= p->host_available;
+}
+
 /* Fits with the headroom kept free: what the planner's own choices must meet. */
 static int fits_roomy(const mt_plan *p) {
-    if (p->backend.host_ram) return p->host_available <= 0 || p->host_bytes <= p->host_available;
+    if (p->backend.host_ram) return host_fits(p);
     return p->budget <= 0 || p->compute_bytes + (double)p->backend.headroom <= (double)p->budget;
 }
 
@@ -36,10 +42,6 @@ static int auto_saved_layers(const mt_plan *p) {
     if (left <= 0 || p->mem.dev_saved_per_layer <= 0) return 0;
     double k = floor(left / p->mem.dev_saved_per_layer);
     return k >= p->L ? p->L : (int)k;
-}
-
-static int host_fits(const mt_plan *p) {
-    return p->host_available <= 0 || p->host_bytes <= p->host_available;
 }
 
 /* 0. --gpu-layers auto: the fewest tier layers with which the host holds the state (the current
@@ -199,10 +201,11 @@ static int check_host(const mt_plan *p) {
     char hint[160] = "";
     if (p->suggest[0]) snprintf(hint, sizeof hint, "; %s would fit", p->suggest);
     else if (fmt) snprintf(hint, sizeof hint, "; --state %s takes fewer bytes per parameter", fmt);
-    return mt_error_set("host RAM: training needs %.2f GiB, %.2f GiB are available (--state %s, %.2f "
-                        "B/param)%s; or use a smaller model, --batch or --seq%s, more GPU layers, or a "
-                        "machine with more RAM",
-                        p->host_bytes / MT_GIB, p->host_available / MT_GIB,
+    return mt_error_set("host RAM: training needs %.2f GiB (+ %.2f for the %s runtime), %.2f GiB are "
+                        "available (--state %s, %.2f B/param)%s; or use a smaller model, --batch or "
+                        "--seq%s, more GPU layers, or a machine with more RAM",
+                        p->host_bytes / MT_GIB, (double)p->backend.host_overhead / MT_GIB,
+                        p->backend_name, p->host_available / MT_GIB,
                         mt_state_format_name(p->eo.state), p->mem.host_total / p->n_params, hint,
                         p->backend.host_ram && p->eo.micro_batch > 1 ? ", a smaller --micro-batch" : "");
 }
