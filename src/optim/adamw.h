@@ -24,13 +24,33 @@
 #include <stdint.h>
 
 #include "core/dtype.h"
+#include "optim/state.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* lr, beta1, beta2, eps, weight_decay (the caller passes 0 for 1-D tensors), step (1-based),
+ * grad_scale (fp32 clip coefficient, mt_adamw_clip_coef; 1 = none): state.h's mt_optim_step. */
+typedef mt_optim_step mt_adamw_step_args;
+
+/* The step's fp32 constants, computed in double from the double hyperparameters and rounded once
+ * each, as torch's Python floats are: the one definition every AdamW kernel uses (full's here,
+ * the 8-bit formats' in state.c, the GPU tier's in backend/cuda/optim.cu). */
 typedef struct {
-    double lr, beta1, beta2, eps; /* double: torch's hyperparameters are Python floats */
-    double weight_decay;          /* decoupled; the caller passes 0 for 1-D tensors */
-    int64_t step;                 /* 1-based number of the step being taken */
-    float grad_scale;             /* fp32 clip coefficient (mt_adamw_clip_coef), 1 = none */
-} mt_adamw_step_args;
+    float gs;         /* grad_scale */
+    float decay;      /* f32(1 - lr*wd) */
+    int do_decay;     /* wd != 0 (torch skips the multiply then) */
+    float lerp_coef;  /* f32(1-beta1), or f32(1-beta1) - 1 when not "small" (torch's lerp) */
+    int lerp_small;   /* |1-beta1| < 0.5: fma(w, g-m, m); else fma(w-1, g-m, g) */
+    float b2, c2;     /* f32(beta2), f32(1-beta2) */
+    float bc2s;       /* f32(sqrt(1 - beta2^step)) */
+    float eps;
+    float neg_step;   /* f32(-lr / (1 - beta1^step)) */
+} mt_adamw_consts;
+
+/* Fatal for step < 1 (1-based). */
+mt_adamw_consts mt_adamw_consts_of(const mt_adamw_step_args *a);
 
 /* One AdamW step over n elements. upload (may be NULL) receives the new param as bf16 (round to
  * nearest even, == mt_f32_to_bf16) when upload_dtype is MT_BF16, or an fp32 copy for MT_F32.
@@ -61,5 +81,9 @@ mt_adamw_isa mt_adamw_isa_active(void);
 /* For tests and benchmarks: switch the path used by later calls (not while updates run).
  * Returns MT_ERR (with a message) when the CPU lacks it. */
 int mt_adamw_set_isa(mt_adamw_isa isa);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -58,7 +58,7 @@ static mt_adamw_kernel_fn kernel_for(mt_adamw_isa isa) {
 
 /* ---- constants and the thread split ---- */
 
-static mt_adamw_consts make_consts(const mt_adamw_step_args *a) {
+mt_adamw_consts mt_adamw_consts_of(const mt_adamw_step_args *a) {
     MT_CHECK(a->step >= 1, "AdamW step is 1-based, got %lld", (long long)a->step);
     mt_adamw_consts c;
     memset(&c, 0, sizeof c);
@@ -94,7 +94,7 @@ static int overlaps(const void *a, size_t abytes, const void *b, size_t bbytes) 
 MT_TSAN_SKIP static void run(const mt_adamw_step_args *a, float *param, float *m, float *v, const void *grad,
                 int grad_bf16, size_t n, void *upload, mt_dtype upload_dtype, int n_threads) {
     if (n == 0) return;
-    mt_adamw_consts c = make_consts(a);
+    mt_adamw_consts c = mt_adamw_consts_of(a);
     int uk = upload_kind(upload_dtype, upload);
     size_t gsz = grad_bf16 ? 2 : 4, usz = uk == MT_ADAMW_UP_BF16 ? 2 : 4;
     /* Only exact grad == upload aliasing with one element size is safe under the thread split. */

@@ -1,4 +1,4 @@
-/* Internal to the AdamW files: the per-call fp32 constants and the per-ISA kernel signature.
+/* Internal to the AdamW files: the per-ISA kernel signature (the fp32 constants are adamw.h's).
  * The scalar element function below is the definition every vector path reproduces op for op. */
 #ifndef MT_ADAMW_KERNEL_H
 #define MT_ADAMW_KERNEL_H
@@ -8,23 +8,12 @@
 #include <stdint.h>
 
 #include "core/dtype.h"
+#include "optim/adamw.h"
 
 /* Contracting a*b+c into an FMA would change rounding; only the explicit fmaf() may be fused.
  * GCC contracts only under -ffp-contract=fast, which -std=c11 (our build) turns off; clang
  * contracts within one expression, so every rounding step below is its own statement. The
  * cross-ISA bitwise test catches a build that fuses anyway. */
-
-typedef struct {
-    float gs;         /* grad_scale */
-    float decay;      /* f32(1 - lr*wd) */
-    int do_decay;     /* wd != 0 (torch skips the multiply then) */
-    float lerp_coef;  /* f32(1-beta1), or f32(1-beta1) - 1 when not "small" (torch's lerp) */
-    int lerp_small;   /* |1-beta1| < 0.5: fma(w, g-m, m); else fma(w-1, g-m, g) */
-    float b2, c2;     /* f32(beta2), f32(1-beta2) */
-    float bc2s;       /* f32(sqrt(1 - beta2^step)) */
-    float eps;
-    float neg_step;   /* f32(-lr / (1 - beta1^step)) */
-} mt_adamw_consts;
 
 enum { MT_ADAMW_UP_NONE = 0, MT_ADAMW_UP_BF16 = 1, MT_ADAMW_UP_F32 = 2 };
 

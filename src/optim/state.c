@@ -277,24 +277,21 @@ static mt_optim_kernel_fn kernel_for(mt_optim_isa isa) {
 
 /* ---- the update ---- */
 
-/* The fp32 constants as adamw_full.c computes them (double hyperparameters, one rounding each),
- * so the moment and weight arithmetic is torch's. */
+/* The fp32 constants of the AdamW element (adamw.h's one definition), and the 8-bit formats'. */
 static mt_optim_consts make_consts(const mt_optim_arenas *s, const mt_optim_step *a) {
+    mt_adamw_consts b = mt_adamw_consts_of(a);
     mt_optim_consts c;
     memset(&c, 0, sizeof c);
-    c.gs = a->grad_scale;
-    c.do_decay = a->weight_decay != 0.0;
-    c.decay = (float)(1.0 - a->lr * a->weight_decay);
-    float w = (float)(1.0 - a->beta1);
-    c.lerp_small = fabsf(w) < 0.5f;
-    c.lerp_coef = c.lerp_small ? w : w - 1.0f;
-    c.b2 = (float)a->beta2;
-    c.c2 = (float)(1.0 - a->beta2);
-    double bc1 = 1.0 - pow(a->beta1, (double)a->step);
-    double bc2 = 1.0 - pow(a->beta2, (double)a->step);
-    c.bc2s = (float)pow(bc2, 0.5);
-    c.eps = (float)a->eps;
-    c.neg_step = (float)(-(a->lr / bc1));
+    c.gs = b.gs;
+    c.do_decay = b.do_decay;
+    c.decay = b.decay;
+    c.lerp_small = b.lerp_small;
+    c.lerp_coef = b.lerp_coef;
+    c.b2 = b.b2;
+    c.c2 = b.c2;
+    c.bc2s = b.bc2s;
+    c.eps = b.eps;
+    c.neg_step = b.neg_step;
     c.tight = s->f == MT_STATE_TIGHT;
     c.key = mt_sr_key_make(s->seed, a->step);
     c.qm = mt_qmap_signed();

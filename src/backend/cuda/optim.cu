@@ -26,36 +26,13 @@
 extern "C" {
 #include "optim/bf16x.h"
 #include "optim/qmap.h"
+#include "optim/adamw.h"
 }
 
 #define OPTIM_WARPS (MT_OPTIM_BLOCK / 32)
 
 /* The fp32 constants of one step (the fields of src/optim/kernel.h's mt_optim_consts that the
  * arithmetic reads). */
-typedef struct {
-    float gs, decay, lerp_coef, b2, c2, bc2s, eps, neg_step;
-    int do_decay, lerp_small;
-} adamw_consts;
-
-static adamw_consts make_consts(const mt_optim_step *a) {
-    adamw_consts c;
-    memset(&c, 0, sizeof c);
-    c.gs = a->grad_scale;
-    c.do_decay = a->weight_decay != 0.0;
-    c.decay = (float)(1.0 - a->lr * a->weight_decay);
-    float w = (float)(1.0 - a->beta1);
-    c.lerp_small = fabsf(w) < 0.5f;
-    c.lerp_coef = c.lerp_small ? w : w - 1.0f;
-    c.b2 = (float)a->beta2;
-    c.c2 = (float)(1.0 - a->beta2);
-    double bc1 = 1.0 - pow(a->beta1, (double)a->step);
-    double bc2 = 1.0 - pow(a->beta2, (double)a->step);
-    c.bc2s = (float)pow(bc2, 0.5);
-    c.eps = (float)a->eps;
-    c.neg_step = (float)(-(a->lr / bc1));
-    return c;
-}
-
 /* The two qmaps in device memory (one copy per device, uploaded at backend creation). */
 static __device__ mt_qmap d_qmaps[2]; /* [0] signed (exp_avg), [1] unsigned (exp_avg_sq) */
 
@@ -82,7 +59,7 @@ static __device__ __forceinline__ float load_grad(const void *grad, int grad_bf1
 
 /* The AdamW element of mt_optim_elem / mt_adamw_elem on the fp32 weight p and moments *m, *v;
  * returns the new weight. */
-static __device__ __forceinline__ float adamw_elem(const adamw_consts &c, float graw, float p,
+static __device__ __forceinline__ float adamw_elem(const mt_adamw_consts &c, float graw, float p,
                                                    float *m, float *v) {
     float g = __fmul_rn(graw, c.gs);
     if (c.do_decay) p = __fmul_rn(p, c.decay);
@@ -112,7 +89,7 @@ typedef struct {
     int grad_bf16;
 } full_span;
 
-static __global__ void full_kernel(adamw_consts c, full_span s, size_t n) {
+static __global__ void full_kernel(mt_adamw_consts c, full_span s, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         float g = load_grad(s.grad, s.grad_bf16, i);
@@ -152,7 +129,7 @@ static __device__ __forceinline__ uint32_t block_max(uint32_t x, uint32_t *sh) {
 }
 
 static __global__ void __launch_bounds__(MT_OPTIM_BLOCK)
-    q8_kernel(adamw_consts c, q8_span s, size_t n) {
+    q8_kernel(mt_adamw_consts c, q8_span s, size_t n) {
     __shared__ uint32_t sh_m[OPTIM_WARPS], sh_v[OPTIM_WARPS];
     const mt_qmap *qm = &d_qmaps[0], *qv = &d_qmaps[1];
     size_t b = blockIdx.x, i = b * MT_OPTIM_BLOCK + threadIdx.x;
@@ -233,7 +210,7 @@ void mt_cuda_optim_update(const mt_optim_arenas *s, const mt_optim_step *a, size
                           size_t n, const void *grad, mt_dtype grad_dtype, cudaStream_t st) {
     check_args(s, a, offset, n, grad, grad_dtype);
     if (n == 0) return;
-    adamw_consts c = make_consts(a);
+    mt_adamw_consts c = mt_adamw_consts_of(a);
     int gbf = grad_dtype == MT_BF16;
     if (s->f == MT_STATE_FULL) {
         full_span sp;
