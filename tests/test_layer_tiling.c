@@ -4,14 +4,15 @@
  * Not bitwise, and why: the tiled layer runs the same row-wise norms and elementwise SwiGLU, but
  * its GEMMs have R = chunk rows instead of N. The CPU backend's sgemm (OpenBLAS) gives a row the
  * same bits only when the row sits in the same place of its micro-kernel tiles and thread split
- * (on the AMD EPYC here: chunks that are multiples of 12 rows single-threaded, of 48 with 2
- * threads); elsewhere its edge kernels sum over K in another order, a few ulp apart (1e-7
- * relative). The weight gradients are also reductions over the tokens, which the tiled layer adds
+ * (for these shapes on the AMD EPYC here: chunks that are multiples of 12 rows single-threaded,
+ * of 48 with 2 threads); elsewhere its edge kernels sum over K in another order, a few ulp apart
+ * (1e-7 relative). The weight gradients are also reductions over the tokens, which the tiled layer adds
  * one chunk's partial sum at a time (another grouping of the fp32 sum). So every output, dinp and
  * every weight gradient is compared with
  *   |got - ref| <= RTOL * (max|ref| + |ref|)
  * (a sum of K <= 176 or N <= 192 fp32 products regrouped: about 1e-7 of its magnitude, printed),
- * and bitwise where the calls are the same: a chunk >= N, and a repeat of the same chunk. */
+ * and bitwise where the calls are the same: chunk 0 or >= N in every backward mode, and a repeat
+ * of the same chunk. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,14 +79,22 @@ static void case_init(layer_case *c, mt_config cfg, int B, int T) {
     c->inv_freq = c->be->alloc(c->be, (size_t)half * sizeof(float));
     c->be->upload(c->be, c->inv_freq, inv, (size_t)half * sizeof(float));
     free(inv);
+    int32_t *pos = malloc((size_t)c->N * sizeof(int32_t));
+    for (int i = 0; i < c->N; i++) pos[i] = i % T;
     c->pos = c->be->alloc(c->be, (size_t)c->N * sizeof(int32_t));
-    for (int i = 0; i < c->N; i++) c->pos[i] = i % T;
+    c->be->upload(c->be, c->pos, pos, (size_t)c->N * sizeof(int32_t));
+    free(pos);
     c->lc = (mt_layer_ctx){.cfg = &c->table.cfg, .be = c->be, .inv_freq = c->inv_freq};
 
-    c->inp = c->be->alloc(c->be, act_floats(c) * sizeof(float));
-    c->dout = c->be->alloc(c->be, act_floats(c) * sizeof(float));
-    mt_test_fill_normal(&rng, c->inp, act_floats(c), 1.0f);
-    mt_test_fill_normal(&rng, c->dout, act_floats(c), 1.0f);
+    size_t act_bytes = act_floats(c) * sizeof(float);
+    float *x = malloc(act_bytes);
+    c->inp = c->be->alloc(c->be, act_bytes);
+    c->dout = c->be->alloc(c->be, act_bytes);
+    mt_test_fill_normal(&rng, x, act_floats(c), 1.0f);
+    c->be->upload(c->be, c->inp, x, act_bytes);
+    mt_test_fill_normal(&rng, x, act_floats(c), 1.0f);
+    c->be->upload(c->be, c->dout, x, act_bytes);
+    free(x);
     c->grads0 = malloc(layer_floats(c) * sizeof(float));
     mt_test_fill_normal(&rng, c->grads0, layer_floats(c), 0.1f);
 }
@@ -106,8 +115,11 @@ static void result_free(layer_result *r) {
 
 /* Forward then backward of the case's layer with the MLP in chunks of mlp_chunk tokens. With
  * `saved`, the forward writes the saved internals into a buffer of the layer's own and the backward
- * runs MT_RECOMPUTE_CHEAP from it; else the backward runs `recompute` on the shared workspace. */
-static layer_result case_run(layer_case *c, int mlp_chunk, int saved, mt_recompute recompute) {
+ * runs MT_RECOMPUTE_CHEAP from it; else the backward runs `recompute` on the shared workspace.
+ * With `alias`, the forward's out is its inp (a copy) and the backward's dinp its dout (a copy),
+ * as the streaming engine and the runner call them. */
+static layer_result case_run(layer_case *c, int mlp_chunk, int saved, mt_recompute recompute,
+                             int alias) {
     mt_backend *be = c->be;
     mt_layer_ws ws;
     mt_layer_ws_init_tiled(&ws, &c->lc, c->N, mlp_chunk);
@@ -125,11 +137,15 @@ static layer_result case_run(layer_case *c, int mlp_chunk, int saved, mt_recompu
     float *grads = be->alloc(be, layer_floats(c) * sizeof(float));
     be->upload(be, grads, c->grads0, layer_floats(c) * sizeof(float));
     mt_layer_weights g = mt_layer_view_of(&c->table, grads, sizeof(float));
-    float *out = be->alloc(be, act_floats(c) * sizeof(float));
-    float *dinp = be->alloc(be, act_floats(c) * sizeof(float));
-
-    mt_layer_forward(&c->lc, &tok, &w, c->inp, out, &run_ws);
-    mt_layer_backward(&c->lc, &tok, &w, &g, c->inp, c->dout, dinp, &run_ws, recompute);
+    size_t act_bytes = act_floats(c) * sizeof(float);
+    float *out = be->alloc(be, act_bytes), *dinp = be->alloc(be, act_bytes);
+    if (alias) {
+        memcpy(out, c->inp, act_bytes); /* the cpu's compute side is host memory */
+        memcpy(dinp, c->dout, act_bytes);
+    }
+    mt_layer_forward(&c->lc, &tok, &w, alias ? out : c->inp, out, &run_ws);
+    mt_layer_backward(&c->lc, &tok, &w, &g, c->inp, alias ? dinp : c->dout, dinp, &run_ws,
+                      recompute);
 
     layer_result r = {malloc(act_floats(c) * sizeof(float)), malloc(act_floats(c) * sizeof(float)),
                       malloc(layer_floats(c) * sizeof(float))};
@@ -200,29 +216,33 @@ static void expect_same(const layer_case *c, const layer_result *got, const laye
     }
 }
 
-/* For the case's layer: chunk sizes 1, 7, a divisor of N, a non-divisor, N and past N against the
- * untiled layer, with each backward mode (recompute all, the workspace as the forward left it,
- * saved internals). */
+/* For the case's layer: chunk sizes 0 (untiled), 1, 7, a divisor of N, a non-divisor, N and past N
+ * against the untiled layer recomputing all, with each backward mode (recompute all, the workspace
+ * as the forward left it, saved internals, in-place calls). */
 static void check_chunks(layer_case *c, int divisor, int non_divisor) {
     assert_int_equal(c->N % divisor, 0);
     assert_true(c->N % non_divisor != 0);
-    const int chunks[] = {1, 7, divisor, non_divisor, c->N, c->N + 5};
+    const int chunks[] = {0, 1, 7, divisor, non_divisor, c->N, c->N + 5};
     const struct {
         int saved;
         mt_recompute rc;
+        int alias;
         const char *name;
-    } modes[] = {{0, MT_RECOMPUTE_ALL, "recompute all"},
-                 {0, MT_RECOMPUTE_NONE, "recompute none"},
-                 {1, MT_RECOMPUTE_CHEAP, "saved"}};
+    } modes[] = {{0, MT_RECOMPUTE_ALL, 0, "recompute all"},
+                 {0, MT_RECOMPUTE_NONE, 0, "recompute none"},
+                 {1, MT_RECOMPUTE_CHEAP, 0, "saved"},
+                 {0, MT_RECOMPUTE_NONE, 1, "out = inp, dinp = dout"}};
+    layer_result ref = case_run(c, 0, 0, MT_RECOMPUTE_ALL, 0);
     for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
-        layer_result ref = case_run(c, 0, modes[m].saved, modes[m].rc);
         errors e = {0};
         for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
             char label[64];
             snprintf(label, sizeof label, "%s, N %d, chunk %d", modes[m].name, c->N, chunks[k]);
-            layer_result got = case_run(c, chunks[k], modes[m].saved, modes[m].rc);
-            expect_same(c, &got, &ref, label, chunks[k] >= c->N, &e);
-            layer_result again = case_run(c, chunks[k], modes[m].saved, modes[m].rc);
+            layer_result got =
+                case_run(c, chunks[k], modes[m].saved, modes[m].rc, modes[m].alias);
+            expect_same(c, &got, &ref, label, chunks[k] == 0 || chunks[k] >= c->N, &e);
+            layer_result again =
+                case_run(c, chunks[k], modes[m].saved, modes[m].rc, modes[m].alias);
             expect_same(c, &again, &got, label, 1, &e); /* deterministic */
             result_free(&again);
             result_free(&got);
@@ -230,8 +250,8 @@ static void check_chunks(layer_case *c, int divisor, int non_divisor) {
         fprintf(stderr, "%s, %s, N %d: tolerance used at most: out %.1f%%, dinp %.1f%%, weight "
                 "gradients %.1f%%\n", c->cfg.model_type, modes[m].name, c->N, 100 * e.out,
                 100 * e.dinp, 100 * e.grads);
-        result_free(&ref);
     }
+    result_free(&ref);
 }
 
 static void test_tiny_variants_match_untiled(void **state) {
