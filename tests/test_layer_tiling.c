@@ -6,9 +6,9 @@
  * same bits only when the row sits in the same place of its micro-kernel tiles and thread split
  * (for these shapes on the AMD EPYC here: chunks that are multiples of 12 rows single-threaded,
  * of 48 with 2 threads); elsewhere its edge kernels sum over K in another order, a few ulp apart
- * (1e-7 relative). The weight gradients are also reductions over the tokens, which the tiled layer adds
- * one chunk's partial sum at a time (another grouping of the fp32 sum). So every output, dinp and
- * every weight gradient is compared with
+ * (1e-7 relative). The weight gradients are also reductions over the tokens, which the tiled
+ * layer adds one chunk's partial sum at a time (another grouping of the fp32 sum). So every
+ * output, dinp and every weight gradient is compared with
  *   |got - ref| <= RTOL * (max|ref| + |ref|)
  * (a sum of K <= 176 or N <= 192 fp32 products regrouped: about 1e-7 of its magnitude, printed),
  * and bitwise where the calls are the same: chunk 0 or >= N in every backward mode, and a repeat
