@@ -18,7 +18,9 @@ typedef struct {
     size_t offset;   /* offsetof the pointer in mt_layer_ws */
     int per_token;   /* elements per token */
     int is_f32;      /* fp32 statistic rather than compute dtype */
-    int saved;       /* kept per layer when its backward skips the recompute */
+    int saved;       /* kept per layer when its backward skips the recompute (untiled MLP only
+                        for an MLP field) */
+    int mlp;         /* MLP rows: one chunk of tokens when the MLP is tiled */
 } ws_field;
 
 #define WS(field) offsetof(mt_layer_ws, field)
@@ -26,45 +28,69 @@ typedef struct {
 static int ws_fields(const mt_config *cfg, ws_field *f) {
     int C = cfg->C, F = cfg->F, HD = cfg->H * cfg->D, GD = cfg->G * cfg->D, n = 0;
     ws_field list[] = {
-        {WS(xn1), C, 0, 0},    {WS(q), HD, 0, 1},     {WS(k), GD, 0, 1},     {WS(v), GD, 0, 1},
-        {WS(att), HD, 0, 1},   {WS(h), C, 0, 1},      {WS(hn), C, 0, 0},     {WS(gate), F, 0, 1},
-        {WS(up), F, 0, 1},     {WS(act), F, 0, 0},    {WS(rstd1), 1, 1, 0},  {WS(rstd2), 1, 1, 0},
-        {WS(lse), cfg->H, 1, 1},
-        {WS(d_act), F, 0, 0},  {WS(d_gate), F, 0, 0}, {WS(d_up), F, 0, 0},   {WS(d_hn), C, 0, 0},
-        {WS(d_h), C, 0, 0},    {WS(d_xn1), C, 0, 0},  {WS(d_att), HD, 0, 0}, {WS(dq), HD, 0, 0},
-        {WS(dk), GD, 0, 0},    {WS(dv), GD, 0, 0},
+        {WS(xn1), C, 0, 0, 0},    {WS(q), HD, 0, 1, 0},     {WS(k), GD, 0, 1, 0},
+        {WS(v), GD, 0, 1, 0},     {WS(att), HD, 0, 1, 0},   {WS(h), C, 0, 1, 0},
+        {WS(hn), C, 0, 0, 1},     {WS(gate), F, 0, 1, 1},   {WS(up), F, 0, 1, 1},
+        {WS(act), F, 0, 0, 1},    {WS(rstd1), 1, 1, 0, 0},  {WS(rstd2), 1, 1, 0, 1},
+        {WS(lse), cfg->H, 1, 1, 0},
+        {WS(d_act), F, 0, 0, 1},  {WS(d_gate), F, 0, 0, 1}, {WS(d_up), F, 0, 0, 1},
+        {WS(d_hn), C, 0, 0, 1},   {WS(d_h), C, 0, 0, 0},    {WS(d_xn1), C, 0, 0, 0},
+        {WS(d_att), HD, 0, 0, 0}, {WS(dq), HD, 0, 0, 0},    {WS(dk), GD, 0, 0, 0},
+        {WS(dv), GD, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) f[n++] = list[i];
     if (cfg->qk_norm) {
-        ws_field extra[] = {{WS(q_raw), HD, 0, 1},     {WS(k_raw), GD, 0, 1},
-                            {WS(q_rstd), cfg->H, 1, 1}, {WS(k_rstd), cfg->G, 1, 1},
-                            {WS(dq_raw), HD, 0, 0},     {WS(dk_raw), GD, 0, 0}};
+        ws_field extra[] = {{WS(q_raw), HD, 0, 1, 0},     {WS(k_raw), GD, 0, 1, 0},
+                            {WS(q_rstd), cfg->H, 1, 1, 0}, {WS(k_rstd), cfg->G, 1, 1, 0},
+                            {WS(dq_raw), HD, 0, 0, 0},     {WS(dk_raw), GD, 0, 0, 0}};
         for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) f[n++] = extra[i];
     }
     return n;
 }
 
-static size_t field_bytes(const ws_field *f, mt_dtype dtype, int max_N) {
+/* A call over N tokens runs the MLP in chunks of this many tokens; N when untiled. */
+static int mlp_rows(int mlp_chunk, int N) { return mlp_chunk > 0 && mlp_chunk < N ? mlp_chunk : N; }
+
+static size_t field_bytes(const ws_field *f, mt_dtype dtype, int rows) {
     size_t elem = f->is_f32 ? 4 : mt_dtype_size(dtype);
-    size_t bytes = (size_t)max_N * (size_t)f->per_token * elem;
+    size_t bytes = (size_t)rows * (size_t)f->per_token * elem;
     return (bytes + 255) / 256 * 256;
 }
 
-size_t mt_layer_ws_bytes(const mt_config *cfg, mt_dtype dtype, int max_N) {
-    ws_field f[40];
-    int n = ws_fields(cfg, f);
-    size_t total = 0;
-    for (int i = 0; i < n; i++) total += field_bytes(&f[i], dtype, max_N);
-    return total;
+/* Rows a workspace for max_N tokens gives field f. */
+static int ws_rows(const ws_field *f, int max_N, int mlp_chunk) {
+    return f->mlp ? mlp_rows(mlp_chunk, max_N) : max_N;
 }
 
-size_t mt_layer_saved_bytes(const mt_config *cfg, mt_dtype dtype, int N) {
+/* Whether field f is saved for a call over N tokens (an MLP field only when the MLP is untiled). */
+static int is_saved(const ws_field *f, int N, int mlp_chunk) {
+    return f->saved && !(f->mlp && mlp_rows(mlp_chunk, N) < N);
+}
+
+size_t mt_layer_ws_bytes_tiled(const mt_config *cfg, mt_dtype dtype, int max_N, int mlp_chunk) {
     ws_field f[40];
     int n = ws_fields(cfg, f);
     size_t total = 0;
     for (int i = 0; i < n; i++)
-        if (f[i].saved) total += field_bytes(&f[i], dtype, N);
+        total += field_bytes(&f[i], dtype, ws_rows(&f[i], max_N, mlp_chunk));
     return total;
+}
+
+size_t mt_layer_ws_bytes(const mt_config *cfg, mt_dtype dtype, int max_N) {
+    return mt_layer_ws_bytes_tiled(cfg, dtype, max_N, 0);
+}
+
+size_t mt_layer_saved_bytes_tiled(const mt_config *cfg, mt_dtype dtype, int N, int mlp_chunk) {
+    ws_field f[40];
+    int n = ws_fields(cfg, f);
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        if (is_saved(&f[i], N, mlp_chunk)) total += field_bytes(&f[i], dtype, N);
+    return total;
+}
+
+size_t mt_layer_saved_bytes(const mt_config *cfg, mt_dtype dtype, int N) {
+    return mt_layer_saved_bytes_tiled(cfg, dtype, N, 0);
 }
 
 mt_layer_ws mt_layer_ws_with_saved(const mt_layer_ws *ws, const mt_config *cfg, mt_dtype dtype,
@@ -75,22 +101,29 @@ mt_layer_ws mt_layer_ws_with_saved(const mt_layer_ws *ws, const mt_config *cfg, 
     int n = ws_fields(cfg, f);
     char *at = base;
     for (int i = 0; i < n; i++) {
-        if (!f[i].saved) continue;
+        if (!is_saved(&f[i], N, ws->mlp_chunk)) continue;
         *(void **)((char *)&v + f[i].offset) = at;
         at += field_bytes(&f[i], dtype, N);
     }
     return v;
 }
 
-void mt_layer_ws_init(mt_layer_ws *ws, const mt_layer_ctx *lc, int max_N) {
+void mt_layer_ws_init_tiled(mt_layer_ws *ws, const mt_layer_ctx *lc, int max_N, int mlp_chunk) {
+    MT_CHECK(mlp_chunk >= 0, "MLP chunk of %d tokens", mlp_chunk);
     memset(ws, 0, sizeof *ws);
     ws->max_N = max_N;
+    ws->mlp_chunk = mlp_chunk;
     ws_field f[40];
     int n = ws_fields(lc->cfg, f);
     for (int i = 0; i < n; i++) {
         void **slot = (void **)((char *)ws + f[i].offset);
-        *slot = lc->be->alloc(lc->be, field_bytes(&f[i], lc->be->dtype, max_N));
+        int rows = ws_rows(&f[i], max_N, mlp_chunk);
+        *slot = lc->be->alloc(lc->be, field_bytes(&f[i], lc->be->dtype, rows));
     }
+}
+
+void mt_layer_ws_init(mt_layer_ws *ws, const mt_layer_ctx *lc, int max_N) {
+    mt_layer_ws_init_tiled(ws, lc, max_N, 0);
 }
 
 void mt_layer_ws_free(mt_layer_ws *ws, const mt_layer_ctx *lc) {
@@ -130,30 +163,63 @@ static void attention_block_forward(const mt_layer_ctx *lc, const mt_tokens *tok
     be->add(be, ws->h, ws->h, inp, (size_t)d.N * d.C);
 }
 
-/* MLP half up to the down projection's input: fills hn, gate, up, act. */
-static void mlp_block_forward(const mt_layer_ctx *lc, const mt_tokens *tok,
-                              const mt_layer_weights *w, mt_layer_ws *ws) {
+/* Row r0 of a token-major (N, width) tensor of the compute dtype. */
+static void *row_at(const mt_layer_ctx *lc, const void *base, int r0, int width) {
+    return (char *)base + (size_t)r0 * (size_t)width * mt_dtype_size(lc->be->dtype);
+}
+
+/* MLP up to the down projection's input for the n tokens of h_rows: fills hn, rstd2, gate, up,
+ * act from their first row (the whole call, or one chunk of it). */
+static void mlp_up_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, const void *h_rows,
+                           int n, mt_layer_ws *ws) {
     mt_backend *be = lc->be;
-    dims d = dims_of(lc->cfg, tok->B * tok->T);
-    be->rmsnorm_forward(be, ws->hn, ws->rstd2, ws->h, w->post_norm, d.N, d.C,
-                        lc->cfg->rms_norm_eps);
-    be->matmul_forward(be, ws->gate, ws->hn, w->gate, w->gate_bias, d.N, d.C, d.F);
-    be->matmul_forward(be, ws->up, ws->hn, w->up, w->up_bias, d.N, d.C, d.F);
-    be->swiglu_forward(be, ws->act, ws->gate, ws->up, (size_t)d.N * d.F);
+    const mt_config *cfg = lc->cfg;
+    be->rmsnorm_forward(be, ws->hn, ws->rstd2, h_rows, w->post_norm, n, cfg->C, cfg->rms_norm_eps);
+    be->matmul_forward(be, ws->gate, ws->hn, w->gate, w->gate_bias, n, cfg->C, cfg->F);
+    be->matmul_forward(be, ws->up, ws->hn, w->up, w->up_bias, n, cfg->C, cfg->F);
+    be->swiglu_forward(be, ws->act, ws->gate, ws->up, (size_t)n * cfg->F);
 }
 
 void mt_layer_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_layer_weights *w,
                       const void *inp, void *out, mt_layer_ws *ws) {
-    int N = tok->B * tok->T;
+    int N = tok->B * tok->T, C = lc->cfg->C;
     MT_CHECK(N <= ws->max_N, "layer workspace holds %d tokens, asked for %d", ws->max_N, N);
     mt_backend *be = lc->be;
     attention_block_forward(lc, tok, w, inp, ws);
-    mlp_block_forward(lc, tok, w, ws);
-    be->matmul_forward(be, out, ws->act, w->down, w->down_bias, N, lc->cfg->F, lc->cfg->C);
-    be->add(be, out, out, ws->h, (size_t)N * lc->cfg->C);
+    /* out = h + down(act), chunk by chunk; inp is dead, so out may alias it */
+    int chunk = mlp_rows(ws->mlp_chunk, N);
+    for (int r0 = 0; r0 < N; r0 += chunk) {
+        int n = N - r0 < chunk ? N - r0 : chunk;
+        void *out_c = row_at(lc, out, r0, C);
+        mlp_up_forward(lc, w, row_at(lc, ws->h, r0, C), n, ws);
+        be->matmul_forward(be, out_c, ws->act, w->down, w->down_bias, n, lc->cfg->F, C);
+        be->add(be, out_c, out_c, row_at(lc, ws->h, r0, C), (size_t)n * C);
+    }
 }
 
 static float *f32(void *p) { return (float *)p; }
+
+/* MLP backward for the n tokens from row r0, whose hn, rstd2, gate, up, act are in ws: the MLP
+ * weight gradients accumulate, d_h rows r0.. = dout + rmsnorm2'(d_hn) (d_xn1's rows as scratch). */
+static void mlp_backward(const mt_layer_ctx *lc, const mt_layer_weights *w,
+                         const mt_layer_weights *g, const void *dout, int r0, int n,
+                         mt_layer_ws *ws) {
+    mt_backend *be = lc->be;
+    const mt_config *cfg = lc->cfg;
+    int C = cfg->C, F = cfg->F;
+    const void *dout_c = row_at(lc, dout, r0, C);
+    void *scratch = row_at(lc, ws->d_xn1, r0, C), *d_h = row_at(lc, ws->d_h, r0, C);
+    be->matmul_backward(be, ws->d_act, f32(g->down), f32(g->down_bias), dout_c, ws->act, w->down,
+                        n, F, C, 0);
+    be->swiglu_backward(be, ws->d_gate, ws->d_up, ws->d_act, ws->gate, ws->up, (size_t)n * F);
+    be->matmul_backward(be, ws->d_hn, f32(g->gate), f32(g->gate_bias), ws->d_gate, ws->hn, w->gate,
+                        n, C, F, 0);
+    be->matmul_backward(be, ws->d_hn, f32(g->up), f32(g->up_bias), ws->d_up, ws->hn, w->up, n, C,
+                        F, 1);
+    be->rmsnorm_backward(be, scratch, f32(g->post_norm), ws->d_hn, row_at(lc, ws->h, r0, C),
+                         w->post_norm, ws->rstd2, n, C, 0);
+    be->add(be, d_h, dout_c, scratch, (size_t)n * C);
+}
 
 void mt_layer_backward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_layer_weights *w,
                        const mt_layer_weights *g, const void *inp, const void *dout, void *dinp,
@@ -162,29 +228,25 @@ void mt_layer_backward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_la
     const mt_config *cfg = lc->cfg;
     dims d = dims_of(cfg, tok->B * tok->T);
     MT_CHECK(d.N <= ws->max_N, "layer workspace holds %d tokens, asked for %d", ws->max_N, d.N);
-    if (recompute == MT_RECOMPUTE_ALL) {
+    if (recompute == MT_RECOMPUTE_ALL)
         attention_block_forward(lc, tok, w, inp, ws);
-        mlp_block_forward(lc, tok, w, ws);
-    } else if (recompute == MT_RECOMPUTE_CHEAP) {
-        /* the same kernels on the same inputs as the forward: bit-identical internals */
+    else if (recompute == MT_RECOMPUTE_CHEAP) /* the forward's kernels on its inputs: its bits */
         be->rmsnorm_forward(be, ws->xn1, ws->rstd1, inp, w->input_norm, d.N, d.C, cfg->rms_norm_eps);
-        be->rmsnorm_forward(be, ws->hn, ws->rstd2, ws->h, w->post_norm, d.N, d.C, cfg->rms_norm_eps);
-        be->swiglu_forward(be, ws->act, ws->gate, ws->up, (size_t)d.N * d.F);
-    }
     size_t NC = (size_t)d.N * d.C;
 
-    /* MLP: out = h + down(act) */
-    be->matmul_backward(be, ws->d_act, f32(g->down), f32(g->down_bias), dout, ws->act, w->down,
-                        d.N, d.F, d.C, 0);
-    be->swiglu_backward(be, ws->d_gate, ws->d_up, ws->d_act, ws->gate, ws->up, (size_t)d.N * d.F);
-    be->matmul_backward(be, ws->d_hn, f32(g->gate), f32(g->gate_bias), ws->d_gate, ws->hn, w->gate,
-                        d.N, d.C, d.F, 0);
-    be->matmul_backward(be, ws->d_hn, f32(g->up), f32(g->up_bias), ws->d_up, ws->hn, w->up, d.N,
-                        d.C, d.F, 1);
-    /* d_h = dout + rmsnorm2'(d_hn); d_xn1 serves as scratch until the attention half needs it */
-    be->rmsnorm_backward(be, ws->d_xn1, f32(g->post_norm), ws->d_hn, ws->h, w->post_norm,
-                         ws->rstd2, d.N, d.C, 0);
-    be->add(be, ws->d_h, dout, ws->d_xn1, NC);
+    /* MLP: out = h + down(act), chunk by chunk; a tiled MLP remakes every chunk from h */
+    int chunk = mlp_rows(ws->mlp_chunk, d.N);
+    for (int r0 = 0; r0 < d.N; r0 += chunk) {
+        int n = d.N - r0 < chunk ? d.N - r0 : chunk;
+        if (chunk < d.N || recompute == MT_RECOMPUTE_ALL) {
+            mlp_up_forward(lc, w, row_at(lc, ws->h, r0, d.C), n, ws);
+        } else if (recompute == MT_RECOMPUTE_CHEAP) { /* gate and up are saved */
+            be->rmsnorm_forward(be, ws->hn, ws->rstd2, row_at(lc, ws->h, r0, d.C), w->post_norm,
+                                n, d.C, cfg->rms_norm_eps);
+            be->swiglu_forward(be, ws->act, ws->gate, ws->up, (size_t)n * d.F);
+        }
+        mlp_backward(lc, w, g, dout, r0, n, ws);
+    }
 
     /* attention: h = x + o(att) */
     be->matmul_backward(be, ws->d_att, f32(g->o), f32(g->o_bias), ws->d_h, ws->att, w->o, d.N,

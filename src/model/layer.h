@@ -32,40 +32,58 @@ typedef struct {
 /* Weights of one layer in the compute dtype, or the fp32 gradients of one layer. */
 typedef mt_layer_view mt_layer_weights;
 
-/* Working activations for one layer and up to max_N tokens (compute dtype unless noted). */
+/* Working activations for one layer and up to max_N tokens (compute dtype unless noted).
+ *
+ * MLP tiling: with 0 < mlp_chunk < N, a call over N tokens runs the MLP block (post-attention
+ * norm, gate/up, SwiGLU, down) over chunks of at most mlp_chunk tokens, in token order, and the
+ * fields marked "MLP rows" hold one chunk only: min(mlp_chunk, max_N) rows instead of max_N.
+ * The backward then remakes each chunk's hn, gate, up and act from h before its gradients
+ * (whatever `recompute` says; it still governs the attention half). Weight gradients accumulate
+ * chunk by chunk in token order. Deterministic for a given chunk, but not the untiled call's bits:
+ * the weight gradients' fp32 sums over tokens are grouped by chunk, and a GEMM over fewer rows
+ * may sum a row's K products in another order (OpenBLAS's edge kernels; cuBLASLt picks kernels
+ * by shape): a few ulp apart (tests/test_layer_tiling.c). mlp_chunk 0 (or >= N) is the untiled
+ * call, the same ops as before tiling existed. */
 typedef struct {
     int max_N;
+    int mlp_chunk;      /* tokens per MLP chunk; 0 = untiled */
     void *xn1;          /* (N, C)   rmsnorm(x) */
     void *q_raw, *k_raw;/* (N, H*D), (N, G*D) before the q/k norm (qwen3 only) */
     void *q, *k, *v;    /* (N, H*D), (N, G*D), (N, G*D) after norm and rope */
     void *att;          /* (N, H*D) attention output */
     void *h;            /* (N, C)   residual after attention */
-    void *hn;           /* (N, C)   rmsnorm(h) */
-    void *gate, *up;    /* (N, F) */
-    void *act;          /* (N, F)   silu(gate) * up */
-    float *rstd1, *rstd2;         /* (N) */
+    void *hn;           /* (N, C)   rmsnorm(h)              MLP rows */
+    void *gate, *up;    /* (N, F)                           MLP rows */
+    void *act;          /* (N, F)   silu(gate) * up         MLP rows */
+    float *rstd1, *rstd2;         /* (N), rstd2: MLP rows */
     float *q_rstd, *k_rstd;       /* (N*H), (N*G) qwen3 only */
     float *lse;                   /* (B, H, T) */
     /* backward scratch */
-    void *d_act, *d_gate, *d_up;  /* (N, F) */
-    void *d_hn, *d_h, *d_xn1;     /* (N, C) */
+    void *d_act, *d_gate, *d_up;  /* (N, F)   MLP rows */
+    void *d_hn, *d_h, *d_xn1;     /* (N, C),  d_hn: MLP rows */
     void *d_att, *dq, *dq_raw;    /* (N, H*D) */
     void *dk, *dv, *dk_raw;       /* (N, G*D) */
 } mt_layer_ws;
 
+/* The untiled workspace (mlp_chunk 0), and one whose MLP rows hold mlp_chunk (>= 0) tokens. */
 void mt_layer_ws_init(mt_layer_ws *ws, const mt_layer_ctx *lc, int max_N);
+void mt_layer_ws_init_tiled(mt_layer_ws *ws, const mt_layer_ctx *lc, int max_N, int mlp_chunk);
 void mt_layer_ws_free(mt_layer_ws *ws, const mt_layer_ctx *lc);
-/* Bytes mt_layer_ws_init allocates on the compute side for max_N tokens. */
+/* Bytes mt_layer_ws_init (_tiled) allocates on the compute side for max_N tokens. */
 size_t mt_layer_ws_bytes(const mt_config *cfg, mt_dtype dtype, int max_N);
+size_t mt_layer_ws_bytes_tiled(const mt_config *cfg, mt_dtype dtype, int max_N, int mlp_chunk);
 
 /* Saved internals: the fields of mt_layer_ws that cost a matmul or the attention to remake (q, k,
  * v, att, h, gate, up, lse, and qwen3's q_raw, k_raw, q_rstd, k_rstd). A layer whose forward wrote
  * them into buffers of its own skips the recompute in its backward (MT_RECOMPUTE_CHEAP): only
  * xn1, hn (and their rstd) and act are remade, by elementwise kernels, bit for bit as the forward
- * made them. Bytes for N tokens: */
+ * made them. With the MLP tiled (0 < mlp_chunk < N) gate and up are not saved: they exist one chunk
+ * at a time, and the backward remakes each chunk's (two matmuls a chunk); the attention internals,
+ * whose remaking costs O(T^2), are still saved. Bytes for N tokens: */
 size_t mt_layer_saved_bytes(const mt_config *cfg, mt_dtype dtype, int N);
-/* A copy of ws whose saved fields point into `base` (mt_layer_saved_bytes(cfg, dtype, N) bytes on
- * the compute side); the other fields stay ws's (shared scratch). */
+size_t mt_layer_saved_bytes_tiled(const mt_config *cfg, mt_dtype dtype, int N, int mlp_chunk);
+/* A copy of ws whose saved fields point into `base` (mt_layer_saved_bytes_tiled(cfg, dtype, N,
+ * ws->mlp_chunk) bytes on the compute side); the other fields stay ws's (shared scratch). */
 mt_layer_ws mt_layer_ws_with_saved(const mt_layer_ws *ws, const mt_config *cfg, mt_dtype dtype,
                                    int N, void *base);
 

@@ -1,0 +1,354 @@
+/* The layer's MLP tiled over chunks of tokens (mt_layer_ws_init_tiled) computes what the untiled
+ * layer computes, in a workspace whose MLP rows hold one chunk (CPU backend, fp32).
+ *
+ * Not bitwise, and why: the tiled layer runs the same row-wise norms and elementwise SwiGLU, but
+ * its GEMMs have R = chunk rows instead of N. The CPU backend's sgemm (OpenBLAS) gives a row the
+ * same bits only when the row sits in the same place of its micro-kernel tiles and thread split
+ * (for these shapes on the AMD EPYC here: chunks that are multiples of 12 rows single-threaded,
+ * of 48 with 2 threads); elsewhere its edge kernels sum over K in another order, a few ulp apart
+ * (1e-7 relative). The weight gradients are also reductions over the tokens, which the tiled
+ * layer adds one chunk's partial sum at a time (another grouping of the fp32 sum). So every
+ * output, dinp and every weight gradient is compared with
+ *   |got - ref| <= RTOL * (max|ref| + |ref|)
+ * (a sum of K <= 176 or N <= 192 fp32 products regrouped: about 1e-7 of its magnitude, printed),
+ * and bitwise where the calls are the same: chunk 0 or >= N in every backward mode, and a repeat
+ * of the same chunk. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "model/layer.h"
+#include "util/testutil.h"
+#include "util/tiny_config.h"
+
+#define RTOL 1e-5
+
+typedef struct {
+    mt_config cfg;
+    mt_param_table table;
+    mt_backend *be;
+    mt_layer_ctx lc;
+    float *w, *inv_freq, *inp, *dout, *grads0;
+    int32_t *pos;
+    int B, T, N;
+} layer_case;
+
+/* What one forward and backward gave. */
+typedef struct {
+    float *out, *dinp, *grads;
+} layer_result;
+
+static size_t layer_floats(const layer_case *c) { return (size_t)c->table.layer_size; }
+static size_t act_floats(const layer_case *c) { return (size_t)c->N * c->cfg.C; }
+
+/* One layer (layer 0 of the table) with weights large enough that every gradient is non-zero:
+ * matrices normal(0, 0.3), norm weights 1 + 0.1 n, biases 0.1 n; the layer input normal(0, 1),
+ * the output gradient normal(0, 1), and non-zero gradients to accumulate onto. */
+static void case_init(layer_case *c, mt_config cfg, int B, int T) {
+    memset(c, 0, sizeof *c);
+    c->cfg = cfg;
+    c->cfg.L = 1;
+    c->B = B;
+    c->T = T;
+    c->N = B * T;
+    mt_param_table_init(&c->table, &c->cfg);
+    c->be = mt_backend_cpu_create();
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 11);
+
+    float *arena = mt_aligned_alloc((size_t)c->table.total * sizeof(float));
+    mt_param_init(&c->table, arena, 0.3f, 5);
+    for (int i = 0; i < c->table.n_params; i++) {
+        const mt_param *p = &c->table.params[i];
+        if (p->layer != 0 || p->ndim != 1) continue;
+        float base = strstr(p->name, "norm") ? 1.0f : 0.0f;
+        for (int64_t j = 0; j < p->numel; j++)
+            arena[p->offset + j] = base + 0.1f * mt_test_rng_normal(&rng);
+    }
+    c->w = c->be->alloc(c->be, layer_floats(c) * sizeof(float));
+    c->be->upload(c->be, c->w, arena + mt_group_offset(&c->table, 0),
+                  layer_floats(c) * sizeof(float));
+    free(arena);
+
+    int half = c->cfg.D / 2;
+    float *inv = malloc((size_t)half * sizeof(float));
+    mt_config_rope_inv_freq(&c->cfg, inv);
+    c->inv_freq = c->be->alloc(c->be, (size_t)half * sizeof(float));
+    c->be->upload(c->be, c->inv_freq, inv, (size_t)half * sizeof(float));
+    free(inv);
+    int32_t *pos = malloc((size_t)c->N * sizeof(int32_t));
+    for (int i = 0; i < c->N; i++) pos[i] = i % T;
+    c->pos = c->be->alloc(c->be, (size_t)c->N * sizeof(int32_t));
+    c->be->upload(c->be, c->pos, pos, (size_t)c->N * sizeof(int32_t));
+    free(pos);
+    c->lc = (mt_layer_ctx){.cfg = &c->table.cfg, .be = c->be, .inv_freq = c->inv_freq};
+
+    size_t act_bytes = act_floats(c) * sizeof(float);
+    float *x = malloc(act_bytes);
+    c->inp = c->be->alloc(c->be, act_bytes);
+    c->dout = c->be->alloc(c->be, act_bytes);
+    mt_test_fill_normal(&rng, x, act_floats(c), 1.0f);
+    c->be->upload(c->be, c->inp, x, act_bytes);
+    mt_test_fill_normal(&rng, x, act_floats(c), 1.0f);
+    c->be->upload(c->be, c->dout, x, act_bytes);
+    free(x);
+    c->grads0 = malloc(layer_floats(c) * sizeof(float));
+    mt_test_fill_normal(&rng, c->grads0, layer_floats(c), 0.1f);
+}
+
+static void case_free(layer_case *c) {
+    void *bufs[] = {c->w, c->inv_freq, c->pos, c->inp, c->dout};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) c->be->free(c->be, bufs[i]);
+    free(c->grads0);
+    c->be->destroy(c->be);
+    mt_param_table_free(&c->table);
+}
+
+static void result_free(layer_result *r) {
+    free(r->out);
+    free(r->dinp);
+    free(r->grads);
+}
+
+/* Forward then backward of the case's layer with the MLP in chunks of mlp_chunk tokens. With
+ * `saved`, the forward writes the saved internals into a buffer of the layer's own and the backward
+ * runs MT_RECOMPUTE_CHEAP from it; else the backward runs `recompute` on the shared workspace.
+ * With `alias`, the forward's out is its inp (a copy) and the backward's dinp its dout (a copy),
+ * as the streaming engine and the runner call them. */
+static layer_result case_run(layer_case *c, int mlp_chunk, int saved, mt_recompute recompute,
+                             int alias) {
+    mt_backend *be = c->be;
+    mt_layer_ws ws;
+    mt_layer_ws_init_tiled(&ws, &c->lc, c->N, mlp_chunk);
+    assert_int_equal(ws.mlp_chunk, mlp_chunk);
+    void *saved_buf = NULL;
+    mt_layer_ws run_ws = ws;
+    if (saved) {
+        size_t bytes = mt_layer_saved_bytes_tiled(&c->cfg, be->dtype, c->N, mlp_chunk);
+        saved_buf = be->alloc(be, bytes);
+        run_ws = mt_layer_ws_with_saved(&ws, &c->cfg, be->dtype, c->N, saved_buf);
+        recompute = MT_RECOMPUTE_CHEAP;
+    }
+    mt_tokens tok = {.B = c->B, .T = c->T, .pos = c->pos, .doc_start = NULL};
+    mt_layer_weights w = mt_layer_view_of(&c->table, c->w, sizeof(float));
+    float *grads = be->alloc(be, layer_floats(c) * sizeof(float));
+    be->upload(be, grads, c->grads0, layer_floats(c) * sizeof(float));
+    mt_layer_weights g = mt_layer_view_of(&c->table, grads, sizeof(float));
+    size_t act_bytes = act_floats(c) * sizeof(float);
+    float *out = be->alloc(be, act_bytes), *dinp = be->alloc(be, act_bytes);
+    if (alias) {
+        memcpy(out, c->inp, act_bytes); /* the cpu's compute side is host memory */
+        memcpy(dinp, c->dout, act_bytes);
+    }
+    mt_layer_forward(&c->lc, &tok, &w, alias ? out : c->inp, out, &run_ws);
+    mt_layer_backward(&c->lc, &tok, &w, &g, c->inp, alias ? dinp : c->dout, dinp, &run_ws,
+                      recompute);
+
+    layer_result r = {malloc(act_floats(c) * sizeof(float)), malloc(act_floats(c) * sizeof(float)),
+                      malloc(layer_floats(c) * sizeof(float))};
+    be->download(be, r.out, out, act_floats(c) * sizeof(float));
+    be->download(be, r.dinp, dinp, act_floats(c) * sizeof(float));
+    be->download(be, r.grads, grads, layer_floats(c) * sizeof(float));
+    be->free(be, out);
+    be->free(be, dinp);
+    be->free(be, grads);
+    if (saved_buf) be->free(be, saved_buf);
+    mt_layer_ws_free(&ws, &c->lc);
+    return r;
+}
+
+/* Fails naming the first element of got that is not bitwise ref's. */
+static void expect_bitwise(const char *label, const char *what, const float *got, const float *ref,
+                           size_t n) {
+    if (!memcmp(got, ref, n * sizeof(float))) return;
+    size_t i = 0;
+    while (!memcmp(got + i, ref + i, sizeof(float))) i++;
+    fail_msg("%s: %s[%zu] = %.9g, untiled %.9g (max rel err %.2e over %zu)", label, what, i,
+             got[i], ref[i], mt_max_rel_err(got, ref, n), n);
+}
+
+/* got within RTOL * (max|part| + |ref|) of ref, with part = ref - base (this call's share of a
+ * gradient that accumulated onto base; base NULL: 0). Returns the largest fraction of the
+ * tolerance used; on failure mt_allclose prints the offending values. */
+static double expect_close(const char *label, const char *what, const float *got, const float *ref,
+                           const float *base, size_t n) {
+    double mx = 0, used = 0;
+    for (size_t j = 0; j < n; j++) mx = fmax(mx, fabs(ref[j] - (base ? base[j] : 0.0f)));
+    assert_true(mx > 0); /* not trivially zero */
+    for (size_t j = 0; j < n; j++) {
+        double err = fabs((double)got[j] - ref[j]);
+        used = fmax(used, isnan(err) ? INFINITY : err / (RTOL * (mx + fabs(ref[j]))));
+    }
+    if (used > 1) {
+        char name[192];
+        snprintf(name, sizeof name, "%s: %s", label, what);
+        mt_allclose(name, got, ref, n, RTOL * mx, RTOL);
+        fail();
+    }
+    return used;
+}
+
+/* Largest fractions of the tolerance used. */
+typedef struct {
+    double out, dinp, grads;
+} errors;
+
+/* got against ref: bitwise when `bitwise`, else every tensor within RTOL. */
+static void expect_same(const layer_case *c, const layer_result *got, const layer_result *ref,
+                        const char *label, int bitwise, errors *e) {
+    if (bitwise) {
+        expect_bitwise(label, "out", got->out, ref->out, act_floats(c));
+        expect_bitwise(label, "dinp", got->dinp, ref->dinp, act_floats(c));
+        expect_bitwise(label, "gradients", got->grads, ref->grads, layer_floats(c));
+        return;
+    }
+    e->out = fmax(e->out, expect_close(label, "out", got->out, ref->out, NULL, act_floats(c)));
+    e->dinp = fmax(e->dinp, expect_close(label, "dinp", got->dinp, ref->dinp, NULL, act_floats(c)));
+    for (int i = 0; i < c->table.n_params; i++) {
+        const mt_param *p = &c->table.params[i];
+        if (p->layer != 0) continue;
+        size_t at = (size_t)p->group_offset;
+        e->grads = fmax(e->grads, expect_close(label, p->name, got->grads + at, ref->grads + at,
+                                               c->grads0 + at, (size_t)p->numel));
+    }
+}
+
+/* For the case's layer: chunk sizes 0 (untiled), 1, 7, a divisor of N, a non-divisor, N and past N
+ * against the untiled layer recomputing all, with each backward mode (recompute all, the workspace
+ * as the forward left it, saved internals, in-place calls). */
+static void check_chunks(layer_case *c, int divisor, int non_divisor) {
+    assert_int_equal(c->N % divisor, 0);
+    assert_true(c->N % non_divisor != 0);
+    const int chunks[] = {0, 1, 7, divisor, non_divisor, c->N, c->N + 5};
+    const struct {
+        int saved;
+        mt_recompute rc;
+        int alias;
+        const char *name;
+    } modes[] = {{0, MT_RECOMPUTE_ALL, 0, "recompute all"},
+                 {0, MT_RECOMPUTE_NONE, 0, "recompute none"},
+                 {1, MT_RECOMPUTE_CHEAP, 0, "saved"},
+                 {0, MT_RECOMPUTE_NONE, 1, "out = inp, dinp = dout"}};
+    layer_result ref = case_run(c, 0, 0, MT_RECOMPUTE_ALL, 0);
+    for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+        errors e = {0};
+        for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
+            char label[64];
+            snprintf(label, sizeof label, "%s, N %d, chunk %d", modes[m].name, c->N, chunks[k]);
+            layer_result got =
+                case_run(c, chunks[k], modes[m].saved, modes[m].rc, modes[m].alias);
+            expect_same(c, &got, &ref, label, chunks[k] == 0 || chunks[k] >= c->N, &e);
+            layer_result again =
+                case_run(c, chunks[k], modes[m].saved, modes[m].rc, modes[m].alias);
+            expect_same(c, &again, &got, label, 1, &e); /* deterministic */
+            result_free(&again);
+            result_free(&got);
+        }
+        fprintf(stderr, "%s, %s, N %d: tolerance used at most: out %.1f%%, dinp %.1f%%, weight "
+                "gradients %.1f%%\n", c->cfg.model_type, modes[m].name, c->N, 100 * e.out,
+                100 * e.dinp, 100 * e.grads);
+    }
+    result_free(&ref);
+}
+
+static void test_tiny_variants_match_untiled(void **state) {
+    (void)state;
+    const char *variants[] = {"llama_bias", "qwen2_bias_tied", "qwen3_qknorm"};
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        layer_case c;
+        case_init(&c, mt_test_tiny_config(variants[v]), 3, 13); /* N 39 */
+        check_chunks(&c, 13, 10);
+        case_free(&c);
+    }
+}
+
+/* Wider than the tiny configs (C 64, F 176, N 192), so the GEMMs take BLAS's blocked paths too. */
+static void test_wider_layer_matches_untiled(void **state) {
+    (void)state;
+    mt_config cfg = mt_test_tiny_config("llama_bias");
+    cfg.C = 64;
+    cfg.F = 176;
+    cfg.H = 8;
+    cfg.G = 2;
+    cfg.D = 8;
+    layer_case c;
+    case_init(&c, cfg, 2, 96);
+    check_chunks(&c, 64, 50);
+    case_free(&c);
+}
+
+/* Counts what the workspace allocates through the backend. */
+static size_t alloc_count;
+static void *(*cpu_alloc)(mt_backend *be, size_t bytes);
+static void *counting_alloc(mt_backend *be, size_t bytes) {
+    alloc_count += bytes;
+    return cpu_alloc(be, bytes);
+}
+
+/* The workspace's MLP rows shrink to the chunk: mt_layer_ws_init_tiled allocates what
+ * mt_layer_ws_bytes_tiled reports, and the saved internals drop gate and up when tiled. */
+static void test_workspace_shrinks_with_chunk(void **state) {
+    (void)state;
+    mt_config cfg = mt_test_tiny_config("llama_bias");
+    mt_backend *be = mt_backend_cpu_create();
+    cpu_alloc = be->alloc;
+    be->alloc = counting_alloc;
+    mt_layer_ctx lc = {.cfg = &cfg, .be = be, .inv_freq = NULL};
+    const int N = 256, chunks[] = {0, 300, 256, 128, 64, 7, 1};
+    size_t prev = 0;
+    for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
+        mt_layer_ws ws;
+        alloc_count = 0;
+        mt_layer_ws_init_tiled(&ws, &lc, N, chunks[k]);
+        size_t bytes = mt_layer_ws_bytes_tiled(&cfg, be->dtype, N, chunks[k]);
+        assert_int_equal(alloc_count, bytes);
+        mt_layer_ws_free(&ws, &lc);
+        if (chunks[k] == 0 || chunks[k] >= N) {
+            assert_int_equal(bytes, mt_layer_ws_bytes(&cfg, be->dtype, N));
+            assert_int_equal(mt_layer_saved_bytes_tiled(&cfg, be->dtype, N, chunks[k]),
+                             mt_layer_saved_bytes(&cfg, be->dtype, N));
+        } else {
+            assert_true(bytes < prev);
+            /* gate and up, (N, F) each, are no longer saved */
+            assert_int_equal(mt_layer_saved_bytes(&cfg, be->dtype, N) -
+                                 mt_layer_saved_bytes_tiled(&cfg, be->dtype, N, chunks[k]),
+                             2 * (size_t)N * cfg.F * sizeof(float));
+        }
+        prev = bytes;
+    }
+    be->alloc = cpu_alloc;
+    be->destroy(be);
+}
+
+/* configs/qwen2.5-7b.json at N = 512k tokens in bf16: the MLP rows (hn, d_hn: C; gate, up, act
+ * and their gradients: F; rstd2) cost 6F + 2C elements and 4 bytes a token, and tiling keeps
+ * `chunk` of the N tokens' worth. */
+static void test_qwen7b_long_context_bytes(void **state) {
+    (void)state;
+    char *path = mt_fixture_path("../../configs/qwen2.5-7b.json");
+    mt_config cfg;
+    assert_int_equal(mt_config_load(&cfg, path), MT_OK);
+    free(path);
+    const int N = 524288, chunk = 8192;
+    size_t untiled = mt_layer_ws_bytes(&cfg, MT_BF16, N);
+    size_t tiled = mt_layer_ws_bytes_tiled(&cfg, MT_BF16, N, chunk);
+    size_t per_token = (6 * (size_t)cfg.F + 2 * (size_t)cfg.C) * 2 + 4;
+    fprintf(stderr, "qwen2.5-7b, N %d, bf16: layer workspace %.2f GiB untiled, %.2f GiB with MLP "
+            "chunk %d; saved internals %.2f -> %.2f GiB a layer\n", N, untiled / 1073741824.0,
+            tiled / 1073741824.0, chunk, mt_layer_saved_bytes(&cfg, MT_BF16, N) / 1073741824.0,
+            mt_layer_saved_bytes_tiled(&cfg, MT_BF16, N, chunk) / 1073741824.0);
+    assert_int_equal(untiled - tiled, (size_t)(N - chunk) * per_token);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tiny_variants_match_untiled),
+        cmocka_unit_test(test_wider_layer_matches_untiled),
+        cmocka_unit_test(test_workspace_shrinks_with_chunk),
+        cmocka_unit_test(test_qwen7b_long_context_bytes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
