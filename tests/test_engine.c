@@ -336,6 +336,55 @@ static void check_nonfinite_step_skipped(mt_state_format format, int tier) {
     setup_free(&s);
 }
 
+
+/* The MLP tiled over token chunks (the long-context plan): the same training as untiled within a
+ * few fp32 ulp (BLAS blocks rows by the GEMM's row count, so a chunk's rows may round differently;
+ * tests/test_layer_tiling.c), with and without saved internals and the GPU tier. */
+static void test_mlp_tiled_engine(void **state) {
+    (void)state;
+    setup s;
+    setup_init(&s, "qwen3_qknorm", 3);
+    const struct { int chunk, saved, tier; } mode[4] = {{0, 0, 0}, {5, 0, 0}, {3, 2, 0}, {7, 0, 1}};
+    double loss[4][3], norm[4][3];
+    float *w[4];
+    for (int k = 0; k < 4; k++) {
+        mt_backend *be = mt_backend_cpu_create();
+        mt_engine_opts o = {.batch = B_ROWS, .micro_batch = 2, .T = T_LEN, .n_slots = 2, .opt_threads = 1,
+                            .mlp_chunk = mode[k].chunk, .saved_layers = mode[k].saved,
+                            .gpu_layers = mode[k].tier, .state = MT_STATE_COMPACT, .seed = 1};
+        mt_engine *e = mt_engine_create(&s.table, be, &o, s.weights);
+        for (int step = 0; step < 3; step++) {
+            mt_step_result r;
+            mt_engine_step(e, s.ids, s.targets, &hp, step + 1, 1.0, &r);
+            loss[k][step] = r.loss;
+            norm[k][step] = r.grad_norm;
+        }
+        w[k] = malloc((size_t)s.table.total * sizeof(float));
+        mt_engine_get_weights(e, w[k]);
+        fprintf(stderr, "mlp_chunk %d saved %d tier %d: losses %.8f %.8f %.8f\n", mode[k].chunk,
+                mode[k].saved, mode[k].tier, loss[k][0], loss[k][1], loss[k][2]);
+        mt_engine_destroy(e);
+        be->destroy(be);
+    }
+    assert_true(loss[0][2] < loss[0][0]);
+    for (int k = 1; k < 4; k++) {
+        for (int step = 0; step < 3; step++) {
+            assert_true(fabs(loss[k][step] - loss[0][step]) <= 1e-5 * loss[0][step]);
+            assert_true(fabs(norm[k][step] - norm[0][step]) <= 1e-4 * norm[0][step]);
+        }
+        double dmax = 0, wmax = 0;
+        for (int64_t i = 0; i < s.table.total; i++) {
+            double d = fabs((double)w[k][i] - w[0][i]);
+            if (d > dmax) dmax = d;
+            if (fabs(w[0][i]) > wmax) wmax = fabs(w[0][i]);
+        }
+        fprintf(stderr, "  weights: max |tiled - untiled| %.3g of max |w| %.3g\n", dmax, wmax);
+        assert_true(dmax <= 1e-4 * wmax);
+    }
+    for (int k = 0; k < 4; k++) free(w[k]);
+    setup_free(&s);
+}
+
 static void test_nonfinite_step_skipped(void **state) {
     (void)state;
     for (int f = MT_STATE_FULL; f <= MT_STATE_TIGHT; f++) {
@@ -351,6 +400,7 @@ int main(void) {
         cmocka_unit_test(test_optimizer_overlaps_forward),
         cmocka_unit_test(test_memory_modes),
         cmocka_unit_test(test_nonfinite_step_skipped),
+        cmocka_unit_test(test_mlp_tiled_engine),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -168,6 +168,33 @@ static void test_suggests_state(void **state) {
     mt_param_table_free(&t);
 }
 
+
+/* A long sequence (the 7B shape at 512k tokens, one sequence) fits only with the MLP tiled: the
+ * planner picks the largest chunk that fits (before that, the checkpoints go to host memory), and
+ * the untiled plan would not fit at all. */
+static void test_long_context_tiles(void **state) {
+    (void)state;
+    mt_param_table t;
+    load_7b(&t);
+    mt_backend be = planned_gpu(139 * GIB);
+    mt_plan_request rq = auto_request(1, 524288);
+    mt_plan p;
+    assert_int_equal(mt_plan_resolve(&t, &be, &rq, &p), MT_OK);
+    fprintf(stderr, "7B at 512k: mlp_chunk %d, offload %d, GPU %.2f GiB, working %.2f GiB\n",
+            p.eo.mlp_chunk, p.eo.offload, p.compute_bytes / GIB, p.mem.dev_work / GIB);
+    assert_int_equal(mt_plan_check(&p), MT_OK);
+    assert_true(p.eo.mlp_chunk > 0 && p.eo.mlp_chunk < 524288);
+    mt_plan q = p;
+    q.eo.mlp_chunk = 0;
+    mt_engine_plan_of(&t, be.dtype, &q.eo, &q.mem);
+    assert_true(q.mem.dev_total + (double)be.memory.scratch > (double)be.mem_budget);
+    /* at 4k tokens nothing is tiled */
+    rq = auto_request(16, 4096);
+    assert_int_equal(mt_plan_resolve(&t, &be, &rq, &p), MT_OK);
+    assert_int_equal(p.eo.mlp_chunk, 0);
+    mt_param_table_free(&t);
+}
+
 static void test_micro_batch_auto_7b(void **state) {
     (void)state;
     mt_param_table t;
@@ -399,7 +426,7 @@ int main(void) {
         cmocka_unit_test(test_info_plan_agree),     cmocka_unit_test(test_units),
         cmocka_unit_test(test_cli_7b),
         cmocka_unit_test(test_state_bytes_per_param), cmocka_unit_test(test_gpu_tier_auto),
-        cmocka_unit_test(test_suggests_state),
+        cmocka_unit_test(test_suggests_state),      cmocka_unit_test(test_long_context_tiles),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

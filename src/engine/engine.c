@@ -172,9 +172,9 @@ void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_
     p->dev_checkpoints = ((o->offload ? 2 : t->cfg.L + 1) + 1) * N * t->cfg.C * el;
     if (o->offload) p->host_total += t->cfg.L * N * t->cfg.C * el;
     p->dev_saved_per_layer = (double)(o->batch / o->micro_batch) *
-                             (double)mt_layer_saved_bytes(&t->cfg, dtype, o->micro_batch * o->T);
+                             (double)mt_layer_saved_bytes_tiled(&t->cfg, dtype, o->micro_batch * o->T, o->mlp_chunk);
     p->dev_saved = o->saved_layers * p->dev_saved_per_layer;
-    p->dev_work = (double)mt_layer_ws_bytes(&t->cfg, dtype, (int)bN) + 2 * bN * t->cfg.C * el +
+    p->dev_work = (double)mt_layer_ws_bytes_tiled(&t->cfg, dtype, (int)bN, o->mlp_chunk) + 2 * bN * t->cfg.C * el +
                   N * 4 * 5; /* ids, targets, losses, positions, document starts */
     p->dev_total = p->dev_slots + p->dev_embed_head + p->dev_grads + p->dev_checkpoints + p->dev_saved +
                    p->dev_work + p->dev_tier;
@@ -596,7 +596,7 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
             e->ckpt_loaded[i] = new_event(e);
         }
     }
-    e->saved_per_mb = mt_layer_saved_bytes(cfg, be->dtype, e->bN);
+    e->saved_per_mb = mt_layer_saved_bytes_tiled(cfg, be->dtype, e->bN, o->mlp_chunk);
     if (o->saved_layers) e->saved = be->alloc(be, (size_t)o->saved_layers * e->M * e->saved_per_mb);
     e->dx = be->alloc(be, (size_t)N * cfg->C * e->elem);
     e->ids = be->alloc(be, (size_t)N * sizeof(int32_t));
@@ -615,7 +615,7 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
     free(inv_freq);
 
     e->lc = (mt_layer_ctx){.cfg = cfg, .be = be, .inv_freq = e->inv_freq};
-    mt_layer_ws_init(&e->ws, &e->lc, e->bN);
+    mt_layer_ws_init_tiled(&e->ws, &e->lc, e->bN, o->mlp_chunk);
     mt_head_ws_init(&e->head_ws, &e->lc, e->bN);
     e->loads = mt_calloc((size_t)L + 2, sizeof(int));
     e->max_busy = 4 * L + 4;

@@ -52,6 +52,9 @@ typedef struct {
     int grads_on_device; /* compact/tight: gradients wait for the update on the compute side
                             (else in a pinned host buffer); full keeps them in the upload copy */
     uint64_t seed;    /* tight's rounding seed */
+    int mlp_chunk;    /* the layer's MLP runs over chunks of this many tokens (0: the whole
+                         micro-batch), so its working memory is O(chunk): long sequences
+                         (model/layer.h; a few ulp from untiled on BLAS: row blocking) */
 } mt_engine_opts;
 
 typedef struct {

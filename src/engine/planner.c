@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "model/layer.h"
 
 int mt_plan_default_seq(const mt_config *cfg) {
     return cfg->max_position_embeddings < 1024 ? cfg->max_position_embeddings : 1024;
@@ -57,6 +58,22 @@ static void choose_tier(const mt_param_table *t, mt_dtype dtype, mt_plan *p) {
     p->host_short = 1;
 }
 
+/* At the smallest micro-batch (long sequences): the largest MLP chunk, of the sizes below, with
+ * which the plan fits; 0 (untiled, re-measured) when none does. */
+static int choose_mlp_chunk(const mt_param_table *t, mt_dtype dtype, mt_plan *p) {
+    static const int chunks[] = {32768, 16384, 8192, 4096, 2048, 1024};
+    int N = p->eo.micro_batch * p->eo.T;
+    for (size_t i = 0; i < sizeof chunks / sizeof chunks[0]; i++) {
+        if (chunks[i] >= N) continue;
+        p->eo.mlp_chunk = chunks[i];
+        measure(t, dtype, p);
+        if (fits_roomy(p)) return 1;
+    }
+    p->eo.mlp_chunk = 0;
+    measure(t, dtype, p);
+    return 0;
+}
+
 /* 1. the largest micro-batch that fits with the checkpoints on the compute side, else with them
  * offloaded (the tier chosen for each: offloaded checkpoints take host RAM); when nothing fits,
  * the smallest plan tried (mt_plan_check refuses it unless it fits without the headroom).
@@ -73,8 +90,13 @@ static int choose_places(const mt_param_table *t, mt_dtype dtype, const mt_plan_
         for (int b = p->micro_auto ? B : rq->micro_batch; b >= 1; b--) {
             if (B % b) continue;
             p->eo.micro_batch = b;
+            p->eo.mlp_chunk = 0;
             measure(t, dtype, p);
             if (fits_roomy(p)) {
+                found = 1;
+                break;
+            }
+            if (b == 1 && choose_mlp_chunk(t, dtype, p)) {
                 found = 1;
                 break;
             }
@@ -117,6 +139,7 @@ int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan
     p->backend = be->memory;
     p->backend_name = be->name;
     p->dtype = be->dtype;
+    p->cfg = t->cfg;
     p->budget = be->mem_budget;
     p->gpu_mem = rq->gpu_mem;
     p->host_available = rq->host_available;
@@ -289,6 +312,11 @@ void mt_plan_print(const mt_plan *p, FILE *out) {
                 "skips the recompute\n", m->dev_saved / g, eo->saved_layers, p->L);
     if (eo->resident)
         fprintf(out, "             resident weights: every layer keeps its slot, loaded once per step\n");
+    if (eo->mlp_chunk)
+        fprintf(out, "             MLP tiled: chunks of %d tokens (working %.2f GiB; untiled %.2f)\n",
+                eo->mlp_chunk, m->dev_work / g,
+                (m->dev_work + (double)mt_layer_ws_bytes(&p->cfg, p->dtype, eo->micro_batch * eo->T) -
+                 (double)mt_layer_ws_bytes_tiled(&p->cfg, p->dtype, eo->micro_batch * eo->T, eo->mlp_chunk)) / g);
     if (!p->backend.host_ram && p->budget > 0 && p->backend.headroom > 0) {
         if (fits_roomy(p))
             fprintf(out, "             %.2f GiB of the budget kept free for the backend's pool\n",

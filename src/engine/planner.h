@@ -19,6 +19,9 @@
  *     pass gives BLAS the most rows; there is no copy to overlap).
  *  2. saved internals (--saved-layers auto): as many layers as the memory left holds.
  *  3. resident weights (auto): when every layer keeps its internals and the L slots still fit.
+ * Within step 1, at the smallest micro-batch (a long sequence), the layer's MLP is tiled over
+ * token chunks (the largest of 32k..1k tokens that fits) before the checkpoints are offloaded:
+ * tiling costs no traffic, only a few ulp against the untiled bits (model/layer.h).
  * "Fits" keeps be->memory.headroom free under the budget; a plan is refused only when it does
  * not fit even without the headroom. No budget (0: cpu, or a GPU planned without --gpu-mem)
  * means nothing to fit: b = B, nothing offloaded, saved or resident unless asked for.
@@ -63,6 +66,7 @@ typedef struct {
     mt_backend_memory backend; /* what the backend takes for itself */
     const char *backend_name;
     mt_dtype dtype;       /* the backend's compute dtype */
+    mt_config cfg;        /* the model's (for the printout) */
     int64_t budget;       /* compute-side budget in bytes (be->mem_budget; 0: none) */
     int64_t gpu_mem;      /* from the request */
     double host_available;
