@@ -79,10 +79,28 @@ static size_t set_bytes(const mt_engine *e) {
     return (size_t)e->M * e->bN * e->t->cfg.C * e->elem;
 }
 
+/* Checkpoint places. The first o.offload layers' inputs go to the host as the forward makes them
+ * and come back one layer ahead of the backward: they rotate through two sets on the compute side
+ * (layer l in set l % 2). The inputs of the other layers, and the last output, keep a set each
+ * after those two; with every layer offloaded the last output takes a rotating set too (set L % 2,
+ * nothing reads the one it replaces). */
+static int offloaded(const mt_engine *e, int l) { return l < e->o.offload; }
+
+static int rotating(const mt_engine *e, int l) {
+    int L = e->t->cfg.L;
+    return offloaded(e, l) || (e->o.offload == L && l == L);
+}
+
+/* Sets of layer inputs on the compute side. */
+static int act_sets(int L, int offload) {
+    if (!offload) return L + 1;
+    return offload == L ? 2 : 2 + (L + 1 - offload);
+}
+
 /* The input of layer l (l = L: the last output) for micro-batch m on the compute side. */
 static void *act_at(const mt_engine *e, int l, int m) {
     size_t per_mb = (size_t)e->bN * e->t->cfg.C * e->elem;
-    int set = e->o.offload ? l % 2 : l;
+    int set = !e->o.offload ? l : rotating(e, l) ? l % 2 : 2 + (l - e->o.offload);
     return (char *)e->acts + ((size_t)set * e->M + m) * per_mb;
 }
 
@@ -168,9 +186,9 @@ void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_
     p->dev_grads = 4.0 * (t->layer_size + t->embed_size + t->head_size) + 2.0 * max_group(t) * el +
                    sb.dev_grads;
     if (dtype != MT_BF16 && o->state != MT_STATE_FULL) p->dev_grads += 2.0 * max_group(t); /* widen */
-    /* the layer inputs (L + 1 sets, or 2 when offloaded) and the gradient dx */
-    p->dev_checkpoints = ((o->offload ? 2 : t->cfg.L + 1) + 1) * N * t->cfg.C * el;
-    if (o->offload) p->host_total += t->cfg.L * N * t->cfg.C * el;
+    /* the layer inputs (L + 1 sets, fewer when offloaded: act_sets) and the gradient dx */
+    p->dev_checkpoints = (act_sets(t->cfg.L, o->offload) + 1) * N * t->cfg.C * el;
+    p->host_total += (double)o->offload * N * t->cfg.C * el;
     p->dev_saved_per_layer = (double)(o->batch / o->micro_batch) *
                              (double)mt_layer_saved_bytes_tiled(&t->cfg, dtype, o->micro_batch * o->T, o->mlp_chunk);
     p->dev_saved = o->saved_layers * p->dev_saved_per_layer;
@@ -357,11 +375,9 @@ static void forward(mt_engine *e, const mt_model_view *w, int save) {
     for (int l = 0; l < L; l++) {
         int tier = l < e->k, pos = l - e->k;
         int s = tier ? -1 : slot_of(e, pos, 0);
-        if (e->o.offload) {
-            if (save) save_checkpoint(e, l);
-            /* the output set held layer l - 1's input: its copy to the host must be done */
-            be->stream_wait(be, MT_STREAM_COMPUTE, e->ckpt_saved[(l + 1) % 2]);
-        }
+        if (offloaded(e, l) && save) save_checkpoint(e, l);
+        /* a rotating output set held layer l - 1's input: its copy to the host must be done */
+        if (rotating(e, l + 1)) be->stream_wait(be, MT_STREAM_COMPUTE, e->ckpt_saved[(l + 1) % 2]);
         if (!tier) be->stream_wait(be, MT_STREAM_COMPUTE, e->slot_loaded[s]);
         mt_layer_weights lw = layer_weights(e, l, s);
         double t0 = mt_trace_now(e->trace);
@@ -397,8 +413,9 @@ static void backward(mt_engine *e, const mt_model_view *g) {
         int l = L - 1 - i;
         int tier = l < e->k; /* the streamed layers come first: position i */
         int s = tier ? -1 : slot_of(e, i, 1);
-        /* offload: layer L - 1's input is still on the compute side; the others were reloaded */
-        if (e->o.offload && l < L - 1) be->stream_wait(be, MT_STREAM_COMPUTE, e->ckpt_loaded[l % 2]);
+        /* the last offloaded layer's input is still on the compute side; the others were reloaded */
+        if (offloaded(e, l) && l < e->o.offload - 1)
+            be->stream_wait(be, MT_STREAM_COMPUTE, e->ckpt_loaded[l % 2]);
         if (!tier) be->stream_wait(be, MT_STREAM_COMPUTE, e->slot_loaded[s]);
         mt_layer_weights lw = layer_weights(e, l, s);
         mt_layer_weights lg = mt_layer_view_of(e->t, e->g_layer, sizeof(float));
@@ -414,7 +431,7 @@ static void backward(mt_engine *e, const mt_model_view *g) {
         busy_end(e, h, MT_SPAN_BACKWARD, l);
         if (!tier) be->event_record(be, e->slot_free[s], MT_STREAM_COMPUTE);
         mt_trace_add(e->trace, MT_SPAN_BACKWARD, MT_LANE_MAIN, e->step, l, t0, mt_trace_now(e->trace));
-        if (e->o.offload) {
+        if (offloaded(e, l)) {
             be->event_record(be, e->set_free[l % 2], MT_STREAM_COMPUTE);
             if (l >= 1) load_checkpoint(e, l - 1);
         }
@@ -468,7 +485,8 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
     busy_end(e, h, MT_SPAN_HEAD, L);
     be->event_record(be, e->head_free, MT_STREAM_COMPUTE);
     be->event_record(be, e->embed_free, MT_STREAM_COMPUTE);
-    if (e->o.offload) be->event_record(be, e->set_free[L % 2], MT_STREAM_COMPUTE);
+    /* the set the first reload fills (layer offload - 2's) has no reader after this */
+    if (e->o.offload) be->event_record(be, e->set_free[e->o.offload % 2], MT_STREAM_COMPUTE);
     mt_trace_add(e->trace, MT_SPAN_HEAD, MT_LANE_MAIN, e->step, L, t0, mt_trace_now(e->trace));
     grads_out(e, L, e->g_head);
 
@@ -531,6 +549,8 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
     MT_CHECK(o->batch > 0 && o->micro_batch > 0 && o->batch % o->micro_batch == 0,
              "batch %d must be a multiple of micro-batch %d", o->batch, o->micro_batch);
     MT_CHECK(o->n_slots >= 2, "need at least 2 weight slots (got %d)", o->n_slots);
+    MT_CHECK(o->offload >= 0 && o->offload <= t->cfg.L, "offloaded checkpoints of %d layers: the model has %d",
+             o->offload, t->cfg.L);
     MT_CHECK(o->saved_layers >= 0 && o->saved_layers <= t->cfg.L && !(o->offload && o->saved_layers),
              "saved layers %d: must be in [0, %d] and 0 with offloaded checkpoints", o->saved_layers,
              t->cfg.L);
@@ -585,9 +605,9 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
     }
     e->compute_done = new_event(e);
     e->norms = be->alloc(be, (size_t)(L + 2) * sizeof(float));
-    e->acts = be->alloc(be, (size_t)(o->offload ? 2 : L + 1) * N * cfg->C * e->elem);
+    e->acts = be->alloc(be, (size_t)act_sets(L, o->offload) * N * cfg->C * e->elem);
     if (o->offload) {
-        e->host_ckpt = be->host_alloc(be, (size_t)(L > 0 ? L : 1) * N * cfg->C * e->elem);
+        e->host_ckpt = be->host_alloc(be, (size_t)o->offload * N * cfg->C * e->elem);
         e->ckpt_ready = new_event(e);
         e->ckpts_saved = new_event(e);
         for (int i = 0; i < 2; i++) {

@@ -11,8 +11,9 @@
  * backward) whatever the number of micro-batches — once with o->resident —; the embed and head
  * groups once.
  *
- * With o->offload the checkpoints go to pinned host memory as the forward makes them and come back
- * one layer ahead of the backward, so the compute side holds two layers' activations, not L + 1.
+ * With o->offload = k the first k layers' checkpoints go to pinned host memory as the forward makes
+ * them and come back one layer ahead of the backward, so the compute side holds two sets for
+ * them instead of k (checkpoints across tiers: the plan offloads as few layers as it must).
  * With o->saved_layers = k the last k layers also keep their internals (model/layer.h), so their
  * backward remakes only the elementwise pieces: same bits, one forward's matmuls and attention less.
  *
@@ -40,7 +41,8 @@ typedef struct {
     int n_slots;      /* layer weight slots on the compute side (>= 2) */
     int opt_threads;  /* threads of the optimizer (<= 0: all) */
     int trace;        /* record a timeline (mt_engine_trace) */
-    int offload;      /* keep the layer checkpoints in pinned host memory, not on the compute side */
+    int offload;      /* the first `offload` layers (0..L) keep their checkpoints in pinned host
+                         memory, not on the compute side (L: all, --offload-checkpoints) */
     int saved_layers; /* the last saved_layers layers keep their internals on the compute side
                          (mt_layer_saved_bytes per micro-batch) so that their backward skips the
                          recompute; 0 with offload */

@@ -58,19 +58,33 @@ static void choose_tier(const mt_param_table *t, mt_dtype dtype, mt_plan *p) {
     p->host_short = 1;
 }
 
+/* The checkpoints' place for the current micro-batch and tiling: all on the compute side (off 0);
+ * else the fewest first layers in host memory with which the plan fits (all of them with
+ * --offload-checkpoints). Returns 1 when it fits (eo.offload set), 0 with the last tried. */
+static int place_checkpoints(const mt_param_table *t, mt_dtype dtype, const mt_plan_request *rq,
+                             mt_plan *p, int off) {
+    int L = p->L;
+    for (int k = !off ? 0 : rq->offload == 1 ? L : 1; k <= (off ? L : 0); k++) {
+        p->eo.offload = k;
+        measure(t, dtype, p);
+        if (fits_roomy(p)) return 1;
+    }
+    return 0;
+}
+
 /* At the smallest micro-batch (long sequences): the largest MLP chunk, of the sizes below, with
  * which the plan fits; 0 (untiled, re-measured) when none does. */
-static int choose_mlp_chunk(const mt_param_table *t, mt_dtype dtype, mt_plan *p) {
+static int choose_mlp_chunk(const mt_param_table *t, mt_dtype dtype, const mt_plan_request *rq,
+                            mt_plan *p, int off) {
     static const int chunks[] = {32768, 16384, 8192, 4096, 2048, 1024};
     int N = p->eo.micro_batch * p->eo.T;
     for (size_t i = 0; i < sizeof chunks / sizeof chunks[0]; i++) {
         if (chunks[i] >= N) continue;
         p->eo.mlp_chunk = chunks[i];
-        measure(t, dtype, p);
-        if (fits_roomy(p)) return 1;
+        if (place_checkpoints(t, dtype, rq, p, off)) return 1;
     }
     p->eo.mlp_chunk = 0;
-    measure(t, dtype, p);
+    place_checkpoints(t, dtype, rq, p, off);
     return 0;
 }
 
@@ -83,7 +97,7 @@ static int choose_places(const mt_param_table *t, mt_dtype dtype, const mt_plan_
     int B = rq->batch;
     int found = 0, off_first = rq->offload == 1, off_last = rq->offload == 1 || p->offload_auto;
     for (int off = off_first; off <= off_last && !found; off++) {
-        p->eo.offload = off;
+        p->eo.offload = off ? p->L : 0; /* the tier is chosen for the most host checkpoints */
         p->eo.micro_batch = p->micro_auto ? B : rq->micro_batch; /* the host side does not depend on it */
         if (p->tier_auto && !p->host_short) choose_tier(t, dtype, p);
         else p->eo.gpu_layers = p->tier_auto ? 0 : rq->gpu_layers;
@@ -91,12 +105,11 @@ static int choose_places(const mt_param_table *t, mt_dtype dtype, const mt_plan_
             if (B % b) continue;
             p->eo.micro_batch = b;
             p->eo.mlp_chunk = 0;
-            measure(t, dtype, p);
-            if (fits_roomy(p)) {
+            if (place_checkpoints(t, dtype, rq, p, off)) {
                 found = 1;
                 break;
             }
-            if (b == 1 && choose_mlp_chunk(t, dtype, p)) {
+            if (b == 1 && choose_mlp_chunk(t, dtype, rq, p, off)) {
                 found = 1;
                 break;
             }
@@ -281,8 +294,9 @@ void mt_plan_print(const mt_plan *p, FILE *out) {
                                                                : "the whole batch")
                 : p->budget <= 0 ? "the whole batch; no GPU budget to fit"
                 : eo->offload ? "no micro-batch fits with the checkpoints on the GPU; the largest "
-                                "that fits with them in host memory"
-                              : "the largest that fits the budget with the checkpoints on the GPU");    fprintf(out, "\noptimizer state: %s, %.2f B/param", mt_state_format_name(eo->state),
+                                "that fits with some of them in host memory"
+                              : "the largest that fits the budget with the checkpoints on the GPU");
+    fprintf(out, "\noptimizer state: %s, %.2f B/param", mt_state_format_name(eo->state),
             eo->state == MT_STATE_FULL ? 12.0 + (double)mt_dtype_size(p->dtype)
                                        : mt_optim_bytes_per_param(eo->state));
     if (eo->state == MT_STATE_COMPACT)
@@ -302,11 +316,14 @@ void mt_plan_print(const mt_plan *p, FILE *out) {
             p->compute_bytes / g);
     if (!p->backend.host_ram && p->budget > 0)
         fprintf(out, " of %.2f GiB (%s)", (double)p->budget / g, budget_source(p));
+    char off[96] = "";
+    if (eo->offload)
+        snprintf(off, sizeof off, " with the checkpoints of layers 0-%d of %d in host memory",
+                 eo->offload - 1, p->L);
     fprintf(out, " (weight slots %.2f, embed/head %.2f, gradients %.2f, activations %.2f%s, working %.2f, "
             "library scratch %.2f)\n",
-            m->dev_slots / g, m->dev_embed_head / g, m->dev_grads / g, m->dev_checkpoints / g,
-            eo->offload ? " with checkpoints offloaded" : "", m->dev_work / g,
-            (double)p->backend.scratch / g);
+            m->dev_slots / g, m->dev_embed_head / g, m->dev_grads / g, m->dev_checkpoints / g, off,
+            m->dev_work / g, (double)p->backend.scratch / g);
     if (eo->saved_layers)
         fprintf(out, "             of which saved internals %.2f GiB: the backward of the last %d of %d layers "
                 "skips the recompute\n", m->dev_saved / g, eo->saved_layers, p->L);

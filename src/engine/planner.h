@@ -10,8 +10,9 @@
  *     upload copy) unless the host has room for them and that gives a better plan below (no
  *     offloaded checkpoints, then a larger micro-batch); on a cpu backend always on the host.
  *  1. micro-batch and checkpoint placement: the largest b dividing B whose plan fits the budget
- *     with the layer checkpoints on the compute side; only when no b does, the checkpoints go to
- *     host memory and it is the largest b that fits then. Offloading comes last because it costs
+ *     with the layer checkpoints on the compute side; only when no b does, the checkpoints of the
+ *     first k layers go to host memory (k the fewest that fit; all with --offload-checkpoints) and
+ *     it is the largest b that fits then. Offloading comes last because it costs
  *     most: it rules out saved internals (step 2, worth +6% at 7B and +16% at 1.5B on the H200,
  *     bench/RESULTS.md) and adds PCIe traffic (−2% at 7B), while halving b cost 4–5% (1.5B:
  *     micro 8, 4, 2 = 376, 362, 343 TFLOPS). On a backend whose compute side is host RAM (cpu)

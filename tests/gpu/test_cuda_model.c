@@ -175,12 +175,13 @@ static void test_memory_modes_agree(void **state) {
     mt_param_table_init(&t, &cfg);
     float *w = bf16_weights(&t, 0.02f, 8);
     const int steps = 6;
-    const struct { int offload, saved, resident; } mode[] = {{0, 0, 0}, {1, 0, 0}, {0, 2, 0}, {0, 1, 0},
-                                                             {0, 2, 1}};
+    /* offload: layers whose checkpoints go to the host (cfg.L: all; 1: across tiers) */
+    const struct { int offload, saved, resident; } mode[] = {{0, 0, 0}, {cfg.L, 0, 0}, {0, 2, 0}, {0, 1, 0},
+                                                             {0, 2, 1}, {1, 0, 0}};
     double norm0[6], norm[6];
     double *ref = train_curve_with(gpu, &t, w, steps, 0, 0, 0, norm0);
     int ok = 1;
-    for (int k = 1; k < 5; k++) {
+    for (int k = 1; k < (int)(sizeof mode / sizeof mode[0]); k++) {
         double *got = train_curve_with(gpu, &t, w, steps, mode[k].offload, mode[k].saved,
                                        mode[k].resident, norm);
         for (int s = 0; s < steps; s++) {
