@@ -3,8 +3,8 @@
  * hold one chunk (CPU backend, fp32).
  *
  * Not bitwise, and why: the tiled layer runs the same row-wise norms, RoPE and elementwise ops,
- * but its GEMMs have R = chunk rows instead of N. The CPU backend's sgemm (OpenBLAS) gives a row the
- * same bits only when the row sits in the same place of its micro-kernel tiles and thread split
+ * but its GEMMs have R = chunk rows instead of N. The CPU backend's sgemm (OpenBLAS) gives a row
+ * the same bits only when the row sits in the same place of its micro-kernel tiles and thread split
  * (for these shapes on the AMD EPYC here: chunks that are multiples of 12 rows single-threaded,
  * of 48 with 2 threads); elsewhere its edge kernels sum over K in another order, a few ulp apart
  * (1e-7 relative), and the attention passes q, k, v's ulps on. The weight gradients are also

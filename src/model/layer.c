@@ -62,7 +62,7 @@ static int ws_rows(const ws_field *f, int max_N, int chunk) {
     return f->chunk ? chunk_rows(chunk, max_N) : max_N;
 }
 
-/* Whether field f is saved for a call over N tokens (a chunk field only when the call is untiled). */
+/* Whether field f is saved for a call over N tokens (a chunk field only when untiled). */
 static int is_saved(const ws_field *f, int N, int chunk) {
     return f->saved && !(f->chunk && chunk_rows(chunk, N) < N);
 }
@@ -194,7 +194,8 @@ static void attention_block_forward(const mt_layer_ctx *lc, const mt_tokens *tok
     mt_backend *be = lc->be;
     dims d = dims_of(lc->cfg, tok->B * tok->T);
     int chunk = chunk_rows(ws->mlp_chunk, d.N);
-    for (int r0 = 0; r0 < d.N; r0 += chunk) qkv_forward(lc, tok, w, inp, r0, min_int(chunk, d.N - r0), ws);
+    for (int r0 = 0; r0 < d.N; r0 += chunk)
+        qkv_forward(lc, tok, w, inp, r0, min_int(chunk, d.N - r0), ws);
     be->attention_forward(be, ws->att, ws->lse, ws->q, ws->k, ws->v, tok->doc_start, tok->B,
                           tok->T, d.H, d.G, d.D);
     for (int r0 = 0; r0 < d.N; r0 += chunk) {
@@ -261,7 +262,8 @@ static void mlp_backward(const mt_layer_ctx *lc, const mt_layer_weights *w,
 
 /* Attention-half backward after the attention's for the n tokens from row r0, whose xn1, rstd1
  * (and q/k norm pieces) are in the chunk rows: rope' and q/k norm' of dq, dk rows r0.., the q, k,
- * v and input-norm weight gradients accumulate, dinp rows r0.. = d_h (already there) + rmsnorm1'. */
+ * v and input-norm weight gradients accumulate, dinp rows r0.. = d_h (already there) +
+ * rmsnorm1'(d_xn1). */
 static void qkv_backward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_layer_weights *w,
                          const mt_layer_weights *g, const void *inp, void *dinp, int r0, int n,
                          mt_layer_ws *ws) {

@@ -88,7 +88,8 @@ size_t mt_layer_ws_bytes_tiled(const mt_config *cfg, mt_dtype dtype, int max_N, 
  * made them. Tiled (0 < mlp_chunk < N), the chunk-row fields among them (gate, up, and qwen3's
  * q_raw, k_raw, q_rstd, k_rstd) are not saved: they exist one chunk at a time, and the backward
  * remakes each chunk's (two matmuls a chunk for gate and up, two for q_raw and k_raw); q, k, v,
- * att, lse and h, whose remaking costs the attention's O(T^2), are still saved. Bytes for N tokens: */
+ * att, lse and h, whose remaking costs the attention's O(T^2), are still saved. Bytes for N
+ * tokens: */
 size_t mt_layer_saved_bytes(const mt_config *cfg, mt_dtype dtype, int N);
 size_t mt_layer_saved_bytes_tiled(const mt_config *cfg, mt_dtype dtype, int N, int mlp_chunk);
 /* A copy of ws whose saved fields point into `base` (mt_layer_saved_bytes_tiled(cfg, dtype, N,
