@@ -341,7 +341,7 @@ static void check_nonfinite_step_skipped(mt_state_format format, int tier) {
 }
 
 
-/* The MLP tiled over token chunks (the long-context plan): the same training as untiled within a
+/* The layer tiled over token chunks (the long-context plan): the same training as untiled within a
  * few fp32 ulp (BLAS blocks rows by the GEMM's row count, so a chunk's rows may round differently;
  * tests/test_layer_tiling.c), with and without saved internals and the GPU tier. In full state:
  * the 8-bit formats turn an ulp into a whole quantization step now and then (a moment on a code

@@ -1,14 +1,15 @@
-/* The layer's MLP tiled over chunks of tokens (mt_layer_ws_init_tiled) computes what the untiled
- * layer computes, in a workspace whose MLP rows hold one chunk (CPU backend, fp32).
+/* The layer tiled over chunks of tokens (mt_layer_ws_init_tiled: both halves, every per-token op
+ * around the attention) computes what the untiled layer computes, in a workspace whose chunk rows
+ * hold one chunk (CPU backend, fp32).
  *
- * Not bitwise, and why: the tiled layer runs the same row-wise norms and elementwise SwiGLU, but
- * its GEMMs have R = chunk rows instead of N. The CPU backend's sgemm (OpenBLAS) gives a row the
- * same bits only when the row sits in the same place of its micro-kernel tiles and thread split
+ * Not bitwise, and why: the tiled layer runs the same row-wise norms, RoPE and elementwise ops,
+ * but its GEMMs have R = chunk rows instead of N. The CPU backend's sgemm (OpenBLAS) gives a row
+ * the same bits only when the row sits in the same place of its micro-kernel tiles and thread split
  * (for these shapes on the AMD EPYC here: chunks that are multiples of 12 rows single-threaded,
  * of 48 with 2 threads); elsewhere its edge kernels sum over K in another order, a few ulp apart
- * (1e-7 relative). The weight gradients are also reductions over the tokens, which the tiled
- * layer adds one chunk's partial sum at a time (another grouping of the fp32 sum). So every
- * output, dinp and every weight gradient is compared with
+ * (1e-7 relative), and the attention passes q, k, v's ulps on. The weight gradients are also
+ * reductions over the tokens, which the tiled layer adds one chunk's partial sum at a time (another
+ * grouping of the fp32 sum). So every output, dinp and every weight gradient is compared with
  *   |got - ref| <= RTOL * (max|ref| + |ref|)
  * (a sum of K <= 176 or N <= 192 fp32 products regrouped: about 1e-7 of its magnitude, printed),
  * and bitwise where the calls are the same: chunk 0 or >= N in every backward mode, and a repeat
@@ -113,7 +114,7 @@ static void result_free(layer_result *r) {
     free(r->grads);
 }
 
-/* Forward then backward of the case's layer with the MLP in chunks of mlp_chunk tokens. With
+/* Forward then backward of the case's layer in chunks of mlp_chunk tokens. With
  * `saved`, the forward writes the saved internals into a buffer of the layer's own and the backward
  * runs MT_RECOMPUTE_CHEAP from it; else the backward runs `recompute` on the shared workspace.
  * With `alias`, the forward's out is its inp (a copy) and the backward's dinp its dout (a copy),
@@ -265,19 +266,23 @@ static void test_tiny_variants_match_untiled(void **state) {
     }
 }
 
-/* Wider than the tiny configs (C 64, F 176, N 192), so the GEMMs take BLAS's blocked paths too. */
+/* Wider than the tiny configs (C 64, F 176, N 192), so the GEMMs take BLAS's blocked paths too;
+ * with qwen3's q/k norm (D 16: H*D = 128 wider than C) and without. */
 static void test_wider_layer_matches_untiled(void **state) {
     (void)state;
-    mt_config cfg = mt_test_tiny_config("llama_bias");
-    cfg.C = 64;
-    cfg.F = 176;
-    cfg.H = 8;
-    cfg.G = 2;
-    cfg.D = 8;
-    layer_case c;
-    case_init(&c, cfg, 2, 96);
-    check_chunks(&c, 64, 50);
-    case_free(&c);
+    const char *variants[] = {"llama_bias", "qwen3_qknorm"};
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        mt_config cfg = mt_test_tiny_config(variants[v]);
+        cfg.C = 64;
+        cfg.F = 176;
+        cfg.H = 8;
+        cfg.G = 2;
+        cfg.D = cfg.qk_norm ? 16 : 8;
+        layer_case c;
+        case_init(&c, cfg, 2, 96);
+        check_chunks(&c, 64, 50);
+        case_free(&c);
+    }
 }
 
 /* Counts what the workspace allocates through the backend. */
@@ -288,59 +293,97 @@ static void *counting_alloc(mt_backend *be, size_t bytes) {
     return cpu_alloc(be, bytes);
 }
 
-/* The workspace's MLP rows shrink to the chunk: mt_layer_ws_init_tiled allocates what
- * mt_layer_ws_bytes_tiled reports, and the saved internals drop gate and up when tiled. */
-static void test_workspace_shrinks_with_chunk(void **state) {
-    (void)state;
-    mt_config cfg = mt_test_tiny_config("llama_bias");
-    mt_backend *be = mt_backend_cpu_create();
-    cpu_alloc = be->alloc;
-    be->alloc = counting_alloc;
-    mt_layer_ctx lc = {.cfg = &cfg, .be = be, .inv_freq = NULL};
-    const int N = 256, chunks[] = {0, 300, 256, 128, 64, 7, 1};
-    size_t prev = 0;
-    for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
-        mt_layer_ws ws;
-        alloc_count = 0;
-        mt_layer_ws_init_tiled(&ws, &lc, N, chunks[k]);
-        size_t bytes = mt_layer_ws_bytes_tiled(&cfg, be->dtype, N, chunks[k]);
-        assert_int_equal(alloc_count, bytes);
-        mt_layer_ws_free(&ws, &lc);
-        if (chunks[k] == 0 || chunks[k] >= N) {
-            assert_int_equal(bytes, mt_layer_ws_bytes(&cfg, be->dtype, N));
-            assert_int_equal(mt_layer_saved_bytes_tiled(&cfg, be->dtype, N, chunks[k]),
-                             mt_layer_saved_bytes(&cfg, be->dtype, N));
-        } else {
-            assert_true(bytes < prev);
-            /* gate and up, (N, F) each, are no longer saved */
-            assert_int_equal(mt_layer_saved_bytes(&cfg, be->dtype, N) -
-                                 mt_layer_saved_bytes_tiled(&cfg, be->dtype, N, chunks[k]),
-                             2 * (size_t)N * cfg.F * sizeof(float));
-        }
-        prev = bytes;
-    }
-    be->alloc = cpu_alloc;
-    be->destroy(be);
+/* Elements a token takes in the fields that stay (N, .) when tiled: the attention's inputs and
+ * outputs q, k, v, att, lse, their gradients d_att, dq, dk, dv, and h, the MLP's input. */
+static size_t whole_per_token(const mt_config *cfg) {
+    size_t HD = (size_t)cfg->H * cfg->D, GD = (size_t)cfg->G * cfg->D;
+    return 4 * HD + 4 * GD + (size_t)cfg->C + (size_t)cfg->H;
 }
 
-/* configs/qwen2.5-7b.json at N = 512k tokens in bf16: the MLP rows (hn, d_hn: C; gate, up, act
- * and their gradients: F; rstd2) cost 6F + 2C elements and 4 bytes a token, and tiling keeps
- * `chunk` of the N tokens' worth. */
+/* Elements a token takes in the chunk rows: the MLP's hn, d_hn (C), gate, up, act and their
+ * gradients (F), rstd2; the attention half's xn1, d_xn1 (C), rstd1; qwen3's q_raw, dq_raw (H*D),
+ * k_raw, dk_raw (G*D), q_rstd (H), k_rstd (G). */
+static size_t chunk_per_token(const mt_config *cfg) {
+    size_t HD = (size_t)cfg->H * cfg->D, GD = (size_t)cfg->G * cfg->D;
+    size_t n = 6 * (size_t)cfg->F + 4 * (size_t)cfg->C + 2;
+    if (cfg->qk_norm) n += 2 * HD + 2 * GD + (size_t)cfg->H + (size_t)cfg->G;
+    return n;
+}
+
+/* Saved internals a token takes, elements: q, k, v, att, h, lse; untiled also gate, up and
+ * qwen3's q_raw, k_raw, q_rstd, k_rstd. */
+static size_t saved_per_token(const mt_config *cfg, int tiled) {
+    size_t HD = (size_t)cfg->H * cfg->D, GD = (size_t)cfg->G * cfg->D;
+    size_t n = 2 * HD + 2 * GD + (size_t)cfg->C + (size_t)cfg->H;
+    if (!tiled) n += 2 * (size_t)cfg->F + (cfg->qk_norm ? HD + GD + cfg->H + cfg->G : 0);
+    return n;
+}
+
+/* The workspace's chunk rows shrink to the chunk, in both halves: mt_layer_ws_init_tiled allocates
+ * what mt_layer_ws_bytes_tiled reports, N tokens' worth of the whole fields plus min(chunk, N)
+ * tokens' of the chunk rows (all fp32 here; chunks of 64 tokens and more make every field a
+ * multiple of the 256-byte rounding), and the saved internals drop the chunk fields when tiled. */
+static void test_workspace_shrinks_with_chunk(void **state) {
+    (void)state;
+    const char *variants[] = {"llama_bias", "qwen3_qknorm"};
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        mt_config cfg = mt_test_tiny_config(variants[v]);
+        mt_backend *be = mt_backend_cpu_create();
+        cpu_alloc = be->alloc;
+        be->alloc = counting_alloc;
+        mt_layer_ctx lc = {.cfg = &cfg, .be = be, .inv_freq = NULL};
+        const int N = 256, chunks[] = {0, 300, 256, 128, 64, 7, 1};
+        size_t prev = 0;
+        for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
+            int tiled = chunks[k] > 0 && chunks[k] < N, rows = tiled ? chunks[k] : N;
+            mt_layer_ws ws;
+            alloc_count = 0;
+            mt_layer_ws_init_tiled(&ws, &lc, N, chunks[k]);
+            size_t bytes = mt_layer_ws_bytes_tiled(&cfg, be->dtype, N, chunks[k]);
+            assert_int_equal(alloc_count, bytes);
+            mt_layer_ws_free(&ws, &lc);
+            if (rows >= 64)
+                assert_int_equal(bytes, 4 * ((size_t)N * whole_per_token(&cfg) +
+                                             (size_t)rows * chunk_per_token(&cfg)));
+            if (tiled) assert_true(bytes < prev);
+            else assert_int_equal(bytes, mt_layer_ws_bytes(&cfg, be->dtype, N));
+            assert_int_equal(mt_layer_saved_bytes_tiled(&cfg, be->dtype, N, chunks[k]),
+                             4 * (size_t)N * saved_per_token(&cfg, tiled));
+            prev = bytes;
+        }
+        assert_int_equal(mt_layer_saved_bytes(&cfg, be->dtype, N),
+                         4 * (size_t)N * saved_per_token(&cfg, 0));
+        be->alloc = cpu_alloc;
+        be->destroy(be);
+    }
+}
+
+/* configs/qwen2.5-7b.json at N = 512k tokens in bf16 (no q/k norm): the whole fields cost
+ * 4 H*D + 4 G*D + C elements and 4 H bytes (lse) a token, the chunk rows 6F + 4C elements and 8
+ * bytes (rstd1, rstd2) a token, `chunk` tokens' worth. */
 static void test_qwen7b_long_context_bytes(void **state) {
     (void)state;
     char *path = mt_fixture_path("../../configs/qwen2.5-7b.json");
     mt_config cfg;
     assert_int_equal(mt_config_load(&cfg, path), MT_OK);
     free(path);
-    const int N = 524288, chunk = 8192;
+    assert_false(cfg.qk_norm);
+    const int N = 524288, chunks[] = {32768, 8192};
+    size_t HD = (size_t)cfg.H * cfg.D, GD = (size_t)cfg.G * cfg.D;
+    size_t whole = (4 * HD + 4 * GD + cfg.C) * 2 + 4 * (size_t)cfg.H;
+    size_t per_chunk_row = (6 * (size_t)cfg.F + 4 * (size_t)cfg.C) * 2 + 8;
     size_t untiled = mt_layer_ws_bytes(&cfg, MT_BF16, N);
-    size_t tiled = mt_layer_ws_bytes_tiled(&cfg, MT_BF16, N, chunk);
-    size_t per_token = (6 * (size_t)cfg.F + 2 * (size_t)cfg.C) * 2 + 4;
-    fprintf(stderr, "qwen2.5-7b, N %d, bf16: layer workspace %.2f GiB untiled, %.2f GiB with MLP "
-            "chunk %d; saved internals %.2f -> %.2f GiB a layer\n", N, untiled / 1073741824.0,
-            tiled / 1073741824.0, chunk, mt_layer_saved_bytes(&cfg, MT_BF16, N) / 1073741824.0,
-            mt_layer_saved_bytes_tiled(&cfg, MT_BF16, N, chunk) / 1073741824.0);
-    assert_int_equal(untiled - tiled, (size_t)(N - chunk) * per_token);
+    assert_int_equal(untiled, (size_t)N * (whole + per_chunk_row));
+    for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
+        size_t tiled = mt_layer_ws_bytes_tiled(&cfg, MT_BF16, N, chunks[k]);
+        fprintf(stderr, "qwen2.5-7b, N %d, bf16: layer workspace %.2f GiB untiled, %.2f GiB with "
+                "chunk %d (%.2f GiB of it the attention's whole-N fields and h); saved internals "
+                "%.2f -> %.2f GiB a layer\n", N, untiled / 1073741824.0, tiled / 1073741824.0,
+                chunks[k], (double)N * whole / 1073741824.0,
+                mt_layer_saved_bytes(&cfg, MT_BF16, N) / 1073741824.0,
+                mt_layer_saved_bytes_tiled(&cfg, MT_BF16, N, chunks[k]) / 1073741824.0);
+        assert_int_equal(tiled, (size_t)N * whole + (size_t)chunks[k] * per_chunk_row);
+    }
 }
 
 int main(void) {

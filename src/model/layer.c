@@ -18,9 +18,9 @@ typedef struct {
     size_t offset;   /* offsetof the pointer in mt_layer_ws */
     int per_token;   /* elements per token */
     int is_f32;      /* fp32 statistic rather than compute dtype */
-    int saved;       /* kept per layer when its backward skips the recompute (untiled MLP only
-                        for an MLP field) */
-    int mlp;         /* MLP rows: one chunk of tokens when the MLP is tiled */
+    int saved;       /* kept per layer when its backward skips the recompute (a chunk field only
+                        when the call is untiled) */
+    int chunk;       /* chunk rows: one chunk of tokens when the call is tiled */
 } ws_field;
 
 #define WS(field) offsetof(mt_layer_ws, field)
@@ -28,28 +28,28 @@ typedef struct {
 static int ws_fields(const mt_config *cfg, ws_field *f) {
     int C = cfg->C, F = cfg->F, HD = cfg->H * cfg->D, GD = cfg->G * cfg->D, n = 0;
     ws_field list[] = {
-        {WS(xn1), C, 0, 0, 0},    {WS(q), HD, 0, 1, 0},     {WS(k), GD, 0, 1, 0},
+        {WS(xn1), C, 0, 0, 1},    {WS(q), HD, 0, 1, 0},     {WS(k), GD, 0, 1, 0},
         {WS(v), GD, 0, 1, 0},     {WS(att), HD, 0, 1, 0},   {WS(h), C, 0, 1, 0},
         {WS(hn), C, 0, 0, 1},     {WS(gate), F, 0, 1, 1},   {WS(up), F, 0, 1, 1},
-        {WS(act), F, 0, 0, 1},    {WS(rstd1), 1, 1, 0, 0},  {WS(rstd2), 1, 1, 0, 1},
+        {WS(act), F, 0, 0, 1},    {WS(rstd1), 1, 1, 0, 1},  {WS(rstd2), 1, 1, 0, 1},
         {WS(lse), cfg->H, 1, 1, 0},
         {WS(d_act), F, 0, 0, 1},  {WS(d_gate), F, 0, 0, 1}, {WS(d_up), F, 0, 0, 1},
-        {WS(d_hn), C, 0, 0, 1},   {WS(d_h), C, 0, 0, 0},    {WS(d_xn1), C, 0, 0, 0},
+        {WS(d_hn), C, 0, 0, 1},   {WS(d_xn1), C, 0, 0, 1},
         {WS(d_att), HD, 0, 0, 0}, {WS(dq), HD, 0, 0, 0},    {WS(dk), GD, 0, 0, 0},
         {WS(dv), GD, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) f[n++] = list[i];
     if (cfg->qk_norm) {
-        ws_field extra[] = {{WS(q_raw), HD, 0, 1, 0},     {WS(k_raw), GD, 0, 1, 0},
-                            {WS(q_rstd), cfg->H, 1, 1, 0}, {WS(k_rstd), cfg->G, 1, 1, 0},
-                            {WS(dq_raw), HD, 0, 0, 0},     {WS(dk_raw), GD, 0, 0, 0}};
+        ws_field extra[] = {{WS(q_raw), HD, 0, 1, 1},     {WS(k_raw), GD, 0, 1, 1},
+                            {WS(q_rstd), cfg->H, 1, 1, 1}, {WS(k_rstd), cfg->G, 1, 1, 1},
+                            {WS(dq_raw), HD, 0, 0, 1},     {WS(dk_raw), GD, 0, 0, 1}};
         for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) f[n++] = extra[i];
     }
     return n;
 }
 
-/* A call over N tokens runs the MLP in chunks of this many tokens; N when untiled. */
-static int mlp_rows(int mlp_chunk, int N) { return mlp_chunk > 0 && mlp_chunk < N ? mlp_chunk : N; }
+/* A call over N tokens runs its per-token ops in chunks of this many tokens; N when untiled. */
+static int chunk_rows(int chunk, int N) { return chunk > 0 && chunk < N ? chunk : N; }
 
 static size_t field_bytes(const ws_field *f, mt_dtype dtype, int rows) {
     size_t elem = f->is_f32 ? 4 : mt_dtype_size(dtype);
@@ -58,13 +58,13 @@ static size_t field_bytes(const ws_field *f, mt_dtype dtype, int rows) {
 }
 
 /* Rows a workspace for max_N tokens gives field f. */
-static int ws_rows(const ws_field *f, int max_N, int mlp_chunk) {
-    return f->mlp ? mlp_rows(mlp_chunk, max_N) : max_N;
+static int ws_rows(const ws_field *f, int max_N, int chunk) {
+    return f->chunk ? chunk_rows(chunk, max_N) : max_N;
 }
 
-/* Whether field f is saved for a call over N tokens (an MLP field only when the MLP is untiled). */
-static int is_saved(const ws_field *f, int N, int mlp_chunk) {
-    return f->saved && !(f->mlp && mlp_rows(mlp_chunk, N) < N);
+/* Whether field f is saved for a call over N tokens (a chunk field only when untiled). */
+static int is_saved(const ws_field *f, int N, int chunk) {
+    return f->saved && !(f->chunk && chunk_rows(chunk, N) < N);
 }
 
 size_t mt_layer_ws_bytes_tiled(const mt_config *cfg, mt_dtype dtype, int max_N, int mlp_chunk) {
@@ -109,7 +109,7 @@ mt_layer_ws mt_layer_ws_with_saved(const mt_layer_ws *ws, const mt_config *cfg, 
 }
 
 void mt_layer_ws_init_tiled(mt_layer_ws *ws, const mt_layer_ctx *lc, int max_N, int mlp_chunk) {
-    MT_CHECK(mlp_chunk >= 0, "MLP chunk of %d tokens", mlp_chunk);
+    MT_CHECK(mlp_chunk >= 0, "layer chunk of %d tokens", mlp_chunk);
     memset(ws, 0, sizeof *ws);
     ws->max_N = max_N;
     ws->mlp_chunk = mlp_chunk;
@@ -136,36 +136,74 @@ void mt_layer_ws_free(mt_layer_ws *ws, const mt_layer_ctx *lc) {
     }
 }
 
-/* Attention half of the forward: fills xn1, q, k, v, att, h (and the q/k norm pieces). */
-static void attention_block_forward(const mt_layer_ctx *lc, const mt_tokens *tok,
-                                    const mt_layer_weights *w, const void *inp, mt_layer_ws *ws) {
-    mt_backend *be = lc->be;
-    const mt_config *cfg = lc->cfg;
-    dims d = dims_of(cfg, tok->B * tok->T);
-    be->rmsnorm_forward(be, ws->xn1, ws->rstd1, inp, w->input_norm, d.N, d.C, cfg->rms_norm_eps);
-    if (cfg->qk_norm) {
-        be->matmul_forward(be, ws->q_raw, ws->xn1, w->q, w->q_bias, d.N, d.C, d.HD);
-        be->matmul_forward(be, ws->k_raw, ws->xn1, w->k, w->k_bias, d.N, d.C, d.GD);
-        be->rmsnorm_forward(be, ws->q, ws->q_rstd, ws->q_raw, w->q_norm, d.N * d.H, d.D,
-                            cfg->rms_norm_eps);
-        be->rmsnorm_forward(be, ws->k, ws->k_rstd, ws->k_raw, w->k_norm, d.N * d.G, d.D,
-                            cfg->rms_norm_eps);
-    } else {
-        be->matmul_forward(be, ws->q, ws->xn1, w->q, w->q_bias, d.N, d.C, d.HD);
-        be->matmul_forward(be, ws->k, ws->xn1, w->k, w->k_bias, d.N, d.C, d.GD);
-    }
-    be->matmul_forward(be, ws->v, ws->xn1, w->v, w->v_bias, d.N, d.C, d.GD);
-    be->rope_forward(be, ws->q, tok->pos, lc->inv_freq, d.N, d.H, d.D);
-    be->rope_forward(be, ws->k, tok->pos, lc->inv_freq, d.N, d.G, d.D);
-    be->attention_forward(be, ws->att, ws->lse, ws->q, ws->k, ws->v, tok->doc_start, tok->B,
-                          tok->T, d.H, d.G, d.D);
-    be->matmul_forward(be, ws->h, ws->att, w->o, w->o_bias, d.N, d.HD, d.C);
-    be->add(be, ws->h, ws->h, inp, (size_t)d.N * d.C);
-}
 
 /* Row r0 of a token-major (N, width) tensor of the compute dtype. */
 static void *row_at(const mt_layer_ctx *lc, const void *base, int r0, int width) {
     return (char *)base + (size_t)r0 * (size_t)width * mt_dtype_size(lc->be->dtype);
+}
+
+static int min_int(int a, int b) { return a < b ? a : b; }
+
+/* xn1, rstd1 (chunk rows) = rmsnorm(x) of the n tokens of inp from row r0. */
+static void input_norm_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, const void *inp,
+                               int r0, int n, mt_layer_ws *ws) {
+    const mt_config *cfg = lc->cfg;
+    lc->be->rmsnorm_forward(lc->be, ws->xn1, ws->rstd1, row_at(lc, inp, r0, cfg->C),
+                            w->input_norm, n, cfg->C, cfg->rms_norm_eps);
+}
+
+/* qwen3: q_raw, k_raw (chunk rows) = q/k projections of the n tokens of xn1, q_rstd, k_rstd their
+ * norms' statistics, the normed heads written to q_out (n, H*D) and k_out (n, G*D). */
+static void qk_norm_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, int n, void *q_out,
+                            void *k_out, mt_layer_ws *ws) {
+    mt_backend *be = lc->be;
+    const mt_config *cfg = lc->cfg;
+    dims d = dims_of(cfg, n);
+    be->matmul_forward(be, ws->q_raw, ws->xn1, w->q, w->q_bias, n, d.C, d.HD);
+    be->matmul_forward(be, ws->k_raw, ws->xn1, w->k, w->k_bias, n, d.C, d.GD);
+    be->rmsnorm_forward(be, q_out, ws->q_rstd, ws->q_raw, w->q_norm, n * d.H, d.D,
+                        cfg->rms_norm_eps);
+    be->rmsnorm_forward(be, k_out, ws->k_rstd, ws->k_raw, w->k_norm, n * d.G, d.D,
+                        cfg->rms_norm_eps);
+}
+
+/* Attention's inputs for the n tokens from row r0: q, k, v rows r0.. (after norm and rope) from
+ * the input norm, leaving that chunk's xn1 (and q/k norm pieces) in the chunk rows. */
+static void qkv_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_layer_weights *w,
+                        const void *inp, int r0, int n, mt_layer_ws *ws) {
+    mt_backend *be = lc->be;
+    dims d = dims_of(lc->cfg, n);
+    void *q = row_at(lc, ws->q, r0, d.HD), *k = row_at(lc, ws->k, r0, d.GD);
+    input_norm_forward(lc, w, inp, r0, n, ws);
+    if (lc->cfg->qk_norm) {
+        qk_norm_forward(lc, w, n, q, k, ws);
+    } else {
+        be->matmul_forward(be, q, ws->xn1, w->q, w->q_bias, n, d.C, d.HD);
+        be->matmul_forward(be, k, ws->xn1, w->k, w->k_bias, n, d.C, d.GD);
+    }
+    be->matmul_forward(be, row_at(lc, ws->v, r0, d.GD), ws->xn1, w->v, w->v_bias, n, d.C, d.GD);
+    be->rope_forward(be, q, tok->pos + r0, lc->inv_freq, n, d.H, d.D);
+    be->rope_forward(be, k, tok->pos + r0, lc->inv_freq, n, d.G, d.D);
+}
+
+/* Attention half of the forward: fills q, k, v, att, lse, h (whole call) chunk by chunk around
+ * the attention, which sees all N tokens; the chunk rows keep the last chunk's xn1 (and q/k norm
+ * pieces): all of them when untiled. */
+static void attention_block_forward(const mt_layer_ctx *lc, const mt_tokens *tok,
+                                    const mt_layer_weights *w, const void *inp, mt_layer_ws *ws) {
+    mt_backend *be = lc->be;
+    dims d = dims_of(lc->cfg, tok->B * tok->T);
+    int chunk = chunk_rows(ws->mlp_chunk, d.N);
+    for (int r0 = 0; r0 < d.N; r0 += chunk)
+        qkv_forward(lc, tok, w, inp, r0, min_int(chunk, d.N - r0), ws);
+    be->attention_forward(be, ws->att, ws->lse, ws->q, ws->k, ws->v, tok->doc_start, tok->B,
+                          tok->T, d.H, d.G, d.D);
+    for (int r0 = 0; r0 < d.N; r0 += chunk) {
+        int n = min_int(chunk, d.N - r0);
+        void *h = row_at(lc, ws->h, r0, d.C);
+        be->matmul_forward(be, h, row_at(lc, ws->att, r0, d.HD), w->o, w->o_bias, n, d.HD, d.C);
+        be->add(be, h, h, row_at(lc, inp, r0, d.C), (size_t)n * d.C);
+    }
 }
 
 /* MLP up to the down projection's input for the n tokens of h_rows: fills hn, rstd2, gate, up,
@@ -187,9 +225,9 @@ void mt_layer_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_lay
     mt_backend *be = lc->be;
     attention_block_forward(lc, tok, w, inp, ws);
     /* out = h + down(act), chunk by chunk; inp is dead, so out may alias it */
-    int chunk = mlp_rows(ws->mlp_chunk, N);
+    int chunk = chunk_rows(ws->mlp_chunk, N);
     for (int r0 = 0; r0 < N; r0 += chunk) {
-        int n = N - r0 < chunk ? N - r0 : chunk;
+        int n = min_int(chunk, N - r0);
         void *out_c = row_at(lc, out, r0, C);
         mlp_up_forward(lc, w, row_at(lc, ws->h, r0, C), n, ws);
         be->matmul_forward(be, out_c, ws->act, w->down, w->down_bias, n, lc->cfg->F, C);
@@ -200,15 +238,16 @@ void mt_layer_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_lay
 static float *f32(void *p) { return (float *)p; }
 
 /* MLP backward for the n tokens from row r0, whose hn, rstd2, gate, up, act are in ws: the MLP
- * weight gradients accumulate, d_h rows r0.. = dout + rmsnorm2'(d_hn) (d_xn1's rows as scratch). */
+ * weight gradients accumulate, d_h rows r0.. = dout + rmsnorm2'(d_hn) (d_xn1 as scratch). d_h may
+ * alias dout: a chunk reads its own rows of dout before it writes them. */
 static void mlp_backward(const mt_layer_ctx *lc, const mt_layer_weights *w,
-                         const mt_layer_weights *g, const void *dout, int r0, int n,
+                         const mt_layer_weights *g, const void *dout, void *d_h, int r0, int n,
                          mt_layer_ws *ws) {
     mt_backend *be = lc->be;
     const mt_config *cfg = lc->cfg;
     int C = cfg->C, F = cfg->F;
     const void *dout_c = row_at(lc, dout, r0, C);
-    void *scratch = row_at(lc, ws->d_xn1, r0, C), *d_h = row_at(lc, ws->d_h, r0, C);
+    void *d_h_c = row_at(lc, d_h, r0, C);
     be->matmul_backward(be, ws->d_act, f32(g->down), f32(g->down_bias), dout_c, ws->act, w->down,
                         n, F, C, 0);
     be->swiglu_backward(be, ws->d_gate, ws->d_up, ws->d_act, ws->gate, ws->up, (size_t)n * F);
@@ -216,9 +255,43 @@ static void mlp_backward(const mt_layer_ctx *lc, const mt_layer_weights *w,
                         n, C, F, 0);
     be->matmul_backward(be, ws->d_hn, f32(g->up), f32(g->up_bias), ws->d_up, ws->hn, w->up, n, C,
                         F, 1);
-    be->rmsnorm_backward(be, scratch, f32(g->post_norm), ws->d_hn, row_at(lc, ws->h, r0, C),
+    be->rmsnorm_backward(be, ws->d_xn1, f32(g->post_norm), ws->d_hn, row_at(lc, ws->h, r0, C),
                          w->post_norm, ws->rstd2, n, C, 0);
-    be->add(be, d_h, dout_c, scratch, (size_t)n * C);
+    be->add(be, d_h_c, dout_c, ws->d_xn1, (size_t)n * C);
+}
+
+/* Attention-half backward after the attention's for the n tokens from row r0, whose xn1, rstd1
+ * (and q/k norm pieces) are in the chunk rows: rope' and q/k norm' of dq, dk rows r0.., the q, k,
+ * v and input-norm weight gradients accumulate, dinp rows r0.. = d_h (already there) +
+ * rmsnorm1'(d_xn1). */
+static void qkv_backward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_layer_weights *w,
+                         const mt_layer_weights *g, const void *inp, void *dinp, int r0, int n,
+                         mt_layer_ws *ws) {
+    mt_backend *be = lc->be;
+    const mt_config *cfg = lc->cfg;
+    dims d = dims_of(cfg, n);
+    void *dq = row_at(lc, ws->dq, r0, d.HD), *dk = row_at(lc, ws->dk, r0, d.GD);
+    be->rope_backward(be, dq, tok->pos + r0, lc->inv_freq, n, d.H, d.D);
+    be->rope_backward(be, dk, tok->pos + r0, lc->inv_freq, n, d.G, d.D);
+    if (cfg->qk_norm) {
+        be->rmsnorm_backward(be, ws->dq_raw, f32(g->q_norm), dq, ws->q_raw, w->q_norm, ws->q_rstd,
+                             n * d.H, d.D, 0);
+        be->rmsnorm_backward(be, ws->dk_raw, f32(g->k_norm), dk, ws->k_raw, w->k_norm, ws->k_rstd,
+                             n * d.G, d.D, 0);
+        dq = ws->dq_raw;
+        dk = ws->dk_raw;
+    }
+    be->matmul_backward(be, ws->d_xn1, f32(g->q), f32(g->q_bias), dq, ws->xn1, w->q, n, d.C, d.HD,
+                        0);
+    be->matmul_backward(be, ws->d_xn1, f32(g->k), f32(g->k_bias), dk, ws->xn1, w->k, n, d.C, d.GD,
+                        1);
+    be->matmul_backward(be, ws->d_xn1, f32(g->v), f32(g->v_bias), row_at(lc, ws->dv, r0, d.GD),
+                        ws->xn1, w->v, n, d.C, d.GD, 1);
+    /* rmsnorm1' into the idle d_hn, then onto d_h: dinp = rmsnorm1'(d_xn1) + d_h */
+    void *dinp_c = row_at(lc, dinp, r0, d.C);
+    be->rmsnorm_backward(be, ws->d_hn, f32(g->input_norm), ws->d_xn1, row_at(lc, inp, r0, d.C),
+                         w->input_norm, ws->rstd1, n, d.C, 0);
+    be->add(be, dinp_c, ws->d_hn, dinp_c, (size_t)n * d.C);
 }
 
 void mt_layer_backward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_layer_weights *w,
@@ -228,50 +301,43 @@ void mt_layer_backward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_la
     const mt_config *cfg = lc->cfg;
     dims d = dims_of(cfg, tok->B * tok->T);
     MT_CHECK(d.N <= ws->max_N, "layer workspace holds %d tokens, asked for %d", ws->max_N, d.N);
-    if (recompute == MT_RECOMPUTE_ALL)
-        attention_block_forward(lc, tok, w, inp, ws);
-    else if (recompute == MT_RECOMPUTE_CHEAP) /* the forward's kernels on its inputs: its bits */
-        be->rmsnorm_forward(be, ws->xn1, ws->rstd1, inp, w->input_norm, d.N, d.C, cfg->rms_norm_eps);
-    size_t NC = (size_t)d.N * d.C;
+    int chunk = chunk_rows(ws->mlp_chunk, d.N), tiled = chunk < d.N;
+    if (recompute == MT_RECOMPUTE_ALL) attention_block_forward(lc, tok, w, inp, ws);
 
-    /* MLP: out = h + down(act), chunk by chunk; a tiled MLP remakes every chunk from h */
-    int chunk = mlp_rows(ws->mlp_chunk, d.N);
+    /* MLP: out = h + down(act), chunk by chunk; a tiled MLP remakes every chunk from h. d_h, the
+     * gradient of h, goes into dinp's rows (dout's rows are read first where they alias). */
     for (int r0 = 0; r0 < d.N; r0 += chunk) {
-        int n = d.N - r0 < chunk ? d.N - r0 : chunk;
-        if (chunk < d.N || recompute == MT_RECOMPUTE_ALL) {
+        int n = min_int(chunk, d.N - r0);
+        if (tiled || recompute == MT_RECOMPUTE_ALL) {
             mlp_up_forward(lc, w, row_at(lc, ws->h, r0, d.C), n, ws);
         } else if (recompute == MT_RECOMPUTE_CHEAP) { /* gate and up are saved */
             be->rmsnorm_forward(be, ws->hn, ws->rstd2, row_at(lc, ws->h, r0, d.C), w->post_norm,
                                 n, d.C, cfg->rms_norm_eps);
             be->swiglu_forward(be, ws->act, ws->gate, ws->up, (size_t)n * d.F);
         }
-        mlp_backward(lc, w, g, dout, r0, n, ws);
+        mlp_backward(lc, w, g, dout, dinp, r0, n, ws);
     }
 
-    /* attention: h = x + o(att) */
-    be->matmul_backward(be, ws->d_att, f32(g->o), f32(g->o_bias), ws->d_h, ws->att, w->o, d.N,
-                        d.HD, d.C, 0);
+    /* attention: h = x + o(att), then the attention over all N tokens */
+    for (int r0 = 0; r0 < d.N; r0 += chunk) {
+        int n = min_int(chunk, d.N - r0);
+        be->matmul_backward(be, row_at(lc, ws->d_att, r0, d.HD), f32(g->o), f32(g->o_bias),
+                            row_at(lc, dinp, r0, d.C), row_at(lc, ws->att, r0, d.HD), w->o, n,
+                            d.HD, d.C, 0);
+    }
     be->attention_backward(be, ws->dq, ws->dk, ws->dv, ws->d_att, ws->att, ws->lse, ws->q, ws->k,
                            ws->v, tok->doc_start, tok->B, tok->T, d.H, d.G, d.D);
-    be->rope_backward(be, ws->dq, tok->pos, lc->inv_freq, d.N, d.H, d.D);
-    be->rope_backward(be, ws->dk, tok->pos, lc->inv_freq, d.N, d.G, d.D);
-    void *dq = ws->dq, *dk = ws->dk;
-    if (cfg->qk_norm) {
-        be->rmsnorm_backward(be, ws->dq_raw, f32(g->q_norm), ws->dq, ws->q_raw, w->q_norm,
-                             ws->q_rstd, d.N * d.H, d.D, 0);
-        be->rmsnorm_backward(be, ws->dk_raw, f32(g->k_norm), ws->dk, ws->k_raw, w->k_norm,
-                             ws->k_rstd, d.N * d.G, d.D, 0);
-        dq = ws->dq_raw;
-        dk = ws->dk_raw;
+
+    /* the projections in: a tiled call remakes each chunk's xn1 (and qwen3's q_raw, k_raw and
+     * their rstd, the normed heads into the dq_raw, dk_raw scratch they are about to become) */
+    for (int r0 = 0; r0 < d.N; r0 += chunk) {
+        int n = min_int(chunk, d.N - r0);
+        if (tiled) {
+            input_norm_forward(lc, w, inp, r0, n, ws);
+            if (cfg->qk_norm) qk_norm_forward(lc, w, n, ws->dq_raw, ws->dk_raw, ws);
+        } else if (recompute == MT_RECOMPUTE_CHEAP) { /* the forward's kernels on its inputs */
+            input_norm_forward(lc, w, inp, r0, n, ws);
+        }
+        qkv_backward(lc, tok, w, g, inp, dinp, r0, n, ws);
     }
-    be->matmul_backward(be, ws->d_xn1, f32(g->q), f32(g->q_bias), dq, ws->xn1, w->q, d.N, d.C,
-                        d.HD, 0);
-    be->matmul_backward(be, ws->d_xn1, f32(g->k), f32(g->k_bias), dk, ws->xn1, w->k, d.N, d.C,
-                        d.GD, 1);
-    be->matmul_backward(be, ws->d_xn1, f32(g->v), f32(g->v_bias), ws->dv, ws->xn1, w->v, d.N, d.C,
-                        d.GD, 1);
-    /* dinp = d_h + rmsnorm1'(d_xn1); dout is dead by now, so dinp may alias it */
-    be->rmsnorm_backward(be, dinp, f32(g->input_norm), ws->d_xn1, inp, w->input_norm, ws->rstd1,
-                         d.N, d.C, 0);
-    be->add(be, dinp, dinp, ws->d_h, NC);
 }

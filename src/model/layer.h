@@ -34,38 +34,46 @@ typedef mt_layer_view mt_layer_weights;
 
 /* Working activations for one layer and up to max_N tokens (compute dtype unless noted).
  *
- * MLP tiling: with 0 < mlp_chunk < N, a call over N tokens runs the MLP block (post-attention
- * norm, gate/up, SwiGLU, down) over chunks of at most mlp_chunk tokens, in token order, and the
- * fields marked "MLP rows" hold one chunk only: min(mlp_chunk, max_N) rows instead of max_N.
- * The backward then remakes each chunk's hn, gate, up and act from h before its gradients
- * (whatever `recompute` says; it still governs the attention half). Weight gradients accumulate
- * chunk by chunk in token order. Deterministic for a given chunk, but not the untiled call's bits:
- * the weight gradients' fp32 sums over tokens are grouped by chunk, and a GEMM over fewer rows
- * may sum a row's K products in another order (OpenBLAS's edge kernels; cuBLASLt picks kernels
- * by shape): a few ulp apart (tests/test_layer_tiling.c). mlp_chunk 0 (or >= N) is the untiled
- * call, the same ops as before tiling existed. */
+ * Tiling: with 0 < mlp_chunk < N, a call over N tokens runs every per-token op over chunks of at
+ * most mlp_chunk tokens, in token order: in the attention half the input norm, the q/k/v
+ * projections (biases, qwen3's q/k norm, RoPE at each token's own position), the o projection and
+ * the residual add; in the MLP half the post-attention norm, gate/up, SwiGLU, down and its add.
+ * (The knob kept the MLP's name of the first step; it tiles both halves.) Only the attention sees
+ * all N tokens at once, so its inputs and outputs (q, k, v, att, lse, their gradients d_att, dq,
+ * dk, dv) and h, the MLP's input, stay (N, .); the fields marked "chunk rows" hold one chunk:
+ * min(mlp_chunk, max_N) rows instead of max_N. The backward then remakes each chunk's xn1 (and
+ * qwen3's q_raw, k_raw and their rstd) from inp and each chunk's hn, gate, up and act from h
+ * before their gradients, whatever `recompute` says (it still governs q, k, v, att, lse and h).
+ * Weight gradients accumulate chunk by chunk in token order. Deterministic for a given chunk, but
+ * not the untiled call's bits: the weight gradients' fp32 sums over tokens are grouped by chunk,
+ * and a GEMM over fewer rows may sum a row's K products in another order (OpenBLAS's edge kernels;
+ * cuBLASLt picks kernels by shape): a few ulp apart (tests/test_layer_tiling.c). mlp_chunk 0 (or
+ * >= N) is the untiled call, the same ops in the same order as before tiling existed.
+ *
+ * The gradient of h has no field: the backward keeps it in dinp's rows until the input norm's
+ * gradient is added onto it. */
 typedef struct {
     int max_N;
-    int mlp_chunk;      /* tokens per MLP chunk; 0 = untiled */
-    void *xn1;          /* (N, C)   rmsnorm(x) */
-    void *q_raw, *k_raw;/* (N, H*D), (N, G*D) before the q/k norm (qwen3 only) */
+    int mlp_chunk;      /* tokens per chunk, both halves; 0 = untiled */
+    void *xn1;          /* (N, C)   rmsnorm(x)              chunk rows */
+    void *q_raw, *k_raw;/* (N, H*D), (N, G*D) before the q/k norm (qwen3 only); chunk rows */
     void *q, *k, *v;    /* (N, H*D), (N, G*D), (N, G*D) after norm and rope */
     void *att;          /* (N, H*D) attention output */
     void *h;            /* (N, C)   residual after attention */
-    void *hn;           /* (N, C)   rmsnorm(h)              MLP rows */
-    void *gate, *up;    /* (N, F)                           MLP rows */
-    void *act;          /* (N, F)   silu(gate) * up         MLP rows */
-    float *rstd1, *rstd2;         /* (N), rstd2: MLP rows */
-    float *q_rstd, *k_rstd;       /* (N*H), (N*G) qwen3 only */
+    void *hn;           /* (N, C)   rmsnorm(h)              chunk rows */
+    void *gate, *up;    /* (N, F)                           chunk rows */
+    void *act;          /* (N, F)   silu(gate) * up         chunk rows */
+    float *rstd1, *rstd2;         /* (N)                    chunk rows */
+    float *q_rstd, *k_rstd;       /* (N*H), (N*G) qwen3 only; chunk rows */
     float *lse;                   /* (B, H, T) */
     /* backward scratch */
-    void *d_act, *d_gate, *d_up;  /* (N, F)   MLP rows */
-    void *d_hn, *d_h, *d_xn1;     /* (N, C),  d_hn: MLP rows */
-    void *d_att, *dq, *dq_raw;    /* (N, H*D) */
-    void *dk, *dv, *dk_raw;       /* (N, G*D) */
+    void *d_act, *d_gate, *d_up;  /* (N, F)                 chunk rows */
+    void *d_hn, *d_xn1;           /* (N, C)                 chunk rows */
+    void *d_att, *dq, *dq_raw;    /* (N, H*D); dq_raw: chunk rows */
+    void *dk, *dv, *dk_raw;       /* (N, G*D); dk_raw: chunk rows */
 } mt_layer_ws;
 
-/* The untiled workspace (mlp_chunk 0), and one whose MLP rows hold mlp_chunk (>= 0) tokens. */
+/* The untiled workspace (mlp_chunk 0), and one whose chunk rows hold mlp_chunk (>= 0) tokens. */
 void mt_layer_ws_init(mt_layer_ws *ws, const mt_layer_ctx *lc, int max_N);
 void mt_layer_ws_init_tiled(mt_layer_ws *ws, const mt_layer_ctx *lc, int max_N, int mlp_chunk);
 void mt_layer_ws_free(mt_layer_ws *ws, const mt_layer_ctx *lc);
@@ -77,9 +85,11 @@ size_t mt_layer_ws_bytes_tiled(const mt_config *cfg, mt_dtype dtype, int max_N, 
  * v, att, h, gate, up, lse, and qwen3's q_raw, k_raw, q_rstd, k_rstd). A layer whose forward wrote
  * them into buffers of its own skips the recompute in its backward (MT_RECOMPUTE_CHEAP): only
  * xn1, hn (and their rstd) and act are remade, by elementwise kernels, bit for bit as the forward
- * made them. With the MLP tiled (0 < mlp_chunk < N) gate and up are not saved: they exist one chunk
- * at a time, and the backward remakes each chunk's (two matmuls a chunk); the attention internals,
- * whose remaking costs O(T^2), are still saved. Bytes for N tokens: */
+ * made them. Tiled (0 < mlp_chunk < N), the chunk-row fields among them (gate, up, and qwen3's
+ * q_raw, k_raw, q_rstd, k_rstd) are not saved: they exist one chunk at a time, and the backward
+ * remakes each chunk's (two matmuls a chunk for gate and up, two for q_raw and k_raw); q, k, v,
+ * att, lse and h, whose remaking costs the attention's O(T^2), are still saved. Bytes for N
+ * tokens: */
 size_t mt_layer_saved_bytes(const mt_config *cfg, mt_dtype dtype, int N);
 size_t mt_layer_saved_bytes_tiled(const mt_config *cfg, mt_dtype dtype, int N, int mlp_chunk);
 /* A copy of ws whose saved fields point into `base` (mt_layer_saved_bytes_tiled(cfg, dtype, N,
