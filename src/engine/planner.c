@@ -330,7 +330,7 @@ void mt_plan_print(const mt_plan *p, FILE *out) {
     if (eo->resident)
         fprintf(out, "             resident weights: every layer keeps its slot, loaded once per step\n");
     if (eo->mlp_chunk)
-        fprintf(out, "             MLP tiled: chunks of %d tokens (working %.2f GiB; untiled %.2f)\n",
+        fprintf(out, "             layer tiled: chunks of %d tokens (working %.2f GiB; untiled %.2f)\n",
                 eo->mlp_chunk, m->dev_work / g,
                 (m->dev_work + (double)mt_layer_ws_bytes(&p->cfg, p->dtype, eo->micro_batch * eo->T) -
                  (double)mt_layer_ws_bytes_tiled(&p->cfg, p->dtype, eo->micro_batch * eo->T, eo->mlp_chunk)) / g);
