@@ -36,6 +36,7 @@ static int run_job(const char *mode, double *seconds) {
     int rc = mt_test_run(cmd, g_out, sizeof g_out);
     *seconds = now_s() - t0;
     printf("%s: exit %d after %.1f s\n%s\n", mode, rc, *seconds, g_out);
+    assert_null(strstr(g_out, "Sanitizer")); /* the ranks' own ASan/UBSan reports */
     return rc;
 }
 

@@ -32,7 +32,9 @@
  *  - Fail-fast (mpi): a collective whose peers do not all answer within MT_COMM_TIMEOUT_S seconds
  *    (environment; default 300, 0 = wait forever) is MT_ERR "rank R: no answer from rank P within
  *    N s in <collective> ...". A peer that dies is usually noticed by mpirun first, which then ends
- *    the whole job itself; the timeout covers a peer that hangs or dies unnoticed.
+ *    the whole job itself; the timeout covers a peer that hangs or dies unnoticed. The wait counts
+ *    from the last message that arrived, so it must exceed the longest time one rank works alone
+ *    while the others wait in a collective (e.g. rank 0 saving a checkpoint).
  *  - Threads: one thread at a time calls a comm (MPI_THREAD_SERIALIZED).
  */
 #ifndef MT_COMM_H

@@ -73,21 +73,23 @@ static int timed_out(mt_comm *c, int n, const char *what) {
     mpi_ctx *m = ctx_of(c);
     char list[200] = "";
     size_t len = 0;
-    int want_recv = 0;
+    int want_recv = 0, npeers = 0;
     for (int i = 0; i < n; i++)
         if (m->reqs[i] != MPI_REQUEST_NULL && m->req_count[i] >= 0) want_recv = 1;
     for (int i = 0; i < n && len < sizeof list - 16; i++) {
         if (m->reqs[i] == MPI_REQUEST_NULL || (m->req_count[i] >= 0) != want_recv) continue;
         len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", len ? ", " : "",
                                 m->req_peer[i]);
+        npeers++;
     }
+    const char *s = npeers > 1 ? "s" : "";
     if (want_recv)
-        return mt_error_set("rank %d: no answer from rank %s within %g s in %s (it died or hangs; "
+        return mt_error_set("rank %d: no answer from rank%s %s within %g s in %s (died or hanging; "
                             "MT_COMM_TIMEOUT_S sets the wait)",
-                            c->rank, list, m->timeout_s, what);
-    return mt_error_set("rank %d: rank %s took nothing of what it was sent within %g s in %s (it "
-                        "died or hangs; MT_COMM_TIMEOUT_S sets the wait)",
-                        c->rank, list, m->timeout_s, what);
+                            c->rank, s, list, m->timeout_s, what);
+    return mt_error_set("rank %d: rank%s %s took nothing of what was sent within %g s in %s (died "
+                        "or hanging; MT_COMM_TIMEOUT_S sets the wait)",
+                        c->rank, s, list, m->timeout_s, what);
 }
 
 /* Posts a receive and a send for every peer with something to move, then waits for all of them.
