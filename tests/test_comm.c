@@ -17,7 +17,8 @@
 #include "core/error.h"
 #include "util/testutil.h"
 
-static const char *k_launcher_vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK"};
+static const char *k_launcher_vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK",
+                                        "PMI_RANK"};
 
 static void clear_launcher_env(void) {
     for (size_t i = 0; i < sizeof k_launcher_vars / sizeof *k_launcher_vars; i++)
@@ -61,7 +62,8 @@ static void test_create_from_env(void **state) {
         setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
         mt_error_clear();
         assert_null(mt_comm_create_from_env());
-        assert_non_null(strstr(mt_error_message(), "mpirun with 2 ranks, but this build has no MPI"));
+        assert_non_null(
+            strstr(mt_error_message(), "mpirun with 2 ranks, but this build has no MPI"));
         clear_launcher_env();
         setenv("PMIX_RANK", "1", 1);
         assert_null(mt_comm_create_from_env());
@@ -132,8 +134,9 @@ static void test_bad_dtype_is_fatal(void **state) {
     close(fds[1]);
     char out[1024] = "";
     size_t len = 0;
-    for (ssize_t got; len < sizeof out - 1 && (got = read(fds[0], out + len, sizeof out - 1 - len)) > 0;)
-        len += (size_t)got; /* the message may come in several writes */
+    ssize_t got; /* the message may come in several writes */
+    while (len < sizeof out - 1 && (got = read(fds[0], out + len, sizeof out - 1 - len)) > 0)
+        len += (size_t)got;
     close(fds[0]);
     out[len] = 0;
     int status = 0;

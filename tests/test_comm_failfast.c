@@ -30,7 +30,8 @@ static int run_job(const char *mode, double *seconds) {
     assert_non_null(bin);
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
-             "MT_COMM_TIMEOUT_S=3 timeout 60 %s --allow-run-as-root --oversubscribe -np 3 %s --fail %s",
+             "MT_COMM_TIMEOUT_S=3 timeout 60 %s --allow-run-as-root --oversubscribe -np 3 %s "
+             "--fail %s",
              mpirun, bin, mode);
     double t0 = now_s();
     int rc = mt_test_run(cmd, g_out, sizeof g_out);

@@ -87,8 +87,8 @@ static void expect_bytes(const char *what, const void *got, const void *ref, siz
     const unsigned char *g = got, *e = ref;
     for (size_t i = 0; i < bytes; i++) {
         if (g[i] == e[i]) continue;
-        fail_msg("rank %d: %s differs at byte %zu of %zu (got 0x%02x, want 0x%02x)", g_rank, what, i,
-                 bytes, g[i], e[i]);
+        fail_msg("rank %d: %s differs at byte %zu of %zu (got 0x%02x, want 0x%02x)", g_rank, what,
+                 i, bytes, g[i], e[i]);
     }
 }
 

@@ -35,8 +35,8 @@ static int parse_timeout(double *out) {
     errno = 0;
     double v = strtod(s, &end);
     if (errno || *end || !isfinite(v) || v < 0)
-        return mt_error_set("MT_COMM_TIMEOUT_S=%s: want seconds >= 0 (default 300; 0 waits forever)",
-                            s);
+        return mt_error_set(
+            "MT_COMM_TIMEOUT_S=%s: want seconds >= 0 (default 300; 0 waits forever)", s);
     *out = v;
     return MT_OK;
 }
@@ -173,8 +173,8 @@ int mt_comm_check_same(mt_comm *comm, const void *bytes, size_t n, const char *w
     }
     free(all);
     if (ndiff == 0) return MT_OK;
-    return mt_error_set("rank %d: the ranks differ in %s: rank%s %s%s %s from rank 0's (start every "
-                        "rank with the same settings and files)",
+    return mt_error_set("rank %d: the ranks differ in %s: rank%s %s%s %s from rank 0's (start "
+                        "every rank with the same settings and files)",
                         comm->rank, what, ndiff > 1 ? "s" : "", list, ndiff > 8 ? ", ..." : "",
                         ndiff > 1 ? "differ" : "differs");
 }

@@ -6,9 +6,9 @@
  *  - local (comm_local.c): one rank, every collective a copy or nothing. What a process started
  *    without mpirun gets, so everything works as with no comm at all.
  *  - mpi (comm_mpi.c, builds with Open MPI): buffers in host memory (the CPU backend's compute
- *    side). SYNCHRONOUS: a call returns when its result is in the output buffer, and the input may be
- *    reused; `stream` is ignored. The caller makes sure the buffers are ready (on the CPU backend:
- *    the ops are done when they return; after copy_async, event_sync first).
+ *    side). SYNCHRONOUS: a call returns when its result is in the output buffer, and the input may
+ *    be reused; `stream` is ignored. The caller makes sure the buffers are ready (on the CPU
+ *    backend the ops are done when they return; after copy_async, event_sync first).
  *  - nccl (comm_nccl.c, builds with CUDA + NCCL + MPI): buffers in GPU memory, the collective is
  *    ENQUEUED on `stream` (a cudaStream_t) and ordered with the rest of that stream's work; the
  *    call returns at once. UNTESTED so far (no GPU on the dev box): it compiles, nothing more.

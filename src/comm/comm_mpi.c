@@ -18,7 +18,13 @@
 
 /* One tag per collective, so that ranks calling different collectives (a schedule bug) never
  * match each other's messages: they time out naming the peer instead. */
-enum { TAG_REDUCE_SCATTER = 1, TAG_ALL_GATHER, TAG_ALL_REDUCE_RS, TAG_ALL_REDUCE_AG, TAG_GATHER_HOST };
+enum {
+    TAG_REDUCE_SCATTER = 1,
+    TAG_ALL_GATHER,
+    TAG_ALL_REDUCE_RS,
+    TAG_ALL_REDUCE_AG,
+    TAG_GATHER_HOST,
+};
 
 typedef struct {
     MPI_Comm comm;    /* a duplicate of MPI_COMM_WORLD: our messages never meet anyone else's */
@@ -129,8 +135,8 @@ static int exchange(mt_comm *c, const peer_io *io, MPI_Datatype type, int tag, c
             if (m->req_count[i] < 0) continue;
             MPI_Get_count(&m->stats[k], type, &got);
             if (got != m->req_count[i])
-                return mt_error_set("rank %d: rank %d sent %d elements in %s where %d were due (the "
-                                    "ranks disagree about the buffer)",
+                return mt_error_set("rank %d: rank %d sent %d elements in %s where %d were due "
+                                    "(the ranks disagree about the buffer)",
                                     c->rank, m->req_peer[i], got, what, m->req_count[i]);
         }
         if (out > 0) {
