@@ -250,6 +250,19 @@ static void test_resume_state_formats(void **state) {
     assert_true(strcmp(c[19].loss, f[19].loss) != 0 && strcmp(c[19].loss, t[19].loss) != 0);
 }
 
+/* The checkpoint does not depend on where the state lived: a tight run with 2 layers in the GPU
+ * tier (on the cpu backend the tier's update is the host kernel) resumed with none gives the
+ * bits of an uninterrupted run without a tier. */
+static void test_resume_other_tier(void **state) {
+    static char out[OUT_SIZE]; /* static: a failing check longjmps out */
+    train("tier_A", "--no-shuffle --state tight --gpu-layers 0", out);
+    train("tier_B", "--no-shuffle --state tight --gpu-layers 2 --stop-at 10", out);
+    if (!strstr(out, "GPU tier: layers 0-1")) fail_msg("no GPU tier in the first half:\n%s", out);
+    train("tier_B", "--no-shuffle --gpu-layers 0 --resume", out);
+    compare_metrics("tier_A", "tier_B", 20);
+    compare_checkpoints("tier_A", "tier_B", 20);
+}
+
 /* --resume without --state continues in the checkpoint's format and says so; another --state is
  * refused by name, exit 1, nothing written. */
 static void test_resume_state_mismatch(void **state) {
@@ -335,6 +348,7 @@ int main(void) {
         cmocka_unit_test(test_resume_empty_out),
         cmocka_unit_test(test_resume_state_formats),
         cmocka_unit_test(test_resume_state_mismatch),
+        cmocka_unit_test(test_resume_other_tier),
         cmocka_unit_test(test_save_every_keep),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
