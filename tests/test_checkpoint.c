@@ -27,6 +27,7 @@
 #include "io/safetensors.h"
 #include "model/params.h"
 #include "util/state_io.h"
+#include "util/ckpt_edit.h"
 #include "util/testutil.h"
 #include "util/tiny_config.h"
 
@@ -192,39 +193,6 @@ static void assert_msg_has(const char *needle) {
 }
 
 /* ---- editing a saved checkpoint ---- */
-
-static json_t *load_state_json(const char *dir) {
-    char p[4200];
-    snprintf(p, sizeof p, "%s/trainer_state.json", dir);
-    json_error_t je;
-    json_t *o = json_load_file(p, 0, &je);
-    if (!o) fail_msg("%s: %s", p, je.text);
-    return o;
-}
-
-static void store_state_json(const char *dir, json_t *o) {
-    char p[4200];
-    snprintf(p, sizeof p, "%s/trainer_state.json", dir);
-    assert_int_equal(json_dump_file(o, p, JSON_INDENT(2)), 0);
-    json_decref(o);
-}
-
-/* Records FILE's current length and checksum in trainer_state.json: a file rewritten on purpose
- * (a test of what comes after the checksum) with a valid checksum. */
-static void restamp(const char *dir, const char *file) {
-    char p[4200];
-    snprintf(p, sizeof p, "%s/%s", dir, file);
-    mt_file_digest d;
-    assert_int_equal(mt_digest_file(p, &d), 0);
-    char hex[MT_DIGEST_HEX];
-    mt_digest_hex(d.xxh3, hex);
-    json_t *o = load_state_json(dir);
-    json_t *e = json_object_get(json_object_get(o, "files"), file);
-    assert_non_null(e);
-    json_object_set_new(e, "bytes", json_integer((json_int_t)d.bytes));
-    json_object_set_new(e, "xxh3_64", json_string(hex));
-    store_state_json(dir, o);
-}
 
 /* XORs one byte of DIR/FILE at offset (negative: from the end). */
 static void flip_byte(const char *dir, const char *file, long offset) {
@@ -613,7 +581,7 @@ static void test_load_missing_optimizer_tensor(void **state) {
     char opt[4200];
     snprintf(opt, sizeof opt, "%s/optimizer.safetensors", path);
     assert_int_equal(mt_safetensors_write(opt, w, k, NULL, 0), MT_OK);
-    restamp(path, "optimizer.safetensors"); /* the structure checks are past the checksum */
+    mt_test_ckpt_restamp(path, "optimizer.safetensors"); /* the structure checks are past the checksum */
     expect_load_error(&m, &m.t, path, "exp_avg_sq.model.norm.weight");
 
     /* an extra tensor beside the full set */
@@ -625,14 +593,14 @@ static void test_load_missing_optimizer_tensor(void **state) {
     w[k + 1] = w[0];
     w[k + 1].name = "exp_avg.something_else";
     assert_int_equal(mt_safetensors_write(opt, w, k + 2, NULL, 0), MT_OK);
-    restamp(path, "optimizer.safetensors");
+    mt_test_ckpt_restamp(path, "optimizer.safetensors");
     expect_load_error(&m, &m.t, path, "tensors that are not exp_avg/exp_avg_sq");
 
     /* a wrong shape */
     w[k + 1] = w[0];
     w[k].shape[0] = m.t.cfg.C - 1;
     assert_int_equal(mt_safetensors_write(opt, w, k + 1, NULL, 0), MT_OK);
-    restamp(path, "optimizer.safetensors");
+    mt_test_ckpt_restamp(path, "optimizer.safetensors");
     expect_load_error(&m, &m.t, path, "exp_avg_sq.model.norm.weight: shape");
 
     /* the file itself missing */
@@ -739,10 +707,10 @@ static void test_checksum_flip(void **state) {
     snprintf(p, sizeof p, "%s/optimizer.safetensors", path);
     assert_int_equal(truncate(p, file_size(path, "optimizer.safetensors") - 4), 0);
     expect_load_error(&m, &m.t, path, "optimizer.safetensors: checksum mismatch");
-    json_t *o = load_state_json(path);
+    json_t *o = mt_test_ckpt_load_state(path);
     json_object_set_new(json_object_get(json_object_get(o, "files"), "model.safetensors"),
                         "xxh3_64", json_string("not hex"));
-    store_state_json(path, o);
+    mt_test_ckpt_store_state(path, o);
     expect_load_error(&m, &m.t, path, "\"xxh3_64\"");
     mt_test_rmtree(out);
     mt_test_rmtree(tok);
@@ -767,10 +735,10 @@ static void test_exported_weights_refused(void **state) {
     expect_load_error(&m, &m.t, path, want);
     assert_string_equal(mt_error_message(), want);
     /* the same for a format-1 checkpoint, which has no checksum to catch it */
-    json_t *o = load_state_json(path);
+    json_t *o = mt_test_ckpt_load_state(path);
     json_object_set_new(o, "format", json_integer(1));
     json_object_del(o, "files");
-    store_state_json(path, o);
+    mt_test_ckpt_store_state(path, o);
     expect_load_error(&m, &m.t, path, want);
     model_free(&m);
 }
@@ -800,7 +768,7 @@ static void write_with_value(const model *m, const char *dir, const char *file, 
     snprintf(p, sizeof p, "%s/%s", dir, file);
     const mt_st_meta meta[] = {{"format", "pt"}};
     assert_int_equal(mt_safetensors_write(p, w, n, meta, 1), MT_OK);
-    restamp(dir, file);
+    mt_test_ckpt_restamp(dir, file);
     free(copy);
     free(names);
     free(w);
@@ -839,7 +807,7 @@ static void test_nonfinite_file_refused(void **state) {
     char opt[4400];
     snprintf(opt, sizeof opt, "%s/optimizer.safetensors", path);
     assert_int_equal(mt_safetensors_write(opt, w, n, NULL, 0), MT_OK);
-    restamp(path, "optimizer.safetensors");
+    mt_test_ckpt_restamp(path, "optimizer.safetensors");
     char want[256];
     snprintf(want, sizeof want, "tensor exp_avg_sq.%s holds NaN or inf", last->name);
     expect_load_error(&m, &m.t, path, want);

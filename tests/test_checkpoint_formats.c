@@ -19,6 +19,7 @@
 #include "model/config.h"
 #include "model/params.h"
 #include "util/state_io.h"
+#include "util/ckpt_edit.h"
 #include "util/testutil.h"
 #include "util/tiny_config.h"
 
@@ -106,39 +107,6 @@ static void expect_load_error(model *m, mt_test_state *into, const char *dir, co
 }
 
 /* ---- editing saved files ---- */
-
-static json_t *load_json(const char *dir, const char *name) {
-    char p[4400];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    json_error_t je;
-    json_t *o = json_load_file(p, 0, &je);
-    if (!o) fail_msg("%s: %s", p, je.text);
-    return o;
-}
-
-static void store_json(const char *dir, const char *name, json_t *o) {
-    char p[4400];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    assert_int_equal(json_dump_file(o, p, JSON_INDENT(2)), 0);
-    json_decref(o);
-}
-
-/* Records FILE's current length and checksum in trainer_state.json (a file changed on purpose, to
- * test what comes after the checksum). */
-static void restamp(const char *dir, const char *file) {
-    char p[4400];
-    snprintf(p, sizeof p, "%s/%s", dir, file);
-    mt_file_digest d;
-    assert_int_equal(mt_digest_file(p, &d), 0);
-    char hex[MT_DIGEST_HEX];
-    mt_digest_hex(d.xxh3, hex);
-    json_t *o = load_json(dir, "trainer_state.json");
-    json_t *e = json_object_get(json_object_get(o, "files"), file);
-    assert_non_null(e);
-    json_object_set_new(e, "bytes", json_integer((json_int_t)d.bytes));
-    json_object_set_new(e, "xxh3_64", json_string(hex));
-    store_json(dir, "trainer_state.json", o);
-}
 
 /* The file offset of tensor's first data byte in the safetensors file DIR/FILE (read from its
  * header, independently of the reader under test). */
@@ -243,7 +211,7 @@ static void roundtrip(const char *variant, mt_state_format f) {
     save_ok(&m, out, 4);
     ckpt_dir(dir, sizeof dir, out, 4);
 
-    json_t *o = load_json(dir, "trainer_state.json");
+    json_t *o = mt_test_ckpt_load_state(dir);
     assert_int_equal(json_integer_value(json_object_get(o, "format")), 3);
     assert_string_equal(json_string_value(json_object_get(o, "state")), mt_state_format_name(f));
     json_t *seed = json_object_get(o, "sr_seed");
@@ -339,9 +307,9 @@ static void test_parts_of_another_format(void **state) {
     char dir[4200], want[512];
     save_ok(&m, out, 3);
     ckpt_dir(dir, sizeof dir, out, 3);
-    json_t *o = load_json(dir, "trainer_state.json");
+    json_t *o = mt_test_ckpt_load_state(dir);
     json_object_set_new(o, "state", json_string("full"));
-    store_json(dir, "trainer_state.json", o);
+    mt_test_ckpt_store_state(dir, o);
     snprintf(want, sizeof want, "tensor exp_avg.%s: dtype U8, full optimizer state stores F32",
              m.t.params[0].name);
     expect_load_error(&full, full.dst, dir, want);
@@ -411,7 +379,7 @@ static void write_format2(const model *m, const char *out, int64_t step, char *d
                           (json_int_t)step, "seed", (json_int_t)77, "loss", 1.25, "updates",
                           (json_int_t)step, "skipped", (json_int_t)0, "args", "lr", 0.001, "files",
                           files);
-    store_json(dir, "trainer_state.json", o);
+    mt_test_ckpt_store_state(dir, o);
 }
 
 static void test_format2_full_loads(void **state) {
@@ -507,7 +475,7 @@ static void test_scale_nonfinite(void **state) {
     float nan = NAN;
     write_at(dir, "optimizer.safetensors", data_offset(dir, "optimizer.safetensors", tensor),
              &nan, sizeof nan);
-    restamp(dir, "optimizer.safetensors");
+    mt_test_ckpt_restamp(dir, "optimizer.safetensors");
     snprintf(want, sizeof want, "tensor %s holds NaN or inf", tensor);
     expect_load_error(&m, m.dst, dir, want);
     mt_test_rmtree(out);
@@ -526,16 +494,16 @@ static void test_tight_sr_seed(void **state) {
     ckpt_dir(dir, sizeof dir, out, 9);
     const char *bad[] = {NULL, "12x", "", "18446744073709551616", "-1"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        json_t *o = load_json(dir, "trainer_state.json");
+        json_t *o = mt_test_ckpt_load_state(dir);
         if (bad[i]) json_object_set_new(o, "sr_seed", json_string(bad[i]));
         else json_object_del(o, "sr_seed");
-        store_json(dir, "trainer_state.json", o);
+        mt_test_ckpt_store_state(dir, o);
         expect_load_error(&m, m.dst, dir, "\"sr_seed\"");
     }
     /* the largest u64 comes back exactly, to the state (set_sr_seed) and to the caller */
-    json_t *o = load_json(dir, "trainer_state.json");
+    json_t *o = mt_test_ckpt_load_state(dir);
     json_object_set_new(o, "sr_seed", json_string("18446744073709551615"));
-    store_json(dir, "trainer_state.json", o);
+    mt_test_ckpt_store_state(dir, o);
     mt_ckpt_state st;
     load_ok(&m, dir, &st);
     assert_true(st.sr_seed == UINT64_MAX && m.dst->sr_seed == UINT64_MAX);

@@ -423,7 +423,7 @@ static int states_equal(const char *what, const mt_optim_state *a, const mt_opti
 static void test_isa_threads_bitwise(void **state) {
     (void)state;
     const size_t sizes[] = {1, 15, 256, 257, 4099, N_THREADED};
-    mt_optim_isa saved = mt_optim_isa_active();
+    mt_adamw_isa saved = mt_adamw_isa_active();
     int checked = 0;
     for (int fi = 0; fi < 2; fi++)
         for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++)
@@ -431,18 +431,18 @@ static void test_isa_threads_bitwise(void **state) {
                 mt_state_format f = fi ? MT_STATE_TIGHT : MT_STATE_COMPACT;
                 size_t n = sizes[si];
                 int big = n == N_THREADED, steps = big ? NSTEPS_BIG : 6;
-                assert_int_equal(mt_optim_set_isa(MT_OPTIM_SCALAR), MT_OK);
+                assert_int_equal(mt_adamw_set_isa(MT_ADAMW_SCALAR), MT_OK);
                 mt_optim_state *ref = run_steps(f, n, steps, bg, 1);
-                for (int isa = MT_OPTIM_SCALAR; isa <= MT_OPTIM_AVX512; isa++) {
-                    if (!mt_optim_isa_supported((mt_optim_isa)isa)) continue;
-                    assert_int_equal(mt_optim_set_isa((mt_optim_isa)isa), MT_OK);
+                for (int isa = MT_ADAMW_SCALAR; isa <= MT_ADAMW_AVX512; isa++) {
+                    if (!mt_adamw_isa_supported((mt_adamw_isa)isa)) continue;
+                    assert_int_equal(mt_adamw_set_isa((mt_adamw_isa)isa), MT_OK);
                     const int thr[] = {1, 2, 3};
                     for (int ti = 0; ti < (big ? 3 : 1); ti++) {
-                        if (isa == MT_OPTIM_SCALAR && thr[ti] == 1) continue;
+                        if (isa == MT_ADAMW_SCALAR && thr[ti] == 1) continue;
                         char what[128];
                         snprintf(what, sizeof what, "%s n=%zu %s grad %s thr=%d",
                                  mt_state_format_name(f), n, bg ? "bf16" : "f32",
-                                 mt_optim_isa_name((mt_optim_isa)isa), thr[ti]);
+                                 mt_adamw_isa_name((mt_adamw_isa)isa), thr[ti]);
                         mt_optim_state *o = run_steps(f, n, steps, bg, thr[ti]);
                         assert_true(states_equal(what, o, ref));
                         mt_optim_state_free(o);
@@ -453,11 +453,11 @@ static void test_isa_threads_bitwise(void **state) {
             }
     printf("%d runs (formats x sizes x grad types x ISA x threads) bitwise equal to scalar on "
            "1 thread; paths here:", checked);
-    for (int isa = MT_OPTIM_SCALAR; isa <= MT_OPTIM_AVX512; isa++)
-        if (mt_optim_isa_supported((mt_optim_isa)isa)) printf(" %s", mt_optim_isa_name((mt_optim_isa)isa));
+    for (int isa = MT_ADAMW_SCALAR; isa <= MT_ADAMW_AVX512; isa++)
+        if (mt_adamw_isa_supported((mt_adamw_isa)isa)) printf(" %s", mt_adamw_isa_name((mt_adamw_isa)isa));
     printf("\n");
     assert_true(checked > 0);
-    assert_int_equal(mt_optim_set_isa(saved), MT_OK);
+    assert_int_equal(mt_adamw_set_isa(saved), MT_OK);
 }
 
 /* ---- (c2) pinned outputs: the kernels' results for a fixed input never change ---- */
@@ -475,11 +475,11 @@ static void test_pinned_outputs(void **state) {
     (void)state;
     const uint64_t want[2][2] = {{PIN_COMPACT_F32, PIN_COMPACT_BF16},
                                  {PIN_TIGHT_F32, PIN_TIGHT_BF16}};
-    mt_optim_isa saved = mt_optim_isa_active();
+    mt_adamw_isa saved = mt_adamw_isa_active();
     int bad = 0, checked = 0;
-    for (int isa = MT_OPTIM_SCALAR; isa <= MT_OPTIM_AVX512; isa++) {
-        if (!mt_optim_isa_supported((mt_optim_isa)isa)) continue;
-        assert_int_equal(mt_optim_set_isa((mt_optim_isa)isa), MT_OK);
+    for (int isa = MT_ADAMW_SCALAR; isa <= MT_ADAMW_AVX512; isa++) {
+        if (!mt_adamw_isa_supported((mt_adamw_isa)isa)) continue;
+        assert_int_equal(mt_adamw_set_isa((mt_adamw_isa)isa), MT_OK);
         for (int fi = 0; fi < 2; fi++)
             for (int bg = 0; bg < 2; bg++) {
                 mt_optim_state *s = run_steps(fi ? MT_STATE_TIGHT : MT_STATE_COMPACT, 4099, 6, bg, 1);
@@ -489,13 +489,13 @@ static void test_pinned_outputs(void **state) {
                 for (int k = 0; k < nt; k++) h = fnv1a(h, t[k].data, t[k].bytes);
                 h = fnv1a(h, mt_optim_state_upload(s), 4099 * 2);
                 printf("%s %s grad %s: %016llx\n", fi ? "tight" : "compact", bg ? "bf16" : "f32",
-                       mt_optim_isa_name((mt_optim_isa)isa), (unsigned long long)h);
+                       mt_adamw_isa_name((mt_adamw_isa)isa), (unsigned long long)h);
                 bad += h != want[fi][bg];
                 checked++;
                 mt_optim_state_free(s);
             }
     }
-    assert_int_equal(mt_optim_set_isa(saved), MT_OK);
+    assert_int_equal(mt_adamw_set_isa(saved), MT_OK);
     assert_int_equal(bad, 0);
     assert_true(checked >= 8);
 }
@@ -857,7 +857,7 @@ static void test_bench_cli(void **state) {
 }
 
 int main(void) {
-    printf("optimizer ISA in use: %s\n", mt_optim_isa_name(mt_optim_isa_active()));
+    printf("optimizer ISA in use: %s\n", mt_adamw_isa_name(mt_adamw_isa_active()));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vs_fp64),
         cmocka_unit_test(test_full_is_adamw),

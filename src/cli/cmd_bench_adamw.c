@@ -98,16 +98,16 @@ static int bench_state(mt_state_format f, size_t n, int threads, int bf16_grad, 
     mt_optim_state_set_weights(s, 0, w, n);
     free(w);
     int rc = 0;
-    mt_optim_isa best = mt_optim_isa_active();
-    for (int pass = 0; pass < 1 + (scalar && best != MT_OPTIM_SCALAR); pass++) {
-        mt_optim_isa isa = pass ? MT_OPTIM_SCALAR : best;
-        if ((rc = mt_optim_set_isa(isa))) break;
+    mt_adamw_isa best = mt_adamw_isa_active();
+    for (int pass = 0; pass < 1 + (scalar && best != MT_ADAMW_SCALAR); pass++) {
+        mt_adamw_isa isa = pass ? MT_ADAMW_SCALAR : best;
+        if ((rc = mt_adamw_set_isa(isa))) break;
         double t = time_state_updates(s, grad, bf16_grad ? MT_BF16 : MT_F32, threads, reps);
         if (t < 0) { rc = MT_ERR; break; }
         printf("  %-7s %6.3f Gparam/s  %6.1f GB/s  (%.1f ms per update)\n",
-               mt_optim_isa_name(isa), n / t / 1e9, gb / t, t * 1e3);
+               mt_adamw_isa_name(isa), n / t / 1e9, gb / t, t * 1e3);
     }
-    if (!rc) rc = mt_optim_set_isa(best);
+    if (!rc) rc = mt_adamw_set_isa(best);
     mt_optim_state_free(s);
     free(grad);
     return rc ? mt_cli_fail() : 0;

@@ -5,7 +5,7 @@
 #ifndef MT_CPU_ISA_H
 #define MT_CPU_ISA_H
 
-/* The values are those of mt_adamw_isa and mt_optim_isa. */
+/* The values are those of mt_adamw_isa. */
 typedef enum { MT_ISA_SCALAR = 0, MT_ISA_AVX2 = 1, MT_ISA_AVX512 = 2 } mt_isa;
 
 const char *mt_isa_name(mt_isa isa);  /* "avx512", "avx2", "scalar" */

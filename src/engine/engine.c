@@ -139,13 +139,6 @@ static mt_tokens tokens_of(const mt_engine *e, int m) {
     return tok;
 }
 
-static int64_t max_group(const mt_param_table *t) {
-    int64_t g = t->layer_size;
-    if (t->embed_size > g) g = t->embed_size;
-    if (t->head_size > g) g = t->head_size;
-    return g;
-}
-
 /* Embed and head tensors inside their own group buffers (weights or fp32 gradients). */
 static mt_model_view ends_view(const mt_param_table *t, void *embed, void *head, size_t elem) {
     mt_model_view v = {.embed = embed};
@@ -167,10 +160,9 @@ static mt_train_state_opts state_opts(const mt_engine_opts *o) {
 
 void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_opts *o,
                        mt_engine_plan *p) {
-    double n = (double)t->total, el = (double)mt_dtype_size(dtype);
+    double el = (double)mt_dtype_size(dtype);
     double N = (double)o->batch * o->T, bN = (double)o->micro_batch * o->T;
     memset(p, 0, sizeof *p);
-    (void)n;
     mt_train_state_opts so = state_opts(o);
     mt_train_state_bytes sb;
     mt_train_state_bytes_of(t, dtype, &so, &sb);
@@ -183,9 +175,9 @@ void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_
     p->dev_tier = sb.dev_tier;
     p->dev_slots = (double)(o->resident ? (streamed > 2 ? streamed : 2) : o->n_slots) * t->layer_size * el;
     p->dev_embed_head = (double)(t->embed_size + t->head_size) * el;
-    p->dev_grads = 4.0 * (t->layer_size + t->embed_size + t->head_size) + 2.0 * max_group(t) * el +
+    p->dev_grads = 4.0 * (t->layer_size + t->embed_size + t->head_size) + 2.0 * mt_group_max_size(t) * el +
                    sb.dev_grads;
-    if (dtype != MT_BF16 && o->state != MT_STATE_FULL) p->dev_grads += 2.0 * max_group(t); /* widen */
+    if (dtype != MT_BF16 && o->state != MT_STATE_FULL) p->dev_grads += 2.0 * mt_group_max_size(t); /* widen */
     /* the layer inputs (L + 1 sets, fewer when offloaded: act_sets) and the gradient dx */
     p->dev_checkpoints = (act_sets(t->cfg.L, o->offload) + 1) * N * t->cfg.C * el;
     p->host_total += (double)o->offload * N * t->cfg.C * el;
@@ -568,9 +560,7 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
     e->bN = o->micro_batch * o->T;
     e->elem = mt_dtype_size(be->dtype);
     int N = o->batch * o->T, L = cfg->L;
-    size_t n = (size_t)t->total;
 
-    (void)n;
     mt_train_state_opts so = state_opts(o);
     e->ts = mt_train_state_create(t, be, &so);
     e->up_elem = mt_dtype_size(mt_train_state_upload_dtype(e->ts));
@@ -595,12 +585,12 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
     e->g_embed = be->alloc(be, (size_t)t->embed_size * sizeof(float));
     e->g_head = be->alloc(be, (size_t)t->head_size * sizeof(float));
     for (int i = 0; i < 2; i++) {
-        e->staging[i] = be->alloc(be, (size_t)max_group(t) * e->elem);
+        e->staging[i] = be->alloc(be, (size_t)mt_group_max_size(t) * e->elem);
         e->staging_ready[i] = new_event(e);
         e->staging_free[i] = new_event(e);
     }
     if (mt_train_state_upload_dtype(e->ts) != be->dtype) {
-        e->widen = be->alloc(be, (size_t)max_group(t) * e->up_elem);
+        e->widen = be->alloc(be, (size_t)mt_group_max_size(t) * e->up_elem);
         e->widened = new_event(e);
     }
     e->compute_done = new_event(e);

@@ -114,13 +114,6 @@ void *mt_train_state_grad_host(const mt_train_state *s, int layer) {
 
 static int64_t tier_size(const mt_param_table *t, int k) { return (int64_t)k * t->layer_size; }
 
-static int64_t max_group(const mt_param_table *t) {
-    int64_t g = t->layer_size;
-    if (t->embed_size > g) g = t->embed_size;
-    if (t->head_size > g) g = t->head_size;
-    return g;
-}
-
 void mt_train_state_bytes_of(const mt_param_table *t, mt_dtype compute, const mt_train_state_opts *o,
                              mt_train_state_bytes *b) {
     double el = (double)mt_dtype_size(compute);
@@ -142,7 +135,7 @@ void mt_train_state_bytes_of(const mt_param_table *t, mt_dtype compute, const mt
     }
     b->dev_grads += el * n_tier;
     if (o->grads_on_device && o->format != MT_STATE_FULL)
-        b->host_grads += 2.0 * el * (double)(max_group(t) < FETCH_PIECE ? max_group(t) : FETCH_PIECE);
+        b->host_grads += 2.0 * el * (double)(mt_group_max_size(t) < FETCH_PIECE ? mt_group_max_size(t) : FETCH_PIECE);
     b->host_total = b->host_weights + b->host_moments + b->host_upload + b->host_grads;
     b->dev_total = b->dev_tier + b->dev_grads;
 }
@@ -274,13 +267,12 @@ mt_train_state *mt_train_state_create(const mt_param_table *t, mt_backend *be,
     host_piece_init(s, &s->host[1], b1, t->total - b1);
     if (o->grads_on_device && o->format != MT_STATE_FULL) {
         for (int i = 0; i < 2; i++) {
-            int64_t n = max_group(t) < FETCH_PIECE ? max_group(t) : FETCH_PIECE;
+            int64_t n = mt_group_max_size(t) < FETCH_PIECE ? mt_group_max_size(t) : FETCH_PIECE;
             s->fetch_buf[i] = be->host_alloc(be, (size_t)n * s->elem);
             s->fetched[i] = be->event_create(be);
         }
     }
     init_io(s);
-    (void)L;
     return s;
 }
 
@@ -406,8 +398,6 @@ void mt_train_state_update_tier(mt_train_state *s, const mt_adamw_hparams *hp, i
                                 float grad_scale) {
     if (!s->o.gpu_layers) return;
     mt_backend *be = s->be;
-    const mt_param_table *t = s->t;
-    (void)t;
     for (int k = s->group_first[1]; k < s->group_first[s->o.gpu_layers + 1]; k++) {
         const update_piece *pc = &s->pieces[k];
         mt_optim_step a = step_args(hp, pc, step, grad_scale);

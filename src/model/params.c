@@ -166,6 +166,13 @@ int64_t mt_group_size(const mt_param_table *t, int layer) {
     return t->layer_size;
 }
 
+int64_t mt_group_max_size(const mt_param_table *t) {
+    int64_t g = t->layer_size;
+    if (t->embed_size > g) g = t->embed_size;
+    if (t->head_size > g) g = t->head_size;
+    return g;
+}
+
 static void *at(void *base, int64_t off, size_t elem_size) {
     return off < 0 ? NULL : (char *)base + (size_t)off * elem_size;
 }

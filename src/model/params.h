@@ -82,6 +82,8 @@ const mt_param *mt_param_find(const mt_param_table *t, const char *name);
 /* Element offset of a group's start: layer -1 embed, 0..L-1 layers, L head. */
 int64_t mt_group_offset(const mt_param_table *t, int layer);
 int64_t mt_group_size(const mt_param_table *t, int layer);
+/* The largest group's size (embed, a layer or head). */
+int64_t mt_group_max_size(const mt_param_table *t);
 
 /* Pointers to one layer's tensors inside a layer block whose elements are `elem_size` bytes.
  * Absent tensors (biases, q/k norms) are NULL. */

@@ -259,18 +259,10 @@ void mt_optim_kernel_scalar(const mt_optim_consts *c, const mt_optim_span *s, si
 
 /* ---- dispatch ---- */
 
-const char *mt_optim_isa_name(mt_optim_isa isa) { return mt_isa_name((mt_isa)isa); }
-
-int mt_optim_isa_supported(mt_optim_isa isa) { return mt_isa_supported((mt_isa)isa); }
-
-mt_optim_isa mt_optim_isa_active(void) { return (mt_optim_isa)mt_isa_active(); }
-
-int mt_optim_set_isa(mt_optim_isa isa) { return mt_isa_set((mt_isa)isa); }
-
-static mt_optim_kernel_fn kernel_for(mt_optim_isa isa) {
+static mt_optim_kernel_fn kernel_for(mt_adamw_isa isa) {
     switch (isa) {
-    case MT_OPTIM_AVX512: return mt_optim_kernel_avx512;
-    case MT_OPTIM_AVX2: return mt_optim_kernel_avx2;
+    case MT_ADAMW_AVX512: return mt_optim_kernel_avx512;
+    case MT_ADAMW_AVX2: return mt_optim_kernel_avx2;
     default: return mt_optim_kernel_scalar;
     }
 }
@@ -307,7 +299,7 @@ static int overlaps(const void *a, size_t abytes, const void *b, size_t bbytes) 
 
 MT_TSAN_SKIP static void run(const mt_optim_consts *c, const mt_optim_span *s, size_t n,
                              int n_threads) {
-    mt_optim_kernel_fn fn = kernel_for(mt_optim_isa_active());
+    mt_optim_kernel_fn fn = kernel_for(mt_adamw_isa_active());
     /* chunks of whole blocks handed out dynamically: every block is computed the same way
      * wherever it lands, so results do not depend on the thread count or schedule */
     const size_t chunk = (size_t)MT_OPTIM_CHUNK_BLOCKS * MT_OPTIM_BLOCK;

@@ -172,13 +172,8 @@ int mt_optim_arenas_parts(const mt_optim_arenas *s, size_t offset, size_t numel,
 /* The same list with data NULL: what a tensor of numel elements stores in format f. */
 int mt_optim_parts_layout(mt_state_format f, size_t numel, mt_optim_tensor *out);
 
-/* Instruction-set paths of the compact and tight kernels, as mt_adamw_isa. */
-typedef enum { MT_OPTIM_SCALAR = 0, MT_OPTIM_AVX2 = 1, MT_OPTIM_AVX512 = 2 } mt_optim_isa;
-const char *mt_optim_isa_name(mt_optim_isa isa);
-int mt_optim_isa_supported(mt_optim_isa isa);
-mt_optim_isa mt_optim_isa_active(void);
-/* Tests and benchmarks: the path later calls use (not while updates run); MT_ERR if absent. */
-int mt_optim_set_isa(mt_optim_isa isa);
+/* The instruction-set path of every format's kernel is adamw.h's (mt_adamw_isa_active,
+ * mt_adamw_set_isa; MT_ADAMW_ISA overrides it). */
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,15 @@
+/* Editing a saved checkpoint in tests: its trainer_state.json, and re-recording a file's length
+ * and checksum after a test rewrote the file on purpose (to test what comes after the checksum). */
+#ifndef MT_TEST_CKPT_EDIT_H
+#define MT_TEST_CKPT_EDIT_H
+
+#include <jansson.h>
+
+/* DIR/trainer_state.json parsed (fails the test when it is not JSON). */
+json_t *mt_test_ckpt_load_state(const char *dir);
+/* Writes o as DIR/trainer_state.json and releases it. */
+void mt_test_ckpt_store_state(const char *dir, json_t *o);
+/* Records DIR/FILE's current length and XXH3-64 in DIR/trainer_state.json. */
+void mt_test_ckpt_restamp(const char *dir, const char *file);
+
+#endif
