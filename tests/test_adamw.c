@@ -27,16 +27,6 @@ static mt_adamw_step_args args(double wd, int64_t step, float gs) {
     return a;
 }
 
-/* Gradients with mixed magnitudes: mostly ~0.02, some 1e3x larger, some 1e-20x, some zero. */
-static void fill_grad(mt_test_rng *r, float *g, size_t n) {
-    mt_test_fill_normal(r, g, n, 0.02f);
-    for (size_t i = 0; i < n; i++) {
-        if (i % 7 == 0) g[i] *= 1e3f;
-        else if (i % 11 == 3) g[i] *= 1e-20f;
-        else if (i % 13 == 5) g[i] = 0.0f;
-    }
-}
-
 static int bits_equal(const char *what, const void *a, const void *b, size_t bytes) {
     if (!memcmp(a, b, bytes)) return 1;
     const unsigned char *x = a, *y = b;
@@ -74,7 +64,7 @@ static void check_vs_double(size_t n, double wd, float gs, int threads, int bf16
     for (size_t i = 0; i < n; i++) pd[i] = p[i];
     for (int s = 1; s <= NSTEPS; s++) {
         mt_adamw_step_args a = args(wd, s, s % 2 ? gs : 1.0f);
-        fill_grad(&r, g, n);
+        mt_test_fill_grad(&r, g, n);
         if (bf16_grad) {
             for (size_t i = 0; i < n; i++) gh[i] = mt_f32_to_bf16(g[i]);
             for (size_t i = 0; i < n; i++) g[i] = mt_bf16_to_f32(gh[i]);
@@ -135,7 +125,7 @@ static run_out run_steps(size_t n, int steps, double wd, int bf16_grad, mt_dtype
     memset(o.v, 0, n * 4);
     for (int s = 1; s <= steps; s++) {
         mt_adamw_step_args a = args(wd, s, 0.731f);
-        fill_grad(&r, g, n);
+        mt_test_fill_grad(&r, g, n);
         void *up = up_t == MT_BF16 ? (void *)o.up_bf16 : (void *)o.up_f32;
         if (bf16_grad) {
             for (size_t i = 0; i < n; i++) gh[i] = mt_f32_to_bf16(g[i]);

@@ -36,11 +36,8 @@
 static void full_update(const mt_optim_step *a, float *p, float *m, float *v, const void *grad,
                         int grad_bf16, size_t n, void *upload, mt_dtype upload_dtype,
                         int n_threads) {
-    mt_adamw_step_args b = {.lr = a->lr, .beta1 = a->beta1, .beta2 = a->beta2, .eps = a->eps,
-                            .weight_decay = a->weight_decay, .step = a->step,
-                            .grad_scale = a->grad_scale};
-    if (grad_bf16) mt_adamw_update_bf16(&b, p, m, v, grad, n, upload, upload_dtype, n_threads);
-    else mt_adamw_update(&b, p, m, v, grad, n, upload, upload_dtype, n_threads);
+    if (grad_bf16) mt_adamw_update_bf16(a, p, m, v, grad, n, upload, upload_dtype, n_threads);
+    else mt_adamw_update(a, p, m, v, grad, n, upload, upload_dtype, n_threads);
 }
 
 static int states_equal(const char *what, const mt_optim_state *a, const mt_optim_state *b);
@@ -49,16 +46,6 @@ static mt_optim_step step_args(double wd, int64_t step, float gs) {
     mt_optim_step a = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
                        .weight_decay = wd, .step = step, .grad_scale = gs};
     return a;
-}
-
-/* Gradients with mixed magnitudes: mostly ~0.02, some 1e3x larger, some 1e-20x, some zero. */
-static void fill_grad(mt_test_rng *r, float *g, size_t n) {
-    mt_test_fill_normal(r, g, n, 0.02f);
-    for (size_t i = 0; i < n; i++) {
-        if (i % 7 == 0) g[i] *= 1e3f;
-        else if (i % 11 == 3) g[i] *= 1e-20f;
-        else if (i % 13 == 5) g[i] = 0.0f;
-    }
 }
 
 static mt_optim_tensor *find_tensor(mt_optim_tensor *t, int nt, const char *name) {
@@ -137,7 +124,7 @@ static void check_vs_fp64(mt_state_format f, int bf16_grad) {
     for (int step = 1; step <= 10; step++) {
         mt_optim_step a1 = step_args(0.1, step, step % 2 ? 0.37f : 1.0f), a2 = a1;
         a2.weight_decay = 0.0;
-        fill_grad(&r, g, n);
+        mt_test_fill_grad(&r, g, n);
         for (size_t i = 0; i < n; i++) gh[i] = mt_f32_to_bf16(g[i]);
         if (bf16_grad)
             for (size_t i = 0; i < n; i++) g[i] = mt_bf16_to_f32(gh[i]);
@@ -228,7 +215,7 @@ static void check_full_is_adamw(mt_dtype up_dtype) {
     mt_optim_state_set_weights(s, 0, p, n);
     for (int step = 1; step <= 5; step++) {
         mt_optim_step a = step_args(0.1, step, 0.5f);
-        fill_grad(&r, g, n);
+        mt_test_fill_grad(&r, g, n);
         assert_int_equal(mt_optim_state_update(s, &a, 0, n, g, MT_F32, 1), MT_OK);
         full_update(&a, p, m, v, g, 0, n, up, up_dtype, 1);
     }
@@ -267,7 +254,7 @@ static void check_full_alias(mt_dtype dt) {
     mt_optim_state_set_weights(b, 0, w, n);
     char *bup = (char *)mt_optim_state_upload(b) + off * esz;
     for (int step = 1; step <= 4; step++) {
-        fill_grad(&r, g, len);
+        mt_test_fill_grad(&r, g, len);
         for (size_t i = 0; i < len; i++) {
             if (dt == MT_BF16) ((mt_bf16 *)gsep)[i] = mt_f32_to_bf16(g[i]);
             else ((float *)gsep)[i] = g[i];
@@ -384,7 +371,7 @@ static mt_optim_state *run_steps(mt_state_format f, size_t n, int steps, int bf1
     for (int step = 1; step <= steps; step++) {
         mt_optim_step a1 = step_args(0.1, step, 0.731f), a2 = a1;
         a2.weight_decay = 0.0;
-        fill_grad(&r, g, n);
+        mt_test_fill_grad(&r, g, n);
         for (size_t i = 0; i < n; i++) gh[i] = mt_f32_to_bf16(g[i]);
         const char *src = bf16_grad ? (const char *)gh : (const char *)g;
         mt_dtype gt = bf16_grad ? MT_BF16 : MT_F32;
@@ -515,7 +502,7 @@ static void test_save_restore(void **state) {
         mt_optim_state_set_weights(a, 0, w, n);
         int step = 1;
         for (; step <= 4; step++) {
-            fill_grad(&r, g, n);
+            mt_test_fill_grad(&r, g, n);
             mt_optim_step sa = step_args(0.1, step, 0.9f);
             assert_int_equal(mt_optim_state_update(a, &sa, 0, n, g, MT_F32, 1), MT_OK);
         }
@@ -552,7 +539,7 @@ static void test_save_restore(void **state) {
         }
         /* resume both: identical bits after 3 more steps */
         for (; step <= 7; step++) {
-            fill_grad(&r, g, n);
+            mt_test_fill_grad(&r, g, n);
             mt_optim_step sa = step_args(0.1, step, 0.9f);
             assert_int_equal(mt_optim_state_update(a, &sa, 0, n, g, MT_F32, 1), MT_OK);
             assert_int_equal(mt_optim_state_update(b, &sa, 0, n, g, MT_F32, 2), MT_OK);
@@ -598,7 +585,7 @@ static void test_arenas_update(void **state) {
         mt_optim_state_set_weights(a, 0, w, n);
         mt_optim_state_set_weights(b, 0, w, n);
         for (int step = 1; step <= 3; step++) {
-            fill_grad(&r, g, n);
+            mt_test_fill_grad(&r, g, n);
             mt_optim_step s1 = step_args(0.1, step, 0.6f), s2 = s1;
             s2.weight_decay = 0;
             assert_int_equal(mt_optim_state_update(a, &s1, 0, 1024, g, MT_F32, 1), MT_OK);
@@ -632,7 +619,7 @@ static const size_t part_off[] = {0, 768, 1024, 1280}, part_len[] = {700, 256, 1
 #define PARTS_N (1280 + 1500)
 
 static void parts_grad(mt_test_rng *r, float *g) {
-    fill_grad(r, g, PARTS_N);
+    mt_test_fill_grad(r, g, PARTS_N);
     for (size_t i = 0; i < PARTS_N; i++) { /* padding: weights and gradients 0, as the engine's */
         int in = 0;
         for (int t = 0; t < N_PARTS; t++) in |= i >= part_off[t] && i < part_off[t] + part_len[t];

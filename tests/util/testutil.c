@@ -75,6 +75,15 @@ void mt_test_fill_normal(mt_test_rng *r, float *x, size_t n, float std) {
     for (size_t i = 0; i < n; i++) x[i] = std * mt_test_rng_normal(r);
 }
 
+void mt_test_fill_grad(mt_test_rng *r, float *g, size_t n) {
+    mt_test_fill_normal(r, g, n, 0.02f);
+    for (size_t i = 0; i < n; i++) {
+        if (i % 7 == 0) g[i] *= 1e3f;
+        else if (i % 11 == 3) g[i] *= 1e-20f;
+        else if (i % 13 == 5) g[i] = 0.0f;
+    }
+}
+
 void mt_test_fill_uniform(mt_test_rng *r, float *x, size_t n, float lo, float hi) {
     for (size_t i = 0; i < n; i++) x[i] = lo + (hi - lo) * mt_test_rng_uniform(r);
 }

@@ -28,6 +28,9 @@ uint64_t mt_test_rng_u64(mt_test_rng *r);
 float mt_test_rng_uniform(mt_test_rng *r);           /* [0, 1) */
 float mt_test_rng_normal(mt_test_rng *r);
 void mt_test_fill_normal(mt_test_rng *r, float *x, size_t n, float std);
+/* Gradients with mixed magnitudes: mostly normal(0, 0.02), every 7th 1e3x larger, some 1e-20x
+ * (subnormal or zero in fp32), some exactly zero. */
+void mt_test_fill_grad(mt_test_rng *r, float *g, size_t n);
 void mt_test_fill_uniform(mt_test_rng *r, float *x, size_t n, float lo, float hi);
 
 /* $MT_FIXTURES/<rel> (the source tree's tests/fixtures when unset), malloc'd; the caller frees. */
