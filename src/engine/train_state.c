@@ -86,8 +86,6 @@ void *mt_train_state_upload(const mt_train_state *s, int layer) {
 }
 
 mt_dtype mt_train_state_upload_dtype(const mt_train_state *s) { return s->up_dtype; }
-mt_state_format mt_train_state_format(const mt_train_state *s) { return s->o.format; }
-int mt_train_state_gpu_layers(const mt_train_state *s) { return s->o.gpu_layers; }
 
 void *mt_train_state_tier_weights(const mt_train_state *s, int layer) {
     MT_CHECK(mt_train_state_in_tier(s, layer), "layer %d is not in the GPU tier", layer);

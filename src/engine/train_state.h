@@ -58,8 +58,6 @@ mt_train_state *mt_train_state_create(const mt_param_table *t, mt_backend *be,
                                       const mt_train_state_opts *o);
 void mt_train_state_free(mt_train_state *s);
 
-mt_state_format mt_train_state_format(const mt_train_state *s);
-int mt_train_state_gpu_layers(const mt_train_state *s);
 /* 1 when group `layer` (-1 embed .. L head) is in the GPU tier. */
 int mt_train_state_in_tier(const mt_train_state *s, int layer);
 
