@@ -11,7 +11,16 @@
  *   max|err|/max|ref| <= 3e-2 (test_cuda_ops.c says why rows);
  * cuDNN against our kernels: the sum of both one's tolerances against the reference (each may be
  * off by its own in opposite directions): out atol 2e-2, rtol 4e-2; lse atol 1e-2, rtol 2e-3;
- * gradients atol 6e-2, rtol 1e-1, tensor 6e-2. */
+ * gradients atol 6e-2, rtol 1e-1, tensor 6e-2.
+ *
+ * cuDNN's forward out against the CPU: the tolerance above plus twice, element by element, the
+ * error of the textbook bf16 flash forward (bf16_p_forward: P = exp(s - max) rounded to bf16
+ * before the PV product, the row sum from fp32 P), which is what cuDNN computes. Why: the plain
+ * bar is tighter than that algorithm at rows where a few large values of v cancel (a query with
+ * two keys, out ~ 3e-3 from |v| ~ 1: P's bf16 rounding alone is off by ~2e-3 there). Evidence
+ * (session 5, dev machine, this file's first case): the emulation alone misses the plain bar on
+ * 12 of 2,048,000 elements, worst 157.7% of tol at element 1025620 (t = 1); cuDNN on the H200
+ * (session 3) missed it on 11, worst 158.1% at the same element. Our kernel keeps the plain bar. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,6 +99,80 @@ static int check(const char *what, const float *got, const float *ref, size_t n,
                  double rtol) {
     double scale = rms(ref, n);
     return mt_allclose(what, got, ref, n, atol_rel * (scale > 0 ? scale : 1), rtol);
+}
+
+/* out of the textbook bf16 flash forward on the problem's inputs (causal, no documents): per
+ * query row, s = scale q.k in fp64, p = exp(s - max) rounded to bf16 for the PV product, the sum
+ * of the unrounded p, out rounded to bf16. */
+static float *bf16_p_forward(const float *q, const float *k, const float *v, int B, int T, int H,
+                             int G, int D) {
+    float *out = fnew((size_t)B * T * H * D);
+    const int rep = H / G;
+    const double scale = 1.0 / sqrt((double)D);
+#pragma omp parallel
+    {
+        double *s = malloc((size_t)T * sizeof(double));
+        float *pb = malloc((size_t)T * sizeof(float));
+        double *acc = malloc((size_t)D * sizeof(double));
+#pragma omp for schedule(dynamic, 16)
+        for (long task = 0; task < (long)B * H * T; task++) {
+            int t = (int)(task % T), h = (int)(task / T % H), b = (int)(task / T / H), g = h / rep;
+            const float *Q = q + (((size_t)b * T + t) * H + h) * D;
+            double mx = -INFINITY, l = 0;
+            for (int j = 0; j <= t; j++) {
+                const float *K = k + (((size_t)b * T + j) * G + g) * D;
+                double a = 0;
+                for (int d = 0; d < D; d++) a += (double)Q[d] * K[d];
+                s[j] = a * scale;
+                if (s[j] > mx) mx = s[j];
+            }
+            for (int d = 0; d < D; d++) acc[d] = 0;
+            for (int j = 0; j <= t; j++) {
+                float p = (float)exp(s[j] - mx);
+                l += p;
+                pb[j] = mt_bf16_to_f32(mt_f32_to_bf16(p));
+            }
+            for (int j = 0; j <= t; j++) {
+                const float *V = v + (((size_t)b * T + j) * G + g) * D;
+                for (int d = 0; d < D; d++) acc[d] += (double)pb[j] * V[d];
+            }
+            float *O = out + (((size_t)b * T + t) * H + h) * D;
+            for (int d = 0; d < D; d++) O[d] = mt_bf16_to_f32(mt_f32_to_bf16((float)(acc[d] / l)));
+        }
+        free(s), free(pb), free(acc);
+    }
+    return out;
+}
+
+/* got vs ref with the plain out tolerance plus twice the bf16-P algorithm's own error at each
+ * element (emul: bf16_p_forward's out); also prints how that algorithm alone fares. */
+static int check_out_bf16_p(const char *what, const float *got, const float *ref,
+                            const float *emul, size_t n, double atol_rel, double rtol) {
+    double scale = rms(ref, n), atol = atol_rel * (scale > 0 ? scale : 1);
+    double worst = 0, worst_plain = 0, emul_worst = 0, max_abs = 0;
+    size_t bad = 0, worst_i = 0, plain_bad = 0, emul_bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double err = fabs((double)got[i] - ref[i]), e = fabs((double)emul[i] - ref[i]);
+        double plain = atol + rtol * fabs(ref[i]), tol = plain + 2 * e;
+        if (!(err <= plain)) plain_bad++;
+        if (!(e <= plain)) emul_bad++;
+        if (e / plain > emul_worst) emul_worst = e / plain;
+        if (err / plain > worst_plain) worst_plain = err / plain;
+        if (err > max_abs) max_abs = err;
+        double frac = isnan(err) ? INFINITY : err / tol;
+        if (!(err <= tol)) {
+            if (bad < 5)
+                fprintf(stderr, "  %s[%zu]: got %.6g ref %.6g bf16-P %.6g err %.3g tol %.3g\n", what,
+                        i, got[i], ref[i], emul[i], err, tol);
+            bad++;
+        }
+        if (frac > worst) worst = frac, worst_i = i;
+    }
+    fprintf(stderr, "%-48s n=%-9zu max_abs_err=%.3g worst[%zu] %.1f%% of tol (plain tol: %zu out, "
+                    "worst %.1f%%; bf16-P algorithm alone: %zu out, worst %.1f%%)%s\n",
+            what, n, max_abs, worst_i, 100 * worst, plain_bad, 100 * worst_plain, emul_bad,
+            100 * emul_worst, bad ? "  FAIL" : "");
+    return bad == 0;
 }
 
 /* got vs ref over rows of `width`, atol relative to max(RMS of the row, RMS of the tensor / 2),
@@ -223,14 +306,19 @@ static result cpu_run(const problem *p) {
     return r;
 }
 
-/* got vs ref, with tolerances times `widen` (1 against the CPU, 2 between two GPU runs). */
+/* got vs ref, with tolerances times `widen` (1 against the CPU, 2 between two GPU runs); out
+ * against emul's error budget when emul is given (cuDNN's forward against the CPU). */
 static void compare(const char *tag, const problem *p, const result *got, const result *ref,
-                    double widen) {
+                    double widen, const float *emul) {
     char what[160];
     const char *kind = p->doc ? "packed" : "causal";
     const int B = p->B, T = p->T, H = p->H, G = p->G, D = p->D;
 #define WHAT(x) (snprintf(what, sizeof what, "%s B=%d T=%d H=%d G=%d D=%d %s %s", tag, B, T, H, G, D, kind, x), what)
-    assert_true(check(WHAT("out"), got->out, ref->out, p->nq, widen * BF_ATOL, widen * BF_RTOL));
+    if (emul)
+        assert_true(check_out_bf16_p(WHAT("out"), got->out, ref->out, emul, p->nq, widen * BF_ATOL,
+                                     widen * BF_RTOL));
+    else
+        assert_true(check(WHAT("out"), got->out, ref->out, p->nq, widen * BF_ATOL, widen * BF_RTOL));
     assert_true(mt_allclose(WHAT("lse"), got->lse, ref->lse, p->nl, widen * LSE_ATOL, widen * LSE_RTOL));
     double a = widen * GRAD_ATOL, r = widen * GRAD_RTOL;
     assert_true(check_rows(WHAT("dq"), got->dq, ref->dq, p->nq / D, D, a, r, a));
@@ -253,7 +341,9 @@ static void cudnn_case(int B, int T, int H, int G, int D, uint64_t seed) {
     expect_ran(what, 0, want);
     snprintf(what, sizeof what, "cudnn backward B=%d T=%d H=%d G=%d D=%d", B, T, H, G, D);
     expect_ran(what, 1, want);
-    compare("cudnn vs cpu", &p, &got, &ref, 1.0);
+    float *emul = bf16_p_forward(p.q, p.k, p.v, B, T, H, G, D);
+    compare("cudnn vs cpu", &p, &got, &ref, 1.0, have_cudnn ? emul : NULL);
+    free(emul);
     result_free(&ref), result_free(&got);
     problem_free(&p);
 }
@@ -281,12 +371,12 @@ static void test_cudnn_vs_own(void **state) {
     mt_attention_impl want = have_cudnn ? MT_ATTENTION_CUDNN : MT_ATTENTION_OWN;
     expect_ran("cudnn forward", 0, want);
     expect_ran("cudnn backward", 1, want);
-    compare("cudnn vs own", &p, &cud, &own, 2.0);
+    compare("cudnn vs own", &p, &cud, &own, 2.0, NULL);
     /* cuDNN's backward from our forward's (out, lse), and ours from cuDNN's */
     result mix1 = gpu_run(&p, MT_ATTENTION_OWN, MT_ATTENTION_CUDNN, &own);
-    compare("own fwd -> cudnn bwd vs own", &p, &mix1, &own, 2.0);
+    compare("own fwd -> cudnn bwd vs own", &p, &mix1, &own, 2.0, NULL);
     result mix2 = gpu_run(&p, MT_ATTENTION_CUDNN, MT_ATTENTION_OWN, &cud);
-    compare("cudnn fwd -> own bwd vs own", &p, &mix2, &own, 2.0);
+    compare("cudnn fwd -> own bwd vs own", &p, &mix2, &own, 2.0, NULL);
     result_free(&own), result_free(&cud), result_free(&mix1), result_free(&mix2);
     problem_free(&p);
 }
@@ -299,7 +389,7 @@ static void test_packed_falls_back(void **state) {
     result got = gpu_run(&p, MT_ATTENTION_CUDNN, MT_ATTENTION_CUDNN, &ref);
     expect_ran("cudnn asked, packed rows: forward", 0, MT_ATTENTION_OWN);
     expect_ran("cudnn asked, packed rows: backward", 1, MT_ATTENTION_OWN);
-    compare("packed (own) vs cpu", &p, &got, &ref, 1.0);
+    compare("packed (own) vs cpu", &p, &got, &ref, 1.0, NULL);
     result_free(&ref), result_free(&got);
     problem_free(&p);
 }
