@@ -119,7 +119,8 @@ static void test_engine_matches_runner(void **state) {
 
 /* How the activations and weights are kept changes nothing: checkpoints in host memory (the
  * --gpu-mem path), layers keeping their internals so that the backward skips the recompute (all of
- * them, or the last one), and resident weights (one load per layer per step) give the same losses,
+ * them, or the last one; or only their attention output, so that it skips the attention's
+ * recompute), and resident weights (one load per layer per step) give the same losses,
  * norms and weights, bit for bit, over several steps, as the plain recompute-everything schedule;
  * the weights cross twice per step, once when resident, never in the GPU tier. Checkpoints of all
  * layers or of the first 1 or 2 of 3 in host memory. Also with qwen3's
@@ -131,11 +132,13 @@ static void check_memory_modes(const char *variant, mt_state_format format) {
      * cpu backend the tier's update is the host kernel, so every mode gives the same bits */
     /* offload: how many of the 3 layers keep their checkpoints on the host (3: all; 1, 2: across
      * tiers) */
-    enum { MODES = 13 };
-    const struct { int offload, saved, resident, tier, grads_dev; } mode[MODES] = {
-        {0, 0, 0, 0, 0}, {3, 0, 0, 0, 0}, {0, 3, 0, 0, 0}, {0, 1, 0, 0, 0}, {0, 3, 1, 0, 0},
-        {3, 0, 1, 0, 0}, {0, 0, 0, 1, 0}, {0, 0, 0, 3, 0}, {0, 0, 0, 0, 1}, {3, 0, 1, 2, 1},
-        {1, 0, 0, 0, 0}, {2, 0, 1, 0, 0}, {2, 0, 0, 1, 1}};
+    /* att: layers keeping only their attention output (before the `saved` ones) */
+    enum { MODES = 16 };
+    const struct { int offload, saved, resident, tier, grads_dev, att; } mode[MODES] = {
+        {0, 0, 0, 0, 0, 0}, {3, 0, 0, 0, 0, 0}, {0, 3, 0, 0, 0, 0}, {0, 1, 0, 0, 0, 0},
+        {0, 3, 1, 0, 0, 0}, {3, 0, 1, 0, 0, 0}, {0, 0, 0, 1, 0, 0}, {0, 0, 0, 3, 0, 0},
+        {0, 0, 0, 0, 1, 0}, {3, 0, 1, 2, 1, 0}, {1, 0, 0, 0, 0, 0}, {2, 0, 1, 0, 0, 0},
+        {2, 0, 0, 1, 1, 0}, {0, 0, 0, 0, 0, 3}, {0, 1, 0, 0, 0, 2}, {0, 1, 0, 1, 0, 1}};
     double loss[MODES][3], norm[MODES][3], eval[MODES];
     mt_test_snapshot snap[MODES];
     for (int k = 0; k < MODES; k++) {
@@ -143,7 +146,8 @@ static void check_memory_modes(const char *variant, mt_state_format format) {
         mt_engine_opts o = {.batch = B_ROWS, .micro_batch = 2, .T = T_LEN, .n_slots = 2,
                             .opt_threads = 1, .offload = mode[k].offload, .saved_layers = mode[k].saved,
                             .resident = mode[k].resident, .state = format, .gpu_layers = mode[k].tier,
-                            .grads_on_device = mode[k].grads_dev, .seed = 77};
+                            .grads_on_device = mode[k].grads_dev, .seed = 77,
+                            .saved_attention = mode[k].att};
         mt_engine *e = mt_engine_create(&s.table, be, &o, s.weights);
         for (int step = 0; step < 3; step++) {
             mt_step_result r;
@@ -156,9 +160,10 @@ static void check_memory_modes(const char *variant, mt_state_format format) {
         }
         int64_t count;
         eval[k] = mt_engine_eval(e, s.ids, s.targets, B_ROWS, &count) / (double)count;
-        fprintf(stderr, "%s %s offload %d saved %d resident %d tier %d grads_dev %d: losses %.7f %.7f %.7f, "
-                "eval %.7f\n", variant, mt_state_format_name(format), mode[k].offload, mode[k].saved,
-                mode[k].resident, mode[k].tier, mode[k].grads_dev, loss[k][0], loss[k][1], loss[k][2], eval[k]);
+        fprintf(stderr, "%s %s offload %d saved %d att %d resident %d tier %d grads_dev %d: losses %.7f %.7f "
+                "%.7f, eval %.7f\n", variant, mt_state_format_name(format), mode[k].offload, mode[k].saved,
+                mode[k].att, mode[k].resident, mode[k].tier, mode[k].grads_dev, loss[k][0], loss[k][1],
+                loss[k][2], eval[k]);
         mt_test_snapshot_state(&snap[k], e, &s.table);
         mt_engine_destroy(e);
         be->destroy(be);

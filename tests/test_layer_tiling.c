@@ -114,11 +114,33 @@ static void result_free(layer_result *r) {
     free(r->grads);
 }
 
-/* Forward then backward of the case's layer in chunks of mlp_chunk tokens. With
- * `saved`, the forward writes the saved internals into a buffer of the layer's own and the backward
- * runs MT_RECOMPUTE_CHEAP from it; else the backward runs `recompute` on the shared workspace.
- * With `alias`, the forward's out is its inp (a copy) and the backward's dinp its dout (a copy),
- * as the streaming engine and the runner call them. */
+/* Counts the attention forwards the layer runs. */
+static int attention_calls;
+static void (*cpu_attention_forward)(mt_backend *, void *, float *, const void *, const void *,
+                                     const void *, const int32_t *, int, int, int, int, int);
+static void counting_attention_forward(mt_backend *be, void *out, float *lse, const void *q,
+                                       const void *k, const void *v, const int32_t *doc_start,
+                                       int B, int T, int H, int G, int D) {
+    attention_calls++;
+    cpu_attention_forward(be, out, lse, q, k, v, doc_start, B, T, H, G, D);
+}
+
+/* NaN over the n floats at p (the cpu's compute side is host memory). */
+static void scribble(void *p, size_t n) {
+    float *x = p;
+    for (size_t i = 0; i < n; i++) x[i] = NAN;
+}
+
+enum { SAVE_NONE, SAVE_WHOLE, SAVE_ATTENTION };
+
+/* Forward then backward of the case's layer in chunks of mlp_chunk tokens. With `saved`
+ * SAVE_WHOLE, the forward writes the saved internals into a buffer of the layer's own and the
+ * backward runs MT_RECOMPUTE_CHEAP from it; with SAVE_ATTENTION it writes att and lse there and
+ * the backward runs MT_RECOMPUTE_KEEP_ATTENTION, and then the shared workspace's q, k, v, att,
+ * lse and h are overwritten with NaN between the two calls (the backward must remake all but the
+ * saved attention) and the backward must not run the attention forward; else the backward runs
+ * `recompute` on the shared workspace. With `alias`, the forward's out is its inp (a copy) and
+ * the backward's dinp its dout (a copy), as the streaming engine and the runner call them. */
 static layer_result case_run(layer_case *c, int mlp_chunk, int saved, mt_recompute recompute,
                              int alias) {
     mt_backend *be = c->be;
@@ -127,11 +149,21 @@ static layer_result case_run(layer_case *c, int mlp_chunk, int saved, mt_recompu
     assert_int_equal(ws.mlp_chunk, mlp_chunk);
     void *saved_buf = NULL;
     mt_layer_ws run_ws = ws;
-    if (saved) {
+    if (saved == SAVE_WHOLE) {
         size_t bytes = mt_layer_saved_bytes_tiled(&c->cfg, be->dtype, c->N, mlp_chunk);
         saved_buf = be->alloc(be, bytes);
         run_ws = mt_layer_ws_with_saved(&ws, &c->cfg, be->dtype, c->N, saved_buf);
         recompute = MT_RECOMPUTE_CHEAP;
+    } else if (saved == SAVE_ATTENTION) {
+        size_t HD = (size_t)c->cfg.H * c->cfg.D, bytes = mt_layer_attention_saved_bytes(&c->cfg, be->dtype, c->N);
+        assert_true(bytes >= (size_t)c->N * (HD + c->cfg.H) * sizeof(float));
+        assert_true(bytes < (size_t)c->N * (HD + c->cfg.H) * sizeof(float) + 512); /* 2 x 256 rounding */
+        saved_buf = be->alloc(be, bytes);
+        run_ws = mt_layer_ws_with_saved_attention(&ws, &c->cfg, be->dtype, c->N, saved_buf);
+        assert_ptr_equal(run_ws.q, ws.q); /* only att and lse move */
+        assert_ptr_not_equal(run_ws.att, ws.att);
+        assert_ptr_not_equal(run_ws.lse, ws.lse);
+        recompute = MT_RECOMPUTE_KEEP_ATTENTION;
     }
     mt_tokens tok = {.B = c->B, .T = c->T, .pos = c->pos, .doc_start = NULL};
     mt_layer_weights w = mt_layer_view_of(&c->table, c->w, sizeof(float));
@@ -145,8 +177,20 @@ static layer_result case_run(layer_case *c, int mlp_chunk, int saved, mt_recompu
         memcpy(dinp, c->dout, act_bytes);
     }
     mt_layer_forward(&c->lc, &tok, &w, alias ? out : c->inp, out, &run_ws);
+    if (saved == SAVE_ATTENTION) {
+        size_t N = (size_t)c->N, HD = (size_t)c->cfg.H * c->cfg.D, GD = (size_t)c->cfg.G * c->cfg.D;
+        scribble(ws.q, N * HD), scribble(ws.k, N * GD), scribble(ws.v, N * GD);
+        scribble(ws.att, N * HD), scribble(ws.lse, N * c->cfg.H), scribble(ws.h, N * c->cfg.C);
+        cpu_attention_forward = be->attention_forward;
+        be->attention_forward = counting_attention_forward;
+        attention_calls = 0;
+    }
     mt_layer_backward(&c->lc, &tok, &w, &g, c->inp, alias ? dinp : c->dout, dinp, &run_ws,
                       recompute);
+    if (saved == SAVE_ATTENTION) {
+        be->attention_forward = cpu_attention_forward;
+        assert_int_equal(attention_calls, 0);
+    }
 
     layer_result r = {malloc(act_floats(c) * sizeof(float)), malloc(act_floats(c) * sizeof(float)),
                       malloc(layer_floats(c) * sizeof(float))};
@@ -229,10 +273,11 @@ static void check_chunks(layer_case *c, int divisor, int non_divisor) {
         mt_recompute rc;
         int alias;
         const char *name;
-    } modes[] = {{0, MT_RECOMPUTE_ALL, 0, "recompute all"},
-                 {0, MT_RECOMPUTE_NONE, 0, "recompute none"},
-                 {1, MT_RECOMPUTE_CHEAP, 0, "saved"},
-                 {0, MT_RECOMPUTE_NONE, 1, "out = inp, dinp = dout"}};
+    } modes[] = {{SAVE_NONE, MT_RECOMPUTE_ALL, 0, "recompute all"},
+                 {SAVE_NONE, MT_RECOMPUTE_NONE, 0, "recompute none"},
+                 {SAVE_WHOLE, MT_RECOMPUTE_CHEAP, 0, "saved"},
+                 {SAVE_ATTENTION, MT_RECOMPUTE_KEEP_ATTENTION, 0, "saved attention"},
+                 {SAVE_NONE, MT_RECOMPUTE_NONE, 1, "out = inp, dinp = dout"}};
     layer_result ref = case_run(c, 0, 0, MT_RECOMPUTE_ALL, 0);
     for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
         errors e = {0};

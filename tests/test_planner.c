@@ -197,6 +197,44 @@ static void test_long_context_tiles(void **state) {
     mt_param_table_free(&t);
 }
 
+/* The two kinds of save (planner.c, auto_saved_layers) on the 7B with the H200's 139 GiB: at 128k
+ * tokens the attention outputs go first (1 GiB a layer sparing 0.12 PFLOP of attention, against
+ * 12 GiB for a whole layer's internals), so every layer skips the attention's recompute and what
+ * is left makes a few layers whole; at 16 x 4096 the whole layers go first, as many as fit, as
+ * before saved attention existed, and the rest saves attention. Either way the plan fits. */
+static void test_saved_attention(void **state) {
+    (void)state;
+    mt_param_table t;
+    load_7b(&t);
+    mt_backend be = planned_gpu(139 * GIB);
+    mt_plan_request rq = auto_request(1, 131072);
+    mt_plan p;
+    assert_int_equal(mt_plan_resolve(&t, &be, &rq, &p), MT_OK);
+    assert_int_equal(mt_plan_check(&p), MT_OK);
+    fprintf(stderr, "7B at 128k: saved %d, saved attention %d (%.2f GiB a layer, whole %.2f)\n",
+            p.eo.saved_layers, p.eo.saved_attention, p.mem.dev_saved_attention_per_layer / GIB,
+            p.mem.dev_saved_per_layer / GIB);
+    assert_int_equal(p.eo.offload, 0);
+    assert_true(p.eo.saved_attention > 0);
+    assert_int_equal(p.eo.saved_layers + p.eo.saved_attention, t.cfg.L);
+    assert_true(p.eo.saved_layers < t.cfg.L / 4);
+    /* bf16 att (N x H*D) and fp32 lse (N x H) */
+    assert_true(fabs(p.mem.dev_saved_attention_per_layer - 131072.0 * (3584 * 2 + 28 * 4)) < 512);
+
+    rq = auto_request(16, 4096);
+    assert_int_equal(mt_plan_resolve(&t, &be, &rq, &p), MT_OK);
+    assert_int_equal(mt_plan_check(&p), MT_OK);
+    fprintf(stderr, "7B at 16 x 4096: micro-batch %d, saved %d, saved attention %d\n",
+            p.eo.micro_batch, p.eo.saved_layers, p.eo.saved_attention);
+    /* whole layers first: one more would not fit in what the plan leaves */
+    double left = (double)be.mem_budget - p.compute_bytes - (double)be.memory.headroom;
+    assert_true(p.eo.saved_layers > 0);
+    assert_true(p.eo.saved_layers == t.cfg.L ||
+                left + p.eo.saved_attention * p.mem.dev_saved_attention_per_layer <
+                    p.mem.dev_saved_per_layer);
+    mt_param_table_free(&t);
+}
+
 static void test_micro_batch_auto_7b(void **state) {
     (void)state;
     mt_param_table t;
@@ -424,7 +462,7 @@ static void test_cli_7b(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_micro_batch_auto_7b), cmocka_unit_test(test_impossible_budget),
+        cmocka_unit_test(test_micro_batch_auto_7b), cmocka_unit_test(test_saved_attention), cmocka_unit_test(test_impossible_budget),
         cmocka_unit_test(test_micro_batch_auto_cpu), cmocka_unit_test(test_default_seq),
         cmocka_unit_test(test_info_plan_agree),     cmocka_unit_test(test_units),
         cmocka_unit_test(test_cli_7b),

@@ -81,6 +81,7 @@ typedef struct {
     int64_t first_step;    /* the step this process started at */
     double rest_ms;        /* time of this process's steps but the first (for the ETA) */
     int saved_layers;      /* layers whose backward skips the recompute (for the MFU) */
+    int saved_attention;   /* layers whose backward skips the attention's recompute */
 } train_run;
 
 static int save_checkpoint(train_run *r) {
@@ -127,11 +128,13 @@ static int evaluate(train_run *r) {
  * (layers without saved internals), twice in the backward; the LM head forward and its two
  * backward products; causal attention (QK^T and PV forward, recomputed likewise, and 2.5x that
  * backward) counting only the visible half. */
-static double step_matmul_flops(const mt_config *c, double tokens, int T, int saved_layers) {
+static double step_matmul_flops(const mt_config *c, double tokens, int T, int saved_layers,
+                                int saved_attention) {
     double layer = 2.0 * ((double)c->C * c->H * c->D * 2 + (double)c->C * c->G * c->D * 2 + 3.0 * c->C * c->F);
     double attn = 4.0 * (T / 2.0) * c->H * c->D;
-    return tokens * (c->L * (layer * 3 + attn * 3.5) + (c->L - saved_layers) * (layer + attn) +
-                     2.0 * c->C * c->V * 3);
+    int recomputed = c->L - saved_layers - saved_attention; /* saved attention: all but the attention */
+    return tokens * (c->L * (layer * 3 + attn * 3.5) + recomputed * (layer + attn) +
+                     saved_attention * layer + 2.0 * c->C * c->V * 3);
 }
 
 #define H200_GEMM_PEAK 800e12 /* bf16 GEMM rate of the H200 (docs/DESIGN.md, "The test machine") */
@@ -222,7 +225,8 @@ static int train_loop(train_run *r) {
                              .skipped = res.skipped,
                              .eta_s = timed > 0 ? r->rest_ms / (double)timed * (double)(last - r->step) / 1e3 : -1,
                              .gpu = gpu,
-                             .mfu = step_matmul_flops(&r->model.table.cfg, (double)B * T, T, r->saved_layers) / sec /
+                             .mfu = step_matmul_flops(&r->model.table.cfg, (double)B * T, T, r->saved_layers,
+                                                    r->saved_attention) / sec /
                                     H200_GEMM_PEAK,
                              .h2d_gbs = res.h2d_bytes / sec / 1e9,
                              .d2h_gbs = res.d2h_bytes / sec / 1e9,
@@ -467,6 +471,7 @@ static int train(train_run *r) {
     eo.trace = o->trace_path != NULL;
     o->micro_batch = eo.micro_batch; /* resolved: for the header and the stored arguments */
     r->saved_layers = eo.saved_layers;
+    r->saved_attention = eo.saved_attention;
     r->e = mt_engine_create(&r->model.table, r->be, &eo, NULL);
 
     r->args_json = mt_train_opts_json(o);

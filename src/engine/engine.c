@@ -48,6 +48,8 @@ struct mt_engine {
     mt_event *ckpt_saved[2], *set_free[2], *ckpt_loaded[2];
     void *saved;                     /* (saved_layers, M) internals of the last layers */
     size_t saved_per_mb;             /* bytes of one layer's internals for one micro-batch */
+    void *saved_att;                 /* (saved_attention, M) attention outputs of the layers before */
+    size_t saved_att_per_mb;
     void *dx;                        /* (B*T, C) */
     int32_t *ids, *targets, *pos;    /* (B*T) */
     int32_t *doc_start;              /* (B*T) packed rows' document starts, when use_docs */
@@ -114,17 +116,31 @@ static int saved_index(const mt_engine *e, int l) {
     return k >= 0 ? k : -1;
 }
 
-/* The working activations of layer l for micro-batch m: its own saved internals when it keeps
- * them, else the shared workspace. */
+/* Which of the saved-attention sets layer l uses (the saved_attention layers before the saved
+ * ones keep theirs), or -1. */
+static int saved_att_index(const mt_engine *e, int l) {
+    int k = l - (e->t->cfg.L - e->o.saved_layers - e->o.saved_attention);
+    return k >= 0 && k < e->o.saved_attention ? k : -1;
+}
+
+/* The working activations of layer l for micro-batch m: its own saved internals (or attention
+ * output) when it keeps them, else the shared workspace. */
 static mt_layer_ws ws_for(const mt_engine *e, int l, int m) {
-    int k = saved_index(e, l);
-    if (k < 0) return e->ws;
-    void *base = (char *)e->saved + ((size_t)k * e->M + m) * e->saved_per_mb;
-    return mt_layer_ws_with_saved(&e->ws, &e->t->cfg, e->be->dtype, e->bN, base);
+    int k = saved_index(e, l), a = saved_att_index(e, l);
+    if (k >= 0) {
+        void *base = (char *)e->saved + ((size_t)k * e->M + m) * e->saved_per_mb;
+        return mt_layer_ws_with_saved(&e->ws, &e->t->cfg, e->be->dtype, e->bN, base);
+    }
+    if (a >= 0) {
+        void *base = (char *)e->saved_att + ((size_t)a * e->M + m) * e->saved_att_per_mb;
+        return mt_layer_ws_with_saved_attention(&e->ws, &e->t->cfg, e->be->dtype, e->bN, base);
+    }
+    return e->ws;
 }
 
 static mt_recompute recompute_of(const mt_engine *e, int l) {
-    return saved_index(e, l) >= 0 ? MT_RECOMPUTE_CHEAP : MT_RECOMPUTE_ALL;
+    if (saved_index(e, l) >= 0) return MT_RECOMPUTE_CHEAP;
+    return saved_att_index(e, l) >= 0 ? MT_RECOMPUTE_KEEP_ATTENTION : MT_RECOMPUTE_ALL;
 }
 
 static void *dx_at(const mt_engine *e, int m) {
@@ -183,7 +199,10 @@ void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_
     p->host_total += (double)o->offload * N * t->cfg.C * el;
     p->dev_saved_per_layer = (double)(o->batch / o->micro_batch) *
                              (double)mt_layer_saved_bytes_tiled(&t->cfg, dtype, o->micro_batch * o->T, o->mlp_chunk);
-    p->dev_saved = o->saved_layers * p->dev_saved_per_layer;
+    p->dev_saved_attention_per_layer = (double)(o->batch / o->micro_batch) *
+                                       (double)mt_layer_attention_saved_bytes(&t->cfg, dtype, o->micro_batch * o->T);
+    p->dev_saved = o->saved_layers * p->dev_saved_per_layer +
+                   o->saved_attention * p->dev_saved_attention_per_layer;
     p->dev_work = (double)mt_layer_ws_bytes_tiled(&t->cfg, dtype, (int)bN, o->mlp_chunk) + 2 * bN * t->cfg.C * el +
                   N * 4 * 5; /* ids, targets, losses, positions, document starts */
     p->dev_total = p->dev_slots + p->dev_embed_head + p->dev_grads + p->dev_checkpoints + p->dev_saved +
@@ -546,6 +565,10 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
     MT_CHECK(o->saved_layers >= 0 && o->saved_layers <= t->cfg.L && !(o->offload && o->saved_layers),
              "saved layers %d: must be in [0, %d] and 0 with offloaded checkpoints", o->saved_layers,
              t->cfg.L);
+    MT_CHECK(o->saved_attention >= 0 && o->saved_layers + o->saved_attention <= t->cfg.L &&
+                 !(o->offload && o->saved_attention),
+             "saved attention of %d layers: with %d saved layers at most %d, and 0 with offloaded "
+             "checkpoints", o->saved_attention, o->saved_layers, t->cfg.L - o->saved_layers);
     MT_CHECK(o->gpu_layers >= 0 && o->gpu_layers <= t->cfg.L, "GPU tier of %d layers: the model has %d",
              o->gpu_layers, t->cfg.L);
     mt_engine *e = mt_calloc(1, sizeof *e);
@@ -608,6 +631,9 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
     }
     e->saved_per_mb = mt_layer_saved_bytes_tiled(cfg, be->dtype, e->bN, o->mlp_chunk);
     if (o->saved_layers) e->saved = be->alloc(be, (size_t)o->saved_layers * e->M * e->saved_per_mb);
+    e->saved_att_per_mb = mt_layer_attention_saved_bytes(cfg, be->dtype, e->bN);
+    if (o->saved_attention)
+        e->saved_att = be->alloc(be, (size_t)o->saved_attention * e->M * e->saved_att_per_mb);
     e->dx = be->alloc(be, (size_t)N * cfg->C * e->elem);
     e->ids = be->alloc(be, (size_t)N * sizeof(int32_t));
     e->targets = be->alloc(be, (size_t)N * sizeof(int32_t));
@@ -658,6 +684,7 @@ void mt_engine_destroy(mt_engine *e) {
         be->event_destroy(be, e->staging_free[i]);
     }
     if (e->saved) be->free(be, e->saved);
+    if (e->saved_att) be->free(be, e->saved_att);
     void *dev[] = {e->embed_w, e->head_w, e->g_layer, e->g_embed, e->g_head, e->norms, e->acts,
                    e->dx, e->ids, e->targets, e->losses, e->pos, e->doc_start, e->inv_freq};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) be->free(be, dev[i]);

@@ -46,6 +46,9 @@ typedef struct {
     int saved_layers; /* the last saved_layers layers keep their internals on the compute side
                          (mt_layer_saved_bytes per micro-batch) so that their backward skips the
                          recompute; 0 with offload */
+    int saved_attention; /* the saved_attention layers before those keep only their attention's
+                            output and statistics (mt_layer_attention_saved_bytes per micro-batch):
+                            their backward remakes all but the attention; 0 with offload */
     int resident;     /* every layer's weights keep a slot of their own through the step (n_slots
                          is then L): loaded once per step, for the forward; the backward reuses them */
     mt_state_format state; /* optimizer state format (optim/state.h) */
@@ -77,6 +80,7 @@ typedef struct {
     double dev_slots, dev_embed_head, dev_grads, dev_checkpoints, dev_saved, dev_work, dev_tier,
         dev_total; /* dev_tier: the GPU tier's weights and moments (its gradients in dev_grads) */
     double dev_saved_per_layer; /* what one more saved layer would cost */
+    double dev_saved_attention_per_layer; /* and one more layer's saved attention (in dev_saved) */
 } mt_engine_plan;
 
 void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_opts *o,

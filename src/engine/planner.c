@@ -34,15 +34,41 @@ static int fits_budget(const mt_plan *p) {
     return p->backend.host_ram || p->budget <= 0 || p->compute_bytes <= (double)p->budget;
 }
 
-/* --saved-layers auto: as many layers as the memory left under the budget holds (none without a
- * budget, on host RAM — where recompute costs less than the extra RAM traffic is worth measuring
- * — or with the checkpoints offloaded). */
-static int auto_saved_layers(const mt_plan *p) {
-    if (p->eo.offload || p->budget <= 0 || p->backend.host_ram) return 0;
+static int layers_in(double bytes, double per_layer, int most) {
+    if (bytes <= 0 || per_layer <= 0) return 0;
+    double k = floor(bytes / per_layer);
+    return k >= most ? most : (int)k;
+}
+
+/* --saved-layers auto: what the memory left under the budget holds of the two kinds of save (none
+ * without a budget, on host RAM — where recompute costs less than the extra RAM traffic is worth
+ * measuring — or with the checkpoints offloaded). A layer's whole internals (saved_layers) spare
+ * its backward the recompute of its projections and its attention; its attention output alone
+ * (saved_attention) spares the attention, O(T) times fewer bytes. The kind that spares more
+ * FLOPs per byte goes first: the attention's at long context (7B at 128k: 8x the whole layer's
+ * per byte), the whole layer's at 4k (1.2x); what is left goes to the other kind (upgrading
+ * attention-saved layers to whole ones, or saving the attention of more layers). */
+static void auto_saved_layers(mt_plan *p) {
+    p->eo.saved_layers = p->eo.saved_attention = 0;
+    if (p->eo.offload || p->budget <= 0 || p->backend.host_ram) return;
     double left = (double)p->budget - p->compute_bytes - (double)p->backend.headroom;
-    if (left <= 0 || p->mem.dev_saved_per_layer <= 0) return 0;
-    double k = floor(left / p->mem.dev_saved_per_layer);
-    return k >= p->L ? p->L : (int)k;
+    const mt_config *c = &p->cfg;
+    double whole = p->mem.dev_saved_per_layer, att = p->mem.dev_saved_attention_per_layer;
+    double tokens = (double)p->eo.batch * p->eo.T, HD = (double)c->H * c->D, GD = (double)c->G * c->D;
+    int tiled = p->eo.mlp_chunk > 0 && p->eo.mlp_chunk < p->eo.micro_batch * p->eo.T;
+    /* the recompute's FLOPs each save spares (a tiled layer remakes gate and up in any case) */
+    double att_flops = tokens * 4.0 * (p->eo.T / 2.0) * HD;
+    double proj_flops = tokens * 2.0 * (2 * c->C * HD + 2 * c->C * GD + (tiled ? 0 : 3.0 * c->C * c->F));
+    if (att <= 0 || whole <= att || att_flops / att <= (att_flops + proj_flops) / whole) {
+        int k = layers_in(left, whole, p->L);
+        p->eo.saved_layers = k;
+        p->eo.saved_attention = layers_in(left - k * whole, att, p->L - k);
+    } else {
+        int a = layers_in(left, att, p->L);
+        int k = layers_in(left - a * att, whole - att, a);
+        p->eo.saved_layers = k;
+        p->eo.saved_attention = a - k;
+    }
 }
 
 /* 0. --gpu-layers auto: the fewest tier layers with which the host holds the state (the current
@@ -206,7 +232,7 @@ int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan
 
     /* 2. saved internals from what is left */
     if (rq->saved_layers == MT_AUTO) {
-        p->eo.saved_layers = auto_saved_layers(p);
+        auto_saved_layers(p);
         measure(t, be->dtype, p);
     }
     if (!host_fits(p) && !rq->no_suggest) suggest_state(t, be, rq, p);
@@ -326,7 +352,16 @@ void mt_plan_print(const mt_plan *p, FILE *out) {
             m->dev_work / g, (double)p->backend.scratch / g);
     if (eo->saved_layers)
         fprintf(out, "             of which saved internals %.2f GiB: the backward of the last %d of %d layers "
-                "skips the recompute\n", m->dev_saved / g, eo->saved_layers, p->L);
+                "skips the recompute\n", eo->saved_layers * m->dev_saved_per_layer / g, eo->saved_layers, p->L);
+    if (eo->saved_attention) {
+        int last = p->L - eo->saved_layers - 1;
+        char which[48];
+        if (eo->saved_attention == 1) snprintf(which, sizeof which, "layer %d", last);
+        else snprintf(which, sizeof which, "layers %d-%d", last - eo->saved_attention + 1, last);
+        fprintf(out, "             of which saved attention %.2f GiB: the backward of %s remakes "
+                "all but the attention\n", eo->saved_attention * m->dev_saved_attention_per_layer / g,
+                which);
+    }
     if (eo->resident)
         fprintf(out, "             resident weights: every layer keeps its slot, loaded once per step\n");
     if (eo->mlp_chunk)

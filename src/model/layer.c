@@ -108,6 +108,34 @@ mt_layer_ws mt_layer_ws_with_saved(const mt_layer_ws *ws, const mt_config *cfg, 
     return v;
 }
 
+static int is_attention_output(const ws_field *f) {
+    return f->offset == WS(att) || f->offset == WS(lse);
+}
+
+size_t mt_layer_attention_saved_bytes(const mt_config *cfg, mt_dtype dtype, int N) {
+    ws_field f[40];
+    int n = ws_fields(cfg, f);
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        if (is_attention_output(&f[i])) total += field_bytes(&f[i], dtype, N);
+    return total;
+}
+
+mt_layer_ws mt_layer_ws_with_saved_attention(const mt_layer_ws *ws, const mt_config *cfg,
+                                             mt_dtype dtype, int N, void *base) {
+    MT_CHECK(N <= ws->max_N, "layer workspace holds %d tokens, asked for %d", ws->max_N, N);
+    mt_layer_ws v = *ws;
+    ws_field f[40];
+    int n = ws_fields(cfg, f);
+    char *at = base;
+    for (int i = 0; i < n; i++) {
+        if (!is_attention_output(&f[i])) continue;
+        *(void **)((char *)&v + f[i].offset) = at;
+        at += field_bytes(&f[i], dtype, N);
+    }
+    return v;
+}
+
 void mt_layer_ws_init_tiled(mt_layer_ws *ws, const mt_layer_ctx *lc, int max_N, int mlp_chunk) {
     MT_CHECK(mlp_chunk >= 0, "layer chunk of %d tokens", mlp_chunk);
     memset(ws, 0, sizeof *ws);
@@ -188,16 +216,19 @@ static void qkv_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_l
 
 /* Attention half of the forward: fills q, k, v, att, lse, h (whole call) chunk by chunk around
  * the attention, which sees all N tokens; the chunk rows keep the last chunk's xn1 (and q/k norm
- * pieces): all of them when untiled. */
+ * pieces): all of them when untiled. Without run_attention, att and lse are this forward's
+ * already (saved attention) and the attention is not run again. */
 static void attention_block_forward(const mt_layer_ctx *lc, const mt_tokens *tok,
-                                    const mt_layer_weights *w, const void *inp, mt_layer_ws *ws) {
+                                    const mt_layer_weights *w, const void *inp, mt_layer_ws *ws,
+                                    int run_attention) {
     mt_backend *be = lc->be;
     dims d = dims_of(lc->cfg, tok->B * tok->T);
     int chunk = chunk_rows(ws->mlp_chunk, d.N);
     for (int r0 = 0; r0 < d.N; r0 += chunk)
         qkv_forward(lc, tok, w, inp, r0, min_int(chunk, d.N - r0), ws);
-    be->attention_forward(be, ws->att, ws->lse, ws->q, ws->k, ws->v, tok->doc_start, tok->B,
-                          tok->T, d.H, d.G, d.D);
+    if (run_attention)
+        be->attention_forward(be, ws->att, ws->lse, ws->q, ws->k, ws->v, tok->doc_start, tok->B,
+                              tok->T, d.H, d.G, d.D);
     for (int r0 = 0; r0 < d.N; r0 += chunk) {
         int n = min_int(chunk, d.N - r0);
         void *h = row_at(lc, ws->h, r0, d.C);
@@ -223,7 +254,7 @@ void mt_layer_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_lay
     int N = tok->B * tok->T, C = lc->cfg->C;
     MT_CHECK(N <= ws->max_N, "layer workspace holds %d tokens, asked for %d", ws->max_N, N);
     mt_backend *be = lc->be;
-    attention_block_forward(lc, tok, w, inp, ws);
+    attention_block_forward(lc, tok, w, inp, ws, 1);
     /* out = h + down(act), chunk by chunk; inp is dead, so out may alias it */
     int chunk = chunk_rows(ws->mlp_chunk, N);
     for (int r0 = 0; r0 < N; r0 += chunk) {
@@ -302,13 +333,14 @@ void mt_layer_backward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_la
     dims d = dims_of(cfg, tok->B * tok->T);
     MT_CHECK(d.N <= ws->max_N, "layer workspace holds %d tokens, asked for %d", ws->max_N, d.N);
     int chunk = chunk_rows(ws->mlp_chunk, d.N), tiled = chunk < d.N;
-    if (recompute == MT_RECOMPUTE_ALL) attention_block_forward(lc, tok, w, inp, ws);
+    int remake = recompute == MT_RECOMPUTE_ALL || recompute == MT_RECOMPUTE_KEEP_ATTENTION;
+    if (remake) attention_block_forward(lc, tok, w, inp, ws, recompute == MT_RECOMPUTE_ALL);
 
     /* MLP: out = h + down(act), chunk by chunk; a tiled MLP remakes every chunk from h. d_h, the
      * gradient of h, goes into dinp's rows (dout's rows are read first where they alias). */
     for (int r0 = 0; r0 < d.N; r0 += chunk) {
         int n = min_int(chunk, d.N - r0);
-        if (tiled || recompute == MT_RECOMPUTE_ALL) {
+        if (tiled || remake) {
             mlp_up_forward(lc, w, row_at(lc, ws->h, r0, d.C), n, ws);
         } else if (recompute == MT_RECOMPUTE_CHEAP) { /* gate and up are saved */
             be->rmsnorm_forward(be, ws->hn, ws->rstd2, row_at(lc, ws->h, r0, d.C), w->post_norm,

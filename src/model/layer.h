@@ -97,10 +97,21 @@ size_t mt_layer_saved_bytes_tiled(const mt_config *cfg, mt_dtype dtype, int N, i
 mt_layer_ws mt_layer_ws_with_saved(const mt_layer_ws *ws, const mt_config *cfg, mt_dtype dtype,
                                    int N, void *base);
 
+/* Saved attention: only the attention's output and statistics (att, lse), kept per layer where
+ * its whole internals cost too much memory. Its backward remakes everything else from the layer
+ * input (MT_RECOMPUTE_KEEP_ATTENTION), the projections' O(N) work, but not the attention's
+ * O(N*T): at long context nearly all of a recompute's time for a few percent of its bytes
+ * (planner.c weighs the two kinds of save). Bytes for N tokens, and a copy of ws whose att and
+ * lse point into `base` (that many bytes on the compute side): */
+size_t mt_layer_attention_saved_bytes(const mt_config *cfg, mt_dtype dtype, int N);
+mt_layer_ws mt_layer_ws_with_saved_attention(const mt_layer_ws *ws, const mt_config *cfg,
+                                             mt_dtype dtype, int N, void *base);
+
 typedef enum {
     MT_RECOMPUTE_NONE = 0,  /* ws still holds this forward's internals (nothing ran in between) */
     MT_RECOMPUTE_ALL = 1,   /* remake every internal from the layer input */
     MT_RECOMPUTE_CHEAP = 2, /* ws's saved fields hold this forward's: remake xn1, hn, act only */
+    MT_RECOMPUTE_KEEP_ATTENTION = 3, /* ws's att and lse hold this forward's: remake the rest */
 } mt_recompute;
 
 /* out (N, C) = layer(inp (N, C)); out may alias inp. Leaves the internals in ws. */

@@ -348,6 +348,11 @@ static double window_rel(const double *a, const double *b, int w0) {
  * chance all stayed close in steps 21-30 (0.9% against 2.8% before), failing that window (CUDA
  * 2.9%). Three draws under-estimate the spread: ten per-tensor draws on the dev box give, for
  * steps 21-30, 0.05% to 5.7%. So: 8 draws, per tensor. */
+/* The per-step bound was STEP_TOL alone until cuDNN's forward ran in this test (session 5): its
+ * run stayed inside every window's envelope (steps 41-50: 0.103 against the nudged runs' 0.138)
+ * but steps 45, 47 and 48 came out 16-19% off the CPU run, past STEP_TOL; late in the run single
+ * steps of the nudged CPU runs move as much (printed beside each step). So a step may be off by
+ * WINDOW_SLACK times the nudged runs' own deviation at that step when that is above STEP_TOL. */
 #define NUDGES 8
 #define WINDOW_SLACK 1.5
 #define WINDOW_TOL_FLOOR 5e-3
@@ -361,7 +366,7 @@ static void test_training_tracks_cpu(void **state) {
     double ref_norm[50], got_norm[50];
     double *ref = train_curve_with(cpu, &t, w, steps, 0, 0, 0, ref_norm);
     double *got = train_curve_with(gpu, &t, w, steps, 0, 0, 0, got_norm);
-    double envelope[5] = {0};
+    double envelope[5] = {0}, step_env[50] = {0};
     for (int k = 0; k < NUDGES; k++) {
         float *p = nudged(&t, w, 1234 + (uint64_t)k);
         double *alt = train_curve_with(cpu, &t, p, steps, 0, 0, 0, NULL);
@@ -369,15 +374,21 @@ static void test_training_tracks_cpu(void **state) {
             double d = window_rel(ref, alt, 10 * i);
             if (d > envelope[i]) envelope[i] = d;
         }
+        for (int s = 0; s < steps; s++) {
+            double d = fabs(alt[s] - ref[s]) / ref[s];
+            if (d > step_env[s]) step_env[s] = d;
+        }
         free(alt), free(p);
     }
     int ok = 1;
     for (int s = 0; s < steps; s++) {
         double rel = fabs(got[s] - ref[s]) / ref[s];
+        double tol = WINDOW_SLACK * step_env[s] > STEP_TOL ? WINDOW_SLACK * step_env[s] : STEP_TOL;
         if (s % 5 == 0 || s < 3 || s == steps - 1 || rel > STEP_TOL)
-            fprintf(stderr, "step %2d: cpu %.4f cuda %.4f (rel %.3g), grad norm cpu %.4f cuda %.4f%s\n", s + 1,
-                    ref[s], got[s], rel, ref_norm[s], got_norm[s], rel > STEP_TOL ? "  FAIL" : "");
-        ok &= rel <= STEP_TOL;
+            fprintf(stderr, "step %2d: cpu %.4f cuda %.4f (rel %.3g; nudged cpu up to %.3g; tol %.3g), "
+                            "grad norm cpu %.4f cuda %.4f%s\n", s + 1, ref[s], got[s], rel,
+                    step_env[s], tol, ref_norm[s], got_norm[s], rel > tol ? "  FAIL" : "");
+        ok &= rel <= tol;
     }
     for (int i = 0; i < 5; i++) {
         double rel = window_rel(ref, got, 10 * i), tol = WINDOW_SLACK * envelope[i] + WINDOW_TOL_FLOOR;
