@@ -45,6 +45,9 @@ typedef struct {
                          (cuda: the cuBLASLt workspace and the LM head's logits chunk) */
     int64_t headroom; /* bytes to leave free under mem_budget for temporaries it takes outside
                          alloc's accounting (cuda: the stream-ordered pool of the attention backward) */
+    double attention_pool; /* bytes per element of q (token x head x D) that the attention backward
+                              takes from that pool (cuda: cuDNN's workspace): the headroom grows to
+                              it at long context */
     int host_ram;     /* the compute side is host RAM (cpu): its bytes count against the host's
                          memory, and moving the checkpoints to the host frees nothing */
     int64_t host_overhead; /* host RAM the process takes beside the plan's arrays (cuda: the driver,

@@ -6,6 +6,7 @@
 mt_backend_memory mt_backend_cuda_memory(void) {
     return (mt_backend_memory){.scratch = (int64_t)(MT_CUDA_LT_WORKSPACE + MT_CUDA_LM_HEAD_SCRATCH),
                                .headroom = (int64_t)MT_CUDA_POOL_HEADROOM,
+                               .attention_pool = MT_CUDA_ATTENTION_POOL_PER_ELEM,
                                /* RSS over the plan's host total on the H200: 3.4 GiB (7B compact),
                                   4.3 (14B compact), 5.3 (7B full) — bench/RESULTS.md; a 32B plan at
                                   MemAvailable without it was killed by the OOM killer */

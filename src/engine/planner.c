@@ -23,10 +23,19 @@ static int host_fits(const mt_plan *p) {
            p->host_bytes + (double)p->backend.host_overhead <= p->host_available;
 }
 
+/* What to keep free under the budget for the backend's pool: its headroom, or at long context
+ * what the attention backward takes from the pool for one micro-batch (with the pool's keep). */
+static double pool_headroom(const mt_plan *p) {
+    double att = p->backend.attention_pool * (double)p->eo.micro_batch * p->eo.T * p->cfg.H *
+                     p->cfg.D + (double)(256 << 20);
+    double h = (double)p->backend.headroom;
+    return p->backend.attention_pool > 0 && att > h ? att : h;
+}
+
 /* Fits with the headroom kept free: what the planner's own choices must meet. */
 static int fits_roomy(const mt_plan *p) {
     if (p->backend.host_ram) return host_fits(p);
-    return p->budget <= 0 || p->compute_bytes + (double)p->backend.headroom <= (double)p->budget;
+    return p->budget <= 0 || p->compute_bytes + pool_headroom(p) <= (double)p->budget;
 }
 
 /* Fits at all: what is refused when it does not. */
@@ -51,7 +60,7 @@ static int layers_in(double bytes, double per_layer, int most) {
 static void auto_saved_layers(mt_plan *p) {
     p->eo.saved_layers = p->eo.saved_attention = 0;
     if (p->eo.offload || p->budget <= 0 || p->backend.host_ram) return;
-    double left = (double)p->budget - p->compute_bytes - (double)p->backend.headroom;
+    double left = (double)p->budget - p->compute_bytes - pool_headroom(p);
     const mt_config *c = &p->cfg;
     double whole = p->mem.dev_saved_per_layer, att = p->mem.dev_saved_attention_per_layer;
     double tokens = (double)p->eo.batch * p->eo.T, HD = (double)c->H * c->D, GD = (double)c->G * c->D;
@@ -372,10 +381,10 @@ void mt_plan_print(const mt_plan *p, FILE *out) {
     if (!p->backend.host_ram && p->budget > 0 && p->backend.headroom > 0) {
         if (fits_roomy(p))
             fprintf(out, "             %.2f GiB of the budget kept free for the backend's pool\n",
-                    (double)p->backend.headroom / g);
+                    pool_headroom(p) / g);
         else if (fits_budget(p))
             fprintf(out, "             only %.2f GiB of the budget left for the backend's pool (it "
                     "asks for %.2f)\n", ((double)p->budget - p->compute_bytes) / g,
-                    (double)p->backend.headroom / g);
+                    pool_headroom(p) / g);
     }
 }

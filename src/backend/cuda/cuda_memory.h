@@ -21,5 +21,10 @@
  * 32k tokens of 28 heads of 128) and small temporaries come from the stream-ordered pool, outside
  * be->alloc's accounting. */
 #define MT_CUDA_POOL_HEADROOM ((size_t)2 << 30)
+/* ... unless the attention backward's pool memory is more: cuDNN's workspace measured 8.0-8.2
+ * bytes per element of q (450 MiB at 16k tokens of 28 heads of 128, 900 MiB at 32k, 3.6 GiB at
+ * 128k: bench/RESULTS.md, session 3), our kernel's about half; with a margin. At 512k tokens of
+ * the 7B: 14.9 GiB. */
+#define MT_CUDA_ATTENTION_POOL_PER_ELEM 8.5
 
 #endif
