@@ -583,6 +583,36 @@ static void test_long_context_what_fits(void **state) {
     mt_cli_expect(rc, 1, out, "is longer than max_position_embeddings"); /* the warning, as before */
 }
 
+/* The 512k benchmark config (bench/configs/qwen2.5-7b-512k.json): the 7B shape with
+ * max_position_embeddings 524288 and rope_theta 1e7 (Qwen2.5-1M's long-context base frequency);
+ * its 512k plan fits the H200 with compact state and no warning about the length. */
+static void test_config_512k(void **state) {
+    (void)state;
+    char *path = mt_fixture_path("../../bench/configs/qwen2.5-7b-512k.json");
+    mt_config cfg, base;
+    assert_int_equal(mt_config_load(&cfg, path), MT_OK);
+    char *base_path = mt_fixture_path("../../bench/configs/qwen2.5-7b.json");
+    assert_int_equal(mt_config_load(&base, base_path), MT_OK);
+    free(base_path);
+    assert_int_equal(cfg.max_position_embeddings, 524288);
+    assert_true(cfg.rope_theta == 1e7);
+    /* the shape is the 7B's */
+    assert_int_equal(cfg.C, base.C);
+    assert_int_equal(cfg.F, base.F);
+    assert_int_equal(cfg.L, base.L);
+    assert_int_equal(cfg.H, base.H);
+    assert_int_equal(cfg.G, base.G);
+    assert_int_equal(cfg.V, base.V);
+    static char out[OUT_SIZE];
+    int rc = mt_cli_run(&env, out, sizeof out,
+                        "plan --init '%s' --batch 1 --seq 524288 --device cuda --gpu-mem 139G "
+                        "--host-mem 125G --state compact", path);
+    fprintf(stderr, "%s", out);
+    mt_cli_expect(rc, 0, out, "fits");
+    if (strstr(out, "max_position_embeddings")) fail_msg("a length warning:\n%s", out);
+    free(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_micro_batch_auto_7b), cmocka_unit_test(test_impossible_budget),
@@ -592,6 +622,7 @@ int main(void) {
         cmocka_unit_test(test_state_bytes_per_param), cmocka_unit_test(test_gpu_tier_auto),
         cmocka_unit_test(test_suggests_state),      cmocka_unit_test(test_long_context_tiles),
         cmocka_unit_test(test_long_context_h200),   cmocka_unit_test(test_long_context_what_fits),
+        cmocka_unit_test(test_config_512k),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
