@@ -554,7 +554,7 @@ static void test_long_context_what_fits(void **state) {
                     "--host-mem 125G --state compact", cfg_7b);
     fprintf(stderr, "%s", out);
     mt_cli_expect(rc, 1, out, "what would fit: ");
-    mt_cli_expect(rc, 1, out, "--gpu-mem ");
+    mt_cli_expect(rc, 1, out, " GiB of GPU memory (--gpu-mem ");
     mt_cli_expect(rc, 1, out, "--seq ");
     /* what it names does fit, and one GiB less (one multiple of 1024 more) does not */
     const char *w = strstr(out, "what would fit: ");
@@ -579,7 +579,8 @@ static void test_long_context_what_fits(void **state) {
                     "--host-mem 125G --state compact", cfg_7b);
     fprintf(stderr, "%s", out);
     mt_cli_expect(rc, 1, out, "host RAM: ");
-    mt_cli_expect(rc, 1, out, "what would fit: --gpu-mem ");
+    mt_cli_expect(rc, 1, out, "what would fit: ");
+    mt_cli_expect(rc, 1, out, " GiB of GPU memory (--gpu-mem ");
     mt_cli_expect(rc, 1, out, "is longer than max_position_embeddings"); /* the warning, as before */
 }
 

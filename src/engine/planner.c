@@ -45,18 +45,8 @@ static int auto_saved_layers(const mt_plan *p) {
     return k >= p->L ? p->L : (int)k;
 }
 
-/* 0. --gpu-layers auto: the fewest tier layers with which the host holds the state (the current
- * grads_on_device); none when no number does (p->host_short: the host is what to fix). */
-static int tier_for_host(const mt_param_table *t, mt_dtype dtype, mt_plan *p);
-static void choose_tier(const mt_param_table *t, mt_dtype dtype, mt_plan *p) {
-    p->host_short = 0;
-    if (tier_for_host(t, dtype, p)) return;
-    p->eo.gpu_layers = 0;
-    p->host_short = 1;
-}
-
-/* With the search fitting both sides (p->joint): the fewest tier layers with which the host holds
- * the plan as it stands (the offloaded checkpoints included), measured; 0 when no number does. */
+/* The fewest tier layers with which the host holds the plan as it stands (with p->joint, its
+ * offloaded checkpoints included), measured; 0 when no number does. */
 static int tier_for_host(const mt_param_table *t, mt_dtype dtype, mt_plan *p) {
     for (int k = 0; k <= p->L; k++) {
         p->eo.gpu_layers = k;
@@ -64,6 +54,15 @@ static int tier_for_host(const mt_param_table *t, mt_dtype dtype, mt_plan *p) {
         if (host_fits(p)) return 1;
     }
     return 0;
+}
+
+/* 0. --gpu-layers auto: the fewest tier layers with which the host holds the state (the current
+ * grads_on_device); none when no number does (p->host_short: the host is what to fix). */
+static void choose_tier(const mt_param_table *t, mt_dtype dtype, mt_plan *p) {
+    p->host_short = 0;
+    if (tier_for_host(t, dtype, p)) return;
+    p->eo.gpu_layers = 0;
+    p->host_short = 1;
 }
 
 /* The checkpoints' place for the current micro-batch and tiling: all on the compute side (off 0);
@@ -321,7 +320,8 @@ static void what_fits(const mt_plan *p, int skip_state, char *buf, size_t n) {
         sep = ", or ";
     }
     if (p->fit_gpu_mem && len < n) {
-        len += (size_t)snprintf(buf + len, n - len, "%s--gpu-mem %lldG", sep, (long long)p->fit_gpu_mem);
+        len += (size_t)snprintf(buf + len, n - len, "%s%lld GiB of GPU memory (--gpu-mem %lldG)", sep,
+                                (long long)p->fit_gpu_mem, (long long)p->fit_gpu_mem);
         sep = ", or ";
     }
     if (p->fit_seq && len < n)
@@ -407,14 +407,19 @@ static void print_checkpoints(const mt_plan *p, FILE *out) {
     double set = (double)eo->batch * eo->T * p->cfg.C * (double)mt_dtype_size(p->dtype);
     const char *dev = p->backend.host_ram ? "the compute side" : "the GPU";
     fprintf(out, "checkpoints: %.2f GiB a layer (its input, %d x %d tokens); ", set / MT_GIB, eo->batch, eo->T);
+    char host[32], dev_layers[32];
+    if (k == 1) snprintf(host, sizeof host, "layer 0");
+    else snprintf(host, sizeof host, "layers 0-%d", k - 1);
+    if (k == L - 1) snprintf(dev_layers, sizeof dev_layers, "layer %d", k);
+    else snprintf(dev_layers, sizeof dev_layers, "layers %d-%d", k, L - 1);
     if (!k) fprintf(out, "all %d on %s", L, dev);
     else if (k < L)
-        fprintf(out, "layers 0-%d in pinned host memory (%.2f GiB), layers %d-%d on %s", k - 1,
-                k * set / MT_GIB, k, L - 1, dev);
+        fprintf(out, "%s in pinned host memory (%.2f GiB), %s on %s", host, k * set / MT_GIB, dev_layers, dev);
     else fprintf(out, "all %d in pinned host memory (%.2f GiB)", L, L * set / MT_GIB);
-    fprintf(out, "; %s holds %.0f sets, %.2f GiB (with the last output and the gradient%s)\n", dev,
-            p->mem.dev_checkpoints / set, p->mem.dev_checkpoints / MT_GIB,
-            k ? ", and 2 that the offloaded pass through" : "");
+    fprintf(out, "; %s holds %.0f sets, %.2f GiB (", dev, p->mem.dev_checkpoints / set,
+            p->mem.dev_checkpoints / MT_GIB);
+    if (k < L) fprintf(out, "its %d, the last output, ", L - k);
+    fprintf(out, "the gradient%s)\n", k ? " and 2 that the offloaded pass through" : "");
 }
 
 void mt_plan_print(const mt_plan *p, FILE *out) {
