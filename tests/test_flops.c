@@ -123,11 +123,59 @@ static void test_train_prints_both(void **state) {
     assert_int_equal(steps, 3);
 }
 
+/* Packed chat rows: the engine knows the documents, so the step line says "(in documents)", the
+ * metrics carry attn_docs, the summary says "within documents", and the attention count is below
+ * the full-row count of the same shape (several conversations share a 64-token row). */
+static void test_train_packed_documents(void **state) {
+    (void)state;
+    char model[4096];
+    if (mt_cli_tokenizer_model(&env, 0.02, model, sizeof model) != 0) fail_msg("no tokenizer model");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/chat.jsonl", env.tmp);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    for (int c = 0; c < 24; c++)
+        fprintf(f, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi %d\"}, "
+                   "{\"role\": \"assistant\", \"content\": \"ok %d\"}]}\n", c, c * 7);
+    assert_int_equal(fclose(f), 0);
+    static char out[OUT_SIZE];
+    int rc = mt_cli_run(&env, out, sizeof out,
+                        "train --model '%s' --data chat.jsonl --steps 2 --batch 2 --seq 64 --device cpu "
+                        "--no-save --out run_docs", model);
+    fprintf(stderr, "%s", out);
+    mt_cli_expect(rc, 0, out, " with attention (in documents)");
+    mt_cli_expect(rc, 0, out, "with attention (causal, within documents)");
+    mt_config cfg;
+    char cfg_path[4200];
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", model);
+    if (mt_config_load(&cfg, cfg_path) != MT_OK) fail_msg("%s", mt_error_message());
+    mt_param_table t;
+    mt_param_table_init(&t, &cfg);
+    double six = 6.0 * (double)t.n_real * 2 * 64, full = 1 + mt_flops_attention(&cfg, NULL, 2, 64) / six;
+    mt_param_table_free(&t);
+    snprintf(path, sizeof path, "%s/run_docs/metrics.jsonl", env.tmp);
+    f = fopen(path, "r");
+    assert_non_null(f);
+    char line[2048];
+    int steps = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (!strstr(line, "\"tflops\"")) continue;
+        double a = json_num(line, "tflops"), b = json_num(line, "tflops_attn");
+        fprintf(stderr, "step %d: ratio %.5f, full rows %.5f\n", steps + 1, b / a, full);
+        assert_non_null(strstr(line, "\"attn_docs\": true"));
+        assert_true(b > a && b / a < full - 1e-3 * (full - 1));
+        steps++;
+    }
+    fclose(f);
+    assert_int_equal(steps, 2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_7b_512k),
         cmocka_unit_test(test_documents),
         cmocka_unit_test(test_train_prints_both),
+        cmocka_unit_test(test_train_packed_documents),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
