@@ -460,6 +460,198 @@ static void test_cli_7b(void **state) {
     mt_cli_expect(rc, 1, out, "--micro-batch: 'x' is not auto or an integer");
 }
 
+/* ---- long context on the H200 (issue 11): the planner against hand arithmetic ----
+ *
+ * The machine: 139 GiB of GPU budget (the H200's free memory is 139.29 GiB, bench/logs), 125 GiB
+ * of host RAM; the planner keeps 2 GiB of the budget free (the attention's pool) and 6 GiB of the
+ * host (the CUDA runtime). The Qwen2.5-7B shape, bf16 (2 bytes), one sequence of T tokens, C 3584,
+ * F 18944, H 28, G 4, D 128 (H*D 3584, G*D 512), L 28. By hand, in bytes:
+ *   host   full: 14 B/param (fp32 master 4, moments 8, bf16 upload 2) x the arena; compact: 4
+ *          (master + compensation) + 2.03125 (8-bit moments + scales) + the gradients: 2 B/param
+ *          when they wait on the host, two 128 MiB fetch buffers when on the GPU; + 8 T (tokens);
+ *          + k checkpoints offloaded.
+ *   one checkpoint (a layer's input) = T * C * 2: 3.5 GiB at 512k.
+ *   GPU    weight slots 2 x layer x 2; embed + head x 2; gradients 4 x (layer + embed + head)
+ *          + 2 x the largest group x 2 (+ 2 B/param when compact's wait there); checkpoints
+ *          (sets + 1) x T * C * 2 with sets = L + 1, or 2 + (L + 1 - k) with k offloaded;
+ *          the layer's working memory T x 40048 (q, att, d_att, dq: 3584 x 2 each; k, v, dk, dv:
+ *          512 x 2; h 3584 x 2; lse 28 x 4) + c x 256008 (the chunk rows: xn1, hn, d_hn, d_xn1
+ *          3584 x 2; gate, up, act, d_act, d_gate, d_up 18944 x 2; two fp32 rstd) with c = the chunk
+ *          (T untiled), + 2 T C x 2 (the engine's residual buffers) + 20 T (ids, targets, losses,
+ *          positions, document starts); the library scratch 64 MiB + 1.5 GiB; saved internals
+ *          T x 99440 a layer (q, k, v, att, h, gate, up x 2, lse x 4; untiled only).
+ * The rule checked: untiled with every checkpoint on the GPU when that fits; else at the largest
+ * chunk of 32k..1k, the fewest layers offloaded with which both sides fit; saved layers: as many
+ * as the GPU left holds. */
+typedef struct {
+    double host, gpu, work, ckpt, grads;
+} hand_plan;
+
+static const double H200_GPU = 139.0 * GIB, H200_HOST = 125.0 * GIB;
+
+static hand_plan hand(const mt_param_table *t, int T, int state, int grads_on_gpu, int chunk, int k,
+                      int saved) {
+    const double L = 28, C = 3584, N = T, set = N * C * 2;
+    double lay = (double)t->layer_size, emb = (double)t->embed_size, head = (double)t->head_size,
+           all = (double)t->total, big = (double)mt_group_max_size(t);
+    hand_plan h;
+    double state_host = state == MT_STATE_FULL ? 14 * all
+                        : (4 + 2.03125) * all + (grads_on_gpu ? 2.0 * 2 * (1 << 26) : 2 * all);
+    h.host = state_host + 8 * N + k * set;
+    double sets = !k ? L + 1 : k == L ? 2 : 2 + (L + 1 - k);
+    h.ckpt = (sets + 1) * set;
+    int c = chunk > 0 && chunk < T ? chunk : T;
+    h.work = N * 40048 + (double)c * 256008 + 2 * N * C * 2 + 20 * N;
+    h.grads = 4 * (lay + emb + head) + 2 * big * 2 + (state != MT_STATE_FULL && grads_on_gpu ? 2 * all : 0);
+    h.gpu = 2 * lay * 2 + (emb + head) * 2 + h.grads + h.ckpt + h.work + (64.0 * (1 << 20) + 1.5 * GIB) +
+            saved * N * 99440;
+    return h;
+}
+
+static int hand_fits(hand_plan h) { return h.gpu + 2 * GIB <= H200_GPU && h.host + 6 * GIB <= H200_HOST; }
+
+static void test_long_context_h200(void **state) {
+    (void)state;
+    mt_param_table t;
+    load_7b(&t);
+    mt_backend be = planned_gpu((int64_t)H200_GPU);
+    const int Ts[3] = {32768, 131072, 524288};
+    static const int chunks[] = {32768, 16384, 8192, 4096, 2048, 1024};
+    for (int i = 0; i < 3; i++)
+        for (int f = MT_STATE_FULL; f <= MT_STATE_COMPACT; f++) {
+            int T = Ts[i];
+            mt_plan_request rq = auto_request(1, T);
+            rq.state = (mt_state_format)f;
+            rq.gpu_layers = MT_AUTO;
+            rq.host_available = H200_HOST;
+            mt_plan p;
+            assert_int_equal(mt_plan_resolve(&t, &be, &rq, &p), MT_OK);
+            fprintf(stderr, "T %d %s: chunk %d, offload %d, tier %d, grads %s, saved %d, resident %d, host %.2f GiB, GPU %.2f GiB\n",
+                    T, mt_state_format_name(rq.state), p.eo.mlp_chunk, p.eo.offload, p.eo.gpu_layers,
+                    p.eo.grads_on_device ? "GPU" : "host", p.eo.saved_layers, p.eo.resident,
+                    p.host_bytes / GIB, p.compute_bytes / GIB);
+            assert_int_equal(mt_plan_check(&p), MT_OK); /* every one of them fits the H200 */
+            assert_int_equal(p.eo.gpu_layers, 0);       /* with no GPU tier */
+            int gpu_grads = p.eo.grads_on_device;
+            /* the same bytes by hand, to the byte */
+            hand_plan h = hand(&t, T, f, gpu_grads, p.eo.mlp_chunk, p.eo.offload, p.eo.saved_layers);
+            double resident_extra = p.eo.resident ? (28 - 2) * (double)t.layer_size * 2 : 0;
+            assert_true(p.host_bytes == h.host);
+            assert_true(p.mem.dev_checkpoints == h.ckpt);
+            assert_true(p.mem.dev_work == h.work);
+            assert_true(p.mem.dev_grads == h.grads);
+            assert_true(p.compute_bytes == h.gpu + resident_extra);
+            assert_true(hand_fits(h));
+            /* the rule, by hand: untiled with everything on the GPU when that fits (32k, 128k),
+             * else the largest chunk with which some k fits both sides, and the fewest k */
+            hand_plan h0 = hand(&t, T, f, gpu_grads, 0, 0, 0);
+            if (hand_fits(h0)) {
+                assert_int_equal(p.eo.mlp_chunk, 0);
+                assert_int_equal(p.eo.offload, 0);
+                /* saved layers: as many as fit, one more would not */
+                assert_false(hand_fits(hand(&t, T, f, gpu_grads, 0, 0, p.eo.saved_layers + 1)) &&
+                             p.eo.saved_layers < 28);
+                assert_true(p.eo.saved_layers == 28 ||
+                            !hand_fits(hand(&t, T, f, gpu_grads, 0, 0, p.eo.saved_layers + 1)));
+                continue;
+            }
+            assert_true(T == 524288);
+            int want_chunk = 0, want_k = -1;
+            for (size_t c = 0; c < sizeof chunks / sizeof chunks[0] && want_k < 0; c++)
+                for (int k = 0; k <= 28 && want_k < 0; k++)
+                    if (hand_fits(hand(&t, T, f, gpu_grads, chunks[c], k, 0))) want_chunk = chunks[c], want_k = k;
+            fprintf(stderr, "  by hand: chunk %d, offload %d (GPU %.2f GiB, host %.2f GiB)\n", want_chunk,
+                    want_k, h.gpu / GIB, h.host / GIB);
+            assert_int_equal(p.eo.mlp_chunk, want_chunk);
+            assert_int_equal(p.eo.offload, want_k);
+            assert_int_equal(p.eo.saved_layers, 0);
+        }
+    mt_param_table_free(&t);
+}
+
+/* Full state at 512k: 32k chunks fit the GPU with 6 checkpoints offloaded, but then the host
+ * (99.30 GiB of state + 21 GiB of checkpoints + 6) does not hold it; 16k chunks free 3.9 GiB of
+ * working memory, one checkpoint fewer goes to the host and both sides fit (the plan of
+ * test_long_context_h200). Before the planner fitted both sides at once it refused this, and a
+ * GPU budget or --seq that does not fit names what would. */
+static void test_long_context_what_fits(void **state) {
+    (void)state;
+    static char out[OUT_SIZE];
+    int rc = mt_cli_run(&env, out, sizeof out,
+                        "plan --init '%s' --batch 1 --seq 524288 --device cuda --gpu-mem 139G "
+                        "--host-mem 125G --state full", cfg_7b);
+    fprintf(stderr, "%s", out);
+    mt_cli_expect(rc, 0, out, "tiles:       layer in chunks of 16384 of its 524288 tokens");
+    mt_cli_expect(rc, 0, out, "LM head + loss in chunks of 1728 rows"); /* 1 GiB / (4 x 152064), to 64 */
+    mt_cli_expect(rc, 0, out, "checkpoints: 3.50 GiB a layer (its input, 1 x 524288 tokens); layers 0-4 in "
+                              "pinned host memory (17.50 GiB), layers 5-27 on the GPU; the GPU holds 27 sets, 94.50 GiB");
+    mt_cli_expect(rc, 0, out, "fits");
+    /* 80 GiB of GPU: the smallest budget that fits is named, and the longest --seq */
+    rc = mt_cli_run(&env, out, sizeof out,
+                    "plan --init '%s' --batch 1 --seq 524288 --device cuda --gpu-mem 80G "
+                    "--host-mem 125G --state compact", cfg_7b);
+    fprintf(stderr, "%s", out);
+    mt_cli_expect(rc, 1, out, "what would fit: ");
+    mt_cli_expect(rc, 1, out, " GiB of GPU memory (--gpu-mem ");
+    mt_cli_expect(rc, 1, out, "--seq ");
+    /* what it names does fit, and one GiB less (one multiple of 1024 more) does not */
+    const char *w = strstr(out, "what would fit: ");
+    assert_non_null(w);
+    const char *g = strstr(w, "--gpu-mem "), *sq = strstr(w, "--seq ");
+    assert_non_null(g);
+    assert_non_null(sq);
+    long gib = strtol(g + 10, NULL, 10), seq = strtol(sq + 6, NULL, 10);
+    fprintf(stderr, "names --gpu-mem %ldG, --seq %ld\n", gib, seq);
+    assert_true(gib > 80 && seq > 0 && seq < 524288 && seq % 1024 == 0);
+    const struct { long gpu, seq; int want; } runs[4] = {
+        {gib, 524288, 0}, {gib - 1, 524288, 1}, {80, seq, 0}, {80, seq + 1024, 1}};
+    for (int i = 0; i < 4; i++) {
+        rc = mt_cli_run(&env, out, sizeof out,
+                        "plan --init '%s' --batch 1 --seq %ld --device cuda --gpu-mem %ldG "
+                        "--host-mem 125G --state compact", cfg_7b, runs[i].seq, runs[i].gpu);
+        if (rc != runs[i].want) fail_msg("--gpu-mem %ldG --seq %ld: exit %d\n%s", runs[i].gpu, runs[i].seq, rc, out);
+    }
+    /* the host short at 1M tokens: compact's error names host RAM and what would fit */
+    rc = mt_cli_run(&env, out, sizeof out,
+                    "plan --init '%s' --batch 1 --seq 1048576 --device cuda --gpu-mem 139G "
+                    "--host-mem 125G --state compact", cfg_7b);
+    fprintf(stderr, "%s", out);
+    mt_cli_expect(rc, 1, out, "host RAM: ");
+    mt_cli_expect(rc, 1, out, "what would fit: ");
+    mt_cli_expect(rc, 1, out, " GiB of GPU memory (--gpu-mem ");
+    mt_cli_expect(rc, 1, out, "is longer than max_position_embeddings"); /* the warning, as before */
+}
+
+/* The 512k benchmark config (bench/configs/qwen2.5-7b-512k.json): the 7B shape with
+ * max_position_embeddings 524288 and rope_theta 1e7 (Qwen2.5-1M's long-context base frequency);
+ * its 512k plan fits the H200 with compact state and no warning about the length. */
+static void test_config_512k(void **state) {
+    (void)state;
+    char *path = mt_fixture_path("../../bench/configs/qwen2.5-7b-512k.json");
+    mt_config cfg, base;
+    assert_int_equal(mt_config_load(&cfg, path), MT_OK);
+    char *base_path = mt_fixture_path("../../bench/configs/qwen2.5-7b.json");
+    assert_int_equal(mt_config_load(&base, base_path), MT_OK);
+    free(base_path);
+    assert_int_equal(cfg.max_position_embeddings, 524288);
+    assert_true(cfg.rope_theta == 1e7);
+    /* the shape is the 7B's */
+    assert_int_equal(cfg.C, base.C);
+    assert_int_equal(cfg.F, base.F);
+    assert_int_equal(cfg.L, base.L);
+    assert_int_equal(cfg.H, base.H);
+    assert_int_equal(cfg.G, base.G);
+    assert_int_equal(cfg.V, base.V);
+    static char out[OUT_SIZE];
+    int rc = mt_cli_run(&env, out, sizeof out,
+                        "plan --init '%s' --batch 1 --seq 524288 --device cuda --gpu-mem 139G "
+                        "--host-mem 125G --state compact", path);
+    fprintf(stderr, "%s", out);
+    mt_cli_expect(rc, 0, out, "fits");
+    if (strstr(out, "max_position_embeddings")) fail_msg("a length warning:\n%s", out);
+    free(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_micro_batch_auto_7b), cmocka_unit_test(test_saved_attention), cmocka_unit_test(test_impossible_budget),
@@ -468,6 +660,8 @@ int main(void) {
         cmocka_unit_test(test_cli_7b),
         cmocka_unit_test(test_state_bytes_per_param), cmocka_unit_test(test_gpu_tier_auto),
         cmocka_unit_test(test_suggests_state),      cmocka_unit_test(test_long_context_tiles),
+        cmocka_unit_test(test_long_context_h200),   cmocka_unit_test(test_long_context_what_fits),
+        cmocka_unit_test(test_config_512k),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

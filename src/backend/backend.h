@@ -52,6 +52,8 @@ typedef struct {
                          memory, and moving the checkpoints to the host frees nothing */
     int64_t host_overhead; /* host RAM the process takes beside the plan's arrays (cuda: the driver,
                               runtime and libraries), kept free when fitting the host */
+    int (*head_chunk_rows)(int N, int V); /* rows per chunk of lm_head_loss over N rows (the plan
+                                             prints it; NULL: unknown) */
 } mt_backend_memory;
 
 struct mt_backend {

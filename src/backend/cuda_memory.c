@@ -3,6 +3,8 @@
 #include "backend.h"
 #include "cuda/cuda_memory.h"
 
+static int head_chunk_rows(int N, int V) { return mt_cuda_lm_head_chunk_rows(N, V); }
+
 mt_backend_memory mt_backend_cuda_memory(void) {
     return (mt_backend_memory){.scratch = (int64_t)(MT_CUDA_LT_WORKSPACE + MT_CUDA_LM_HEAD_SCRATCH),
                                .headroom = (int64_t)MT_CUDA_POOL_HEADROOM,
@@ -11,5 +13,5 @@ mt_backend_memory mt_backend_cuda_memory(void) {
                                   4.3 (14B compact), 5.3 (7B full) — bench/RESULTS.md; a 32B plan at
                                   MemAvailable without it was killed by the OOM killer */
                                .host_overhead = (int64_t)6 << 30,
-                               .host_ram = 0};
+                               .host_ram = 0, .head_chunk_rows = head_chunk_rows};
 }

@@ -10,6 +10,7 @@
 
 #include "../backend/backend.h"
 #include "../core/error.h"
+#include "../engine/flops.h"
 #include "../model/runner.h"
 #include "args.h"
 #include "commands.h"
@@ -144,11 +145,13 @@ int mt_cmd_bench(int argc, char **argv) {
     }
     double mean = total / steps;
     double flops = step_gemm_flops(cfg, (int)B, (int)T);
-    double model_flops = 6.0 * (double)m.table.n_real * N;
+    double model_flops = mt_flops_6nt((double)m.table.n_real, N);
+    double attn_flops = model_flops + mt_flops_attention(cfg, NULL, (int)B, (int)T);
     double ref = sgemm_rate(N, cfg->C, cfg->F);
     printf("loss %.4f (ln V = %.4f)\n", loss, __builtin_log((double)cfg->V));
-    printf("step: mean %.1f ms, best %.1f ms | %.0f tokens/s | 6NT %.1f GFLOP/s\n", mean * 1e3,
-           best * 1e3, N / mean, model_flops / mean / 1e9);
+    printf("step: mean %.1f ms, best %.1f ms | %.0f tokens/s | 6NT %.1f GFLOP/s, with causal attention "
+           "%.1f GFLOP/s\n",
+           mean * 1e3, best * 1e3, N / mean, model_flops / mean / 1e9, attn_flops / mean / 1e9);
     printf("GEMM work %.1f GFLOP/step -> %.1f GFLOP/s; plain sgemm %dx%dx%d: %.1f GFLOP/s (%.0f%%)\n",
            flops / 1e9, flops / mean / 1e9, N, cfg->F, cfg->C, ref / 1e9, 100.0 * flops / mean / ref);
     mt_runner_free(&r);

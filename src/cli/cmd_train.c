@@ -14,6 +14,7 @@
 #include "../backend/backend.h"
 #include "../core/error.h"
 #include "../engine/engine.h"
+#include "../engine/flops.h"
 #include "../engine/lr.h"
 #include "../io/byte_text.h"
 #include "../io/checkpoint.h"
@@ -195,7 +196,8 @@ static int train_loop(train_run *r) {
          * (spans are labelled by the update they belong to; a skipped step shares the next one's) */
         if (o->trace_path) mt_trace_drop_before(mt_engine_trace(r->e), (int)r->updates - 1);
         double t0 = now_ms();
-        use_documents(r, mt_run_data_batch(&r->data, &order, r->step, B, T, in, tg));
+        const int32_t *docs = mt_run_data_batch(&r->data, &order, r->step, B, T, in, tg);
+        use_documents(r, docs);
         /* the schedule follows the data position; AdamW's bias correction the updates applied */
         mt_adamw_hparams hp = {.lr = mt_lr_at(&sched, r->step), .beta1 = o->beta1, .beta2 = o->beta2,
                                .eps = o->eps, .weight_decay = o->weight_decay};
@@ -221,7 +223,10 @@ static int train_loop(train_run *r) {
         mt_step_line line = {.step = r->step, .loss = res.loss, .lr = hp.lr, .grad_norm = res.grad_norm,
                              .clip_coef = res.clip_coef, .ms = ms, .tokens = tokens, .targets = res.count,
                              .tok_per_s = B * T / sec,
-                             .tflops = 6.0 * n_params * B * T / sec / 1e12,
+                             .flops = mt_flops_6nt(n_params, (double)B * T),
+                             .flops_attn = mt_flops_6nt(n_params, (double)B * T) +
+                                           mt_flops_attention(&r->model.table.cfg, docs, B, T),
+                             .attn_docs = docs != NULL,
                              .skipped = res.skipped,
                              .eta_s = timed > 0 ? r->rest_ms / (double)timed * (double)(last - r->step) / 1e3 : -1,
                              .gpu = gpu,
@@ -265,6 +270,8 @@ static void print_summary(train_run *r, double wall_ms) {
                           "%.0f tok/s",
                           (long long)r->first_step + 1, (long long)r->step, (long long)o->steps, sec,
                           (long long)r->skipped, (long long)tokens, sec > 0 ? tokens / sec : 0.0);
+    mt_train_log_throughput(lg, line, sizeof line);
+    if (done > 0 && line[0]) mt_train_log_note(lg, "throughput: %s", line);
     if (r->good_step) {
         int n = snprintf(line, sizeof line, "final loss %s (step %lld)", num_text(r->good_loss, loss, sizeof loss),
                          (long long)r->good_step);

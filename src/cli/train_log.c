@@ -108,10 +108,12 @@ static const char *num(char *buf, size_t n, const char *fmt, double x) {
 static void format_step(char *buf, size_t n, const mt_step_line *s, int64_t steps) {
     size_t len = 0;
     char loss[32], norm[32];
-    add(buf, n, &len, "step %lld/%lld | loss %s | norm %s%s | lr %.2e | %.0f ms | %.0f tok/s | %.3f TFLOPS",
+    double sec = s->ms / 1e3;
+    add(buf, n, &len, "step %lld/%lld | loss %s | norm %s%s | lr %.2e | %.0f ms | %.0f tok/s | "
+        "%.3f TFLOPS 6NT, %.3f with attention%s",
         (long long)s->step, (long long)steps, num(loss, sizeof loss, "%.4f", s->loss),
         num(norm, sizeof norm, "%.3f", s->grad_norm), s->clip_coef < 1.0 ? " (clipped)" : "", s->lr, s->ms,
-        s->tok_per_s, s->tflops);
+        s->tok_per_s, s->flops / sec / 1e12, s->flops_attn / sec / 1e12, s->attn_docs ? " (in documents)" : "");
     if (s->gpu) /* GPU runs: where the time goes */
         add(buf, n, &len, " | MFU %.0f%% | GPU busy %.0f%% | H2D %.1f D2H %.1f GB/s | opt %.0f ms | GPU %.1f host %.1f GiB",
             100 * s->mfu, 100 * s->gpu_busy, s->h2d_gbs, s->d2h_gbs, s->opt_ms, s->gpu_gib, s->host_gib);
@@ -132,7 +134,9 @@ static void metrics_step(char *buf, size_t n, const mt_step_line *s) {
     add_num(buf, n, &len, "clip", "%.6f", s->clip_coef);
     add(buf, n, &len, ", \"tokens\": %lld, \"targets\": %lld", (long long)s->tokens, (long long)s->targets);
     add_num(buf, n, &len, "ms", "%.3f", s->ms);
-    add_num(buf, n, &len, "tflops", "%.6f", s->tflops);
+    add_num(buf, n, &len, "tflops", "%.6f", s->flops / (s->ms / 1e3) / 1e12); /* 6NT */
+    add_num(buf, n, &len, "tflops_attn", "%.6f", s->flops_attn / (s->ms / 1e3) / 1e12);
+    if (s->attn_docs) add(buf, n, &len, ", \"attn_docs\": true");
     add_num(buf, n, &len, "tok_s", "%.1f", s->tok_per_s);
     if (s->gpu) {
         add_num(buf, n, &len, "mfu", "%.4f", s->mfu);
@@ -148,6 +152,10 @@ static void metrics_step(char *buf, size_t n, const mt_step_line *s) {
 }
 
 int mt_train_log_step(mt_train_log *lg, const mt_step_line *s) {
+    lg->flops += s->flops;
+    lg->flops_attn += s->flops_attn;
+    lg->step_s += s->ms / 1e3;
+    lg->attn_docs |= s->attn_docs;
     char line[768];
     format_step(line, sizeof line, s, lg->steps);
     if (lg->tty) {
@@ -179,6 +187,16 @@ int mt_train_log_eval(mt_train_log *lg, int64_t step, double eval_loss, int64_t 
     add_num(json, sizeof json, &len, "eval_loss", "%.6f", eval_loss);
     add(json, sizeof json, &len, ", \"eval_tokens\": %lld}", (long long)tokens);
     return put_line(lg, lg->metrics, lg->metrics_name, json);
+}
+
+void mt_train_log_throughput(const mt_train_log *lg, char *buf, size_t n) {
+    if (lg->step_s <= 0) {
+        snprintf(buf, n, "%s", "");
+        return;
+    }
+    snprintf(buf, n, "%.3f TFLOPS 6NT, %.3f with attention (causal, %s) over %.1f s of steps",
+             lg->flops / lg->step_s / 1e12, lg->flops_attn / lg->step_s / 1e12,
+             lg->attn_docs ? "within documents" : "over full rows", lg->step_s);
 }
 
 int mt_train_log_note(mt_train_log *lg, const char *fmt, ...) {

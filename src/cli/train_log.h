@@ -17,6 +17,8 @@ typedef struct {
     char metrics_name[4200], log_name[4200]; /* how errors name them */
     int tty;         /* stdout is a terminal: progress bar */
     int64_t steps;
+    double flops, flops_attn, step_s; /* summed over the steps logged: both counts, seconds */
+    int attn_docs;   /* some step counted attention within documents */
     int open_line;   /* the bar line is not terminated yet */
     int failed;      /* a write failed; error holds the message */
     char error[4400];
@@ -24,7 +26,11 @@ typedef struct {
 
 typedef struct {
     int64_t step;    /* steps completed (1-based) */
-    double loss, lr, grad_norm, clip_coef, ms, tflops, tok_per_s;
+    double loss, lr, grad_norm, clip_coef, ms, tok_per_s;
+    /* the step's FLOPs both ways (engine/flops.h): 6·N·tokens, and with the causal attention
+     * counted; attn_docs: within the packed rows' documents (else over full causal rows) */
+    double flops, flops_attn;
+    int attn_docs;
     int64_t tokens;  /* tokens processed so far (B*T positions per step) */
     int64_t targets; /* targets with a loss in this step (what the loss is averaged over) */
     int skipped;     /* the loss or the norm was not finite: the update was not applied */
@@ -44,6 +50,9 @@ int mt_train_log_open(mt_train_log *lg, const char *out_dir, const char *log_pat
 int mt_train_log_close(mt_train_log *lg);
 int mt_train_log_step(mt_train_log *lg, const mt_step_line *s);
 int mt_train_log_eval(mt_train_log *lg, int64_t step, double eval_loss, int64_t tokens);
+/* The throughput of the steps logged so far, both ways, for the summary: "X TFLOPS 6NT, Y with
+ * attention (causal over full rows | within documents)" over their step time; "" before a step. */
+void mt_train_log_throughput(const mt_train_log *lg, char *buf, size_t n);
 /* A free-form line (to stdout and the log file), after ending the bar line if open. */
 int mt_train_log_note(mt_train_log *lg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

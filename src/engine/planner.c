@@ -80,29 +80,43 @@ static void auto_saved_layers(mt_plan *p) {
     }
 }
 
+/* The fewest tier layers with which the host holds the plan as it stands (with p->joint, its
+ * offloaded checkpoints included), measured; 0 when no number does. */
+static int tier_for_host(const mt_param_table *t, mt_dtype dtype, mt_plan *p) {
+    for (int k = 0; k <= p->L; k++) {
+        p->eo.gpu_layers = k;
+        measure(t, dtype, p);
+        if (host_fits(p)) return 1;
+    }
+    return 0;
+}
+
 /* 0. --gpu-layers auto: the fewest tier layers with which the host holds the state (the current
  * grads_on_device); none when no number does (p->host_short: the host is what to fix). */
 static void choose_tier(const mt_param_table *t, mt_dtype dtype, mt_plan *p) {
     p->host_short = 0;
-    for (int k = 0; k <= p->L; k++) {
-        p->eo.gpu_layers = k;
-        measure(t, dtype, p);
-        if (host_fits(p)) return;
-    }
+    if (tier_for_host(t, dtype, p)) return;
     p->eo.gpu_layers = 0;
     p->host_short = 1;
 }
 
 /* The checkpoints' place for the current micro-batch and tiling: all on the compute side (off 0);
  * else the fewest first layers in host memory with which the plan fits (all of them with
- * --offload-checkpoints). Returns 1 when it fits (eo.offload set), 0 with the last tried. */
+ * --offload-checkpoints). Returns 1 when it fits (eo.offload set), 0 with the last tried.
+ * p->joint: "fits" is both sides, the tier (auto) re-chosen for each count, since an offloaded
+ * checkpoint takes host RAM: a plan whose host is short at the fewest count that the GPU holds
+ * goes on to more tier layers or, in choose_mlp_chunk, to a smaller chunk. */
 static int place_checkpoints(const mt_param_table *t, mt_dtype dtype, const mt_plan_request *rq,
                              mt_plan *p, int off) {
     int L = p->L;
     for (int k = !off ? 0 : rq->offload == 1 ? L : 1; k <= (off ? L : 0); k++) {
         p->eo.offload = k;
-        measure(t, dtype, p);
-        if (fits_roomy(p)) return 1;
+        if (p->joint && p->tier_auto) {
+            if (!tier_for_host(t, dtype, p)) continue;
+        } else {
+            measure(t, dtype, p);
+        }
+        if (fits_roomy(p) && (!p->joint || host_fits(p))) return 1;
     }
     return 0;
 }
@@ -134,7 +148,8 @@ static int choose_places(const mt_param_table *t, mt_dtype dtype, const mt_plan_
     for (int off = off_first; off <= off_last && !found; off++) {
         p->eo.offload = off ? p->L : 0; /* the tier is chosen for the most host checkpoints */
         p->eo.micro_batch = p->micro_auto ? B : rq->micro_batch; /* the host side does not depend on it */
-        if (p->tier_auto && !p->host_short) choose_tier(t, dtype, p);
+        if (p->joint && p->tier_auto) p->eo.gpu_layers = 0; /* chosen per placement */
+        else if (p->tier_auto && !p->host_short) choose_tier(t, dtype, p);
         else p->eo.gpu_layers = p->tier_auto ? 0 : rq->gpu_layers;
         for (int b = p->micro_auto ? B : rq->micro_batch; b >= 1; b--) {
             if (B % b) continue;
@@ -163,6 +178,47 @@ static int better(const mt_plan *a, int a_fits, const mt_plan *b, int b_fits) {
     return a->eo.micro_batch > b->eo.micro_batch;
 }
 
+/* Whether the request, resolved again with no suggestions of its own, fits both sides. */
+static int request_fits(const mt_param_table *t, const mt_backend *be, const mt_plan_request *rq) {
+    mt_plan_request r = *rq;
+    r.no_suggest = 1;
+    mt_plan q;
+    return mt_plan_resolve(t, be, &r, &q) == MT_OK && mt_plan_check(&q) == MT_OK;
+}
+
+/* The smallest whole GiB of GPU budget (above the current one, up to 4 TiB) with which the request
+ * fits; 0 when none does (a larger budget never makes a plan worse, so a bisection finds it). */
+static int64_t smallest_gpu_mem(const mt_param_table *t, const mt_backend *be, const mt_plan_request *rq) {
+    mt_backend q = *be;
+    int64_t lo = be->mem_budget / ((int64_t)1 << 30), hi = 4096; /* lo does not fit, hi may */
+    q.mem_budget = hi << 30;
+    if (!request_fits(t, &q, rq)) return 0;
+    while (hi - lo > 1) {
+        int64_t mid = (lo + hi) / 2;
+        q.mem_budget = mid << 30;
+        if (request_fits(t, &q, rq)) hi = mid;
+        else lo = mid;
+    }
+    return hi;
+}
+
+/* The largest --seq below the request's (a multiple of 1024 when it is longer than that) that fits;
+ * 0 when none does. */
+static int largest_seq(const mt_param_table *t, const mt_backend *be, const mt_plan_request *rq) {
+    int step = rq->T > 1024 ? 1024 : 1, lo = 0, hi = (rq->T - 1) / step; /* multiples: lo fits, hi+1 not */
+    mt_plan_request r = *rq;
+    r.T = step;
+    if (hi < 1 || !request_fits(t, be, &r)) return 0;
+    lo = 1;
+    while (lo < hi) {
+        int mid = lo + (hi - lo + 1) / 2;
+        r.T = mid * step;
+        if (request_fits(t, be, &r)) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo * step;
+}
+
 /* The first lighter format whose plan fits both sides, for the message. */
 static void suggest_state(const mt_param_table *t, const mt_backend *be, const mt_plan_request *rq,
                           mt_plan *p) {
@@ -178,6 +234,34 @@ static void suggest_state(const mt_param_table *t, const mt_backend *be, const m
                      q.eo.gpu_layers);
         return;
     }
+}
+
+/* Steps 0 and 1 from a fresh plan: the tier, where gradients wait (compact and tight: on the GPU
+ * unless the host holding them gives a better plan), the micro-batch and the checkpoints' place.
+ * Returns 1 when the plan found fits. */
+static int choose_all(const mt_param_table *t, const mt_backend *be, const mt_plan_request *rq,
+                      mt_plan *p) {
+    int eight_bit = rq->state != MT_STATE_FULL;
+    p->eo.grads_on_device = eight_bit && !p->backend.host_ram;
+    int found = choose_places(t, be->dtype, rq, p);
+    if (p->eo.grads_on_device) {
+        mt_plan q = *p;
+        q.eo.grads_on_device = 0;
+        q.host_short = 0;
+        int q_found = choose_places(t, be->dtype, rq, &q);
+        if (better(&q, q_found, p, found)) {
+            *p = q;
+            found = q_found;
+        }
+    }
+    if (!found && p->tier_auto && p->eo.gpu_layers > 0) {
+        /* the GPU cannot hold the layers the host cannot: the host is what is short; plan without
+         * a tier so that the message names host RAM (and a --state that would fit) */
+        p->host_short = 1;
+        p->eo.grads_on_device = 0;
+        found = choose_places(t, be->dtype, rq, p);
+    }
+    return found;
 }
 
 int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan_request *rq,
@@ -212,28 +296,17 @@ int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan
                              .saved_layers = rq->saved_layers > 0 ? rq->saved_layers : 0,
                              .resident = rq->resident == 1, .state = rq->state};
 
-    /* 0 and 1: the tier, where gradients wait, the micro-batch and the checkpoints' place */
-    int eight_bit = rq->state != MT_STATE_FULL;
-    p->eo.grads_on_device = eight_bit && !p->backend.host_ram;
-    int found = choose_places(t, be->dtype, rq, p);
-    if (p->eo.grads_on_device) {
-        mt_plan q = *p;
-        q.eo.grads_on_device = 0;
-        q.host_short = 0;
-        int q_found = choose_places(t, be->dtype, rq, &q);
-        if (better(&q, q_found, p, found)) {
-            *p = q;
-            found = q_found;
-        }
+    /* 0 and 1: the tier, where gradients wait, the micro-batch and the checkpoints' place; fitting
+     * both sides at once first, else (nothing does) the GPU alone, so that the plan printed is
+     * the one the GPU holds and the message is about the host */
+    mt_plan start = *p;
+    p->joint = 1;
+    int found = choose_all(t, be, rq, p);
+    if (!found) {
+        *p = start;
+        found = choose_all(t, be, rq, p);
     }
-    if (!found && p->tier_auto && p->eo.gpu_layers > 0) {
-        /* the GPU cannot hold the layers the host cannot: the host is what is short; plan without
-         * a tier so that the message names host RAM (and a --state that would fit) */
-        p->host_short = 1;
-        p->eo.grads_on_device = 0;
-        found = choose_places(t, be->dtype, rq, p);
-    }
-    (void)found;
+    p->joint = 0;
     if (p->eo.offload && rq->saved_layers > 0)
         return mt_error_set("--saved-layers %d: the budget is short, so the layer checkpoints go to "
                             "host memory and no layer can keep its internals; use 0 or auto, a "
@@ -244,7 +317,12 @@ int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan
         auto_saved_layers(p);
         measure(t, be->dtype, p);
     }
-    if (!host_fits(p) && !rq->no_suggest) suggest_state(t, be, rq, p);
+    if (!rq->no_suggest && (!host_fits(p) || !fits_budget(p))) {
+        /* what would fit instead, each with one thing changed (mt_plan_check names them) */
+        suggest_state(t, be, rq, p);
+        if (!p->backend.host_ram && p->budget > 0) p->fit_gpu_mem = smallest_gpu_mem(t, be, rq);
+        p->fit_seq = largest_seq(t, be, rq);
+    }
     /* 3. resident weights: they only save PCIe traffic, so they come after the saved internals */
     if (rq->resident == MT_AUTO && !p->eo.offload && p->eo.saved_layers == L && p->budget > 0 &&
         !p->backend.host_ram) {
@@ -266,42 +344,65 @@ static const char *more_memory(const mt_plan *p) {
     return p->gpu_mem > 0 ? "raise --gpu-mem" : "free GPU memory";
 }
 
+/* "; what would fit: ..." from the suggestions the plan found (""); skip_state: the message
+ * names the --state already. */
+static void what_fits(const mt_plan *p, int skip_state, char *buf, size_t n) {
+    size_t len = 0;
+    buf[0] = '\0';
+    const char *sep = "; what would fit: ";
+    if (p->suggest[0] && !skip_state) {
+        len += (size_t)snprintf(buf + len, n - len, "%s%s", sep, p->suggest);
+        sep = ", or ";
+    }
+    if (p->fit_gpu_mem && len < n) {
+        len += (size_t)snprintf(buf + len, n - len, "%s%lld GiB of GPU memory (--gpu-mem %lldG)", sep,
+                                (long long)p->fit_gpu_mem, (long long)p->fit_gpu_mem);
+        sep = ", or ";
+    }
+    if (p->fit_seq && len < n)
+        snprintf(buf + len, n - len, "%s--seq %d (the longest%s that fits as asked otherwise)", sep,
+                 p->fit_seq, p->eo.T > 1024 ? " multiple of 1024" : "");
+}
+
 static int check_host(const mt_plan *p) {
     if (host_fits(p)) return MT_OK;
     const char *fmt = p->eo.state == MT_STATE_FULL ? "compact" : p->eo.state == MT_STATE_COMPACT ? "tight" : NULL;
-    char hint[160] = "";
+    char hint[160] = "", fits[320];
     if (p->suggest[0]) snprintf(hint, sizeof hint, "; %s would fit", p->suggest);
     else if (fmt) snprintf(hint, sizeof hint, "; --state %s takes fewer bytes per parameter", fmt);
+    what_fits(p, 1, fits, sizeof fits);
     return mt_error_set("host RAM: training needs %.2f GiB (+ %.2f for the %s runtime), %.2f GiB are "
                         "available (--state %s, %.2f B/param)%s; or use a smaller model, --batch or "
-                        "--seq%s, more GPU layers, or a machine with more RAM",
+                        "--seq%s, more GPU layers, or a machine with more RAM%s",
                         p->host_bytes / MT_GIB, (double)p->backend.host_overhead / MT_GIB,
                         p->backend_name, p->host_available / MT_GIB,
                         mt_state_format_name(p->eo.state), p->mem.host_total / p->n_params, hint,
-                        p->backend.host_ram && p->eo.micro_batch > 1 ? ", a smaller --micro-batch" : "");
+                        p->backend.host_ram && p->eo.micro_batch > 1 ? ", a smaller --micro-batch" : "", fits);
 }
 
 int mt_plan_check(const mt_plan *p) {
     const double g = MT_GIB;
     const int b = p->eo.micro_batch;
     if (fits_budget(p) || p->host_short) return check_host(p);
+    char fits[320];
+    what_fits(p, 0, fits, sizeof fits);
     if (!p->eo.offload)
         return mt_error_set("GPU memory: the plan needs %.2f GiB at --micro-batch %d, the budget is "
                             "%.2f GiB (%s); use a smaller --micro-batch (or auto), "
-                            "--offload-checkpoints, lower --batch or --seq, or %s",
+                            "--offload-checkpoints, lower --batch or --seq, or %s%s",
                             p->compute_bytes / g, b, (double)p->budget / g, budget_source(p),
-                            more_memory(p));
+                            more_memory(p), fits);
     if (p->micro_auto || b == 1)
         return mt_error_set("GPU memory: the plan needs %.2f GiB even at --micro-batch 1 with the "
                             "checkpoints in host memory, the budget is %.2f GiB (%s); lower --batch "
-                            "or --seq, or %s",
+                            "or --seq, or %s%s",
                             p->compute_bytes / g, (double)p->budget / g, budget_source(p),
-                            more_memory(p));
+                            more_memory(p), fits);
     return mt_error_set("GPU memory: the plan needs %.2f GiB at --micro-batch %d with the checkpoints "
                         "in host memory, the budget is %.2f GiB (%s); use a smaller --micro-batch "
-                        "(or auto), lower --batch or --seq, or %s",
+                        "(or auto), lower --batch or --seq, or %s%s",
                         p->compute_bytes / g, b, (double)p->budget / g, budget_source(p),
-                        more_memory(p));
+                        more_memory(p), fits);
 }
 
 void mt_plan_print_host(const mt_plan *p, FILE *out) {
@@ -316,6 +417,44 @@ void mt_plan_print_host(const mt_plan *p, FILE *out) {
     if (p->eo.offload) fprintf(out, ", layer checkpoints %.2f", rest / g);
     else if (rest >= 0.005 * g) fprintf(out, ", tokens %.2f", rest / g);
     fprintf(out, ")%s", p->backend.host_ram ? " + compute" : "");
+}
+
+/* "tiles: ..." the layer's token chunks and the LM head's row chunks. */
+static void print_tiles(const mt_plan *p, FILE *out) {
+    const mt_engine_opts *eo = &p->eo;
+    int bN = eo->micro_batch * eo->T;
+    if (eo->mlp_chunk)
+        fprintf(out, "tiles:       layer in chunks of %d of its %d tokens (working %.2f GiB; untiled %.2f)",
+                eo->mlp_chunk, bN, p->mem.dev_work / MT_GIB,
+                (p->mem.dev_work + (double)mt_layer_ws_bytes(&p->cfg, p->dtype, bN) -
+                 (double)mt_layer_ws_bytes_tiled(&p->cfg, p->dtype, bN, eo->mlp_chunk)) / MT_GIB);
+    else
+        fprintf(out, "tiles:       layer untiled (%d tokens a call: the micro-batch)", bN);
+    if (p->backend.head_chunk_rows)
+        fprintf(out, "; LM head + loss in chunks of %d rows", p->backend.head_chunk_rows(bN, p->cfg.V));
+    fputc('\n', out);
+}
+
+/* "checkpoints: ..." where each layer's input waits for the backward. */
+static void print_checkpoints(const mt_plan *p, FILE *out) {
+    const mt_engine_opts *eo = &p->eo;
+    const int L = p->L, k = eo->offload;
+    double set = (double)eo->batch * eo->T * p->cfg.C * (double)mt_dtype_size(p->dtype);
+    const char *dev = p->backend.host_ram ? "the compute side" : "the GPU";
+    fprintf(out, "checkpoints: %.2f GiB a layer (its input, %d x %d tokens); ", set / MT_GIB, eo->batch, eo->T);
+    char host[32], dev_layers[32];
+    if (k == 1) snprintf(host, sizeof host, "layer 0");
+    else snprintf(host, sizeof host, "layers 0-%d", k - 1);
+    if (k == L - 1) snprintf(dev_layers, sizeof dev_layers, "layer %d", k);
+    else snprintf(dev_layers, sizeof dev_layers, "layers %d-%d", k, L - 1);
+    if (!k) fprintf(out, "all %d on %s", L, dev);
+    else if (k < L)
+        fprintf(out, "%s in pinned host memory (%.2f GiB), %s on %s", host, k * set / MT_GIB, dev_layers, dev);
+    else fprintf(out, "all %d in pinned host memory (%.2f GiB)", L, L * set / MT_GIB);
+    fprintf(out, "; %s holds %.0f sets, %.2f GiB (", dev, p->mem.dev_checkpoints / set,
+            p->mem.dev_checkpoints / MT_GIB);
+    if (k < L) fprintf(out, "its %d, the last output, ", L - k);
+    fprintf(out, "the gradient%s)\n", k ? " and 2 that the offloaded pass through" : "");
 }
 
 void mt_plan_print(const mt_plan *p, FILE *out) {
@@ -373,11 +512,6 @@ void mt_plan_print(const mt_plan *p, FILE *out) {
     }
     if (eo->resident)
         fprintf(out, "             resident weights: every layer keeps its slot, loaded once per step\n");
-    if (eo->mlp_chunk)
-        fprintf(out, "             layer tiled: chunks of %d tokens (working %.2f GiB; untiled %.2f)\n",
-                eo->mlp_chunk, m->dev_work / g,
-                (m->dev_work + (double)mt_layer_ws_bytes(&p->cfg, p->dtype, eo->micro_batch * eo->T) -
-                 (double)mt_layer_ws_bytes_tiled(&p->cfg, p->dtype, eo->micro_batch * eo->T, eo->mlp_chunk)) / g);
     if (!p->backend.host_ram && p->budget > 0 && p->backend.headroom > 0) {
         if (fits_roomy(p))
             fprintf(out, "             %.2f GiB of the budget kept free for the backend's pool\n",
@@ -387,4 +521,6 @@ void mt_plan_print(const mt_plan *p, FILE *out) {
                     "asks for %.2f)\n", ((double)p->budget - p->compute_bytes) / g,
                     pool_headroom(p) / g);
     }
+    print_tiles(p, out);
+    print_checkpoints(p, out);
 }

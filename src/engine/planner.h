@@ -23,6 +23,14 @@
  * Within step 1, at the smallest micro-batch (a long sequence), the layer's MLP is tiled over
  * token chunks (the largest of 32k..1k tokens that fits) before the checkpoints are offloaded:
  * tiling costs no traffic, only a few ulp against the untiled bits (model/layer.h).
+ * Steps 0 and 1 first look for a plan that fits both sides at once: an offloaded checkpoint takes
+ * host RAM, so for each count of offloaded layers the tier (auto) is the fewest layers that let
+ * the host hold it, and a chunk whose fewest offloaded layers leave the host short gives way to a
+ * smaller chunk (the 7B at 512k with full state: 16k chunks, 5 layers offloaded, where 32k chunks
+ * need 6 and the host cannot hold them). Only when no such plan exists does the search fit the GPU
+ * alone (the plan printed is then the one the GPU holds; the message is about the host).
+ * A plan that does not fit carries what would (fit_gpu_mem, fit_seq, suggest), each found by
+ * planning again with one thing changed; mt_plan_check names them.
  * "Fits" keeps be->memory.headroom free under the budget; a plan is refused only when it does
  * not fit even without the headroom. No budget (0: cpu, or a GPU planned without --gpu-mem)
  * means nothing to fit: b = B, nothing offloaded, saved or resident unless asked for.
@@ -75,7 +83,10 @@ typedef struct {
     double compute_bytes; /* compute side in all: the engine's bytes + the backend's scratch */
     int micro_auto, offload_auto, tier_auto; /* chosen by the planner (printout, messages) */
     int host_short;       /* the host state does not fit host RAM even with every layer on the GPU */
-    char suggest[96];     /* when the host does not hold the plan: a lighter --state that would fit */
+    int joint;            /* internal: the search fits the host as well as the GPU */
+    char suggest[96];     /* when the plan does not fit: a lighter --state that would */
+    int64_t fit_gpu_mem;  /* ... the smallest --gpu-mem (whole GiB) that would (0: none, or not asked) */
+    int fit_seq;          /* ... the longest --seq that would (0: none) */
     int L;
     double n_params;
 } mt_plan;
@@ -90,7 +101,8 @@ int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan
 int mt_plan_check(const mt_plan *p);
 
 /* The plan as `megatrain plan` and `train` show it: the micro-batch line, the host line
- * (mt_plan_print_host), the compute-side line, saved internals, resident weights. */
+ * (mt_plan_print_host), the compute-side line, saved internals, resident weights, the tiles (the
+ * layer's token chunk, the LM head's row chunk) and where the checkpoints wait. */
 void mt_plan_print(const mt_plan *p, FILE *out);
 /* "host X GiB (Y B/param: master .., moments .., upload copy .., gradients .., tokens ..[, layer
  * checkpoints])" */

@@ -106,7 +106,8 @@ mt_backend *mt_backend_cpu_create(void) {
     be->dtype = MT_F32;
     /* the compute side is host RAM, allocated as the engine asks; the LM head's per-call logits
      * chunk (at most 256 MiB, lm_head_loss.c) is left uncounted */
-    be->memory = (mt_backend_memory){.scratch = 0, .headroom = 0, .host_ram = 1};
+    be->memory = (mt_backend_memory){.scratch = 0, .headroom = 0, .host_ram = 1,
+                                     .head_chunk_rows = mt_cpu_lm_head_chunk_rows};
     be->ctx = mt_cpu_streams_create();
     be->alloc = cpu_alloc;
     be->free = cpu_free;

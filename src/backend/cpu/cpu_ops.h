@@ -53,6 +53,8 @@ void mt_cpu_from_f32(float *dst, const float *src, size_t n);
 void mt_cpu_from_bf16(float *dst, const uint16_t *src, size_t n);
 
 /* dinp == NULL: losses only. dweight may be NULL with dinp set (a frozen head). */
+/* Rows per chunk of mt_cpu_lm_head_loss over N rows (its logits under 256 MB, at most 256 rows). */
+int mt_cpu_lm_head_chunk_rows(int N, int V);
 void mt_cpu_lm_head_loss(float *losses, float *dinp, float *dweight, const float *inp,
                          const float *weight, const int32_t *targets, int N, int C, int V,
                          float loss_scale);

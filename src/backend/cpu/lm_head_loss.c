@@ -11,13 +11,22 @@
 /* A chunk's logits stay under this many floats (256 MB) even for very large V. */
 #define LM_HEAD_MAX_CHUNK_FLOATS ((size_t)1 << 26)
 
+static int chunk_rows(int V) {
+    size_t rows = V > 0 ? LM_HEAD_MAX_CHUNK_FLOATS / (size_t)V : MT_CPU_LM_HEAD_CHUNK;
+    int chunk = rows < MT_CPU_LM_HEAD_CHUNK ? (int)rows : MT_CPU_LM_HEAD_CHUNK;
+    return chunk < 16 ? 16 : chunk;
+}
+
+int mt_cpu_lm_head_chunk_rows(int N, int V) {
+    int chunk = chunk_rows(V);
+    return chunk < N ? chunk : N;
+}
+
 void mt_cpu_lm_head_loss(float *losses, float *dinp, float *dweight, const float *inp,
                          const float *weight, const int32_t *targets, int N, int C, int V,
                          float loss_scale) {
-    size_t rows = V > 0 ? LM_HEAD_MAX_CHUNK_FLOATS / (size_t)V : MT_CPU_LM_HEAD_CHUNK;
-    int chunk = rows < MT_CPU_LM_HEAD_CHUNK ? (int)rows : MT_CPU_LM_HEAD_CHUNK;
     mt_cpu_lm_head_loss_chunked(losses, dinp, dweight, inp, weight, targets, N, C, V, loss_scale,
-                                chunk < 16 ? 16 : chunk);
+                                chunk_rows(V));
 }
 
 /* Per chunk of nc rows (inp (N, C), weight (V, C), targets (N), losses (N)):

@@ -17,6 +17,17 @@
 #endif
 #define MT_CUDA_LM_HEAD_SCRATCH (MT_CUDA_LM_HEAD_LOGITS_BYTES + MT_CUDA_LM_HEAD_LOGITS_BYTES / 2)
 
+/* Rows per chunk of the LM head over N rows: the fp32 logits chunk fits
+ * MT_CUDA_LM_HEAD_LOGITS_BYTES, rounded down to a multiple of 64 (GEMM tiles; keeps chunk offsets
+ * n0 * C aligned), at least 16, at most N. Here so that the planner prints what the kernel runs. */
+static inline int mt_cuda_lm_head_chunk_rows(int N, int V) {
+    size_t rows = MT_CUDA_LM_HEAD_LOGITS_BYTES / ((size_t)V * sizeof(float));
+    if (rows >= 64) rows -= rows % 64;
+    if (rows < 16) rows = 16;
+    if (rows > (size_t)N) rows = (size_t)N;
+    return (int)rows;
+}
+
 /* Left free under the budget: the attention backward's scratch (fp32 dQ and Delta, ~0.5 GiB for
  * 32k tokens of 28 heads of 128) and small temporaries come from the stream-ordered pool, outside
  * be->alloc's accounting. */

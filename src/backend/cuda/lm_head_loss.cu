@@ -226,23 +226,13 @@ static void lt_gemm(mt_cuda_ctx *ctx, cudaStream_t s, cublasOperation_t ta, cubl
 /* launcher                                                                                       */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* Rows per chunk: the fp32 logits chunk fits MT_CUDA_LM_HEAD_LOGITS_BYTES, rounded down to a
- * multiple of 64 (GEMM tiles; keeps chunk offsets n0 * C aligned), at least 16, at most N. */
-static int lm_head_chunk_rows(int N, int V) {
-    size_t rows = MT_CUDA_LM_HEAD_LOGITS_BYTES / ((size_t)V * sizeof(float));
-    if (rows >= 64) rows -= rows % 64;
-    if (rows < 16) rows = 16;
-    if (rows > (size_t)N) rows = (size_t)N;
-    return (int)rows;
-}
-
 void mt_cuda_lm_head_loss(mt_backend *be, float *losses, bf16 *dinp, float *dweight,
                           const bf16 *inp, const bf16 *weight, const int32_t *targets, int N,
                           int C, int V, float loss_scale, cudaStream_t s) {
     MT_CHECK(N >= 0 && C > 0 && V > 0, "lm_head_loss: N=%d C=%d V=%d", N, C, V);
     if (N == 0) return;
     mt_cuda_ctx *ctx = mt_cuda_ctx_of(be);
-    const int chunk = lm_head_chunk_rows(N, V);
+    const int chunk = mt_cuda_lm_head_chunk_rows(N, V); /* cuda_memory.h */
     const size_t logits_bytes = ((size_t)chunk * V * sizeof(float) + 255) & ~(size_t)255;
     const size_t dl_bytes = dinp ? (size_t)chunk * V * sizeof(bf16) : 0;
     char *scr = (char *)mt_cuda_scratch(be, logits_bytes + dl_bytes);

@@ -1,0 +1,27 @@
+#include "engine/flops.h"
+
+#include <stddef.h>
+
+double mt_flops_6nt(double n_params, double tokens) { return 6.0 * n_params * tokens; }
+
+double mt_flops_doc_square_sum(const int32_t *doc_start, int B, int T) {
+    if (!doc_start) return (double)B * T * T;
+    double sum = 0;
+    for (int b = 0; b < B; b++) {
+        const int32_t *row = doc_start + (size_t)b * T;
+        int start = 0; /* the current document's first position */
+        for (int t = 1; t <= T; t++)
+            if (t == T || row[t] == t) {
+                double n = t - start;
+                sum += n * n;
+                start = t;
+            }
+    }
+    return sum;
+}
+
+double mt_flops_attention(const mt_config *c, const int32_t *doc_start, int B, int T) {
+    /* per layer: forward 2 products of 2·H·D FLOPs per visible (query, key) pair, n²/2 pairs a
+     * document; backward 2.5x: 3.5 · 4 · H · D · n² / 2 = 7 · H · D · n² */
+    return 7.0 * c->L * c->H * (double)c->D * mt_flops_doc_square_sum(doc_start, B, T);
+}

@@ -1,0 +1,31 @@
+/* FLOPs of one training step for the throughput lines (train's step line and summary, bench).
+ * Two counts, always printed side by side and named:
+ *   6NT             6 · N · tokens (N = every parameter): the anchors' convention (bench/RESULTS.md).
+ *                   It leaves attention's T² work out, which at long context is most of the step
+ *                   (the Qwen2.5-7B shape at 512k: 6NT is 2.40e16, attention 1.93e17).
+ *   with attention  6NT + every layer's causal attention, counted as bench/attention_bench.cu and
+ *                   bench/RESULTS.md count it: forward 4·H·D·n²/2 for a document of n tokens (QK^T
+ *                   and PV, 2 FLOPs a multiply-add, the visible half), backward 2.5× the forward
+ *                   (five T×T×D products against two, the scores remade): 7·L·H·D·n² a document.
+ * Packed rows (doc_start given): attention stays inside each document, so only n² within
+ * documents counts; without doc_start every row is one causal document of T tokens (the engine
+ * attends over the whole row then, whatever the tokens are). Neither count includes the
+ * recompute of checkpointed layers (the MFU of the step line counts executed matmuls instead). */
+#ifndef MT_FLOPS_H
+#define MT_FLOPS_H
+
+#include <stdint.h>
+
+#include "model/config.h"
+
+/* 6 · n_params · tokens. */
+double mt_flops_6nt(double n_params, double tokens);
+
+/* Sum over rows and documents of n² (n = tokens of the document): B·T² without doc_start;
+ * doc_start (B, T) as model/docs.h defines it (a document starts where doc_start[t] == t). */
+double mt_flops_doc_square_sum(const int32_t *doc_start, int B, int T);
+
+/* The attention FLOPs of one step, forward and backward: 7 · L · H · D · doc_square_sum. */
+double mt_flops_attention(const mt_config *c, const int32_t *doc_start, int B, int T);
+
+#endif
