@@ -479,18 +479,21 @@ static void test_cli_7b(void **state) {
  *          3584 x 2; gate, up, act, d_act, d_gate, d_up 18944 x 2; two fp32 rstd) with c = the chunk
  *          (T untiled), + 2 T C x 2 (the engine's residual buffers) + 20 T (ids, targets, losses,
  *          positions, document starts); the library scratch 64 MiB + 1.5 GiB; saved internals
- *          T x 99440 a layer (q, k, v, att, h, gate, up x 2, lse x 4; untiled only).
+ *          T x 99440 a layer (q, k, v, att, h, gate, up x 2, lse x 4; untiled only); saved
+ *          attention T x 7280 a layer (att x 2, lse x 4).
+ *   kept free for the pool: 2 GiB, or the attention backward's workspace when more: 8.5 B per
+ *          element of q (T x 3584) + 256 MiB (15.1 GiB at 512k).
  * The rule checked: untiled with every checkpoint on the GPU when that fits; else at the largest
- * chunk of 32k..1k, the fewest layers offloaded with which both sides fit; saved layers: as many
- * as the GPU left holds. */
+ * chunk of 32k..1k, the fewest layers offloaded with which both sides fit; saved layers and saved
+ * attention: neither one more whole layer nor one more layer's attention fits in what is left. */
 typedef struct {
-    double host, gpu, work, ckpt, grads;
+    double host, gpu, work, ckpt, grads, pool;
 } hand_plan;
 
 static const double H200_GPU = 139.0 * GIB, H200_HOST = 125.0 * GIB;
 
 static hand_plan hand(const mt_param_table *t, int T, int state, int grads_on_gpu, int chunk, int k,
-                      int saved) {
+                      int saved, int att) {
     const double L = 28, C = 3584, N = T, set = N * C * 2;
     double lay = (double)t->layer_size, emb = (double)t->embed_size, head = (double)t->head_size,
            all = (double)t->total, big = (double)mt_group_max_size(t);
@@ -504,11 +507,13 @@ static hand_plan hand(const mt_param_table *t, int T, int state, int grads_on_gp
     h.work = N * 40048 + (double)c * 256008 + 2 * N * C * 2 + 20 * N;
     h.grads = 4 * (lay + emb + head) + 2 * big * 2 + (state != MT_STATE_FULL && grads_on_gpu ? 2 * all : 0);
     h.gpu = 2 * lay * 2 + (emb + head) * 2 + h.grads + h.ckpt + h.work + (64.0 * (1 << 20) + 1.5 * GIB) +
-            saved * N * 99440;
+            saved * N * 99440 + att * N * 7280;
+    h.pool = 8.5 * N * 3584 + 256.0 * (1 << 20);
+    if (h.pool < 2 * GIB) h.pool = 2 * GIB;
     return h;
 }
 
-static int hand_fits(hand_plan h) { return h.gpu + 2 * GIB <= H200_GPU && h.host + 6 * GIB <= H200_HOST; }
+static int hand_fits(hand_plan h) { return h.gpu + h.pool <= H200_GPU && h.host + 6 * GIB <= H200_HOST; }
 
 static void test_long_context_h200(void **state) {
     (void)state;
@@ -530,11 +535,20 @@ static void test_long_context_h200(void **state) {
                     T, mt_state_format_name(rq.state), p.eo.mlp_chunk, p.eo.offload, p.eo.gpu_layers,
                     p.eo.grads_on_device ? "GPU" : "host", p.eo.saved_layers, p.eo.resident,
                     p.host_bytes / GIB, p.compute_bytes / GIB);
-            assert_int_equal(mt_plan_check(&p), MT_OK); /* every one of them fits the H200 */
+            if (T == 524288 && f == MT_STATE_FULL) {
+                /* the pool's 15.1 GiB for the attention backward's workspace leave the GPU too
+                 * little, and the host cannot take the checkpoints that would have to move
+                 * beside full's 99 GiB of state: refused, naming the format that fits */
+                assert_int_equal(mt_plan_check(&p), MT_ERR);
+                assert_non_null(strstr(mt_error_message(), "--state compact would fit"));
+                continue;
+            }
+            assert_int_equal(mt_plan_check(&p), MT_OK); /* every other one fits the H200 */
             assert_int_equal(p.eo.gpu_layers, 0);       /* with no GPU tier */
             int gpu_grads = p.eo.grads_on_device;
             /* the same bytes by hand, to the byte */
-            hand_plan h = hand(&t, T, f, gpu_grads, p.eo.mlp_chunk, p.eo.offload, p.eo.saved_layers);
+            int sv = p.eo.saved_layers, sa = p.eo.saved_attention;
+            hand_plan h = hand(&t, T, f, gpu_grads, p.eo.mlp_chunk, p.eo.offload, sv, sa);
             double resident_extra = p.eo.resident ? (28 - 2) * (double)t.layer_size * 2 : 0;
             assert_true(p.host_bytes == h.host);
             assert_true(p.mem.dev_checkpoints == h.ckpt);
@@ -544,27 +558,29 @@ static void test_long_context_h200(void **state) {
             assert_true(hand_fits(h));
             /* the rule, by hand: untiled with everything on the GPU when that fits (32k, 128k),
              * else the largest chunk with which some k fits both sides, and the fewest k */
-            hand_plan h0 = hand(&t, T, f, gpu_grads, 0, 0, 0);
+            hand_plan h0 = hand(&t, T, f, gpu_grads, 0, 0, 0, 0);
             if (hand_fits(h0)) {
                 assert_int_equal(p.eo.mlp_chunk, 0);
                 assert_int_equal(p.eo.offload, 0);
-                /* saved layers: as many as fit, one more would not */
-                assert_false(hand_fits(hand(&t, T, f, gpu_grads, 0, 0, p.eo.saved_layers + 1)) &&
-                             p.eo.saved_layers < 28);
-                assert_true(p.eo.saved_layers == 28 ||
-                            !hand_fits(hand(&t, T, f, gpu_grads, 0, 0, p.eo.saved_layers + 1)));
+                /* saved: nothing more fits, of either kind (a whole layer takes an
+                 * attention-saved one's place, or a layer of its own) */
+                assert_true(sv + sa <= 28);
+                if (sv < 28)
+                    assert_false(hand_fits(hand(&t, T, f, gpu_grads, 0, 0, sv + 1, sa > 0 ? sa - 1 : 0)));
+                if (sv + sa < 28) assert_false(hand_fits(hand(&t, T, f, gpu_grads, 0, 0, sv, sa + 1)));
                 continue;
             }
             assert_true(T == 524288);
             int want_chunk = 0, want_k = -1;
             for (size_t c = 0; c < sizeof chunks / sizeof chunks[0] && want_k < 0; c++)
                 for (int k = 0; k <= 28 && want_k < 0; k++)
-                    if (hand_fits(hand(&t, T, f, gpu_grads, chunks[c], k, 0))) want_chunk = chunks[c], want_k = k;
+                    if (hand_fits(hand(&t, T, f, gpu_grads, chunks[c], k, 0, 0))) want_chunk = chunks[c], want_k = k;
             fprintf(stderr, "  by hand: chunk %d, offload %d (GPU %.2f GiB, host %.2f GiB)\n", want_chunk,
                     want_k, h.gpu / GIB, h.host / GIB);
             assert_int_equal(p.eo.mlp_chunk, want_chunk);
             assert_int_equal(p.eo.offload, want_k);
             assert_int_equal(p.eo.saved_layers, 0);
+            assert_int_equal(p.eo.saved_attention, 0);
         }
     mt_param_table_free(&t);
 }
@@ -579,13 +595,19 @@ static void test_long_context_what_fits(void **state) {
     static char out[OUT_SIZE];
     int rc = mt_cli_run(&env, out, sizeof out,
                         "plan --init '%s' --batch 1 --seq 524288 --device cuda --gpu-mem 139G "
-                        "--host-mem 125G --state full", cfg_7b);
+                        "--host-mem 125G --state compact", cfg_7b);
     fprintf(stderr, "%s", out);
-    mt_cli_expect(rc, 0, out, "tiles:       layer in chunks of 16384 of its 524288 tokens");
+    mt_cli_expect(rc, 0, out, "tiles:       layer in chunks of 32768 of its 524288 tokens");
     mt_cli_expect(rc, 0, out, "LM head + loss in chunks of 1728 rows"); /* 1 GiB / (4 x 152064), to 64 */
-    mt_cli_expect(rc, 0, out, "checkpoints: 3.50 GiB a layer (its input, 1 x 524288 tokens); layers 0-4 in "
-                              "pinned host memory (17.50 GiB), layers 5-27 on the GPU; the GPU holds 27 sets, 94.50 GiB");
+    mt_cli_expect(rc, 0, out, "checkpoints: 3.50 GiB a layer (its input, 1 x 524288 tokens); layers 0-9 in "
+                              "pinned host memory (35.00 GiB), layers 10-27 on the GPU; the GPU holds 22 sets, 77.00 GiB");
+    mt_cli_expect(rc, 0, out, "15.12 GiB of the budget kept free for the backend's pool");
     mt_cli_expect(rc, 0, out, "fits");
+    /* full state does not fit there (test_long_context_h200 says why) and names compact */
+    rc = mt_cli_run(&env, out, sizeof out,
+                    "plan --init '%s' --batch 1 --seq 524288 --device cuda --gpu-mem 139G "
+                    "--host-mem 125G --state full", cfg_7b);
+    mt_cli_expect(rc, 1, out, "--state compact would fit");
     /* 80 GiB of GPU: the smallest budget that fits is named, and the longest --seq */
     rc = mt_cli_run(&env, out, sizeof out,
                     "plan --init '%s' --batch 1 --seq 524288 --device cuda --gpu-mem 80G "
