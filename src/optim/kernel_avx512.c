@@ -41,19 +41,16 @@ MT_AVX512_INLINE __m512i mix32(__m512i x) {
     return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
 }
 
-/* mt_sr_bits16 of indices base .. base+15 */
-MT_AVX512_INLINE __m512i sr_bits(mt_sr_key k, uint64_t base) {
+/* mt_sr_bits16 of the block's indices i .. i+15: blo is the low half of the block's first index,
+ * k0 and k1 the keys of its high half and the next (mt_sr_key_of_hi) */
+MT_AVX512_INLINE __m512i sr_bits(__m512i blo, __m512i k0, __m512i k1, size_t i) {
     const __m512i lanes =
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    __m512i blo = _mm512_set1_epi32((int)(uint32_t)base);
-    __m512i lo = _mm512_add_epi32(blo, lanes);
-    /* lanes whose low half wrapped carry into the high half */
+    __m512i lo = _mm512_add_epi32(blo, _mm512_add_epi32(_mm512_set1_epi32((int)i), lanes));
+    /* lanes whose low half wrapped (unsigned lo < blo) have the next high half */
     __mmask16 wrap = _mm512_cmplt_epu32_mask(lo, blo);
-    __m512i hi = _mm512_set1_epi32((int)(uint32_t)(base >> 32));
-    hi = _mm512_mask_add_epi32(hi, wrap, hi, _mm512_set1_epi32(1));
-    __m512i x = mix32(_mm512_xor_si512(lo, _mm512_set1_epi32((int)k.lo)));
-    x = mix32(_mm512_xor_si512(_mm512_xor_si512(x, hi), _mm512_set1_epi32((int)k.hi)));
-    return _mm512_srli_epi32(x, 16);
+    __m512i kk = _mm512_mask_blend_epi32(wrap, k0, k1);
+    return _mm512_srli_epi32(mix32(_mm512_xor_si512(lo, kk)), 16);
 }
 
 /* mt_qmap_quantize of 16 lanes from x's bits u and its cell entry e -> their codes, one per
@@ -177,6 +174,13 @@ MT_AVX512_INLINE void block(const mt_optim_consts *c, const mt_optim_span *s, si
                   half = _mm512_set1_epi32(0x8000);
     const int do_decay = c->do_decay, small = c->lerp_small;
     __m512i am16 = _mm512_setzero_si512(), av16 = _mm512_setzero_si512();
+    __m512i sblo = _mm512_setzero_si512(), sk0 = sblo, sk1 = sblo;
+    if (tight) {
+        uint32_t hi = (uint32_t)(s->index0 >> 32);
+        sblo = _mm512_set1_epi32((int)(uint32_t)s->index0);
+        sk0 = _mm512_set1_epi32((int)mt_sr_key_of_hi(c->key, hi));
+        sk1 = _mm512_set1_epi32((int)mt_sr_key_of_hi(c->key, hi + 1));
+    }
     size_t i = 0, n16 = nb & ~(size_t)15;
 #if !MT_OPTIM_AVX512_GATHER
     code_values(c, s, n16, mb, vb);
@@ -213,7 +217,7 @@ MT_AVX512_INLINE void block(const mt_optim_consts *c, const mt_optim_span *s, si
         __mmask16 isnan = _mm512_cmp_ps_mask(pp, pp, _CMP_UNORD_Q);
         __m512i qnan = _mm512_or_si512(_mm512_srli_epi32(u, 16), q40);
         if (tight) {
-            __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, sr_bits(c->key, s->index0 + i)), 16);
+            __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, sr_bits(sblo, sk0, sk1, i)), 16);
             store_16(s->w + i, _mm512_mask_blend_epi32(isnan, r, qnan));
         } else {
             __m512i h = _mm512_srli_epi32(_mm512_add_epi32(u, half), 16);
