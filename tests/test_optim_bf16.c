@@ -137,7 +137,7 @@ static void test_sr_unbiased(void **state) {
 static void test_sr_reproducible(void **state) {
     (void)state;
     const size_t N = 100000;
-    size_t same_seed_diff = 0, other_seed_same = 0, other_step_same = 0;
+    size_t same_seed_diff = 0, other_seed_same = 0, other_step_same = 0, other_hi_same = 0;
     double mean = 0;
     for (size_t i = 0; i < N; i++) {
         uint64_t idx = i * 977 + ((uint64_t)(i % 3) << 32);
@@ -146,15 +146,18 @@ static void test_sr_reproducible(void **state) {
         same_seed_diff += a != b;
         other_seed_same += a == mt_sr_bits16(mt_sr_key_make(43, 1000), idx);
         other_step_same += a == mt_sr_bits16(mt_sr_key_make(42, 1001), idx);
+        /* the high half is mixed into the key: index and index + 2^32 draw independently */
+        other_hi_same += a == mt_sr_bits16(mt_sr_key_make(42, 1000), idx + (1ull << 32));
         assert_true(a < 65536);
         mean += a;
     }
     mean /= N;
     printf("SR bits: mean %.1f (uniform: 32767.5); equal under another seed %zu, another step "
-           "%zu of %zu\n", mean, other_seed_same, other_step_same, N);
+           "%zu, another high half %zu of %zu\n", mean, other_seed_same, other_step_same,
+           other_hi_same, N);
     assert_int_equal(same_seed_diff, 0);
     /* independent 16-bit draws agree 1 in 65536: ~1.5 of 1e5; 20 would be a correlation */
-    assert_true(other_seed_same < 20 && other_step_same < 20);
+    assert_true(other_seed_same < 20 && other_step_same < 20 && other_hi_same < 20);
     /* uniform: sigma of the mean 18918 / sqrt(N) = 60 */
     assert_true(fabs(mean - 32767.5) < 300);
 }

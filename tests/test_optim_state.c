@@ -26,11 +26,13 @@
 /* More than two of the update's 1024-block thread chunks, and odd. */
 #define N_THREADED (2 * 262144 + 4099)
 
-/* test_pinned_outputs: printed by that test at 8467e7b (kernels as before the speed work) */
+/* test_pinned_outputs: printed by that test at 8467e7b (kernels as before the speed work);
+ * tight's since its random bits became one finalizer per element (bf16x.h, 2026-12-01; the
+ * scalar kernel's, which defines them; before: 0xc004ecc8add52c9f, 0x418d8f126b21d65a) */
 #define PIN_COMPACT_F32 0xcc3e561c3c04fe26ull
 #define PIN_COMPACT_BF16 0x5af0f023ab5964fbull
-#define PIN_TIGHT_F32 0xc004ecc8add52c9full
-#define PIN_TIGHT_BF16 0x418d8f126b21d65aull
+#define PIN_TIGHT_F32 0xe1559faa8ecf614full
+#define PIN_TIGHT_BF16 0xac728d9aec583322ull
 
 /* The full format's update as mt_adamw_update computes it on separate buffers. */
 static void full_update(const mt_optim_step *a, float *p, float *m, float *v, const void *grad,
@@ -457,7 +459,8 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
 
 /* FNV-1a of every tensor and the upload after run_steps(f, 4099, 6 steps, bf16 and f32 grads);
  * the values the scalar and AVX2 kernels gave at 8467e7b, before the AVX2 kernel was made
- * faster (a change of the definition, or of a path, shows up here even if all paths agree). */
+ * faster, tight's since its new random bits (a change of the definition, or of a path, shows up
+ * here even if all paths agree). */
 static void test_pinned_outputs(void **state) {
     (void)state;
     const uint64_t want[2][2] = {{PIN_COMPACT_F32, PIN_COMPACT_BF16},
@@ -843,6 +846,58 @@ static void test_bench_cli(void **state) {
     assert_non_null(strstr(out, "--alias is for --state full"));
 }
 
+/* --pattern training: the engine's update calls for a model. qwen2_bias_tied (2 layers, q/k/v
+ * biases, tied head) makes 22 calls in 4 groups: the embed; per layer the runs of same-decay
+ * tensors [input norm] [q] [q bias] [k] [k bias] [v] [v bias] [o] [post norm] [gate up down],
+ * 10; the head's final norm. */
+static void test_bench_training_pattern(void **state) {
+    (void)state;
+    const char *bin = getenv("MT_BIN");
+    if (!bin) fail_msg("MT_BIN is not set (run through ctest)");
+    char *cfg = mt_fixture_path("qwen2_bias_tied/config.json");
+    char cmd[2048], out[8192];
+    const char *states[] = {"compact", "tight", "full"};
+    for (int k = 0; k < 3; k++)
+        for (int bg = 0; bg < 2; bg++) {
+            snprintf(cmd, sizeof cmd, "%s bench adamw --pattern training --model %s --state %s "
+                     "--threads 2 --reps 1 --grad %s", bin, cfg, states[k], bg ? "bf16" : "f32");
+            int rc = mt_test_run(cmd, out, sizeof out);
+            printf("%s", out);
+            assert_int_equal(rc, 0);
+            char want[128];
+            snprintf(want, sizeof want, "--state %s, 2 threads, %s grad, gradients in host memory",
+                     states[k], bg ? "bf16" : "f32");
+            assert_non_null(strstr(out, want));
+            assert_non_null(strstr(out, "4 groups, 22 update calls"));
+            const char *tr = strstr(out, "  training ");
+            assert_non_null(tr);
+            assert_non_null(strstr(tr, "Gparam/s"));
+            /* the one-call line of as many parameters comes first */
+            assert_true(strstr(out, "GB/s") != NULL && strstr(out, "GB/s") < tr);
+        }
+    const struct {
+        const char *args, *msg;
+    } bad[] = {
+        {"--pattern training", "--pattern training needs --model CONFIG.json"},
+        {"--model CFG", "--model is for --pattern training"},
+        {"--device cpu", "--device is for --pattern training"},
+        {"--pattern training --model CFG --params 100", "takes its size from --model"},
+        {"--pattern training --model /nonexistent/config.json",
+         "--model: /nonexistent/config.json"},
+        {"--pattern sideways", "--pattern: 'sideways' is not one of one|training"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char args[1024];
+        const char *at = strstr(bad[i].args, "CFG");
+        if (at) snprintf(args, sizeof args, "%.*s%s%s", (int)(at - bad[i].args), bad[i].args, cfg, at + 3);
+        else snprintf(args, sizeof args, "%s", bad[i].args);
+        snprintf(cmd, sizeof cmd, "%s bench adamw %s", bin, args);
+        assert_int_equal(mt_test_run(cmd, out, sizeof out), 1);
+        if (!strstr(out, bad[i].msg)) fail_msg("%s: got '%s', want '%s'", args, out, bad[i].msg);
+    }
+    free(cfg);
+}
+
 int main(void) {
     printf("optimizer ISA in use: %s\n", mt_adamw_isa_name(mt_adamw_isa_active()));
     const struct CMUnitTest tests[] = {
@@ -859,6 +914,7 @@ int main(void) {
         cmocka_unit_test(test_upload_dtype_f32_refused),
         cmocka_unit_test(test_bytes_and_errors),
         cmocka_unit_test(test_bench_cli),
+        cmocka_unit_test(test_bench_training_pattern),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

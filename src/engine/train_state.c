@@ -298,6 +298,8 @@ void mt_train_state_free(mt_train_state *s) {
     free(s);
 }
 
+int mt_train_state_n_pieces(const mt_train_state *s) { return s->n_pieces; }
+
 /* ---- updates ---- */
 
 static mt_optim_step step_args(const mt_adamw_hparams *hp, const update_piece *pc, int64_t step,

@@ -83,6 +83,10 @@ void mt_train_state_restore_group(mt_train_state *s, int layer);
 void mt_train_state_update_tier(mt_train_state *s, const mt_adamw_hparams *hp, int64_t step,
                                 float grad_scale);
 
+/* The number of host and tier update calls a step makes (runs of tensors, <= 64M elements each:
+ * one parallel region each; `megatrain bench adamw --pattern training` prints it). */
+int mt_train_state_n_pieces(const mt_train_state *s);
+
 /* Tensor by tensor access (checkpoints, initial weights); not while an update runs. */
 const mt_state_io *mt_train_state_io(mt_train_state *s);
 

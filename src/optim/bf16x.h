@@ -58,9 +58,12 @@ MT_HD static inline mt_bf16 mt_bf16_round_sr(float w, uint32_t r16) {
     return (mt_bf16)((u + r16) >> 16);
 }
 
-/* The random 16 bits of element `index` in the step keyed by (seed, step): two rounds of
- * MurmurHash3's 32-bit finalizer (a bijection with full avalanche) over the index's halves,
- * xored with a per-step key. Stateless: any element of any step can be recomputed. */
+/* The random 16 bits of element `index` in the step keyed by (seed, step): MurmurHash3's 32-bit
+ * finalizer (a bijection with full avalanche) of the index's low half xored with a 32-bit key,
+ * which mixes the step's key with the index's high half by the same finalizer. Stateless: any
+ * element of any step can be recomputed. One finalizer per element: the high half is the same
+ * for 2^32 consecutive indices, so the vector kernels mix it once a block (until 2026-12-01
+ * both halves were mixed per element, two finalizers: other bits, the same statistics). */
 typedef struct {
     uint32_t lo, hi;
 } mt_sr_key;
@@ -84,10 +87,14 @@ static inline mt_sr_key mt_sr_key_make(uint64_t seed, int64_t step) {
     return k;
 }
 
+/* The 32-bit key of the indices whose high half is hi. */
+MT_HD static inline uint32_t mt_sr_key_of_hi(mt_sr_key k, uint32_t hi) {
+    return k.lo ^ mt_sr_mix32(hi ^ k.hi);
+}
+
 MT_HD static inline uint32_t mt_sr_bits16(mt_sr_key k, uint64_t index) {
-    uint32_t x = mt_sr_mix32((uint32_t)index ^ k.lo);
-    x = mt_sr_mix32(x ^ (uint32_t)(index >> 32) ^ k.hi);
-    return x >> 16;
+    uint32_t kk = mt_sr_key_of_hi(k, (uint32_t)(index >> 32));
+    return mt_sr_mix32((uint32_t)index ^ kk) >> 16;
 }
 
 #endif

@@ -1,11 +1,23 @@
 /* compact/tight AdamW kernel, AVX-512 (F, BW, VL), 16 lanes: the operations of mt_optim_elem and
  * mt_optim_block_requant (kernel.h) in the same order, so the results are bitwise the plain C
- * path's. Table lookups (codes, the quantization cells) are gathers. Compiled with a target
- * attribute; used only when the CPU has AVX-512. */
+ * path's. The AVX2 kernel's structure, line for line, but for where the table lookups happen:
+ * both are plain loads in block loops (mt_optim_block_code_values, mt_optim_block_cells), not
+ * gathers. AVX2 picks the cells' indices out of the register instead (on Zen 3 3-5% faster
+ * than through memory); on Intel that costs ~26 port-5 uops (extracts, inserts) per 16 lanes and
+ * map, through memory ~16 loads and stores, which the 3 load and 2 store ports take.
+ * To compare on a host, -DMT_OPTIM_AVX512_LOOKUP= at build time: 0 (default) through memory,
+ * 1 both lookups by gathers (the kernel before), 2 the cells out of the register as AVX2 does.
+ * Compiled with a target attribute; used only when the CPU has AVX-512 F, BW and VL (cpu_isa.c;
+ * no AVX512_BF16, DQ or VBMI instruction is used). */
 #include "kernel.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+
+#ifndef MT_OPTIM_AVX512_LOOKUP
+#define MT_OPTIM_AVX512_LOOKUP 0
+#endif
+#define MT_OPTIM_AVX512_GATHER (MT_OPTIM_AVX512_LOOKUP == 1)
 
 #define MT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
 #define MT_AVX512_INLINE \
@@ -21,10 +33,6 @@ MT_AVX512_INLINE void store_16(void *dst, __m512i x) {
     _mm256_storeu_si256((__m256i *)dst, _mm512_cvtepi32_epi16(x));
 }
 
-MT_AVX512_INLINE __m512i load_codes(const uint8_t *q) {
-    return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
-}
-
 MT_AVX512_INLINE __m512i mix32(__m512i x) {
     x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
     x = _mm512_mullo_epi32(x, _mm512_set1_epi32((int)0x85ebca6bu));
@@ -33,40 +41,122 @@ MT_AVX512_INLINE __m512i mix32(__m512i x) {
     return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
 }
 
-/* mt_sr_bits16 of indices base .. base+15 */
-MT_AVX512_INLINE __m512i sr_bits(mt_sr_key k, uint64_t base) {
+/* mt_sr_bits16 of the block's indices i .. i+15: blo is the low half of the block's first index,
+ * k0 and k1 the keys of its high half and the next (mt_sr_key_of_hi) */
+MT_AVX512_INLINE __m512i sr_bits(__m512i blo, __m512i k0, __m512i k1, size_t i) {
     const __m512i lanes =
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    __m512i blo = _mm512_set1_epi32((int)(uint32_t)base);
-    __m512i lo = _mm512_add_epi32(blo, lanes);
-    /* lanes whose low half wrapped carry into the high half */
+    __m512i lo = _mm512_add_epi32(blo, _mm512_add_epi32(_mm512_set1_epi32((int)i), lanes));
+    /* lanes whose low half wrapped (unsigned lo < blo) have the next high half */
     __mmask16 wrap = _mm512_cmplt_epu32_mask(lo, blo);
-    __m512i hi = _mm512_set1_epi32((int)(uint32_t)(base >> 32));
-    hi = _mm512_mask_add_epi32(hi, wrap, hi, _mm512_set1_epi32(1));
-    __m512i x = mix32(_mm512_xor_si512(lo, _mm512_set1_epi32((int)k.lo)));
-    x = mix32(_mm512_xor_si512(_mm512_xor_si512(x, hi), _mm512_set1_epi32((int)k.hi)));
-    return _mm512_srli_epi32(x, 16);
+    __m512i kk = _mm512_mask_blend_epi32(wrap, k0, k1);
+    return _mm512_srli_epi32(mix32(_mm512_xor_si512(lo, kk)), 16);
 }
 
-/* mt_qmap_quantize, 16 lanes -> 16 bytes */
-MT_AVX512_INLINE void quantize(const mt_qmap *q, __m512 x, uint8_t *dst) {
+/* mt_qmap_quantize of 16 lanes from x's bits u and its cell entry e -> their codes, one per
+ * 32-bit lane (the AVX2 kernel's quantize_k, with masks) */
+MT_AVX512_INLINE __m512i quantize_k(__m512i u, __m512i e) {
     const __m512i one = _mm512_set1_epi32(1);
-    __m512i u = _mm512_castps_si512(x);
-    __m512i a = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x7fff));
-    a = _mm512_min_epi32(_mm512_max_epi32(a, _mm512_set1_epi32(MT_QMAP_CELL_LO)),
-                         _mm512_set1_epi32(MT_QMAP_CELL_HI));
     __mmask16 neg = _mm512_cmplt_epi32_mask(u, _mm512_setzero_si512());
-    __m512i idx = _mm512_sub_epi32(a, _mm512_set1_epi32(MT_QMAP_CELL_LO));
-    idx = _mm512_mask_add_epi32(idx, neg, idx, _mm512_set1_epi32(MT_QMAP_CELLS));
-    __m512i e = _mm512_i32gather_epi32(idx, (const int *)q->cell, 4);
     __m512i k = _mm512_and_si512(e, _mm512_set1_epi32(0xff));
     __m512i t = _mm512_srli_epi32(e, 8);
     __m512i low = _mm512_and_si512(u, _mm512_set1_epi32(0xffff));
-    __mmask16 up = _mm512_mask_cmpge_epi32_mask(~neg, low, t);
+    /* values < 2^17: signed compares. Above zero one up when low >= t, below one down when
+     * low > t */
+    __mmask16 up = _mm512_mask_cmpge_epi32_mask((__mmask16)~neg, low, t);
     __mmask16 dn = _mm512_mask_cmpgt_epi32_mask(neg, low, t);
     k = _mm512_mask_add_epi32(k, up, k, one);
-    k = _mm512_mask_sub_epi32(k, dn, k, one);
+    return _mm512_mask_sub_epi32(k, dn, k, one);
+}
+
+/* 16 codes in [0, 255], one per 32-bit lane -> 16 bytes */
+MT_AVX512_INLINE void store_codes(uint8_t *dst, __m512i k) {
     _mm_storeu_si128((__m128i *)dst, _mm512_cvtepi32_epi8(k));
+}
+
+#if MT_OPTIM_AVX512_LOOKUP == 0 || MT_OPTIM_AVX512_LOOKUP == 2
+/* The table reads as scalar loops: compiled without the target attribute and never inlined into
+ * the AVX-512 code, where GCC would vectorize them with inserts (port 5) or emulated gathers. */
+__attribute__((noinline)) static void code_values(const mt_optim_consts *c,
+                                                  const mt_optim_span *s, size_t n, float *mb,
+                                                  float *vb) {
+    mt_optim_block_code_values(c, s, n, mb, vb);
+}
+#endif
+
+#if MT_OPTIM_AVX512_LOOKUP == 0
+__attribute__((noinline)) static void cells(const mt_optim_consts *c, const uint32_t *um,
+                                            const uint32_t *uv, size_t n, uint32_t *em,
+                                            uint32_t *ev) {
+    mt_optim_block_cells(c, um, uv, n, em, ev);
+}
+#endif
+
+#if MT_OPTIM_AVX512_GATHER
+MT_AVX512_INLINE __m512 gather_codes(const float *code, const uint8_t *q) {
+    __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
+    return _mm512_i32gather_ps(idx, code, 4);
+}
+
+MT_AVX512_INLINE __m512i gather_cells(const mt_qmap *q, __m512i u) {
+    return _mm512_i32gather_epi32(_mm512_srli_epi32(u, 16), (const int *)q->cell_by_top, 4);
+}
+#elif MT_OPTIM_AVX512_LOOKUP == 2
+/* kernel_avx2.c's lookup_cells of 8 lanes, twice */
+MT_AVX512_INLINE __m256i lookup_cells8(const uint32_t *cell, __m256i idx) {
+    __m128i lo = _mm256_castsi256_si128(idx), hi = _mm256_extracti128_si256(idx, 1);
+    uint64_t a0 = (uint64_t)_mm_cvtsi128_si64(lo), a1 = (uint64_t)_mm_extract_epi64(lo, 1);
+    uint64_t a2 = (uint64_t)_mm_cvtsi128_si64(hi), a3 = (uint64_t)_mm_extract_epi64(hi, 1);
+    return _mm256_setr_epi32((int)cell[(uint32_t)a0], (int)cell[a0 >> 32],
+                             (int)cell[(uint32_t)a1], (int)cell[a1 >> 32],
+                             (int)cell[(uint32_t)a2], (int)cell[a2 >> 32],
+                             (int)cell[(uint32_t)a3], (int)cell[a3 >> 32]);
+}
+
+MT_AVX512_INLINE __m512i lookup_cells(const mt_qmap *q, __m512i u) {
+    __m512i idx = _mm512_srli_epi32(u, 16);
+    __m256i lo = lookup_cells8(q->cell_by_top, _mm512_castsi512_si256(idx));
+    __m256i hi = lookup_cells8(q->cell_by_top, _mm512_extracti64x4_epi64(idx, 1));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+#endif
+
+/* Codes of elements [0, n16) of a block (n16 a multiple of 16; mt_optim_block_requant): the
+ * quotients' bits, their cells (plain loads, mt_optim_block_cells), then the codes. */
+MT_AVX512_INLINE void requant(const mt_optim_consts *c, const mt_optim_span *s, size_t n16,
+                              const float *mb, const float *vb, float dm, float dv) {
+    const __m512 dm16 = _mm512_set1_ps(dm), dv16 = _mm512_set1_ps(dv);
+#if MT_OPTIM_AVX512_LOOKUP == 1 || MT_OPTIM_AVX512_LOOKUP == 2
+    for (size_t i = 0; i < n16; i += 16) {
+        __m512i um = _mm512_castps_si512(_mm512_div_ps(_mm512_load_ps(mb + i), dm16));
+        __m512i uv = _mm512_castps_si512(_mm512_div_ps(_mm512_load_ps(vb + i), dv16));
+#if MT_OPTIM_AVX512_GATHER
+        store_codes(s->mq + i, quantize_k(um, gather_cells(c->qm, um)));
+        store_codes(s->vq + i, quantize_k(uv, gather_cells(c->qv, uv)));
+#else
+        store_codes(s->mq + i, quantize_k(um, lookup_cells(c->qm, um)));
+        store_codes(s->vq + i, quantize_k(uv, lookup_cells(c->qv, uv)));
+#endif
+    }
+#else
+    uint32_t um[MT_OPTIM_BLOCK] __attribute__((aligned(64)));
+    uint32_t uv[MT_OPTIM_BLOCK] __attribute__((aligned(64)));
+    uint32_t em[MT_OPTIM_BLOCK] __attribute__((aligned(64)));
+    uint32_t ev[MT_OPTIM_BLOCK] __attribute__((aligned(64)));
+    for (size_t i = 0; i < n16; i += 16) {
+        __m512 qm = _mm512_div_ps(_mm512_load_ps(mb + i), dm16);
+        __m512 qv = _mm512_div_ps(_mm512_load_ps(vb + i), dv16);
+        _mm512_store_si512((void *)(um + i), _mm512_castps_si512(qm));
+        _mm512_store_si512((void *)(uv + i), _mm512_castps_si512(qv));
+    }
+    cells(c, um, uv, n16, em, ev);
+    for (size_t i = 0; i < n16; i += 16) {
+        __m512i u = _mm512_load_si512((const void *)(um + i));
+        store_codes(s->mq + i, quantize_k(u, _mm512_load_si512((const void *)(em + i))));
+        u = _mm512_load_si512((const void *)(uv + i));
+        store_codes(s->vq + i, quantize_k(u, _mm512_load_si512((const void *)(ev + i))));
+    }
+#endif
 }
 
 MT_AVX512_INLINE void block(const mt_optim_consts *c, const mt_optim_span *s, size_t nb,
@@ -84,8 +174,18 @@ MT_AVX512_INLINE void block(const mt_optim_consts *c, const mt_optim_span *s, si
                   half = _mm512_set1_epi32(0x8000);
     const int do_decay = c->do_decay, small = c->lerp_small;
     __m512i am16 = _mm512_setzero_si512(), av16 = _mm512_setzero_si512();
-    size_t i = 0;
-    for (; i + 16 <= nb; i += 16) {
+    __m512i sblo = _mm512_setzero_si512(), sk0 = sblo, sk1 = sblo;
+    if (tight) {
+        uint32_t hi = (uint32_t)(s->index0 >> 32);
+        sblo = _mm512_set1_epi32((int)(uint32_t)s->index0);
+        sk0 = _mm512_set1_epi32((int)mt_sr_key_of_hi(c->key, hi));
+        sk1 = _mm512_set1_epi32((int)mt_sr_key_of_hi(c->key, hi + 1));
+    }
+    size_t i = 0, n16 = nb & ~(size_t)15;
+#if !MT_OPTIM_AVX512_GATHER
+    code_values(c, s, n16, mb, vb);
+#endif
+    for (; i < n16; i += 16) {
         __m512 g = grad_bf16 ? load_bf16(gh + i) : _mm512_loadu_ps(gf + i);
         g = _mm512_mul_ps(g, gs);
         __m512 pp;
@@ -98,9 +198,17 @@ MT_AVX512_INLINE void block(const mt_optim_consts *c, const mt_optim_span *s, si
             pp = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(hi, 16), cp));
         }
         if (do_decay) pp = _mm512_mul_ps(pp, decay);
-        __m512 mm = _mm512_mul_ps(_mm512_i32gather_ps(load_codes(s->mq + i), c->qm->code, 4), sm);
+#if MT_OPTIM_AVX512_GATHER
+        __m512 mm = _mm512_mul_ps(gather_codes(c->qm->code, s->mq + i), sm);
+#else
+        __m512 mm = _mm512_mul_ps(_mm512_load_ps(mb + i), sm);
+#endif
         mm = _mm512_fmadd_ps(lc, _mm512_sub_ps(g, mm), small ? mm : g);
-        __m512 vv = _mm512_mul_ps(_mm512_i32gather_ps(load_codes(s->vq + i), c->qv->code, 4), sv);
+#if MT_OPTIM_AVX512_GATHER
+        __m512 vv = _mm512_mul_ps(gather_codes(c->qv->code, s->vq + i), sv);
+#else
+        __m512 vv = _mm512_mul_ps(_mm512_load_ps(vb + i), sv);
+#endif
         vv = _mm512_mul_ps(vv, b2);
         vv = _mm512_fmadd_ps(_mm512_mul_ps(c2, g), g, vv);
         __m512 d = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), bc2s), eps);
@@ -109,13 +217,13 @@ MT_AVX512_INLINE void block(const mt_optim_consts *c, const mt_optim_span *s, si
         __mmask16 isnan = _mm512_cmp_ps_mask(pp, pp, _CMP_UNORD_Q);
         __m512i qnan = _mm512_or_si512(_mm512_srli_epi32(u, 16), q40);
         if (tight) {
-            __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, sr_bits(c->key, s->index0 + i)), 16);
+            __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, sr_bits(sblo, sk0, sk1, i)), 16);
             store_16(s->w + i, _mm512_mask_blend_epi32(isnan, r, qnan));
         } else {
             __m512i h = _mm512_srli_epi32(_mm512_add_epi32(u, half), 16);
             __m512i cp = _mm512_sub_epi32(u, _mm512_slli_epi32(h, 16));
             store_16(s->w + i, _mm512_mask_blend_epi32(isnan, h, qnan));
-            store_16(s->comp + i, _mm512_maskz_mov_epi32(~isnan, cp));
+            store_16(s->comp + i, _mm512_maskz_mov_epi32((__mmask16)~isnan, cp));
         }
         _mm512_store_ps(mb + i, mm);
         _mm512_store_ps(vb + i, vv);
@@ -126,12 +234,8 @@ MT_AVX512_INLINE void block(const mt_optim_consts *c, const mt_optim_span *s, si
     uint32_t av = (uint32_t)_mm512_reduce_max_epu32(av16);
     mt_optim_block_elems(c, s, i, nb, mb, vb, &am, &av);
     float dm = mt_optim_divisor(am), dv = mt_optim_divisor(av);
-    const __m512 dm16 = _mm512_set1_ps(dm), dv16 = _mm512_set1_ps(dv);
-    for (i = 0; i + 16 <= nb; i += 16) {
-        quantize(c->qm, _mm512_div_ps(_mm512_load_ps(mb + i), dm16), s->mq + i);
-        quantize(c->qv, _mm512_div_ps(_mm512_load_ps(vb + i), dv16), s->vq + i);
-    }
-    mt_optim_block_requant(c, s, i, nb, mb, vb, dm, dv);
+    requant(c, s, n16, mb, vb, dm, dv);
+    mt_optim_block_requant(c, s, n16, nb, mb, vb, dm, dv);
     s->ms[0] = mt_f32_from_bits(am);
     s->vs[0] = mt_f32_from_bits(av);
 }
@@ -146,6 +250,7 @@ MT_AVX512_INLINE void blocks(const mt_optim_consts *c, const mt_optim_span *s, s
 
 MT_AVX512 void mt_optim_kernel_avx512(const mt_optim_consts *c, const mt_optim_span *s,
                                       size_t n) {
+    /* one specialised loop per (grad type, format): no per-vector branching on them */
     switch (s->grad_bf16 * 2 + c->tight) {
     case 0: blocks(c, s, n, 0, 0); break;
     case 1: blocks(c, s, n, 0, 1); break;

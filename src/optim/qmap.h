@@ -45,7 +45,7 @@ typedef struct {
      * MT_QMAP_NO_THR) << 8 */
     uint32_t cell[2 * MT_QMAP_CELLS];
     /* [x's top 16 bits]: cell[mt_qmap_cell_index(x)], the clamp and sign folded into the index
-     * (the AVX2 kernel: 7 vector operations fewer per lookup, for 256 KB) */
+     * (the vector kernels: 7 vector operations fewer per lookup, for 256 KB) */
     uint32_t cell_by_top[1 << 16];
     int is_signed;
 } mt_qmap;
