@@ -125,11 +125,14 @@ static void run_fixture(const char *name) {
 
 static void test_train_llama(void **state) { run_fixture("train_llama"); }
 static void test_train_qwen2_tied(void **state) { run_fixture("train_qwen2_tied"); }
+/* a mixture of experts (make_moe_train_fixture.py): the load-balancing loss in the loss */
+static void test_train_qwen3_moe(void **state) { run_fixture("train_qwen3_moe"); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_train_llama),
         cmocka_unit_test(test_train_qwen2_tied),
+        cmocka_unit_test(test_train_qwen3_moe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
