@@ -18,13 +18,18 @@ static void *expert_at(const mt_layer_weights *v, void *p, int e) {
     return (char *)p + (size_t)e * v->exp_stride;
 }
 
+int mt_moe_backend_check(const mt_config *cfg, const mt_backend *be) {
+    if (cfg->n_experts > 0 && !be->moe_route)
+        return mt_error_set("the %s backend has no mixture-of-experts ops yet: run %s models with "
+                            "--device cpu", be->name, cfg->model_type);
+    return MT_OK;
+}
+
 void mt_moe_ws_init(mt_layer_ws *ws, const mt_layer_ctx *lc) {
     const mt_config *cfg = lc->cfg;
     mt_backend *be = lc->be;
     if (cfg->n_experts <= 0) return;
-    if (!be->moe_route)
-        mt_fatal(__FILE__, __LINE__, "the %s backend has no mixture-of-experts ops yet: run %s models "
-                 "with --device cpu", be->name, cfg->model_type);
+    if (mt_moe_backend_check(cfg, be) != MT_OK) mt_fatal(__FILE__, __LINE__, "%s", mt_error_message());
     size_t E = (size_t)cfg->n_experts;
     ws->moe_offsets = be->alloc(be, (E + 1) * sizeof(int32_t));
     ws->moe_offsets_host = mt_malloc((E + 1) * sizeof(int32_t));

@@ -48,6 +48,11 @@ void mt_moe_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, const voi
 void mt_moe_backward(const mt_layer_ctx *lc, const mt_layer_weights *w, const mt_layer_weights *g,
                      const void *dout, const void *x, void *dx, int n, mt_layer_ws *ws);
 
+/* MT_ERR (naming the backend and what to do) when cfg has experts and be lacks the MoE ops: for
+ * the run's setup to call before it builds an engine (mt_layer_ws_init stops with a fatal error
+ * otherwise). */
+int mt_moe_backend_check(const mt_config *cfg, const mt_backend *be);
+
 /* Workspace pieces beside the per-token fields: offsets (compute side and host), the stats. */
 void mt_moe_ws_init(mt_layer_ws *ws, const mt_layer_ctx *lc);
 void mt_moe_ws_free(mt_layer_ws *ws, const mt_layer_ctx *lc);
