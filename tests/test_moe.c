@@ -10,10 +10,13 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "engine/engine.h"
 #include "io/model_io.h"
 #include "io/safetensors.h"
 #include "model/moe.h"
 #include "model/params.h"
+#include "model/runner.h"
+#include "util/state_snapshot.h"
 #include "util/testutil.h"
 
 static char *fixture_file(const char *dir, const char *file) {
@@ -475,6 +478,96 @@ static void test_layer_tiling_recompute(void **state) {
     mt_param_table_free(&t);
 }
 
+/* ---- the streaming engine on an MoE model ---- */
+
+#define EB 4
+#define ET 8
+
+/* qwen3_moe_norm's weights (a dense layer between two MoE layers, the aux loss) on EB rows of ET
+ * tokens: the engine's first step equals the runner's loss (aux included) and gradient norm for
+ * every micro-batching (state full: fp32 weights), and its memory modes (checkpoints on the host, saved internals, resident
+ * weights, the GPU tier, gradients on the device) change no bit over 3 steps, for each state
+ * format. Tiled layers: the same numbers to rounding. */
+static void test_engine_modes(void **state) {
+    mt_config c = load_fixture_config("qwen3_moe_norm");
+    mt_param_table t;
+    mt_param_table_init(&t, &c);
+    float *w = mt_aligned_alloc((size_t)t.total * sizeof(float));
+    char *dir = mt_fixture_path("qwen3_moe_norm");
+    if (mt_model_load(&t, w, dir) != MT_OK) fail_msg("%s", mt_error_message());
+    int32_t ids[EB * ET], tg[EB * ET];
+    for (int i = 0; i < EB * ET; i++) {
+        ids[i] = (i * 37 + 5) % c.V;
+        tg[i] = i % 9 == 4 ? -100 : (i * 53 + 11) % c.V;
+    }
+    mt_backend *be = mt_backend_cpu_create();
+    mt_runner r;
+    mt_runner_init(&r, &t, be, EB, ET);
+    float *g = mt_aligned_alloc((size_t)t.total * sizeof(float));
+    memset(g, 0, (size_t)t.total * sizeof(float));
+    int64_t count;
+    double sum = mt_runner_step(&r, w, g, ids, tg, EB, 0, &count);
+    double want_loss = sum / count + r.aux_loss, sq = 0;
+    assert_true(r.aux_loss > 0);
+    for (int64_t i = 0; i < t.total; i++) sq += (double)g[i] * g[i];
+    mt_runner_free(&r);
+    be->destroy(be);
+    const mt_adamw_hparams hp = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+
+    enum { MODES = 9 };
+    const struct { int micro, offload, saved, resident, tier, grads_dev, chunk; } mode[MODES] = {
+        {2, 0, 0, 0, 0, 0, 0}, {2, 3, 0, 0, 0, 0, 0}, {2, 0, 3, 0, 0, 0, 0}, {2, 0, 1, 1, 0, 0, 0},
+        {2, 0, 0, 0, 2, 1, 0}, {2, 2, 0, 1, 1, 1, 0}, {4, 0, 0, 0, 0, 0, 0}, {1, 0, 0, 0, 0, 0, 0},
+        {2, 0, 2, 0, 0, 0, 3}};
+    for (int f = MT_STATE_FULL; f <= MT_STATE_TIGHT; f++) {
+        double loss[MODES][3], norm[MODES][3];
+        mt_test_snapshot snap[MODES];
+        for (int k = 0; k < MODES; k++) {
+            be = mt_backend_cpu_create();
+            mt_engine_opts o = {.batch = EB, .micro_batch = mode[k].micro, .T = ET, .n_slots = 2,
+                                .opt_threads = 1, .offload = mode[k].offload,
+                                .saved_layers = mode[k].saved, .resident = mode[k].resident,
+                                .state = (mt_state_format)f, .gpu_layers = mode[k].tier,
+                                .grads_on_device = mode[k].grads_dev, .seed = 77,
+                                .mlp_chunk = mode[k].chunk};
+            mt_engine *e = mt_engine_create(&t, be, &o, w);
+            for (int step = 0; step < 3; step++) {
+                mt_step_result res;
+                mt_engine_step(e, ids, tg, &hp, step + 1, 1.0, &res);
+                loss[k][step] = res.loss;
+                norm[k][step] = res.grad_norm;
+            }
+            mt_test_snapshot_state(&snap[k], e, &t);
+            mt_engine_destroy(e);
+            be->destroy(be);
+            fprintf(stderr, "%s micro %d offload %d saved %d resident %d tier %d grads_dev %d chunk %d: "
+                    "losses %.7f %.7f %.7f\n", mt_state_format_name((mt_state_format)f), mode[k].micro,
+                    mode[k].offload, mode[k].saved, mode[k].resident, mode[k].tier, mode[k].grads_dev,
+                    mode[k].chunk, loss[k][0], loss[k][1], loss[k][2]);
+            if (f == MT_STATE_FULL) { /* step 1 (fp32 weights, before any update) is the runner's */
+                assert_true(fabs(loss[k][0] - want_loss) <= 1e-6 * want_loss);
+                assert_true(fabs(norm[k][0] - sqrt(sq)) <= 1e-5 * sqrt(sq));
+            }
+        }
+        assert_true(loss[0][2] < loss[0][0]);
+        for (int k = 1; k < MODES; k++) {
+            int exact = mode[k].micro == mode[0].micro && mode[k].chunk == 0;
+            for (int step = 0; step < 3; step++) {
+                if (exact) {
+                    assert_true(loss[k][step] == loss[0][step]);
+                    assert_true(norm[k][step] == norm[0][step]);
+                } else {
+                    assert_true(fabs(loss[k][step] - loss[0][step]) <= 1e-5 * loss[0][step]);
+                }
+            }
+            if (exact) mt_test_snapshot_equal(&snap[0], &snap[k]);
+        }
+        for (int k = 0; k < MODES; k++) mt_test_snapshot_free(&snap[k]);
+    }
+    free(g), free(w), free(dir);
+    mt_param_table_free(&t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_fields),
@@ -489,6 +582,7 @@ int main(void) {
         cmocka_unit_test(test_aux_changes_router_grad),
         cmocka_unit_test(test_unused_experts_zero_grad),
         cmocka_unit_test(test_layer_tiling_recompute),
+        cmocka_unit_test(test_engine_modes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
