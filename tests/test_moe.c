@@ -568,6 +568,28 @@ static void test_engine_modes(void **state) {
     mt_param_table_free(&t);
 }
 
+/* `megatrain info` states the experts and the active parameters; `train` refuses a config field
+ * it cannot honour by name, exit 1. */
+static void test_cli(void **state) {
+    const char *bin = getenv("MT_BIN");
+    assert_non_null(bin);
+    char *dir = mt_fixture_path("qwen3_moe_norm"), cmd[8192], out[16384];
+    snprintf(cmd, sizeof cmd, "'%s' info --model '%s' 2>&1", bin, dir);
+    assert_int_equal(mt_test_run(cmd, out, sizeof out), 0);
+    assert_non_null(strstr(out, "experts: 2 MoE layers of 6 experts (width 24), top 2, gates "
+                                "renormalised, load-balancing loss; active parameters 40640"));
+    char *tmp = mt_test_tmpdir();
+    mt_test_sh("cp '%s'/* '%s'/ && sed -i 's/\"norm_topk_prob\"/\"router_jitter_noise\": 0.5, \"norm_topk_prob\"/' '%s/config.json'",
+               dir, tmp, tmp);
+    snprintf(cmd, sizeof cmd, "'%s' train --model '%s' --data '%s/model.safetensors' --out '%s/run' "
+             "--steps 1 --seq 8 --batch 1 --device cpu 2>&1", bin, tmp, tmp, tmp);
+    int rc = mt_test_run(cmd, out, sizeof out);
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(out, "router_jitter_noise = 0.5 is not supported (must be 0)"));
+    mt_test_rmtree(tmp);
+    free(tmp), free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_fields),
@@ -583,6 +605,7 @@ int main(void) {
         cmocka_unit_test(test_unused_experts_zero_grad),
         cmocka_unit_test(test_layer_tiling_recompute),
         cmocka_unit_test(test_engine_modes),
+        cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
