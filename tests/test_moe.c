@@ -590,6 +590,30 @@ static void test_cli(void **state) {
     free(tmp), free(dir);
 }
 
+/* Training an MoE model stopped at step 6 and resumed gives the uninterrupted run's weights, bit
+ * for bit (the router statistics are per step: nothing of them needs saving). */
+static void test_cli_resume(void **state) {
+    const char *bin = getenv("MT_BIN");
+    assert_non_null(bin);
+    char *dir = mt_fixture_path("train_qwen3_moe"), *tmp = mt_test_tmpdir(), path[4096], args[1024];
+    snprintf(path, sizeof path, "%s/args.txt", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(args, sizeof args, f));
+    fclose(f);
+    args[strcspn(args, "\n")] = '\0';
+    mt_test_sh("cd '%s' && '%s' train --model . --out '%s/a' --device cpu %s >/dev/null 2>&1", dir, bin,
+               tmp, args);
+    mt_test_sh("cd '%s' && '%s' train --model . --out '%s/b' --device cpu %s --stop-at 6 >/dev/null 2>&1",
+               dir, bin, tmp, args);
+    mt_test_sh("cd '%s' && '%s' train --model . --out '%s/b' --device cpu %s --resume >/dev/null 2>&1",
+               dir, bin, tmp, args);
+    mt_test_sh("cmp '%s/a/checkpoints/step_00000012/model.safetensors' "
+               "'%s/b/checkpoints/step_00000012/model.safetensors'", tmp, tmp);
+    mt_test_rmtree(tmp);
+    free(tmp), free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_fields),
@@ -606,6 +630,7 @@ int main(void) {
         cmocka_unit_test(test_layer_tiling_recompute),
         cmocka_unit_test(test_engine_modes),
         cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_cli_resume),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
