@@ -1,4 +1,6 @@
-/* The whole model against transformers: for every fixture made by fixtures/make_fixtures.py,
+/* The whole model against transformers: for every fixture made by fixtures/make_fixtures.py
+ * (dense) and fixtures/make_moe_fixtures.py (mixtures of experts, the load-balancing loss in the
+ * loss when the config has it),
  * load the checkpoint through the real safetensors path, run the CPU backend on the recorded
  * batch, and compare logits, loss and the gradient of every parameter.
  * Metric per tensor: max|got - ref| / max|ref| <= 1e-4 (fp32). */
@@ -18,7 +20,8 @@
 
 static const char *const fixtures[] = {
     "llama_gqa",     "llama3_rope_tied", "llama_bias",         "qwen2_bias_tied",
-    "qwen3_qknorm",  "mistral_gqa",      "llama_bf16_sharded",
+    "qwen3_qknorm",  "mistral_gqa",      "llama_bf16_sharded", "mixtral_moe",
+    "qwen3_moe_norm", "qwen3_moe_step",
 };
 
 static float *ref_f32(const mt_safetensors *st, const char *name, int64_t numel) {
@@ -79,9 +82,17 @@ static void check_fixture(const char *name) {
     memset(grads, 0, (size_t)table.total * sizeof(float));
     int64_t count = 0;
     double sum = mt_runner_step(&r, weights, grads, ids, targets, B, 0, &count);
-    float loss = (float)(sum / (double)count);
+    float loss = (float)(sum / (double)count + r.aux_loss);
     float *ref_loss = ref_f32(ref, "loss", 1);
     ok &= mt_check_rel("loss", &loss, ref_loss, 1, FIXTURE_TOL);
+    if (cfg.router_aux) { /* the load-balancing term on its own */
+        float *ref_aux = ref_f32(ref, "aux_loss", 1);
+        float aux = (float)(r.aux_loss / cfg.router_aux_coef);
+        ok &= mt_check_rel("aux_loss", &aux, ref_aux, 1, FIXTURE_TOL);
+        free(ref_aux);
+    } else {
+        assert_true(r.aux_loss == 0);
+    }
 
     int n_grads = 0;
     for (int i = 0; i < table.n_params; i++) {
@@ -90,6 +101,15 @@ static void check_fixture(const char *name) {
         snprintf(gname, sizeof gname, "grad.%s", p->name);
         float *g_ref = ref_f32(ref, gname, p->numel);
         ok &= mt_check_rel(gname, grads + p->offset, g_ref, (size_t)p->numel, FIXTURE_TOL);
+        int ref_zero = 1, got_zero = 1; /* an expert no token chose: exactly 0, as in torch */
+        for (int64_t j = 0; j < p->numel; j++) {
+            ref_zero &= g_ref[j] == 0;
+            got_zero &= grads[p->offset + j] == 0;
+        }
+        if (ref_zero && !got_zero) {
+            fprintf(stderr, "%s: reference is exactly 0, got non-zero  FAIL\n", gname);
+            ok = 0;
+        }
         free(g_ref);
         n_grads++;
     }

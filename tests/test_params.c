@@ -60,7 +60,7 @@ static void check_layout(const mt_param_table *t) {
         assert_true(p->offset + p->numel <= g0 + mt_group_size(t, p->layer));
         if (p->layer >= 0 && p->layer < c->L) {
             assert_true(p->kind < MT_LAYER_KINDS);
-            assert_int_equal(p->group_offset, t->layer_kind_offset[p->kind]);
+            assert_int_equal(p->group_offset, t->kind_offset[0][p->kind]);
         } else {
             assert_true(p->kind >= MT_LAYER_KINDS);
         }
@@ -133,7 +133,7 @@ static void test_llama_layout(void **state) {
         int present = k == MT_W_INPUT_NORM || k == MT_W_Q || k == MT_W_K || k == MT_W_V ||
                       k == MT_W_O || k == MT_W_POST_NORM || k == MT_W_GATE || k == MT_W_UP ||
                       k == MT_W_DOWN;
-        assert_int_equal(t.layer_kind_offset[k] >= 0, present);
+        assert_int_equal(t.kind_offset[0][k] >= 0, present);
     }
     mt_param_table_free(&t);
 }
@@ -233,7 +233,7 @@ static void check_views(const mt_param_table *t, size_t es) {
             [MT_W_DOWN] = v.down, [MT_W_DOWN_BIAS] = v.down_bias,
         };
         for (int k = 0; k < MT_LAYER_KINDS; k++) {
-            if (t->layer_kind_offset[k] < 0) { assert_null(got[k]); continue; }
+            if (t->kind_offset[0][k] < 0) { assert_null(got[k]); continue; }
             assert_non_null(got[k]);
         }
         for (int i = 0; i < t->n_params; i++) {

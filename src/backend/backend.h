@@ -165,6 +165,38 @@ struct mt_backend {
     void (*optim_update)(mt_backend *be, const mt_optim_arenas *s, const mt_optim_step *a,
                          size_t offset, size_t n, const void *grad, mt_dtype grad_dtype);
 
+    /* ---- mixture of experts (model/moe.h drives them) ----
+     * n tokens, E experts, k choices per token; assignment a = t*k + j is token t's j-th choice;
+     * "grouped rows" hold the n*k assignments sorted by expert, then by a. Index tensors are int32.
+     * Optional: NULL on a backend without them (cuda, today), which then refuses MoE models. */
+    /* probs (n, E) fp32 = softmax(logits (n, E)) in fp32; top_idx (n, k) the k most probable in
+     * descending order (ties to the lower index), top_w (n, k) their probabilities, divided by their
+     * sum when renorm. counts (E) += selections and prob_sum (E) += probabilities, unless NULL. */
+    void (*moe_route)(mt_backend *be, float *probs, int32_t *top_idx, float *top_w, int32_t *counts,
+                      float *prob_sum, const void *logits, int n, int E, int k, int renorm);
+    /* offsets (E + 1): expert e's grouped rows are offsets[e] .. offsets[e+1]-1; perm (n*k) the
+     * assignment of each grouped row, inv (n*k) the grouped row of each assignment. */
+    void (*moe_group)(mt_backend *be, int32_t *perm, int32_t *inv, int32_t *offsets,
+                      const int32_t *top_idx, int n, int E, int k);
+    /* xg (n*k, C): grouped row r = x[perm[r] / k] of x (n, C). */
+    void (*moe_gather)(mt_backend *be, void *xg, const void *x, const int32_t *perm, int n, int C,
+                       int k);
+    /* dx (n, C) = (or += when accumulate) the sum of each token's k grouped rows of dxg. */
+    void (*moe_gather_backward)(mt_backend *be, void *dx, const void *dxg, const int32_t *inv, int n,
+                                int C, int k, int accumulate);
+    /* out (n, C) = sum over j of top_w[t, j] * y[inv[t*k + j]] (=), y grouped rows (n*k, C). */
+    void (*moe_combine)(mt_backend *be, void *out, const void *y, const float *top_w,
+                        const int32_t *inv, int n, int C, int k);
+    /* dy (grouped rows, =) = top_w * dout of the row's token; d_w (n, k) fp32 = dout[t] . y[row]. */
+    void (*moe_combine_backward)(mt_backend *be, void *dy, float *d_w, const void *dout,
+                                 const void *y, const float *top_w, const int32_t *inv, int n, int C,
+                                 int k);
+    /* d_logits (n, E) (=) from d_w (n, k) through the renormalisation (when renorm) and the
+     * softmax, plus aux_grad (E) on every probability when not NULL. */
+    void (*moe_route_backward)(mt_backend *be, void *d_logits, const float *d_w, const float *probs,
+                               const int32_t *top_idx, const float *top_w, const float *aux_grad,
+                               int n, int E, int k, int renorm);
+
     /* LM head fused with cross-entropy, in chunks of rows so that (N, V) logits never exist:
      * logits = inp (N, C) @ weight (V, C)^T; losses[n] = logsumexp(logits[n]) - logits[n][targets[n]],
      * and 0 where targets[n] < 0 (ignored). When dinp is not NULL, also the backward of

@@ -8,7 +8,6 @@
 #include "commands.h"
 #include "model_source.h"
 
-static const char *arch_names[] = {"llama", "mistral", "qwen2", "qwen3"};
 
 static void print_usage(FILE *out) {
     fprintf(out,
@@ -48,7 +47,7 @@ int mt_cmd_info(int argc, char **argv) {
     const mt_config *cfg = &m.table.cfg;
     double n = (double)m.table.n_real;
     printf("%s: %d layers, hidden %d, MLP %d, heads %d (kv %d, head dim %d), vocab %d%s\n",
-           arch_names[cfg->arch], cfg->L, cfg->C, cfg->F, cfg->H, cfg->G, cfg->D, cfg->V,
+           cfg->model_type, cfg->L, cfg->C, cfg->F, cfg->H, cfg->G, cfg->D, cfg->V,
            cfg->tie_word_embeddings ? ", tied head" : "");
     printf("rope: theta %g%s; rms_norm_eps %g%s%s%s\n", cfg->rope_theta,
            cfg->rope_type == MT_ROPE_LLAMA3 ? ", llama3 scaling" : "", cfg->rms_norm_eps,
@@ -56,6 +55,13 @@ int mt_cmd_info(int argc, char **argv) {
            cfg->qk_norm ? "; q/k norm" : "");
     printf("parameters: %.0f (%.3f B); one layer %lld\n", n, n / 1e9,
            (long long)m.table.layer_size);
+    if (cfg->n_experts > 0) {
+        double a = (double)mt_config_active_param_count(cfg);
+        printf("experts: %d MoE layers of %d experts (width %d), top %d%s%s; active parameters "
+               "%.0f (%.3f B)\n", mt_config_moe_layers(cfg), cfg->n_experts, cfg->moe_F, cfg->top_k,
+               cfg->norm_topk_prob ? ", gates renormalised" : "",
+               cfg->router_aux ? ", load-balancing loss" : "", a, a / 1e9);
+    }
     /* the planner's numbers, as `megatrain plan --device cuda` prints them for the same shape */
     mt_backend gpu = {.name = "cuda", .dtype = MT_BF16, .memory = mt_backend_cuda_memory()};
     mt_plan_request rq = {.batch = MT_PLAN_DEFAULT_BATCH, .T = mt_plan_default_seq(cfg),

@@ -20,6 +20,7 @@
 #include "../io/checkpoint.h"
 #include "../io/model_io.h"
 #include "../io/tokens.h"
+#include "../model/moe.h"
 #include "commands.h"
 #include "model_source.h"
 #include "process_env.h"
@@ -182,7 +183,9 @@ static int train_loop(train_run *r) {
                             .warmup = o->warmup, .total = o->steps};
     mt_batch_order order = {.shuffle = !o->no_shuffle, .seed = (uint64_t)o->seed};
     int32_t *in = mt_malloc((size_t)B * T * sizeof(int32_t)), *tg = mt_malloc((size_t)B * T * sizeof(int32_t));
-    double n_params = (double)r->model.table.n_real, t_start = now_ms();
+    /* TFLOPS count 6 * N * tokens with N the parameters a token computes with: all of them in a
+     * dense model, the router and k experts of each MoE layer in a mixture of experts */
+    double n_params = (double)mt_config_active_param_count(&r->model.table.cfg), t_start = now_ms();
     int64_t tokens = r->step * (int64_t)B * T;
     int rc = MT_OK;
     int64_t last = o->stop_at && o->stop_at < o->steps ? o->stop_at : o->steps;
@@ -453,6 +456,7 @@ static int train(train_run *r) {
     MT_TRY(mt_run_data_open(&r->data, o->data, &dopts, cfg));
     if (o->eval_data) MT_TRY(mt_run_data_open(&r->eval, o->eval_data, &dopts, cfg));
     MT_TRY(mt_run_backend(&r->be, o->device, o->gpu_mem));
+    MT_TRY(mt_moe_backend_check(cfg, r->be)); /* MoE models: CPU backend only, for now */
 
     int resumed_f = resumed_state(o);
     if (resumed_f > 0) {
@@ -492,6 +496,9 @@ static int train(train_run *r) {
            "data %s (%s)\n",
            r->model.table.n_real / 1e6, r->be->name, (long long)o->steps, (long long)o->batch,
            (long long)o->seq, (long long)o->micro_batch, o->data, data_desc);
+    if (r->model.table.cfg.n_experts > 0)
+        printf("mixture of experts: %.1fM parameters active per token (TFLOPS count 6 x active x "
+               "tokens)\n", (double)mt_config_active_param_count(&r->model.table.cfg) / 1e6);
     printf("host threads: %d (OpenMP wait policy %s)\n", omp_get_max_threads(), mt_process_wait_policy());
     install_signals();
     double t0 = now_ms();

@@ -7,6 +7,7 @@
 #include "../core/error.h"
 #include "../model/head.h"
 #include "../model/layer.h"
+#include "../model/moe.h"
 #include "../model/docs.h"
 #include "../optim/adamw.h"
 #include "train_state.h"
@@ -274,8 +275,8 @@ static void prefetch_layers(mt_engine *e, int upto, int backward, int wait_optim
 
 /* Layer l's weights on the compute side: its slot s, or its own place in the GPU tier. */
 static mt_layer_weights layer_weights(const mt_engine *e, int l, int s) {
-    if (l < e->k) return mt_layer_view_of(e->t, mt_train_state_tier_weights(e->ts, l), e->elem);
-    return mt_layer_view_of(e->t, e->slots[s], e->elem);
+    if (l < e->k) return mt_layer_view_at(e->t, l, mt_train_state_tier_weights(e->ts, l), e->elem);
+    return mt_layer_view_at(e->t, l, e->slots[s], e->elem);
 }
 
 /* ---- gradients out ---- */
@@ -429,7 +430,7 @@ static void backward(mt_engine *e, const mt_model_view *g) {
             be->stream_wait(be, MT_STREAM_COMPUTE, e->ckpt_loaded[l % 2]);
         if (!tier) be->stream_wait(be, MT_STREAM_COMPUTE, e->slot_loaded[s]);
         mt_layer_weights lw = layer_weights(e, l, s);
-        mt_layer_weights lg = mt_layer_view_of(e->t, e->g_layer, sizeof(float));
+        mt_layer_weights lg = mt_layer_view_at(e->t, l, e->g_layer, sizeof(float));
         double t0 = mt_trace_now(e->trace);
         int h = busy_begin(e);
         be->zero(be, e->g_layer, (size_t)e->t->layer_size * sizeof(float));
@@ -481,7 +482,9 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
     upload_batch(e, inputs, targets);
     mt_model_view w = ends_view(t, e->embed_w, e->head_w, e->elem);
     mt_model_view g = ends_view(t, e->g_embed, e->g_head, sizeof(float));
+    mt_moe_stats_reset(&e->lc, e->ws.moe_stats); /* MoE: the step's router statistics */
     forward(e, &w, 1);
+    double aux = mt_moe_aux_finish(&e->lc, e->ws.moe_stats); /* MoE: coef * load-balancing loss */
     backward_prefetch(e);
 
     /* head: loss, and the gradient flowing into the last layer */
@@ -516,7 +519,7 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
     res->grad_norm = sqrt(sq);
     res->clip_coef = mt_adamw_clip_coef((float)res->grad_norm, max_norm);
     res->count = count;
-    res->loss = count ? download_losses(e, N) / (double)count : 0.0;
+    res->loss = (count ? download_losses(e, N) / (double)count : 0.0) + aux;
     res->h2d_bytes = e->h2d_bytes + 2.0 * N * sizeof(int32_t);
     res->d2h_bytes = e->d2h_bytes;
     res->compute_ms = busy_ms(e);

@@ -1,7 +1,7 @@
 /* config.json (Hugging Face) <-> mt_config.
  *
  * Defaults for absent fields are those of transformers 5's config class of each model_type
- * (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config). RoPE is read in both the transformers <5
+ * (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, MixtralConfig, Qwen3MoeConfig). RoPE is read in both the transformers <5
  * style (rope_theta + rope_scaling) and the transformers 5 style (rope_parameters), with the same
  * precedence transformers 5 uses: rope_scaling over rope_parameters, keys inside the dict over the
  * top-level rope_theta, "rope_type" over the legacy "type".
@@ -72,7 +72,7 @@ static int cfg_size(const mt_cfg_src *s, const char *key, int *out) {
 
 /* ---- refusals of what the runtime cannot honour ---- */
 
-static int cfg_refuse_unsupported(const mt_cfg_src *s) {
+static int cfg_refuse_unsupported(const mt_config *cfg, const mt_cfg_src *s) {
     json_t *act = json_object_get(s->root, "hidden_act");
     if (act && !json_is_null(act)) {
         if (!json_is_string(act)) return mt_error_set("%s: hidden_act must be a string", s->path);
@@ -80,14 +80,23 @@ static int cfg_refuse_unsupported(const mt_cfg_src *s) {
             return mt_error_set("%s: hidden_act \"%s\" is not supported (supported: silu)", s->path,
                                 json_string_value(act));
     }
+    /* Mixtures of experts are mixtral and qwen3_moe (cfg_moe); these fields elsewhere, and the
+     * shared experts of qwen2_moe / deepseek anywhere, describe a model we would compute wrongly. */
+    int moe_type = cfg->arch == MT_ARCH_MIXTRAL || cfg->arch == MT_ARCH_QWEN3_MOE;
     static const char *moe[] = {"num_experts", "num_local_experts", "num_experts_per_tok",
-                                "n_routed_experts", "n_shared_experts", "moe_intermediate_size"};
+                                "moe_intermediate_size", "n_routed_experts", "n_shared_experts",
+                                "shared_expert_intermediate_size"};
     for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) {
         double n = 0;
+        if (moe_type && i < 4) continue;
         if (cfg_num(s, s->root, "", moe[i], &n) == MT_ERR) return MT_ERR;
+        if (n > 0 && moe_type)
+            return mt_error_set("%s: %s = %g: shared experts are not supported (%s has none)",
+                                s->path, moe[i], n, cfg->model_type);
         if (n > 0)
-            return mt_error_set("%s: %s = %g: mixture-of-experts models are not supported", s->path,
-                                moe[i], n);
+            return mt_error_set("%s: %s = %g: mixture-of-experts fields are supported for model_type "
+                                "mixtral and qwen3_moe only (this is %s)", s->path, moe[i], n,
+                                cfg->model_type);
     }
     double drop = 0;
     if (cfg_num(s, s->root, "", "attention_dropout", &drop) == MT_ERR) return MT_ERR;
@@ -187,6 +196,8 @@ static const mt_arch_info mt_archs[] = {
     {"mistral", "MistralForCausalLM", MT_ARCH_MISTRAL, 4096 * 32, 8, 0},
     {"qwen2", "Qwen2ForCausalLM", MT_ARCH_QWEN2, 32768, 32, 0},
     {"qwen3", "Qwen3ForCausalLM", MT_ARCH_QWEN3, 32768, 32, 128},
+    {"mixtral", "MixtralForCausalLM", MT_ARCH_MIXTRAL, 4096 * 32, 8, 0},
+    {"qwen3_moe", "Qwen3MoeForCausalLM", MT_ARCH_QWEN3_MOE, 32768, 4, 0}, /* head_dim: C / H */
 };
 
 static const mt_arch_info *arch_info(mt_arch a) {
@@ -209,7 +220,7 @@ static int cfg_model_type(mt_config *cfg, const mt_cfg_src *s, const mt_arch_inf
         }
     }
     return mt_error_set("%s: model_type \"%s\" is not supported (supported: llama, mistral, qwen2, "
-                        "qwen3)", s->path, name);
+                        "qwen3, mixtral, qwen3_moe)", s->path, name);
 }
 
 /* bos/eos: int, list of ints (the first is taken) or null. */
@@ -250,21 +261,22 @@ static int cfg_sizes(mt_config *cfg, const mt_cfg_src *s, const mt_arch_info *in
 
 static int cfg_flags(mt_config *cfg, const mt_cfg_src *s) {
     int attn_bias = 0, mlp_bias = 0;
-    if (cfg->arch == MT_ARCH_LLAMA || cfg->arch == MT_ARCH_QWEN3)
+    if (cfg->arch == MT_ARCH_LLAMA || cfg->arch == MT_ARCH_QWEN3 || cfg->arch == MT_ARCH_QWEN3_MOE)
         if (cfg_bool(s, "attention_bias", &attn_bias) == MT_ERR) return MT_ERR;
     if (cfg->arch == MT_ARCH_LLAMA && cfg_bool(s, "mlp_bias", &mlp_bias) == MT_ERR) return MT_ERR;
     cfg->qkv_bias = cfg->arch == MT_ARCH_QWEN2 ? 1 : attn_bias;
     cfg->o_bias = attn_bias;
     cfg->mlp_bias = mlp_bias;
-    cfg->qk_norm = cfg->arch == MT_ARCH_QWEN3;
+    cfg->qk_norm = cfg->arch == MT_ARCH_QWEN3 || cfg->arch == MT_ARCH_QWEN3_MOE;
     cfg->tie_word_embeddings = 0;
     if (cfg_bool(s, "tie_word_embeddings", &cfg->tie_word_embeddings) == MT_ERR) return MT_ERR;
 
-    /* Only Mistral honours sliding_window without use_sliding_window; absent means its default. */
+    /* Only Mistral and Mixtral honour sliding_window without use_sliding_window; absent means
+     * their default (4096 and none). */
     cfg->sliding_window = 0;
-    if (cfg->arch == MT_ARCH_MISTRAL) {
+    if (cfg->arch == MT_ARCH_MISTRAL || cfg->arch == MT_ARCH_MIXTRAL) {
         json_t *v = json_object_get(s->root, "sliding_window");
-        if (!v) cfg->sliding_window = 4096;
+        if (!v && cfg->arch == MT_ARCH_MISTRAL) cfg->sliding_window = 4096;
         if (cfg_int(s, s->root, "", "sliding_window", &cfg->sliding_window) == MT_ERR) return MT_ERR;
     }
     double eps = 1e-6, init = 0.02;
@@ -277,13 +289,86 @@ static int cfg_flags(mt_config *cfg, const mt_cfg_src *s) {
     return MT_OK;
 }
 
+/* ---- mixture of experts ---- */
+
+/* qwen3_moe's mlp_only_layers: null or a list of layer indices (0..L-1). */
+static int cfg_mlp_only(mt_config *cfg, const mt_cfg_src *s) {
+    json_t *v = json_object_get(s->root, "mlp_only_layers");
+    if (!v || json_is_null(v)) return MT_OK;
+    if (!json_is_array(v)) return mt_error_set("%s: mlp_only_layers must be a list of layer indices", s->path);
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e) {
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= cfg->L)
+            return mt_error_set("%s: mlp_only_layers[%zu] is not a layer index (0..%d)", s->path, i,
+                                cfg->L - 1);
+        int l = (int)json_integer_value(e);
+        cfg->mlp_only[l / 8] |= (uint8_t)(1u << (l % 8));
+    }
+    return MT_OK;
+}
+
+/* Mixtral: every layer routes to num_local_experts experts of width intermediate_size, top-k
+ * gates always renormalised; Qwen3-MoE: experts of width moe_intermediate_size, norm_topk_prob,
+ * dense layers by decoder_sparse_step and mlp_only_layers. Defaults are transformers 5's. */
+static int cfg_moe(mt_config *cfg, const mt_cfg_src *s) {
+    cfg->sparse_step = 1;
+    if (cfg->arch != MT_ARCH_MIXTRAL && cfg->arch != MT_ARCH_QWEN3_MOE) return MT_OK;
+    int mix = cfg->arch == MT_ARCH_MIXTRAL;
+    /* transformers maps num_experts to num_local_experts for both (attribute_map); its
+     * save_pretrained writes num_local_experts even for qwen3_moe, whose published configs say
+     * num_experts */
+    int a = 0, b = 0;
+    int ra = cfg_int(s, s->root, "", "num_local_experts", &a);
+    int rb = cfg_int(s, s->root, "", "num_experts", &b);
+    if (ra == MT_ERR || rb == MT_ERR) return MT_ERR;
+    if (ra == 1 && rb == 1 && a != b)
+        return mt_error_set("%s: num_local_experts = %d and num_experts = %d disagree", s->path, a, b);
+    cfg->n_experts = ra == 1 ? a : rb == 1 ? b : (mix ? 8 : 128);
+    cfg->top_k = mix ? 2 : 8;
+    if (cfg_int(s, s->root, "", "num_experts_per_tok", &cfg->top_k) == MT_ERR) return MT_ERR;
+    cfg->moe_F = mix ? cfg->F : 768;
+    if (!mix && cfg_int(s, s->root, "", "moe_intermediate_size", &cfg->moe_F) == MT_ERR) return MT_ERR;
+    cfg->norm_topk_prob = mix; /* MixtralTopKRouter always divides by the top-k sum */
+    if (!mix && cfg_bool(s, "norm_topk_prob", &cfg->norm_topk_prob) == MT_ERR) return MT_ERR;
+    if (!mix) {
+        if (cfg_int(s, s->root, "", "decoder_sparse_step", &cfg->sparse_step) == MT_ERR) return MT_ERR;
+        if (cfg->sparse_step <= 0)
+            return mt_error_set("%s: decoder_sparse_step = %d must be positive", s->path, cfg->sparse_step);
+        MT_TRY(cfg_mlp_only(cfg, s));
+    }
+    cfg->router_aux = 0;
+    if (cfg_bool(s, "output_router_logits", &cfg->router_aux) == MT_ERR) return MT_ERR;
+    double coef = 0.001;
+    if (cfg_num(s, s->root, "", "router_aux_loss_coef", &coef) == MT_ERR) return MT_ERR;
+    cfg->router_aux_coef = (float)coef;
+    double jitter = 0;
+    if (cfg_num(s, s->root, "", "router_jitter_noise", &jitter) == MT_ERR) return MT_ERR;
+    if (jitter != 0)
+        return mt_error_set("%s: router_jitter_noise = %g is not supported (must be 0)", s->path, jitter);
+    return MT_OK;
+}
+
+int mt_config_layer_is_moe(const mt_config *cfg, int l) {
+    if (cfg->n_experts <= 0) return 0;
+    if (cfg->mlp_only[l / 8] & (1u << (l % 8))) return 0;
+    return (l + 1) % cfg->sparse_step == 0;
+}
+
+int mt_config_moe_layers(const mt_config *cfg) {
+    int n = 0;
+    for (int l = 0; l < cfg->L; l++) n += mt_config_layer_is_moe(cfg, l);
+    return n;
+}
+
 static int cfg_parse_root(mt_config *cfg, const mt_cfg_src *s) {
     const mt_arch_info *info = NULL;
     if (!json_is_object(s->root)) return mt_error_set("%s: the top level must be a JSON object", s->path);
     MT_TRY(cfg_model_type(cfg, s, &info));
-    MT_TRY(cfg_refuse_unsupported(s));
+    MT_TRY(cfg_refuse_unsupported(cfg, s));
     MT_TRY(cfg_sizes(cfg, s, info));
     MT_TRY(cfg_flags(cfg, s));
+    MT_TRY(cfg_moe(cfg, s));
     MT_TRY(cfg_parse_rope(cfg, s));
     return mt_config_validate(cfg, s->path);
 }
@@ -358,6 +443,24 @@ int mt_config_validate(const mt_config *cfg, const char *path) {
     if ((int64_t)cfg->H * cfg->D > MT_CONFIG_MAX_WIDTH)
         return mt_error_set("%s: num_attention_heads * head_dim = %d * %d is larger than "
                             "megatrain's limit %d", path, cfg->H, cfg->D, MT_CONFIG_MAX_WIDTH);
+    if (cfg->arch == MT_ARCH_MIXTRAL && cfg->n_experts <= 0)
+        return mt_error_set("%s: num_local_experts = %d must be positive", path, cfg->n_experts);
+    if (cfg->n_experts < 0 || cfg->n_experts > MT_CONFIG_MAX_EXPERTS)
+        return mt_error_set("%s: num_experts = %d must be in 0..%d", path, cfg->n_experts,
+                            MT_CONFIG_MAX_EXPERTS);
+    if (cfg->n_experts > 0) {
+        if (cfg->top_k < 1 || cfg->top_k > cfg->n_experts)
+            return mt_error_set("%s: num_experts_per_tok = %d must be in 1..num_experts (%d)", path,
+                                cfg->top_k, cfg->n_experts);
+        if (cfg->moe_F <= 0 || cfg->moe_F > MT_CONFIG_MAX_WIDTH)
+            return mt_error_set("%s: moe_intermediate_size = %d must be in 1..%d", path, cfg->moe_F,
+                                MT_CONFIG_MAX_WIDTH);
+        if (cfg->sparse_step <= 0)
+            return mt_error_set("%s: decoder_sparse_step = %d must be positive", path, cfg->sparse_step);
+        if (!isfinite(cfg->router_aux_coef))
+            return mt_error_set("%s: router_aux_loss_coef = %g must fit a float32", path,
+                                cfg->router_aux_coef);
+    }
     int64_t n = mt_config_param_count(cfg);
     if (n > MT_CONFIG_MAX_PARAMS)
         return mt_error_set("%s: the model has %lld parameters (hidden_size %d, intermediate_size "
@@ -451,6 +554,28 @@ static json_t *cfg_rope_json(const mt_config *cfg, int with_theta) {
     return r;
 }
 
+/* The expert fields under the names both transformers 4 and 5 read (num_experts for qwen3_moe,
+ * which transformers 4 knows by that name only). */
+static void cfg_moe_json(const mt_config *cfg, json_t *o) {
+    if (cfg->arch != MT_ARCH_MIXTRAL && cfg->arch != MT_ARCH_QWEN3_MOE) return;
+    int mix = cfg->arch == MT_ARCH_MIXTRAL;
+    json_object_set_new(o, mix ? "num_local_experts" : "num_experts", json_integer(cfg->n_experts));
+    json_object_set_new(o, "num_experts_per_tok", json_integer(cfg->top_k));
+    json_object_set_new(o, "output_router_logits", json_boolean(cfg->router_aux));
+    json_object_set_new(o, "router_aux_loss_coef", json_real(float_as_short_double(cfg->router_aux_coef)));
+    if (mix) {
+        json_object_set_new(o, "router_jitter_noise", json_real(0.0));
+        return;
+    }
+    json_object_set_new(o, "moe_intermediate_size", json_integer(cfg->moe_F));
+    json_object_set_new(o, "norm_topk_prob", json_boolean(cfg->norm_topk_prob));
+    json_object_set_new(o, "decoder_sparse_step", json_integer(cfg->sparse_step));
+    json_t *only = json_array();
+    for (int l = 0; l < cfg->L; l++)
+        if (cfg->mlp_only[l / 8] & (1u << (l % 8))) json_array_append_new(only, json_integer(l));
+    json_object_set_new(o, "mlp_only_layers", only);
+}
+
 static json_t *cfg_to_json(const mt_config *cfg) {
     const mt_arch_info *info = arch_info(cfg->arch);
     json_t *o = json_object();
@@ -472,14 +597,15 @@ static json_t *cfg_to_json(const mt_config *cfg) {
                         json_real(float_as_short_double(cfg->initializer_range)));
     json_object_set_new(o, "tie_word_embeddings", json_boolean(cfg->tie_word_embeddings));
     json_object_set_new(o, "attention_dropout", json_real(0.0));
-    if (cfg->arch == MT_ARCH_LLAMA || cfg->arch == MT_ARCH_QWEN3)
+    if (cfg->arch == MT_ARCH_LLAMA || cfg->arch == MT_ARCH_QWEN3 || cfg->arch == MT_ARCH_QWEN3_MOE)
         json_object_set_new(o, "attention_bias", json_boolean(cfg->o_bias));
     if (cfg->arch == MT_ARCH_LLAMA) json_object_set_new(o, "mlp_bias", json_boolean(cfg->mlp_bias));
-    if (cfg->arch == MT_ARCH_MISTRAL)
+    if (cfg->arch == MT_ARCH_MISTRAL || cfg->arch == MT_ARCH_MIXTRAL)
         json_object_set_new(o, "sliding_window",
                             cfg->sliding_window > 0 ? json_integer(cfg->sliding_window) : json_null());
-    if (cfg->arch == MT_ARCH_QWEN2 || cfg->arch == MT_ARCH_QWEN3)
+    if (cfg->arch == MT_ARCH_QWEN2 || cfg->arch == MT_ARCH_QWEN3 || cfg->arch == MT_ARCH_QWEN3_MOE)
         json_object_set_new(o, "use_sliding_window", json_false());
+    cfg_moe_json(cfg, o);
     /* Both RoPE styles: transformers 5 reads rope_parameters, transformers 4 rope_theta +
      * rope_scaling. transformers 5 prefers a non-null rope_scaling but then takes rope_theta from
      * the top level, so both readers see the same RoPE. */
@@ -511,20 +637,26 @@ int mt_config_save(const mt_config *cfg, const char *path) {
 
 /* ---- derived quantities ---- */
 
-int64_t mt_config_param_count(const mt_config *cfg) {
+/* Parameters of the model; with `active`, an MoE layer counts its router and k of its E experts. */
+static int64_t param_count(const mt_config *cfg, int active) {
     int64_t C = cfg->C, F = cfg->F, H = cfg->H, G = cfg->G, D = cfg->D, V = cfg->V;
-    int64_t layer = 2 * C                          /* input + post norms */
-                    + (H * D + 2 * G * D) * C      /* q, k, v */
-                    + C * H * D                    /* o */
-                    + 3 * F * C;                   /* gate, up, down */
-    if (cfg->qkv_bias) layer += H * D + 2 * G * D;
-    if (cfg->o_bias) layer += C;
-    if (cfg->mlp_bias) layer += 2 * F + C;
-    if (cfg->qk_norm) layer += 2 * D;
-    int64_t total = V * C + (int64_t)cfg->L * layer + C;
+    int64_t attn = 2 * C                          /* input + post norms */
+                   + (H * D + 2 * G * D) * C      /* q, k, v */
+                   + C * H * D;                   /* o */
+    if (cfg->qkv_bias) attn += H * D + 2 * G * D;
+    if (cfg->o_bias) attn += C;
+    if (cfg->qk_norm) attn += 2 * D;
+    int64_t dense = 3 * F * C + (cfg->mlp_bias ? 2 * F + C : 0); /* gate, up, down */
+    int64_t experts = active ? cfg->top_k : cfg->n_experts;
+    int64_t moe = (int64_t)cfg->n_experts * C + experts * 3 * (int64_t)cfg->moe_F * C; /* router + experts */
+    int n_moe = mt_config_moe_layers(cfg);
+    int64_t total = V * C + (int64_t)cfg->L * attn + (int64_t)(cfg->L - n_moe) * dense + n_moe * moe + C;
     if (!cfg->tie_word_embeddings) total += V * C;
     return total;
 }
+
+int64_t mt_config_param_count(const mt_config *cfg) { return param_count(cfg, 0); }
+int64_t mt_config_active_param_count(const mt_config *cfg) { return param_count(cfg, 1); }
 
 /* transformers' _compute_default_rope_parameters and _compute_llama3_parameters, in double. */
 void mt_config_rope_inv_freq(const mt_config *cfg, float *inv_freq) {

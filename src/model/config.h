@@ -1,18 +1,24 @@
 /* Model configuration: what a Hugging Face config.json says about a Llama-family decoder.
  *
  * Letters used across the code base: B batch, T time, C channels (hidden), H query heads,
- * G kv heads, D head dim, F MLP width, V vocab, L layers, N = B*T tokens.
+ * G kv heads, D head dim, F MLP width, V vocab, L layers, N = B*T tokens; for mixtures of
+ * experts E experts, k experts per token, Fe an expert's MLP width.
  */
 #ifndef MT_CONFIG_H
 #define MT_CONFIG_H
 
 #include <stdint.h>
 
+#define MT_CONFIG_MAX_LAYERS (1 << 14)
+#define MT_CONFIG_LAYER_BITS (MT_CONFIG_MAX_LAYERS / 8)
+
 typedef enum {
     MT_ARCH_LLAMA = 0,
     MT_ARCH_MISTRAL = 1,
     MT_ARCH_QWEN2 = 2,
     MT_ARCH_QWEN3 = 3,
+    MT_ARCH_MIXTRAL = 4,   /* mixture of experts: every layer's MLP is E experts, top-k routed */
+    MT_ARCH_QWEN3_MOE = 5, /* qwen3 attention (q/k norm) + experts; dense layers among them */
 } mt_arch;
 
 typedef enum {
@@ -22,7 +28,8 @@ typedef enum {
 
 typedef struct {
     mt_arch arch;
-    char model_type[16];      /* as written in config.json: "llama", "mistral", "qwen2", "qwen3" */
+    char model_type[16];      /* as written in config.json: "llama", "mistral", "qwen2", "qwen3",
+                                 "mixtral", "qwen3_moe" */
     int C;                    /* hidden_size */
     int F;                    /* intermediate_size */
     int L;                    /* num_hidden_layers */
@@ -48,7 +55,23 @@ typedef struct {
     float initializer_range;
     int bos_token_id;         /* -1 when absent */
     int eos_token_id;         /* -1 when absent; the first one when config.json gives a list */
+    /* Mixture of experts (mixtral, qwen3_moe); n_experts 0: a dense model. A layer is an MoE layer
+     * when mt_config_layer_is_moe says so; the others keep the dense MLP of width F. */
+    int n_experts;            /* E: num_local_experts (mixtral) / num_experts (qwen3_moe) */
+    int top_k;                /* k: num_experts_per_tok */
+    int moe_F;                /* Fe: moe_intermediate_size (qwen3_moe); intermediate_size (mixtral) */
+    int norm_topk_prob;       /* the top-k gates renormalised to sum 1 (mixtral: always) */
+    int sparse_step;          /* decoder_sparse_step (qwen3_moe; 1 otherwise) */
+    int router_aux;           /* output_router_logits: the load-balancing loss joins the training loss */
+    float router_aux_coef;    /* router_aux_loss_coef */
+    uint8_t mlp_only[MT_CONFIG_LAYER_BITS]; /* bit l set: layer l is dense (qwen3_moe mlp_only_layers) */
 } mt_config;
+
+/* Whether layer l's MLP is the experts (transformers' rule: not in mlp_only_layers, E > 0, and
+ * (l + 1) % decoder_sparse_step == 0). */
+int mt_config_layer_is_moe(const mt_config *cfg, int l);
+/* Number of MoE layers. */
+int mt_config_moe_layers(const mt_config *cfg);
 
 /* Parses config.json text; `path` names the file in error messages. Refuses by name every field
  * the runtime cannot honour. Returns MT_OK or MT_ERR (mt_error_message() says why). */
@@ -61,19 +84,22 @@ int mt_config_save(const mt_config *cfg, const char *path);
 /* Upper bounds of the shaping fields and of the parameter count (inclusive). With them every
  * tensor's element count and the arena's size fit in int64 with room to spare. */
 #define MT_CONFIG_MAX_WIDTH (1 << 20)     /* hidden_size, intermediate_size, H * D */
-#define MT_CONFIG_MAX_LAYERS (1 << 14)
 #define MT_CONFIG_MAX_HEADS (1 << 14)
 #define MT_CONFIG_MAX_HEAD_DIM (1 << 14)
 #define MT_CONFIG_MAX_VOCAB (1 << 24)
 #define MT_CONFIG_MAX_POSITIONS (1 << 28) /* max_position_embeddings */
 #define MT_CONFIG_MAX_PARAMS (1LL << 40)
+#define MT_CONFIG_MAX_EXPERTS 4096        /* num_experts (published: 512 at most) */
 
 /* Checks the derived constraints (H % G == 0, D even, sizes > 0 and within the bounds above,
  * at most MT_CONFIG_MAX_PARAMS parameters); MT_ERR names the field. */
 int mt_config_validate(const mt_config *cfg, const char *path);
 
-/* Number of parameters of the whole model. */
+/* Number of parameters of the whole model, and those one token computes with (the router and
+ * its k experts instead of all E; = the total for a dense model): 6 * active * tokens is an MoE
+ * step's matmul FLOPs as the anchors count them. */
 int64_t mt_config_param_count(const mt_config *cfg);
+int64_t mt_config_active_param_count(const mt_config *cfg);
 
 /* RoPE inverse frequencies (D/2 values) in fp32, computed as transformers does (llama3 included). */
 void mt_config_rope_inv_freq(const mt_config *cfg, float *inv_freq);

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "../core/error.h"
+#include "moe.h"
 
 typedef struct {
     int N, C, F, H, G, D, HD, GD;
@@ -26,7 +27,8 @@ typedef struct {
 #define WS(field) offsetof(mt_layer_ws, field)
 
 static int ws_fields(const mt_config *cfg, ws_field *f) {
-    int C = cfg->C, F = cfg->F, HD = cfg->H * cfg->D, GD = cfg->G * cfg->D, n = 0;
+    int C = cfg->C, HD = cfg->H * cfg->D, GD = cfg->G * cfg->D, n = 0;
+    int F = mt_config_moe_layers(cfg) == cfg->L ? 0 : cfg->F; /* no dense MLP: no room for one */
     ws_field list[] = {
         {WS(xn1), C, 0, 0, 1},    {WS(q), HD, 0, 1, 0},     {WS(k), GD, 0, 1, 0},
         {WS(v), GD, 0, 1, 0},     {WS(att), HD, 0, 1, 0},   {WS(h), C, 0, 1, 0},
@@ -44,6 +46,18 @@ static int ws_fields(const mt_config *cfg, ws_field *f) {
                             {WS(q_rstd), cfg->H, 1, 1, 1}, {WS(k_rstd), cfg->G, 1, 1, 1},
                             {WS(dq_raw), HD, 0, 0, 1},     {WS(dk_raw), GD, 0, 0, 1}};
         for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) f[n++] = extra[i];
+    }
+    if (cfg->n_experts > 0) { /* int32 fields count as 4-byte (is_f32) */
+        int E = cfg->n_experts, k = cfg->top_k, kC = k * C, kF = k * cfg->moe_F;
+        ws_field moe[] = {
+            {WS(moe_logits), E, 0, 0, 1}, {WS(moe_d_logits), E, 0, 0, 1}, {WS(moe_probs), E, 1, 0, 1},
+            {WS(moe_idx), k, 1, 0, 1},    {WS(moe_w), k, 1, 0, 1},        {WS(moe_dw), k, 1, 0, 1},
+            {WS(moe_perm), k, 1, 0, 1},   {WS(moe_inv), k, 1, 0, 1},      {WS(moe_x), kC, 0, 0, 1},
+            {WS(moe_y), kC, 0, 0, 1},     {WS(moe_gate), kF, 0, 0, 1},    {WS(moe_up), kF, 0, 0, 1},
+            {WS(moe_act), kF, 0, 0, 1},   {WS(moe_d_y), kC, 0, 0, 1},     {WS(moe_d_x), kC, 0, 0, 1},
+            {WS(moe_d_act), kF, 0, 0, 1}, {WS(moe_d_gate), kF, 0, 0, 1},  {WS(moe_d_up), kF, 0, 0, 1},
+        };
+        for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) f[n++] = moe[i];
     }
     return n;
 }
@@ -68,7 +82,7 @@ static int is_saved(const ws_field *f, int N, int chunk) {
 }
 
 size_t mt_layer_ws_bytes_tiled(const mt_config *cfg, mt_dtype dtype, int max_N, int mlp_chunk) {
-    ws_field f[40];
+    ws_field f[64];
     int n = ws_fields(cfg, f);
     size_t total = 0;
     for (int i = 0; i < n; i++)
@@ -81,7 +95,7 @@ size_t mt_layer_ws_bytes(const mt_config *cfg, mt_dtype dtype, int max_N) {
 }
 
 size_t mt_layer_saved_bytes_tiled(const mt_config *cfg, mt_dtype dtype, int N, int mlp_chunk) {
-    ws_field f[40];
+    ws_field f[64];
     int n = ws_fields(cfg, f);
     size_t total = 0;
     for (int i = 0; i < n; i++)
@@ -97,7 +111,7 @@ mt_layer_ws mt_layer_ws_with_saved(const mt_layer_ws *ws, const mt_config *cfg, 
                                    int N, void *base) {
     MT_CHECK(N <= ws->max_N, "layer workspace holds %d tokens, asked for %d", ws->max_N, N);
     mt_layer_ws v = *ws;
-    ws_field f[40];
+    ws_field f[64];
     int n = ws_fields(cfg, f);
     char *at = base;
     for (int i = 0; i < n; i++) {
@@ -141,13 +155,14 @@ void mt_layer_ws_init_tiled(mt_layer_ws *ws, const mt_layer_ctx *lc, int max_N, 
     memset(ws, 0, sizeof *ws);
     ws->max_N = max_N;
     ws->mlp_chunk = mlp_chunk;
-    ws_field f[40];
+    ws_field f[64];
     int n = ws_fields(lc->cfg, f);
     for (int i = 0; i < n; i++) {
         void **slot = (void **)((char *)ws + f[i].offset);
         int rows = ws_rows(&f[i], max_N, mlp_chunk);
         *slot = lc->be->alloc(lc->be, field_bytes(&f[i], lc->be->dtype, rows));
     }
+    mt_moe_ws_init(ws, lc);
 }
 
 void mt_layer_ws_init(mt_layer_ws *ws, const mt_layer_ctx *lc, int max_N) {
@@ -155,13 +170,14 @@ void mt_layer_ws_init(mt_layer_ws *ws, const mt_layer_ctx *lc, int max_N) {
 }
 
 void mt_layer_ws_free(mt_layer_ws *ws, const mt_layer_ctx *lc) {
-    ws_field f[40];
+    ws_field f[64];
     int n = ws_fields(lc->cfg, f);
     for (int i = 0; i < n; i++) {
         void **slot = (void **)((char *)ws + f[i].offset);
         if (*slot) lc->be->free(lc->be, *slot);
         *slot = NULL;
     }
+    mt_moe_ws_free(ws, lc);
 }
 
 
@@ -237,13 +253,21 @@ static void attention_block_forward(const mt_layer_ctx *lc, const mt_tokens *tok
     }
 }
 
+/* hn, rstd2 (chunk rows) = rmsnorm(h) of the n tokens of h_rows. */
+static void post_norm_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, const void *h_rows,
+                              int n, mt_layer_ws *ws) {
+    const mt_config *cfg = lc->cfg;
+    lc->be->rmsnorm_forward(lc->be, ws->hn, ws->rstd2, h_rows, w->post_norm, n, cfg->C,
+                            cfg->rms_norm_eps);
+}
+
 /* MLP up to the down projection's input for the n tokens of h_rows: fills hn, rstd2, gate, up,
  * act from their first row (the whole call, or one chunk of it). */
 static void mlp_up_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, const void *h_rows,
                            int n, mt_layer_ws *ws) {
     mt_backend *be = lc->be;
     const mt_config *cfg = lc->cfg;
-    be->rmsnorm_forward(be, ws->hn, ws->rstd2, h_rows, w->post_norm, n, cfg->C, cfg->rms_norm_eps);
+    post_norm_forward(lc, w, h_rows, n, ws);
     be->matmul_forward(be, ws->gate, ws->hn, w->gate, w->gate_bias, n, cfg->C, cfg->F);
     be->matmul_forward(be, ws->up, ws->hn, w->up, w->up_bias, n, cfg->C, cfg->F);
     be->swiglu_forward(be, ws->act, ws->gate, ws->up, (size_t)n * cfg->F);
@@ -260,8 +284,13 @@ void mt_layer_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_lay
     for (int r0 = 0; r0 < N; r0 += chunk) {
         int n = min_int(chunk, N - r0);
         void *out_c = row_at(lc, out, r0, C);
-        mlp_up_forward(lc, w, row_at(lc, ws->h, r0, C), n, ws);
-        be->matmul_forward(be, out_c, ws->act, w->down, w->down_bias, n, lc->cfg->F, C);
+        if (w->router) {
+            post_norm_forward(lc, w, row_at(lc, ws->h, r0, C), n, ws);
+            mt_moe_forward(lc, w, ws->hn, out_c, n, ws, 1);
+        } else {
+            mlp_up_forward(lc, w, row_at(lc, ws->h, r0, C), n, ws);
+            be->matmul_forward(be, out_c, ws->act, w->down, w->down_bias, n, lc->cfg->F, C);
+        }
         be->add(be, out_c, out_c, row_at(lc, ws->h, r0, C), (size_t)n * C);
     }
 }
@@ -271,6 +300,10 @@ static float *f32(void *p) { return (float *)p; }
 /* MLP backward for the n tokens from row r0, whose hn, rstd2, gate, up, act are in ws: the MLP
  * weight gradients accumulate, d_h rows r0.. = dout + rmsnorm2'(d_hn) (d_xn1 as scratch). d_h may
  * alias dout: a chunk reads its own rows of dout before it writes them. */
+static void post_norm_backward(const mt_layer_ctx *lc, const mt_layer_weights *w,
+                               const mt_layer_weights *g, const void *dout_c, void *d_h_c, int r0,
+                               int n, mt_layer_ws *ws);
+
 static void mlp_backward(const mt_layer_ctx *lc, const mt_layer_weights *w,
                          const mt_layer_weights *g, const void *dout, void *d_h, int r0, int n,
                          mt_layer_ws *ws) {
@@ -286,9 +319,33 @@ static void mlp_backward(const mt_layer_ctx *lc, const mt_layer_weights *w,
                         n, C, F, 0);
     be->matmul_backward(be, ws->d_hn, f32(g->up), f32(g->up_bias), ws->d_up, ws->hn, w->up, n, C,
                         F, 1);
+    post_norm_backward(lc, w, g, dout_c, d_h_c, r0, n, ws);
+}
+
+/* From d_hn: d_h rows r0.. = dout + rmsnorm2'(d_hn) (d_xn1 as scratch), the post-norm gradient. */
+static void post_norm_backward(const mt_layer_ctx *lc, const mt_layer_weights *w,
+                               const mt_layer_weights *g, const void *dout_c, void *d_h_c, int r0,
+                               int n, mt_layer_ws *ws) {
+    mt_backend *be = lc->be;
+    int C = lc->cfg->C;
     be->rmsnorm_backward(be, ws->d_xn1, f32(g->post_norm), ws->d_hn, row_at(lc, ws->h, r0, C),
                          w->post_norm, ws->rstd2, n, C, 0);
     be->add(be, d_h_c, dout_c, ws->d_xn1, (size_t)n * C);
+}
+
+/* The MoE layer's MLP half for the n tokens from row r0: its block remade from h unless ws holds
+ * this forward's (untiled MT_RECOMPUTE_NONE), then its backward into d_hn and the post norm's. */
+static void moe_mlp_backward(const mt_layer_ctx *lc, const mt_layer_weights *w,
+                             const mt_layer_weights *g, const void *dout, void *d_h, int r0, int n,
+                             int remake, mt_layer_ws *ws) {
+    int C = lc->cfg->C;
+    if (remake) {
+        post_norm_forward(lc, w, row_at(lc, ws->h, r0, C), n, ws);
+        mt_moe_forward(lc, w, ws->hn, NULL, n, ws, 0);
+    }
+    const void *dout_c = row_at(lc, dout, r0, C);
+    mt_moe_backward(lc, w, g, dout_c, ws->hn, ws->d_hn, n, ws);
+    post_norm_backward(lc, w, g, dout_c, row_at(lc, d_h, r0, C), r0, n, ws);
 }
 
 /* Attention-half backward after the attention's for the n tokens from row r0, whose xn1, rstd1
@@ -340,6 +397,10 @@ void mt_layer_backward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_la
      * gradient of h, goes into dinp's rows (dout's rows are read first where they alias). */
     for (int r0 = 0; r0 < d.N; r0 += chunk) {
         int n = min_int(chunk, d.N - r0);
+        if (w->router) {
+            moe_mlp_backward(lc, w, g, dout, dinp, r0, n, tiled || recompute != MT_RECOMPUTE_NONE, ws);
+            continue;
+        }
         if (tiled || remake) {
             mlp_up_forward(lc, w, row_at(lc, ws->h, r0, d.C), n, ws);
         } else if (recompute == MT_RECOMPUTE_CHEAP) { /* gate and up are saved */

@@ -1,6 +1,7 @@
 /* One decoder layer as a stateless template: forward and hand-written backward of
  *   h   = x + o_proj(attention(rope(qk_norm(q_proj(n1))), rope(qk_norm(k_proj(n1))), v_proj(n1)))
  *   out = h + down_proj(silu(gate_proj(n2)) * up_proj(n2)),  n1 = rmsnorm(x), n2 = rmsnorm(h)
+ * (in an MoE layer, out = h + moe(n2): model/moe.h)
  * for whatever layer's weights the caller points at. Nothing about a layer is kept between calls
  * except what the caller passes in: the backward recomputes the internals from the saved layer
  * input alone (activation checkpointing), which is what the streaming engine relies on.
@@ -13,6 +14,8 @@
 #include "../backend/backend.h"
 #include "config.h"
 #include "params.h"
+
+typedef struct mt_moe_stats mt_moe_stats; /* model/moe.h */
 
 /* What every layer call shares. inv_freq (D/2 fp32) lives on the compute side. */
 typedef struct {
@@ -71,6 +74,21 @@ typedef struct {
     void *d_hn, *d_xn1;           /* (N, C)                 chunk rows */
     void *d_att, *dq, *dq_raw;    /* (N, H*D); dq_raw: chunk rows */
     void *dk, *dv, *dk_raw;       /* (N, G*D); dk_raw: chunk rows */
+    /* Mixture of experts (model/moe.h), in models with experts; chunk rows of n tokens, n*k
+     * grouped rows (k experts per token), none saved (an MoE layer's backward remakes its block
+     * from hn whatever `recompute` says, except MT_RECOMPUTE_NONE untiled). */
+    void *moe_logits, *moe_d_logits; /* (n, E) */
+    float *moe_probs;                /* (n, E) */
+    int32_t *moe_idx;                /* (n, k) chosen experts */
+    float *moe_w, *moe_dw;           /* (n, k) their gates and the gates' gradient */
+    int32_t *moe_perm, *moe_inv;     /* (n*k) grouped row -> assignment, assignment -> grouped row */
+    void *moe_x, *moe_y;             /* (n*k, C) gathered inputs, expert outputs */
+    void *moe_gate, *moe_up, *moe_act;            /* (n*k, Fe) */
+    void *moe_d_y, *moe_d_x;                      /* (n*k, C) */
+    void *moe_d_act, *moe_d_gate, *moe_d_up;      /* (n*k, Fe) */
+    int32_t *moe_offsets;            /* (E + 1) compute side: each expert's first grouped row */
+    int32_t *moe_offsets_host;       /* (E + 1) host copy the per-expert GEMMs are sized from */
+    mt_moe_stats *moe_stats;         /* the step's router statistics, shared by every copy of ws */
 } mt_layer_ws;
 
 /* The untiled workspace (mlp_chunk 0), and one whose chunk rows hold mlp_chunk (>= 0) tokens. */

@@ -30,14 +30,32 @@ static const char *const mt_layer_suffix[MT_LAYER_KINDS] = {
     [MT_W_DOWN_BIAS] = "mlp.down_proj.bias",
 };
 
+/* The MoE kinds' names (after "model.layers.{i}."), per model_type; %d is the expert. */
+static const char *moe_suffix(const mt_config *c, mt_param_kind k) {
+    int mix = c->arch == MT_ARCH_MIXTRAL;
+    switch (k) {
+    case MT_W_ROUTER: return mix ? "block_sparse_moe.gate.weight" : "mlp.gate.weight";
+    case MT_W_EXP_GATE: return mix ? "block_sparse_moe.experts.%d.w1.weight" : "mlp.experts.%d.gate_proj.weight";
+    case MT_W_EXP_UP: return mix ? "block_sparse_moe.experts.%d.w3.weight" : "mlp.experts.%d.up_proj.weight";
+    case MT_W_EXP_DOWN: return mix ? "block_sparse_moe.experts.%d.w2.weight" : "mlp.experts.%d.down_proj.weight";
+    default: MT_CHECK(0, "not an MoE kind: %d", (int)k);
+    }
+}
+
+static int kind_is_moe(mt_param_kind k) { return k >= MT_W_ROUTER && k <= MT_W_EXP_DOWN; }
+static int kind_is_dense_mlp(mt_param_kind k) { return k >= MT_W_GATE && k <= MT_W_DOWN_BIAS; }
+
 #define MT_LAYER_PREFIX "model.layers."
 
 static int64_t align_up(int64_t n) { return (n + MT_PARAM_ALIGN - 1) / MT_PARAM_ALIGN * MT_PARAM_ALIGN; }
 
-/* Shape (rows, cols; cols 0 for vectors) of a per-layer kind, or rows 0 when the model lacks it. */
-static void layer_kind_shape(const mt_config *c, mt_param_kind k, int64_t *rows, int64_t *cols) {
+/* Shape (rows, cols; cols 0 for vectors) of a per-layer kind in a layer of type moe (0 dense,
+ * 1 router + experts), or rows 0 when such a layer lacks it. */
+static void layer_kind_shape(const mt_config *c, int moe, mt_param_kind k, int64_t *rows, int64_t *cols) {
     int64_t C = c->C, F = c->F, QD = (int64_t)c->H * c->D, KD = (int64_t)c->G * c->D;
     *cols = 0;
+    *rows = 0;
+    if (moe ? kind_is_dense_mlp(k) : kind_is_moe(k)) return;
     switch (k) {
     case MT_W_INPUT_NORM: case MT_W_POST_NORM: *rows = C; break;
     case MT_W_Q: *rows = QD; *cols = C; break;
@@ -51,6 +69,9 @@ static void layer_kind_shape(const mt_config *c, mt_param_kind k, int64_t *rows,
     case MT_W_DOWN: *rows = C; *cols = F; break;
     case MT_W_GATE_BIAS: case MT_W_UP_BIAS: *rows = c->mlp_bias ? F : 0; break;
     case MT_W_DOWN_BIAS: *rows = c->mlp_bias ? C : 0; break;
+    case MT_W_ROUTER: *rows = c->n_experts; *cols = C; break;
+    case MT_W_EXP_GATE: case MT_W_EXP_UP: *rows = c->moe_F; *cols = C; break;
+    case MT_W_EXP_DOWN: *rows = C; *cols = c->moe_F; break;
     default: MT_CHECK(0, "not a layer kind: %d", (int)k);
     }
 }
@@ -60,6 +81,7 @@ static void table_add(mt_param_table *t, mt_param_kind kind, int layer, const ch
                       int64_t rows, int64_t cols, int64_t group_start, int64_t *group_pos) {
     mt_param *p = &t->params[t->n_params++];
     memset(p, 0, sizeof *p);
+    p->expert = -1;
     MT_CHECK(strlen(name) < sizeof p->name, "tensor name too long: %s", name);
     snprintf(p->name, sizeof p->name, "%s", name);
     p->kind = kind;
@@ -74,38 +96,66 @@ static void table_add(mt_param_table *t, mt_param_kind kind, int layer, const ch
     t->n_real += p->numel;
 }
 
+/* Lays out one layer of type moe from group_start: its tensors (names with `layer` when adding,
+ * else only counted: t->params NULL) and the kinds' offsets. Returns the group's elements. */
+static int64_t layer_layout(mt_param_table *t, int layer, int moe, int64_t group_start, int *count) {
+    const mt_config *cfg = &t->cfg;
+    int64_t pos = 0;
+    char name[128], suffix[96];
+    for (int k = 0; k < MT_LAYER_KINDS; k++) {
+        int64_t rows, cols;
+        layer_kind_shape(cfg, moe, (mt_param_kind)k, &rows, &cols);
+        if (rows == 0) continue;
+        int n = k == MT_W_EXP_GATE || k == MT_W_EXP_UP || k == MT_W_EXP_DOWN ? cfg->n_experts : 1;
+        t->kind_offset[moe][k] = pos;
+        for (int e = 0; e < n; e++) {
+            if (!t->params) { /* counting */
+                (*count)++;
+                pos = align_up(pos + (cols ? rows * cols : rows));
+                continue;
+            }
+            if (kind_is_moe((mt_param_kind)k)) snprintf(suffix, sizeof suffix, moe_suffix(cfg, k), e);
+            else snprintf(suffix, sizeof suffix, "%s", mt_layer_suffix[k]);
+            snprintf(name, sizeof name, MT_LAYER_PREFIX "%d.%s", layer, suffix);
+            table_add(t, (mt_param_kind)k, layer, name, rows, cols, group_start, &pos);
+            if (n > 1) t->params[t->n_params - 1].expert = e;
+        }
+    }
+    return pos;
+}
+
 void mt_param_table_init(mt_param_table *t, const mt_config *cfg) {
     memset(t, 0, sizeof *t);
     t->cfg = *cfg;
-    int per_layer = 0;
-    for (int k = 0; k < MT_LAYER_KINDS; k++) {
-        int64_t rows, cols;
-        layer_kind_shape(cfg, (mt_param_kind)k, &rows, &cols);
-        per_layer += rows > 0;
-    }
-    t->params = mt_calloc((size_t)cfg->L * per_layer + 3, sizeof(mt_param));
+    for (int m = 0; m < 2; m++)
+        for (int k = 0; k < MT_LAYER_KINDS; k++) t->kind_offset[m][k] = -1;
+    t->expert_stride = align_up((int64_t)cfg->moe_F * cfg->C);
+    /* a first pass counts each type's tensors and size: a group holds the larger type */
+    int count[2] = {0, 0}, n_moe = mt_config_moe_layers(cfg);
+    int64_t size[2];
+    for (int m = 0; m < 2; m++) size[m] = layer_layout(t, 0, m, 0, &count[m]);
+    int have[2] = {n_moe < cfg->L, n_moe > 0};
+    t->layer_size = 0;
+    for (int m = 0; m < 2; m++)
+        if (have[m] && size[m] > t->layer_size) t->layer_size = size[m];
+    t->params = mt_calloc((size_t)(cfg->L - n_moe) * count[0] + (size_t)n_moe * count[1] + 3,
+                          sizeof(mt_param));
+    t->layer_first = mt_calloc((size_t)cfg->L + 1, sizeof(int));
     int64_t C = cfg->C, V = cfg->V, pos = 0;
-    char name[128];
 
     t->embed_offset = 0;
     table_add(t, MT_W_EMBED, MT_GROUP_EMBED, "model.embed_tokens.weight", V, C, 0, &pos);
     t->embed_size = pos;
 
     t->layer_offset0 = t->embed_offset + t->embed_size;
-    for (int k = 0; k < MT_LAYER_KINDS; k++) t->layer_kind_offset[k] = -1;
     for (int l = 0; l < cfg->L; l++) {
-        int64_t start = t->layer_offset0 + (int64_t)l * t->layer_size;
-        pos = 0;
-        for (int k = 0; k < MT_LAYER_KINDS; k++) {
-            int64_t rows, cols;
-            layer_kind_shape(cfg, (mt_param_kind)k, &rows, &cols);
-            if (rows == 0) continue;
-            snprintf(name, sizeof name, MT_LAYER_PREFIX "%d.%s", l, mt_layer_suffix[k]);
-            if (l == 0) t->layer_kind_offset[k] = pos;
-            table_add(t, (mt_param_kind)k, l, name, rows, cols, start, &pos);
-        }
-        if (l == 0) t->layer_size = pos; /* every layer has layer 0's layout */
+        t->layer_first[l] = t->n_params;
+        layer_layout(t, l, mt_config_layer_is_moe(cfg, l), t->layer_offset0 + (int64_t)l * t->layer_size, NULL);
     }
+    t->layer_first[cfg->L] = t->n_params;
+    for (int m = 0; m < 2; m++) /* a type no layer has has no offsets */
+        if (!have[m])
+            for (int k = 0; k < MT_LAYER_KINDS; k++) t->kind_offset[m][k] = -1;
 
     t->head_offset = t->layer_offset0 + (int64_t)cfg->L * t->layer_size;
     pos = 0;
@@ -118,14 +168,14 @@ void mt_param_table_init(mt_param_table *t, const mt_config *cfg) {
 
 void mt_param_table_free(mt_param_table *t) {
     free(t->params);
+    free(t->layer_first);
     memset(t, 0, sizeof *t);
 }
 
-/* Names are structured, so lookup parses them instead of keeping an index:
- * "model.layers.{l}.{suffix}" maps to l * per_layer + rank(suffix) after the embed entry. */
+/* Names are structured, so lookup parses the layer out of "model.layers.{l}.{suffix}" and
+ * searches that layer's tensors only. */
 const mt_param *mt_param_find(const mt_param_table *t, const char *name) {
     if (!name || t->n_params == 0) return NULL;
-    const mt_param *hit = NULL;
     size_t plen = strlen(MT_LAYER_PREFIX);
     if (strncmp(name, MT_LAYER_PREFIX, plen) == 0) {
         const char *s = name + plen;
@@ -133,23 +183,15 @@ const mt_param *mt_param_find(const mt_param_table *t, const char *name) {
         char *end;
         long l = strtol(s, &end, 10);
         if (*end != '.' || l < 0 || l >= t->cfg.L) return NULL;
-        int rank = 0, per_layer = 0, found = -1;
-        for (int k = 0; k < MT_LAYER_KINDS; k++) {
-            if (t->layer_kind_offset[k] < 0) continue;
-            if (strcmp(end + 1, mt_layer_suffix[k]) == 0) found = rank;
-            rank++;
-        }
-        per_layer = rank;
-        if (found < 0) return NULL;
-        hit = &t->params[1 + l * per_layer + found];
-    } else {
-        /* embed first, head group last */
-        if (strcmp(name, t->params[0].name) == 0) return &t->params[0];
-        for (int i = t->n_params - 1; i >= 0 && t->params[i].layer == t->cfg.L; i--)
-            if (strcmp(name, t->params[i].name) == 0) return &t->params[i];
+        for (int i = t->layer_first[l]; i < t->layer_first[l + 1]; i++)
+            if (strcmp(name, t->params[i].name) == 0) return &t->params[i]; /* "layers.01." finds none */
         return NULL;
     }
-    return strcmp(hit->name, name) == 0 ? hit : NULL; /* rejects e.g. "model.layers.01.…" */
+    /* embed first, head group last */
+    if (strcmp(name, t->params[0].name) == 0) return &t->params[0];
+    for (int i = t->n_params - 1; i >= 0 && t->params[i].layer == t->cfg.L; i--)
+        if (strcmp(name, t->params[i].name) == 0) return &t->params[i];
+    return NULL;
 }
 
 int64_t mt_group_offset(const mt_param_table *t, int layer) {
@@ -177,8 +219,9 @@ static void *at(void *base, int64_t off, size_t elem_size) {
     return off < 0 ? NULL : (char *)base + (size_t)off * elem_size;
 }
 
-mt_layer_view mt_layer_view_of(const mt_param_table *t, void *layer_base, size_t elem_size) {
-    const int64_t *o = t->layer_kind_offset;
+mt_layer_view mt_layer_view_at(const mt_param_table *t, int l, void *layer_base, size_t elem_size) {
+    MT_CHECK(l >= 0 && l < t->cfg.L, "layer %d of %d", l, t->cfg.L);
+    const int64_t *o = t->kind_offset[mt_config_layer_is_moe(&t->cfg, l)];
     mt_layer_view v = {
         .input_norm = at(layer_base, o[MT_W_INPUT_NORM], elem_size),
         .q = at(layer_base, o[MT_W_Q], elem_size),
@@ -198,8 +241,21 @@ mt_layer_view mt_layer_view_of(const mt_param_table *t, void *layer_base, size_t
         .up_bias = at(layer_base, o[MT_W_UP_BIAS], elem_size),
         .down = at(layer_base, o[MT_W_DOWN], elem_size),
         .down_bias = at(layer_base, o[MT_W_DOWN_BIAS], elem_size),
+        .router = at(layer_base, o[MT_W_ROUTER], elem_size),
+        .exp_gate = at(layer_base, o[MT_W_EXP_GATE], elem_size),
+        .exp_up = at(layer_base, o[MT_W_EXP_UP], elem_size),
+        .exp_down = at(layer_base, o[MT_W_EXP_DOWN], elem_size),
+        .exp_stride = (size_t)t->expert_stride * elem_size,
     };
     return v;
+}
+
+mt_layer_view mt_layer_view_of(const mt_param_table *t, void *layer_base, size_t elem_size) {
+    int n_moe = mt_config_moe_layers(&t->cfg);
+    MT_CHECK(n_moe == 0 || n_moe == t->cfg.L,
+             "%d of the %d layers are MoE layers: a layer's view needs its index (mt_layer_view_at)",
+             n_moe, t->cfg.L);
+    return mt_layer_view_at(t, 0, layer_base, elem_size);
 }
 
 mt_model_view mt_model_view_of(const mt_param_table *t, void *arena_base, size_t elem_size) {
@@ -264,7 +320,8 @@ void mt_param_init_tensor(const mt_param_table *t, int i, float *x, float std, u
         fill_const(x, p->numel, 0.0f); /* biases */
     } else {
         float resid = std / sqrtf(2.0f * (float)t->cfg.L);
-        float s = (p->kind == MT_W_O || p->kind == MT_W_DOWN) ? resid : std;
+        int residual = p->kind == MT_W_O || p->kind == MT_W_DOWN || p->kind == MT_W_EXP_DOWN;
+        float s = residual ? resid : std;
         fill_normal(x, p->numel, s, splitmix64(seed ^ splitmix64(0x6d74ull + (uint64_t)i)));
     }
 }

@@ -41,6 +41,12 @@ typedef enum {
     MT_W_UP_BIAS,        /* (F) */
     MT_W_DOWN,           /* (C, F)    mlp.down_proj.weight */
     MT_W_DOWN_BIAS,      /* (C) */
+    /* MoE layers, in place of gate/up/down; names per model_type (mixtral's block_sparse_moe.gate,
+     * experts.{e}.w1/w3/w2; qwen3_moe's mlp.gate, mlp.experts.{e}.gate_proj/up_proj/down_proj) */
+    MT_W_ROUTER,         /* (E, C)    the router (gate) */
+    MT_W_EXP_GATE,       /* (Fe, C)   one per expert, E of them back to back */
+    MT_W_EXP_UP,         /* (Fe, C) */
+    MT_W_EXP_DOWN,       /* (C, Fe) */
     MT_LAYER_KINDS,
     /* model-level */
     MT_W_EMBED = MT_LAYER_KINDS, /* (V, C) model.embed_tokens.weight */
@@ -53,6 +59,7 @@ typedef struct {
     char name[96];       /* Hugging Face tensor name */
     mt_param_kind kind;
     int layer;           /* MT_GROUP_EMBED, 0..L-1, or L for the head group */
+    int expert;          /* 0..E-1 for an expert's tensor, -1 otherwise */
     int ndim;            /* 1 or 2 */
     int64_t shape[2];
     int64_t numel;
@@ -69,8 +76,11 @@ typedef struct {
     int64_t embed_offset, embed_size;  /* group extents, in elements */
     int64_t layer_offset0, layer_size; /* layer l starts at layer_offset0 + l * layer_size */
     int64_t head_offset, head_size;
-    /* per-layer offset of each kind inside a layer group, -1 when absent */
-    int64_t layer_kind_offset[MT_LAYER_KINDS];
+    /* offset of each kind inside a layer group of each type (0 dense, 1 MoE), -1 when absent;
+     * for the expert kinds, expert 0's tensor (expert e's is expert_stride elements further) */
+    int64_t kind_offset[2][MT_LAYER_KINDS];
+    int64_t expert_stride;
+    int *layer_first;    /* (L + 1) index in params of each layer's first tensor; [L]: the head's */
 } mt_param_table;
 
 void mt_param_table_init(mt_param_table *t, const mt_config *cfg);
@@ -86,13 +96,20 @@ int64_t mt_group_size(const mt_param_table *t, int layer);
 int64_t mt_group_max_size(const mt_param_table *t);
 
 /* Pointers to one layer's tensors inside a layer block whose elements are `elem_size` bytes.
- * Absent tensors (biases, q/k norms) are NULL. */
+ * Absent tensors (biases, q/k norms; gate/up/down in an MoE layer, router and experts in a dense
+ * one) are NULL. */
 typedef struct {
     void *input_norm, *q, *q_bias, *k, *k_bias, *v, *v_bias, *o, *o_bias;
     void *q_norm, *k_norm, *post_norm;
     void *gate, *gate_bias, *up, *up_bias, *down, *down_bias;
+    void *router;                    /* non-NULL: an MoE layer */
+    void *exp_gate, *exp_up, *exp_down; /* expert 0's; expert e's is e * exp_stride bytes further */
+    size_t exp_stride;
 } mt_layer_view;
 
+/* Layer l's view (its type decides the layout). */
+mt_layer_view mt_layer_view_at(const mt_param_table *t, int l, void *layer_base, size_t elem_size);
+/* The same for a model whose layers are all of one type (fatal otherwise: use _at). */
 mt_layer_view mt_layer_view_of(const mt_param_table *t, void *layer_base, size_t elem_size);
 
 /* Pointers to the embed and head tensors in a whole arena (lm_head == embed when tied). */

@@ -5,6 +5,7 @@
 
 #include "../core/error.h"
 #include "docs.h"
+#include "moe.h"
 
 static size_t act_bytes(const mt_param_table *t, mt_dtype dtype, int N) {
     return (size_t)N * t->cfg.C * mt_dtype_size(dtype);
@@ -80,7 +81,7 @@ static void forward_layers(mt_runner *r, const void *weights, const mt_tokens *t
     int N = tok->B * tok->T;
     mt_embed_forward(&r->lc, w, r->ids, N, act_at(r, 0));
     for (int l = 0; l < t->cfg.L; l++) {
-        mt_layer_weights lw = mt_layer_view_of(t, layer_base(t, weights, elem, l), elem);
+        mt_layer_weights lw = mt_layer_view_at(t, l, layer_base(t, weights, elem, l), elem);
         mt_layer_forward(&r->lc, tok, &lw, act_at(r, l), act_at(r, l + 1), &r->ws);
     }
 }
@@ -105,7 +106,9 @@ double mt_runner_step(mt_runner *r, const void *weights, float *grads, const int
     mt_tokens tok = {.B = B, .T = r->T, .pos = r->pos, .doc_start = r->use_docs ? r->doc_start : NULL};
     size_t elem = mt_dtype_size(be->dtype);
     mt_model_view w = mt_model_view_of(t, (void *)weights, elem);
+    mt_moe_stats_reset(&r->lc, r->ws.moe_stats);
     forward_layers(r, weights, &tok, &w);
+    r->aux_loss = mt_moe_aux_finish(&r->lc, r->ws.moe_stats);
 
     mt_model_view g = {0};
     if (grads) g = mt_model_view_of(t, grads, sizeof(float));
@@ -113,8 +116,8 @@ double mt_runner_step(mt_runner *r, const void *weights, float *grads, const int
                  r->losses, r->dx, &r->head_ws);
     if (grads) {
         for (int l = t->cfg.L - 1; l >= 0; l--) {
-            mt_layer_weights lw = mt_layer_view_of(t, layer_base(t, weights, elem, l), elem);
-            mt_layer_weights lg = mt_layer_view_of(t, layer_base(t, grads, sizeof(float), l), sizeof(float));
+            mt_layer_weights lw = mt_layer_view_at(t, l, layer_base(t, weights, elem, l), elem);
+            mt_layer_weights lg = mt_layer_view_at(t, l, layer_base(t, grads, sizeof(float), l), sizeof(float));
             mt_layer_backward(&r->lc, &tok, &lw, &lg, act_at(r, l), r->dx, r->dx, &r->ws, MT_RECOMPUTE_ALL);
         }
         mt_embed_backward(&r->lc, &g, r->ids, N, r->dx);

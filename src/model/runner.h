@@ -26,6 +26,8 @@ typedef struct {
     int32_t *doc_start;           /* (max_N) on the compute side when documents are set */
     int use_docs;
     float *inv_freq;  /* (D/2) on the compute side */
+    double aux_loss;  /* the last mt_runner_step's router_aux_loss_coef * load-balancing loss (0
+                         without it): that step's loss is sum / count + aux_loss */
 } mt_runner;
 
 void mt_runner_init(mt_runner *r, const mt_param_table *t, mt_backend *be, int max_B, int T);
@@ -35,7 +37,9 @@ void mt_runner_free(mt_runner *r);
  * weights: the compute-side arena (be->dtype) laid out as the table. Returns the sum of the
  * per-token losses and sets *count to the number of targets counted. When grads (fp32,
  * compute side, table layout) is not NULL, the gradient of loss_scale * sum(losses)
- * accumulates into it; loss_scale 0 means 1/count (the mean, as PyTorch's cross_entropy). */
+ * accumulates into it; loss_scale 0 means 1/count (the mean, as PyTorch's cross_entropy). A model
+ * with the MoE load-balancing loss adds r->aux_loss (set here) to the mean, and the gradient of
+ * that term (unscaled by loss_scale) to grads. */
 double mt_runner_step(mt_runner *r, const void *weights, float *grads, const int32_t *ids,
                       const int32_t *targets, int B, float loss_scale, int64_t *count);
 

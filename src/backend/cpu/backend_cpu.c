@@ -100,6 +100,38 @@ static void cpu_lm_head_loss(mt_backend *be, float *losses, void *dinp, float *d
     mt_cpu_lm_head_loss(losses, dinp, dweight, inp, weight, targets, N, C, V, loss_scale);
 }
 
+static void cpu_moe_route(mt_backend *be, float *probs, int32_t *top_idx, float *top_w,
+                          int32_t *counts, float *prob_sum, const void *logits, int n, int E, int k,
+                          int renorm) {
+    mt_cpu_moe_route(probs, top_idx, top_w, counts, prob_sum, logits, n, E, k, renorm);
+}
+static void cpu_moe_group(mt_backend *be, int32_t *perm, int32_t *inv, int32_t *offsets,
+                          const int32_t *top_idx, int n, int E, int k) {
+    mt_cpu_moe_group(perm, inv, offsets, top_idx, n, E, k);
+}
+static void cpu_moe_gather(mt_backend *be, void *xg, const void *x, const int32_t *perm, int n,
+                           int C, int k) {
+    mt_cpu_moe_gather(xg, x, perm, n, C, k);
+}
+static void cpu_moe_gather_backward(mt_backend *be, void *dx, const void *dxg, const int32_t *inv,
+                                    int n, int C, int k, int accumulate) {
+    mt_cpu_moe_gather_backward(dx, dxg, inv, n, C, k, accumulate);
+}
+static void cpu_moe_combine(mt_backend *be, void *out, const void *y, const float *top_w,
+                            const int32_t *inv, int n, int C, int k) {
+    mt_cpu_moe_combine(out, y, top_w, inv, n, C, k);
+}
+static void cpu_moe_combine_backward(mt_backend *be, void *dy, float *d_w, const void *dout,
+                                     const void *y, const float *top_w, const int32_t *inv, int n,
+                                     int C, int k) {
+    mt_cpu_moe_combine_backward(dy, d_w, dout, y, top_w, inv, n, C, k);
+}
+static void cpu_moe_route_backward(mt_backend *be, void *d_logits, const float *d_w,
+                                   const float *probs, const int32_t *top_idx, const float *top_w,
+                                   const float *aux_grad, int n, int E, int k, int renorm) {
+    mt_cpu_moe_route_backward(d_logits, d_w, probs, top_idx, top_w, aux_grad, n, E, k, renorm);
+}
+
 mt_backend *mt_backend_cpu_create(void) {
     mt_backend *be = mt_calloc(1, sizeof *be);
     be->name = "cpu";
@@ -133,6 +165,13 @@ mt_backend *mt_backend_cpu_create(void) {
     be->from_bf16 = cpu_from_bf16;
     be->optim_update = cpu_optim_update;
     be->lm_head_loss = cpu_lm_head_loss;
+    be->moe_route = cpu_moe_route;
+    be->moe_group = cpu_moe_group;
+    be->moe_gather = cpu_moe_gather;
+    be->moe_gather_backward = cpu_moe_gather_backward;
+    be->moe_combine = cpu_moe_combine;
+    be->moe_combine_backward = cpu_moe_combine_backward;
+    be->moe_route_backward = cpu_moe_route_backward;
     mt_cpu_streams_install(be); /* host buffers, copy_async, events, sync */
     return be;
 }

@@ -52,6 +52,22 @@ void mt_cpu_from_f32(float *dst, const float *src, size_t n);
 /* dst = src widened to fp32 (exact). */
 void mt_cpu_from_bf16(float *dst, const uint16_t *src, size_t n);
 
+/* Mixture-of-experts routing (moe.c); the arguments of backend.h's moe_* ops. */
+void mt_cpu_moe_route(float *probs, int32_t *top_idx, float *top_w, int32_t *counts,
+                      float *prob_sum, const float *logits, int n, int E, int k, int renorm);
+void mt_cpu_moe_group(int32_t *perm, int32_t *inv, int32_t *offsets, const int32_t *top_idx, int n,
+                      int E, int k);
+void mt_cpu_moe_gather(float *xg, const float *x, const int32_t *perm, int n, int C, int k);
+void mt_cpu_moe_gather_backward(float *dx, const float *dxg, const int32_t *inv, int n, int C,
+                                int k, int accumulate);
+void mt_cpu_moe_combine(float *out, const float *y, const float *top_w, const int32_t *inv, int n,
+                        int C, int k);
+void mt_cpu_moe_combine_backward(float *dy, float *d_w, const float *dout, const float *y,
+                                 const float *top_w, const int32_t *inv, int n, int C, int k);
+void mt_cpu_moe_route_backward(float *d_logits, const float *d_w, const float *probs,
+                               const int32_t *top_idx, const float *top_w, const float *aux_grad,
+                               int n, int E, int k, int renorm);
+
 /* dinp == NULL: losses only. dweight may be NULL with dinp set (a frozen head). */
 /* Rows per chunk of mt_cpu_lm_head_loss over N rows (its logits under 256 MB, at most 256 rows). */
 int mt_cpu_lm_head_chunk_rows(int N, int V);

@@ -301,6 +301,40 @@ static void cu_attention_backward(mt_backend *be, void *dq, void *dk, void *dv, 
                                (const bf16 *)dout, (const bf16 *)out, lse, (const bf16 *)q,
                                (const bf16 *)k, (const bf16 *)v, doc_start, B, T, H, G, D, S(be));
 }
+static void cu_moe_route(mt_backend *be, float *probs, int32_t *top_idx, float *top_w,
+                         int32_t *counts, float *prob_sum, const void *logits, int n, int E, int k,
+                         int renorm) {
+    mt_cuda_moe_route(probs, top_idx, top_w, counts, prob_sum, (const bf16 *)logits, n, E, k, renorm,
+                      S(be));
+}
+static void cu_moe_group(mt_backend *be, int32_t *perm, int32_t *inv, int32_t *offsets,
+                         const int32_t *top_idx, int n, int E, int k) {
+    mt_cuda_moe_group(perm, inv, offsets, top_idx, n, E, k, S(be));
+}
+static void cu_moe_gather(mt_backend *be, void *xg, const void *x, const int32_t *perm, int n, int C,
+                          int k) {
+    mt_cuda_moe_gather((bf16 *)xg, (const bf16 *)x, perm, n, C, k, S(be));
+}
+static void cu_moe_gather_backward(mt_backend *be, void *dx, const void *dxg, const int32_t *inv,
+                                   int n, int C, int k, int accumulate) {
+    mt_cuda_moe_gather_backward((bf16 *)dx, (const bf16 *)dxg, inv, n, C, k, accumulate, S(be));
+}
+static void cu_moe_combine(mt_backend *be, void *out, const void *y, const float *top_w,
+                           const int32_t *inv, int n, int C, int k) {
+    mt_cuda_moe_combine((bf16 *)out, (const bf16 *)y, top_w, inv, n, C, k, S(be));
+}
+static void cu_moe_combine_backward(mt_backend *be, void *dy, float *d_w, const void *dout,
+                                    const void *y, const float *top_w, const int32_t *inv, int n,
+                                    int C, int k) {
+    mt_cuda_moe_combine_backward((bf16 *)dy, d_w, (const bf16 *)dout, (const bf16 *)y, top_w, inv, n,
+                                 C, k, S(be));
+}
+static void cu_moe_route_backward(mt_backend *be, void *d_logits, const float *d_w,
+                                  const float *probs, const int32_t *top_idx, const float *top_w,
+                                  const float *aux_grad, int n, int E, int k, int renorm) {
+    mt_cuda_moe_route_backward((bf16 *)d_logits, d_w, probs, top_idx, top_w, aux_grad, n, E, k,
+                               renorm, S(be));
+}
 static void cu_swiglu_forward(mt_backend *be, void *out, const void *gate, const void *up,
                               size_t n) {
     mt_cuda_swiglu_forward((bf16 *)out, (const bf16 *)gate, (const bf16 *)up, n, S(be));
@@ -425,5 +459,12 @@ mt_backend *mt_backend_cuda_create(int64_t mem_budget_bytes) {
     be->from_bf16 = cu_from_bf16;
     be->optim_update = cu_optim_update;
     be->lm_head_loss = cu_lm_head_loss;
+    be->moe_route = cu_moe_route;
+    be->moe_group = cu_moe_group;
+    be->moe_gather = cu_moe_gather;
+    be->moe_gather_backward = cu_moe_gather_backward;
+    be->moe_combine = cu_moe_combine;
+    be->moe_combine_backward = cu_moe_combine_backward;
+    be->moe_route_backward = cu_moe_route_backward;
     return be;
 }

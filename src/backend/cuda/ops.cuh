@@ -60,6 +60,25 @@ void mt_cuda_optim_update(const mt_optim_arenas *s, const mt_optim_step *a, size
                           size_t n, const void *grad, mt_dtype grad_dtype, cudaStream_t st);
 void mt_cuda_from_bf16(bf16 *dst, const bf16 *src, size_t n, cudaStream_t s);
 
+/* moe.cu (mixture-of-experts routing; the experts' GEMMs are matmul_forward/backward per expert) */
+void mt_cuda_moe_route(float *probs, int32_t *top_idx, float *top_w, int32_t *counts,
+                       float *prob_sum, const bf16 *logits, int n, int E, int k, int renorm,
+                       cudaStream_t s);
+void mt_cuda_moe_group(int32_t *perm, int32_t *inv, int32_t *offsets, const int32_t *top_idx, int n,
+                       int E, int k, cudaStream_t s);
+void mt_cuda_moe_gather(bf16 *xg, const bf16 *x, const int32_t *perm, int n, int C, int k,
+                        cudaStream_t s);
+void mt_cuda_moe_gather_backward(bf16 *dx, const bf16 *dxg, const int32_t *inv, int n, int C, int k,
+                                 int accumulate, cudaStream_t s);
+void mt_cuda_moe_combine(bf16 *out, const bf16 *y, const float *top_w, const int32_t *inv, int n,
+                         int C, int k, cudaStream_t s);
+void mt_cuda_moe_combine_backward(bf16 *dy, float *d_w, const bf16 *dout, const bf16 *y,
+                                  const float *top_w, const int32_t *inv, int n, int C, int k,
+                                  cudaStream_t s);
+void mt_cuda_moe_route_backward(bf16 *d_logits, const float *d_w, const float *probs,
+                                const int32_t *top_idx, const float *top_w, const float *aux_grad,
+                                int n, int E, int k, int renorm, cudaStream_t s);
+
 /* lm_head_loss.cu (chunked: the (N, V) logits never exist) */
 void mt_cuda_lm_head_loss(mt_backend *be, float *losses, bf16 *dinp, float *dweight,
                           const bf16 *inp, const bf16 *weight, const int32_t *targets, int N,
