@@ -25,6 +25,13 @@ typedef struct {
 } ws_field;
 
 #define WS(field) offsetof(mt_layer_ws, field)
+#define WS_MAX_FIELDS 64 /* room for every list of ws_fields; it checks */
+
+/* Appends the m fields of `list` to f (n of them so far). */
+static void ws_append(ws_field *f, int *n, const ws_field *list, size_t m) {
+    MT_CHECK(*n + (int)m <= WS_MAX_FIELDS, "layer workspace: more than %d fields", WS_MAX_FIELDS);
+    for (size_t i = 0; i < m; i++) f[(*n)++] = list[i];
+}
 
 static int ws_fields(const mt_config *cfg, ws_field *f) {
     int C = cfg->C, HD = cfg->H * cfg->D, GD = cfg->G * cfg->D, n = 0;
@@ -40,12 +47,12 @@ static int ws_fields(const mt_config *cfg, ws_field *f) {
         {WS(d_att), HD, 0, 0, 0}, {WS(dq), HD, 0, 0, 0},    {WS(dk), GD, 0, 0, 0},
         {WS(dv), GD, 0, 0, 0},
     };
-    for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) f[n++] = list[i];
+    ws_append(f, &n, list, sizeof list / sizeof list[0]);
     if (cfg->qk_norm) {
         ws_field extra[] = {{WS(q_raw), HD, 0, 1, 1},     {WS(k_raw), GD, 0, 1, 1},
                             {WS(q_rstd), cfg->H, 1, 1, 1}, {WS(k_rstd), cfg->G, 1, 1, 1},
                             {WS(dq_raw), HD, 0, 0, 1},     {WS(dk_raw), GD, 0, 0, 1}};
-        for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) f[n++] = extra[i];
+        ws_append(f, &n, extra, sizeof extra / sizeof extra[0]);
     }
     if (cfg->n_experts > 0) { /* int32 fields count as 4-byte (is_f32) */
         int E = cfg->n_experts, k = cfg->top_k, kC = k * C, kF = k * cfg->moe_F;
@@ -57,7 +64,7 @@ static int ws_fields(const mt_config *cfg, ws_field *f) {
             {WS(moe_act), kF, 0, 0, 1},   {WS(moe_d_y), kC, 0, 0, 1},     {WS(moe_d_x), kC, 0, 0, 1},
             {WS(moe_d_act), kF, 0, 0, 1}, {WS(moe_d_gate), kF, 0, 0, 1},  {WS(moe_d_up), kF, 0, 0, 1},
         };
-        for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) f[n++] = moe[i];
+        ws_append(f, &n, moe, sizeof moe / sizeof moe[0]);
     }
     return n;
 }
@@ -82,7 +89,7 @@ static int is_saved(const ws_field *f, int N, int chunk) {
 }
 
 size_t mt_layer_ws_bytes_tiled(const mt_config *cfg, mt_dtype dtype, int max_N, int mlp_chunk) {
-    ws_field f[64];
+    ws_field f[WS_MAX_FIELDS];
     int n = ws_fields(cfg, f);
     size_t total = 0;
     for (int i = 0; i < n; i++)
@@ -95,7 +102,7 @@ size_t mt_layer_ws_bytes(const mt_config *cfg, mt_dtype dtype, int max_N) {
 }
 
 size_t mt_layer_saved_bytes_tiled(const mt_config *cfg, mt_dtype dtype, int N, int mlp_chunk) {
-    ws_field f[64];
+    ws_field f[WS_MAX_FIELDS];
     int n = ws_fields(cfg, f);
     size_t total = 0;
     for (int i = 0; i < n; i++)
@@ -111,7 +118,7 @@ mt_layer_ws mt_layer_ws_with_saved(const mt_layer_ws *ws, const mt_config *cfg, 
                                    int N, void *base) {
     MT_CHECK(N <= ws->max_N, "layer workspace holds %d tokens, asked for %d", ws->max_N, N);
     mt_layer_ws v = *ws;
-    ws_field f[64];
+    ws_field f[WS_MAX_FIELDS];
     int n = ws_fields(cfg, f);
     char *at = base;
     for (int i = 0; i < n; i++) {
@@ -127,7 +134,7 @@ static int is_attention_output(const ws_field *f) {
 }
 
 size_t mt_layer_attention_saved_bytes(const mt_config *cfg, mt_dtype dtype, int N) {
-    ws_field f[40];
+    ws_field f[WS_MAX_FIELDS];
     int n = ws_fields(cfg, f);
     size_t total = 0;
     for (int i = 0; i < n; i++)
@@ -139,7 +146,7 @@ mt_layer_ws mt_layer_ws_with_saved_attention(const mt_layer_ws *ws, const mt_con
                                              mt_dtype dtype, int N, void *base) {
     MT_CHECK(N <= ws->max_N, "layer workspace holds %d tokens, asked for %d", ws->max_N, N);
     mt_layer_ws v = *ws;
-    ws_field f[40];
+    ws_field f[WS_MAX_FIELDS];
     int n = ws_fields(cfg, f);
     char *at = base;
     for (int i = 0; i < n; i++) {
@@ -155,7 +162,7 @@ void mt_layer_ws_init_tiled(mt_layer_ws *ws, const mt_layer_ctx *lc, int max_N, 
     memset(ws, 0, sizeof *ws);
     ws->max_N = max_N;
     ws->mlp_chunk = mlp_chunk;
-    ws_field f[64];
+    ws_field f[WS_MAX_FIELDS];
     int n = ws_fields(lc->cfg, f);
     for (int i = 0; i < n; i++) {
         void **slot = (void **)((char *)ws + f[i].offset);
@@ -170,7 +177,7 @@ void mt_layer_ws_init(mt_layer_ws *ws, const mt_layer_ctx *lc, int max_N) {
 }
 
 void mt_layer_ws_free(mt_layer_ws *ws, const mt_layer_ctx *lc) {
-    ws_field f[64];
+    ws_field f[WS_MAX_FIELDS];
     int n = ws_fields(lc->cfg, f);
     for (int i = 0; i < n; i++) {
         void **slot = (void **)((char *)ws + f[i].offset);
