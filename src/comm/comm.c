@@ -147,6 +147,12 @@ int mt_comm_all_gather(mt_comm *comm, void *recv, const void *send, size_t block
     return done(comm, comm->ops->all_gather(comm, recv, send, block, dtype, stream));
 }
 
+int mt_comm_all_gather_host(mt_comm *comm, void *recv, const void *send, size_t bytes) {
+    MT_TRY(usable(comm));
+    if (bytes == 0) return MT_OK;
+    return done(comm, comm->ops->gather_host(comm, recv, send, bytes));
+}
+
 int mt_comm_barrier(mt_comm *comm) {
     MT_TRY(usable(comm));
     return done(comm, comm->ops->barrier(comm));

@@ -22,13 +22,28 @@
  *
  * Weights for the forward: host groups are copied from mt_train_state_upload (the upload dtype:
  * the compute dtype for full, bf16 for compact/tight — the cpu backend widens those with
- * from_bf16); tier layers are used in place (mt_train_state_tier_weights). */
+ * from_bf16); tier layers are used in place (mt_train_state_tier_weights).
+ *
+ * Data parallel (ranks > 1, issue 12): every host group is cut into `ranks` shards of
+ * mt_shard_size elements, the group padded with zeros to ranks * S, and rank r holds only
+ * [r*S, (r+1)*S) of each group: master, moments, upload copy and the waiting gradient. A host
+ * piece is then one group's shard (its own optimizer state, whose tight index base is the shard's
+ * arena offset, so it rounds as the whole-model state would). mt_train_state_upload and the grad
+ * places point at this rank's shard, mt_train_state_shard gives its length; the update pieces are
+ * the one-rank pieces cut at the shard's ends (multiples of 256: 8-bit blocks stay whole), so a
+ * shard's update is bit for bit that of the same elements on one rank. Padding is zero weights,
+ * moments and gradients, which the update keeps zero. No GPU tier then (gpu_layers must be 0).
+ * Tensor access (io): set_weights keeps this rank's part of the tensor; get_weights is
+ * COLLECTIVE (every rank calls it for the same tensors in the same order: it all-gathers the
+ * tensor's group once per run of calls); get_parts / set_parts are refused (checkpoints of a
+ * sharded state are not written yet). */
 #ifndef MT_TRAIN_STATE_H
 #define MT_TRAIN_STATE_H
 
 #include <stdint.h>
 
 #include "../backend/backend.h"
+#include "../comm/comm.h"
 #include "../model/params.h"
 #include "../optim/state.h"
 #include "../optim/state_io.h"
@@ -40,7 +55,13 @@ typedef struct {
     int grads_on_device; /* compact/tight host pieces: gradients wait on the compute side */
     uint64_t seed;       /* tight's rounding seed */
     int n_threads;       /* of one host update (<= 0: all) */
+    int ranks;           /* data-parallel ranks sharing the host state (<= 1: one, unsharded) */
+    mt_comm *comm;       /* ranks > 1: the ranks' comm (this rank's index, the io's gathers) */
 } mt_train_state_opts;
+
+/* The shard of a group of n elements (a multiple of MT_OPTIM_BLOCK) over `ranks` ranks: ceil(n /
+ * ranks) rounded up to a multiple of MT_OPTIM_BLOCK; n itself for one rank. */
+int64_t mt_shard_size(int64_t n, int ranks);
 
 /* Bytes the state takes on each side (for the planner), gradients included. */
 typedef struct {
@@ -61,7 +82,14 @@ void mt_train_state_free(mt_train_state *s);
 /* 1 when group `layer` (-1 embed .. L head) is in the GPU tier. */
 int mt_train_state_in_tier(const mt_train_state *s, int layer);
 
-/* Host groups: the weights the forward uploads (dtype mt_train_state_upload_dtype). */
+/* This rank's shard of group `layer` in elements (the group's size with one rank). */
+int64_t mt_train_state_shard(const mt_train_state *s, int layer);
+/* Host bytes the state allocated (arenas, scales, waiting gradients, fetch buffers): what one
+ * rank holds. */
+double mt_train_state_host_bytes(const mt_train_state *s);
+
+/* Host groups: the weights the forward uploads (dtype mt_train_state_upload_dtype); with ranks,
+ * this rank's shard of them (mt_train_state_shard elements). */
 void *mt_train_state_upload(const mt_train_state *s, int layer);
 mt_dtype mt_train_state_upload_dtype(const mt_train_state *s);
 /* Tier layers: the layer's weights on the compute side, in the compute dtype. */
