@@ -96,8 +96,22 @@ static int save_checkpoint(train_run *r) {
     mt_ckpt_state st = {.step = r->step, .seed = (uint64_t)r->o.seed, .loss = r->last_loss,
                         .updates = r->updates, .skipped = r->skipped};
     double t0 = now_ms();
-    MT_TRY(mt_checkpoint_save(r->o.out_dir, &r->model.table, mt_engine_state_io(r->e), &st,
-                              r->args_json, r->o.model_dir, (int)r->o.keep));
+    /* with ranks, rank 0 writes the checkpoint (one checkpoint of the whole state, as one rank's)
+     * while the others take part in the gathers its reads of their shards make */
+    const mt_state_io *io = mt_engine_state_io(r->e);
+    int rc = r->lead ? mt_checkpoint_save(r->o.out_dir, &r->model.table, io, &st, r->args_json, r->o.model_dir,
+                                          (int)r->o.keep)
+                     : MT_OK;
+    if (r->ranks > 1) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", mt_error_message());
+        if (mt_engine_gather_rest(r->e) != MT_OK) {
+            fprintf(stderr, "megatrain: %s\n", mt_error_message());
+            mt_comm_abort(r->comm, 1);
+        }
+        mt_error_set("%s", msg);
+    }
+    MT_TRY(rc);
     snprintf(r->last_ckpt, sizeof r->last_ckpt, "%s/checkpoints/step_%08lld", r->o.out_dir,
              (long long)r->step);
     return mt_train_log_note(&r->log, "saved %s (%.1f s)", r->last_ckpt, (now_ms() - t0) / 1e3);
@@ -375,7 +389,7 @@ static int resume(train_run *r, int *resumed) {
     }
     int rc = check_resume_settings(r, &st);
     int64_t dropped = 0;
-    if (rc == MT_OK) rc = mt_run_dir_cut_metrics(o->out_dir, st.step, &dropped);
+    if (rc == MT_OK && r->lead) rc = mt_run_dir_cut_metrics(o->out_dir, st.step, &dropped);
     if (rc == MT_OK) {
         r->step = st.step;
         r->updates = st.updates;
@@ -394,8 +408,8 @@ static int resume(train_run *r, int *resumed) {
 /* --resume without --micro-batch: the micro-batch the checkpoint's run used, so that the resumed
  * steps sum their micro-batches in the same order (bit-identical to an uninterrupted run) even
  * when the planner would choose another today (a GPU with less free memory). -1: none recorded
- * (or it no longer divides --batch): the planner chooses. */
-static int64_t resumed_micro_batch(const mt_train_opts *o) {
+ * (or it no longer divides the rows of a rank, --batch / ranks): the planner chooses. */
+static int64_t resumed_micro_batch(const mt_train_opts *o, int64_t rows) {
     char latest[4096];
     mt_ckpt_state st = {0};
     if (!o->resume || o->have_micro_batch || mt_checkpoint_latest(o->out_dir, latest, sizeof latest) != MT_OK ||
@@ -406,7 +420,7 @@ static int64_t resumed_micro_batch(const mt_train_opts *o) {
     int64_t b = json_is_integer(mb) ? (int64_t)json_integer_value(mb) : -1;
     json_decref(args);
     mt_ckpt_state_free(&st);
-    return b > 0 && o->batch % b == 0 ? b : -1;
+    return b > 0 && rows % b == 0 ? b : -1;
 }
 
 /* --resume without --state: the checkpoint's format (a checkpoint is resumed in the format it was
@@ -526,20 +540,12 @@ static int check_same_settings(train_run *r) {
     return rc;
 }
 
-/* What a run on several ranks does not do yet, refused by name; this rank's rows. */
+/* What a run on several ranks does not do (yet), refused by name; this rank's rows. */
 static int check_ranks(train_run *r) {
     mt_train_opts *o = &r->o;
     int N = r->ranks;
     r->rows = o->batch / N;
     if (N == 1) return MT_OK;
-    if (o->resume)
-        return mt_error_set("--resume: a run on %d ranks cannot resume yet (its sharded optimizer "
-                            "state is not checkpointed); run it again from the start",
-                            N);
-    if (!o->no_save)
-        return mt_error_set("checkpoints of a run on %d ranks are not written yet (the optimizer "
-                            "state is sharded): add --no-save, or train on one rank",
-                            N);
     if (o->gpu_layers > 0)
         return mt_error_set("--gpu-layers %lld: the GPU tier is not supported on %d ranks yet; use "
                             "--gpu-layers 0",
@@ -572,7 +578,7 @@ static int train(train_run *r) {
         o->state = resumed_f;
         printf("--resume: --state %s, as the checkpoint's run\n", mt_state_format_name((mt_state_format)resumed_f));
     }
-    int64_t resumed_mb = resumed_micro_batch(o);
+    int64_t resumed_mb = resumed_micro_batch(o, r->rows);
     if (resumed_mb > 0) {
         o->micro_batch = resumed_mb;
         printf("--resume: micro-batch %lld, as the checkpoint's run (give --micro-batch to choose another)\n",
@@ -602,7 +608,10 @@ static int train(train_run *r) {
 
     r->args_json = mt_train_opts_json(o);
     int resumed = 0;
-    if (o->resume) MT_TRY(resume(r, &resumed));
+    /* every rank loads the checkpoint and keeps its shard (so any number of ranks resumes it) */
+    if (o->resume) MT_TRY(phase(r, resume(r, &resumed)));
+    if (r->ranks > 1)
+        MT_TRY(phase(r, mt_ranks_check_same(r->comm, &r->step, sizeof r->step, "the checkpoint step resumed from")));
     if (!resumed) MT_TRY(phase(r, initial_weights(r)));
     MT_TRY(phase(r, r->lead ? mt_train_log_open(&r->log, o->out_dir, o->log_path, o->steps, r->step > 0) : MT_OK));
     char data_desc[256];

@@ -15,7 +15,7 @@
  *
  * Conventions for every collective:
  *  - count is in elements of dtype: MT_F32 or MT_BF16 (others are a fatal error); the reduction is
- *    a sum.
+ *    a sum. all_gather, which sums nothing, also takes MT_U8.
  *  - Blocks: reduce_scatter and all_gather split a buffer of count = size * block elements into
  *    `size` equal blocks, block r belonging to rank r. count must be a multiple of size (a fatal
  *    error otherwise): the caller pads to mt_comm_padded(count, size) elements, zeros in the pad

@@ -41,8 +41,11 @@ struct mt_train_state {
     int n_host;
     int *group_piece;    /* [layer + 1]: the host piece of the group (-1: in the GPU tier) */
     int rank, ranks;     /* data parallel: this rank's shard of every group (ranks 1: all) */
-    float *gathered;     /* ranks: io's fp32 copy of one whole group (padded) */
-    int gathered_group;  /* the group it holds (-2: none) */
+    /* ranks: a collective read's place in its sequence and the gathered group (padded): fp32
+     * weights, and full's moments or the 8-bit ones with their scales */
+    int seq;
+    float *g_w, *g_m, *g_v, *g_ms, *g_vs;
+    uint8_t *g_mq, *g_vq;
 
     /* the GPU tier: layers [0, k) at arena [tier_base, tier_base + tier_n) */
     int64_t tier_base, tier_n;
@@ -238,6 +241,7 @@ static void tier_init(mt_train_state *s) {
 }
 
 static void init_io(mt_train_state *s);
+static void free_gathered(mt_train_state *s);
 
 /* A run of the update, cut to this rank's shard of its group (ranks 1: the whole run). */
 static void add_piece(mt_train_state *s, int layer, int64_t off, int64_t n, int decay) {
@@ -292,7 +296,6 @@ mt_train_state *mt_train_state_create(const mt_param_table *t, mt_backend *be,
     s->o = *o;
     s->ranks = ranks;
     s->rank = ranks > 1 ? mt_comm_rank(o->comm) : 0;
-    s->gathered_group = -2;
     s->elem = mt_dtype_size(be->dtype);
     s->up_dtype = o->format == MT_STATE_FULL ? be->dtype : MT_BF16;
     make_pieces(s);
@@ -338,7 +341,7 @@ void mt_train_state_free(mt_train_state *s) {
     }
     free(s->host);
     free(s->group_piece);
-    free(s->gathered);
+    free_gathered(s);
     for (int i = 0; i < 2; i++) {
         if (s->fetch_buf[i]) be->host_free(be, s->fetch_buf[i]);
         if (s->fetched[i]) be->event_destroy(be, s->fetched[i]);
@@ -386,7 +389,7 @@ static void fetch_one(mt_train_state *s) {
 }
 
 void mt_train_state_begin_update(mt_train_state *s) {
-    s->gathered_group = -2; /* the weights change */
+    s->seq = 0; /* the weights change: a read starts over */
     if (!s->fetch_buf[0]) return;
     s->fetch_next = 0;
     s->held[0] = s->held[1] = -1;
@@ -486,7 +489,14 @@ static void tier_weights_copy(mt_train_state *s, const mt_param *p, int to_devic
         be->from_bf16(be, (char *)s->tier_weights + off * s->elem, (mt_bf16 *)d->w + off, n);
 }
 
-/* ---- tensor by tensor, sharded over ranks ---- */
+/* ---- tensor by tensor, sharded over ranks ----
+ * Writes keep this rank's part of the tensor. A read is collective: the ranks gather one whole
+ * group at a time, in the one order a reader of the whole state takes (mt_checkpoint_save: every
+ * tensor's weights in table order, then every tensor's parts). Step q of that sequence gathers
+ * the weights of group q - 1 (q < L + 2), then the optimizer arenas of group q - (L + 2) - 1. A
+ * get_* call advances the sequence to its group, gathering on the way; mt_train_state_gather_rest
+ * does what is left, so a rank that reads nothing (any but rank 0 in a save) and one whose reading
+ * stopped half way (a failed write) make the same collective calls. */
 
 /* p's part in this rank's shard: arena [*lo, *hi) (empty when *hi <= *lo). */
 static const host_piece *shard_part(const mt_train_state *s, const mt_param *p, int64_t *lo, int64_t *hi) {
@@ -496,29 +506,73 @@ static const host_piece *shard_part(const mt_train_state *s, const mt_param *p, 
     return pc;
 }
 
-/* The fp32 weights of p's whole group into s->gathered, once per run of calls on that group:
- * each rank's shard goes into its block, then one all-gather (fp32: exact). */
-static int gather_group(mt_train_state *s, int layer) {
-    if (s->gathered_group == layer) return MT_OK;
-    int64_t S = mt_train_state_shard(s, layer);
-    if (!s->gathered) {
-        int64_t most = 0;
-        for (int g = MT_GROUP_EMBED; g <= s->t->cfg.L; g++)
-            if (mt_train_state_shard(s, g) > most) most = mt_train_state_shard(s, g);
-        s->gathered = mt_aligned_alloc((size_t)most * (size_t)s->ranks * sizeof(float));
+static int64_t largest_shard(const mt_train_state *s) {
+    int64_t most = 0;
+    for (int g = MT_GROUP_EMBED; g <= s->t->cfg.L; g++)
+        if (mt_train_state_shard(s, g) > most) most = mt_train_state_shard(s, g);
+    return most;
+}
+
+/* block (this rank's, n elements of dtype at mine) of every rank into *all (allocated on first
+ * use for the largest group), in place. */
+static int gather_into(mt_train_state *s, void **all, const void *mine, size_t n, mt_dtype dtype) {
+    size_t es = mt_dtype_size(dtype), most = (size_t)largest_shard(s) * (size_t)s->ranks;
+    if (!*all) *all = mt_aligned_alloc(most * es);
+    char *dst = (char *)*all + (size_t)s->rank * n * es;
+    memcpy(dst, mine, n * es);
+    return mt_comm_all_gather(s->o.comm, *all, dst, n, dtype, NULL);
+}
+
+static int gather_step(mt_train_state *s, int q) {
+    int G = s->t->cfg.L + 2;
+    int g = (q < G ? q : q - G) - 1;
+    const host_piece *pc = piece_of(s, g);
+    size_t S = (size_t)pc->n;
+    if (q < G) {
+        float *w = mt_aligned_alloc(S * sizeof(float));
+        mt_optim_state_get_weights(pc->st, 0, w, S);
+        int rc = gather_into(s, (void **)&s->g_w, w, S, MT_F32);
+        free(w);
+        return rc;
     }
-    const host_piece *pc = piece_of(s, layer);
-    float *mine = s->gathered + (size_t)s->rank * (size_t)S;
-    mt_optim_state_get_weights(pc->st, 0, mine, (size_t)S);
-    s->gathered_group = -2;
-    MT_TRY(mt_comm_all_gather(s->o.comm, s->gathered, mine, (size_t)S, MT_F32, NULL));
-    s->gathered_group = layer;
+    mt_optim_arenas a = mt_optim_state_arenas(pc->st);
+    if (a.f == MT_STATE_FULL) {
+        MT_TRY(gather_into(s, (void **)&s->g_m, a.m, S, MT_F32));
+        return gather_into(s, (void **)&s->g_v, a.v, S, MT_F32);
+    }
+    MT_TRY(gather_into(s, (void **)&s->g_mq, a.mq, S, MT_U8));
+    MT_TRY(gather_into(s, (void **)&s->g_vq, a.vq, S, MT_U8));
+    MT_TRY(gather_into(s, (void **)&s->g_ms, a.ms, S / MT_OPTIM_BLOCK, MT_F32));
+    return gather_into(s, (void **)&s->g_vs, a.vs, S / MT_OPTIM_BLOCK, MT_F32);
+}
+
+/* The sequence up to and including step q. */
+static int gather_to(mt_train_state *s, int q) {
+    if (q < s->seq - 1)
+        return mt_error_set("a sharded state is read group by group in table order, weights before "
+                            "parts (step %d asked after %d)", q, s->seq - 1);
+    while (s->seq <= q) MT_TRY(gather_step(s, s->seq++));
     return MT_OK;
 }
 
+static void free_gathered(mt_train_state *s) {
+    void *b[] = {s->g_w, s->g_m, s->g_v, s->g_mq, s->g_vq, s->g_ms, s->g_vs};
+    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) free(b[i]);
+    s->g_w = s->g_m = s->g_v = s->g_ms = s->g_vs = NULL;
+    s->g_mq = s->g_vq = NULL;
+}
+
+int mt_train_state_gather_rest(mt_train_state *s) {
+    if (s->ranks == 1) return MT_OK;
+    int rc = gather_to(s, 2 * (s->t->cfg.L + 2) - 1);
+    free_gathered(s);
+    s->seq = 0;
+    return rc;
+}
+
 static int io_get_weights_sharded(mt_train_state *s, const mt_param *p, float *dst) {
-    MT_TRY(gather_group(s, p->layer));
-    memcpy(dst, s->gathered + (p->offset - mt_group_offset(s->t, p->layer)), (size_t)p->numel * sizeof(float));
+    MT_TRY(gather_to(s, p->layer + 1));
+    memcpy(dst, s->g_w + (p->offset - mt_group_offset(s->t, p->layer)), (size_t)p->numel * sizeof(float));
     return MT_OK;
 }
 
@@ -527,7 +581,45 @@ static int io_set_weights_sharded(mt_train_state *s, const mt_param *p, const fl
     const host_piece *pc = shard_part(s, p, &lo, &hi);
     if (hi > lo)
         mt_optim_state_set_weights(pc->st, (size_t)(lo - pc->base), src + (lo - p->offset), (size_t)(hi - lo));
-    s->gathered_group = -2; /* a gathered copy is stale now */
+    return MT_OK;
+}
+
+/* p's parts from the gathered arenas of its whole (padded) group. */
+static int io_get_parts_sharded(mt_train_state *s, const mt_param *p, const mt_optim_tensor *parts) {
+    MT_TRY(gather_to(s, s->t->cfg.L + 2 + p->layer + 1));
+    size_t n = (size_t)mt_train_state_shard(s, p->layer) * (size_t)s->ranks;
+    mt_optim_arenas g = {.f = s->o.format, .n = n, .nblocks = n / MT_OPTIM_BLOCK, .m = s->g_m, .v = s->g_v,
+                         .mq = s->g_mq, .vq = s->g_vq, .ms = s->g_ms, .vs = s->g_vs};
+    mt_optim_tensor src[MT_OPTIM_MAX_TENSORS];
+    int k = mt_optim_arenas_parts(&g, (size_t)(p->offset - mt_group_offset(s->t, p->layer)), (size_t)p->numel, src);
+    if (k < 0) return MT_ERR;
+    for (int i = 0; i < k; i++) {
+        MT_CHECK(parts[i].bytes == src[i].bytes, "%s of %s: %zu bytes, expected %zu", src[i].name, p->name,
+                 parts[i].bytes, src[i].bytes);
+        memcpy(parts[i].data, src[i].data, src[i].bytes);
+    }
+    return MT_OK;
+}
+
+/* This rank's slice of p's parts: element parts (numel long) from element lo - offset, block
+ * parts (the scales) from block (lo - offset) / 256 — lo is a shard start or the tensor's, both
+ * on a 256 boundary of the tensor. */
+static int io_set_parts_sharded(mt_train_state *s, const mt_param *p, const mt_optim_tensor *parts) {
+    int64_t lo, hi;
+    const host_piece *pc = shard_part(s, p, &lo, &hi);
+    if (hi <= lo) return MT_OK;
+    mt_optim_arenas a = mt_optim_state_arenas(pc->st);
+    mt_optim_tensor mine[MT_OPTIM_MAX_TENSORS];
+    int k = mt_optim_arenas_parts(&a, (size_t)(lo - pc->base), (size_t)(hi - lo), mine);
+    if (k < 0) return MT_ERR;
+    size_t skip_el = (size_t)(lo - p->offset);
+    for (int i = 0; i < k; i++) {
+        size_t es = mt_dtype_size(mine[i].dtype);
+        size_t skip = parts[i].numel == (size_t)p->numel ? skip_el : skip_el / MT_OPTIM_BLOCK;
+        MT_CHECK((skip * es + mine[i].bytes) <= parts[i].bytes, "%s of %s: %zu bytes, too few for this shard",
+                 mine[i].name, p->name, parts[i].bytes);
+        memcpy(mine[i].data, (const char *)parts[i].data + skip * es, mine[i].bytes);
+    }
     return MT_OK;
 }
 
@@ -573,9 +665,7 @@ static int parts_of(mt_train_state *s, const mt_param *p, mt_optim_tensor *out, 
 
 static int io_parts(void *ctx, const mt_param *p, const mt_optim_tensor *parts, int set) {
     mt_train_state *s = ctx;
-    if (s->ranks > 1)
-        return mt_error_set("the optimizer state of %s is sharded over %d ranks: checkpoints of "
-                            "a sharded state are not implemented yet", p->name, s->ranks);
+    if (s->ranks > 1) return set ? io_set_parts_sharded(s, p, parts) : io_get_parts_sharded(s, p, parts);
     mt_optim_tensor mine[MT_OPTIM_MAX_TENSORS];
     int dev, n = parts_of(s, p, mine, &dev);
     if (n < 0) return MT_ERR;
@@ -613,7 +703,7 @@ static void init_io(mt_train_state *s) {
 }
 
 const mt_state_io *mt_train_state_io(mt_train_state *s) {
-    s->gathered_group = -2; /* an update may have run since the last gather */
+    s->seq = 0; /* a read starts over */
     return &s->io;
 }
 

@@ -33,10 +33,13 @@
  * the one-rank pieces cut at the shard's ends (multiples of 256: 8-bit blocks stay whole), so a
  * shard's update is bit for bit that of the same elements on one rank. Padding is zero weights,
  * moments and gradients, which the update keeps zero. No GPU tier then (gpu_layers must be 0).
- * Tensor access (io): set_weights keeps this rank's part of the tensor; get_weights is
- * COLLECTIVE (every rank calls it for the same tensors in the same order: it all-gathers the
- * tensor's group once per run of calls); get_parts / set_parts are refused (checkpoints of a
- * sharded state are not written yet). */
+ * Tensor access (io): set_weights and set_parts keep this rank's part of the tensor (a checkpoint
+ * loads on every rank, each keeping its shard: so it loads on any number of ranks). get_weights and
+ * get_parts are COLLECTIVE: the ranks gather one group at a time, in the order of a whole-state
+ * read (every tensor's weights in table order, then every tensor's parts); every rank either
+ * makes the same calls, or lets rank 0 read (a checkpoint save) and calls
+ * mt_train_state_gather_rest, which takes part in the gathers that rank 0's calls make, and on
+ * rank 0 afterwards finishes those its reading did not reach. */
 #ifndef MT_TRAIN_STATE_H
 #define MT_TRAIN_STATE_H
 
@@ -110,6 +113,10 @@ void mt_train_state_restore_group(mt_train_state *s, int layer);
 /* The tier's update, enqueued on the compute stream once the clip coefficient is known. */
 void mt_train_state_update_tier(mt_train_state *s, const mt_adamw_hparams *hp, int64_t step,
                                 float grad_scale);
+
+/* Ranks: the rest of the collective read that began when mt_train_state_io was last called
+ * (above); MT_ERR when a gather failed. One rank: nothing. */
+int mt_train_state_gather_rest(mt_train_state *s);
 
 /* Tensor by tensor access (checkpoints, initial weights); not while an update runs. */
 const mt_state_io *mt_train_state_io(mt_train_state *s);
