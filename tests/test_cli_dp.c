@@ -1,14 +1,21 @@
 /* `mpirun -np N megatrain train` (binary in MT_BIN, mpirun in MT_MPIRUN; both set by ctest) on the
  * train_llama fixture, against one process without mpirun on the same global batch:
  *  - N = 2 and 3 (an odd count), --state full, compact and tight: the same per-step losses and
- *    gradient norms in metrics.jsonl within the engine's stated tolerances (test_engine_dp: fp32
- *    reassociation, 1e-5 relative; the 8-bit formats 1e-3), rank 0 alone printing the step lines;
+ *    gradient norms in metrics.jsonl, and the same final weights in the checkpoint's
+ *    model.safetensors (rank 0 writes the one-rank layout), within the engine's stated tolerances
+ *    (test_engine_dp: fp32 reassociation, 1e-5 relative; the 8-bit formats 1e-3 and 1e-2), rank 0
+ *    alone printing the step lines and writing metrics.jsonl;
+ *  - resumed on the same N (--stop-at 6, then --resume to 12) a run is bit-identical to the
+ *    uninterrupted one: the metrics' printed numbers and the final checkpoint's model and
+ *    optimizer files byte for byte (full and tight on 2 ranks, compact and tight on 3);
+ *  - a checkpoint of 2 ranks resumes on 3 and on one process (converted: each rank keeps its
+ *    shard of the one checkpoint), within the tolerance of the uninterrupted run;
  *  - the host state each rank reports is 1/N of one rank's (computed here from the same table)
  *    up to the 256-element padding of each group's shard;
  *  - a flag that differs between the ranks (mpirun's MPMD form: `-np 1 ... --lr A : -np 1 ...
  *    --lr B`) ends the job within a bounded time with an error naming the flag;
- *  - what N ranks do not do yet is refused by name, printed once: checkpoints (without
- *    --no-save), --resume, a --batch that N x --micro-batch does not divide.
+ *  - what N ranks do not do is refused by name, printed once: a --batch that N x --micro-batch
+ *    does not divide, the GPU tier.
  * Exits 77 (skipped) when MT_MPIRUN is not set (a build without MPI). */
 #include <jansson.h>
 #include <math.h>
@@ -20,12 +27,14 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "engine/train_state.h"
+#include "io/safetensors.h"
 #include "model/config.h"
 #include "model/params.h"
 #include "util/testutil.h"
 
 #define OUT_SIZE (1 << 17)
 #define STEPS 6
+#define MAX_STEPS 16
 
 static mt_cli_env g_env;
 static const char *g_mpirun;
@@ -74,8 +83,9 @@ static void run_ok(int np, const char *out, const char *extra) {
     if (rc != 0) fail_msg("exit %d (np %d, %s)\n%s", rc, np, extra, g_out);
 }
 
-/* The loss and grad_norm of each step line of OUT/metrics.jsonl (steps 1..n in order). */
-static int read_metrics(const char *out, double *loss, double *norm) {
+/* The loss and grad_norm of each step line of OUT/metrics.jsonl (steps 1..n in order); text:
+ * the line's "loss" and "grad_norm" as printed, for the bitwise comparisons (may be NULL). */
+static int read_metrics_text(const char *out, double *loss, double *norm, char (*text)[256]) {
     char path[4096], line[4096];
     snprintf(path, sizeof path, "%s/%s/metrics.jsonl", g_env.tmp, out);
     FILE *f = fopen(path, "r");
@@ -86,15 +96,25 @@ static int read_metrics(const char *out, double *loss, double *norm) {
         if (!j) fail_msg("%s: not JSON: %s", path, line);
         if (json_object_get(j, "loss")) {
             assert_int_equal(json_integer_value(json_object_get(j, "step")), n + 1);
-            assert_true(n < STEPS);
+            assert_true(n < MAX_STEPS);
             loss[n] = json_number_value(json_object_get(j, "loss"));
             norm[n] = json_number_value(json_object_get(j, "grad_norm"));
+            if (text) {
+                const char *a = strstr(line, "\"loss\""), *b = strstr(line, "\"grad_norm\"");
+                assert_non_null(a);
+                assert_non_null(b);
+                snprintf(text[n], sizeof text[n], "%.*s %.*s", (int)strcspn(a, ","), a, (int)strcspn(b, ","), b);
+            }
             n++;
         }
         json_decref(j);
     }
     fclose(f);
     return n;
+}
+
+static int read_metrics(const char *out, double *loss, double *norm) {
+    return read_metrics_text(out, loss, norm, NULL);
 }
 
 static int count_of(const char *hay, const char *needle) {
@@ -130,25 +150,61 @@ static double one_rank_bytes(mt_state_format f, int64_t *total, int *L) {
     return b;
 }
 
-static void compare_runs(const char *one, const char *dp, double tol) {
-    double l1[STEPS], n1[STEPS], lN[STEPS], nN[STEPS];
-    assert_int_equal(read_metrics(one, l1, n1), STEPS);
-    assert_int_equal(read_metrics(dp, lN, nN), STEPS);
+static void compare_runs(const char *one, const char *dp, double tol, int steps) {
+    double l1[MAX_STEPS], n1[MAX_STEPS], lN[MAX_STEPS], nN[MAX_STEPS];
+    assert_int_equal(read_metrics(one, l1, n1), steps);
+    assert_int_equal(read_metrics(dp, lN, nN), steps);
     double worst = 0;
-    for (int k = 0; k < STEPS; k++) {
+    for (int k = 0; k < steps; k++) {
         double el = fabs(lN[k] - l1[k]) / fabs(l1[k]), en = fabs(nN[k] - n1[k]) / fabs(n1[k]);
         worst = fmax(worst, fmax(el, en));
         if (el > tol || en > tol)
             fail_msg("%s vs %s, step %d: loss %.9g vs %.9g, norm %.9g vs %.9g (tol %g)", dp, one, k + 1, lN[k],
                      l1[k], nN[k], n1[k], tol);
     }
-    printf("  %s vs %s: %d steps, worst relative difference %.3g (tol %g)\n", dp, one, STEPS, worst, tol);
+    printf("  %s vs %s: %d steps, worst relative difference %.3g (tol %g)\n", dp, one, steps, worst, tol);
+}
+
+static void ckpt_file(char *buf, size_t n, const char *out, int step, const char *file) {
+    snprintf(buf, n, "%s/%s/checkpoints/step_%08d/%s", g_env.tmp, out, step, file);
+}
+
+/* The final weights of two runs' checkpoints (model.safetensors, every tensor), within tol
+ * relative to the largest |weight| of each tensor. */
+static void compare_weights(const char *one, const char *dp, int step, double tol) {
+    char pa[4200], pb[4200];
+    ckpt_file(pa, sizeof pa, one, step, "model.safetensors");
+    ckpt_file(pb, sizeof pb, dp, step, "model.safetensors");
+    mt_safetensors *a = NULL, *b = NULL;
+    if (mt_safetensors_open_file(&a, pa) != MT_OK) fail_msg("%s", mt_error_message());
+    if (mt_safetensors_open_file(&b, pb) != MT_OK) fail_msg("%s", mt_error_message());
+    assert_int_equal(mt_safetensors_count(a), mt_safetensors_count(b));
+    for (int i = 0; i < mt_safetensors_count(a); i++) {
+        const mt_st_tensor *x = mt_safetensors_at(a, i), *y = mt_safetensors_find(b, x->name);
+        if (!y) fail_msg("%s has %s, %s does not", pa, x->name, pb);
+        assert_int_equal(x->dtype, MT_F32);
+        assert_int_equal(y->dtype, MT_F32);
+        assert_int_equal(x->nbytes, y->nbytes);
+        char what[256];
+        snprintf(what, sizeof what, "%s %s", dp, x->name);
+        if (!mt_check_rel(what, y->data, x->data, x->nbytes / sizeof(float), tol))
+            fail_msg("%s: %s differs from %s", pb, x->name, pa);
+    }
+    mt_safetensors_close(a);
+    mt_safetensors_close(b);
+}
+
+/* Two files byte for byte. */
+static void same_bytes(const char *pa, const char *pb) {
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd, "cmp '%s' '%s'", pa, pb);
+    if (mt_test_run(cmd, g_out, sizeof g_out) != 0) fail_msg("%s differs from %s: %s", pb, pa, g_out);
 }
 
 static void same_as_one_rank(const char *state, mt_state_format f, double tol) {
     char one[64], extra[128];
     snprintf(one, sizeof one, "one_%s", state);
-    snprintf(extra, sizeof extra, "--state %s --no-save", state);
+    snprintf(extra, sizeof extra, "--state %s", state);
     run_ok(0, one, extra);
     int64_t total;
     int L;
@@ -161,12 +217,69 @@ static void same_as_one_rank(const char *state, mt_state_format f, double tol) {
         assert_int_equal(count_of(g_out, "training 0.0M parameters"), 1);
         assert_int_equal(count_of(g_out, "final loss"), 1);
         assert_non_null(strstr(g_out, "data parallel: "));
-        compare_runs(one, dp, tol);
+        compare_runs(one, dp, tol, STEPS);
+        compare_weights(one, dp, STEPS, f == MT_STATE_FULL ? 1e-5 : 1e-2);
         double bN = reported_bytes();
         printf("  %s: one rank %.0f bytes of host state, each of %d ranks %.0f (1/N %.0f)\n", state, b1, np, bN,
                b1 / np);
         assert_true(bN * np >= b1);
         assert_true(bN <= b1 / np + (double)(L + 2) * 256 * per);
+    }
+}
+
+/* Uninterrupted 12 steps against 6, then --resume to 12, on np ranks: the same bits. */
+static void resume_same_n(const char *state, int np) {
+    char a[64], b[64], extra[256];
+    snprintf(a, sizeof a, "whole_%s_np%d", state, np);
+    snprintf(b, sizeof b, "resumed_%s_np%d", state, np);
+    snprintf(extra, sizeof extra, "--state %s --steps 12 --save-every 6", state);
+    run_ok(np, a, extra);
+    snprintf(extra, sizeof extra, "--state %s --steps 12 --save-every 6 --stop-at 6", state);
+    run_ok(np, b, extra);
+    snprintf(extra, sizeof extra, "--state %s --steps 12 --save-every 6 --resume", state);
+    run_ok(np, b, extra);
+    assert_non_null(strstr(g_out, "resuming from "));
+    double l[MAX_STEPS], n[MAX_STEPS];
+    char ta[MAX_STEPS][256], tb[MAX_STEPS][256];
+    assert_int_equal(read_metrics_text(a, l, n, ta), 12);
+    assert_int_equal(read_metrics_text(b, l, n, tb), 12);
+    for (int k = 0; k < 12; k++)
+        if (strcmp(ta[k], tb[k])) fail_msg("%s step %d: %s, resumed %s", state, k + 1, ta[k], tb[k]);
+    static const char *const files[] = {"model.safetensors", "optimizer.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        char pa[4200], pb[4200];
+        ckpt_file(pa, sizeof pa, a, 12, files[i]);
+        ckpt_file(pb, sizeof pb, b, 12, files[i]);
+        same_bytes(pa, pb);
+    }
+    printf("  %s on %d ranks: resumed at step 6 = uninterrupted (12 steps' numbers, both files byte for byte)\n",
+           state, np);
+}
+
+static void test_resume_same_ranks(void **state) {
+    resume_same_n("full", 2);
+    resume_same_n("tight", 2);
+    resume_same_n("compact", 3);
+    resume_same_n("tight", 3);
+}
+
+/* A checkpoint of 2 ranks at step 6, resumed to 12 on 3 ranks and on one process: each rank
+ * takes its shard of the one checkpoint; the steps match the uninterrupted 2-rank run within the
+ * tolerance of test_full. */
+static void test_resume_other_ranks(void **state) {
+    const char *extra = "--steps 12 --save-every 6";
+    run_ok(2, "whole_np2", extra);
+    int targets[] = {3, 0};
+    for (int i = 0; i < 2; i++) {
+        char out[64];
+        snprintf(out, sizeof out, "from_np2_on_%d", targets[i]);
+        mt_test_sh("mkdir -p '%s/%s/checkpoints' && cp -r '%s/whole_np2/checkpoints/step_00000006' '%s/%s/checkpoints/' "
+                   "&& head -6 '%s/whole_np2/metrics.jsonl' > '%s/%s/metrics.jsonl'",
+                   g_env.tmp, out, g_env.tmp, g_env.tmp, out, g_env.tmp, g_env.tmp, out);
+        run_ok(targets[i], out, "--steps 12 --save-every 6 --resume");
+        assert_non_null(strstr(g_out, "resuming from "));
+        compare_runs("whole_np2", out, 1e-5, 12);
+        compare_weights("whole_np2", out, 12, 1e-5);
     }
 }
 
@@ -211,8 +324,6 @@ static void refused(int np, const char *extra, const char *needle) {
 }
 
 static void test_refusals(void **state) {
-    refused(2, "", "checkpoints of a run on 2 ranks are not written yet");
-    refused(2, "--resume", "--resume: a run on 2 ranks cannot resume yet");
     refused(2, "--no-save --batch 5", "--batch 5: the global batch must divide by 2 ranks");
     refused(2, "--no-save --micro-batch 2 --batch 6", "--batch 6: the global batch must divide by 2 ranks x micro-batch 2");
     refused(3, "--no-save --gpu-layers 1", "--gpu-layers 1: the GPU tier is not supported on 3 ranks");
@@ -228,6 +339,8 @@ int main(void) {
         cmocka_unit_test(test_full),
         cmocka_unit_test(test_compact),
         cmocka_unit_test(test_tight),
+        cmocka_unit_test(test_resume_same_ranks),
+        cmocka_unit_test(test_resume_other_ranks),
         cmocka_unit_test(test_mismatched_flags),
         cmocka_unit_test(test_refusals),
     };
