@@ -4,7 +4,7 @@
  *    gradient norms in metrics.jsonl, and the same final weights in the checkpoint's
  *    model.safetensors (rank 0 writes the one-rank layout), within the engine's stated tolerances
  *    (test_engine_dp: fp32 reassociation, 1e-5 relative; the 8-bit formats 1e-3 and 1e-2), rank 0
- *    alone printing the step lines and writing metrics.jsonl;
+ *    alone printing the step lines and writing metrics.jsonl; the evaluations (--eval-every) too;
  *  - resumed on the same N (--stop-at 6, then --resume to 12) a run is bit-identical to the
  *    uninterrupted one: the metrics' printed numbers and the final checkpoint's model and
  *    optimizer files byte for byte (full and tight on 2 ranks, compact and tight on 3);
@@ -117,6 +117,23 @@ static int read_metrics(const char *out, double *loss, double *norm) {
     return read_metrics_text(out, loss, norm, NULL);
 }
 
+/* The eval_loss values of OUT/metrics.jsonl, in order; returns their count. */
+static int read_evals(const char *out, double *eval) {
+    char path[4096], line[4096];
+    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", g_env.tmp, out);
+    FILE *f = fopen(path, "r");
+    if (!f) fail_msg("cannot open %s", path);
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        json_t *j = json_loads(line, 0, NULL);
+        json_t *e = json_object_get(j, "eval_loss");
+        if (e && n < MAX_STEPS) eval[n++] = json_number_value(e);
+        json_decref(j);
+    }
+    fclose(f);
+    return n;
+}
+
 static int count_of(const char *hay, const char *needle) {
     int n = 0;
     for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle)) n++;
@@ -204,8 +221,11 @@ static void same_bytes(const char *pa, const char *pb) {
 static void same_as_one_rank(const char *state, mt_state_format f, double tol) {
     char one[64], extra[128];
     snprintf(one, sizeof one, "one_%s", state);
-    snprintf(extra, sizeof extra, "--state %s", state);
+    snprintf(extra, sizeof extra, "--state %s --eval-data '%s/data.bin' --eval-every 3 --eval-batches 2", state,
+             g_env.fixture);
     run_ok(0, one, extra);
+    double e1[MAX_STEPS], eN[MAX_STEPS];
+    assert_int_equal(read_evals(one, e1), 2);
     int64_t total;
     int L;
     double b1 = one_rank_bytes(f, &total, &L), per = b1 / (double)total;
@@ -219,6 +239,10 @@ static void same_as_one_rank(const char *state, mt_state_format f, double tol) {
         assert_non_null(strstr(g_out, "data parallel: "));
         compare_runs(one, dp, tol, STEPS);
         compare_weights(one, dp, STEPS, f == MT_STATE_FULL ? 1e-5 : 1e-2);
+        /* evaluation: each rank its rows of every eval batch, the loss summed over the ranks */
+        assert_int_equal(read_evals(dp, eN), 2);
+        for (int k = 0; k < 2; k++)
+            if (fabs(eN[k] - e1[k]) > tol * fabs(e1[k])) fail_msg("%s eval %d: %.6f vs %.6f", dp, k, eN[k], e1[k]);
         double bN = reported_bytes();
         printf("  %s: one rank %.0f bytes of host state, each of %d ranks %.0f (1/N %.0f)\n", state, b1, np, bN,
                b1 / np);
