@@ -7,7 +7,10 @@
  *    (mt_engine_get_weights gathers them from the shards) within the tolerances stated at
  *    TOL_* below;
  *  - a rank's host state (the bytes its train_state allocated) is 1/N of the one-rank state,
- *    up to the padding of each group's shard to a multiple of 256 elements.
+ *    up to the padding of each group's shard to a multiple of 256 elements;
+ *  - the per-layer overlap stays: with the optimizer slowed down, the next step's forward of
+ *    layer l starts after this rank's update of layer l (and so after every rank's: its
+ *    all-gather needs their shards) but before the update of the head.
  * Not bitwise: a rank sums its micro-batches' gradients, the comm then sums the ranks' parts,
  * where one rank sums all micro-batches in one sequence (embedding rows hit by several
  * micro-batches, the per-shard squared norms), so the fp32 results differ in the last bits.
@@ -21,6 +24,7 @@
 #include "comm/comm.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine/trace.h"
 #include "engine/train_state.h"
 #include "util/testutil.h"
 #include "util/tiny_config.h"
@@ -171,6 +175,50 @@ static void test_host_bytes(void **state) {
     mt_param_table_free(&t);
 }
 
+static const mt_span *find_span(const mt_span *sp, int n, mt_span_kind kind, int step, int group) {
+    mt_trace_lane lane = kind == MT_SPAN_OPTIMIZER ? MT_LANE_OPT : MT_LANE_MAIN;
+    for (int i = 0; i < n; i++)
+        if (sp[i].lane == lane && sp[i].kind == kind && sp[i].step == step && sp[i].group == group) return &sp[i];
+    return NULL;
+}
+
+static void test_overlap(void **state) {
+    setup s;
+    setup_init(&s, "llama_gqa");
+    mt_backend *be = mt_backend_cpu_create();
+    mt_engine_opts o = opts_of(MT_STATE_FULL, g_size);
+    o.trace = 1;
+    mt_engine *e = mt_engine_create(&s.table, be, &o, s.weights);
+    mt_optimizer_set_delay_us(mt_engine_optimizer(e), 30000);
+    size_t mine = (size_t)g_rank * (size_t)o.batch * T_LEN;
+    const int steps = 3;
+    for (int k = 0; k < steps; k++) {
+        mt_step_result r;
+        mt_engine_step(e, s.ids + mine, s.targets[k] + mine, &hp, k + 1, 1.0, &r);
+    }
+    mt_engine_finish(e);
+    int n, L = s.cfg.L, overlapped = 0;
+    mt_span *sp = mt_trace_spans(mt_engine_trace(e), &n);
+    for (int k = 1; k < steps; k++) {
+        for (int l = 0; l < L; l++) {
+            const mt_span *fwd = find_span(sp, n, MT_SPAN_FORWARD, k, l), *opt = find_span(sp, n, MT_SPAN_OPTIMIZER, k - 1, l);
+            assert_non_null(fwd);
+            assert_non_null(opt);
+            assert_true(fwd->t0 >= opt->t1); /* never computes with stale weights */
+        }
+        const mt_span *fwd0 = find_span(sp, n, MT_SPAN_FORWARD, k, 0), *head = find_span(sp, n, MT_SPAN_OPTIMIZER, k - 1, L);
+        assert_non_null(head);
+        printf("rank %d step %d: forward of layer 0 at %.1f ms, the update of step %d ends at %.1f ms\n", g_rank, k,
+               fwd0->t0 / 1e3, k - 1, head->t1 / 1e3);
+        overlapped += fwd0->t0 < head->t1;
+    }
+    assert_int_equal(overlapped, steps - 1);
+    free(sp);
+    mt_engine_destroy(e);
+    be->destroy(be);
+    setup_free(&s);
+}
+
 int main(void) {
     if (!mt_comm_built_with_mpi()) {
         printf("test_engine_dp: skipped, the build has no MPI\n");
@@ -191,6 +239,7 @@ int main(void) {
         cmocka_unit_test(test_compact),
         cmocka_unit_test(test_tight),
         cmocka_unit_test(test_host_bytes),
+        cmocka_unit_test(test_overlap),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     /* a rank that failed an assertion may have left the others in a collective: end them all */
