@@ -14,6 +14,9 @@
  *    up to the 256-element padding of each group's shard;
  *  - a flag that differs between the ranks (mpirun's MPMD form: `-np 1 ... --lr A : -np 1 ...
  *    --lr B`) ends the job within a bounded time with an error naming the flag;
+ *  - a rank killed (SIGKILL) mid-run ends the job, non-zero, within a bounded time; a SIGTERM
+ *    that reaches one rank only stops every rank after the same step, with the final checkpoint
+ *    saved and exit 0;
  *  - what N ranks do not do is refused by name, printed once: a --batch that N x --micro-batch
  *    does not divide, the GPU tier.
  * Exits 77 (skipped) when MT_MPIRUN is not set (a build without MPI). */
@@ -338,6 +341,53 @@ static void test_mismatched_flags(void **state) {
     mismatch("--state", "full", "compact");
 }
 
+/* A long run on 2 ranks, each started through `sh -c 'echo $$ > pid.R; exec megatrain ...'` so that
+ * its pid is known; once the first step is logged, `kill -SIG` goes to rank 1 alone. Returns the
+ * job's exit status; the seconds from the signal to the job's end in *secs; output in g_out. */
+static int signal_rank1(const char *sig, const char *out, double *secs) {
+    char args[4096], cmd[16384];
+    train_args(args, sizeof args, out, "--steps 100000");
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' || exit 1; rm -f pid.0 pid.1; "
+             "(timeout 120 '%s' --allow-run-as-root --oversubscribe -np 2 sh -c "
+             "'echo $$ > pid.$OMPI_COMM_WORLD_RANK; exec \"$0\" \"$@\"' '%s' %s > job.log 2>&1; echo $? > job.rc) & "
+             "for i in $(seq 1200); do [ -s '%s/metrics.jsonl' ] && [ -s pid.1 ] && break; sleep 0.05; done; "
+             "t0=$(date +%%s.%%N); kill -%s $(cat pid.1); wait; t1=$(date +%%s.%%N); "
+             "cat job.log; echo \"rc $(cat job.rc) secs $(awk \"BEGIN { print $t1 - $t0 }\")\"",
+             g_env.tmp, g_mpirun, g_env.bin, args, out, sig);
+    mt_test_run(cmd, g_out, sizeof g_out);
+    const char *p = strstr(g_out, "\nrc ");
+    if (!p) fail_msg("no result line:\n%s", g_out);
+    int rc = -1;
+    *secs = -1;
+    sscanf(p, "\nrc %d secs %lf", &rc, secs);
+    printf("  kill -%s rank 1: job exit %d, %.1f s after the signal\n", sig, rc, *secs);
+    return rc;
+}
+
+static void test_killed_rank(void **state) {
+    double secs;
+    int rc = signal_rank1("KILL", "killed", &secs);
+    assert_true(rc != 0 && rc != 124); /* 124: `timeout` had to end it */
+    assert_true(secs >= 0 && secs < 30);
+}
+
+static void test_signal_one_rank(void **state) {
+    double secs;
+    int rc = signal_rank1("TERM", "termed", &secs);
+    if (rc != 0) fail_msg("exit %d:\n%s", rc, g_out);
+    const char *p = strstr(g_out, "SIGTERM: stopping after step ");
+    if (!p) fail_msg("no stop note:\n%s", g_out);
+    int step = atoi(p + strlen("SIGTERM: stopping after step "));
+    assert_true(step >= 1 && step < 100000);
+    char ck[4200];
+    ckpt_file(ck, sizeof ck, "termed", step, "model.safetensors");
+    FILE *f = fopen(ck, "rb");
+    if (!f) fail_msg("no checkpoint of step %d (%s):\n%s", step, ck, g_out);
+    fclose(f);
+    printf("  SIGTERM to rank 1: every rank stopped after step %d, checkpoint saved\n", step);
+}
+
 /* Refused by name, the message printed once although every rank has it. */
 static void refused(int np, const char *extra, const char *needle) {
     int rc = run(np, "refused", extra, NULL);
@@ -366,6 +416,8 @@ int main(void) {
         cmocka_unit_test(test_resume_same_ranks),
         cmocka_unit_test(test_resume_other_ranks),
         cmocka_unit_test(test_mismatched_flags),
+        cmocka_unit_test(test_killed_rank),
+        cmocka_unit_test(test_signal_one_rank),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
