@@ -186,10 +186,13 @@ void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_
     p->host_grads = sb.host_grads;
     p->host_total = sb.host_total + 8 * N;
     p->dev_tier = sb.dev_tier;
-    p->dev_slots = (double)(o->resident ? (streamed > 2 ? streamed : 2) : o->n_slots) * t->layer_size * el;
-    p->dev_embed_head = (double)(t->embed_size + t->head_size) * el;
-    p->dev_grads = 4.0 * (t->layer_size + t->embed_size + t->head_size) + 2.0 * mt_group_max_size(t) * el +
-                   sb.dev_grads;
+    /* the groups' buffers on the compute side, padded with ranks (padded_size) */
+    double layer = (double)padded_size(t, 0, o->ranks), embed = (double)padded_size(t, MT_GROUP_EMBED, o->ranks),
+           head = (double)padded_size(t, t->cfg.L, o->ranks);
+    p->dev_slots = (double)(o->resident ? (streamed > 2 ? streamed : 2) : o->n_slots) * layer * el;
+    p->dev_embed_head = (embed + head) * el;
+    p->dev_grads = 4.0 * (layer + embed + head) + 2.0 * mt_group_max_size(t) * el + sb.dev_grads;
+    if (o->ranks > 1) p->dev_grads += 4.0 * (double)mt_shard_size(mt_group_max_size(t), o->ranks); /* g_shard */
     if (dtype != MT_BF16 && o->state != MT_STATE_FULL) p->dev_grads += 2.0 * mt_group_max_size(t); /* widen */
     /* the layer inputs (L + 1 sets, fewer when offloaded: act_sets) and the gradient dx */
     p->dev_checkpoints = (act_sets(t->cfg.L, o->offload) + 1) * N * t->cfg.C * el;
