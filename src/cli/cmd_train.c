@@ -26,6 +26,7 @@
 #include "process_env.h"
 #include "run_data.h"
 #include "run_dir.h"
+#include "run_ranks.h"
 #include "run_setup.h"
 #include "train_log.h"
 #include "train_opts.h"
@@ -62,6 +63,12 @@ static double now_ms(void) {
 
 typedef struct {
     mt_train_opts o;
+    mt_comm *comm;         /* the data-parallel ranks (local: one) */
+    int rank, ranks;
+    int lead;              /* rank 0: prints, logs and writes the run's files */
+    int stop_sig;          /* ranks: the signal every rank agreed to stop on (0: none yet) */
+    int quiet;             /* ranks: another rank prints the error that ends this one */
+    int64_t rows;          /* this rank's rows of each global batch: --batch / ranks */
     mt_host_model model;   /* the table (weights live in the engine) */
     mt_backend *be;
     mt_engine *e;
@@ -92,8 +99,22 @@ static int save_checkpoint(train_run *r) {
     mt_ckpt_state st = {.step = r->step, .seed = (uint64_t)r->o.seed, .loss = r->last_loss,
                         .updates = r->updates, .skipped = r->skipped};
     double t0 = now_ms();
-    MT_TRY(mt_checkpoint_save(r->o.out_dir, &r->model.table, mt_engine_state_io(r->e), &st,
-                              r->args_json, r->o.model_dir, (int)r->o.keep));
+    /* with ranks, rank 0 writes the checkpoint (one checkpoint of the whole state, as one rank's)
+     * while the others take part in the gathers its reads of their shards make */
+    const mt_state_io *io = mt_engine_state_io(r->e);
+    int rc = r->lead ? mt_checkpoint_save(r->o.out_dir, &r->model.table, io, &st, r->args_json, r->o.model_dir,
+                                          (int)r->o.keep)
+                     : MT_OK;
+    if (r->ranks > 1) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", mt_error_message());
+        if (mt_engine_gather_rest(r->e) != MT_OK) {
+            fprintf(stderr, "megatrain: %s\n", mt_error_message());
+            mt_comm_abort(r->comm, 1);
+        }
+        mt_error_set("%s", msg);
+    }
+    MT_TRY(rc);
     snprintf(r->last_ckpt, sizeof r->last_ckpt, "%s/checkpoints/step_%08lld", r->o.out_dir,
              (long long)r->step);
     return mt_train_log_note(&r->log, "saved %s (%.1f s)", r->last_ckpt, (now_ms() - t0) / 1e3);
@@ -106,6 +127,13 @@ static void use_documents(train_run *r, const int32_t *doc_start) {
     r->docs_set = doc_start != NULL;
 }
 
+/* This rank's rows of a global batch (B, T): rows [rank * rows, (rank + 1) * rows). */
+static size_t my_rows(const train_run *r) { return (size_t)r->rank * (size_t)r->rows * (size_t)r->o.seq; }
+
+static const int32_t *my_docs(const train_run *r, const int32_t *doc_start) {
+    return doc_start ? doc_start + my_rows(r) : NULL;
+}
+
 static int evaluate(train_run *r) {
     int B = (int)r->o.batch, T = (int)r->o.seq;
     int64_t rows = mt_run_data_eval_rows(&r->eval, T);
@@ -115,9 +143,9 @@ static int evaluate(train_run *r) {
     double sum = 0;
     int64_t count = 0;
     for (int64_t i = 0; i < batches; i++) {
-        use_documents(r, mt_run_data_eval_batch(&r->eval, i * B, B, T, in, tg));
+        use_documents(r, my_docs(r, mt_run_data_eval_batch(&r->eval, i * B, B, T, in, tg)));
         int64_t c;
-        sum += mt_engine_eval(r->e, in, tg, B, &c);
+        sum += mt_engine_eval(r->e, in + my_rows(r), tg + my_rows(r), (int)r->rows, &c);
         count += c;
     }
     free(in), free(tg);
@@ -176,6 +204,10 @@ static int on_nonfinite(train_run *r, const mt_step_result *res) {
                         (long long)r->step, a, b, why, where);
 }
 
+/* The signal to stop on: one rank's own; with ranks, the one they agreed on after a step (a
+ * signal reaches the ranks at different moments, and they must stop after the same step). */
+static int stopping(const train_run *r) { return r->ranks > 1 ? r->stop_sig : (int)stop_requested; }
+
 static int train_loop(train_run *r) {
     const mt_train_opts *o = &r->o;
     int B = (int)o->batch, T = (int)o->seq;
@@ -190,8 +222,10 @@ static int train_loop(train_run *r) {
     int rc = MT_OK;
     int64_t last = o->stop_at && o->stop_at < o->steps ? o->stop_at : o->steps;
     r->first_step = r->step;
-    while (r->step < last && !stop_requested) {
-        if (o->max_ms && now_ms() - t_start > (double)o->max_ms) {
+    while (r->step < last && !stopping(r)) {
+        int time_up = o->max_ms && now_ms() - t_start > (double)o->max_ms;
+        if (r->ranks > 1) time_up = mt_ranks_max(r->comm, time_up); /* each rank has its own clock */
+        if (time_up) {
             rc = mt_train_log_note(&r->log, "--max-time reached after %lld steps", (long long)r->step);
             break;
         }
@@ -199,13 +233,12 @@ static int train_loop(train_run *r) {
          * (spans are labelled by the update they belong to; a skipped step shares the next one's) */
         if (o->trace_path) mt_trace_drop_before(mt_engine_trace(r->e), (int)r->updates - 1);
         double t0 = now_ms();
-        const int32_t *docs = mt_run_data_batch(&r->data, &order, r->step, B, T, in, tg);
-        use_documents(r, docs);
+        use_documents(r, my_docs(r, mt_run_data_batch(&r->data, &order, r->step, B, T, in, tg)));
         /* the schedule follows the data position; AdamW's bias correction the updates applied */
         mt_adamw_hparams hp = {.lr = mt_lr_at(&sched, r->step), .beta1 = o->beta1, .beta2 = o->beta2,
                                .eps = o->eps, .weight_decay = o->weight_decay};
         mt_step_result res;
-        mt_engine_step(r->e, in, tg, &hp, r->updates + 1, o->clip, &res);
+        mt_engine_step(r->e, in + my_rows(r), tg + my_rows(r), &hp, r->updates + 1, o->clip, &res);
         double ms = now_ms() - t0;
         r->step++;
         tokens += (int64_t)B * T;
@@ -242,18 +275,24 @@ static int train_loop(train_run *r) {
                              .opt_ms = res.opt_ms,
                              .gpu_gib = gpu ? r->be->mem_used(r->be) / 1073741824.0 : -1,
                              .host_gib = resident_gib()};
-        if ((rc = mt_train_log_step(&r->log, &line)) != MT_OK) break;
-        if (res.skipped && (rc = on_nonfinite(r, &res)) != MT_OK) break;
-        if (o->eval_data && o->eval_every && r->step % o->eval_every == 0)
-            if ((rc = evaluate(r)) != MT_OK) break;
-        if (o->save_every && r->step % o->save_every == 0 && r->step < o->steps)
-            if ((rc = save_checkpoint(r)) != MT_OK) break;
+        rc = mt_train_log_step(&r->log, &line);
+        if (rc == MT_OK && res.skipped) rc = on_nonfinite(r, &res);
+        if (rc == MT_OK && o->eval_data && o->eval_every && r->step % o->eval_every == 0) rc = evaluate(r);
+        if (rc == MT_OK && o->save_every && r->step % o->save_every == 0 && r->step < o->steps)
+            rc = save_checkpoint(r);
+        /* the ranks go on, or stop, together: a failure on one (its log, say) or a signal that
+         * reached some of them before this step ends every rank here, not in a collective */
+        if (r->ranks > 1) {
+            rc = mt_ranks_agree(r->comm, rc);
+            r->stop_sig = mt_ranks_max(r->comm, (int)stop_requested);
+        }
+        if (rc != MT_OK) break;
     }
     free(in), free(tg);
     if (rc != MT_OK) return rc;
-    if (stop_requested)
+    if (stopping(r))
         MT_TRY(mt_train_log_note(&r->log, "%s: stopping after step %lld",
-                                 stop_requested == SIGINT ? "SIGINT" : "SIGTERM", (long long)r->step));
+                                 stopping(r) == SIGINT ? "SIGINT" : "SIGTERM", (long long)r->step));
     if (o->eval_data && (!o->eval_every || r->step % o->eval_every != 0)) MT_TRY(evaluate(r));
     return save_checkpoint(r);
 }
@@ -363,7 +402,7 @@ static int resume(train_run *r, int *resumed) {
     }
     int rc = check_resume_settings(r, &st);
     int64_t dropped = 0;
-    if (rc == MT_OK) rc = mt_run_dir_cut_metrics(o->out_dir, st.step, &dropped);
+    if (rc == MT_OK && r->lead) rc = mt_run_dir_cut_metrics(o->out_dir, st.step, &dropped);
     if (rc == MT_OK) {
         r->step = st.step;
         r->updates = st.updates;
@@ -382,8 +421,8 @@ static int resume(train_run *r, int *resumed) {
 /* --resume without --micro-batch: the micro-batch the checkpoint's run used, so that the resumed
  * steps sum their micro-batches in the same order (bit-identical to an uninterrupted run) even
  * when the planner would choose another today (a GPU with less free memory). -1: none recorded
- * (or it no longer divides --batch): the planner chooses. */
-static int64_t resumed_micro_batch(const mt_train_opts *o) {
+ * (or it no longer divides the rows of a rank, --batch / ranks): the planner chooses. */
+static int64_t resumed_micro_batch(const mt_train_opts *o, int64_t rows) {
     char latest[4096];
     mt_ckpt_state st = {0};
     if (!o->resume || o->have_micro_batch || mt_checkpoint_latest(o->out_dir, latest, sizeof latest) != MT_OK ||
@@ -394,7 +433,7 @@ static int64_t resumed_micro_batch(const mt_train_opts *o) {
     int64_t b = json_is_integer(mb) ? (int64_t)json_integer_value(mb) : -1;
     json_decref(args);
     mt_ckpt_state_free(&st);
-    return b > 0 && o->batch % b == 0 ? b : -1;
+    return b > 0 && rows % b == 0 ? b : -1;
 }
 
 /* --resume without --state: the checkpoint's format (a checkpoint is resumed in the format it was
@@ -434,7 +473,16 @@ static int initial_weights(train_run *r) {
     return rc;
 }
 
-static int train(train_run *r) {
+/* The end of a phase: with ranks, every rank's result agreed, so that a failure on one ends them
+ * all here (each distinct message printed once: r->quiet on the ranks that stay silent). */
+static int phase(train_run *r, int rc) {
+    if (r->ranks == 1) return rc;
+    rc = mt_ranks_agree(r->comm, rc);
+    if (rc == MT_RANKS_QUIET) r->quiet = 1;
+    return rc == MT_OK ? MT_OK : MT_ERR;
+}
+
+static int open_model(train_run *r) {
     mt_train_opts *o = &r->o;
     MT_TRY(mt_host_model_open(&r->model, o->model_dir, o->init_config, (uint64_t)o->seed, 0));
     const mt_config *cfg = &r->model.table.cfg;
@@ -443,11 +491,24 @@ static int train(train_run *r) {
     /* a missing data file is refused before --out is created, so a typo leaves nothing behind */
     MT_TRY(readable_file("--data", o->data));
     if (o->eval_data) MT_TRY(readable_file("--eval-data", o->eval_data));
+    return MT_OK;
+}
+
+/* Rank 0's files: OUT, its lock, a fresh run's clean directory. */
+static int open_run_dir(train_run *r) {
+    mt_train_opts *o = &r->o;
+    if (!r->lead) return MT_OK;
     MT_TRY(mt_run_make_dir(o->out_dir));
     /* before anything is written into OUT (data caches included): one process per directory, and
      * a fresh run never mixes with an old one */
     MT_TRY(mt_run_lock_take(&r->lock, o->out_dir));
     if (!o->resume) MT_TRY(mt_run_dir_prepare_fresh(o->out_dir, o->overwrite));
+    return MT_OK;
+}
+
+static int open_data(train_run *r) {
+    mt_train_opts *o = &r->o;
+    const mt_config *cfg = &r->model.table.cfg;
     mt_run_data_opts dopts = {.out_dir = o->out_dir, .model_dir = o->model_dir, .doc_sep = o->doc_sep,
                               .T = (int)o->seq, .chat_format = (mt_chat_format)o->chat_format,
                               .loss_on = (mt_chat_loss_on)o->loss_on, .long_policy = (mt_long_policy)o->long_policy,
@@ -455,57 +516,140 @@ static int train(train_run *r) {
                               .chat_flags = o->have_chat_flags};
     MT_TRY(mt_run_data_open(&r->data, o->data, &dopts, cfg));
     if (o->eval_data) MT_TRY(mt_run_data_open(&r->eval, o->eval_data, &dopts, cfg));
-    MT_TRY(mt_run_backend(&r->be, o->device, o->gpu_mem));
-    MT_TRY(mt_moe_backend_check(cfg, r->be)); /* MoE models: CPU backend only, for now */
+    return MT_OK;
+}
+
+static int64_t file_bytes(const char *path) {
+    struct stat st;
+    return path && stat(path, &st) == 0 ? (int64_t)st.st_size : -1;
+}
+
+/* Every rank must run the same math: the settings that shape it, compared one by one so that the
+ * error names the one that differs, then the whole command line for the rest. */
+static int check_same_settings(train_run *r) {
+    const mt_train_opts *o = &r->o;
+    const mt_config *c = &r->model.table.cfg;
+    mt_comm *m = r->comm;
+    MT_TRY(mt_ranks_check_text(m, "the model config",
+                               "%d %s C%d F%d L%d H%d G%d D%d V%d %a %a %d %a %a %a %d %d %d %d %d %d %d %d %a %lld",
+                               (int)c->arch, c->model_type, c->C, c->F, c->L, c->H, c->G, c->D, c->V,
+                               (double)c->rms_norm_eps, c->rope_theta, (int)c->rope_type, c->rope_factor,
+                               c->rope_low_freq_factor, c->rope_high_freq_factor, c->rope_original_max_pos,
+                               c->max_position_embeddings, c->tie_word_embeddings, c->qkv_bias, c->o_bias,
+                               c->mlp_bias, c->qk_norm, c->sliding_window, (double)c->initializer_range,
+                               (long long)r->model.table.total));
+    MT_TRY(mt_ranks_check_same(m, &o->batch, sizeof o->batch, "--batch"));
+    MT_TRY(mt_ranks_check_same(m, &o->seq, sizeof o->seq, "--seq"));
+    MT_TRY(mt_ranks_check_same(m, &o->micro_batch, sizeof o->micro_batch, "--micro-batch"));
+    MT_TRY(mt_ranks_check_same(m, &o->state, sizeof o->state, "--state"));
+    MT_TRY(mt_ranks_check_same(m, &o->lr, sizeof o->lr, "--lr"));
+    MT_TRY(mt_ranks_check_same(m, &o->seed, sizeof o->seed, "--seed"));
+    int64_t bytes[2] = {file_bytes(o->data), file_bytes(o->eval_data)};
+    MT_TRY(mt_ranks_check_same(m, &bytes[0], sizeof bytes[0], "the size of the --data file"));
+    MT_TRY(mt_ranks_check_same(m, &bytes[1], sizeof bytes[1], "the size of the --eval-data file"));
+    char *args = mt_train_opts_json(o);
+    int rc = mt_ranks_check_same(m, args, strlen(args), "the other flags of train");
+    free(args);
+    return rc;
+}
+
+/* What a run on several ranks does not do (yet), refused by name; this rank's rows. */
+static int check_ranks(train_run *r) {
+    mt_train_opts *o = &r->o;
+    int N = r->ranks;
+    r->rows = o->batch / N;
+    if (N == 1) return MT_OK;
+    if (r->model.table.cfg.n_experts > 0)
+        return mt_error_set("%s: mixture-of-experts models train on one rank so far (the router's "
+                            "load-balancing statistics are not summed over ranks yet)",
+                            r->model.table.cfg.model_type);
+    if (o->gpu_layers > 0)
+        return mt_error_set("--gpu-layers %lld: the GPU tier is not supported on %d ranks yet; use "
+                            "--gpu-layers 0",
+                            (long long)o->gpu_layers, N);
+    if (!r->be->memory.host_ram)
+        return mt_error_set("--device: %d ranks run on the cpu backend only so far (the NCCL path "
+                            "is not wired); add --device cpu",
+                            N);
+    int64_t b = o->have_micro_batch ? o->micro_batch : 1;
+    if (o->batch % (N * b))
+        return mt_error_set("--batch %lld: the global batch must divide by %d ranks x micro-batch "
+                            "%lld = %lld (each rank takes --batch / %d rows)",
+                            (long long)o->batch, N, (long long)b, (long long)(N * b), N);
+    return MT_OK;
+}
+
+static int train(train_run *r) {
+    mt_train_opts *o = &r->o;
+    MT_TRY(phase(r, open_model(r)));
+    if (r->ranks > 1) MT_TRY(phase(r, check_same_settings(r)));
+    MT_TRY(phase(r, open_run_dir(r)));
+    /* rank 0 first: it makes the derived data files (tokenized text) that the others then reuse */
+    MT_TRY(phase(r, r->lead ? open_data(r) : MT_OK));
+    MT_TRY(phase(r, r->lead ? MT_OK : open_data(r)));
+    MT_TRY(phase(r, mt_run_backend(&r->be, o->device, o->gpu_mem)));
+    MT_TRY(phase(r, mt_moe_backend_check(&r->model.table.cfg, r->be))); /* MoE models: CPU backend only, for now */
+    MT_TRY(phase(r, check_ranks(r)));
 
     int resumed_f = resumed_state(o);
     if (resumed_f > 0) {
         o->state = resumed_f;
         printf("--resume: --state %s, as the checkpoint's run\n", mt_state_format_name((mt_state_format)resumed_f));
     }
-    int64_t resumed_mb = resumed_micro_batch(o);
+    int64_t resumed_mb = resumed_micro_batch(o, r->rows);
     if (resumed_mb > 0) {
         o->micro_batch = resumed_mb;
         printf("--resume: micro-batch %lld, as the checkpoint's run (give --micro-batch to choose another)\n",
                (long long)resumed_mb);
     }
-    mt_plan_request rq = {.batch = (int)o->batch, .T = (int)o->seq, .micro_batch = (int)o->micro_batch,
+    /* with ranks, the plan is one rank's: its rows, its shard of the host state */
+    mt_plan_request rq = {.batch = (int)r->rows, .T = (int)o->seq, .micro_batch = (int)o->micro_batch,
                           .offload = o->offload ? 1 : MT_AUTO, .saved_layers = (int)o->saved_layers,
                           .resident = o->resident == 1 ? 1 : o->resident == 2 ? 0 : MT_AUTO,
                           .n_slots = 2, .gpu_mem = o->gpu_mem, .host_available = mt_run_host_available(),
                           .state = (mt_state_format)o->state,
-                          .gpu_layers = o->gpu_layers < 0 ? MT_AUTO : (int)o->gpu_layers};
+                          .gpu_layers = o->gpu_layers < 0 ? (r->ranks > 1 ? 0 : MT_AUTO) : (int)o->gpu_layers,
+                          .ranks = r->ranks};
     mt_engine_opts eo;
-    MT_TRY(mt_run_check_memory(&r->model.table, r->be, &rq, &eo));
+    MT_TRY(phase(r, mt_run_check_memory(&r->model.table, r->be, &rq, &eo)));
     eo.opt_threads = (int)o->threads;
     eo.seed = (uint64_t)o->seed; /* tight's rounding; a resume takes the checkpoint's */
     eo.trace = o->trace_path != NULL;
+    eo.ranks = r->ranks;
+    eo.comm = r->ranks > 1 ? r->comm : NULL;
     o->micro_batch = eo.micro_batch; /* resolved: for the header and the stored arguments */
+    if (r->ranks > 1) /* the planner chose it from this host's memory */
+        MT_TRY(phase(r, mt_ranks_check_same(r->comm, &o->micro_batch, sizeof o->micro_batch,
+                                             "the micro-batch the planner chose (give --micro-batch)")));
     r->saved_layers = eo.saved_layers;
     r->saved_attention = eo.saved_attention;
     r->e = mt_engine_create(&r->model.table, r->be, &eo, NULL);
 
     r->args_json = mt_train_opts_json(o);
     int resumed = 0;
-    if (o->resume) MT_TRY(resume(r, &resumed));
-    if (!resumed) MT_TRY(initial_weights(r));
-    MT_TRY(mt_train_log_open(&r->log, o->out_dir, o->log_path, o->steps, r->step > 0));
+    /* every rank loads the checkpoint and keeps its shard (so any number of ranks resumes it) */
+    if (o->resume) MT_TRY(phase(r, resume(r, &resumed)));
+    if (r->ranks > 1)
+        MT_TRY(phase(r, mt_ranks_check_same(r->comm, &r->step, sizeof r->step, "the checkpoint step resumed from")));
+    if (!resumed) MT_TRY(phase(r, initial_weights(r)));
+    MT_TRY(phase(r, r->lead ? mt_train_log_open(&r->log, o->out_dir, o->log_path, o->steps, r->step > 0) : MT_OK));
     char data_desc[256];
     mt_run_data_describe(&r->data, data_desc, sizeof data_desc);
     printf("training %.1fM parameters on %s: %lld steps of %lld x %lld tokens (micro-batch %lld), "
            "data %s (%s)\n",
            r->model.table.n_real / 1e6, r->be->name, (long long)o->steps, (long long)o->batch,
            (long long)o->seq, (long long)o->micro_batch, o->data, data_desc);
-    if (r->model.table.cfg.n_experts > 0)
-        printf("mixture of experts: %.1fM parameters active per token (TFLOPS count 6 x active x "
-               "tokens)\n", (double)mt_config_active_param_count(&r->model.table.cfg) / 1e6);
+    if (r->ranks > 1)
+        printf("data parallel: %d ranks (%s), %lld rows of each batch per rank; host state %.0f bytes "
+               "on each rank (its shard of every group)\n",
+               r->ranks, mt_comm_name(r->comm), (long long)r->rows, mt_engine_host_state_bytes(r->e));
     printf("host threads: %d (OpenMP wait policy %s)\n", omp_get_max_threads(), mt_process_wait_policy());
     install_signals();
     double t0 = now_ms();
     int rc = train_loop(r);
     char *error = rc == MT_OK ? NULL : mt_strdup(mt_error_message()); /* the summary's notes may fail too */
     print_summary(r, now_ms() - t0);
-    if (rc == MT_OK && o->trace_path) rc = mt_trace_write_json(mt_engine_trace(r->e), o->trace_path);
+    if (rc == MT_OK && o->trace_path && r->lead) rc = mt_trace_write_json(mt_engine_trace(r->e), o->trace_path);
     int closed = mt_train_log_close(&r->log); /* the last bytes reach the files only now */
     if (rc == MT_OK) rc = closed;
     if (error) mt_error_set("%s", error);
@@ -517,13 +661,19 @@ int mt_cmd_train(int argc, char **argv) {
     train_run r;
     memset(&r, 0, sizeof r);
     r.lock.fd = -1;
-    int exit_now;
-    if (mt_train_opts_parse(&r.o, argc, argv, &exit_now) != MT_OK) {
-        fprintf(stderr, "megatrain: %s\n", mt_error_message());
-        return 1;
-    }
-    if (exit_now) return 0;
-    int rc = train(&r);
+    /* the ranks first: only rank 0 speaks, and a rank whose flags do not parse ends them all */
+    r.comm = mt_ranks_start();
+    if (!r.comm) return mt_cli_fail();
+    r.rank = mt_comm_rank(r.comm);
+    r.ranks = mt_comm_size(r.comm);
+    r.lead = r.rank == 0;
+    int exit_now = 0;
+    int rc = phase(&r, mt_train_opts_parse(&r.o, argc, argv, &exit_now));
+    if (rc == MT_OK && !exit_now) rc = train(&r);
+    rc = phase(&r, rc); /* the ranks end together, whatever ended each */
+    int quiet = r.quiet;
+    if (rc != MT_OK && !quiet) mt_cli_fail();
     train_run_free(&r);
-    return rc == MT_OK ? 0 : mt_cli_fail();
+    mt_comm_destroy(r.comm);
+    return rc == MT_OK ? 0 : 1;
 }

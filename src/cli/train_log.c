@@ -42,6 +42,7 @@ static int write_failed(mt_train_log *lg, const char *name, int err) {
 /* One line to f, flushed: an error shows now, not at a later buffer flush. */
 static int put_line(mt_train_log *lg, FILE *f, const char *name, const char *line) {
     if (lg->failed) return failed(lg);
+    if (!f) return MT_OK; /* a log never opened: a quiet rank of a data-parallel run */
     errno = 0;
     if (fputs(line, f) < 0 || fputc('\n', f) == EOF || fflush(f) != 0)
         return write_failed(lg, name, errno ? errno : EIO);

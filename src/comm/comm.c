@@ -141,10 +141,18 @@ int mt_comm_reduce_scatter(mt_comm *comm, void *recv, const void *send, size_t c
 
 int mt_comm_all_gather(mt_comm *comm, void *recv, const void *send, size_t block, mt_dtype dtype,
                        void *stream) {
-    check_dtype(dtype);
+    /* nothing is summed: bytes too (the 8-bit moments of a checkpoint) */
+    MT_CHECK(dtype == MT_F32 || dtype == MT_BF16 || dtype == MT_U8,
+             "all_gather takes F32, BF16 or U8, not %s", mt_dtype_name(dtype));
     MT_TRY(usable(comm));
     if (block == 0) return MT_OK;
     return done(comm, comm->ops->all_gather(comm, recv, send, block, dtype, stream));
+}
+
+int mt_comm_all_gather_host(mt_comm *comm, void *recv, const void *send, size_t bytes) {
+    MT_TRY(usable(comm));
+    if (bytes == 0) return MT_OK;
+    return done(comm, comm->ops->gather_host(comm, recv, send, bytes));
 }
 
 int mt_comm_barrier(mt_comm *comm) {

@@ -15,7 +15,7 @@
  *
  * Conventions for every collective:
  *  - count is in elements of dtype: MT_F32 or MT_BF16 (others are a fatal error); the reduction is
- *    a sum.
+ *    a sum. all_gather, which sums nothing, also takes MT_U8.
  *  - Blocks: reduce_scatter and all_gather split a buffer of count = size * block elements into
  *    `size` equal blocks, block r belonging to rank r. count must be a multiple of size (a fatal
  *    error otherwise): the caller pads to mt_comm_padded(count, size) elements, zeros in the pad
@@ -90,6 +90,10 @@ int mt_comm_reduce_scatter(mt_comm *comm, void *recv, const void *send, size_t c
  * recv's own block `rank` (in place). */
 int mt_comm_all_gather(mt_comm *comm, void *recv, const void *send, size_t block, mt_dtype dtype,
                        void *stream);
+/* recv (size * bytes) = every rank's `bytes` bytes, in rank order, on every rank; host memory
+ * always (nccl: over its boot comm). For small host values that must add up exactly (a step's
+ * target count, its loss sum in double). */
+int mt_comm_all_gather_host(mt_comm *comm, void *recv, const void *send, size_t bytes);
 /* Returns when every rank has called it (nccl: over its boot comm, on the host). */
 int mt_comm_barrier(mt_comm *comm);
 /* MT_ERR on every rank, naming what and the ranks that differ from rank 0, when the ranks' bytes

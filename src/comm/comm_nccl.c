@@ -24,7 +24,7 @@ typedef struct {
 static nccl_ctx *ctx_of(mt_comm *c) { return c->ctx; }
 
 static ncclDataType_t nccl_type(mt_dtype dtype) {
-    return dtype == MT_F32 ? ncclFloat32 : ncclBfloat16;
+    return dtype == MT_F32 ? ncclFloat32 : dtype == MT_U8 ? ncclUint8 : ncclBfloat16;
 }
 
 static int nccl_result(mt_comm *c, ncclResult_t rc, const char *what) {

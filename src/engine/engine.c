@@ -1,6 +1,7 @@
 #include "engine.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,6 +61,12 @@ struct mt_engine {
     mt_layer_ws ws;
     mt_head_ws head_ws;
 
+    /* data parallel (ranks > 1): the comm, this rank, the reduce-scatter's summed shard */
+    mt_comm *comm;
+    int rank, ranks;
+    float *g_shard;                  /* (largest shard) fp32 */
+    mt_event *shard_in;              /* this rank's shard of a group is in its slot */
+
     mt_optimizer *opt;
     mt_trace *trace;
     mt_dev_trace *dtrace;            /* the streams' own timeline (with trace) */
@@ -73,9 +80,15 @@ struct mt_engine {
 
 /* ---- sizes and places ---- */
 
+/* Elements of a group's buffers on the compute side: the group padded to ranks * its shard
+ * (train_state.h), so the collectives split it into equal blocks; one rank: the group. */
+static size_t padded_size(const mt_param_table *t, int layer, int ranks) {
+    return (size_t)mt_shard_size(mt_group_size(t, layer), ranks) * (size_t)(ranks > 1 ? ranks : 1);
+}
+
 /* A group on the compute side (compute dtype). */
 static size_t group_bytes(const mt_engine *e, int layer) {
-    return (size_t)mt_group_size(e->t, layer) * e->elem;
+    return padded_size(e->t, layer, e->ranks) * e->elem;
 }
 
 static size_t set_bytes(const mt_engine *e) {
@@ -171,7 +184,7 @@ static mt_model_view ends_view(const mt_param_table *t, void *embed, void *head,
 static mt_train_state_opts state_opts(const mt_engine_opts *o) {
     mt_train_state_opts so = {.format = o->state, .gpu_layers = o->gpu_layers,
                               .grads_on_device = o->grads_on_device, .seed = o->seed,
-                              .n_threads = o->opt_threads};
+                              .n_threads = o->opt_threads, .ranks = o->ranks, .comm = o->comm};
     return so;
 }
 
@@ -190,10 +203,13 @@ void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_
     p->host_grads = sb.host_grads;
     p->host_total = sb.host_total + 8 * N;
     p->dev_tier = sb.dev_tier;
-    p->dev_slots = (double)(o->resident ? (streamed > 2 ? streamed : 2) : o->n_slots) * t->layer_size * el;
-    p->dev_embed_head = (double)(t->embed_size + t->head_size) * el;
-    p->dev_grads = 4.0 * (t->layer_size + t->embed_size + t->head_size) + 2.0 * mt_group_max_size(t) * el +
-                   sb.dev_grads;
+    /* the groups' buffers on the compute side, padded with ranks (padded_size) */
+    double layer = (double)padded_size(t, 0, o->ranks), embed = (double)padded_size(t, MT_GROUP_EMBED, o->ranks),
+           head = (double)padded_size(t, t->cfg.L, o->ranks);
+    p->dev_slots = (double)(o->resident ? (streamed > 2 ? streamed : 2) : o->n_slots) * layer * el;
+    p->dev_embed_head = (embed + head) * el;
+    p->dev_grads = 4.0 * (layer + embed + head) + 2.0 * mt_group_max_size(t) * el + sb.dev_grads;
+    if (o->ranks > 1) p->dev_grads += 4.0 * (double)mt_shard_size(mt_group_max_size(t), o->ranks); /* g_shard */
     if (dtype != MT_BF16 && o->state != MT_STATE_FULL) p->dev_grads += 2.0 * mt_group_max_size(t); /* widen */
     /* the layer inputs (L + 1 sets, fewer when offloaded: act_sets) and the gradient dx */
     p->dev_checkpoints = (act_sets(t->cfg.L, o->offload) + 1) * N * t->cfg.C * el;
@@ -210,6 +226,48 @@ void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_
                    p->dev_work + p->dev_tier;
 }
 
+/* ---- the collectives (data parallel) ---- */
+
+/* The stream the comm orders its collectives on: the compute stream. NULL here: the mpi comm
+ * (cpu backend) is synchronous on host buffers and ignores it; the seam for nccl is where the
+ * cuda backend would hand out its compute cudaStream_t (backend.h has no accessor for it yet). */
+static void *comm_stream(const mt_engine *e) { return NULL; }
+
+/* A collective that failed leaves the ranks out of step: the job ends (comm.h). */
+static void comm_check(mt_engine *e, int rc) {
+    if (rc == MT_OK) return;
+    fprintf(stderr, "megatrain: %s\n", mt_error_message());
+    mt_comm_abort(e->comm, 1);
+}
+
+/* The one all-gather of a group's load: every rank's shard (n elements, compute dtype; this
+ * rank's at `mine`, complete: the compute stream waited for its copy, and the cpu compute stream
+ * is the caller, so the synchronous mpi comm reads a finished buffer) into dst, whole. */
+static void gather_weights(mt_engine *e, int layer, void *dst, const void *mine, size_t n) {
+    comm_check(e, mt_comm_all_gather(e->comm, dst, mine, n, e->be->dtype, comm_stream(e)));
+}
+
+/* Every rank's value of x, summed in rank order (the same bits on every rank). */
+static double sum_over_ranks(mt_engine *e, double x) {
+    if (e->ranks <= 1) return x;
+    double *all = mt_malloc((size_t)e->ranks * sizeof(double));
+    comm_check(e, mt_comm_all_gather_host(e->comm, all, &x, sizeof x));
+    double s = 0;
+    for (int r = 0; r < e->ranks; r++) s += all[r];
+    free(all);
+    return s;
+}
+
+static int64_t count_over_ranks(mt_engine *e, int64_t n) {
+    if (e->ranks <= 1) return n;
+    int64_t *all = mt_malloc((size_t)e->ranks * sizeof(int64_t));
+    comm_check(e, mt_comm_all_gather_host(e->comm, all, &n, sizeof n));
+    int64_t s = 0;
+    for (int r = 0; r < e->ranks; r++) s += all[r];
+    free(all);
+    return s;
+}
+
 /* ---- weight loads ---- */
 
 /* Issues the copy of a group's upload buffer into dst on the H2D stream, after `free_ev` (the
@@ -223,18 +281,26 @@ static void load_group(mt_engine *e, int layer, void *dst, mt_event *free_ev, mt
         mt_trace_add(e->trace, MT_SPAN_WAIT_OPT, MT_LANE_MAIN, e->step, layer, t0, mt_trace_now(e->trace));
     }
     double t0 = mt_trace_now(e->trace);
-    size_t n = (size_t)mt_group_size(e->t, layer), bytes = n * e->up_elem;
+    /* with ranks: this rank's shard (of the updated weights) into its block of dst */
+    size_t n = (size_t)mt_train_state_shard(e->ts, layer), bytes = n * e->up_elem;
+    void *mine = (char *)dst + (size_t)e->rank * n * e->elem;
     const void *src = mt_train_state_upload(e->ts, layer);
     be->stream_wait(be, MT_STREAM_H2D, free_ev);
     int h = mt_dev_trace_begin(e->dtrace, MT_STREAM_H2D);
-    be->copy_async(be, MT_STREAM_H2D, e->widen ? e->widen : dst, src, bytes);
+    be->copy_async(be, MT_STREAM_H2D, e->widen ? e->widen : mine, src, bytes);
     mt_dev_trace_end(e->dtrace, h, MT_STREAM_H2D, MT_SPAN_LOAD, e->step, layer);
     if (e->widen) {
         /* only the cpu backend loads bf16 into fp32: its compute stream is the caller, so the
          * widening is done before the next load reuses the buffer */
         be->event_record(be, e->widened, MT_STREAM_H2D);
         be->stream_wait(be, MT_STREAM_COMPUTE, e->widened);
-        be->from_bf16(be, dst, e->widen, n);
+        be->from_bf16(be, mine, e->widen, n);
+        if (e->ranks > 1) gather_weights(e, layer, dst, mine, n);
+        be->event_record(be, loaded, MT_STREAM_COMPUTE);
+    } else if (e->ranks > 1) {
+        be->event_record(be, e->shard_in, MT_STREAM_H2D);
+        be->stream_wait(be, MT_STREAM_COMPUTE, e->shard_in);
+        gather_weights(e, layer, dst, mine, n);
         be->event_record(be, loaded, MT_STREAM_COMPUTE);
     } else {
         be->event_record(be, loaded, MT_STREAM_H2D);
@@ -288,6 +354,18 @@ static void grads_out(mt_engine *e, int layer, float *g) {
     mt_backend *be = e->be;
     size_t n = (size_t)mt_group_size(e->t, layer);
     double t0 = mt_trace_now(e->trace);
+    if (e->ranks > 1) {
+        /* the one reduce-scatter of the group: each rank receives its shard summed over the
+         * ranks, and from here on works on that shard alone. In fp32, not the compute dtype: g is
+         * fp32 already, the sum of the ranks' parts is then rounded to the compute dtype once
+         * (from_f32 below), exactly as one rank rounds its own sum, and the comm's fp32 sum in rank
+         * order is deterministic; bf16 would halve the traffic but round every rank's part first.
+         * The pad of g (past the group) is zero. */
+        n = (size_t)mt_train_state_shard(e->ts, layer);
+        comm_check(e, mt_comm_reduce_scatter(e->comm, e->g_shard, g, n * (size_t)e->ranks, MT_F32,
+                                             comm_stream(e)));
+        g = e->g_shard;
+    }
     be->sumsq(be, e->norms + layer + 1, g, n);
     void *dev = mt_train_state_grad_dev(e->ts, layer);
     if (dev) { /* it waits on the compute side */
@@ -433,7 +511,7 @@ static void backward(mt_engine *e, const mt_model_view *g) {
         mt_layer_weights lg = mt_layer_view_at(e->t, l, e->g_layer, sizeof(float));
         double t0 = mt_trace_now(e->trace);
         int h = busy_begin(e);
-        be->zero(be, e->g_layer, (size_t)e->t->layer_size * sizeof(float));
+        be->zero(be, e->g_layer, padded_size(e->t, 0, e->ranks) * sizeof(float));
         for (int m = 0; m < e->M; m++) {
             mt_tokens tok = tokens_of(e, m);
             mt_layer_ws ws = ws_for(e, l, m);
@@ -477,6 +555,7 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
     e->n_busy = 0;
     int64_t count = 0;
     for (int i = 0; i < N; i++) count += targets[i] >= 0;
+    count = count_over_ranks(e, count); /* every rank scales its gradient by the global count */
     float loss_scale = count ? 1.0f / (float)count : 0.0f;
 
     upload_batch(e, inputs, targets);
@@ -489,8 +568,8 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
 
     /* head: loss, and the gradient flowing into the last layer */
     be->zero(be, e->norms, (size_t)(L + 2) * sizeof(float));
-    be->zero(be, e->g_embed, (size_t)t->embed_size * sizeof(float));
-    be->zero(be, e->g_head, (size_t)t->head_size * sizeof(float));
+    be->zero(be, e->g_embed, padded_size(t, MT_GROUP_EMBED, e->ranks) * sizeof(float));
+    be->zero(be, e->g_head, padded_size(t, L, e->ranks) * sizeof(float));
     double t0 = mt_trace_now(e->trace);
     int h = busy_begin(e);
     for (int m = 0; m < e->M; m++)
@@ -510,7 +589,10 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
     be->stream_wait(be, MT_STREAM_D2H, e->compute_done);
     be->event_record(be, e->grads_out, MT_STREAM_D2H);
 
-    /* the global norm is exact now: every group's squared norm is in */
+    /* the global norm is exact now: every group's squared norm is in (with ranks: the sums of
+     * each rank's shards, added over the ranks) */
+    if (e->ranks > 1)
+        comm_check(e, mt_comm_all_reduce(e->comm, e->norms, (size_t)L + 2, MT_F32, comm_stream(e)));
     float *norms = mt_malloc((size_t)(L + 2) * sizeof(float));
     be->download(be, norms, e->norms, (size_t)(L + 2) * sizeof(float));
     double sq = 0;
@@ -519,7 +601,8 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
     res->grad_norm = sqrt(sq);
     res->clip_coef = mt_adamw_clip_coef((float)res->grad_norm, max_norm);
     res->count = count;
-    res->loss = (count ? download_losses(e, N) / (double)count : 0.0) + aux;
+    double loss_sum = sum_over_ranks(e, download_losses(e, N));
+    res->loss = (count ? loss_sum / (double)count : 0.0) + aux;
     res->h2d_bytes = e->h2d_bytes + 2.0 * N * sizeof(int32_t);
     res->d2h_bytes = e->d2h_bytes;
     res->compute_ms = busy_ms(e);
@@ -542,7 +625,7 @@ double mt_engine_eval(mt_engine *e, const int32_t *inputs, const int32_t *target
     int L = e->t->cfg.L, N = B * e->o.T;
     int64_t n = 0;
     for (int i = 0; i < N; i++) n += targets[i] >= 0;
-    *count = n;
+    *count = count_over_ranks(e, n);
     upload_batch(e, inputs, targets);
     mt_model_view w = ends_view(e->t, e->embed_w, e->head_w, e->elem);
     forward(e, &w, 0);
@@ -551,7 +634,7 @@ double mt_engine_eval(mt_engine *e, const int32_t *inputs, const int32_t *target
                      e->losses + (size_t)m * e->bN, NULL, &e->head_ws);
     e->be->event_record(e->be, e->head_free, MT_STREAM_COMPUTE);
     e->be->event_record(e->be, e->embed_free, MT_STREAM_COMPUTE);
-    return download_losses(e, N);
+    return sum_over_ranks(e, download_losses(e, N));
 }
 
 /* ---- state ---- */
@@ -574,7 +657,13 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
              "checkpoints", o->saved_attention, o->saved_layers, t->cfg.L - o->saved_layers);
     MT_CHECK(o->gpu_layers >= 0 && o->gpu_layers <= t->cfg.L, "GPU tier of %d layers: the model has %d",
              o->gpu_layers, t->cfg.L);
+    int ranks = o->ranks > 1 ? o->ranks : 1;
+    MT_CHECK(ranks == 1 || (o->comm && mt_comm_size(o->comm) == ranks && o->gpu_layers == 0),
+             "data parallel over %d ranks: needs their comm and no GPU tier", ranks);
     mt_engine *e = mt_calloc(1, sizeof *e);
+    e->ranks = ranks;
+    e->comm = ranks > 1 ? o->comm : NULL;
+    e->rank = ranks > 1 ? mt_comm_rank(o->comm) : 0;
     const mt_config *cfg = &t->cfg;
     e->t = t;
     e->be = be;
@@ -607,9 +696,13 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
     e->embed_free = new_event(e);
     e->head_loaded = new_event(e);
     e->head_free = new_event(e);
-    e->g_layer = be->alloc(be, (size_t)t->layer_size * sizeof(float));
-    e->g_embed = be->alloc(be, (size_t)t->embed_size * sizeof(float));
-    e->g_head = be->alloc(be, (size_t)t->head_size * sizeof(float));
+    e->g_layer = be->alloc(be, padded_size(t, 0, ranks) * sizeof(float));
+    e->g_embed = be->alloc(be, padded_size(t, MT_GROUP_EMBED, ranks) * sizeof(float));
+    e->g_head = be->alloc(be, padded_size(t, L, ranks) * sizeof(float));
+    if (ranks > 1) {
+        e->g_shard = be->alloc(be, (size_t)mt_shard_size(mt_group_max_size(t), ranks) * sizeof(float));
+        e->shard_in = new_event(e);
+    }
     for (int i = 0; i < 2; i++) {
         e->staging[i] = be->alloc(be, (size_t)mt_group_max_size(t) * e->elem);
         e->staging_ready[i] = new_event(e);
@@ -689,11 +782,12 @@ void mt_engine_destroy(mt_engine *e) {
     if (e->saved) be->free(be, e->saved);
     if (e->saved_att) be->free(be, e->saved_att);
     void *dev[] = {e->embed_w, e->head_w, e->g_layer, e->g_embed, e->g_head, e->norms, e->acts,
-                   e->dx, e->ids, e->targets, e->losses, e->pos, e->doc_start, e->inv_freq};
-    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) be->free(be, dev[i]);
+                   e->dx, e->ids, e->targets, e->losses, e->pos, e->doc_start, e->inv_freq, e->g_shard};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) be->free(be, dev[i]);
     if (e->widen) be->free(be, e->widen);
     mt_event *evs[] = {e->embed_loaded, e->embed_free, e->head_loaded, e->head_free, e->ids_ready,
-                       e->grads_out, e->widened, e->compute_done};
+                       e->grads_out, e->widened, e->compute_done, e->shard_in};
     for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
         if (evs[i]) be->event_destroy(be, evs[i]);
     for (int i = 0; i < e->max_busy; i++) be->event_destroy(be, e->busy[i]);
@@ -730,6 +824,8 @@ int mt_engine_set_documents(mt_engine *e, const int32_t *doc_start) {
 
 mt_train_state *mt_engine_state(mt_engine *e) { return e->ts; }
 
+int mt_engine_gather_rest(mt_engine *e) { return mt_train_state_gather_rest(e->ts); }
+
 const mt_state_io *mt_engine_state_io(mt_engine *e) {
     mt_optimizer_wait_all(e->opt);
     e->be->sync(e->be); /* the GPU tier's update runs on the compute stream */
@@ -754,6 +850,7 @@ void mt_engine_get_weights(mt_engine *e, float *arena) {
 }
 
 const int *mt_engine_loads(const mt_engine *e) { return e->loads; }
+double mt_engine_host_state_bytes(const mt_engine *e) { return mt_train_state_host_bytes(e->ts); }
 mt_trace *mt_engine_trace(mt_engine *e) {
     mt_dev_trace_flush(e->dtrace);
     return e->trace;

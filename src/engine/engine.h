@@ -21,6 +21,17 @@
  * buffer (dead from then until its update); its squared norm is summed on the compute side, so
  * the global norm is exact when the backward ends. The optimizer thread then updates embed,
  * layer 0, 1, ..., head, and the next step's forward of layer l waits only for layer l.
+ *
+ * Data parallel (o->ranks > 1, o->comm; issue 12): each rank runs this schedule on its own rows
+ * (o->batch is the rank's share of the global batch) and holds a 1/N shard of every group's host
+ * state (train_state.h). The comm is called in two places only: where a group's gradient is
+ * final (grads_out: ONE reduce-scatter, so each rank gets its shard summed over the ranks, then
+ * the shard's squared norm; the N partial norms are all-reduced once the backward ends, so
+ * clipping is exact) and where a group's weights are loaded (load_group: the rank's shard into
+ * its block of the slot, then ONE all-gather assembles the group in the compute dtype). Each
+ * rank's optimizer thread updates only its shards; the forward still waits per group. The step's
+ * target count and loss sum are gathered across the ranks, so the loss is the mean over all
+ * ranks' targets and each rank scales its gradient by the global count. No GPU tier with ranks.
  */
 #ifndef MT_ENGINE_H
 #define MT_ENGINE_H
@@ -28,6 +39,7 @@
 #include <stdint.h>
 
 #include "../backend/backend.h"
+#include "../comm/comm.h"
 #include "../model/params.h"
 #include "../optim/state_io.h"
 #include "optimizer.h"
@@ -60,6 +72,9 @@ typedef struct {
     int mlp_chunk;    /* the layer's MLP runs over chunks of this many tokens (0: the whole
                          micro-batch), so its working memory is O(chunk): long sequences
                          (model/layer.h; a few ulp from untiled on BLAS: row blocking) */
+    int ranks;        /* data-parallel ranks sharing the host state (<= 1: one); batch is then
+                         this rank's rows. Sizes (mt_engine_plan_of) follow it */
+    mt_comm *comm;    /* ranks > 1: their comm (mt_engine_create); NULL with one rank */
 } mt_engine_opts;
 
 typedef struct {
@@ -109,7 +124,8 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
                     mt_step_result *res);
 
 /* Loss (sum over counted targets, *count set) of up to B rows with the current weights,
- * streamed like the forward (waits for the optimizer per layer). */
+ * streamed like the forward (waits for the optimizer per layer). With ranks: B is this rank's
+ * rows, and the sum and count are those of every rank's rows (the same on every rank). */
 double mt_engine_eval(mt_engine *e, const int32_t *inputs, const int32_t *targets, int B,
                       int64_t *count);
 
@@ -124,12 +140,18 @@ void mt_engine_finish(mt_engine *e);
 /* The training state, tensor by tensor (checkpoints, initial weights); waits for the running
  * update first. */
 const mt_state_io *mt_engine_state_io(mt_engine *e);
+/* With ranks, reading the state is collective (train_state.h): the ranks that do not read (all
+ * but rank 0 in a checkpoint save) call this to take part, and the reader calls it afterwards. */
+int mt_engine_gather_rest(mt_engine *e);
 /* The whole weights as an fp32 arena of t->total floats (padding zero) / from one: for tests and
  * small models (a big model's arena would not fit; use mt_engine_state_io). */
 void mt_engine_get_weights(mt_engine *e, float *arena);
 void mt_engine_set_weights(mt_engine *e, const float *arena);
 /* The state itself (tests look at the upload copy around a skipped step). */
 mt_train_state *mt_engine_state(mt_engine *e);
+
+/* Host bytes of the training state this rank allocated (train_state.h). */
+double mt_engine_host_state_bytes(const mt_engine *e);
 
 /* Weight loads issued per group in the last step (index layer + 1: 0 embed, L+1 head). */
 const int *mt_engine_loads(const mt_engine *e);

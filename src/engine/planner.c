@@ -294,7 +294,7 @@ int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan
     p->host_short = 0;
     p->eo = (mt_engine_opts){.batch = B, .T = rq->T, .n_slots = rq->n_slots,
                              .saved_layers = rq->saved_layers > 0 ? rq->saved_layers : 0,
-                             .resident = rq->resident == 1, .state = rq->state};
+                             .resident = rq->resident == 1, .state = rq->state, .ranks = rq->ranks};
 
     /* 0 and 1: the tier, where gradients wait, the micro-batch and the checkpoints' place; fitting
      * both sides at once first, else (nothing does) the GPU alone, so that the plan printed is

@@ -65,6 +65,7 @@ typedef struct {
     double host_available; /* host RAM free for training in bytes (<= 0: unknown, unchecked) */
     mt_state_format state; /* --state */
     int gpu_layers;       /* 0..L, or MT_AUTO */
+    int ranks;            /* data-parallel ranks sharing the host state (0, 1: one); batch is one rank's rows */
     int no_suggest;       /* internal: do not look for a lighter --state that would fit */
 } mt_plan_request;
 

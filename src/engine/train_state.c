@@ -21,7 +21,8 @@ typedef struct {
     int decay;
 } update_piece;
 
-/* A host piece of the arena: [base, base + n) in one optimizer state. */
+/* A host piece of the arena: [base, base + n) in one optimizer state. One rank: the embed group,
+ * and layers k.. with the head; ranks: one group's shard each (its pad past the group included). */
 typedef struct {
     int64_t base, n;
     mt_optim_state *st;
@@ -36,7 +37,15 @@ struct mt_train_state {
     mt_train_state_opts o;
     mt_dtype up_dtype;   /* of the host pieces' upload arenas */
     size_t elem;         /* compute dtype bytes (gradients) */
-    host_piece host[2];  /* [0] embed, [1] layers k.. and the head */
+    host_piece *host;    /* one rank: [0] embed, [1] layers k.. and the head; ranks: a shard a group */
+    int n_host;
+    int *group_piece;    /* [layer + 1]: the host piece of the group (-1: in the GPU tier) */
+    int rank, ranks;     /* data parallel: this rank's shard of every group (ranks 1: all) */
+    /* ranks: a collective read's place in its sequence and the gathered group (padded): fp32
+     * weights, and full's moments or the 8-bit ones with their scales */
+    int seq;
+    float *g_w, *g_m, *g_v, *g_ms, *g_vs;
+    uint8_t *g_mq, *g_vq;
 
     /* the GPU tier: layers [0, k) at arena [tier_base, tier_base + tier_n) */
     int64_t tier_base, tier_n;
@@ -67,7 +76,22 @@ int mt_train_state_in_tier(const mt_train_state *s, int layer) {
 
 static host_piece *piece_of(const mt_train_state *s, int layer) {
     MT_CHECK(!mt_train_state_in_tier(s, layer), "group %d is in the GPU tier", layer);
-    return (host_piece *)&s->host[layer == MT_GROUP_EMBED ? 0 : 1];
+    return &s->host[s->group_piece[layer + 1]];
+}
+
+int64_t mt_shard_size(int64_t n, int ranks) {
+    if (ranks <= 1) return n;
+    int64_t per = (n + ranks - 1) / ranks;
+    return (per + MT_OPTIM_BLOCK - 1) / MT_OPTIM_BLOCK * MT_OPTIM_BLOCK;
+}
+
+int64_t mt_train_state_shard(const mt_train_state *s, int layer) {
+    return mt_shard_size(mt_group_size(s->t, layer), s->ranks);
+}
+
+/* The arena offset of this rank's first element of group `layer` (one rank: the group's). */
+static int64_t group_start(const mt_train_state *s, int layer) {
+    return mt_group_offset(s->t, layer) + (int64_t)s->rank * mt_train_state_shard(s, layer);
 }
 
 /* The piece of the arena offset off (a tensor's): -1 tier, 0/1 host. */
@@ -81,7 +105,7 @@ static size_t up_size(const mt_train_state *s) { return mt_dtype_size(s->up_dtyp
 
 void *mt_train_state_upload(const mt_train_state *s, int layer) {
     const host_piece *p = piece_of(s, layer);
-    int64_t off = mt_group_offset(s->t, layer) - p->base;
+    int64_t off = group_start(s, layer) - p->base;
     return (char *)mt_optim_state_upload(p->st) + (size_t)off * up_size(s);
 }
 
@@ -93,7 +117,7 @@ void *mt_train_state_tier_weights(const mt_train_state *s, int layer) {
 }
 
 void *mt_train_state_grad_dev(const mt_train_state *s, int layer) {
-    int64_t off = mt_group_offset(s->t, layer);
+    int64_t off = group_start(s, layer);
     if (mt_train_state_in_tier(s, layer))
         return (char *)s->tier_grads + (size_t)(off - s->tier_base) * s->elem;
     const host_piece *p = piece_of(s, layer);
@@ -105,7 +129,7 @@ void *mt_train_state_grad_host(const mt_train_state *s, int layer) {
     const host_piece *p = piece_of(s, layer);
     if (p->grads_dev) return NULL;
     if (!p->grads) return mt_train_state_upload(s, layer); /* full: the dead upload copy */
-    return (char *)p->grads + (size_t)(mt_group_offset(s->t, layer) - p->base) * s->elem;
+    return (char *)p->grads + (size_t)(group_start(s, layer) - p->base) * s->elem;
 }
 
 /* ---- sizes ---- */
@@ -116,6 +140,11 @@ void mt_train_state_bytes_of(const mt_param_table *t, mt_dtype compute, const mt
                              mt_train_state_bytes *b) {
     double el = (double)mt_dtype_size(compute);
     double n_tier = (double)tier_size(t, o->gpu_layers), n_host = (double)t->total - n_tier;
+    if (o->ranks > 1) { /* this rank's shards (no tier with ranks) */
+        n_host = 0;
+        for (int g = MT_GROUP_EMBED; g <= t->cfg.L; g++)
+            n_host += (double)mt_shard_size(mt_group_size(t, g), o->ranks);
+    }
     memset(b, 0, sizeof *b);
     double per = mt_optim_bytes_per_param(o->format);
     if (o->format == MT_STATE_FULL) {
@@ -212,8 +241,13 @@ static void tier_init(mt_train_state *s) {
 }
 
 static void init_io(mt_train_state *s);
+static void free_gathered(mt_train_state *s);
 
+/* A run of the update, cut to this rank's shard of its group (ranks 1: the whole run). */
 static void add_piece(mt_train_state *s, int layer, int64_t off, int64_t n, int decay) {
+    int64_t lo = group_start(s, layer), hi = lo + mt_train_state_shard(s, layer);
+    if (off < lo) n -= lo - off, off = lo;
+    if (off + n > hi) n = hi - off;
     for (int64_t o = 0; o < n; o += FETCH_PIECE) {
         s->pieces = realloc(s->pieces, (size_t)(s->n_pieces + 1) * sizeof *s->pieces);
         MT_CHECK(s->pieces != NULL, "out of memory");
@@ -252,17 +286,37 @@ mt_train_state *mt_train_state_create(const mt_param_table *t, mt_backend *be,
              o->gpu_layers, L);
     MT_CHECK(t->layer_size % MT_OPTIM_BLOCK == 0 && t->embed_size % MT_OPTIM_BLOCK == 0,
              "parameter groups must be multiples of %d elements", MT_OPTIM_BLOCK);
+    int ranks = o->ranks > 1 ? o->ranks : 1;
+    MT_CHECK(ranks == 1 || (o->comm && mt_comm_size(o->comm) == ranks),
+             "a state sharded over %d ranks needs their comm", ranks);
+    MT_CHECK(ranks == 1 || o->gpu_layers == 0, "a state sharded over ranks has no GPU tier");
     mt_train_state *s = mt_calloc(1, sizeof *s);
     s->t = t;
     s->be = be;
     s->o = *o;
+    s->ranks = ranks;
+    s->rank = ranks > 1 ? mt_comm_rank(o->comm) : 0;
     s->elem = mt_dtype_size(be->dtype);
     s->up_dtype = o->format == MT_STATE_FULL ? be->dtype : MT_BF16;
     make_pieces(s);
     tier_init(s);
-    host_piece_init(s, &s->host[0], 0, t->embed_size);
-    int64_t b1 = s->tier_base + s->tier_n;
-    host_piece_init(s, &s->host[1], b1, t->total - b1);
+    s->group_piece = mt_calloc((size_t)L + 2, sizeof(int));
+    if (ranks == 1) {
+        s->n_host = 2;
+        s->host = mt_calloc(2, sizeof *s->host);
+        host_piece_init(s, &s->host[0], 0, t->embed_size);
+        int64_t b1 = s->tier_base + s->tier_n;
+        host_piece_init(s, &s->host[1], b1, t->total - b1);
+        for (int g = MT_GROUP_EMBED; g <= L; g++)
+            s->group_piece[g + 1] = g == MT_GROUP_EMBED ? 0 : mt_train_state_in_tier(s, g) ? -1 : 1;
+    } else {
+        s->n_host = L + 2;
+        s->host = mt_calloc((size_t)s->n_host, sizeof *s->host);
+        for (int g = MT_GROUP_EMBED; g <= L; g++) {
+            host_piece_init(s, &s->host[g + 1], group_start(s, g), mt_train_state_shard(s, g));
+            s->group_piece[g + 1] = g + 1;
+        }
+    }
     if (o->grads_on_device && o->format != MT_STATE_FULL) {
         for (int i = 0; i < 2; i++) {
             int64_t n = mt_group_max_size(t) < FETCH_PIECE ? mt_group_max_size(t) : FETCH_PIECE;
@@ -277,13 +331,18 @@ mt_train_state *mt_train_state_create(const mt_param_table *t, mt_backend *be,
 void mt_train_state_free(mt_train_state *s) {
     if (!s) return;
     mt_backend *be = s->be;
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < s->n_host; i++) {
         host_piece *p = &s->host[i];
         mt_optim_state_free(p->st);
         if (p->grads) {
             if (p->grads_dev) be->free(be, p->grads);
             else be->host_free(be, p->grads);
         }
+    }
+    free(s->host);
+    free(s->group_piece);
+    free_gathered(s);
+    for (int i = 0; i < 2; i++) {
         if (s->fetch_buf[i]) be->host_free(be, s->fetch_buf[i]);
         if (s->fetched[i]) be->event_destroy(be, s->fetched[i]);
     }
@@ -326,12 +385,13 @@ static void fetch_one(mt_train_state *s) {
     s->fetch_next ^= 1;
     s->held[b] = s->next++;
     const char *src = (const char *)mt_train_state_grad_dev(s, pc->layer) +
-                      (size_t)(pc->offset - mt_group_offset(s->t, pc->layer)) * s->elem;
+                      (size_t)(pc->offset - group_start(s, pc->layer)) * s->elem;
     be->copy_async(be, MT_STREAM_D2H, s->fetch_buf[b], src, (size_t)pc->n * s->elem);
     be->event_record(be, s->fetched[b], MT_STREAM_D2H);
 }
 
 void mt_train_state_begin_update(mt_train_state *s) {
+    s->seq = 0; /* the weights change: a read starts over */
     if (!s->fetch_buf[0]) return;
     s->fetch_next = 0;
     s->held[0] = s->held[1] = -1;
@@ -352,7 +412,7 @@ static const void *fetched(mt_train_state *s, int k) {
 static void update_pieces(mt_train_state *s, int layer, const mt_adamw_hparams *hp, int64_t step,
                           float grad_scale, int restore) {
     host_piece *hp_ = piece_of(s, layer);
-    int64_t goff = mt_group_offset(s->t, layer);
+    int64_t goff = group_start(s, layer);
     for (int k = s->group_first[layer + 1]; k < s->group_first[layer + 2]; k++) {
         const update_piece *pc = &s->pieces[k];
         const void *g = hp_->grads_dev ? fetched(s, k)
@@ -388,7 +448,11 @@ void mt_train_state_restore_group(mt_train_state *s, int layer) {
     for (int i = 0; i < t->n_params; i++) {
         const mt_param *p = &t->params[i];
         if (p->layer != layer) continue;
-        size_t off = (size_t)(p->offset - pc->base), n = (size_t)p->numel;
+        /* the tensor's part in this piece (ranks: in this rank's shard) */
+        int64_t lo = p->offset > pc->base ? p->offset : pc->base;
+        int64_t hi = p->offset + p->numel < pc->base + pc->n ? p->offset + p->numel : pc->base + pc->n;
+        if (hi <= lo) continue;
+        size_t off = (size_t)(lo - pc->base), n = (size_t)(hi - lo);
         if (s->up_dtype == MT_BF16) mt_convert_f32_to_bf16((mt_bf16 *)a.w + off, a.master + off, n);
         else memcpy((float *)a.w + off, a.master + off, n * sizeof(float));
     }
@@ -407,8 +471,6 @@ void mt_train_state_update_tier(mt_train_state *s, const mt_adamw_hparams *hp, i
     }
     if (s->tier_weights != s->tier.w) be->from_bf16(be, s->tier_weights, s->tier.w, (size_t)s->tier_n);
 }
-
-/* ---- tensor by tensor ---- */
 
 static size_t w_size(const mt_optim_arenas *a) { return mt_dtype_size(a->w_dtype); }
 
@@ -429,8 +491,145 @@ static void tier_weights_copy(mt_train_state *s, const mt_param *p, int to_devic
         be->from_bf16(be, (char *)s->tier_weights + off * s->elem, (mt_bf16 *)d->w + off, n);
 }
 
+/* ---- tensor by tensor, sharded over ranks ----
+ * Writes keep this rank's part of the tensor. A read is collective: the ranks gather one whole
+ * group at a time, in the one order a reader of the whole state takes (mt_checkpoint_save: every
+ * tensor's weights in table order, then every tensor's parts). Step q of that sequence gathers
+ * the weights of group q - 1 (q < L + 2), then the optimizer arenas of group q - (L + 2) - 1. A
+ * get_* call advances the sequence to its group, gathering on the way; mt_train_state_gather_rest
+ * does what is left, so a rank that reads nothing (any but rank 0 in a save) and one whose reading
+ * stopped half way (a failed write) make the same collective calls. */
+
+/* p's part in this rank's shard: arena [*lo, *hi) (empty when *hi <= *lo). */
+static const host_piece *shard_part(const mt_train_state *s, const mt_param *p, int64_t *lo, int64_t *hi) {
+    const host_piece *pc = piece_of(s, p->layer);
+    *lo = p->offset > pc->base ? p->offset : pc->base;
+    *hi = p->offset + p->numel < pc->base + pc->n ? p->offset + p->numel : pc->base + pc->n;
+    return pc;
+}
+
+static int64_t largest_shard(const mt_train_state *s) {
+    int64_t most = 0;
+    for (int g = MT_GROUP_EMBED; g <= s->t->cfg.L; g++)
+        if (mt_train_state_shard(s, g) > most) most = mt_train_state_shard(s, g);
+    return most;
+}
+
+/* block (this rank's, n elements of dtype at mine) of every rank into *all (allocated on first
+ * use for the largest group), in place. */
+static int gather_into(mt_train_state *s, void **all, const void *mine, size_t n, mt_dtype dtype) {
+    size_t es = mt_dtype_size(dtype), most = (size_t)largest_shard(s) * (size_t)s->ranks;
+    if (!*all) *all = mt_aligned_alloc(most * es);
+    char *dst = (char *)*all + (size_t)s->rank * n * es;
+    memcpy(dst, mine, n * es);
+    return mt_comm_all_gather(s->o.comm, *all, dst, n, dtype, NULL);
+}
+
+static int gather_step(mt_train_state *s, int q) {
+    int G = s->t->cfg.L + 2;
+    int g = (q < G ? q : q - G) - 1;
+    const host_piece *pc = piece_of(s, g);
+    size_t S = (size_t)pc->n;
+    if (q < G) {
+        float *w = mt_aligned_alloc(S * sizeof(float));
+        mt_optim_state_get_weights(pc->st, 0, w, S);
+        int rc = gather_into(s, (void **)&s->g_w, w, S, MT_F32);
+        free(w);
+        return rc;
+    }
+    mt_optim_arenas a = mt_optim_state_arenas(pc->st);
+    if (a.f == MT_STATE_FULL) {
+        MT_TRY(gather_into(s, (void **)&s->g_m, a.m, S, MT_F32));
+        return gather_into(s, (void **)&s->g_v, a.v, S, MT_F32);
+    }
+    MT_TRY(gather_into(s, (void **)&s->g_mq, a.mq, S, MT_U8));
+    MT_TRY(gather_into(s, (void **)&s->g_vq, a.vq, S, MT_U8));
+    MT_TRY(gather_into(s, (void **)&s->g_ms, a.ms, S / MT_OPTIM_BLOCK, MT_F32));
+    return gather_into(s, (void **)&s->g_vs, a.vs, S / MT_OPTIM_BLOCK, MT_F32);
+}
+
+/* The sequence up to and including step q. */
+static int gather_to(mt_train_state *s, int q) {
+    if (q < s->seq - 1)
+        return mt_error_set("a sharded state is read group by group in table order, weights before "
+                            "parts (step %d asked after %d)", q, s->seq - 1);
+    while (s->seq <= q) MT_TRY(gather_step(s, s->seq++));
+    return MT_OK;
+}
+
+static void free_gathered(mt_train_state *s) {
+    void *b[] = {s->g_w, s->g_m, s->g_v, s->g_mq, s->g_vq, s->g_ms, s->g_vs};
+    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) free(b[i]);
+    s->g_w = s->g_m = s->g_v = s->g_ms = s->g_vs = NULL;
+    s->g_mq = s->g_vq = NULL;
+}
+
+int mt_train_state_gather_rest(mt_train_state *s) {
+    if (s->ranks == 1) return MT_OK;
+    int rc = gather_to(s, 2 * (s->t->cfg.L + 2) - 1);
+    free_gathered(s);
+    s->seq = 0;
+    return rc;
+}
+
+static int io_get_weights_sharded(mt_train_state *s, const mt_param *p, float *dst) {
+    MT_TRY(gather_to(s, p->layer + 1));
+    memcpy(dst, s->g_w + (p->offset - mt_group_offset(s->t, p->layer)), (size_t)p->numel * sizeof(float));
+    return MT_OK;
+}
+
+static int io_set_weights_sharded(mt_train_state *s, const mt_param *p, const float *src) {
+    int64_t lo, hi;
+    const host_piece *pc = shard_part(s, p, &lo, &hi);
+    if (hi > lo)
+        mt_optim_state_set_weights(pc->st, (size_t)(lo - pc->base), src + (lo - p->offset), (size_t)(hi - lo));
+    return MT_OK;
+}
+
+/* p's parts from the gathered arenas of its whole (padded) group. */
+static int io_get_parts_sharded(mt_train_state *s, const mt_param *p, const mt_optim_tensor *parts) {
+    MT_TRY(gather_to(s, s->t->cfg.L + 2 + p->layer + 1));
+    size_t n = (size_t)mt_train_state_shard(s, p->layer) * (size_t)s->ranks;
+    mt_optim_arenas g = {.f = s->o.format, .n = n, .nblocks = n / MT_OPTIM_BLOCK, .m = s->g_m, .v = s->g_v,
+                         .mq = s->g_mq, .vq = s->g_vq, .ms = s->g_ms, .vs = s->g_vs};
+    mt_optim_tensor src[MT_OPTIM_MAX_TENSORS];
+    int k = mt_optim_arenas_parts(&g, (size_t)(p->offset - mt_group_offset(s->t, p->layer)), (size_t)p->numel, src);
+    if (k < 0) return MT_ERR;
+    for (int i = 0; i < k; i++) {
+        MT_CHECK(parts[i].bytes == src[i].bytes, "%s of %s: %zu bytes, expected %zu", src[i].name, p->name,
+                 parts[i].bytes, src[i].bytes);
+        memcpy(parts[i].data, src[i].data, src[i].bytes);
+    }
+    return MT_OK;
+}
+
+/* This rank's slice of p's parts: element parts (numel long) from element lo - offset, block
+ * parts (the scales) from block (lo - offset) / 256 — lo is a shard start or the tensor's, both
+ * on a 256 boundary of the tensor. */
+static int io_set_parts_sharded(mt_train_state *s, const mt_param *p, const mt_optim_tensor *parts) {
+    int64_t lo, hi;
+    const host_piece *pc = shard_part(s, p, &lo, &hi);
+    if (hi <= lo) return MT_OK;
+    mt_optim_arenas a = mt_optim_state_arenas(pc->st);
+    mt_optim_tensor mine[MT_OPTIM_MAX_TENSORS];
+    int k = mt_optim_arenas_parts(&a, (size_t)(lo - pc->base), (size_t)(hi - lo), mine);
+    if (k < 0) return MT_ERR;
+    size_t skip_el = (size_t)(lo - p->offset);
+    for (int i = 0; i < k; i++) {
+        size_t es = mt_dtype_size(mine[i].dtype);
+        size_t skip = parts[i].numel == (size_t)p->numel ? skip_el : skip_el / MT_OPTIM_BLOCK;
+        MT_CHECK((skip * es + mine[i].bytes) <= parts[i].bytes, "%s of %s: %zu bytes, too few for this shard",
+                 mine[i].name, p->name, parts[i].bytes);
+        memcpy(mine[i].data, (const char *)parts[i].data + skip * es, mine[i].bytes);
+    }
+    return MT_OK;
+}
+
+/* ---- tensor by tensor ---- */
+
 static int io_get_weights(void *ctx, const mt_param *p, float *dst) {
     mt_train_state *s = ctx;
+    if (s->ranks > 1) return io_get_weights_sharded(s, p, dst);
     int k = piece_index_at(s, p->offset);
     if (k < 0) {
         tier_weights_copy(s, p, 0);
@@ -444,6 +643,7 @@ static int io_get_weights(void *ctx, const mt_param *p, float *dst) {
 
 static int io_set_weights(void *ctx, const mt_param *p, const float *src) {
     mt_train_state *s = ctx;
+    if (s->ranks > 1) return io_set_weights_sharded(s, p, src);
     int k = piece_index_at(s, p->offset);
     if (k < 0) {
         mt_optim_state_set_weights(s->mirror, (size_t)p->group_offset, src, (size_t)p->numel);
@@ -467,6 +667,7 @@ static int parts_of(mt_train_state *s, const mt_param *p, mt_optim_tensor *out, 
 
 static int io_parts(void *ctx, const mt_param *p, const mt_optim_tensor *parts, int set) {
     mt_train_state *s = ctx;
+    if (s->ranks > 1) return set ? io_set_parts_sharded(s, p, parts) : io_get_parts_sharded(s, p, parts);
     mt_optim_tensor mine[MT_OPTIM_MAX_TENSORS];
     int dev, n = parts_of(s, p, mine, &dev);
     if (n < 0) return MT_ERR;
@@ -493,7 +694,7 @@ static void io_set_sr_seed(void *ctx, uint64_t seed) {
     s->o.seed = seed;
     s->io.sr_seed = seed;
     s->tier.seed = seed;
-    for (int i = 0; i < 2; i++) mt_optim_state_set_seed(s->host[i].st, seed);
+    for (int i = 0; i < s->n_host; i++) mt_optim_state_set_seed(s->host[i].st, seed);
 }
 
 static void init_io(mt_train_state *s) {
@@ -503,4 +704,30 @@ static void init_io(mt_train_state *s) {
                           .set_sr_seed = io_set_sr_seed};
 }
 
-const mt_state_io *mt_train_state_io(mt_train_state *s) { return &s->io; }
+const mt_state_io *mt_train_state_io(mt_train_state *s) {
+    s->seq = 0; /* a read starts over */
+    return &s->io;
+}
+
+/* What the arenas of a state hold, from their pointers (so: what was allocated). */
+static double arena_bytes(const mt_optim_state *st) {
+    mt_optim_arenas a = mt_optim_state_arenas(st);
+    double n = (double)a.n, nb = (double)a.nblocks;
+    return n * (double)mt_dtype_size(a.w_dtype) + (a.master ? 4 * n : 0) + (a.m ? 4 * n : 0) +
+           (a.v ? 4 * n : 0) + (a.comp ? 2 * n : 0) + (a.mq ? n : 0) + (a.vq ? n : 0) +
+           (a.ms ? 4 * nb : 0) + (a.vs ? 4 * nb : 0);
+}
+
+double mt_train_state_host_bytes(const mt_train_state *s) {
+    double b = 0;
+    for (int i = 0; i < s->n_host; i++) {
+        const host_piece *p = &s->host[i];
+        b += arena_bytes(p->st);
+        if (p->grads && !p->grads_dev) b += (double)p->n * (double)s->elem;
+    }
+    if (s->fetch_buf[0]) {
+        int64_t n = mt_group_max_size(s->t) < FETCH_PIECE ? mt_group_max_size(s->t) : FETCH_PIECE;
+        b += 2.0 * (double)n * (double)s->elem;
+    }
+    return b;
+}

@@ -22,13 +22,31 @@
  *
  * Weights for the forward: host groups are copied from mt_train_state_upload (the upload dtype:
  * the compute dtype for full, bf16 for compact/tight — the cpu backend widens those with
- * from_bf16); tier layers are used in place (mt_train_state_tier_weights). */
+ * from_bf16); tier layers are used in place (mt_train_state_tier_weights).
+ *
+ * Data parallel (ranks > 1, issue 12): every host group is cut into `ranks` shards of
+ * mt_shard_size elements, the group padded with zeros to ranks * S, and rank r holds only
+ * [r*S, (r+1)*S) of each group: master, moments, upload copy and the waiting gradient. A host
+ * piece is then one group's shard (its own optimizer state, whose tight index base is the shard's
+ * arena offset, so it rounds as the whole-model state would). mt_train_state_upload and the grad
+ * places point at this rank's shard, mt_train_state_shard gives its length; the update pieces are
+ * the one-rank pieces cut at the shard's ends (multiples of 256: 8-bit blocks stay whole), so a
+ * shard's update is bit for bit that of the same elements on one rank. Padding is zero weights,
+ * moments and gradients, which the update keeps zero. No GPU tier then (gpu_layers must be 0).
+ * Tensor access (io): set_weights and set_parts keep this rank's part of the tensor (a checkpoint
+ * loads on every rank, each keeping its shard: so it loads on any number of ranks). get_weights and
+ * get_parts are COLLECTIVE: the ranks gather one group at a time, in the order of a whole-state
+ * read (every tensor's weights in table order, then every tensor's parts); every rank either
+ * makes the same calls, or lets rank 0 read (a checkpoint save) and calls
+ * mt_train_state_gather_rest, which takes part in the gathers that rank 0's calls make, and on
+ * rank 0 afterwards finishes those its reading did not reach. */
 #ifndef MT_TRAIN_STATE_H
 #define MT_TRAIN_STATE_H
 
 #include <stdint.h>
 
 #include "../backend/backend.h"
+#include "../comm/comm.h"
 #include "../model/params.h"
 #include "../optim/state.h"
 #include "../optim/state_io.h"
@@ -40,7 +58,13 @@ typedef struct {
     int grads_on_device; /* compact/tight host pieces: gradients wait on the compute side */
     uint64_t seed;       /* tight's rounding seed */
     int n_threads;       /* of one host update (<= 0: all) */
+    int ranks;           /* data-parallel ranks sharing the host state (<= 1: one, unsharded) */
+    mt_comm *comm;       /* ranks > 1: the ranks' comm (this rank's index, the io's gathers) */
 } mt_train_state_opts;
+
+/* The shard of a group of n elements (a multiple of MT_OPTIM_BLOCK) over `ranks` ranks: ceil(n /
+ * ranks) rounded up to a multiple of MT_OPTIM_BLOCK; n itself for one rank. */
+int64_t mt_shard_size(int64_t n, int ranks);
 
 /* Bytes the state takes on each side (for the planner), gradients included. */
 typedef struct {
@@ -61,7 +85,14 @@ void mt_train_state_free(mt_train_state *s);
 /* 1 when group `layer` (-1 embed .. L head) is in the GPU tier. */
 int mt_train_state_in_tier(const mt_train_state *s, int layer);
 
-/* Host groups: the weights the forward uploads (dtype mt_train_state_upload_dtype). */
+/* This rank's shard of group `layer` in elements (the group's size with one rank). */
+int64_t mt_train_state_shard(const mt_train_state *s, int layer);
+/* Host bytes the state allocated (arenas, scales, waiting gradients, fetch buffers): what one
+ * rank holds. */
+double mt_train_state_host_bytes(const mt_train_state *s);
+
+/* Host groups: the weights the forward uploads (dtype mt_train_state_upload_dtype); with ranks,
+ * this rank's shard of them (mt_train_state_shard elements). */
 void *mt_train_state_upload(const mt_train_state *s, int layer);
 mt_dtype mt_train_state_upload_dtype(const mt_train_state *s);
 /* Tier layers: the layer's weights on the compute side, in the compute dtype. */
@@ -86,6 +117,9 @@ void mt_train_state_update_tier(mt_train_state *s, const mt_adamw_hparams *hp, i
 /* The number of host and tier update calls a step makes (runs of tensors, <= 64M elements each:
  * one parallel region each; `megatrain bench adamw --pattern training` prints it). */
 int mt_train_state_n_pieces(const mt_train_state *s);
+/* Ranks: the rest of the collective read that began when mt_train_state_io was last called
+ * (above); MT_ERR when a gather failed. One rank: nothing. */
+int mt_train_state_gather_rest(mt_train_state *s);
 
 /* Tensor by tensor access (checkpoints, initial weights); not while an update runs. */
 const mt_state_io *mt_train_state_io(mt_train_state *s);
