@@ -233,7 +233,8 @@ static int train_loop(train_run *r) {
          * (spans are labelled by the update they belong to; a skipped step shares the next one's) */
         if (o->trace_path) mt_trace_drop_before(mt_engine_trace(r->e), (int)r->updates - 1);
         double t0 = now_ms();
-        use_documents(r, my_docs(r, mt_run_data_batch(&r->data, &order, r->step, B, T, in, tg)));
+        const int32_t *docs = mt_run_data_batch(&r->data, &order, r->step, B, T, in, tg); /* all B rows */
+        use_documents(r, my_docs(r, docs));
         /* the schedule follows the data position; AdamW's bias correction the updates applied */
         mt_adamw_hparams hp = {.lr = mt_lr_at(&sched, r->step), .beta1 = o->beta1, .beta2 = o->beta2,
                                .eps = o->eps, .weight_decay = o->weight_decay};
@@ -643,6 +644,9 @@ static int train(train_run *r) {
         printf("data parallel: %d ranks (%s), %lld rows of each batch per rank; host state %.0f bytes "
                "on each rank (its shard of every group)\n",
                r->ranks, mt_comm_name(r->comm), (long long)r->rows, mt_engine_host_state_bytes(r->e));
+    if (r->model.table.cfg.n_experts > 0)
+        printf("mixture of experts: %.1fM parameters active per token (TFLOPS count 6 x active x "
+               "tokens)\n", (double)mt_config_active_param_count(&r->model.table.cfg) / 1e6);
     printf("host threads: %d (OpenMP wait policy %s)\n", omp_get_max_threads(), mt_process_wait_policy());
     install_signals();
     double t0 = now_ms();
