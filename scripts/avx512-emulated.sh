@@ -6,7 +6,7 @@
 # what the other paths compute, bit for bit; not a measure of its speed.
 #   scripts/avx512-emulated.sh [BUILD_DIR] [TEST...]   (default build-cpu, test_optim_state test_adamw)
 # BUILD_DIR is a configured and built CPU tree (scripts/build.sh BUILD_DIR -DMT_CUDA=OFF). Extra
-# compiler flags for the emulated files in MT_EMU_CFLAGS (e.g. -DMT_OPTIM_AVX512_LOOKUP=1).
+# compiler flags for the emulated files in MT_EMU_CFLAGS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD

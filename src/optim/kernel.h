@@ -124,29 +124,16 @@ static inline void mt_optim_block_requant(const mt_optim_consts *c, const mt_opt
     }
 }
 
-/* Table reads of the vector kernels, elements [0, n) of one block, as plain loads: on Zen 3 an
- * 8-lane gather costs about twice its 8 loads, on Intel since the Gather Data Sampling fix more.
- * Inlined into a kernel, GCC -O2 vectorizes these loops by its cost model (loads inserted into
- * vectors; under AVX-512 also emulated gathers: extracts and vpinsrd); called from a function
- * without a target attribute they stay scalar loops. The old moments' code values: */
+/* The AVX2 kernel's reads of the old moments' code values, elements [0, n) of one block, as plain
+ * loads: on Zen 3 an 8-lane gather costs about twice its 8 loads. Inlined into the kernel, GCC -O2
+ * vectorizes this loop by its cost model (loads inserted into vectors); called from a function
+ * without a target attribute it stays a scalar loop. */
 static inline void mt_optim_block_code_values(const mt_optim_consts *c, const mt_optim_span *s,
                                               size_t n, float *mb, float *vb) {
     const float *cm = c->qm->code, *cv = c->qv->code;
     for (size_t i = 0; i < n; i++) {
         mb[i] = cm[s->mq[i]];
         vb[i] = cv[s->vq[i]];
-    }
-}
-
-/* The quantization cells of the new moments' bits um, uv (the values divided by their block's
- * divisor): */
-static inline void mt_optim_block_cells(const mt_optim_consts *c, const uint32_t *um,
-                                        const uint32_t *uv, size_t n, uint32_t *em,
-                                        uint32_t *ev) {
-    const uint32_t *tm = c->qm->cell_by_top, *tv = c->qv->cell_by_top;
-    for (size_t i = 0; i < n; i++) {
-        em[i] = tm[um[i] >> 16];
-        ev[i] = tv[uv[i] >> 16];
     }
 }
 

@@ -28,9 +28,9 @@ MT_AVX2_INLINE void store_i16(void *dst, __m256i x) {
 }
 
 /* The quantization cells of 8 lanes by scalar loads, their indices picked out of the register in
- * 64-bit pairs: on Zen 3 3-5% faster than through memory (mt_optim_block_cells, as the AVX-512
- * kernel does). The code values' loop (mt_optim_block_code_values) is inlined here, where GCC
- * pairs its loads: 5-8% faster than the same loop kept scalar. */
+ * 64-bit pairs: on Zen 3 3-5% faster than through a block buffer (on Intel both lose to
+ * gathers: kernel_avx512.c). The code values' loop (mt_optim_block_code_values) is inlined here,
+ * where GCC pairs its loads: 5-8% faster than the same loop kept scalar. */
 MT_AVX2_INLINE __m256i lookup_cells(const uint32_t *cell, __m256i idx) {
     __m128i lo = _mm256_castsi256_si128(idx), hi = _mm256_extracti128_si256(idx, 1);
     uint64_t a0 = (uint64_t)_mm_cvtsi128_si64(lo), a1 = (uint64_t)_mm_extract_epi64(lo, 1);

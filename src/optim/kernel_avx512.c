@@ -1,23 +1,18 @@
 /* compact/tight AdamW kernel, AVX-512 (F, BW, VL), 16 lanes: the operations of mt_optim_elem and
  * mt_optim_block_requant (kernel.h) in the same order, so the results are bitwise the plain C
- * path's. The AVX2 kernel's structure, line for line, but for where the table lookups happen:
- * both are plain loads in block loops (mt_optim_block_code_values, mt_optim_block_cells), not
- * gathers. AVX2 picks the cells' indices out of the register instead (on Zen 3 3-5% faster
- * than through memory); on Intel that costs ~26 port-5 uops (extracts, inserts) per 16 lanes and
- * map, through memory ~16 loads and stores, which the 3 load and 2 store ports take.
- * To compare on a host, -DMT_OPTIM_AVX512_LOOKUP= at build time: 0 (default) through memory,
- * 1 both lookups by gathers (the kernel before), 2 the cells out of the register as AVX2 does.
+ * path's. The AVX2 kernel's structure, but the table lookups (the old moments' code values, the
+ * new ones' quantization cells by their top 16 bits) are gathers. On the Intel host (Xeon, 16
+ * threads, megatrain bench adamw --grad bf16, 1e9 params) they ran compact 5.99, tight 5.36
+ * Gparam/s (4.47 with tight's old two hashes); the scalar-load forms AVX2 prefers on Zen 3 were
+ * 1.8-2.2x slower there (port 5's extracts and inserts, the buffers' stores): both lookups
+ * through block buffers 2.74, 2.76 (250M), the cells out of the register 3.37, 3.14. AVX2 on that
+ * host: compact 3.59, tight 3.33 (250M); the full-state AVX-512 kernel 5.41.
  * Compiled with a target attribute; used only when the CPU has AVX-512 F, BW and VL (cpu_isa.c;
  * no AVX512_BF16, DQ or VBMI instruction is used). */
 #include "kernel.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
-
-#ifndef MT_OPTIM_AVX512_LOOKUP
-#define MT_OPTIM_AVX512_LOOKUP 0
-#endif
-#define MT_OPTIM_AVX512_GATHER (MT_OPTIM_AVX512_LOOKUP == 1)
 
 #define MT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
 #define MT_AVX512_INLINE \
@@ -74,25 +69,6 @@ MT_AVX512_INLINE void store_codes(uint8_t *dst, __m512i k) {
     _mm_storeu_si128((__m128i *)dst, _mm512_cvtepi32_epi8(k));
 }
 
-#if MT_OPTIM_AVX512_LOOKUP == 0 || MT_OPTIM_AVX512_LOOKUP == 2
-/* The table reads as scalar loops: compiled without the target attribute and never inlined into
- * the AVX-512 code, where GCC would vectorize them with inserts (port 5) or emulated gathers. */
-__attribute__((noinline)) static void code_values(const mt_optim_consts *c,
-                                                  const mt_optim_span *s, size_t n, float *mb,
-                                                  float *vb) {
-    mt_optim_block_code_values(c, s, n, mb, vb);
-}
-#endif
-
-#if MT_OPTIM_AVX512_LOOKUP == 0
-__attribute__((noinline)) static void cells(const mt_optim_consts *c, const uint32_t *um,
-                                            const uint32_t *uv, size_t n, uint32_t *em,
-                                            uint32_t *ev) {
-    mt_optim_block_cells(c, um, uv, n, em, ev);
-}
-#endif
-
-#if MT_OPTIM_AVX512_GATHER
 MT_AVX512_INLINE __m512 gather_codes(const float *code, const uint8_t *q) {
     __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
     return _mm512_i32gather_ps(idx, code, 4);
@@ -101,62 +77,17 @@ MT_AVX512_INLINE __m512 gather_codes(const float *code, const uint8_t *q) {
 MT_AVX512_INLINE __m512i gather_cells(const mt_qmap *q, __m512i u) {
     return _mm512_i32gather_epi32(_mm512_srli_epi32(u, 16), (const int *)q->cell_by_top, 4);
 }
-#elif MT_OPTIM_AVX512_LOOKUP == 2
-/* kernel_avx2.c's lookup_cells of 8 lanes, twice */
-MT_AVX512_INLINE __m256i lookup_cells8(const uint32_t *cell, __m256i idx) {
-    __m128i lo = _mm256_castsi256_si128(idx), hi = _mm256_extracti128_si256(idx, 1);
-    uint64_t a0 = (uint64_t)_mm_cvtsi128_si64(lo), a1 = (uint64_t)_mm_extract_epi64(lo, 1);
-    uint64_t a2 = (uint64_t)_mm_cvtsi128_si64(hi), a3 = (uint64_t)_mm_extract_epi64(hi, 1);
-    return _mm256_setr_epi32((int)cell[(uint32_t)a0], (int)cell[a0 >> 32],
-                             (int)cell[(uint32_t)a1], (int)cell[a1 >> 32],
-                             (int)cell[(uint32_t)a2], (int)cell[a2 >> 32],
-                             (int)cell[(uint32_t)a3], (int)cell[a3 >> 32]);
-}
 
-MT_AVX512_INLINE __m512i lookup_cells(const mt_qmap *q, __m512i u) {
-    __m512i idx = _mm512_srli_epi32(u, 16);
-    __m256i lo = lookup_cells8(q->cell_by_top, _mm512_castsi512_si256(idx));
-    __m256i hi = lookup_cells8(q->cell_by_top, _mm512_extracti64x4_epi64(idx, 1));
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
-#endif
-
-/* Codes of elements [0, n16) of a block (n16 a multiple of 16; mt_optim_block_requant): the
- * quotients' bits, their cells (plain loads, mt_optim_block_cells), then the codes. */
+/* Codes of elements [0, n16) of a block (n16 a multiple of 16; mt_optim_block_requant) */
 MT_AVX512_INLINE void requant(const mt_optim_consts *c, const mt_optim_span *s, size_t n16,
                               const float *mb, const float *vb, float dm, float dv) {
     const __m512 dm16 = _mm512_set1_ps(dm), dv16 = _mm512_set1_ps(dv);
-#if MT_OPTIM_AVX512_LOOKUP == 1 || MT_OPTIM_AVX512_LOOKUP == 2
     for (size_t i = 0; i < n16; i += 16) {
         __m512i um = _mm512_castps_si512(_mm512_div_ps(_mm512_load_ps(mb + i), dm16));
         __m512i uv = _mm512_castps_si512(_mm512_div_ps(_mm512_load_ps(vb + i), dv16));
-#if MT_OPTIM_AVX512_GATHER
         store_codes(s->mq + i, quantize_k(um, gather_cells(c->qm, um)));
         store_codes(s->vq + i, quantize_k(uv, gather_cells(c->qv, uv)));
-#else
-        store_codes(s->mq + i, quantize_k(um, lookup_cells(c->qm, um)));
-        store_codes(s->vq + i, quantize_k(uv, lookup_cells(c->qv, uv)));
-#endif
     }
-#else
-    uint32_t um[MT_OPTIM_BLOCK] __attribute__((aligned(64)));
-    uint32_t uv[MT_OPTIM_BLOCK] __attribute__((aligned(64)));
-    uint32_t em[MT_OPTIM_BLOCK] __attribute__((aligned(64)));
-    uint32_t ev[MT_OPTIM_BLOCK] __attribute__((aligned(64)));
-    for (size_t i = 0; i < n16; i += 16) {
-        __m512 qm = _mm512_div_ps(_mm512_load_ps(mb + i), dm16);
-        __m512 qv = _mm512_div_ps(_mm512_load_ps(vb + i), dv16);
-        _mm512_store_si512((void *)(um + i), _mm512_castps_si512(qm));
-        _mm512_store_si512((void *)(uv + i), _mm512_castps_si512(qv));
-    }
-    cells(c, um, uv, n16, em, ev);
-    for (size_t i = 0; i < n16; i += 16) {
-        __m512i u = _mm512_load_si512((const void *)(um + i));
-        store_codes(s->mq + i, quantize_k(u, _mm512_load_si512((const void *)(em + i))));
-        u = _mm512_load_si512((const void *)(uv + i));
-        store_codes(s->vq + i, quantize_k(u, _mm512_load_si512((const void *)(ev + i))));
-    }
-#endif
 }
 
 MT_AVX512_INLINE void block(const mt_optim_consts *c, const mt_optim_span *s, size_t nb,
@@ -182,9 +113,6 @@ MT_AVX512_INLINE void block(const mt_optim_consts *c, const mt_optim_span *s, si
         sk1 = _mm512_set1_epi32((int)mt_sr_key_of_hi(c->key, hi + 1));
     }
     size_t i = 0, n16 = nb & ~(size_t)15;
-#if !MT_OPTIM_AVX512_GATHER
-    code_values(c, s, n16, mb, vb);
-#endif
     for (; i < n16; i += 16) {
         __m512 g = grad_bf16 ? load_bf16(gh + i) : _mm512_loadu_ps(gf + i);
         g = _mm512_mul_ps(g, gs);
@@ -198,17 +126,9 @@ MT_AVX512_INLINE void block(const mt_optim_consts *c, const mt_optim_span *s, si
             pp = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(hi, 16), cp));
         }
         if (do_decay) pp = _mm512_mul_ps(pp, decay);
-#if MT_OPTIM_AVX512_GATHER
         __m512 mm = _mm512_mul_ps(gather_codes(c->qm->code, s->mq + i), sm);
-#else
-        __m512 mm = _mm512_mul_ps(_mm512_load_ps(mb + i), sm);
-#endif
         mm = _mm512_fmadd_ps(lc, _mm512_sub_ps(g, mm), small ? mm : g);
-#if MT_OPTIM_AVX512_GATHER
         __m512 vv = _mm512_mul_ps(gather_codes(c->qv->code, s->vq + i), sv);
-#else
-        __m512 vv = _mm512_mul_ps(_mm512_load_ps(vb + i), sv);
-#endif
         vv = _mm512_mul_ps(vv, b2);
         vv = _mm512_fmadd_ps(_mm512_mul_ps(c2, g), g, vv);
         __m512 d = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), bc2s), eps);
