@@ -290,7 +290,7 @@ static result gpu_run(const problem *p, mt_attention_impl impl, mt_attention_imp
     r.dq = down_bf(d_dq, p->nq), r.dk = down_bf(d_dk, p->nk), r.dv = down_bf(d_dv, p->nk);
     gpu->free(gpu, d_out), gpu->free(gpu, d_lse), gpu->free(gpu, d_dq), gpu->free(gpu, d_dk);
     gpu->free(gpu, d_dv);
-    mt_cuda_attention_set_impl(MT_ATTENTION_OWN); /* back to the default */
+    mt_cuda_attention_set_impl(MT_ATTENTION_AUTO); /* back to the default */
     return r;
 }
 

@@ -37,14 +37,14 @@
 
 namespace {
 
-mt_attention_impl g_impl = MT_ATTENTION_OWN;
+mt_attention_impl g_impl = MT_ATTENTION_AUTO;
 bool g_impl_read = false;
 mt_attention_impl g_last[2] = {MT_ATTENTION_AUTO, MT_ATTENTION_AUTO};
 
 mt_attention_impl impl_from_env() {
     const char *e = getenv("MT_ATTENTION");
-    if (!e || !*e || strcmp(e, "own") == 0) return MT_ATTENTION_OWN; /* the default: see the header */
-    if (strcmp(e, "auto") == 0) return MT_ATTENTION_AUTO;
+    if (!e || !*e || strcmp(e, "auto") == 0) return MT_ATTENTION_AUTO; /* the default: see the header */
+    if (strcmp(e, "own") == 0) return MT_ATTENTION_OWN;
     if (strcmp(e, "cudnn") == 0) return MT_ATTENTION_CUDNN;
     fprintf(stderr, "megatrain: MT_ATTENTION=%s: expected own, cudnn or auto\n", e);
     exit(1);

@@ -2,11 +2,14 @@
  * flash attention (attention_cudnn.cu). Plain C, so tests and benches can choose; the CUDA backend
  * itself needs nothing of this (the op picks per shape, see attention_cudnn.cu).
  *
- * MT_ATTENTION=own|cudnn|auto (default own) sets the choice at the first attention call. cuDNN is
- * opt-in for now: on the H200 (bench/RESULTS.md, session 3) it is 2.1-2.4x faster than ours both
- * ways, but its forward is further from the fp32 reference than ours (test_cudnn_vs_cpu: 11 of 2M
- * outputs up to 158% of the bf16 tolerance ours meets) and test_cuda_model's 50-step curve with
- * cuDNN's forward left its 15% band at steps 45-48 (19%); until that is understood, own.
+ * MT_ATTENTION=own|cudnn|auto (default auto) sets the choice at the first attention call. On the
+ * H200 cuDNN is 2.1-3.0x faster than ours both ways (bench/RESULTS.md, session 3; the 7B at 16 x
+ * 4096 trains 10% faster with auto, session 5). Its forward is the textbook bf16 flash forward (P
+ * rounded to bf16 before the PV product): test_cudnn_vs_cpu measures it against an emulation of
+ * that algorithm, whose own misses of our fp32-reference bar it reproduces element for element
+ * (11 of 2M, 158%), and test_cuda_model's 50-step curve with cuDNN stays inside the spread that
+ * bf16-sized nudges of the weights cause (session 5). Ours keeps P more precisely and remains for
+ * documents packed in a row, short rows' backward, and `own`.
  *   own    our kernels always;
  *   cudnn  cuDNN for every case it supports (no documents packed in a row, 16-byte aligned tensors,
  *          a shape cuDNN has a plan for), our kernels for the rest;
