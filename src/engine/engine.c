@@ -258,14 +258,9 @@ static double sum_over_ranks(mt_engine *e, double x) {
     return s;
 }
 
+/* The same for a count: exact as a double below 2^53. */
 static int64_t count_over_ranks(mt_engine *e, int64_t n) {
-    if (e->ranks <= 1) return n;
-    int64_t *all = mt_malloc((size_t)e->ranks * sizeof(int64_t));
-    comm_check(e, mt_comm_all_gather_host(e->comm, all, &n, sizeof n));
-    int64_t s = 0;
-    for (int r = 0; r < e->ranks; r++) s += all[r];
-    free(all);
-    return s;
+    return (int64_t)sum_over_ranks(e, (double)n);
 }
 
 /* ---- weight loads ---- */

@@ -114,23 +114,36 @@ size_t mt_layer_saved_bytes(const mt_config *cfg, mt_dtype dtype, int N) {
     return mt_layer_saved_bytes_tiled(cfg, dtype, N, 0);
 }
 
-mt_layer_ws mt_layer_ws_with_saved(const mt_layer_ws *ws, const mt_config *cfg, mt_dtype dtype,
-                                   int N, void *base) {
+static int is_attention_output(const ws_field *f) {
+    return f->offset == WS(att) || f->offset == WS(lse);
+}
+
+/* Which fields a kind of save keeps. */
+typedef enum { SAVE_WHOLE, SAVE_ATTENTION } save_kind;
+
+static int keeps(save_kind kind, const ws_field *f, int N, int chunk) {
+    return kind == SAVE_WHOLE ? is_saved(f, N, chunk) : is_attention_output(f);
+}
+
+/* A copy of ws whose fields of that kind point into base, one after the other. */
+static mt_layer_ws ws_into(const mt_layer_ws *ws, const mt_config *cfg, mt_dtype dtype, int N,
+                           void *base, save_kind kind) {
     MT_CHECK(N <= ws->max_N, "layer workspace holds %d tokens, asked for %d", ws->max_N, N);
     mt_layer_ws v = *ws;
     ws_field f[WS_MAX_FIELDS];
     int n = ws_fields(cfg, f);
     char *at = base;
     for (int i = 0; i < n; i++) {
-        if (!is_saved(&f[i], N, ws->mlp_chunk)) continue;
+        if (!keeps(kind, &f[i], N, ws->mlp_chunk)) continue;
         *(void **)((char *)&v + f[i].offset) = at;
         at += field_bytes(&f[i], dtype, N);
     }
     return v;
 }
 
-static int is_attention_output(const ws_field *f) {
-    return f->offset == WS(att) || f->offset == WS(lse);
+mt_layer_ws mt_layer_ws_with_saved(const mt_layer_ws *ws, const mt_config *cfg, mt_dtype dtype,
+                                   int N, void *base) {
+    return ws_into(ws, cfg, dtype, N, base, SAVE_WHOLE);
 }
 
 size_t mt_layer_attention_saved_bytes(const mt_config *cfg, mt_dtype dtype, int N) {
@@ -144,17 +157,7 @@ size_t mt_layer_attention_saved_bytes(const mt_config *cfg, mt_dtype dtype, int 
 
 mt_layer_ws mt_layer_ws_with_saved_attention(const mt_layer_ws *ws, const mt_config *cfg,
                                              mt_dtype dtype, int N, void *base) {
-    MT_CHECK(N <= ws->max_N, "layer workspace holds %d tokens, asked for %d", ws->max_N, N);
-    mt_layer_ws v = *ws;
-    ws_field f[WS_MAX_FIELDS];
-    int n = ws_fields(cfg, f);
-    char *at = base;
-    for (int i = 0; i < n; i++) {
-        if (!is_attention_output(&f[i])) continue;
-        *(void **)((char *)&v + f[i].offset) = at;
-        at += field_bytes(&f[i], dtype, N);
-    }
-    return v;
+    return ws_into(ws, cfg, dtype, N, base, SAVE_ATTENTION);
 }
 
 void mt_layer_ws_init_tiled(mt_layer_ws *ws, const mt_layer_ctx *lc, int max_N, int mlp_chunk) {
