@@ -77,7 +77,9 @@ mt_comm *mt_comm_nccl_create(mt_comm *boot, int device) {
 #endif
 
 mt_comm *mt_comm_create_nccl(mt_comm *boot, int device) {
-    MT_CHECK(boot && strcmp(boot->ops->name, "mpi") == 0, "the nccl comm boots from an mpi comm");
+    /* one rank needs no launcher: the local comm hands rank 0's id to itself */
+    MT_CHECK(boot && (strcmp(boot->ops->name, "mpi") == 0 || boot->size == 1),
+             "the nccl comm boots from an mpi comm or a single-rank one");
     return mt_comm_nccl_create(boot, device);
 }
 
