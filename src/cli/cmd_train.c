@@ -571,6 +571,10 @@ static int check_ranks(train_run *r) {
     mt_train_opts *o = &r->o;
     int N = r->ranks;
     r->rows = o->batch / N;
+    if (r->nccl && o->gpu_layers > 0)
+        return mt_error_set("--gpu-layers %lld: the GPU tier does not run with MT_COMM=nccl yet; use "
+                            "--gpu-layers 0 (or unset MT_COMM)",
+                            (long long)o->gpu_layers);
     if (N == 1) return MT_OK;
     if (r->model.table.cfg.n_experts > 0)
         return mt_error_set("%s: mixture-of-experts models train on one rank so far (the router's "
@@ -626,7 +630,7 @@ static int train(train_run *r) {
                           .resident = o->resident == 1 ? 1 : o->resident == 2 ? 0 : MT_AUTO,
                           .n_slots = 2, .gpu_mem = o->gpu_mem, .host_available = mt_run_host_available(),
                           .state = (mt_state_format)o->state,
-                          .gpu_layers = o->gpu_layers < 0 ? (r->ranks > 1 ? 0 : MT_AUTO) : (int)o->gpu_layers,
+                          .gpu_layers = o->gpu_layers < 0 ? (r->ranks > 1 || r->nccl ? 0 : MT_AUTO) : (int)o->gpu_layers,
                           .ranks = r->ranks};
     mt_engine_opts eo;
     MT_TRY(phase(r, mt_run_check_memory(&r->model.table, r->be, &rq, &eo)));

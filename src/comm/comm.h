@@ -11,8 +11,8 @@
  *    backend the ops are done when they return; after copy_async, event_sync first).
  *  - nccl (comm_nccl.c, builds with CUDA + NCCL + MPI): buffers in GPU memory, the collective is
  *    ENQUEUED on `stream` (a cudaStream_t) and ordered with the rest of that stream's work; the
- *    call returns at once. NCCL itself runs one comm's collectives in the order they were
- *    enqueued, whatever their streams. Checked at one rank (tests/gpu/test_cuda_dp.c); more
+ *    call returns at once. Every rank must enqueue the same collectives in the same order
+ *    (across streams too: NCCL runs one comm's kernels in that order). Checked at one rank (tests/gpu/test_cuda_dp.c); more
  *    ranks are compiled, not run yet.
  *
  * Conventions for every collective:

@@ -303,8 +303,10 @@ static void load_group(mt_engine *e, int layer, void *dst, mt_event *free_ev, mt
          * free_ev too, so it writes no block of dst that the compute still reads), and `loaded`
          * after it: the compute waits for this group's load alone, as with one rank, and the
          * gather of the layer `ahead` positions on overlaps the compute of this one like its copy.
-         * NCCL runs the comm's collectives in the order enqueued (the backward's reduce-scatters
-         * on the compute stream included): the same order on every rank, so they match. */
+         * Every rank enqueues the same collectives in the same order, on these two streams (the
+         * backward's reduce-scatters on the compute stream); NCCL runs one comm's kernels in that
+         * order through its own stream. At one rank that is checked (test_cuda_dp); on several
+         * GPUs, not yet: a hang there would mean moving the gathers to the compute stream. */
         gather_weights(e, dst, mine, n, MT_STREAM_H2D);
         be->event_record(be, loaded, MT_STREAM_H2D);
     } else if (e->comm) { /* synchronous (mpi): the cpu compute stream, the caller, gathers */

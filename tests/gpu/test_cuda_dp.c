@@ -8,6 +8,10 @@
  * compact, tight), with untied and tied embeddings, streamed (3 slots, gradients out to the host)
  * and resident (gradients waiting on the GPU). A wrong stream or a missing event shows as
  * different bits (a load read before its gather, a gradient read before its sum).
+ * And `MT_COMM=nccl megatrain train --device cuda` (MT_BIN) on the train_llama fixture against the
+ * same command without MT_COMM: it says it uses nccl, prints the same losses and gradient norms in
+ * metrics.jsonl, and its final checkpoint's model and optimizer files are the same bytes (full and
+ * compact).
  * Exits 77 (skipped) without a GPU, or when the build has no NCCL (CMakeLists.txt says why). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,6 +104,79 @@ static void test_same_bits(void **state) {
                 compare(variants[v], (mt_state_format)f, resident);
 }
 
+/* ---- the command ---- */
+
+#define CLI_STEPS 3
+static char g_out[1 << 17];
+
+/* The "loss" and "grad_norm" fields of each step line of DIR/metrics.jsonl as printed, joined. */
+static void metrics_text(const char *dir, char *text, size_t size) {
+    char path[4200], line[4096];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) fail_msg("cannot open %s", path);
+    size_t len = 0;
+    int steps = 0;
+    text[0] = 0;
+    while (fgets(line, sizeof line, f)) {
+        const char *a = strstr(line, "\"loss\""), *b = strstr(line, "\"grad_norm\"");
+        if (!a || !b || strstr(line, "eval_loss")) continue;
+        len += (size_t)snprintf(text + len, size - len, "%.*s %.*s\n", (int)strcspn(a, ","), a,
+                                (int)strcspn(b, ","), b);
+        assert_true(len < size);
+        steps++;
+    }
+    fclose(f);
+    assert_int_equal(steps, CLI_STEPS);
+}
+
+static void train_cli(const mt_cli_env *env, const char *state, const char *comm, const char *out) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && %s timeout 300 '%s' train --model '%s' --data '%s/data.bin' --steps %d "
+             "--batch 4 --micro-batch 2 --seq 48 --lr 1e-2 --warmup 1 --state %s --gpu-layers 0 "
+             "--device cuda --out %s",
+             env->tmp, comm, env->bin, env->fixture, env->fixture, CLI_STEPS, state, out);
+    int rc = mt_test_run(cmd, g_out, sizeof g_out);
+    if (rc != 0) fail_msg("exit %d: %s\n%s", rc, cmd, g_out);
+    int says = strstr(g_out, "comm: nccl on one GPU") != NULL;
+    if (says != (*comm != 0)) fail_msg("%s: the run %s the nccl comm:\n%s", cmd, says ? "names" : "does not name", g_out);
+}
+
+static void same_bytes(const char *pa, const char *pb) {
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd, "cmp '%s' '%s'", pa, pb);
+    if (mt_test_run(cmd, g_out, sizeof g_out) != 0) fail_msg("%s differs from %s: %s", pb, pa, g_out);
+}
+
+static void test_train_command(void **state) {
+    (void)state;
+    mt_cli_env env;
+    if (mt_cli_env_init(&env, "train_llama") != 0) fail_msg("MT_BIN / MT_FIXTURES not set (run through ctest)");
+    const char *states[] = {"full", "compact"};
+    for (int i = 0; i < 2; i++) {
+        char plain[64], dp[64], a[4200], b[4200];
+        static char ta[8192], tb[8192];
+        snprintf(plain, sizeof plain, "plain_%s", states[i]);
+        snprintf(dp, sizeof dp, "nccl_%s", states[i]);
+        train_cli(&env, states[i], "", plain);
+        train_cli(&env, states[i], "MT_COMM=nccl", dp);
+        snprintf(a, sizeof a, "%s/%s", env.tmp, plain);
+        snprintf(b, sizeof b, "%s/%s", env.tmp, dp);
+        metrics_text(a, ta, sizeof ta);
+        metrics_text(b, tb, sizeof tb);
+        fprintf(stderr, "%s without a comm:\n%s%s with MT_COMM=nccl:\n%s", states[i], ta, states[i], tb);
+        assert_string_equal(tb, ta);
+        const char *files[] = {"model.safetensors", "optimizer.safetensors"};
+        for (int k = 0; k < 2; k++) {
+            snprintf(a, sizeof a, "%s/%s/checkpoints/step_%08d/%s", env.tmp, plain, CLI_STEPS, files[k]);
+            snprintf(b, sizeof b, "%s/%s/checkpoints/step_%08d/%s", env.tmp, dp, CLI_STEPS, files[k]);
+            same_bytes(a, b);
+        }
+    }
+    mt_cli_env_free(&env);
+}
+
 int main(void) {
     if (!mt_comm_built_with_nccl()) {
         fprintf(stderr, "this build has no NCCL (nccl.h / libnccl beside CUDA when configured): "
@@ -124,6 +201,7 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_bits),
+        cmocka_unit_test(test_train_command),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     mt_comm_destroy(g_nccl);
