@@ -71,7 +71,7 @@ mt_comm *mt_comm_create_from_env(void) {
 
 #ifndef MT_HAVE_NCCL
 mt_comm *mt_comm_nccl_create(mt_comm *boot, int device) {
-    mt_error_set("this build has no NCCL (it needs CUDA, NCCL and MPI at build time)");
+    mt_error_set("this build has no NCCL (it needs the CUDA backend and nccl.h / libnccl at build time)");
     return NULL;
 }
 #endif

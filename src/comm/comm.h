@@ -9,11 +9,11 @@
  *    side). SYNCHRONOUS: a call returns when its result is in the output buffer, and the input may
  *    be reused; `stream` is ignored. The caller makes sure the buffers are ready (on the CPU
  *    backend the ops are done when they return; after copy_async, event_sync first).
- *  - nccl (comm_nccl.c, builds with CUDA + NCCL + MPI): buffers in GPU memory, the collective is
- *    ENQUEUED on `stream` (a cudaStream_t) and ordered with the rest of that stream's work; the
- *    call returns at once. Every rank must enqueue the same collectives in the same order
- *    (across streams too: NCCL runs one comm's kernels in that order). Checked at one rank (tests/gpu/test_cuda_dp.c); more
- *    ranks are compiled, not run yet.
+ *  - nccl (comm_nccl.c, builds with CUDA + NCCL; several ranks boot over MPI): buffers in GPU
+ *    memory, the collective is ENQUEUED on `stream` (a cudaStream_t) and ordered with the rest
+ *    of that stream's work; the call returns at once. Every rank must enqueue the same
+ *    collectives in the same order (across streams too: NCCL runs one comm's kernels in that
+ *    order). Checked at one rank (tests/gpu/test_cuda_dp.c); more ranks are compiled, not run.
  *
  * Conventions for every collective:
  *  - count is in elements of dtype: MT_F32 or MT_BF16 (others are a fatal error); the reduction is
