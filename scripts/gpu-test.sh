@@ -45,7 +45,7 @@ nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || echo "nvidia-smi failed (see nvidia-s
 head -15 "$OUT/nvidia-smi.txt" || true
 
 cmake -S . -B "$build" "${cmake_args[@]}" > "$OUT/configure.log" 2>&1 || { tail -40 "$OUT/configure.log"; exit 1; }
-grep -E "CUDA backend|dependency prefix" "$OUT/configure.log" || true
+grep -E "CUDA backend|dependency prefix|NCCL comm" "$OUT/configure.log" || true
 t0=$(date +%s)
 cmake --build "$build" -j"$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E -A5 "error|Error" "$OUT/build.log" | head -80; exit 1; }
 echo "built in $(( $(date +%s) - t0 )) s; warnings: $(grep -c -i 'warning' "$OUT/build.log" || true)"

@@ -236,6 +236,17 @@ static void test_bad_model(void **state) {
 
 /* ---- bad flag values ---- */
 
+/* MT_COMM (run_ranks.h): a value other than nccl, and nccl on the cpu backend, are one error
+ * naming it before step 1 (the old binary ignored MT_COMM and trained). */
+static void test_bad_comm_env(void **state) {
+    setenv("MT_COMM", "bogus", 1);
+    expect_error("MT_COMM=bogus", f("train %s", good("o_comm_bogus")), "o_comm_bogus", "MT_COMM=bogus", "nccl");
+    setenv("MT_COMM", "nccl", 1);
+    expect_error("MT_COMM=nccl on the cpu", f("train %s", good("o_comm_cpu")), "o_comm_cpu", "MT_COMM=nccl",
+                 "--device cpu");
+    unsetenv("MT_COMM");
+}
+
 static void test_bad_flags(void **state) {
     static const struct { const char *flags, *n1, *n2; } cases[] = {
         {"--lr abc", "--lr", "abc"},
@@ -418,6 +429,7 @@ static void test_info_tensors(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_data),   cmocka_unit_test(test_bad_model), cmocka_unit_test(test_bad_flags),
+        cmocka_unit_test(test_bad_comm_env),
         cmocka_unit_test(test_bad_out),    cmocka_unit_test(test_bad_resume), cmocka_unit_test(test_help),
         cmocka_unit_test(test_plan),       cmocka_unit_test(test_eval),      cmocka_unit_test(test_info_tensors),
     };

@@ -133,17 +133,21 @@ static void check_memory_modes(const char *variant, mt_state_format format) {
     /* offload: how many of the 3 layers keep their checkpoints on the host (3: all; 1, 2: across
      * tiers) */
     /* att: layers keeping only their attention output (before the `saved` ones) */
-    enum { MODES = 16 };
-    const struct { int offload, saved, resident, tier, grads_dev, att; } mode[MODES] = {
+    /* comm: a comm of one rank (the local one), so that the schedule's collectives run (the
+     * data-parallel path at N = 1, as nccl on one GPU: test_cuda_dp) */
+    enum { MODES = 18 };
+    const struct { int offload, saved, resident, tier, grads_dev, att, comm; } mode[MODES] = {
         {0, 0, 0, 0, 0, 0}, {3, 0, 0, 0, 0, 0}, {0, 3, 0, 0, 0, 0}, {0, 1, 0, 0, 0, 0},
         {0, 3, 1, 0, 0, 0}, {3, 0, 1, 0, 0, 0}, {0, 0, 0, 1, 0, 0}, {0, 0, 0, 3, 0, 0},
         {0, 0, 0, 0, 1, 0}, {3, 0, 1, 2, 1, 0}, {1, 0, 0, 0, 0, 0}, {2, 0, 1, 0, 0, 0},
-        {2, 0, 0, 1, 1, 0}, {0, 0, 0, 0, 0, 3}, {0, 1, 0, 0, 0, 2}, {0, 1, 0, 1, 0, 1}};
+        {2, 0, 0, 1, 1, 0}, {0, 0, 0, 0, 0, 3}, {0, 1, 0, 0, 0, 2}, {0, 1, 0, 1, 0, 1},
+        {0, 0, 0, 0, 0, 0, 1}, {2, 0, 1, 0, 1, 0, 1}};
     double loss[MODES][3], norm[MODES][3], eval[MODES];
     mt_test_snapshot snap[MODES];
     for (int k = 0; k < MODES; k++) {
         mt_backend *be = mt_backend_cpu_create();
-        mt_engine_opts o = {.batch = B_ROWS, .micro_batch = 2, .T = T_LEN, .n_slots = 2,
+        mt_comm *comm = mode[k].comm ? mt_comm_create_local() : NULL;
+        mt_engine_opts o = {.batch = B_ROWS, .micro_batch = 2, .T = T_LEN, .n_slots = 2, .comm = comm,
                             .opt_threads = 1, .offload = mode[k].offload, .saved_layers = mode[k].saved,
                             .resident = mode[k].resident, .state = format, .gpu_layers = mode[k].tier,
                             .grads_on_device = mode[k].grads_dev, .seed = 77,
@@ -160,12 +164,13 @@ static void check_memory_modes(const char *variant, mt_state_format format) {
         }
         int64_t count;
         eval[k] = mt_engine_eval(e, s.ids, s.targets, B_ROWS, &count) / (double)count;
-        fprintf(stderr, "%s %s offload %d saved %d att %d resident %d tier %d grads_dev %d: losses %.7f %.7f "
+        fprintf(stderr, "%s %s offload %d saved %d att %d resident %d tier %d grads_dev %d comm %d: losses %.7f %.7f "
                 "%.7f, eval %.7f\n", variant, mt_state_format_name(format), mode[k].offload, mode[k].saved,
-                mode[k].att, mode[k].resident, mode[k].tier, mode[k].grads_dev, loss[k][0], loss[k][1],
+                mode[k].att, mode[k].resident, mode[k].tier, mode[k].grads_dev, mode[k].comm, loss[k][0], loss[k][1],
                 loss[k][2], eval[k]);
         mt_test_snapshot_state(&snap[k], e, &s.table);
         mt_engine_destroy(e);
+        mt_comm_destroy(comm);
         be->destroy(be);
     }
     assert_true(loss[0][2] < loss[0][0]); /* it trains: the comparison is not of constants */

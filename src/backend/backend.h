@@ -89,6 +89,10 @@ struct mt_backend {
     /* Optional (NULL when unsupported), for measurements: milliseconds between the completions of
      * the last records of two completed events. */
     double (*event_elapsed_ms)(mt_backend *be, mt_event *start, mt_event *end);
+    /* Optional (NULL on cpu): the native handle of stream s (cuda: its cudaStream_t), for a
+     * library that enqueues its own work there in order with ours (the nccl comm, comm.h). Where
+     * it is NULL, the compute stream is the calling thread. */
+    void *(*native_stream)(mt_backend *be, mt_stream s);
     /* Optional: bytes allocated through alloc so far. */
     size_t (*mem_used)(mt_backend *be);
     int64_t mem_budget; /* bytes alloc may hand out in all (cuda: --gpu-mem or the free memory at

@@ -64,6 +64,7 @@ static double now_ms(void) {
 typedef struct {
     mt_train_opts o;
     mt_comm *comm;         /* the data-parallel ranks (local: one) */
+    mt_comm *nccl;         /* MT_COMM=nccl at one rank: the engine's comm (run_ranks.h) */
     int rank, ranks;
     int lead;              /* rank 0: prints, logs and writes the run's files */
     int stop_sig;          /* ranks: the signal every rank agreed to stop on (0: none yet) */
@@ -334,6 +335,7 @@ static void print_summary(train_run *r, double wall_ms) {
 
 static void train_run_free(train_run *r) {
     mt_engine_destroy(r->e);
+    mt_comm_destroy(r->nccl);
     if (r->be) r->be->destroy(r->be);
     mt_run_data_close(&r->data);
     mt_run_data_close(&r->eval);
@@ -569,6 +571,10 @@ static int check_ranks(train_run *r) {
     mt_train_opts *o = &r->o;
     int N = r->ranks;
     r->rows = o->batch / N;
+    if (r->nccl && o->gpu_layers > 0)
+        return mt_error_set("--gpu-layers %lld: the GPU tier does not run with MT_COMM=nccl yet; use "
+                            "--gpu-layers 0 (or unset MT_COMM)",
+                            (long long)o->gpu_layers);
     if (N == 1) return MT_OK;
     if (r->model.table.cfg.n_experts > 0)
         return mt_error_set("%s: mixture-of-experts models train on one rank so far (the router's "
@@ -580,7 +586,7 @@ static int check_ranks(train_run *r) {
                             (long long)o->gpu_layers, N);
     if (!r->be->memory.host_ram)
         return mt_error_set("--device: %d ranks run on the cpu backend only so far (the NCCL path "
-                            "is not wired); add --device cpu",
+                            "runs on one GPU only: MT_COMM=nccl); add --device cpu",
                             N);
     int64_t b = o->have_micro_batch ? o->micro_batch : 1;
     if (o->batch % (N * b))
@@ -598,7 +604,11 @@ static int train(train_run *r) {
     /* rank 0 first: it makes the derived data files (tokenized text) that the others then reuse */
     MT_TRY(phase(r, r->lead ? open_data(r) : MT_OK));
     MT_TRY(phase(r, r->lead ? MT_OK : open_data(r)));
+    MT_TRY(phase(r, mt_ranks_nccl_from_env(r->comm, (int)o->device, &r->nccl)));
     MT_TRY(phase(r, mt_run_backend(&r->be, o->device, o->gpu_mem)));
+    if (r->nccl && r->be->memory.host_ram) /* --device auto chose the cpu */
+        MT_TRY(phase(r, mt_error_set("MT_COMM=nccl: the NCCL comm runs on the cuda backend, not %s",
+                                     r->be->name)));
     MT_TRY(phase(r, mt_moe_backend_check(&r->model.table.cfg, r->be)));
     MT_TRY(phase(r, moe_verified_here(r)));
     MT_TRY(phase(r, check_ranks(r)));
@@ -620,7 +630,7 @@ static int train(train_run *r) {
                           .resident = o->resident == 1 ? 1 : o->resident == 2 ? 0 : MT_AUTO,
                           .n_slots = 2, .gpu_mem = o->gpu_mem, .host_available = mt_run_host_available(),
                           .state = (mt_state_format)o->state,
-                          .gpu_layers = o->gpu_layers < 0 ? (r->ranks > 1 ? 0 : MT_AUTO) : (int)o->gpu_layers,
+                          .gpu_layers = o->gpu_layers < 0 ? (r->ranks > 1 || r->nccl ? 0 : MT_AUTO) : (int)o->gpu_layers,
                           .ranks = r->ranks};
     mt_engine_opts eo;
     MT_TRY(phase(r, mt_run_check_memory(&r->model.table, r->be, &rq, &eo)));
@@ -628,7 +638,7 @@ static int train(train_run *r) {
     eo.seed = (uint64_t)o->seed; /* tight's rounding; a resume takes the checkpoint's */
     eo.trace = o->trace_path != NULL;
     eo.ranks = r->ranks;
-    eo.comm = r->ranks > 1 ? r->comm : NULL;
+    eo.comm = r->ranks > 1 ? r->comm : r->nccl;
     o->micro_batch = eo.micro_batch; /* resolved: for the header and the stored arguments */
     if (r->ranks > 1) /* the planner chose it from this host's memory */
         MT_TRY(phase(r, mt_ranks_check_same(r->comm, &o->micro_batch, sizeof o->micro_batch,
@@ -655,6 +665,9 @@ static int train(train_run *r) {
         printf("data parallel: %d ranks (%s), %lld rows of each batch per rank; host state %.0f bytes "
                "on each rank (its shard of every group)\n",
                r->ranks, mt_comm_name(r->comm), (long long)r->rows, mt_engine_host_state_bytes(r->e));
+    if (r->nccl)
+        printf("comm: nccl on one GPU (MT_COMM=nccl): the schedule's all-gathers, reduce-scatters "
+               "and norm all-reduce run through NCCL\n");
     if (r->model.table.cfg.n_experts > 0)
         printf("mixture of experts: %.1fM parameters active per token (TFLOPS count 6 x active x "
                "tokens)\n", (double)mt_config_active_param_count(&r->model.table.cfg) / 1e6);

@@ -19,6 +19,27 @@ mt_comm *mt_ranks_start(void) {
     return comm;
 }
 
+int mt_ranks_nccl_from_env(mt_comm *comm, int device, mt_comm **out) {
+    *out = NULL;
+    const char *v = getenv("MT_COMM");
+    if (!v || !*v) return MT_OK;
+    if (strcmp(v, "nccl") != 0)
+        return mt_error_set("MT_COMM=%s: want nccl (the NCCL comm on one GPU) or unset", v);
+    if (device == 1)
+        return mt_error_set("MT_COMM=nccl: the NCCL comm runs on the cuda backend, not --device cpu");
+    if (mt_comm_size(comm) > 1)
+        return mt_error_set("MT_COMM=nccl: %d ranks on the cuda backend are not supported yet (the "
+                            "NCCL path runs on one rank so far); unset MT_COMM and add --device cpu",
+                            mt_comm_size(comm));
+    *out = mt_comm_create_nccl(comm, mt_comm_local_rank(comm));
+    if (!*out) {
+        char why[1024]; /* the message is the error buffer itself */
+        snprintf(why, sizeof why, "%s", mt_error_message());
+        return mt_error_set("MT_COMM=nccl: %s", why);
+    }
+    return MT_OK;
+}
+
 int mt_ranks_agree(mt_comm *comm, int rc) {
     int P = mt_comm_size(comm), me = mt_comm_rank(comm);
     if (P == 1) return rc;

@@ -25,6 +25,14 @@
  * NULL with the error set. */
 mt_comm *mt_ranks_start(void);
 
+/* MT_COMM=nccl (environment) asks for the nccl comm at one rank: *out = it, booted from comm
+ * (the local one: no mpirun), on CUDA device 0, so that the engine runs its collectives on the GPU
+ * (the same bits as without). Unset or empty: *out = NULL, no comm at one rank. MT_ERR naming
+ * MT_COMM for another value, for --device cpu (device 1, run_setup.h), for several ranks (the cuda
+ * backend trains on one rank so far) and when the build has no NCCL or NCCL fails to start. Call
+ * before the backend is made, so that its memory budget sees what NCCL took. */
+int mt_ranks_nccl_from_env(mt_comm *comm, int device, mt_comm **out);
+
 /* Every rank's rc (MT_OK / MT_ERR, its message in mt_error_message) gathered: MT_OK when all are
  * MT_OK; MT_ERR when this rank failed and no lower rank failed with the same message (print it);
  * MT_RANKS_QUIET otherwise. A failure of the comm itself ends the job (mt_comm_abort). */

@@ -71,13 +71,15 @@ mt_comm *mt_comm_create_from_env(void) {
 
 #ifndef MT_HAVE_NCCL
 mt_comm *mt_comm_nccl_create(mt_comm *boot, int device) {
-    mt_error_set("this build has no NCCL (it needs CUDA, NCCL and MPI at build time)");
+    mt_error_set("this build has no NCCL (it needs the CUDA backend and nccl.h / libnccl at build time)");
     return NULL;
 }
 #endif
 
 mt_comm *mt_comm_create_nccl(mt_comm *boot, int device) {
-    MT_CHECK(boot && strcmp(boot->ops->name, "mpi") == 0, "the nccl comm boots from an mpi comm");
+    /* one rank needs no launcher: the local comm hands rank 0's id to itself */
+    MT_CHECK(boot && (strcmp(boot->ops->name, "mpi") == 0 || boot->size == 1),
+             "the nccl comm boots from an mpi comm or a single-rank one");
     return mt_comm_nccl_create(boot, device);
 }
 

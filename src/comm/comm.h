@@ -9,9 +9,11 @@
  *    side). SYNCHRONOUS: a call returns when its result is in the output buffer, and the input may
  *    be reused; `stream` is ignored. The caller makes sure the buffers are ready (on the CPU
  *    backend the ops are done when they return; after copy_async, event_sync first).
- *  - nccl (comm_nccl.c, builds with CUDA + NCCL + MPI): buffers in GPU memory, the collective is
- *    ENQUEUED on `stream` (a cudaStream_t) and ordered with the rest of that stream's work; the
- *    call returns at once. UNTESTED so far (no GPU on the dev box): it compiles, nothing more.
+ *  - nccl (comm_nccl.c, builds with CUDA + NCCL; several ranks boot over MPI): buffers in GPU
+ *    memory, the collective is ENQUEUED on `stream` (a cudaStream_t) and ordered with the rest
+ *    of that stream's work; the call returns at once. Every rank must enqueue the same
+ *    collectives in the same order (across streams too: NCCL runs one comm's kernels in that
+ *    order). Checked at one rank (tests/gpu/test_cuda_dp.c); more ranks are compiled, not run.
  *
  * Conventions for every collective:
  *  - count is in elements of dtype: MT_F32 or MT_BF16 (others are a fatal error); the reduction is
@@ -60,8 +62,9 @@ mt_comm *mt_comm_create_from_env(void);
 /* The single-rank comm; never fails. */
 mt_comm *mt_comm_create_local(void);
 /* An NCCL comm over the same ranks as boot (an mpi comm, which bootstraps NCCL's unique id and
- * serves check_same and barrier), on CUDA device `device` (usually the local rank). NULL with
- * mt_error_set on failure or when the build has no NCCL. boot must outlive it. UNTESTED. */
+ * serves check_same and barrier; or, for one rank, the local comm: no mpirun needed), on CUDA
+ * device `device` (usually the local rank). NULL with mt_error_set on failure or when the build
+ * has no NCCL. boot must outlive it. Run at one rank only so far (tests/gpu/test_cuda_dp.c). */
 mt_comm *mt_comm_create_nccl(mt_comm *boot, int device);
 /* Frees the comm; for mpi, also finalizes MPI (after an MT_ERR: mt_comm_abort instead). */
 void mt_comm_destroy(mt_comm *comm);
@@ -83,7 +86,7 @@ size_t mt_comm_padded(size_t count, int size);
 /* buf (count) = the sum over ranks of buf, on every rank. */
 int mt_comm_all_reduce(mt_comm *comm, void *buf, size_t count, mt_dtype dtype, void *stream);
 /* recv (count / size) = block `rank` of the sum over ranks of send (count). recv must not overlap
- * send. */
+ * send, except on nccl, which also works in place: recv = send + rank * (count / size). */
 int mt_comm_reduce_scatter(mt_comm *comm, void *recv, const void *send, size_t count,
                            mt_dtype dtype, void *stream);
 /* recv (size * block) = the send buffers (block each) of ranks 0, 1, ... in order. send may be

@@ -1,11 +1,13 @@
 /* The NCCL comm: GPU buffers, collectives enqueued on the caller's cudaStream_t.
  *
- * UNTESTED: written and compiled on a machine without a GPU; nothing here has run. Before the
- * engine relies on it: a 2-GPU run of test_comm_mpi's checks with device buffers (results within
- * bf16 rounding of the rank-order reference, not bitwise: NCCL's sum order is its own).
+ * One rank (a local boot comm, no mpirun) is what tests/gpu/test_cuda_dp.c runs: the engine with it
+ * gives the bits of the engine without a comm. More ranks are compiled, not run: before they are
+ * relied on, a 2-GPU run of test_comm_mpi's checks with device buffers (results within bf16
+ * rounding of the rank-order reference, not bitwise: NCCL's sum order is its own).
  *
- * NCCL's unique id goes from rank 0 to the others over the boot (mpi) comm, whose timeout covers
- * a rank that never arrives; barrier and check_same run on the host over that comm too. Left to
+ * NCCL's unique id goes from rank 0 to the others over the boot comm (mpi; local for one rank),
+ * whose timeout covers a rank that never arrives; barrier and check_same run on the host over that
+ * comm too. Left to
  * do: a watchdog for collectives that never finish on the GPU (poll ncclCommGetAsyncError and a
  * cudaEvent with MT_COMM_TIMEOUT_S, then ncclCommAbort). */
 #include <cuda_runtime.h>

@@ -61,10 +61,11 @@ struct mt_engine {
     mt_layer_ws ws;
     mt_head_ws head_ws;
 
-    /* data parallel (ranks > 1): the comm, this rank, the reduce-scatter's summed shard */
-    mt_comm *comm;
+    /* data parallel (o->comm: ranks > 1, or one rank over nccl): the comm, this rank, the
+     * reduce-scatter's summed shard */
+    mt_comm *comm;                   /* NULL: no collectives at all (one rank) */
     int rank, ranks;
-    float *g_shard;                  /* (largest shard) fp32 */
+    float *g_shard;                  /* (largest shard) fp32; NULL with nccl, which sums in place */
     mt_event *shard_in;              /* this rank's shard of a group is in its slot */
 
     mt_optimizer *opt;
@@ -209,7 +210,7 @@ void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_
     p->dev_slots = (double)(o->resident ? (streamed > 2 ? streamed : 2) : o->n_slots) * layer * el;
     p->dev_embed_head = (embed + head) * el;
     p->dev_grads = 4.0 * (layer + embed + head) + 2.0 * mt_group_max_size(t) * el + sb.dev_grads;
-    if (o->ranks > 1) p->dev_grads += 4.0 * (double)mt_shard_size(mt_group_max_size(t), o->ranks); /* g_shard */
+    if (o->ranks > 1) p->dev_grads += 4.0 * (double)mt_shard_size(mt_group_max_size(t), o->ranks); /* g_shard (cpu) */
     if (dtype != MT_BF16 && o->state != MT_STATE_FULL) p->dev_grads += 2.0 * mt_group_max_size(t); /* widen */
     /* the layer inputs (L + 1 sets, fewer when offloaded: act_sets) and the gradient dx */
     p->dev_checkpoints = (act_sets(t->cfg.L, o->offload) + 1) * N * t->cfg.C * el;
@@ -228,10 +229,16 @@ void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_
 
 /* ---- the collectives (data parallel) ---- */
 
-/* The stream the comm orders its collectives on: the compute stream. NULL here: the mpi comm
- * (cpu backend) is synchronous on host buffers and ignores it; the seam for nccl is where the
- * cuda backend would hand out its compute cudaStream_t (backend.h has no accessor for it yet). */
-static void *comm_stream(const mt_engine *e) { return NULL; }
+/* Where the collectives run. cuda + nccl: enqueued on a backend stream (its cudaStream_t), in
+ * order with that stream's work, on GPU buffers; the call returns at once. cpu + mpi or local
+ * (native_stream NULL): synchronous on the calling thread, which is the cpu backend's compute
+ * stream, on host buffers; so the caller first lets the compute stream wait for the work that
+ * made the input, and the result is there when the call returns. */
+static int comm_on_device(const mt_engine *e) { return e->be->native_stream != NULL; }
+
+static void *comm_stream(const mt_engine *e, mt_stream s) {
+    return comm_on_device(e) ? e->be->native_stream(e->be, s) : NULL;
+}
 
 /* A collective that failed leaves the ranks out of step: the job ends (comm.h). */
 static void comm_check(mt_engine *e, int rc) {
@@ -241,10 +248,9 @@ static void comm_check(mt_engine *e, int rc) {
 }
 
 /* The one all-gather of a group's load: every rank's shard (n elements, compute dtype; this
- * rank's at `mine`, complete: the compute stream waited for its copy, and the cpu compute stream
- * is the caller, so the synchronous mpi comm reads a finished buffer) into dst, whole. */
-static void gather_weights(mt_engine *e, int layer, void *dst, const void *mine, size_t n) {
-    comm_check(e, mt_comm_all_gather(e->comm, dst, mine, n, e->be->dtype, comm_stream(e)));
+ * rank's at `mine`, complete in the order of stream s) into dst, whole. */
+static void gather_weights(mt_engine *e, void *dst, const void *mine, size_t n, mt_stream s) {
+    comm_check(e, mt_comm_all_gather(e->comm, dst, mine, n, e->be->dtype, comm_stream(e, s)));
 }
 
 /* Every rank's value of x, summed in rank order (the same bits on every rank). */
@@ -290,12 +296,23 @@ static void load_group(mt_engine *e, int layer, void *dst, mt_event *free_ev, mt
         be->event_record(be, e->widened, MT_STREAM_H2D);
         be->stream_wait(be, MT_STREAM_COMPUTE, e->widened);
         be->from_bf16(be, mine, e->widen, n);
-        if (e->ranks > 1) gather_weights(e, layer, dst, mine, n);
+        if (e->comm) gather_weights(e, dst, mine, n, MT_STREAM_COMPUTE);
         be->event_record(be, loaded, MT_STREAM_COMPUTE);
-    } else if (e->ranks > 1) {
+    } else if (e->comm && comm_on_device(e)) {
+        /* nccl: the all-gather is enqueued on the H2D stream right behind the shard's copy (after
+         * free_ev too, so it writes no block of dst that the compute still reads), and `loaded`
+         * after it: the compute waits for this group's load alone, as with one rank, and the
+         * gather of the layer `ahead` positions on overlaps the compute of this one like its copy.
+         * Every rank enqueues the same collectives in the same order, on these two streams (the
+         * backward's reduce-scatters on the compute stream); NCCL runs one comm's kernels in that
+         * order through its own stream. At one rank that is checked (test_cuda_dp); on several
+         * GPUs, not yet: a hang there would mean moving the gathers to the compute stream. */
+        gather_weights(e, dst, mine, n, MT_STREAM_H2D);
+        be->event_record(be, loaded, MT_STREAM_H2D);
+    } else if (e->comm) { /* synchronous (mpi): the cpu compute stream, the caller, gathers */
         be->event_record(be, e->shard_in, MT_STREAM_H2D);
         be->stream_wait(be, MT_STREAM_COMPUTE, e->shard_in);
-        gather_weights(e, layer, dst, mine, n);
+        gather_weights(e, dst, mine, n, MT_STREAM_COMPUTE);
         be->event_record(be, loaded, MT_STREAM_COMPUTE);
     } else {
         be->event_record(be, loaded, MT_STREAM_H2D);
@@ -349,17 +366,23 @@ static void grads_out(mt_engine *e, int layer, float *g) {
     mt_backend *be = e->be;
     size_t n = (size_t)mt_group_size(e->t, layer);
     double t0 = mt_trace_now(e->trace);
-    if (e->ranks > 1) {
+    if (e->comm) {
         /* the one reduce-scatter of the group: each rank receives its shard summed over the
          * ranks, and from here on works on that shard alone. In fp32, not the compute dtype: g is
          * fp32 already, the sum of the ranks' parts is then rounded to the compute dtype once
          * (from_f32 below), exactly as one rank rounds its own sum, and the comm's fp32 sum in rank
          * order is deterministic; bf16 would halve the traffic but round every rank's part first.
-         * The pad of g (past the group) is zero. */
+         * The pad of g (past the group) is zero.
+         * On the compute stream, where g became final and where its shard is read next (sumsq,
+         * from_f32), so no event orders it; the next layer's backward, which zeroes and refills g,
+         * comes after it on that stream. The loads' copies go on meanwhile on their own streams
+         * (the per-layer overlap is kept; a rank's compute does wait for its peers here). nccl sums
+         * in place into g's block `rank` (no second buffer on the GPU); mpi into g_shard. */
         n = (size_t)mt_train_state_shard(e->ts, layer);
-        comm_check(e, mt_comm_reduce_scatter(e->comm, e->g_shard, g, n * (size_t)e->ranks, MT_F32,
-                                             comm_stream(e)));
-        g = e->g_shard;
+        float *shard = e->g_shard ? e->g_shard : g + (size_t)e->rank * n;
+        comm_check(e, mt_comm_reduce_scatter(e->comm, shard, g, n * (size_t)e->ranks, MT_F32,
+                                             comm_stream(e, MT_STREAM_COMPUTE)));
+        g = shard;
     }
     be->sumsq(be, e->norms + layer + 1, g, n);
     void *dev = mt_train_state_grad_dev(e->ts, layer);
@@ -586,8 +609,9 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
 
     /* the global norm is exact now: every group's squared norm is in (with ranks: the sums of
      * each rank's shards, added over the ranks) */
-    if (e->ranks > 1)
-        comm_check(e, mt_comm_all_reduce(e->comm, e->norms, (size_t)L + 2, MT_F32, comm_stream(e)));
+    if (e->comm) /* on the compute stream, before the download there reads the sums */
+        comm_check(e, mt_comm_all_reduce(e->comm, e->norms, (size_t)L + 2, MT_F32,
+                                         comm_stream(e, MT_STREAM_COMPUTE)));
     float *norms = mt_malloc((size_t)(L + 2) * sizeof(float));
     be->download(be, norms, e->norms, (size_t)(L + 2) * sizeof(float));
     double sq = 0;
@@ -655,10 +679,17 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
     int ranks = o->ranks > 1 ? o->ranks : 1;
     MT_CHECK(ranks == 1 || (o->comm && mt_comm_size(o->comm) == ranks && o->gpu_layers == 0),
              "data parallel over %d ranks: needs their comm and no GPU tier", ranks);
+    /* a comm at one rank runs the same collectives (nccl on one GPU: the same bits as none) */
+    MT_CHECK(!o->comm || (mt_comm_size(o->comm) == ranks && o->gpu_layers == 0),
+             "a comm of %d ranks for %d ranks (and no GPU tier)", o->comm ? mt_comm_size(o->comm) : 0,
+             ranks);
+    MT_CHECK(!o->comm || (be->native_stream != NULL) == (strcmp(mt_comm_name(o->comm), "nccl") == 0),
+             "the %s comm does not fit the %s backend (nccl's collectives take GPU buffers on its "
+             "streams; mpi and local take host buffers)", o->comm ? mt_comm_name(o->comm) : "", be->name);
     mt_engine *e = mt_calloc(1, sizeof *e);
     e->ranks = ranks;
-    e->comm = ranks > 1 ? o->comm : NULL;
-    e->rank = ranks > 1 ? mt_comm_rank(o->comm) : 0;
+    e->comm = o->comm;
+    e->rank = o->comm ? mt_comm_rank(o->comm) : 0;
     const mt_config *cfg = &t->cfg;
     e->t = t;
     e->be = be;
@@ -694,7 +725,7 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
     e->g_layer = be->alloc(be, padded_size(t, 0, ranks) * sizeof(float));
     e->g_embed = be->alloc(be, padded_size(t, MT_GROUP_EMBED, ranks) * sizeof(float));
     e->g_head = be->alloc(be, padded_size(t, L, ranks) * sizeof(float));
-    if (ranks > 1) {
+    if (o->comm && !be->native_stream) {
         e->g_shard = be->alloc(be, (size_t)mt_shard_size(mt_group_max_size(t), ranks) * sizeof(float));
         e->shard_in = new_event(e);
     }

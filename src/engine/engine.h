@@ -32,6 +32,9 @@
  * rank's optimizer thread updates only its shards; the forward still waits per group. The step's
  * target count and loss sum are gathered across the ranks, so the loss is the mean over all
  * ranks' targets and each rank scales its gradient by the global count. No GPU tier with ranks.
+ * Streams (cuda + nccl): the all-gather goes on the H2D stream behind the shard's copy, so the
+ * compute still waits per group for its load alone; the reduce-scatter and the norms' all-reduce
+ * on the compute stream, where their inputs are made and their results read (engine.c says why).
  */
 #ifndef MT_ENGINE_H
 #define MT_ENGINE_H
@@ -74,7 +77,9 @@ typedef struct {
                          (model/layer.h; a few ulp from untiled on BLAS: row blocking) */
     int ranks;        /* data-parallel ranks sharing the host state (<= 1: one); batch is then
                          this rank's rows. Sizes (mt_engine_plan_of) follow it */
-    mt_comm *comm;    /* ranks > 1: their comm (mt_engine_create); NULL with one rank */
+    mt_comm *comm;    /* ranks > 1: their comm (mt_engine_create); one rank: NULL, or the nccl
+                         comm of one GPU, whose collectives then run (the same bits as NULL).
+                         nccl with the cuda backend, mpi (or local) with the cpu one */
 } mt_engine_opts;
 
 typedef struct {

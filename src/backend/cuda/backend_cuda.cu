@@ -196,6 +196,11 @@ static void cuda_copy_async(mt_backend *be, mt_stream s, void *dst, const void *
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, mt_cuda_ctx_of(be)->streams[s]));
 }
 
+static void *cuda_native_stream(mt_backend *be, mt_stream s) {
+    MT_CHECK(s >= 0 && s < MT_STREAMS, "no stream %d", (int)s);
+    return (void *)mt_cuda_ctx_of(be)->streams[s];
+}
+
 static mt_event *cuda_event_create(mt_backend *be) {
     mt_event *e = (mt_event *)mt_calloc(1, sizeof *e);
     /* timing stays enabled: the engine measures the compute stream's busy time with these */
@@ -438,6 +443,7 @@ mt_backend *mt_backend_cuda_create(int64_t mem_budget_bytes) {
     be->stream_wait = cuda_stream_wait;
     be->event_sync = cuda_event_sync;
     be->event_elapsed_ms = cuda_event_elapsed_ms;
+    be->native_stream = cuda_native_stream;
     be->mem_used = cuda_mem_used;
     be->mem_budget = c->budget;
     be->memory = mt_backend_cuda_memory();
