@@ -155,19 +155,6 @@ static int evaluate(train_run *r) {
     return mt_train_log_eval(&r->log, r->step, r->eval_loss, count);
 }
 
-/* Matmul FLOPs one step executes: every layer's projections forward, again in the recompute
- * (layers without saved internals), twice in the backward; the LM head forward and its two
- * backward products; causal attention (QK^T and PV forward, recomputed likewise, and 2.5x that
- * backward) counting only the visible half. */
-static double step_matmul_flops(const mt_config *c, double tokens, int T, int saved_layers,
-                                int saved_attention) {
-    double layer = 2.0 * ((double)c->C * c->H * c->D * 2 + (double)c->C * c->G * c->D * 2 + 3.0 * c->C * c->F);
-    double attn = 4.0 * (T / 2.0) * c->H * c->D;
-    int recomputed = c->L - saved_layers - saved_attention; /* saved attention: all but the attention */
-    return tokens * (c->L * (layer * 3 + attn * 3.5) + recomputed * (layer + attn) +
-                     saved_attention * layer + 2.0 * c->C * c->V * 3);
-}
-
 #define H200_GEMM_PEAK 800e12 /* bf16 GEMM rate of the H200 (docs/DESIGN.md, "The test machine") */
 
 /* A number for a message: nan and inf spelled plainly (printf may write -nan). */
@@ -268,7 +255,7 @@ static int train_loop(train_run *r) {
                              .skipped = res.skipped,
                              .eta_s = timed > 0 ? r->rest_ms / (double)timed * (double)(last - r->step) / 1e3 : -1,
                              .gpu = gpu,
-                             .mfu = step_matmul_flops(&r->model.table.cfg, (double)B * T, T, r->saved_layers,
+                             .mfu = mt_flops_executed(&r->model.table.cfg, (double)B * T, T, r->saved_layers,
                                                     r->saved_attention) / sec /
                                     H200_GEMM_PEAK,
                              .h2d_gbs = res.h2d_bytes / sec / 1e9,

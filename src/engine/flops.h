@@ -28,4 +28,17 @@ double mt_flops_doc_square_sum(const int32_t *doc_start, int B, int T);
 /* The attention FLOPs of one step, forward and backward: 7 · L · H · D · doc_square_sum. */
 double mt_flops_attention(const mt_config *c, const int32_t *doc_start, int B, int T);
 
+/* The matmul FLOPs one layer's forward spends on `tokens` tokens in its projections (q, k, v, o,
+ * and with_mlp gate, up, down), and in its causal attention over rows of T tokens (QK^T and PV
+ * over the visible half). What the recompute of a checkpointed layer repeats, and what saving its
+ * internals or its attention output spares (planner.c). */
+double mt_flops_layer_projections(const mt_config *c, double tokens, int with_mlp);
+double mt_flops_layer_attention_forward(const mt_config *c, double tokens, int T);
+
+/* The matmul FLOPs one step executes (the MFU's numerator): every layer's forward, again in the
+ * recompute (all of it for layers without saved internals, all but the attention for the
+ * saved_attention ones), the backward at twice the projections and 2.5x the attention; the LM
+ * head forward and its two backward products. */
+double mt_flops_executed(const mt_config *c, double tokens, int T, int saved_layers, int saved_attention);
+
 #endif

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "engine/flops.h"
 #include "model/layer.h"
 
 int mt_plan_default_seq(const mt_config *cfg) {
@@ -63,11 +64,11 @@ static void auto_saved_layers(mt_plan *p) {
     double left = (double)p->budget - p->compute_bytes - pool_headroom(p);
     const mt_config *c = &p->cfg;
     double whole = p->mem.dev_saved_per_layer, att = p->mem.dev_saved_attention_per_layer;
-    double tokens = (double)p->eo.batch * p->eo.T, HD = (double)c->H * c->D, GD = (double)c->G * c->D;
+    double tokens = (double)p->eo.batch * p->eo.T;
     int tiled = p->eo.mlp_chunk > 0 && p->eo.mlp_chunk < p->eo.micro_batch * p->eo.T;
     /* the recompute's FLOPs each save spares (a tiled layer remakes gate and up in any case) */
-    double att_flops = tokens * 4.0 * (p->eo.T / 2.0) * HD;
-    double proj_flops = tokens * 2.0 * (2 * c->C * HD + 2 * c->C * GD + (tiled ? 0 : 3.0 * c->C * c->F));
+    double att_flops = mt_flops_layer_attention_forward(c, tokens, p->eo.T);
+    double proj_flops = mt_flops_layer_projections(c, tokens, !tiled);
     if (att <= 0 || whole <= att || att_flops / att <= (att_flops + proj_flops) / whole) {
         int k = layers_in(left, whole, p->L);
         p->eo.saved_layers = k;

@@ -28,21 +28,6 @@
 static mt_backend *cpu, *gpu;
 
 /* Weights rounded to bf16 so both backends see the same values. */
-/* ||got - ref|| / ||ref||, printed with the max-based metric. */
-static int check_l2(const char *what, const float *got, const float *ref, size_t n, double tol) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)got[i] - ref[i];
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-    }
-    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
-    int ok = rel <= tol; /* NaN fails */
-    fprintf(stderr, "%-48s n=%-8zu rel L2 %.3g (tol %.0e, %.0f%%) | max|err|/max|ref| %.3g%s\n", what, n,
-            rel, tol, 100 * rel / tol, mt_max_rel_err(got, ref, n), ok ? "" : "  FAIL");
-    return ok;
-}
-
 static float *bf16_weights(const mt_param_table *t, float std, uint64_t seed) {
     float *w = mt_aligned_alloc((size_t)t->total * sizeof(float));
     mt_param_init(t, w, std, seed);
@@ -98,14 +83,14 @@ static void compare_model(mt_config cfg, int B, int T, const char *label) {
     gpu->download(gpu, g, gd, n * sizeof(float));
     mt_runner_free(&rg);
 
-    int ok = check_l2("logits", logits, logits_ref, (size_t)N * cfg.V, LOGIT_TOL);
+    int ok = mt_check_rel_l2("logits", logits, logits_ref, (size_t)N * cfg.V, LOGIT_TOL);
     float lf = (float)loss, lr = (float)loss_ref;
-    ok &= check_l2("loss", &lf, &lr, 1, LOGIT_TOL);
+    ok &= mt_check_rel_l2("loss", &lf, &lr, 1, LOGIT_TOL);
     for (int i = 0; i < t.n_params; i++) {
         const mt_param *p = &t.params[i];
         char name[128];
         snprintf(name, sizeof name, "grad %s", p->name);
-        ok &= check_l2(name, g + p->offset, g_ref + p->offset, (size_t)p->numel, GRAD_TOL);
+        ok &= mt_check_rel_l2(name, g + p->offset, g_ref + p->offset, (size_t)p->numel, GRAD_TOL);
     }
     gpu->free(gpu, wd);
     gpu->free(gpu, gd);

@@ -20,19 +20,6 @@
 
 static mt_backend *cpu, *gpu;
 
-static int check_l2(const char *what, const float *got, const float *ref, size_t n, double tol) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)got[i] - ref[i];
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-    }
-    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
-    int ok = rel <= tol;
-    fprintf(stderr, "%-56s n=%-8zu rel L2 %.3g (tol %.0e)%s\n", what, n, rel, tol, ok ? "" : "  FAIL");
-    return ok;
-}
-
 static void *dev_copy(const void *host, size_t bytes) {
     void *d = gpu->alloc(gpu, bytes);
     gpu->upload(gpu, d, host, bytes);
@@ -193,12 +180,12 @@ static void compare_fixture(const char *name) {
     float *g = malloc(n * 4);
     gpu->download(gpu, g, gd, n * 4);
     mt_runner_free(&rg);
-    int ok = check_l2("loss (with the aux loss)", &loss, &loss_ref, 1, 2e-2);
+    int ok = mt_check_rel_l2("loss (with the aux loss)", &loss, &loss_ref, 1, 2e-2);
     for (int i = 0; i < t.n_params; i++) {
         const mt_param *p = &t.params[i];
         char gname[160];
         snprintf(gname, sizeof gname, "grad %s", p->name);
-        ok &= check_l2(gname, g + p->offset, g_ref + p->offset, (size_t)p->numel, 3e-2);
+        ok &= mt_check_rel_l2(gname, g + p->offset, g_ref + p->offset, (size_t)p->numel, 3e-2);
     }
     gpu->free(gpu, wd);
     gpu->free(gpu, gd);

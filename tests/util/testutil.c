@@ -156,3 +156,17 @@ void mt_cli_env_free(mt_cli_env *env) {
     free(env->tmp), free(env->fixture);
     env->tmp = env->fixture = NULL;
 }
+
+int mt_check_rel_l2(const char *what, const float *got, const float *ref, size_t n, double tol) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)got[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    int ok = rel <= tol; /* NaN fails */
+    fprintf(stderr, "%-48s n=%-8zu rel L2 %.3g (tol %.0e, %.0f%%) | max|err|/max|ref| %.3g%s\n", what, n,
+            rel, tol, 100 * rel / tol, mt_max_rel_err(got, ref, n), ok ? "" : "  FAIL");
+    return ok;
+}

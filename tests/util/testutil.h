@@ -18,6 +18,8 @@ int mt_allclose(const char *what, const float *got, const float *ref, size_t n, 
  * This is the metric for whole-model comparisons against fixtures. */
 double mt_max_rel_err(const float *got, const float *ref, size_t n);
 
+/* ||got - ref|| / ||ref|| <= tol (NaN fails), printed with mt_max_rel_err beside it; 1 on pass. */
+int mt_check_rel_l2(const char *what, const float *got, const float *ref, size_t n, double tol);
 /* Checks mt_max_rel_err <= tol, printing the numbers; returns 1 on pass. */
 int mt_check_rel(const char *what, const float *got, const float *ref, size_t n, double tol);
 
