@@ -86,7 +86,7 @@ release() { # phase batch seq
   case $rc in
   0) ;;
   124|137) say "release $phase: stopped by the ${RELEASE_TIMEOUT}s timeout (RELEASE_TIMEOUT)" ;;
-  *) say "release $phase failed (rc $rc):"; grep -v "^step " "$out" | tail -8 | tee -a "$log" ;;
+  *) say "release $phase failed (rc $rc):"; grep -vE "^(step |$(printf '\t')|Command (exited|being timed))" "$out" | tail -8 | tee -a "$log" ;;
   esac
 }
 ours() { # name (a phase of scripts/gpu-longctx-check.sh)
