@@ -3,7 +3,9 @@
 # the MegaTrain authors' release (bench/baselines/megatrain_release.py) and megatrain side by side on
 # the Qwen2.5-7B shape at long context, random init and tokens.
 #   bench/release_longctx.sh 32k 128k
-# Phases: 32k = 2 x 32768 (ours: gpu-longctx-check.sh 32kx2), 128k = 1 x 131072 (ours: 128k).
+# Phases: 32k = 2 x 32768 (ours: gpu-longctx-check.sh 32kx2), 128k = 1 x 131072 (ours: 128k). With
+# no phase it only installs the kit and builds the op (a setup call; later calls on a warm machine
+# reuse both). One device command is limited to 10 minutes: one phase a call.
 # Needs prebuilt/release/ from scripts/release-deps.sh (run here; carry "prebuilt"). No network:
 # the kit's wheels are installed with --no-index into RELPY (default /tmp/relpy), and DeepSpeed's CPU
 # Adam op is compiled once up front into TORCH_EXTENSIONS_DIR (default /tmp/dsext) so no release
@@ -60,6 +62,7 @@ EOF
     { say "release_longctx: installing $kit/wheels into $py failed (see above)"; exit 1; }
   touch "$py/.installed"
 fi
+orig_pythonpath=${PYTHONPATH:-}
 export PATH="$py/bin:$PATH"
 export PYTHONPATH="$py:$PWD/$kit/mtref${PYTHONPATH:+:$PYTHONPATH}"
 export MTREF=$PWD/$kit/mtref
@@ -92,8 +95,8 @@ release() { # phase batch seq
 ours() { # name (a phase of scripts/gpu-longctx-check.sh)
   [ -x "${MT_BIN:-build-gpu/megatrain}" ] || { say "ours $1: no ${MT_BIN:-build-gpu/megatrain} (run scripts/gpu-test.sh first)"; return; }
   say "## megatrain $1 (scripts/gpu-longctx-check.sh, CONFIG=$CONFIG)"
-  # its own python needs nothing from the kit
-  PYTHONPATH= STEPS=$STEPS bash scripts/gpu-longctx-check.sh "$1" | grep -E "^(RESULT|failed|## |step |megatrain: )|Maximum resident|Elapsed" | tee -a "$log"
+  # its python (make_tokens.py, summarize.py) needs nothing from the kit
+  PYTHONPATH=$orig_pythonpath STEPS=$STEPS bash scripts/gpu-longctx-check.sh "$1" | grep -E "^(RESULT|failed|## |step |megatrain: )|Maximum resident|Elapsed" | tee -a "$log"
 }
 
 for phase in "$@"; do
