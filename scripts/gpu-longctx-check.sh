@@ -2,7 +2,8 @@
 # On the GPU machine after scripts/gpu-test.sh has built build-gpu/ (issue 11, bench/RESULTS.md):
 # the Qwen2.5-7B shape at long context, batch 1, random init and tokens.
 #   scripts/gpu-longctx-check.sh 32k 128k 512k 4k
-# Each phase is one `megatrain train` at that --seq (4k: 16 x 4096, the short-context anchor), with
+# Each phase is one `megatrain train` at that --seq (4k: 16 x 4096, the short-context anchor; 32kx2:
+# 2 x 32768, the MegaTrain release's shape in bench/release_longctx.sh), with
 # the planner's defaults (tiles, checkpoint placement, GPU tier). Env: STEPS (default 2), ATTN
 # (MT_ATTENTION for these runs; default cudnn), STATE (default compact), CONFIG (default
 # bench/configs/qwen2.5-7b.json), FLAGS (more train flags), TAG (added to the run names).
@@ -43,6 +44,7 @@ for phase in "$@"; do
   case $phase in
   4k) run 4k 16 4096 ;;
   32k) run 32k 1 32768 ;;
+  32kx2) run 32kx2 2 32768 ;; # bench/release_longctx.sh: the release's 32k batch
   128k) run 128k 1 131072 ;;
   512k) run 512k 1 524288 ;;
   *) say "unknown phase $phase" ;;
