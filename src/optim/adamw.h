@@ -45,6 +45,7 @@ typedef struct {
     int lerp_small;   /* |1-beta1| < 0.5: fma(w, g-m, m); else fma(w-1, g-m, g) */
     float b2, c2;     /* f32(beta2), f32(1-beta2) */
     float bc2s;       /* f32(sqrt(1 - beta2^step)) */
+    float inv_bc2s;   /* f32(1 / sqrt(1 - beta2^step)): the 8-bit formats' (kernel.h) */
     float eps;
     float neg_step;   /* f32(-lr / (1 - beta1^step)) */
 } mt_adamw_consts;

@@ -74,6 +74,7 @@ mt_adamw_consts mt_adamw_consts_of(const mt_adamw_step_args *a) {
     double bc1 = 1.0 - pow(a->beta1, (double)a->step);
     double bc2 = 1.0 - pow(a->beta2, (double)a->step);
     c.bc2s = (float)pow(bc2, 0.5);
+    c.inv_bc2s = (float)(1.0 / pow(bc2, 0.5));
     c.eps = (float)a->eps;
     c.neg_step = (float)(-(a->lr / bc1));
     return c;

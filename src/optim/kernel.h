@@ -5,6 +5,11 @@
  * of adamw.h (torch's fp32 rounding of every op) on the fp32 weight, store the weight
  * (compact: split into bf16 + residual; tight: stochastic rounding), keep the new fp32 m, v in a
  * block buffer and their absmax (on the bits: order-free), then requantize the block.
+ * Two ops differ from torch's AdamW on purpose, to spare the divider (the 8-bit kernels had
+ * four divisions and a square root per element): sqrt(v) is multiplied by
+ * 1/sqrt(1 - beta2^t) instead of divided by its square root, and the requantization multiplies
+ * by the reciprocal of the block's scale instead of dividing by it; one rounding more or less in
+ * numbers that are quantized to 8 bits next. full (full_kernel.h) keeps torch's divisions.
  * Only the explicit fmaf() may be fused: every rounding step is its own statement (full_kernel.h
  * says why), and the cross-ISA bitwise test catches a build that fuses anyway. */
 #ifndef MT_OPTIM_KERNEL_H
@@ -25,7 +30,7 @@ typedef struct {
     float lerp_coef;  /* f32(1-beta1), or f32(1-beta1) - 1 when not "small" (torch's lerp) */
     int lerp_small;   /* |1-beta1| < 0.5 */
     float b2, c2;     /* f32(beta2), f32(1-beta2) */
-    float bc2s;       /* f32(sqrt(1 - beta2^step)) */
+    float inv_bc2s;   /* f32(1 / sqrt(1 - beta2^step)): a multiply, not torch's divide (below) */
     float eps;
     float neg_step;   /* f32(-lr / (1 - beta1^step)) */
     int tight;        /* 0: compact (comp used), 1: tight (stochastic rounding) */
@@ -68,7 +73,7 @@ static inline void mt_optim_elem(const mt_optim_consts *c, const mt_optim_span *
     float vv = c->qv->code[s->vq[i]] * sv;
     vv = vv * c->b2;
     vv = fmaf(c->c2 * g, g, vv);
-    float d = sqrtf(vv) / c->bc2s;
+    float d = sqrtf(vv) * c->inv_bc2s;
     d = d + c->eps;
     float u = c->neg_step * mm;
     u = u / d;
@@ -81,9 +86,10 @@ static inline void mt_optim_elem(const mt_optim_consts *c, const mt_optim_span *
 
 static inline uint32_t mt_optim_absbits(float x) { return mt_f32_bits(x) & 0x7fffffffu; }
 
-/* The block's new scale and the divisor its values are quantized with. */
-static inline float mt_optim_divisor(uint32_t amax) {
-    return amax ? mt_f32_from_bits(amax) : 1.0f;
+/* What the block's values are multiplied by to quantize them: the reciprocal of its new scale
+ * (amax's float), rounded once (1 for an all-zero block). */
+static inline float mt_optim_recip(uint32_t amax) {
+    return amax ? 1.0f / mt_f32_from_bits(amax) : 1.0f;
 }
 
 /* The span from element i on (i a multiple of MT_OPTIM_BLOCK). */
@@ -114,13 +120,14 @@ static inline void mt_optim_block_elems(const mt_optim_consts *c, const mt_optim
     }
 }
 
-/* Requantizes elements [i, nb) of one block from mb, vb with the divisors dm, dv. */
+/* Requantizes elements [i, nb) of one block from mb, vb times the reciprocals rm, rv of their
+ * scales (mt_optim_recip). */
 static inline void mt_optim_block_requant(const mt_optim_consts *c, const mt_optim_span *s,
                                           size_t i, size_t nb, const float *mb, const float *vb,
-                                          float dm, float dv) {
+                                          float rm, float rv) {
     for (; i < nb; i++) {
-        s->mq[i] = mt_qmap_quantize(c->qm, mb[i] / dm);
-        s->vq[i] = mt_qmap_quantize(c->qv, vb[i] / dv);
+        s->mq[i] = mt_qmap_quantize(c->qm, mb[i] * rm);
+        s->vq[i] = mt_qmap_quantize(c->qv, vb[i] * rv);
     }
 }
 

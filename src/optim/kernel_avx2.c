@@ -79,12 +79,12 @@ MT_AVX2_INLINE void store_codes(uint8_t *dst, __m256i k) {
     _mm_storel_epi64((__m128i *)dst, _mm_packus_epi16(p16, p16));
 }
 
-/* Codes of x[0..n8) / d, n8 a multiple of 8 (mt_optim_block_requant). */
-MT_AVX2_INLINE void requant(const mt_qmap *q, const float *x, size_t n8, float d, uint8_t *dst) {
-    const __m256 d8 = _mm256_set1_ps(d);
+/* Codes of x[0..n8) * r, n8 a multiple of 8 (mt_optim_block_requant). */
+MT_AVX2_INLINE void requant(const mt_qmap *q, const float *x, size_t n8, float r, uint8_t *dst) {
+    const __m256 r8 = _mm256_set1_ps(r);
     for (size_t i = 0; i < n8; i += 8)
         store_codes(dst + i, quantize_k(q, _mm256_castps_si256(
-                                               _mm256_div_ps(_mm256_load_ps(x + i), d8))));
+                                               _mm256_mul_ps(_mm256_load_ps(x + i), r8))));
 }
 
 MT_AVX2_INLINE uint32_t hmax(__m256i x) {
@@ -102,7 +102,7 @@ MT_AVX2_INLINE void block(const mt_optim_consts *c, const mt_optim_span *s, size
     const mt_bf16 *gh = s->grad;
     const __m256 gs = _mm256_set1_ps(c->gs), decay = _mm256_set1_ps(c->decay),
                  lc = _mm256_set1_ps(c->lerp_coef), b2 = _mm256_set1_ps(c->b2),
-                 c2 = _mm256_set1_ps(c->c2), bc2s = _mm256_set1_ps(c->bc2s),
+                 c2 = _mm256_set1_ps(c->c2), ibc2s = _mm256_set1_ps(c->inv_bc2s),
                  eps = _mm256_set1_ps(c->eps), ns = _mm256_set1_ps(c->neg_step),
                  sm = _mm256_set1_ps(s->ms[0]), sv = _mm256_set1_ps(s->vs[0]);
     const __m256i absm = _mm256_set1_epi32(0x7fffffff), q40 = _mm256_set1_epi32(0x40),
@@ -135,7 +135,7 @@ MT_AVX2_INLINE void block(const mt_optim_consts *c, const mt_optim_span *s, size
         __m256 vv = _mm256_mul_ps(_mm256_load_ps(vb + i), sv);
         vv = _mm256_mul_ps(vv, b2);
         vv = _mm256_fmadd_ps(_mm256_mul_ps(c2, g), g, vv);
-        __m256 d = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vv), bc2s), eps);
+        __m256 d = _mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(vv), ibc2s), eps);
         pp = _mm256_add_ps(pp, _mm256_div_ps(_mm256_mul_ps(ns, mm), d));
         __m256i u = _mm256_castps_si256(pp);
         __m256i isnan = _mm256_castps_si256(_mm256_cmp_ps(pp, pp, _CMP_UNORD_Q));
@@ -156,10 +156,10 @@ MT_AVX2_INLINE void block(const mt_optim_consts *c, const mt_optim_span *s, size
     }
     uint32_t am = hmax(am8), av = hmax(av8);
     mt_optim_block_elems(c, s, i, nb, mb, vb, &am, &av);
-    float dm = mt_optim_divisor(am), dv = mt_optim_divisor(av);
-    requant(c->qm, mb, n8, dm, s->mq);
-    requant(c->qv, vb, n8, dv, s->vq);
-    mt_optim_block_requant(c, s, n8, nb, mb, vb, dm, dv);
+    float rm = mt_optim_recip(am), rv = mt_optim_recip(av);
+    requant(c->qm, mb, n8, rm, s->mq);
+    requant(c->qv, vb, n8, rv, s->vq);
+    mt_optim_block_requant(c, s, n8, nb, mb, vb, rm, rv);
     s->ms[0] = mt_f32_from_bits(am);
     s->vs[0] = mt_f32_from_bits(av);
 }

@@ -80,11 +80,11 @@ MT_AVX512_INLINE __m512i gather_cells(const mt_qmap *q, __m512i u) {
 
 /* Codes of elements [0, n16) of a block (n16 a multiple of 16; mt_optim_block_requant) */
 MT_AVX512_INLINE void requant(const mt_optim_consts *c, const mt_optim_span *s, size_t n16,
-                              const float *mb, const float *vb, float dm, float dv) {
-    const __m512 dm16 = _mm512_set1_ps(dm), dv16 = _mm512_set1_ps(dv);
+                              const float *mb, const float *vb, float rm, float rv) {
+    const __m512 rm16 = _mm512_set1_ps(rm), rv16 = _mm512_set1_ps(rv);
     for (size_t i = 0; i < n16; i += 16) {
-        __m512i um = _mm512_castps_si512(_mm512_div_ps(_mm512_load_ps(mb + i), dm16));
-        __m512i uv = _mm512_castps_si512(_mm512_div_ps(_mm512_load_ps(vb + i), dv16));
+        __m512i um = _mm512_castps_si512(_mm512_mul_ps(_mm512_load_ps(mb + i), rm16));
+        __m512i uv = _mm512_castps_si512(_mm512_mul_ps(_mm512_load_ps(vb + i), rv16));
         store_codes(s->mq + i, quantize_k(um, gather_cells(c->qm, um)));
         store_codes(s->vq + i, quantize_k(uv, gather_cells(c->qv, uv)));
     }
@@ -98,7 +98,7 @@ MT_AVX512_INLINE void block(const mt_optim_consts *c, const mt_optim_span *s, si
     const mt_bf16 *gh = s->grad;
     const __m512 gs = _mm512_set1_ps(c->gs), decay = _mm512_set1_ps(c->decay),
                  lc = _mm512_set1_ps(c->lerp_coef), b2 = _mm512_set1_ps(c->b2),
-                 c2 = _mm512_set1_ps(c->c2), bc2s = _mm512_set1_ps(c->bc2s),
+                 c2 = _mm512_set1_ps(c->c2), ibc2s = _mm512_set1_ps(c->inv_bc2s),
                  eps = _mm512_set1_ps(c->eps), ns = _mm512_set1_ps(c->neg_step),
                  sm = _mm512_set1_ps(s->ms[0]), sv = _mm512_set1_ps(s->vs[0]);
     const __m512i absm = _mm512_set1_epi32(0x7fffffff), q40 = _mm512_set1_epi32(0x40),
@@ -131,7 +131,7 @@ MT_AVX512_INLINE void block(const mt_optim_consts *c, const mt_optim_span *s, si
         __m512 vv = _mm512_mul_ps(gather_codes(c->qv->code, s->vq + i), sv);
         vv = _mm512_mul_ps(vv, b2);
         vv = _mm512_fmadd_ps(_mm512_mul_ps(c2, g), g, vv);
-        __m512 d = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vv), bc2s), eps);
+        __m512 d = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(vv), ibc2s), eps);
         pp = _mm512_add_ps(pp, _mm512_div_ps(_mm512_mul_ps(ns, mm), d));
         __m512i u = _mm512_castps_si512(pp);
         __mmask16 isnan = _mm512_cmp_ps_mask(pp, pp, _CMP_UNORD_Q);
@@ -153,9 +153,9 @@ MT_AVX512_INLINE void block(const mt_optim_consts *c, const mt_optim_span *s, si
     uint32_t am = (uint32_t)_mm512_reduce_max_epu32(am16);
     uint32_t av = (uint32_t)_mm512_reduce_max_epu32(av16);
     mt_optim_block_elems(c, s, i, nb, mb, vb, &am, &av);
-    float dm = mt_optim_divisor(am), dv = mt_optim_divisor(av);
-    requant(c, s, n16, mb, vb, dm, dv);
-    mt_optim_block_requant(c, s, n16, nb, mb, vb, dm, dv);
+    float rm = mt_optim_recip(am), rv = mt_optim_recip(av);
+    requant(c, s, n16, mb, vb, rm, rv);
+    mt_optim_block_requant(c, s, n16, nb, mb, vb, rm, rv);
     s->ms[0] = mt_f32_from_bits(am);
     s->vs[0] = mt_f32_from_bits(av);
 }

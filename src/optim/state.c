@@ -251,7 +251,7 @@ void mt_optim_kernel_scalar(const mt_optim_consts *c, const mt_optim_span *s, si
         mt_optim_span sb = mt_optim_span_at(s, b0);
         uint32_t am = 0, av = 0;
         mt_optim_block_elems(c, &sb, 0, nb, mb, vb, &am, &av);
-        mt_optim_block_requant(c, &sb, 0, nb, mb, vb, mt_optim_divisor(am), mt_optim_divisor(av));
+        mt_optim_block_requant(c, &sb, 0, nb, mb, vb, mt_optim_recip(am), mt_optim_recip(av));
         sb.ms[0] = mt_f32_from_bits(am);
         sb.vs[0] = mt_f32_from_bits(av);
     }
@@ -281,7 +281,7 @@ static mt_optim_consts make_consts(const mt_optim_arenas *s, const mt_optim_step
     c.lerp_coef = b.lerp_coef;
     c.b2 = b.b2;
     c.c2 = b.c2;
-    c.bc2s = b.bc2s;
+    c.inv_bc2s = b.inv_bc2s;
     c.eps = b.eps;
     c.neg_step = b.neg_step;
     c.tight = s->f == MT_STATE_TIGHT;

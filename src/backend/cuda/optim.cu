@@ -16,7 +16,7 @@
  * compact and tight: one CUDA block of MT_OPTIM_BLOCK threads per quantization block, one thread
  * per element. Each dequantizes with the block's old scales, updates its element, then the block
  * takes the absmax of the new moments on their bits (order-free, as the CPU) and every thread
- * requantizes its own x / divisor. NaN payloads are the exception: x86 and the GPU make different
+ * requantizes its own x times the reciprocal of the new scale. NaN payloads are the exception: x86 and the GPU make different
  * NaN bits from non-NaN operands (0 * inf), so a NaN moment or weight may differ in its bits. */
 #include <math.h>
 
@@ -60,14 +60,15 @@ static __device__ __forceinline__ float load_grad(const void *grad, int grad_bf1
 /* The AdamW element of mt_optim_elem / mt_adamw_elem on the fp32 weight p and moments *m, *v;
  * returns the new weight. */
 static __device__ __forceinline__ float adamw_elem(const mt_adamw_consts &c, float graw, float p,
-                                                   float *m, float *v) {
+                                                   float *m, float *v, int q8) {
     float g = __fmul_rn(graw, c.gs);
     if (c.do_decay) p = __fmul_rn(p, c.decay);
     float mm = *m;
     mm = __fmaf_rn(c.lerp_coef, __fsub_rn(g, mm), c.lerp_small ? mm : g);
     float vv = __fmul_rn(*v, c.b2);
     vv = __fmaf_rn(__fmul_rn(c.c2, g), g, vv);
-    float d = __fdiv_rn(__fsqrt_rn(vv), c.bc2s);
+    /* the 8-bit formats multiply by the reciprocal (kernel.h); full divides, as torch */
+    float d = q8 ? __fmul_rn(__fsqrt_rn(vv), c.inv_bc2s) : __fdiv_rn(__fsqrt_rn(vv), c.bc2s);
     d = __fadd_rn(d, c.eps);
     float u = __fmul_rn(c.neg_step, mm);
     u = __fdiv_rn(u, d);
@@ -94,7 +95,7 @@ static __global__ void full_kernel(mt_adamw_consts c, full_span s, size_t n) {
          i += (size_t)gridDim.x * blockDim.x) {
         float g = load_grad(s.grad, s.grad_bf16, i);
         float m = s.m[i], v = s.v[i];
-        float p = adamw_elem(c, g, s.master[i], &m, &v);
+        float p = adamw_elem(c, g, s.master[i], &m, &v, 0);
         s.master[i] = p;
         s.m[i] = m;
         s.v[i] = v;
@@ -142,7 +143,7 @@ static __global__ void __launch_bounds__(MT_OPTIM_BLOCK)
         float p = s.tight ? bf16_bits_to_f32(s.w[i]) : mt_bf16c_join(s.w[i], s.comp[i]);
         mm = __fmul_rn(qm->code[s.mq[i]], sm);
         vv = __fmul_rn(qv->code[s.vq[i]], sv);
-        p = adamw_elem(c, g, p, &mm, &vv);
+        p = adamw_elem(c, g, p, &mm, &vv, 1);
         if (s.tight) s.w[i] = mt_bf16_round_sr(p, mt_sr_bits16(s.key, s.index0 + i));
         else mt_bf16c_split(p, &s.w[i], &s.comp[i]);
         am = mt_f32_bits(mm) & 0x7fffffffu;
@@ -151,9 +152,11 @@ static __global__ void __launch_bounds__(MT_OPTIM_BLOCK)
     am = block_max(am, sh_m);
     av = block_max(av, sh_v);
     if (live) {
-        float dm = am ? mt_f32_from_bits(am) : 1.0f, dv = av ? mt_f32_from_bits(av) : 1.0f;
-        s.mq[i] = mt_qmap_quantize(qm, __fdiv_rn(mm, dm));
-        s.vq[i] = mt_qmap_quantize(qv, __fdiv_rn(vv, dv));
+        /* mt_optim_recip */
+        float rm = am ? __fdiv_rn(1.0f, mt_f32_from_bits(am)) : 1.0f;
+        float rv = av ? __fdiv_rn(1.0f, mt_f32_from_bits(av)) : 1.0f;
+        s.mq[i] = mt_qmap_quantize(qm, __fmul_rn(mm, rm));
+        s.vq[i] = mt_qmap_quantize(qv, __fmul_rn(vv, rv));
     }
     if (threadIdx.x == 0) {
         s.ms[b] = mt_f32_from_bits(am);
