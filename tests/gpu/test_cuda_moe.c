@@ -3,17 +3,24 @@
  * through the runner. Exits 77 (skipped) without a GPU.
  * Op metrics: routing choices, the grouping (perm, inv, offsets) and the selection counts exactly
  * equal; probabilities, gates, gathers and combines within 1e-5 relative of max (fp32 math on
- * bf16 inputs; bf16 outputs within 1e-2). Whole models: per tensor relative L2 <= 2e-2 for the
- * loss, <= 3e-2 for gradients, as test_cuda_model, on a token draw whose routing is clear-cut: a
- * top-k choice that flips between the backends moves a token to another expert, a real
- * difference and not rounding. The draw is the one of 64 whose smallest margin between a token's
+ * bf16 inputs; bf16 outputs within 1e-2). Whole models: relative L2 <= 2e-2 for the loss and, per
+ * gradient tensor, <= max(3e-2 as test_cuda_model, the nudged CPU runs' own spread for it; below),
+ * on a token draw whose routing is clear-cut: a top-k choice that flips between the backends
+ * moves a token to another expert, a real difference and not rounding. The draw is the one of 64 whose smallest margin between a token's
  * k-th and (k+1)-th router logit is largest, and the test fails unless four CPU runs from weights
  * nudged by 4 bf16 steps (relative 2^-7) make every choice the same.
  * Why not scale the router up for clear-cut choices (the first version, failed on the H200 in
  * session 6 at 2-6% on most gradients): a sharper softmax amplifies every difference through the
  * router's backward; on the CPU alone, weights nudged by one bf16 step moved mixtral_moe's
  * gradients by a median 3.2% (max 12.6%) with the router x8 and flipped no choice, against 0.86%
- * (1.6%) unscaled, as much as a dense model (llama_gqa: 0.77%, 1.5%). */
+ * (1.6%) unscaled, as much as a dense model (llama_gqa: 0.77%, 1.5%).
+ * Why the nudged runs' spread in the tolerance (the flat 3e-2 failed on the H200 in session 6,
+ * call C, on qwen3_moe_step alone: 5 of 195 tensors at 3.2-6.1%): those five are the gradients
+ * the model's own conditioning makes sensitive: 8-element q_norm/k_norm weights and a router,
+ * whose fp32 CPU gradient the 2^-7 nudges move by 7.5-17.1%; the CUDA run's error was 0.25-0.53
+ * of that spread on them and 0.3-0.55 on the tensors that passed. Under the rule every tensor of
+ * that run is within 57% of its tolerance; a wrong formula (errors of order 1) still fails, and a
+ * draw whose spread passes MAX_SPREAD fails as untestable. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -156,6 +163,8 @@ static void test_ops(void **state) {
 /* The CPU backend's routing choices, logged by wrapping its moe_route: every choice of the runs
  * since the last reset, and the smallest margin between a token's k-th and (k+1)-th router logit. */
 #define ROUTE_LOG_MAX 65536
+/* A gradient that the nudged CPU runs move by more than this is too ill-conditioned to test. */
+#define MAX_SPREAD 0.3
 static struct {
     int32_t idx[ROUTE_LOG_MAX];
     int n, k;
@@ -303,7 +312,9 @@ static void compare_fixture(const char *name) {
         const mt_param *p = &t.params[i];
         char gname[192];
         snprintf(gname, sizeof gname, "grad %s (nudged cpu %.3g)", p->name, spread[i]);
-        ok &= mt_check_rel_l2(gname, g + p->offset, g_ref + p->offset, (size_t)p->numel, 3e-2);
+        if (spread[i] > MAX_SPREAD) fail_msg("%s: nudged CPU runs move it by %.3g: an ill-conditioned draw", gname, spread[i]);
+        double tol = spread[i] > 3e-2 ? spread[i] : 3e-2;
+        ok &= mt_check_rel_l2(gname, g + p->offset, g_ref + p->offset, (size_t)p->numel, tol);
     }
     gpu->free(gpu, wd);
     gpu->free(gpu, gd);
