@@ -521,13 +521,14 @@ static void print_tier_reason(const mt_plan *p, FILE *out) {
         fprintf(out, "the host update (%.2f s) keeps ahead of the next forward (%.2f s)\n", now->host_s, now->forward_s);
         return;
     }
-    char with[32];
-    if (h) snprintf(with, sizeof with, "with %d (what the host needs)", h);
+    char with[48];
+    if (k == h) snprintf(with, sizeof with, "what the host RAM needs:");
+    else if (h) snprintf(with, sizeof with, "with %d (what the host RAM needs)", h);
     else snprintf(with, sizeof with, "with none");
     fprintf(out, "%d layers (%.2f GiB): %s the host update (%.2f s) would hold the next forward (%.2f s) "
             "back %.2f s; ", k, p->mem.dev_tier / MT_GIB, with, few->host_s, few->forward_s, few->wait_s);
     if (k == h)
-        fprintf(out, "no tier layer fits beside the plan\n");
+        fprintf(out, "no more layers fit beside the plan\n");
     else if (!mt_step_time_waits(now))
         fprintf(out, "with %d the host starts %d layers ahead: the forward waits %.2f s (under %.0f%% of "
                 "it)\n", k, k, now->wait_s, 100 * MT_STEP_WAIT_SHARE);
@@ -543,15 +544,21 @@ static void print_tier_reason(const mt_plan *p, FILE *out) {
 static void print_step_time(const mt_plan *p, FILE *out) {
     const mt_step_time *s = &p->time;
     const mt_config *c = &p->cfg;
-    fprintf(out, "step time:   compute %.2f s (%.3g PFLOP at %.0f TFLOP/s%s), PCIe %.2f s (up %.2f GiB, "
-            "down %.2f GiB), host AdamW %.2f s (%.2f Gparam at %.1f Gparam/s: %s)\n",
-            s->compute_s, s->flops / 1e15, p->backend.flops_rate / 1e12,
-            c->n_experts ? ", active experts" : "", s->pcie_s, s->h2d_bytes / MT_GIB, s->d2h_bytes / MT_GIB,
+    double est = s->compute_s + s->start_s + s->wait_s;
+    fprintf(out, "step time:   ~%.2f s: compute %.2f s (%.3g PFLOP at %.0f TFLOP/s%s), PCIe %.2f s (up %.2f "
+            "GiB, down %.2f GiB), host AdamW %.2f s (%.2f Gparam at %.1f Gparam/s: %s)\n",
+            est > s->pcie_s ? est : s->pcie_s, s->compute_s, s->flops / 1e15, p->backend.flops_rate / 1e12,
+            c->n_experts ? ", active experts only" : "", s->pcie_s, s->h2d_bytes / MT_GIB, s->d2h_bytes / MT_GIB,
             s->host_s, s->host_params / 1e9, p->host_rate / 1e9, p->host_rate_source);
-    static const char *bound[] = {"compute", "PCIe", "the host update"};
-    fprintf(out, "             bound: %s (the copies overlap the step; the host update only the next "
-            "forward, %.2f s, which starts %.2f s after the backward and then waits %.2f s); ",
-            bound[s->bound], s->forward_s, s->start_s, s->wait_s);
+    if (s->bound == MT_BOUND_HOST)
+        fprintf(out, "             bound: the host update, which only the next forward (%.2f s) overlaps: that "
+                "forward starts %.2f s after the backward and waits %.2f s more; ", s->forward_s, s->start_s,
+                s->wait_s);
+    else
+        fprintf(out, "             bound: %s; the host update overlaps the next forward (%.2f s), which starts "
+                "%.2f s after the backward and waits %.2f s more; ",
+                s->bound == MT_BOUND_PCIE ? "PCIe (the copies overlap the whole step)" : "compute",
+                s->forward_s, s->start_s, s->wait_s);
     if (p->compute_batch)
         fprintf(out, "compute-bound from --batch %d at --seq %d (memory aside)\n", p->compute_batch, p->eo.T);
     else
