@@ -521,14 +521,16 @@ static void print_tier_reason(const mt_plan *p, FILE *out) {
         fprintf(out, "the host update (%.2f s) keeps ahead of the next forward (%.2f s)\n", now->host_s, now->forward_s);
         return;
     }
-    char with[48];
-    if (k == h) snprintf(with, sizeof with, "what the host RAM needs:");
-    else if (h) snprintf(with, sizeof with, "with %d (what the host RAM needs)", h);
-    else snprintf(with, sizeof with, "with none");
-    fprintf(out, "%d layers (%.2f GiB): %s the host update (%.2f s) would hold the next forward (%.2f s) "
-            "back %.2f s; ", k, p->mem.dev_tier / MT_GIB, with, few->host_s, few->forward_s, few->wait_s);
+    /* what the fewest layers (those the host RAM needs) would leave */
+    if (k) fprintf(out, "%d layers (%.2f GiB): ", k, p->mem.dev_tier / MT_GIB);
+    else fprintf(out, "none: ");
+    if (k != h && h) fprintf(out, "with %d (what the host RAM needs) ", h);
+    else if (k != h) fprintf(out, "with none ");
+    else if (h) fprintf(out, "what the host RAM needs; with them ");
+    fprintf(out, "the host update (%.2f s) %s the next forward (%.2f s) back %.2f s; ", few->host_s,
+            k == h ? "holds" : "would hold", few->forward_s, few->wait_s);
     if (k == h)
-        fprintf(out, "no more layers fit beside the plan\n");
+        fprintf(out, "no %stier layer fits beside the plan\n", h ? "more " : "");
     else if (!mt_step_time_waits(now))
         fprintf(out, "with %d the host starts %d layers ahead: the forward waits %.2f s (under %.0f%% of "
                 "it)\n", k, k, now->wait_s, 100 * MT_STEP_WAIT_SHARE);
