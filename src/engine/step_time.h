@@ -16,7 +16,8 @@
  *    streamed layer are updated (engine.c, forward: the first prefetch waits for both), so it
  *    starts start_s after the backward whatever the tier; then each streamed layer's load waits
  *    for that layer's update, the head's for the head's. The tier's layers (0..k-1) wait for
- *    nothing, so with k of them the host starts k layers ahead of the forward.
+ *    nothing, so with k of them the host starts k layers ahead of the forward (their own update,
+ *    on the compute stream, runs meanwhile: at GPU memory speed it is a few ms, left out).
  *  - wait_s: how much later that forward ends than with an instant host from the same start
  *    (loads and compute simulated layer by layer; 0: the host keeps ahead).
  */
