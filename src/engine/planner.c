@@ -530,7 +530,7 @@ static void print_tier_reason(const mt_plan *p, FILE *out) {
     fprintf(out, "the host update (%.2f s) %s the next forward (%.2f s) back %.2f s; ", few->host_s,
             k == h ? "holds" : "would hold", few->forward_s, few->wait_s);
     if (k == h)
-        fprintf(out, "no %stier layer fits beside the plan\n", h ? "more " : "");
+        fprintf(out, "%s beside the plan\n", h ? "no more tier layers fit" : "no tier layer fits");
     else if (!mt_step_time_waits(now))
         fprintf(out, "with %d the host starts %d layers ahead: the forward waits %.2f s (under %.0f%% of "
                 "it)\n", k, k, now->wait_s, 100 * MT_STEP_WAIT_SHARE);
