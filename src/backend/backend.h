@@ -54,6 +54,10 @@ typedef struct {
                               runtime and libraries), kept free when fitting the host */
     int (*head_chunk_rows)(int N, int V); /* rows per chunk of lm_head_loss over N rows (the plan
                                              prints it; NULL: unknown) */
+    /* Rates for the planner's step-time estimate (engine/step_time.h); 0: unknown, no estimate. */
+    double flops_rate;  /* FLOP/s the step's matmuls (engine/flops.h's executed count) run at */
+    double h2d_rate, d2h_rate; /* bytes/s of a pinned copy, one direction alone */
+    double duplex_rate; /* bytes/s each way while both directions copy */
 } mt_backend_memory;
 
 struct mt_backend {

@@ -13,5 +13,13 @@ mt_backend_memory mt_backend_cuda_memory(void) {
                                   4.3 (14B compact), 5.3 (7B full) — bench/RESULTS.md; a 32B plan at
                                   MemAvailable without it was killed by the OOM killer */
                                .host_overhead = (int64_t)6 << 30,
-                               .host_ram = 0, .head_chunk_rows = head_chunk_rows};
+                               .host_ram = 0, .head_chunk_rows = head_chunk_rows,
+                               /* the H200 (docs/DESIGN.md, "The test machine"): cuBLAS bf16 GEMMs
+                                  at 800 TFLOP/s, of which whole 7B steps at 16 x 4096 ran 75% (MFU
+                                  74-75% where nothing waited: step 1, and full state at GPU busy
+                                  95-99%; bench/RESULTS.md, session 5); smaller models run less
+                                  (1.5B: 56%), so their estimate is optimistic. PCIe Gen5 x16,
+                                  pinned: 55.2 GB/s up, 55.3 down, 46.2 each way at once */
+                               .flops_rate = 0.75 * 800e12, .h2d_rate = 55.2e9, .d2h_rate = 55.3e9,
+                               .duplex_rate = 46.2e9};
 }

@@ -1,4 +1,5 @@
-/* megatrain plan: the memory plan of a training run, and whether it fits, without training. */
+/* megatrain plan: the memory plan of a training run, whether it fits and how long its step should
+ * take (on a GPU), without training. */
 #include <getopt.h>
 #include <stdio.h>
 
@@ -22,7 +23,10 @@ static void print_usage(FILE *out) {
             "  largest dividing B that fits). Sizes are GiB (2^30 bytes): --gpu-mem 24G = 24 GiB.\n"
             "  Without a CUDA device here, --device cuda or --gpu-mem plans the GPU side for one.\n"
             "  --state and --gpu-layers as in train; --host-mem plans for a host with that much RAM\n"
-            "  free for training (default: this machine's, unless planning for another GPU).\n",
+            "  free for training (default: this machine's, unless planning for another GPU).\n"
+            "  On a GPU it also estimates the step: compute, PCIe and host AdamW time, what bounds\n"
+            "  it, the smallest compute-bound --batch; MT_HOST_ADAMW=G sets the host AdamW rate in\n"
+            "  Gparam/s (default: the format's, measured in training on the H200 host).\n",
             MT_PLAN_DEFAULT_BATCH);
 }
 

@@ -28,17 +28,25 @@ double mt_flops_doc_square_sum(const int32_t *doc_start, int B, int T);
 /* The attention FLOPs of one step, forward and backward: 7 · L · H · D · doc_square_sum. */
 double mt_flops_attention(const mt_config *c, const int32_t *doc_start, int B, int T);
 
-/* The matmul FLOPs one layer's forward spends on `tokens` tokens in its projections (q, k, v, o,
- * and with_mlp gate, up, down), and in its causal attention over rows of T tokens (QK^T and PV
- * over the visible half). What the recompute of a checkpointed layer repeats, and what saving its
- * internals or its attention output spares (planner.c). */
-double mt_flops_layer_projections(const mt_config *c, double tokens, int with_mlp);
+/* The matmul FLOPs layer l's forward spends on `tokens` tokens in its projections (q, k, v, o,
+ * and with_mlp its MLP: a dense layer's gate, up, down; an MoE layer's router and the k experts
+ * each token goes through, not all E), and in its causal attention over rows of T tokens (QK^T
+ * and PV over the visible half). What the recompute of a checkpointed layer repeats, what saving
+ * its internals or its attention output spares (planner.c), and the forward's time per layer
+ * (step_time.h). */
+double mt_flops_layer_projections(const mt_config *c, int l, double tokens, int with_mlp);
 double mt_flops_layer_attention_forward(const mt_config *c, double tokens, int T);
+/* The MLP part of that: 2 * tokens * 3 * C * F dense; MoE 2 * tokens * (C * E + k * 3 * C * Fe). */
+double mt_flops_layer_mlp(const mt_config *c, int l, double tokens);
+/* The LM head's forward product: 2 * tokens * C * V. */
+double mt_flops_head_forward(const mt_config *c, double tokens);
 
 /* The matmul FLOPs one step executes (the MFU's numerator): every layer's forward, again in the
  * recompute (all of it for layers without saved internals, all but the attention for the
- * saved_attention ones), the backward at twice the projections and 2.5x the attention; the LM
- * head forward and its two backward products. */
+ * saved_attention ones; the saved layers are the last ones, the saved-attention ones before
+ * them), the backward at twice the projections and 2.5x the attention; the LM head forward and
+ * its two backward products. MoE layers count their active experts only (so the projections are
+ * 6 * N_active * tokens, as the throughput line counts them). */
 double mt_flops_executed(const mt_config *c, double tokens, int T, int saved_layers, int saved_attention);
 
 #endif

@@ -68,7 +68,7 @@ static void auto_saved_layers(mt_plan *p) {
     int tiled = p->eo.mlp_chunk > 0 && p->eo.mlp_chunk < p->eo.micro_batch * p->eo.T;
     /* the recompute's FLOPs each save spares (a tiled layer remakes gate and up in any case) */
     double att_flops = mt_flops_layer_attention_forward(c, tokens, p->eo.T);
-    double proj_flops = mt_flops_layer_projections(c, tokens, !tiled);
+    double proj_flops = mt_flops_layer_projections(c, c->L - 1, tokens, !tiled);
     if (att <= 0 || whole <= att || att_flops / att <= (att_flops + proj_flops) / whole) {
         int k = layers_in(left, whole, p->L);
         p->eo.saved_layers = k;
@@ -99,6 +99,29 @@ static void choose_tier(const mt_param_table *t, mt_dtype dtype, mt_plan *p) {
     if (tier_for_host(t, dtype, p)) return;
     p->eo.gpu_layers = 0;
     p->host_short = 1;
+}
+
+/* 0, for speed (planner.h): the fewest tier layers beyond those the host RAM needs with which the
+ * next forward does not wait for the host update, adding one at a time while the GPU holds the
+ * plan of step 1 (p->tier_capped when it stops holding it first). */
+static void speed_tier(const mt_param_table *t, mt_dtype dtype, mt_plan *p) {
+    p->tier_host = p->eo.gpu_layers;
+    if (!p->tier_auto || !p->timed || p->host_short) return;
+    mt_step_time st;
+    mt_step_time_of(t, dtype, &p->eo, &p->backend, p->host_rate, &st);
+    p->tier_host_time = st;
+    if (p->budget <= 0) return; /* no budget: no GPU memory spent on what is not asked for */
+    while (mt_step_time_waits(&st) && p->eo.gpu_layers < p->L) {
+        p->eo.gpu_layers++;
+        measure(t, dtype, p);
+        if (!fits_roomy(p) || !host_fits(p)) {
+            p->eo.gpu_layers--;
+            measure(t, dtype, p);
+            p->tier_capped = 1;
+            return;
+        }
+        mt_step_time_of(t, dtype, &p->eo, &p->backend, p->host_rate, &st);
+    }
 }
 
 /* The checkpoints' place for the current micro-batch and tiling: all on the compute side (off 0);
@@ -296,6 +319,14 @@ int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan
     p->eo = (mt_engine_opts){.batch = B, .T = rq->T, .n_slots = rq->n_slots,
                              .saved_layers = rq->saved_layers > 0 ? rq->saved_layers : 0,
                              .resident = rq->resident == 1, .state = rq->state, .ranks = rq->ranks};
+    p->timed = mt_step_time_known(&p->backend);
+    if (p->timed && rq->host_adamw > 0) {
+        p->host_rate = rq->host_adamw;
+        snprintf(p->host_rate_source, sizeof p->host_rate_source, "as asked");
+    } else if (p->timed) {
+        MT_TRY(mt_step_time_host_rate(rq->state, &p->host_rate, p->host_rate_source,
+                                      sizeof p->host_rate_source));
+    }
 
     /* 0 and 1: the tier, where gradients wait, the micro-batch and the checkpoints' place; fitting
      * both sides at once first, else (nothing does) the GPU alone, so that the plan printed is
@@ -308,6 +339,8 @@ int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan
         found = choose_all(t, be, rq, p);
     }
     p->joint = 0;
+    p->tier_host = p->eo.gpu_layers;
+    if (found) speed_tier(t, be->dtype, p); /* before the saved internals take what is left */
     if (p->eo.offload && rq->saved_layers > 0)
         return mt_error_set("--saved-layers %d: the budget is short, so the layer checkpoints go to "
                             "host memory and no layer can keep its internals; use 0 or auto, a "
@@ -333,6 +366,14 @@ int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan
             p->eo.resident = 0;
             measure(t, be->dtype, p);
         }
+    }
+    if (p->timed) {
+        for (int l = 0; l < L && !p->expert_share; l++)
+            if (mt_config_layer_is_moe(&t->cfg, l))
+                p->expert_share = (double)t->cfg.n_experts * 3.0 * t->cfg.C * t->cfg.moe_F /
+                                  (double)mt_group_size(t, l);
+        mt_step_time_of(t, be->dtype, &p->eo, &p->backend, p->host_rate, &p->time);
+        p->compute_batch = mt_step_time_compute_batch(t, be->dtype, &p->eo, &p->backend, p->host_rate);
     }
     return MT_OK;
 }
@@ -458,6 +499,81 @@ static void print_checkpoints(const mt_plan *p, FILE *out) {
     fprintf(out, "the gradient%s)\n", k ? " and 2 that the offloaded pass through" : "");
 }
 
+/* "gpu tier: ..." why --gpu-layers auto has the size it has (timed plans). */
+static void print_tier_reason(const mt_plan *p, FILE *out) {
+    if (!p->tier_auto || p->host_short) return;
+    const mt_step_time *now = &p->time, *few = &p->tier_host_time;
+    int k = p->eo.gpu_layers, h = p->tier_host;
+    fprintf(out, "gpu tier:    ");
+    if (p->budget <= 0) {
+        if (k) fprintf(out, "%d layers, what the host needs", k);
+        else fprintf(out, "none");
+        fprintf(out, " (no GPU budget to fit: --gpu-mem); with %s the host update (%.2f s) %s the next "
+                "forward (%.2f s)", k ? "them" : "none", few->host_s,
+                mt_step_time_waits(few) ? "holds back" : "keeps ahead of", few->forward_s);
+        if (mt_step_time_waits(few)) fprintf(out, " by %.2f s", few->wait_s);
+        fputc('\n', out);
+        return;
+    }
+    if (k == h && !mt_step_time_waits(few)) {
+        if (k) fprintf(out, "%d layers (%.2f GiB), the fewest that let the host hold the rest; ", k, p->mem.dev_tier / MT_GIB);
+        else fprintf(out, "none: ");
+        fprintf(out, "the host update (%.2f s) keeps ahead of the next forward (%.2f s)\n", now->host_s, now->forward_s);
+        return;
+    }
+    /* what the fewest layers (those the host RAM needs) would leave */
+    if (k) fprintf(out, "%d layers (%.2f GiB): ", k, p->mem.dev_tier / MT_GIB);
+    else fprintf(out, "none: ");
+    if (k != h && h) fprintf(out, "with %d (what the host RAM needs) ", h);
+    else if (k != h) fprintf(out, "with none ");
+    else if (h) fprintf(out, "what the host RAM needs; with them ");
+    fprintf(out, "the host update (%.2f s) %s the next forward (%.2f s) back %.2f s; ", few->host_s,
+            k == h ? "holds" : "would hold", few->forward_s, few->wait_s);
+    if (k == h)
+        fprintf(out, "%s beside the plan\n", h ? "no more tier layers fit" : "no tier layer fits");
+    else if (!mt_step_time_waits(now))
+        fprintf(out, "with %d the host starts %d layers ahead: the forward waits %.2f s (under %.0f%% of "
+                "it)\n", k, k, now->wait_s, 100 * MT_STEP_WAIT_SHARE);
+    else if (p->tier_capped)
+        fprintf(out, "%d are the most the GPU memory holds beside the plan: the forward still waits %.2f s\n",
+                k, now->wait_s);
+    else
+        fprintf(out, "even with every layer the forward still waits %.2f s (the embedding's and the head's "
+                "updates)\n", now->wait_s);
+}
+
+/* "step time: ..." the estimate per piece, what bounds the step, one layer's numbers. */
+static void print_step_time(const mt_plan *p, FILE *out) {
+    const mt_step_time *s = &p->time;
+    const mt_config *c = &p->cfg;
+    double est = s->compute_s + s->start_s + s->wait_s;
+    fprintf(out, "step time:   ~%.2f s: compute %.2f s (%.3g PFLOP at %.0f TFLOP/s%s), PCIe %.2f s (up %.2f "
+            "GiB, down %.2f GiB), host AdamW %.2f s (%.2f Gparam at %.1f Gparam/s: %s)\n",
+            est > s->pcie_s ? est : s->pcie_s, s->compute_s, s->flops / 1e15, p->backend.flops_rate / 1e12,
+            c->n_experts ? ", active experts only" : "", s->pcie_s, s->h2d_bytes / MT_GIB, s->d2h_bytes / MT_GIB,
+            s->host_s, s->host_params / 1e9, p->host_rate / 1e9, p->host_rate_source);
+    if (s->bound == MT_BOUND_HOST)
+        fprintf(out, "             bound: the host update, which only the next forward (%.2f s) overlaps: that "
+                "forward starts %.2f s after the backward and waits %.2f s more; ", s->forward_s, s->start_s,
+                s->wait_s);
+    else
+        fprintf(out, "             bound: %s; the host update overlaps the next forward (%.2f s), which starts "
+                "%.2f s after the backward and waits %.2f s more; ",
+                s->bound == MT_BOUND_PCIE ? "PCIe (the copies overlap the whole step)" : "compute",
+                s->forward_s, s->start_s, s->wait_s);
+    if (p->compute_batch)
+        fprintf(out, "compute-bound from --batch %d at --seq %d (memory aside)\n", p->compute_batch, p->eo.T);
+    else
+        fprintf(out, "compute-bound at no --batch up to 2^20 at --seq %d\n", p->eo.T);
+    fprintf(out, "per layer:   %.2f GiB of weights up %s a step, forward %.0f ms, host update %.0f ms",
+            s->layer_bytes / MT_GIB, p->eo.resident ? "once" : "twice", s->layer_forward_s * 1e3,
+            s->layer_host_s * 1e3);
+    if (p->expert_share > 0)
+        fprintf(out, "; an MoE layer's experts are %.0f%% of its bytes, a token computes with %d of %d",
+                100.0 * p->expert_share, c->top_k, c->n_experts);
+    fputc('\n', out);
+}
+
 void mt_plan_print(const mt_plan *p, FILE *out) {
     const double g = MT_GIB;
     const mt_engine_plan *m = &p->mem;
@@ -482,7 +598,8 @@ void mt_plan_print(const mt_plan *p, FILE *out) {
         fprintf(out, " (fp32 master 4 + fp32 moments 8 + upload copy %d)", (int)mt_dtype_size(p->dtype));
     if (eo->gpu_layers)
         fprintf(out, "; GPU tier: layers 0-%d of %d (%.2f GiB on the GPU, updated there%s)",
-                eo->gpu_layers - 1, p->L, m->dev_tier / g, p->tier_auto ? "; auto: the fewest that let the host hold the rest" : "");
+                eo->gpu_layers - 1, p->L, m->dev_tier / g,
+                !p->tier_auto ? "" : p->timed && !p->host_short ? "; auto: below" : "; auto: the fewest that let the host hold the rest");
     if (eo->state != MT_STATE_FULL)
         fprintf(out, "; gradients wait %s", eo->grads_on_device ? "on the GPU" : "in host memory");
     fprintf(out, "\nmemory plan: ");
@@ -524,4 +641,8 @@ void mt_plan_print(const mt_plan *p, FILE *out) {
     }
     print_tiles(p, out);
     print_checkpoints(p, out);
+    if (p->timed) {
+        print_tier_reason(p, out);
+        print_step_time(p, out);
+    }
 }

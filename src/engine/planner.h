@@ -5,7 +5,11 @@
  * The choices, in this order (each uses what the ones before it left):
  *  0. the GPU tier and where gradients wait (the optimizer format itself is the user's --state):
  *     --gpu-layers auto puts the fewest layers on the GPU that make the host state fit host RAM
- *     (none when it fits: the tier takes GPU memory the steps below would use). compact and tight
+ *     (none when it fits: the tier takes GPU memory the steps below would use); after step 1,
+ *     when the backend reports rates (step_time.h), it adds the fewest more with which the next
+ *     forward never waits for the host update (the host starts that many layers ahead), or when
+ *     the GPU memory left at the micro-batch and checkpoint places of step 1 runs out first, the
+ *     most that fit; before the saved internals of step 2 take that memory. compact and tight
  *     keep their gradients on the GPU (they cannot share the bf16 master the way full's share the
  *     upload copy) unless the host has room for them and that gives a better plan below (no
  *     offloaded checkpoints, then a larger micro-batch); on a cpu backend always on the host.
@@ -44,6 +48,7 @@
 
 #include "backend/backend.h"
 #include "engine/engine.h"
+#include "engine/step_time.h"
 #include "model/config.h"
 #include "model/params.h"
 
@@ -67,6 +72,8 @@ typedef struct {
     int gpu_layers;       /* 0..L, or MT_AUTO */
     int ranks;            /* data-parallel ranks sharing the host state (0, 1: one); batch is one rank's rows */
     int no_suggest;       /* internal: do not look for a lighter --state that would fit */
+    double host_adamw;    /* host AdamW parameters/s for the time estimate (0: MT_HOST_ADAMW or
+                             the measured table, mt_step_time_host_rate) */
 } mt_plan_request;
 
 typedef struct {
@@ -90,6 +97,16 @@ typedef struct {
     int fit_seq;          /* ... the longest --seq that would (0: none) */
     int L;
     double n_params;
+    /* the step's time (step_time.h), when the backend reports rates (timed) */
+    int timed;
+    double host_rate;     /* host AdamW parameters/s, and where the number comes from */
+    char host_rate_source[96];
+    mt_step_time time;
+    int compute_batch;    /* the smallest compute-bound --batch (0: none) */
+    int tier_host;        /* auto: the fewest tier layers the host RAM needs */
+    mt_step_time tier_host_time; /* ... and the step's time with only those */
+    int tier_capped;      /* auto: the GPU memory ran out before the forward stopped waiting */
+    double expert_share;  /* MoE: the experts' share of an MoE layer's parameters */
 } mt_plan;
 
 /* Resolves the request. MT_ERR (message naming the flag) when the request contradicts itself or
@@ -103,7 +120,9 @@ int mt_plan_check(const mt_plan *p);
 
 /* The plan as `megatrain plan` and `train` show it: the micro-batch line, the host line
  * (mt_plan_print_host), the compute-side line, saved internals, resident weights, the tiles (the
- * layer's token chunk, the LM head's row chunk) and where the checkpoints wait. */
+ * layer's token chunk, the LM head's row chunk) and where the checkpoints wait; when timed, why
+ * the tier (auto) has its size, the step's time per piece, what bounds it and the smallest
+ * compute-bound batch, and one layer's bytes and times. */
 void mt_plan_print(const mt_plan *p, FILE *out);
 /* "host X GiB (Y B/param: master .., moments .., upload copy .., gradients .., tokens ..[, layer
  * checkpoints])" */

@@ -1,0 +1,133 @@
+#include "engine/step_time.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "core/cpu_isa.h"
+#include "core/error.h"
+#include "engine/flops.h"
+
+int mt_step_time_known(const mt_backend_memory *m) {
+    return !m->host_ram && m->flops_rate > 0 && m->h2d_rate > 0 && m->d2h_rate > 0 && m->duplex_rate > 0;
+}
+
+/* Bytes of one element of the weights the forward loads: full's upload copy is the compute
+ * dtype, the 8-bit formats upload their bf16 master. */
+static double upload_elem(mt_state_format f, mt_dtype dtype) {
+    return f == MT_STATE_FULL ? (double)mt_dtype_size(dtype) : 2.0;
+}
+
+/* Layer l's forward in seconds (projections, MLP or experts, attention). */
+static double layer_forward_s(const mt_config *c, int l, double N, int T, double rate) {
+    return (mt_flops_layer_projections(c, l, N, 1) + mt_flops_layer_attention_forward(c, N, T)) / rate;
+}
+
+/* The next forward after the backward (step_time.h), simulated layer by layer: when it ends with
+ * the host at host_rate (instant 0) or with an instant host (instant 1), from the same start. */
+static double forward_end(const mt_param_table *t, const mt_engine_opts *eo, double el,
+                          const mt_backend_memory *m, double host_rate, double start, int instant) {
+    const mt_config *c = &t->cfg;
+    const double N = (double)eo->batch * eo->T;
+    int L = c->L, k = eo->gpu_layers;
+    double compute = start, h2d = start, host = (double)mt_group_size(t, MT_GROUP_EMBED) / host_rate;
+    for (int l = 0; l < k; l++) compute += layer_forward_s(c, l, N, eo->T, m->flops_rate);
+    for (int l = k; l <= L; l++) { /* the streamed layers, then the head */
+        double n = (double)mt_group_size(t, l);
+        host += n / host_rate;
+        h2d = (instant || h2d > host ? h2d : host) + n * el / m->h2d_rate;
+        double f = l < L ? layer_forward_s(c, l, N, eo->T, m->flops_rate)
+                         : mt_flops_head_forward(c, N) / m->flops_rate;
+        compute = (compute > h2d ? compute : h2d) + f;
+    }
+    return compute;
+}
+
+int mt_step_time_waits(const mt_step_time *st) { return st->wait_s > MT_STEP_WAIT_SHARE * st->forward_s; }
+
+void mt_step_time_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_opts *eo,
+                     const mt_backend_memory *m, double host_rate, mt_step_time *st) {
+    const mt_config *c = &t->cfg;
+    const int L = c->L, k = eo->gpu_layers;
+    const double N = (double)eo->batch * eo->T, el = upload_elem(eo->state, dtype),
+                 grad_el = (double)mt_dtype_size(dtype), set = N * c->C * (double)mt_dtype_size(dtype);
+    *st = (mt_step_time){0};
+    st->flops = mt_flops_executed(c, N, eo->T, eo->saved_layers, eo->saved_attention);
+    st->compute_s = st->flops / m->flops_rate;
+    st->forward_s = mt_flops_head_forward(c, N) / m->flops_rate;
+    for (int l = 0; l < L; l++) st->forward_s += layer_forward_s(c, l, N, eo->T, m->flops_rate);
+
+    /* the host groups: embed, the streamed layers, head */
+    double embed = (double)mt_group_size(t, MT_GROUP_EMBED), head = (double)mt_group_size(t, L), layers = 0;
+    for (int l = k; l < L; l++) layers += (double)mt_group_size(t, l);
+    st->host_params = embed + layers + head;
+    st->host_s = st->host_params / host_rate;
+    int passes = eo->resident ? 1 : 2;
+    st->h2d_bytes = (passes * layers + embed + head) * el + (eo->offload > 1 ? eo->offload - 1 : 0) * set +
+                    8.0 * N; /* ids and targets */
+    st->d2h_bytes = st->host_params * grad_el + eo->offload * set;
+    double up = st->h2d_bytes / m->h2d_rate, down = st->d2h_bytes / m->d2h_rate,
+           both = (st->h2d_bytes + st->d2h_bytes) / (2 * m->duplex_rate);
+    st->pcie_s = up > down ? up : down;
+    if (both > st->pcie_s) st->pcie_s = both;
+
+    /* the largest layer's numbers (MoE models may mix dense and expert layers) */
+    for (int l = 0; l < L; l++) {
+        double n = (double)mt_group_size(t, l);
+        if (n * el <= st->layer_bytes) continue;
+        st->layer_bytes = n * el;
+        st->layer_forward_s = layer_forward_s(c, l, N, eo->T, m->flops_rate);
+        st->layer_host_s = n / host_rate;
+    }
+
+    st->start_s = embed / host_rate + (k < L ? (double)mt_group_size(t, k) / host_rate : 0);
+    st->wait_s = forward_end(t, eo, el, m, host_rate, st->start_s, 0) -
+                 forward_end(t, eo, el, m, host_rate, st->start_s, 1);
+    if (st->wait_s < 0) st->wait_s = 0;
+    if (st->pcie_s > st->compute_s + st->start_s + st->wait_s) st->bound = MT_BOUND_PCIE;
+    else if (mt_step_time_waits(st)) st->bound = MT_BOUND_HOST;
+    else st->bound = MT_BOUND_COMPUTE;
+}
+
+static int compute_bound(const mt_param_table *t, mt_dtype dtype, const mt_engine_opts *eo, int B,
+                         const mt_backend_memory *m, double host_rate) {
+    mt_engine_opts o = *eo;
+    o.batch = B;
+    o.micro_batch = 1; /* neither the FLOPs nor the bytes depend on it */
+    mt_step_time st;
+    mt_step_time_of(t, dtype, &o, m, host_rate, &st);
+    return st.pcie_s <= st.compute_s && !mt_step_time_waits(&st);
+}
+
+int mt_step_time_compute_batch(const mt_param_table *t, mt_dtype dtype, const mt_engine_opts *eo,
+                               const mt_backend_memory *m, double host_rate) {
+    /* more rows add compute and forward time faster than bytes: the smallest by bisection */
+    int lo = 1, hi = 1 << 20;
+    if (!compute_bound(t, dtype, eo, hi, m, host_rate)) return 0;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (compute_bound(t, dtype, eo, mid, m, host_rate)) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+int mt_step_time_host_rate(mt_state_format f, double *rate, char *source, size_t n) {
+    const char *env = getenv("MT_HOST_ADAMW");
+    if (env && *env) {
+        char *end;
+        double g = strtod(env, &end);
+        if (end == env || *end || !(g > 0) || g > 1e4)
+            return mt_error_set("MT_HOST_ADAMW: '%s' is not a rate; give the host AdamW's Gparam/s, "
+                                "e.g. MT_HOST_ADAMW=3.8", env);
+        *rate = g * 1e9;
+        snprintf(source, n, "MT_HOST_ADAMW");
+        return MT_OK;
+    }
+    static const double avx512[3] = {4.5e9, 3.8e9, 3.4e9}; /* full, compact, tight: step_time.h */
+    static const double isa_factor[3] = {0.45, 0.6, 1.0}; /* scalar, avx2, avx512 */
+    mt_isa isa = mt_isa_active();
+    *rate = avx512[f] * isa_factor[isa];
+    snprintf(source, n, "%s on %s, measured in training on the H200 host%s", mt_state_format_name(f),
+             mt_isa_name(isa), isa == MT_ISA_AVX512 ? "" : ", scaled from avx512");
+    return MT_OK;
+}

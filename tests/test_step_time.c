@@ -1,0 +1,357 @@
+/* The planner's step-time estimate (engine/step_time.h) and what --gpu-layers auto does with it
+ * (issue 10), the FLOPs of MoE layers on active parameters and what `plan` prints of the time per
+ * piece (issue 14), each against hand arithmetic.
+ *
+ * The Qwen2.5-7B shape at 16 x 4096 (N = 65536 tokens), bf16, on the cuda backend's rates (600
+ * TFLOP/s, PCIe 55.2 GB/s up, 55.3 down, 46.2 each way at once). By hand:
+ *   layer 233,057,792 params; embed 152064 x 3584 = 544,997,376; head that + the final norm 3584.
+ *   U = layer / rate, U_h = head / rate: its host update; P = 2 layer / 55.2e9, P_h = 2 head /
+ *   55.2e9: its upload. F = (2N (2 C HD + 2 C GD + 3 C F) + 4 N (T/2) H D) / 600e12
+ *     = (2 x 65536 x 233,046,016 + 65536 x 4 x 2048 x 28 x 128) / 6e14 = 54.1 ms a layer;
+ *   the head's forward F_h = 2 N C V / 6e14 = 119.1 ms; the forward L F + F_h = 1.634 s.
+ * The next forward starts s = U_e + U after the backward (the host has updated the embed and the
+ * first streamed layer), then computes the k tier layers; the host updates layer k + i by
+ * s + i U. When U > F (the host is slower per layer) the head is what the forward waits for: it
+ * is updated at s + (L - k - 1) U + U_h and loaded P_h later, while the forward with an instant
+ * host reaches it at s + L F (+ P with no tier: the first layer's upload is not hidden), so
+ *   wait(k) = max(0, (L - k - 1) U + U_h + P_h - L F - [k = 0] P);
+ * when U < F the layers keep the forward busy and the same holds with (L - 1) U for k = 0. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "engine/flops.h"
+#include "engine/planner.h"
+#include "engine/step_time.h"
+#include "model/config.h"
+#include "model/params.h"
+#include "util/testutil.h"
+
+#define OUT_SIZE 65536
+#define GIB 1073741824.0
+
+static mt_cli_env env;
+
+static int setup(void **state) {
+    (void)state;
+    return mt_cli_env_init(&env, "train_llama");
+}
+
+static int teardown(void **state) {
+    (void)state;
+    mt_cli_env_free(&env);
+    return 0;
+}
+
+static void load(mt_param_table *t, const char *rel) {
+    char *path = mt_fixture_path(rel);
+    mt_config cfg;
+    if (mt_config_load(&cfg, path) != MT_OK) fail_msg("%s", mt_error_message());
+    free(path);
+    mt_param_table_init(t, &cfg);
+}
+
+static mt_backend planned_gpu(double budget) {
+    return (mt_backend){.name = "cuda", .dtype = MT_BF16, .mem_budget = (int64_t)budget,
+                        .memory = mt_backend_cuda_memory()};
+}
+
+static mt_plan_request h200_request(mt_state_format f, double host_rate) {
+    return (mt_plan_request){.batch = 16, .T = 4096, .micro_batch = MT_AUTO, .offload = MT_AUTO,
+                             .saved_layers = MT_AUTO, .resident = MT_AUTO, .n_slots = 2,
+                             .host_available = 125.0 * GIB, .state = f, .gpu_layers = MT_AUTO,
+                             .host_adamw = host_rate};
+}
+
+/* The 7B's hand numbers (the header) at host AdamW `rate`. */
+typedef struct {
+    double U, U_h, P, P_h, F, F_h, L;
+} hand7b;
+
+static hand7b hand_7b(double rate) {
+    const double layer = 233057792.0, head = 544997376.0 + 3584, N = 65536;
+    hand7b h = {.L = 28};
+    h.U = layer / rate;
+    h.U_h = head / rate;
+    h.P = 2 * layer / 55.2e9;
+    h.P_h = 2 * head / 55.2e9;
+    h.F = (2 * N * 233046016.0 + N * 4 * 2048 * 28 * 128) / 6e14;
+    h.F_h = 2 * N * 3584 * 152064.0 / 6e14;
+    return h;
+}
+
+static double hand_wait(const hand7b *h, int k) {
+    double w = (h->L - k - 1) * h->U + h->U_h + h->P_h - h->L * h->F - (k == 0 ? h->P : 0);
+    return w > 0 ? w : 0;
+}
+
+static mt_engine_opts opts_7b(mt_state_format f, int k) {
+    return (mt_engine_opts){.batch = 16, .micro_batch = 16, .T = 4096, .n_slots = 2, .state = f,
+                            .gpu_layers = k};
+}
+
+/* The forward's wait for the host, as simulated, against the closed form of the header: compact
+ * at 3.8 Gparam/s (the measured median in training) waits 0.30 s with no tier, and 5 tier layers
+ * are the fewest that bring it under 3% of the forward (4 leave 58 ms of 49). */
+static void test_wait_by_hand(void **state) {
+    (void)state;
+    mt_param_table t;
+    load(&t, "../../bench/configs/qwen2.5-7b.json");
+    assert_true(t.layer_size == 233057792 && mt_group_size(&t, 28) == 544997376 + 3584);
+    mt_backend_memory m = mt_backend_cuda_memory();
+    hand7b h = hand_7b(3.8e9);
+    for (int k = 0; k <= 8; k++) {
+        mt_engine_opts o = opts_7b(MT_STATE_COMPACT, k);
+        mt_step_time st;
+        mt_step_time_of(&t, MT_BF16, &o, &m, 3.8e9, &st);
+        double want = hand_wait(&h, k);
+        fprintf(stderr, "7B compact, %d tier layers: wait %.4f s (by hand %.4f), start %.4f, forward %.4f\n",
+                k, st.wait_s, want, st.start_s, st.forward_s);
+        assert_true(fabs(st.wait_s - want) < 1e-9);
+        assert_true(fabs(st.start_s - (544997376.0 + 233057792.0) / 3.8e9) < 1e-12);
+        assert_true(fabs(st.forward_s - (h.L * h.F + h.F_h)) < 1e-9);
+        assert_int_equal(mt_step_time_waits(&st), want > 0.03 * (h.L * h.F + h.F_h));
+    }
+    assert_true(hand_wait(&h, 0) > 0.29 && hand_wait(&h, 0) < 0.30);
+    assert_true(hand_wait(&h, 4) > 0.049 && hand_wait(&h, 5) == 0);
+    /* full at 4.5 Gparam/s: U = 51.8 ms < F, the layers keep the forward busy; the head's update
+     * arrives 15.6 ms after the forward's layers, under 3% of it */
+    hand7b f = hand_7b(4.5e9);
+    mt_engine_opts o = opts_7b(MT_STATE_FULL, 0);
+    mt_step_time st;
+    mt_step_time_of(&t, MT_BF16, &o, &m, 4.5e9, &st);
+    double want = (f.L - 1) * f.U + f.U_h + f.P_h - f.P - f.L * f.F;
+    fprintf(stderr, "7B full, no tier: wait %.4f s (by hand %.4f)\n", st.wait_s, want);
+    assert_true(fabs(st.wait_s - want) < 1e-9);
+    assert_false(mt_step_time_waits(&st));
+    mt_param_table_free(&t);
+}
+
+/* --gpu-layers auto on the H200 (139 GiB, 125 GiB host): compact at 3.8 Gparam/s takes the 5 layers
+ * the closed form says (the host needs none), and prints why; full at 4.5 keeps up and takes none.
+ * Fails on the old planner, whose auto took the fewest the host RAM needed: 0 for both. */
+static void test_auto_tier_for_speed(void **state) {
+    (void)state;
+    mt_param_table t;
+    load(&t, "../../bench/configs/qwen2.5-7b.json");
+    mt_backend be = planned_gpu(139.0 * GIB);
+    mt_plan_request rq = h200_request(MT_STATE_COMPACT, 3.8e9);
+    mt_plan p;
+    assert_int_equal(mt_plan_resolve(&t, &be, &rq, &p), MT_OK);
+    assert_int_equal(mt_plan_check(&p), MT_OK);
+    fprintf(stderr, "7B compact auto: %d tier layers (host needs %d), wait %.3f s, saved %d\n",
+            p.eo.gpu_layers, p.tier_host, p.time.wait_s, p.eo.saved_layers);
+    assert_int_equal(p.tier_host, 0);
+    assert_int_equal(p.eo.gpu_layers, 5);
+    assert_false(p.tier_capped);
+    assert_int_equal(p.time.bound, MT_BOUND_COMPUTE);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&buf, &len);
+    mt_plan_print(&p, out);
+    fclose(out);
+    fprintf(stderr, "%s", buf);
+    assert_non_null(strstr(buf, "gpu tier:    5 layers (6.55 GiB): with none the host update (2.00 s) "
+                                "would hold the next forward (1.63 s) back 0.30 s; with 5 the host "
+                                "starts 5 layers ahead"));
+    free(buf);
+
+    rq = h200_request(MT_STATE_FULL, 4.5e9);
+    assert_int_equal(mt_plan_resolve(&t, &be, &rq, &p), MT_OK);
+    assert_int_equal(mt_plan_check(&p), MT_OK);
+    assert_int_equal(p.eo.gpu_layers, 0);
+    assert_int_equal(p.time.bound, MT_BOUND_COMPUTE);
+    mt_param_table_free(&t);
+}
+
+/* A host slow enough (1 Gparam/s: 23 tier layers would stop the wait) in 80 GiB of GPU memory:
+ * auto takes the most that fit beside the plan of step 1 (15; one more does not fit with the
+ * pool's headroom kept), the plan fits, and the step is bound by the host update. An explicit
+ * --gpu-layers still wins, as does --gpu-layers 0; on the cpu backend no tier and no estimate. */
+static void test_capped_explicit_cpu(void **state) {
+    (void)state;
+    mt_param_table t;
+    load(&t, "../../bench/configs/qwen2.5-7b.json");
+    mt_backend be = planned_gpu(80.0 * GIB);
+    mt_plan_request rq = h200_request(MT_STATE_COMPACT, 1e9);
+    mt_plan p;
+    assert_int_equal(mt_plan_resolve(&t, &be, &rq, &p), MT_OK);
+    assert_int_equal(mt_plan_check(&p), MT_OK);
+    fprintf(stderr, "7B compact at 1 Gparam/s: %d tier layers, capped %d, wait %.3f s, micro %d\n",
+            p.eo.gpu_layers, p.tier_capped, p.time.wait_s, p.eo.micro_batch);
+    assert_true(p.tier_capped);
+    assert_true(p.eo.gpu_layers > 5 && p.eo.gpu_layers < 23);
+    assert_int_equal(p.time.bound, MT_BOUND_HOST);
+    /* one more layer, at the same micro-batch with nothing saved, exceeds the budget less the pool's
+     * headroom (8.5 B a q element + 256 MiB: 2.11 GiB at 65536 tokens x 3584) */
+    mt_engine_opts o = p.eo;
+    o.gpu_layers++;
+    o.saved_layers = o.saved_attention = 0;
+    mt_engine_plan m;
+    mt_engine_plan_of(&t, MT_BF16, &o, &m);
+    double pool = 8.5 * 65536 * 3584 + 256.0 * (1 << 20);
+    assert_true(m.dev_total + (double)be.memory.scratch + pool > 80.0 * GIB);
+
+    for (int k = 0; k <= 2; k += 2) {
+        rq.gpu_layers = k;
+        assert_int_equal(mt_plan_resolve(&t, &be, &rq, &p), MT_OK);
+        assert_int_equal(p.eo.gpu_layers, k);
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *out = open_memstream(&buf, &len);
+        mt_plan_print(&p, out);
+        fclose(out);
+        assert_null(strstr(buf, "gpu tier:")); /* no reasoning for a tier the user chose */
+        assert_non_null(strstr(buf, "bound: the host update"));
+        free(buf);
+    }
+
+    mt_backend cpu = {.name = "cpu", .dtype = MT_F32, .memory = {.host_ram = 1}};
+    rq = h200_request(MT_STATE_COMPACT, 1e9);
+    assert_int_equal(mt_plan_resolve(&t, &cpu, &rq, &p), MT_OK);
+    assert_int_equal(p.eo.gpu_layers, 0);
+    assert_false(p.timed);
+    mt_param_table_free(&t);
+}
+
+/* The pieces of the 7B full step at 16 x 4096 with no tier and nothing saved, by hand: compute =
+ * L (4 proj + 4.5 attn) + 3 head (forward, recompute, backward 2x and 2.5x) over 600 TFLOP/s; up
+ * 2 passes x 28 layers + embed + head, bf16, + 8 N bytes of tokens; down every gradient, bf16;
+ * PCIe the largest of up / 55.2e9, down / 55.3e9, both / (2 x 46.2e9); the host 7.6 Gparam at
+ * 4.5 Gparam/s. And the smallest compute-bound batch: at one row fewer the forward waits. */
+static void test_pieces_by_hand(void **state) {
+    (void)state;
+    mt_param_table t;
+    load(&t, "../../bench/configs/qwen2.5-7b.json");
+    mt_backend_memory m = mt_backend_cuda_memory();
+    mt_engine_opts o = opts_7b(MT_STATE_FULL, 0);
+    mt_step_time st;
+    mt_step_time_of(&t, MT_BF16, &o, &m, 4.5e9, &st);
+    const double N = 65536, proj = 2 * N * 233046016.0, attn = N * 4 * 2048 * 28 * 128,
+                 head = 2 * N * 3584 * 152064.0, layer = 233057792.0, embed = 544997376.0;
+    double flops = 28 * (4 * proj + 4.5 * attn) + 3 * head;
+    assert_true(fabs(st.flops - flops) <= 1e-12 * flops);
+    assert_true(fabs(st.compute_s - flops / 6e14) < 1e-9);
+    double up = (2 * 28 * layer + embed + embed + 3584) * 2 + 8 * N;
+    double down = (28 * layer + embed + embed + 3584) * 2;
+    assert_true(st.h2d_bytes == up && st.d2h_bytes == down);
+    double pcie = fmax(fmax(up / 55.2e9, down / 55.3e9), (up + down) / 92.4e9);
+    assert_true(fabs(st.pcie_s - pcie) < 1e-12);
+    assert_true(st.host_params == 7615616512.0);
+    assert_true(fabs(st.host_s - 7615616512.0 / 4.5e9) < 1e-12);
+    fprintf(stderr, "7B full: compute %.3f s, PCIe %.3f s (up %.2f GB, down %.2f GB), host %.3f s\n",
+            st.compute_s, st.pcie_s, up / 1e9, down / 1e9, st.host_s);
+    assert_int_equal(st.bound, MT_BOUND_COMPUTE);
+    /* saved layers spare the recompute: 10 saved take 10 (proj + attn) off */
+    o.saved_layers = 10;
+    mt_step_time_of(&t, MT_BF16, &o, &m, 4.5e9, &st);
+    assert_true(fabs(st.flops - (flops - 10 * (proj + attn))) <= 1e-12 * flops);
+    /* resident weights cross once */
+    o.resident = 1;
+    mt_step_time_of(&t, MT_BF16, &o, &m, 4.5e9, &st);
+    assert_true(st.h2d_bytes == up - 28 * layer * 2);
+
+    o = opts_7b(MT_STATE_COMPACT, 0);
+    int b = mt_step_time_compute_batch(&t, MT_BF16, &o, &m, 3.8e9);
+    fprintf(stderr, "7B compact, no tier: compute-bound from --batch %d\n", b);
+    assert_true(b > 16); /* at 16 it waits 0.30 s (test_wait_by_hand) */
+    for (int B = b - 1; B <= b; B++) {
+        o.batch = B;
+        mt_step_time_of(&t, MT_BF16, &o, &m, 3.8e9, &st);
+        assert_int_equal(mt_step_time_waits(&st) || st.pcie_s > st.compute_s, B < b);
+    }
+    mt_param_table_free(&t);
+}
+
+/* MoE layers count the router and the k experts a token goes through, not all E, and not the
+ * dense intermediate_size: Qwen3-30B-A3B (48 layers, C 2048, 32/4 heads of 128, 128 experts of
+ * 768, top 8, V 151936). A layer's matmul parameters a token uses: q 2048 x 4096, k and v 2048 x
+ * 512, o 4096 x 2048 = 18,874,368; router 128 x 2048 = 262,144; 8 experts x 3 x 2048 x 768 =
+ * 37,748,736; in all 56,885,248. With every layer saved (no recompute) the step's projections are
+ * 6 N (48 x 56,885,248 + V C): 6 N_active N less the embedding table and the norms, which 6NT
+ * counts and no matmul computes (3,353,032,704 - 151936 x 2048 - 48 x 4352 - 2048). The 16-layer
+ * Mixtral shape's MLP: router 8 x 4096 and 2 experts of 3 x 4096 x 14336 (the old count took one
+ * dense MLP of intermediate_size: half, no router). */
+static void test_moe_flops(void **state) {
+    (void)state;
+    mt_param_table t;
+    load(&t, "../../bench/configs/qwen3-30b-a3b.json");
+    const mt_config *c = &t.cfg;
+    assert_true(t.n_real == 30532122624LL);
+    assert_true(mt_config_active_param_count(c) == 3353032704LL);
+    const double N = 65536, T = 4096, attn = N * 4 * (T / 2) * 32 * 128;
+    double got = mt_flops_executed(c, N, (int)T, 48, 0);
+    double want = 6 * N * (48 * 56885248.0 + 151936.0 * 2048) + 48 * 3.5 * attn;
+    fprintf(stderr, "Qwen3-30B-A3B executed %.6e, by hand %.6e\n", got, want);
+    assert_true(fabs(got - want) <= 1e-12 * want);
+    assert_true(3353032704.0 - 151936.0 * 2048 - 48 * 4352 - 2048 == 48 * 56885248.0 + 151936.0 * 2048);
+    assert_true(mt_flops_layer_mlp(c, 0, N) == 2 * N * (262144.0 + 37748736.0));
+    mt_param_table_free(&t);
+
+    load(&t, "../../bench/configs/mixtral-8x7b-16l.json");
+    assert_true(mt_flops_layer_mlp(&t.cfg, 3, N) == 2 * N * (8 * 4096.0 + 2 * 3 * 4096.0 * 14336));
+    /* 10 of 16 recomputed: each adds its forward again */
+    double one = mt_flops_layer_projections(&t.cfg, 0, N, 1) + mt_flops_layer_attention_forward(&t.cfg, N, 4096);
+    assert_true(fabs(mt_flops_executed(&t.cfg, N, 4096, 6, 0) - mt_flops_executed(&t.cfg, N, 4096, 16, 0) -
+                     10 * one) <= 1e-12 * one * 10);
+    mt_param_table_free(&t);
+}
+
+/* `plan` for Qwen3-30B-A3B at 16 x 4096 on the H200 (139 GiB, 125 GiB host; MT_HOST_ADAMW=3.8):
+ * full does not fit the host and names a --state that does; compact fits, and its lines say by
+ * hand: a layer 623,120,896 params = 1.16 GiB in bf16, 97% of it experts (603,979,776), its
+ * forward (2 N 56,885,248 + 4 N 2048 x 32 x 128) / 6e14 = 16 ms, its update 623,120,896 / 3.8e9 =
+ * 164 ms; the forward waits for the host (it is bound by the host update). The 16-layer Mixtral:
+ * full does not fit either, compact does. */
+static void test_plan_moe_cli(void **state) {
+    (void)state;
+    static char out[OUT_SIZE];
+    setenv("MT_HOST_ADAMW", "3.8", 1);
+    char *cfg = mt_fixture_path("../../bench/configs/qwen3-30b-a3b.json");
+    const char *flags = "--batch 16 --seq 4096 --device cuda --gpu-mem 139G --host-mem 125G";
+    int rc = mt_cli_run(&env, out, sizeof out, "plan --init '%s' %s --state full", cfg, flags);
+    fprintf(stderr, "%s", out);
+    mt_cli_expect(rc, 1, out, "host RAM: training needs 398.09 GiB");
+    mt_cli_expect(rc, 1, out, "--state compact with");
+    rc = mt_cli_run(&env, out, sizeof out, "plan --init '%s' %s --state compact", cfg, flags);
+    fprintf(stderr, "%s", out);
+    mt_cli_expect(rc, 0, out, "fits");
+    char want[256];
+    const double N = 65536, layer = 623120896.0;
+    snprintf(want, sizeof want, "per layer:   %.2f GiB of weights up twice a step, forward %.0f ms, host "
+             "update %.0f ms; an MoE layer's experts are %.0f%% of its bytes, a token computes with 8 of 128",
+             layer * 2 / GIB, (2 * N * 56885248.0 + 4 * N * 2048 * 32 * 128) / 6e14 * 1e3,
+             layer / 3.8e9 * 1e3, 100 * 603979776.0 / layer);
+    assert_string_equal(want, "per layer:   1.16 GiB of weights up twice a step, forward 16 ms, host update "
+                              "164 ms; an MoE layer's experts are 97% of its bytes, a token computes with 8 of 128");
+    mt_cli_expect(rc, 0, out, want);
+    mt_cli_expect(rc, 0, out, "active experts only");
+    mt_cli_expect(rc, 0, out, "bound: the host update");
+    mt_cli_expect(rc, 0, out, "at 3.8 Gparam/s: MT_HOST_ADAMW");
+    free(cfg);
+
+    cfg = mt_fixture_path("../../bench/configs/mixtral-8x7b-16l.json");
+    rc = mt_cli_run(&env, out, sizeof out, "plan --init '%s' %s --state full", cfg, flags);
+    mt_cli_expect(rc, 1, out, "--state compact with");
+    rc = mt_cli_run(&env, out, sizeof out, "plan --init '%s' %s --state compact", cfg, flags);
+    fprintf(stderr, "%s", out);
+    mt_cli_expect(rc, 0, out, "fits");
+    mt_cli_expect(rc, 0, out, "a token computes with 2 of 8");
+    free(cfg);
+
+    setenv("MT_HOST_ADAMW", "fast", 1);
+    rc = mt_cli_run(&env, out, sizeof out, "plan --model '%s' --device cuda --gpu-mem 8G", env.fixture);
+    mt_cli_expect(rc, 1, out, "MT_HOST_ADAMW: 'fast' is not a rate");
+    unsetenv("MT_HOST_ADAMW");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_wait_by_hand),       cmocka_unit_test(test_auto_tier_for_speed),
+        cmocka_unit_test(test_capped_explicit_cpu), cmocka_unit_test(test_pieces_by_hand),
+        cmocka_unit_test(test_moe_flops),          cmocka_unit_test(test_plan_moe_cli),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
