@@ -362,8 +362,10 @@ typedef struct {
     mt_optim_state *s;
 } run_out;
 
-static mt_optim_state *run_steps(mt_state_format f, size_t n, int steps, int bf16_grad,
-                                 int threads) {
+/* vary: the second part's steps go through every (weight decay, lerp form) pair, each a loop of
+ * its own in the vector kernels: wd 0 / beta1 0.9, wd 0.1 / beta1 0.3, both off, ... */
+static mt_optim_state *run_steps_v(mt_state_format f, size_t n, int steps, int bf16_grad,
+                                   int threads, int vary) {
     mt_test_rng r;
     mt_test_rng_seed(&r, 7 + n);
     mt_optim_state *s = mt_optim_state_create(f, n, 1234, NULL);
@@ -376,6 +378,8 @@ static mt_optim_state *run_steps(mt_state_format f, size_t n, int steps, int bf1
     for (int step = 1; step <= steps; step++) {
         mt_optim_step a1 = step_args(0.1, step, 0.731f), a2 = a1;
         a2.weight_decay = 0.0;
+        if (vary && step % 2 == 0) a2.weight_decay = 0.1, a2.beta1 = 0.3;
+        if (vary && step % 3 == 0) a2.weight_decay = 0.0, a2.beta1 = 0.3;
         mt_test_fill_grad(&r, g, n);
         for (size_t i = 0; i < n; i++) gh[i] = mt_f32_to_bf16(g[i]);
         const char *src = bf16_grad ? (const char *)gh : (const char *)g;
@@ -388,6 +392,11 @@ static mt_optim_state *run_steps(mt_state_format f, size_t n, int steps, int bf1
     }
     free(w); free(g); free(gh);
     return s;
+}
+
+static mt_optim_state *run_steps(mt_state_format f, size_t n, int steps, int bf16_grad,
+                                 int threads) {
+    return run_steps_v(f, n, steps, bf16_grad, threads, 0);
 }
 
 static int states_equal(const char *what, const mt_optim_state *a, const mt_optim_state *b) {
@@ -424,7 +433,7 @@ static void test_isa_threads_bitwise(void **state) {
                 size_t n = sizes[si];
                 int big = n == N_THREADED, steps = big ? NSTEPS_BIG : 6;
                 assert_int_equal(mt_adamw_set_isa(MT_ADAMW_SCALAR), MT_OK);
-                mt_optim_state *ref = run_steps(f, n, steps, bg, 1);
+                mt_optim_state *ref = run_steps_v(f, n, steps, bg, 1, 1);
                 for (int isa = MT_ADAMW_SCALAR; isa <= MT_ADAMW_AVX512; isa++) {
                     if (!mt_adamw_isa_supported((mt_adamw_isa)isa)) continue;
                     assert_int_equal(mt_adamw_set_isa((mt_adamw_isa)isa), MT_OK);
@@ -435,7 +444,7 @@ static void test_isa_threads_bitwise(void **state) {
                         snprintf(what, sizeof what, "%s n=%zu %s grad %s thr=%d",
                                  mt_state_format_name(f), n, bg ? "bf16" : "f32",
                                  mt_adamw_isa_name((mt_adamw_isa)isa), thr[ti]);
-                        mt_optim_state *o = run_steps(f, n, steps, bg, thr[ti]);
+                        mt_optim_state *o = run_steps_v(f, n, steps, bg, thr[ti], 1);
                         assert_true(states_equal(what, o, ref));
                         mt_optim_state_free(o);
                         checked++;
