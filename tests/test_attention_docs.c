@@ -38,6 +38,14 @@ static void test_hand_made_rows(void **state) {
     const int64_t want_off[9] = {0, 5, 12, 16, 17, 32, 32, 32, 32};
     for (int i = 0; i < 8; i++) assert_int_equal(len[i], want_len[i]);
     for (int i = 0; i < 9; i++) assert_int_equal(off[i], want_off[i]);
+    mt_attention_docs_shape ex = mt_attention_docs_shape_exact(d, B, T);
+    assert_int_equal(ex.n, 5), assert_int_equal(ex.S, 5), assert_int_equal(ex.s_max, 15);
+    int32_t exl[5];
+    int64_t exo[6];
+    assert_int_equal(mt_attention_docs_layout(d, B, T, 5, exl, exo), 5);
+    assert_int_equal(exo[5], 32);
+    int32_t ones[4] = {0, 1, 2, 3}; /* four 1-token documents: s_max 2, not 1 */
+    assert_int_equal(mt_attention_docs_shape_exact(ones, 1, 4).s_max, 2);
     /* fewer sequences than documents: refused, nothing written past S */
     int32_t small_len[5];
     int64_t small_off[5];

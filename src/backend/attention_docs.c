@@ -30,6 +30,13 @@ mt_attention_docs_shape mt_attention_docs_shape_of(const int32_t *doc_start, int
     return sh;
 }
 
+mt_attention_docs_shape mt_attention_docs_shape_exact(const int32_t *doc_start, int B, int T) {
+    mt_attention_docs_shape sh = mt_attention_docs_shape_of(doc_start, B, T);
+    sh.S = sh.n;
+    sh.s_max = sh.max_len < 2 && T >= 2 ? 2 : sh.max_len;
+    return sh;
+}
+
 int mt_attention_docs_layout(const int32_t *doc_start, int B, int T, int S, int32_t *seq_len,
                              int64_t *tok_off) {
     int n = 0;

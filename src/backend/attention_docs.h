@@ -30,6 +30,10 @@ typedef struct {
 
 /* The shape of doc_start (B, T), which must pass mt_docs_check. B, T >= 1. */
 mt_attention_docs_shape mt_attention_docs_shape_of(const int32_t *doc_start, int B, int T);
+/* The same without buckets: S = n, s_max = max_len (at least 2 where T allows: cuDNN's backward
+ * refuses s_q = s_kv = 1). A graph per distinct shape: for diagnosis (MT_CUDNN_DOCS_BUCKETS=exact,
+ * attention_cudnn.h), should padding sequences ever be the problem. */
+mt_attention_docs_shape mt_attention_docs_shape_exact(const int32_t *doc_start, int B, int T);
 
 /* The smallest power of two >= n (n >= 1), or -1 past 2^30. */
 int mt_attention_docs_bucket(int n);

@@ -428,6 +428,18 @@ const int32_t *noted_rows_locked(const int32_t *doc_start, int B, int T, uint64_
     return nullptr;
 }
 
+/* MT_CUDNN_DOCS_BUCKETS=exact: graphs of exactly the documents (attention_docs.h). */
+bool exact_shapes() {
+    static const bool exact = [] {
+        const char *e = getenv("MT_CUDNN_DOCS_BUCKETS");
+        if (!e || !*e || strcmp(e, "pow2") == 0) return false;
+        if (strcmp(e, "exact") == 0) return true;
+        fprintf(stderr, "megatrain: MT_CUDNN_DOCS_BUCKETS=%s: expected pow2 or exact\n", e);
+        exit(1);
+    }();
+    return exact;
+}
+
 /* The ragged batch of this call on the device, made (and uploaded on s) when the noted documents
  * changed since the last call of this shape; null when there is none. */
 docs_layout *docs_layout_locked(const int32_t *doc_start, int B, int T, int H, int G, int D,
@@ -437,7 +449,8 @@ docs_layout *docs_layout_locked(const int32_t *doc_start, int B, int T, int H, i
     if (!rows) return nullptr;
     docs_layout &l = g_docs_layouts[docs_key{doc_start, B, T, H, G, D}];
     if (l.generation == generation) return &l;
-    l.sh = mt_attention_docs_shape_of(rows, B, T);
+    l.sh = exact_shapes() ? mt_attention_docs_shape_exact(rows, B, T)
+                          : mt_attention_docs_shape_of(rows, B, T);
     if (l.sh.S < 0) return nullptr;
     const int S = l.sh.S;
     const int64_t N = (int64_t)B * T;

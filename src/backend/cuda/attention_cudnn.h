@@ -22,6 +22,9 @@
  *          attention_cudnn.cu), forward and backward, unless MT_ATTENTION=own; it needs D % 16 == 0
  *          and the document starts noted to the backend (mt_backend.note_documents, which the
  *          engine and the runner call when they upload them), else our kernels run.
+ *   MT_CUDNN_DOCS_BUCKETS=pow2|exact (default pow2): the graph's sequence count and length are
+ *   the documents' rounded up to powers of two (padding sequences of length 0), or exactly theirs
+ *   (a graph per distinct shape; to tell a padding problem apart on the GPU).
  *   It is off by default until tests/gpu/test_cuda_attention's packed cases (test_docs_cudnn_*)
  *   pass on the H200: it was written without a GPU. Its backward takes more pool memory than the
  *   plain one: MT_CUDA_ATTENTION_DOCS_POOL_PER_ELEM (cuda_memory.h).
