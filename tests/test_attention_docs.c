@@ -1,10 +1,13 @@
 /* Packed rows as a ragged batch (backend/attention_docs.h): the per-sequence lengths and token
  * offsets that cuDNN's variable-length attention reads, and the buckets its graphs are cached by.
  * Wrong offsets there would let a document attend into its neighbour on the GPU; here they are
- * checked exactly, on hand-made rows and on random ones against the definition. */
+ * checked exactly, on hand-made rows and on random ones against the definition; and the plan counts
+ * the pool memory that path needs. */
 #include <stdlib.h>
 
 #include "backend/attention_docs.h"
+#include "backend/backend.h"
+#include "backend/cuda/cuda_memory.h"
 #include "model/docs.h"
 #include "core/error.h"
 #include "util/testutil.h"
@@ -136,12 +139,26 @@ static void test_random_rows_match_documents(void **state) {
     }
 }
 
+/* The plan counts the variable-length backward's larger pool need when packed rows go to cuDNN
+ * (MT_ATTENTION_DOCS=cudnn), the plain graph's otherwise. */
+static void test_pool_counted(void **state) {
+    unsetenv("MT_ATTENTION_DOCS");
+    assert_true(mt_backend_cuda_memory().attention_pool == MT_CUDA_ATTENTION_POOL_PER_ELEM);
+    setenv("MT_ATTENTION_DOCS", "own", 1);
+    assert_true(mt_backend_cuda_memory().attention_pool == MT_CUDA_ATTENTION_POOL_PER_ELEM);
+    setenv("MT_ATTENTION_DOCS", "cudnn", 1);
+    assert_true(mt_backend_cuda_memory().attention_pool == MT_CUDA_ATTENTION_DOCS_POOL_PER_ELEM);
+    assert_true(MT_CUDA_ATTENTION_DOCS_POOL_PER_ELEM > MT_CUDA_ATTENTION_POOL_PER_ELEM);
+    unsetenv("MT_ATTENTION_DOCS");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hand_made_rows),
         cmocka_unit_test(test_one_document_a_row),
         cmocka_unit_test(test_buckets),
         cmocka_unit_test(test_random_rows_match_documents),
+        cmocka_unit_test(test_pool_counted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
