@@ -8,7 +8,8 @@
  *    switch the forward's warps per CTA) against a naive fp32 GPU reference on the same bf16
  *    inputs, with and without doc_start, D = 64 and 128 (tensor-core path) and 8, 16 (fallback),
  *    T both multiple and not of the tiles; then the same through cuDNN (MT_ATTENTION=cudnn's
- *    choice: cases with doc_start or D % 8 != 0 run ours, and say so). Outputs are pre-filled with
+ *    choice: cases with doc_start or D % 8 != 0 run ours, and say so), and packed rows through
+ *    cuDNN's variable-length graph (MT_ATTENTION_DOCS=cudnn: "cudnn docs"). Outputs are pre-filled with
  *    NaN, so any element left unwritten fails. Errors are max |x - ref| / max |ref| per tensor
  *    (lse: max abs error).
  * 2. Speed, ours against cuDNN: causal, D = 128, H = 28, G = 4 (GQA 7) at T = 1024 (B = 16), 2048
@@ -18,6 +19,9 @@
  *    The backward time includes its Delta pre-pass, scratch alloc/memset and the dq conversion
  *    (ours) or the workspace from the pool (cuDNN). "first" is the first forward + backward call,
  *    which for cuDNN includes building its plans.
+ * 3. Speed on packed rows (n uneven documents a row), ours against cuDNN's variable-length graph,
+ *    FLOPs counted inside the documents (4*H*D*sum(n^2)/2 forward), with cuDNN's workspace in
+ *    bytes per element of q (what MT_CUDA_ATTENTION_DOCS_POOL_PER_ELEM must cover).
  */
 #include "../src/backend/cuda/attention.cu"
 
@@ -185,6 +189,30 @@ static int32_t *make_doc(int B, int T, int maxlen) {
     int32_t *d;
     CK(cudaMalloc(&d, h.size() * sizeof(int32_t)));
     CK(cudaMemcpy(d, h.data(), h.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    mt_cuda_attention_note_documents(d, h.data(), B, T); /* as the engine does: for cuDNN's docs */
+    return d;
+}
+
+/* n documents in every row, of uneven lengths (each within 0.5-1.5x T/n, the last the rest),
+ * noted for cuDNN; *sq gets the sum of n^2 over all documents (the FLOPs' measure). */
+static int32_t *make_docs_n(int B, int T, int n, double *sq) {
+    std::vector<int32_t> h((size_t)B * T);
+    *sq = 0;
+    for (int b = 0; b < B; b++) {
+        int t = 0;
+        for (int i = 0; i < n; i++) {
+            int len = i + 1 < n ? (int)((0.5 + urand()) * T / n) : T - t;
+            if (len > T - t - (n - 1 - i)) len = T - t - (n - 1 - i);
+            if (len < 1) len = 1;
+            for (int j = t; j < t + len; j++) h[(size_t)b * T + j] = t;
+            *sq += (double)len * len;
+            t += len;
+        }
+    }
+    int32_t *d;
+    CK(cudaMalloc(&d, h.size() * sizeof(int32_t)));
+    CK(cudaMemcpy(d, h.data(), h.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    mt_cuda_attention_note_documents(d, h.data(), B, T);
     return d;
 }
 
@@ -236,9 +264,12 @@ static void check_case(int B, int T, int H, int G, int D, int docmax, int fwd_wa
     double ev = rel_err(hdv, hrdv);
     bool ok = eo < 2e-2 && el < 2e-2 && eq < 3e-2 && ek < 3e-2 && ev < 3e-2;
     if (!ok) failures++;
+    const bool docs_cudnn = mt_cuda_attention_last_docs(0, NULL, NULL) > 0 &&
+                            mt_cuda_attention_last_docs(1, NULL, NULL) > 0;
     printf("%s B=%d T=%4d H=%d G=%d D=%3d doc=%-3s %s | out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
            ok ? "PASS" : "FAIL", B, T, H, G, D, docmax ? "yes" : "no",
-           ran_fwd == MT_ATTENTION_CUDNN && ran_bwd == MT_ATTENTION_CUDNN ? "cudnn     "
+           docs_cudnn                                                  ? "cudnn docs"
+           : ran_fwd == MT_ATTENTION_CUDNN && ran_bwd == MT_ATTENTION_CUDNN ? "cudnn     "
            : ran_fwd == MT_ATTENTION_CUDNN                             ? "cudnn fwd "
            : fwd_warps == 8                                            ? "own w8    "
                                                                        : "own w4    ",
@@ -257,7 +288,7 @@ static void check_case(int B, int T, int H, int G, int D, int docmax, int fwd_wa
     cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(dout), cudaFree(out), cudaFree(dq);
     cudaFree(dk), cudaFree(dv), cudaFree(lse), cudaFree(rout), cudaFree(rlse), cudaFree(rdq);
     cudaFree(rdk), cudaFree(rdv);
-    if (doc) cudaFree(doc);
+    if (doc) mt_cuda_attention_forget_documents(doc), cudaFree(doc);
     mt_cuda_attention_set_impl(MT_ATTENTION_AUTO);
 }
 
@@ -367,7 +398,66 @@ static void bench(int B, int T, int H, int G, int D, int docmax, int iters) {
     for (int i = 0; i < 2; i++) {
         cudaFree(out[i]), cudaFree(dq[i]), cudaFree(dk[i]), cudaFree(dv[i]), cudaFree(lse[i]);
     }
-    if (doc) cudaFree(doc);
+    if (doc) mt_cuda_attention_forget_documents(doc), cudaFree(doc);
+}
+
+/* Packed rows, n documents a row: ours against cuDNN's variable-length graph
+ * (MT_ATTENTION_DOCS=cudnn), FLOPs counted over the documents (sum of n^2, causal). */
+static void bench_docs(int B, int T, int H, int G, int D, int n, int iters) {
+    g_attn_fwd_warps = 8;
+    size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * G * D, nl = (size_t)B * H * T;
+    bf16 *q = dev_randn(nq, 1.0f), *k = dev_randn(nk, 1.0f), *v = dev_randn(nk, 1.0f);
+    bf16 *dout = dev_randn(nq, 1.0f);
+    double sq = 0;
+    int32_t *doc = make_docs_n(B, T, n, &sq);
+    bf16 *out[2], *dq[2], *dk[2], *dv[2];
+    float *lse[2];
+    for (int i = 0; i < 2; i++) {
+        CK(cudaMalloc(&out[i], nq * 2));
+        CK(cudaMalloc(&dq[i], nq * 2));
+        CK(cudaMalloc(&dk[i], nk * 2));
+        CK(cudaMalloc(&dv[i], nk * 2));
+        CK(cudaMalloc(&lse[i], nl * 4));
+    }
+    const double flops = 4.0 * H * sq * D / 2; /* causal inside each document, forward */
+    const mt_attention_impl impls[2] = {MT_ATTENTION_OWN, MT_ATTENTION_CUDNN};
+    for (int i = 0; i < 2; i++) {
+        mt_cuda_attention_set_docs_impl(impls[i]);
+        impl_time r = time_impl(impls[i], out[i], lse[i], dq[i], dk[i], dv[i], q, k, v, dout, doc,
+                                B, T, H, G, D, iters);
+        int S = 0, s_max = 0;
+        const int nf = mt_cuda_attention_last_docs(0, &S, &s_max), nb = mt_cuda_attention_last_docs(1, NULL, NULL);
+        char ran[96] = "";
+        if (impls[i] == MT_ATTENTION_CUDNN && (nf == 0 || nb == 0))
+            snprintf(ran, sizeof ran, " (NOT cuDNN's docs graph: fwd %s, bwd %s)",
+                     nf ? "docs" : impl_str(mt_cuda_attention_last(0)),
+                     nb ? "docs" : impl_str(mt_cuda_attention_last(1)));
+        else if (nf)
+            snprintf(ran, sizeof ran, " (%d docs as %d sequences of up to %d)", nf, S, s_max);
+        printf("B=%2d T=%6d H=%d G=%d D=%d docs=%2d/row %-5s | fwd %9.3f ms %6.1f TFLOP/s | bwd "
+               "%9.3f ms %6.1f TFLOP/s | first %8.1f ms%s\n",
+               B, T, H, G, D, n, impl_str(impls[i]), r.fwd_ms, flops / r.fwd_ms * 1e-9, r.bwd_ms,
+               2.5 * flops / r.bwd_ms * 1e-9, r.first_ms, ran);
+        fflush(stdout);
+        if (impls[i] == MT_ATTENTION_CUDNN)
+            printf("     cudnn docs workspace: fwd %.1f MiB, bwd %.1f MiB = %.2f B per element of q "
+                   "(plain graph's budget: %.1f)\n",
+                   mt_cuda_attention_cudnn_last_workspace(0) / 1048576.0,
+                   mt_cuda_attention_cudnn_last_workspace(1) / 1048576.0,
+                   mt_cuda_attention_cudnn_last_workspace(1) / (double)nq, 8.5);
+    }
+    mt_cuda_attention_set_docs_impl(MT_ATTENTION_OWN);
+    if (nq <= ((size_t)1 << 28))
+        printf("     cudnn docs vs own (max|diff|/max|own|): out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
+               dev_rel_diff(out[1], out[0], nq), dev_rel_diff(lse[1], lse[0], nl),
+               dev_rel_diff(dq[1], dq[0], nq), dev_rel_diff(dk[1], dk[0], nk),
+               dev_rel_diff(dv[1], dv[0], nk));
+    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(dout);
+    for (int i = 0; i < 2; i++) {
+        cudaFree(out[i]), cudaFree(dq[i]), cudaFree(dk[i]), cudaFree(dv[i]), cudaFree(lse[i]);
+    }
+    mt_cuda_attention_forget_documents(doc);
+    cudaFree(doc);
 }
 
 int main(int argc, char **argv) {
@@ -407,6 +497,16 @@ int main(int argc, char **argv) {
     check_case(2, 1000, 8, 2, 128, 0, 8, C);
     check_case(2, 33, 4, 4, 8, 0, 4, C);
     check_case(1, 100, 2, 1, 96, 0, 4, C);
+    printf("-- packed rows through cuDNN (MT_ATTENTION_DOCS=cudnn; D %% 16 != 0 runs ours)\n");
+    mt_cuda_attention_set_docs_impl(MT_ATTENTION_CUDNN);
+    check_case(1, 256, 4, 2, 128, 40, 8, C);
+    check_case(1, 256, 4, 2, 64, 40, 8, C);
+    check_case(2, 200, 4, 1, 128, 70, 8, C);
+    check_case(1, 300, 8, 8, 128, 300, 8, C);
+    check_case(2, 1000, 8, 2, 128, 300, 8, C);
+    check_case(1, 2048, 28, 4, 128, 700, 8, C);
+    check_case(1, 100, 2, 1, 96, 20, 4, C); /* D 96: ours */
+    mt_cuda_attention_set_docs_impl(MT_ATTENTION_OWN);
     printf("%s: %d failure(s)\n", failures ? "FAILED" : "ALL PASSED", failures);
     if (quick) return failures != 0;
 
@@ -418,5 +518,10 @@ int main(int argc, char **argv) {
     bench(1, 32768, 28, 4, 128, 0, 3);
     bench(1, 131072, 28, 4, 128, 0, 2);
     bench(1, 32768, 28, 4, 128, 4096, 3);
+    printf("-- packed rows, own vs cudnn's variable-length graph (FLOPs over the documents)\n");
+    bench_docs(4, 4096, 28, 4, 128, 4, 10);
+    bench_docs(16, 4096, 28, 4, 128, 8, 5);
+    bench_docs(1, 32768, 28, 4, 128, 8, 3);
+    bench_docs(1, 131072, 28, 4, 128, 16, 2);
     return failures != 0;
 }

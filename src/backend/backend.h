@@ -71,6 +71,12 @@ struct mt_backend {
     void (*zero)(mt_backend *be, void *p, size_t bytes);
     void (*upload)(mt_backend *be, void *dst, const void *host_src, size_t bytes);
     void (*download)(mt_backend *be, void *host_dst, const void *src, size_t bytes);
+    /* Optional (NULL: not needed). Called after each upload of packed rows' document starts:
+     * doc_start (B, T) on the compute side now holds host_doc_start's values (NULL: it holds
+     * documents no longer). The attention ops may then lay out rows doc_start + b*T .. (any B' rows
+     * inside) from the host copy without reading the device (cuda: cuDNN's ragged batch). */
+    void (*note_documents)(mt_backend *be, const int32_t *doc_start, const int32_t *host_doc_start,
+                           int B, int T);
     void (*sync)(mt_backend *be); /* waits for every stream */
     void (*destroy)(mt_backend *be);
 

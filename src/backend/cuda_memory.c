@@ -1,14 +1,25 @@
 /* mt_backend_cuda_memory: compiled in every build, so that `megatrain plan --device cuda` plans
  * the GPU side with the backend's own numbers on a machine (or a build) without CUDA. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "backend.h"
 #include "cuda/cuda_memory.h"
 
 static int head_chunk_rows(int N, int V) { return mt_cuda_lm_head_chunk_rows(N, V); }
 
+/* Packed rows through cuDNN take more pool memory (cuda_memory.h); MT_ATTENTION_DOCS as
+ * attention_cudnn.cu reads it (its bad values are that file's error, at the first call). */
+static double attention_pool_per_elem(void) {
+    const char *e = getenv("MT_ATTENTION_DOCS");
+    return e && strcmp(e, "cudnn") == 0 ? MT_CUDA_ATTENTION_DOCS_POOL_PER_ELEM
+                                        : MT_CUDA_ATTENTION_POOL_PER_ELEM;
+}
+
 mt_backend_memory mt_backend_cuda_memory(void) {
     return (mt_backend_memory){.scratch = (int64_t)(MT_CUDA_LT_WORKSPACE + MT_CUDA_LM_HEAD_SCRATCH),
                                .headroom = (int64_t)MT_CUDA_POOL_HEADROOM,
-                               .attention_pool = MT_CUDA_ATTENTION_POOL_PER_ELEM,
+                               .attention_pool = attention_pool_per_elem(),
                                /* RSS over the plan's host total on the H200: 3.4 GiB (7B compact),
                                   4.3 (14B compact), 5.3 (7B full) — bench/RESULTS.md; a 32B plan at
                                   MemAvailable without it was killed by the OOM killer */

@@ -844,6 +844,7 @@ int mt_engine_set_documents(mt_engine *e, const int32_t *doc_start) {
     be->upload(be, e->pos, pos, bytes); /* synchronous: ordered after the previous step's work */
     free(pos);
     if (doc_start) be->upload(be, e->doc_start, doc_start, bytes);
+    if (be->note_documents) be->note_documents(be, e->doc_start, doc_start, B, T);
     e->use_docs = doc_start != NULL;
     return MT_OK;
 }

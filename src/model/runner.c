@@ -49,6 +49,7 @@ int mt_runner_set_documents(mt_runner *r, const int32_t *doc_start) {
     be->upload(be, r->pos, pos, bytes);
     free(pos);
     if (doc_start) be->upload(be, r->doc_start, doc_start, bytes);
+    if (be->note_documents) be->note_documents(be, r->doc_start, doc_start, r->max_B, r->T);
     r->use_docs = doc_start != NULL;
     return MT_OK;
 }

@@ -27,9 +27,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/attention_docs.h"
 #include "backend/backend.h"
 #include "backend/cuda/attention_cudnn.h"
 #include "core/dtype.h"
+#include "core/error.h"
+#include "model/docs.h"
 #include "util/testutil.h"
 
 #define BF_ATOL 1e-2
@@ -101,11 +104,11 @@ static int check(const char *what, const float *got, const float *ref, size_t n,
     return mt_allclose(what, got, ref, n, atol_rel * (scale > 0 ? scale : 1), rtol);
 }
 
-/* out of the textbook bf16 flash forward on the problem's inputs (causal, no documents): per
- * query row, s = scale q.k in fp64, p = exp(s - max) rounded to bf16 for the PV product, the sum
- * of the unrounded p, out rounded to bf16. */
-static float *bf16_p_forward(const float *q, const float *k, const float *v, int B, int T, int H,
-                             int G, int D) {
+/* out of the textbook bf16 flash forward on the problem's inputs (causal, inside each document
+ * when doc is not NULL): per query row, s = scale q.k in fp64, p = exp(s - max) rounded to bf16 for
+ * the PV product, the sum of the unrounded p, out rounded to bf16. */
+static float *bf16_p_forward(const float *q, const float *k, const float *v, const int32_t *doc,
+                             int B, int T, int H, int G, int D) {
     float *out = fnew((size_t)B * T * H * D);
     const int rep = H / G;
     const double scale = 1.0 / sqrt((double)D);
@@ -118,8 +121,9 @@ static float *bf16_p_forward(const float *q, const float *k, const float *v, int
         for (long task = 0; task < (long)B * H * T; task++) {
             int t = (int)(task % T), h = (int)(task / T % H), b = (int)(task / T / H), g = h / rep;
             const float *Q = q + (((size_t)b * T + t) * H + h) * D;
+            const int j0 = doc ? doc[(size_t)b * T + t] : 0;
             double mx = -INFINITY, l = 0;
-            for (int j = 0; j <= t; j++) {
+            for (int j = j0; j <= t; j++) {
                 const float *K = k + (((size_t)b * T + j) * G + g) * D;
                 double a = 0;
                 for (int d = 0; d < D; d++) a += (double)Q[d] * K[d];
@@ -127,12 +131,12 @@ static float *bf16_p_forward(const float *q, const float *k, const float *v, int
                 if (s[j] > mx) mx = s[j];
             }
             for (int d = 0; d < D; d++) acc[d] = 0;
-            for (int j = 0; j <= t; j++) {
+            for (int j = j0; j <= t; j++) {
                 float p = (float)exp(s[j] - mx);
                 l += p;
                 pb[j] = mt_bf16_to_f32(mt_f32_to_bf16(p));
             }
-            for (int j = 0; j <= t; j++) {
+            for (int j = j0; j <= t; j++) {
                 const float *V = v + (((size_t)b * T + j) * G + g) * D;
                 for (int d = 0; d < D; d++) acc[d] += (double)pb[j] * V[d];
             }
@@ -248,6 +252,7 @@ static void problem_init(problem *p, int B, int T, int H, int G, int D, int pack
         }
         p->d_doc = gpu->alloc(gpu, N * sizeof(int32_t));
         gpu->upload(gpu, p->d_doc, p->doc, N * sizeof(int32_t));
+        gpu->note_documents(gpu, p->d_doc, p->doc, B, T);
     }
     p->d_q = up_bf(p->q, p->nq), p->d_k = up_bf(p->k, p->nk), p->d_v = up_bf(p->v, p->nk);
     p->d_dout = up_bf(p->dout, p->nq);
@@ -341,7 +346,7 @@ static void cudnn_case(int B, int T, int H, int G, int D, uint64_t seed) {
     expect_ran(what, 0, want);
     snprintf(what, sizeof what, "cudnn backward B=%d T=%d H=%d G=%d D=%d", B, T, H, G, D);
     expect_ran(what, 1, want);
-    float *emul = bf16_p_forward(p.q, p.k, p.v, B, T, H, G, D);
+    float *emul = bf16_p_forward(p.q, p.k, p.v, NULL, B, T, H, G, D);
     compare("cudnn vs cpu", &p, &got, &ref, 1.0, have_cudnn ? emul : NULL);
     free(emul);
     result_free(&ref), result_free(&got);
@@ -381,9 +386,11 @@ static void test_cudnn_vs_own(void **state) {
     problem_free(&p);
 }
 
-/* Documents packed in a row: cuDNN is not used (even when asked for), and the result is right. */
+/* Documents packed in a row, MT_ATTENTION_DOCS=own (the default): cuDNN is not used (even when
+ * MT_ATTENTION asks for it), and the result is right. */
 static void test_packed_falls_back(void **state) {
     problem p;
+    mt_cuda_attention_set_docs_impl(MT_ATTENTION_OWN);
     problem_init(&p, 2, 300, 8, 2, 128, 1, 301);
     result ref = cpu_run(&p);
     result got = gpu_run(&p, MT_ATTENTION_CUDNN, MT_ATTENTION_CUDNN, &ref);
@@ -391,6 +398,149 @@ static void test_packed_falls_back(void **state) {
     expect_ran("cudnn asked, packed rows: backward", 1, MT_ATTENTION_OWN);
     compare("packed (own) vs cpu", &p, &got, &ref, 1.0, NULL);
     result_free(&ref), result_free(&got);
+    problem_free(&p);
+}
+
+/* ---------------- packed rows through cuDNN's variable-length graph ---------------- */
+
+/* Replaces p's documents by rows cut into the lengths lens (row after row, each row's lengths
+ * summing to T), on the host and on the device (the same device array when it had one), noted to
+ * the backend as the engine does unless !note. */
+static void problem_set_docs(problem *p, const int *lens, int nlens, int note) {
+    const size_t N = (size_t)p->B * p->T;
+    if (!p->doc) p->doc = malloc(N * sizeof(int32_t));
+    if (!p->d_doc) p->d_doc = gpu->alloc(gpu, N * sizeof(int32_t));
+    size_t g = 0;
+    for (int i = 0; i < nlens; i++) {
+        int t0 = (int)(g % p->T);
+        for (int j = 0; j < lens[i]; j++) p->doc[g++] = t0;
+    }
+    assert_int_equal(g, N); /* the lengths tile the rows */
+    assert_int_equal(mt_docs_check(p->doc, p->B, p->T), MT_OK);
+    gpu->upload(gpu, p->d_doc, p->doc, N * sizeof(int32_t));
+    if (note) gpu->note_documents(gpu, p->d_doc, p->doc, p->B, p->T);
+}
+
+/* The latest forward and backward ran what they must: with cuDNN usable, its variable-length
+ * graph over exactly these documents in the shape attention_docs.h gives them; without it, our
+ * kernels. So a silent fall back to our kernels (or to the plain graph) fails here. */
+static void expect_docs_ran(const char *tag, const problem *p) {
+    const char *bk = getenv("MT_CUDNN_DOCS_BUCKETS");
+    mt_attention_docs_shape sh = bk && strcmp(bk, "exact") == 0
+                                     ? mt_attention_docs_shape_exact(p->doc, p->B, p->T)
+                                     : mt_attention_docs_shape_of(p->doc, p->B, p->T);
+    for (int bwd = 0; bwd < 2; bwd++) {
+        char what[128];
+        snprintf(what, sizeof what, "%s B=%d T=%d %s", tag, p->B, p->T, bwd ? "backward" : "forward");
+        expect_ran(what, bwd, have_cudnn ? MT_ATTENTION_CUDNN : MT_ATTENTION_OWN);
+        int S = -1, s_max = -1, n = mt_cuda_attention_last_docs(bwd, &S, &s_max);
+        fprintf(stderr, "%-48s %d documents as %d sequences of up to %d (want %d as %d of %d)\n",
+                what, n, S, s_max, have_cudnn ? sh.n : 0, sh.S, sh.s_max);
+        assert_int_equal(n, have_cudnn ? sh.n : 0);
+        if (have_cudnn) assert_int_equal(S, sh.S), assert_int_equal(s_max, sh.s_max);
+    }
+}
+
+/* cuDNN's packed rows (forced) against the CPU, each direction alone (the backward from the
+ * CPU's out and lse), with the plain rows' tolerance rule (cudnn_case). */
+static void docs_case(int B, int T, int H, int G, int D, const int *lens, int nlens, uint64_t seed) {
+    problem p;
+    problem_init(&p, B, T, H, G, D, 0, seed);
+    problem_set_docs(&p, lens, nlens, 1);
+    mt_cuda_attention_set_docs_impl(MT_ATTENTION_CUDNN);
+    result ref = cpu_run(&p);
+    result got = gpu_run(&p, MT_ATTENTION_CUDNN, MT_ATTENTION_CUDNN, &ref);
+    expect_docs_ran("cudnn docs", &p);
+    float *emul = bf16_p_forward(p.q, p.k, p.v, p.doc, B, T, H, G, D);
+    compare("cudnn docs vs cpu", &p, &got, &ref, 1.0, have_cudnn ? emul : NULL);
+    free(emul);
+    result_free(&ref), result_free(&got);
+    mt_cuda_attention_set_docs_impl(MT_ATTENTION_OWN);
+    problem_free(&p);
+}
+
+static void test_docs_cudnn_vs_cpu(void **state) {
+    /* 2-4 documents a row, lengths 1 and off every tile (64, 128), GQA, B > 1 */
+    const int a[] = {1, 300, 699, 517, 483};
+    docs_case(2, 1000, 8, 2, 128, a, 5, 501);  /* GQA 4; row 0 starts with a 1-token document */
+    const int b[] = {1, 1, 255, 257, 100, 157};
+    docs_case(3, 257, 8, 1, 64, b, 6, 502);    /* GQA 8, D 64, a row of one document among others */
+    const int c[] = {17, 2048, 1, 2047};
+    docs_case(1, 4096 + 17, 7, 1, 128, c, 4, 503); /* GQA 7 (28/4's ratio), a long row */
+    const int d[] = {1024, 1029, 3, 2050};
+    docs_case(2, 2048 + 5, 28, 4, 128, d, 4, 504); /* the 28/4 heads themselves */
+}
+
+/* cuDNN's packed rows and our kernel agree end to end at the goal's heads, and each one's forward
+ * feeds the other's backward (the lse layout is the same). */
+static void test_docs_cudnn_vs_own(void **state) {
+    problem p;
+    problem_init(&p, 2, 2048 + 5, 28, 4, 128, 0, 601);
+    const int lens[] = {700, 1, 1352, 64, 1989};
+    problem_set_docs(&p, lens, 5, 1);
+    mt_cuda_attention_set_docs_impl(MT_ATTENTION_CUDNN);
+    result own = gpu_run(&p, MT_ATTENTION_OWN, MT_ATTENTION_OWN, NULL);
+    expect_ran("docs own forward", 0, MT_ATTENTION_OWN);
+    expect_ran("docs own backward", 1, MT_ATTENTION_OWN);
+    result cud = gpu_run(&p, MT_ATTENTION_CUDNN, MT_ATTENTION_CUDNN, NULL);
+    expect_docs_ran("docs cudnn", &p);
+    compare("docs cudnn vs own", &p, &cud, &own, 2.0, NULL);
+    result mix1 = gpu_run(&p, MT_ATTENTION_OWN, MT_ATTENTION_CUDNN, &own);
+    compare("docs own fwd -> cudnn bwd vs own", &p, &mix1, &own, 2.0, NULL);
+    result mix2 = gpu_run(&p, MT_ATTENTION_CUDNN, MT_ATTENTION_OWN, &cud);
+    compare("docs cudnn fwd -> own bwd vs own", &p, &mix2, &own, 2.0, NULL);
+    result_free(&own), result_free(&cud), result_free(&mix1), result_free(&mix2);
+    mt_cuda_attention_set_docs_impl(MT_ATTENTION_OWN);
+    problem_free(&p);
+}
+
+/* The steps of a run: new documents in the same device array, noted again, give right results
+ * (the layout is remade), and counts inside one bucket reuse the graph (no new plan); rows of one
+ * document each take the plain graph; documents not noted to the backend run our kernels. */
+static void test_docs_steps(void **state) {
+    const char *bk = getenv("MT_CUDNN_DOCS_BUCKETS");
+    problem p;
+    problem_init(&p, 2, 600, 8, 2, 128, 0, 701);
+    mt_cuda_attention_set_docs_impl(MT_ATTENTION_CUDNN);
+    const int step1[] = {1, 599, 200, 200, 200}; /* 5 documents: 8 sequences of up to 600 */
+    const int step2[] = {1, 599, 77, 123, 1, 99, 300}; /* 7: the same bucket */
+    const int *steps[2] = {step1, step2};
+    const int nsteps[2] = {5, 7};
+    int plans = -1;
+    for (int i = 0; i < 2; i++) {
+        problem_set_docs(&p, steps[i], nsteps[i], 1);
+        result ref = cpu_run(&p);
+        result got = gpu_run(&p, MT_ATTENTION_CUDNN, MT_ATTENTION_CUDNN, &ref);
+        expect_docs_ran(i ? "docs step 2" : "docs step 1", &p);
+        float *emul = bf16_p_forward(p.q, p.k, p.v, p.doc, p.B, p.T, p.H, p.G, p.D);
+        compare(i ? "docs step 2 vs cpu" : "docs step 1 vs cpu", &p, &got, &ref, 1.0,
+                have_cudnn ? emul : NULL);
+        free(emul);
+        result_free(&ref), result_free(&got);
+        int now = mt_cuda_attention_cudnn_plan_count();
+        fprintf(stderr, "docs step %d: %d cuDNN plans cached\n", i + 1, now);
+        if (i == 1 && !(bk && strcmp(bk, "exact") == 0))
+            assert_int_equal(now, plans); /* the bucket's graphs served step 2 */
+        plans = now;
+    }
+    /* one document a row: the plain graph */
+    const int whole[] = {600, 600};
+    problem_set_docs(&p, whole, 2, 1);
+    result r = gpu_run(&p, MT_ATTENTION_CUDNN, MT_ATTENTION_CUDNN, NULL);
+    expect_ran("docs, one a row: forward", 0, have_cudnn ? MT_ATTENTION_CUDNN : MT_ATTENTION_OWN);
+    assert_int_equal(mt_cuda_attention_last_docs(0, NULL, NULL), 0);
+    assert_int_equal(mt_cuda_attention_last_docs(1, NULL, NULL), 0);
+    result_free(&r);
+    /* documents uploaded but not noted: our kernels, right results */
+    gpu->note_documents(gpu, p.d_doc, NULL, p.B, p.T);
+    problem_set_docs(&p, step1, 5, 0);
+    result ref = cpu_run(&p);
+    result got = gpu_run(&p, MT_ATTENTION_CUDNN, MT_ATTENTION_CUDNN, &ref);
+    expect_ran("docs not noted: forward", 0, MT_ATTENTION_OWN);
+    expect_ran("docs not noted: backward", 1, MT_ATTENTION_OWN);
+    compare("docs not noted (own) vs cpu", &p, &got, &ref, 1.0, NULL);
+    result_free(&ref), result_free(&got);
+    mt_cuda_attention_set_docs_impl(MT_ATTENTION_OWN);
     problem_free(&p);
 }
 
@@ -419,7 +569,8 @@ static void test_choice(void **state) {
     }
 }
 
-/* A bad MT_ATTENTION is a one-line error naming it, exit 1 (a child process reads it afresh). */
+/* A bad MT_ATTENTION or MT_ATTENTION_DOCS is a one-line error naming it, exit 1 (a child process
+ * reads it afresh). */
 static void test_bad_env(void **state) {
     char exe[4096];
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -431,10 +582,16 @@ static void test_bad_env(void **state) {
     fprintf(stderr, "MT_ATTENTION=fastest: exit %d, said: %s", rc, out);
     assert_int_equal(rc, 1);
     assert_non_null(strstr(out, "megatrain: MT_ATTENTION=fastest: expected own, cudnn or auto"));
+    snprintf(cmd, sizeof cmd, "MT_ATTENTION_DOCS=ragged '%s' %s", exe, BAD_ENV_CHILD_ARG);
+    rc = mt_test_run(cmd, out, sizeof out);
+    fprintf(stderr, "MT_ATTENTION_DOCS=ragged: exit %d, said: %s", rc, out);
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(out, "megatrain: MT_ATTENTION_DOCS=ragged: expected own, cudnn or auto"));
 }
 
 static int bad_env_child(void) {
-    (void)mt_cuda_attention_get_impl(); /* exits 1 */
+    (void)mt_cuda_attention_get_docs_impl(); /* exits 1 on a bad MT_ATTENTION_DOCS */
+    (void)mt_cuda_attention_get_impl();      /* exits 1 on a bad MT_ATTENTION */
     fprintf(stderr, "bad env child: NOT STOPPED\n");
     return 0;
 }
@@ -462,7 +619,9 @@ int main(int argc, char **argv) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cudnn_vs_cpu),     cmocka_unit_test(test_cudnn_vs_own),
-        cmocka_unit_test(test_packed_falls_back), cmocka_unit_test(test_choice),
+        cmocka_unit_test(test_packed_falls_back), cmocka_unit_test(test_docs_cudnn_vs_cpu),
+        cmocka_unit_test(test_docs_cudnn_vs_own), cmocka_unit_test(test_docs_steps),
+        cmocka_unit_test(test_choice),
         cmocka_unit_test(test_bad_env),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);

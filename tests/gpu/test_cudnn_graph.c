@@ -31,6 +31,39 @@ static void test_graphs_validate(void **state) {
             expect_valid(bwd, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4], 1);
 }
 
+/* The variable-length graphs of packed rows (MT_ATTENTION_DOCS=cudnn): for the document shapes
+ * test_cuda_attention's docs cases and the bench run, as attention_docs.h buckets them (and a few
+ * more buckets: 1 sequence, 64 tokens, 512k tokens with int64 offsets). */
+static void expect_docs_valid(int backward, int S, int s_max, int B, int T, int H, int G, int D,
+                              int want) {
+    char why[512];
+    int ok = mt_cuda_attention_cudnn_validate_docs(backward, S, s_max, B, T, H, G, D, 90, why,
+                                                   sizeof why);
+    fprintf(stderr, "%s docs S=%d s_max=%d B=%d T=%d H=%d G=%d D=%d sm_90: %s%s%s%s\n",
+            backward ? "bwd" : "fwd", S, s_max, B, T, H, G, D, ok == 1 ? "valid" : "invalid",
+            *why ? " (" : "", why, *why ? ")" : "");
+    assert_int_equal(ok, want);
+}
+
+static void test_docs_graphs_validate(void **state) {
+    static const int shapes[][7] = {
+        /* S, s_max, B, T, H, G, D */
+        {8, 1000, 2, 1000, 8, 2, 128},    {8, 257, 3, 257, 8, 1, 64},
+        {4, 4096 + 17, 1, 4096 + 17, 7, 1, 128}, {4, 2048 + 5, 2, 2048 + 5, 28, 4, 128},
+        {8, 2048 + 5, 2, 2048 + 5, 28, 4, 128},  {8, 600, 2, 600, 8, 2, 128},
+        {8, 4096, 1, 32768, 28, 4, 128},  {4, 1024, 1, 4096, 28, 4, 128},
+        {64, 4096, 16, 4096, 28, 4, 128}, {1, 64, 1, 64, 2, 1, 128},
+        {1024, 64, 1, 65536, 28, 4, 128}, {16, 65536, 1, 524288, 28, 4, 128},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int bwd = 0; bwd < 2; bwd++)
+            expect_docs_valid(bwd, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3],
+                              shapes[i][4], shapes[i][5], shapes[i][6], 1);
+    /* and it can fail: query heads not a multiple of the kv heads */
+    expect_docs_valid(0, 4, 128, 1, 256, 8, 3, 128, 0);
+    expect_docs_valid(1, 4, 128, 1, 256, 8, 3, 128, 0);
+}
+
 /* The check can fail: query heads that are not a multiple of the kv heads. */
 static void test_bad_graph_refused(void **state) {
     expect_valid(0, 1, 100, 8, 3, 128, 0);
@@ -48,6 +81,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_graphs_validate),
         cmocka_unit_test(test_bad_graph_refused),
+        cmocka_unit_test(test_docs_graphs_validate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL) ? 1 : 0;
 }

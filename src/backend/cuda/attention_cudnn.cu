@@ -19,10 +19,24 @@
  * dims (B, H, T, 1) with strides (H*T, T, 1, 1): exactly our lse (B, H, T). So cuDNN writes our
  * lse buffer and its backward reads it, and either forward can feed either backward.
  *
- * Documents packed in a row (doc_start) go to our kernels: cuDNN expresses documents only as a
- * ragged batch (one batch entry per document, offsets and lengths per entry), whose batch count
- * and longest length the graph must know when it is built, while we get doc_start as a device
- * array on the stream; reading it back would stall the schedule at every layer.
+ * Documents packed in a row (doc_start) go to cuDNN only with MT_ATTENTION_DOCS=cudnn (the header
+ * says why it is off by default), as a ragged batch: sequence i is the i-th document in token order
+ * (attention_docs.h), and since documents tile the rows the ragged offsets are the cumulative
+ * lengths, i.e. cuDNN's packed THD layout over our token-major rows: q, out, dout, dq at offset
+ * tok_off[i]*H*D elements with the BSHD strides above; k, v, dk, dv at tok_off[i]*G*D; the padding
+ * mask with seq_len_q = seq_len_kv = the document's length (INT32, (S,1,1,1)) and the causal band
+ * inside it. Stats in THD form is token-major, (S, H, s_max, 1) with strides (H*s_max, 1, H, 1) at
+ * offset tok_off[i]*H (the layout TransformerEngine feeds cuDNN), so a small transpose kernel
+ * moves it to and from our (B, H, T) lse, which keeps either forward able to feed either backward.
+ * cuDNN never reads doc_start: the lengths and offsets come from the host copy the engine notes
+ * when it uploads doc_start (mt_backend.note_documents), uploaded on the op's stream once per step
+ * and call shape. The graph depends on S (sequences) and s_max (their padded length), which vary
+ * per step: both are rounded up to powers of two (attention_docs.h), sequences past the documents
+ * have length 0, so a graph serves every step whose counts fall in its bucket. Cost: at most
+ * log2(T) * log2(B*T) graphs over a run (a build is ~0.1-1 s), and a grid of S * H * s_max/tile
+ * CTAs of which those past a sequence's end exit at once (with S <= 2n and s_max <= 2*longest).
+ * The backward's workspace is sized by the tokens (max_total_seq_len = B*T), not by S*s_max.
+ * Rows of one document each (every doc_start 0) take the plain graph.
  *
  * A graph (validated, with its execution plan) is built once per (direction, B, T, H, G, D, device)
  * and cached, like matmul.cu's plans; one that cuDNN cannot build is remembered as unsupported. The
@@ -39,7 +53,13 @@ namespace {
 
 mt_attention_impl g_impl = MT_ATTENTION_AUTO;
 bool g_impl_read = false;
+mt_attention_impl g_docs_impl = MT_ATTENTION_OWN;
+bool g_docs_impl_read = false;
 mt_attention_impl g_last[2] = {MT_ATTENTION_AUTO, MT_ATTENTION_AUTO};
+/* the latest call's ragged batch when it ran cuDNN's variable-length graph (n 0 otherwise) */
+struct last_docs {
+    int n, S, s_max;
+} g_last_docs[2];
 
 mt_attention_impl impl_from_env() {
     const char *e = getenv("MT_ATTENTION");
@@ -50,7 +70,35 @@ mt_attention_impl impl_from_env() {
     exit(1);
 }
 
+mt_attention_impl docs_impl_from_env() {
+    const char *e = getenv("MT_ATTENTION_DOCS");
+    if (!e || !*e || strcmp(e, "own") == 0 || strcmp(e, "auto") == 0) return MT_ATTENTION_OWN;
+    if (strcmp(e, "cudnn") == 0) return MT_ATTENTION_CUDNN;
+    fprintf(stderr, "megatrain: MT_ATTENTION_DOCS=%s: expected own, cudnn or auto\n", e);
+    exit(1);
+}
+
 } // namespace
+
+extern "C" void mt_cuda_attention_set_docs_impl(mt_attention_impl impl) {
+    g_docs_impl = impl == MT_ATTENTION_CUDNN ? MT_ATTENTION_CUDNN : MT_ATTENTION_OWN;
+    g_docs_impl_read = true;
+}
+
+extern "C" mt_attention_impl mt_cuda_attention_get_docs_impl(void) {
+    if (!g_docs_impl_read) {
+        g_docs_impl = docs_impl_from_env();
+        g_docs_impl_read = true;
+    }
+    return g_docs_impl;
+}
+
+extern "C" int mt_cuda_attention_last_docs(int backward, int *S, int *s_max) {
+    const last_docs &l = g_last_docs[backward ? 1 : 0];
+    if (S) *S = l.S;
+    if (s_max) *s_max = l.s_max;
+    return l.n;
+}
 
 extern "C" void mt_cuda_attention_set_impl(mt_attention_impl impl) {
     g_impl = impl;
@@ -80,6 +128,9 @@ extern "C" mt_attention_impl mt_cuda_attention_last(int backward) { return g_las
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
+
+#include "backend/attention_docs.h"
 
 namespace fe = cudnn_frontend;
 
@@ -93,13 +144,16 @@ namespace {
 constexpr long kMinVersion = 90000; /* bf16 causal GQA SDPA forward and backward on Hopper */
 constexpr int kMaxDevices = 64;
 
-enum : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+enum : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeqQ, kSeqKV, kQOff, kKVOff, kStOff };
 
+/* S = 0: the plain graph over B rows of T; S > 0: the variable-length graph of S sequences padded
+ * to s_max over B*T tokens, with ragged offsets in int64 when off64 (else int32). */
 struct plan_key {
     int backward, device, B, T, H, G, D;
+    int S = 0, s_max = 0, off64 = 0;
     bool operator<(const plan_key &o) const {
-        return std::tie(backward, device, B, T, H, G, D) <
-               std::tie(o.backward, o.device, o.B, o.T, o.H, o.G, o.D);
+        return std::tie(backward, device, B, T, H, G, D, S, s_max, off64) <
+               std::tie(o.backward, o.device, o.B, o.T, o.H, o.G, o.D, o.S, o.s_max, o.off64);
     }
 };
 
@@ -117,6 +171,38 @@ cudnnHandle_t g_handle[kMaxDevices];
  * destructors would free the plans' kernels. */
 std::map<plan_key, plan> &g_plans = *new std::map<plan_key, plan>;
 bool g_noted = false;
+long long g_last_workspace[2] = {-1, -1};
+
+/* Document starts the engine uploaded (note_documents), by their device address: the host copy
+ * that sizes and lays out the ragged batch of every call on rows of that array. */
+struct noted_docs {
+    int B = 0, T = 0;
+    std::vector<int32_t> host;
+    uint64_t generation = 0;
+};
+std::map<const int32_t *, noted_docs> &g_noted_docs = *new std::map<const int32_t *, noted_docs>;
+uint64_t g_docs_generation = 0;
+bool g_docs_unnoted_said = false;
+
+/* A call's ragged batch on the device, one per (doc_start address, B, T, H, G, D): seq_len (S)
+ * int32, then the offsets of q-like, kv-like and stats tensors (S + 1 each, int32 or int64). */
+struct docs_key {
+    const int32_t *doc_start;
+    int B, T, H, G, D;
+    bool operator<(const docs_key &o) const {
+        return std::tie(doc_start, B, T, H, G, D) < std::tie(o.doc_start, o.B, o.T, o.H, o.G, o.D);
+    }
+};
+struct docs_layout {
+    uint64_t generation = 0; /* of the noted documents it was made from; 0: never */
+    mt_attention_docs_shape sh = {0, 0, 0, 0};
+    int off64 = 0;
+    size_t capacity = 0; /* bytes of dev */
+    void *dev = nullptr;
+    void *seq = nullptr, *q_off = nullptr, *kv_off = nullptr, *st_off = nullptr;
+    std::vector<unsigned char> staging;
+};
+std::map<docs_key, docs_layout> &g_docs_layouts = *new std::map<docs_key, docs_layout>;
 
 /* Tries once: dlopen, version, and the frontend's CUDA runtime (the one we link). */
 bool load_locked() {
@@ -175,33 +261,68 @@ cudnnHandle_t handle_locked(int device) {
     return g_handle[device];
 }
 
-/* A (b, n, t, d) tensor over our token-major rows (B*T, n, D). */
-std::shared_ptr<fe::graph::Tensor_attributes> rows_tensor(fe::graph::Graph &g, const char *name,
-                                                          int64_t uid, int64_t B, int64_t T,
-                                                          int64_t n, int64_t D) {
+/* A (b, n, t, d) tensor over our token-major rows (B*T, n, D): b rows of t tokens; or, with a
+ * ragged offset (off), b sequences of at most t tokens at off's element offsets (THD). */
+std::shared_ptr<fe::graph::Tensor_attributes> rows_tensor(
+    fe::graph::Graph &g, const char *name, int64_t uid, int64_t B, int64_t T, int64_t n, int64_t D,
+    const std::shared_ptr<fe::graph::Tensor_attributes> &off = nullptr) {
+    auto t = g.tensor(fe::graph::Tensor_attributes()
+                          .set_name(name)
+                          .set_uid(uid)
+                          .set_dim({B, n, T, D})
+                          .set_stride({T * n * D, D, n * D, 1}));
+    if (off) t->set_ragged_offset(off);
+    return t;
+}
+void rows_output(const std::shared_ptr<fe::graph::Tensor_attributes> &t, int64_t uid, int64_t B,
+                 int64_t T, int64_t n, int64_t D,
+                 const std::shared_ptr<fe::graph::Tensor_attributes> &off = nullptr) {
+    t->set_output(true).set_uid(uid).set_dim({B, n, T, D}).set_stride({T * n * D, D, n * D, 1});
+    if (off) t->set_ragged_offset(off);
+}
+/* Stats: our lse (B, H, T, 1) for the plain graph; token-major (S, H, s_max, 1) at the ragged
+ * offsets st_off (THD) for the variable-length one. */
+void stats_layout(fe::graph::Tensor_attributes &t, int64_t b, int64_t H, int64_t T,
+                  const std::shared_ptr<fe::graph::Tensor_attributes> &st_off) {
+    t.set_uid(kStats).set_dim({b, H, T, 1}).set_data_type(fe::DataType_t::FLOAT);
+    if (st_off) t.set_stride({H * T, 1, H, 1}).set_ragged_offset(st_off);
+    else t.set_stride({H * T, T, 1, 1});
+}
+/* A (n, 1, 1, 1) int tensor: sequence lengths or ragged offsets. */
+std::shared_ptr<fe::graph::Tensor_attributes> index_tensor(fe::graph::Graph &g, const char *name,
+                                                           int64_t uid, int64_t n,
+                                                           fe::DataType_t type) {
     return g.tensor(fe::graph::Tensor_attributes()
                         .set_name(name)
                         .set_uid(uid)
-                        .set_dim({B, n, T, D})
-                        .set_stride({T * n * D, D, n * D, 1}));
-}
-void rows_output(const std::shared_ptr<fe::graph::Tensor_attributes> &t, int64_t uid, int64_t B,
-                 int64_t T, int64_t n, int64_t D) {
-    t->set_output(true).set_uid(uid).set_dim({B, n, T, D}).set_stride({T * n * D, D, n * D, 1});
+                        .set_dim({n, 1, 1, 1})
+                        .set_stride({1, 1, 1, 1})
+                        .set_data_type(type));
 }
 /* The SDPA graph of k, not yet built; for the device's architecture, or for sm_version (e.g. 90)
  * when not 0 (validation without a device). */
 std::shared_ptr<fe::graph::Graph> make_graph(const plan_key &k, int sm_version) {
-    const int64_t B = k.B, T = k.T, H = k.H, G = k.G, D = k.D;
+    const bool docs = k.S > 0;
+    /* b "rows" of t tokens: the B rows, or the S sequences of at most s_max tokens */
+    const int64_t b = docs ? k.S : k.B, t = docs ? k.s_max : k.T, H = k.H, G = k.G, D = k.D;
     const float scale = 1.0f / sqrtf((float)k.D);
     auto g = std::make_shared<fe::graph::Graph>();
     if (sm_version) g->set_sm_version(sm_version); /* before the nodes: they copy the context */
     g->set_io_data_type(fe::DataType_t::BFLOAT16)
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
-    auto Q = rows_tensor(*g, "Q", kQ, B, T, H, D);
-    auto K = rows_tensor(*g, "K", kK, B, T, G, D);
-    auto V = rows_tensor(*g, "V", kV, B, T, G, D);
+    std::shared_ptr<fe::graph::Tensor_attributes> seq_q, seq_kv, q_off, kv_off, st_off;
+    if (docs) {
+        const fe::DataType_t ot = k.off64 ? fe::DataType_t::INT64 : fe::DataType_t::INT32;
+        seq_q = index_tensor(*g, "seq_len_q", kSeqQ, b, fe::DataType_t::INT32);
+        seq_kv = index_tensor(*g, "seq_len_kv", kSeqKV, b, fe::DataType_t::INT32);
+        q_off = index_tensor(*g, "q_off", kQOff, b + 1, ot);
+        kv_off = index_tensor(*g, "kv_off", kKVOff, b + 1, ot);
+        st_off = index_tensor(*g, "stats_off", kStOff, b + 1, ot);
+    }
+    auto Q = rows_tensor(*g, "Q", kQ, b, t, H, D, q_off);
+    auto K = rows_tensor(*g, "K", kK, b, t, G, D, kv_off);
+    auto V = rows_tensor(*g, "V", kV, b, t, G, D, kv_off);
     if (!k.backward) {
         auto opts = fe::graph::SDPA_attributes()
                         .set_name("mt_attention_fwd")
@@ -209,32 +330,32 @@ std::shared_ptr<fe::graph::Graph> make_graph(const plan_key &k, int sm_version) 
                         .set_attn_scale(scale)
                         .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                         .set_diagonal_band_right_bound(0);
+        if (docs) opts.set_padding_mask(true).set_seq_len_q(seq_q).set_seq_len_kv(seq_kv);
         auto [O, Stats] = g->sdpa(Q, K, V, opts);
-        rows_output(O, kO, B, T, H, D);
-        Stats->set_output(true)
-            .set_uid(kStats)
-            .set_dim({B, H, T, 1})
-            .set_stride({H * T, T, 1, 1})
-            .set_data_type(fe::DataType_t::FLOAT);
+        rows_output(O, kO, b, t, H, D, q_off);
+        Stats->set_output(true);
+        stats_layout(*Stats, b, H, t, st_off);
     } else {
-        auto O = rows_tensor(*g, "O", kO, B, T, H, D);
-        auto dO = rows_tensor(*g, "dO", kDO, B, T, H, D);
-        auto Stats = g->tensor(fe::graph::Tensor_attributes()
-                                   .set_name("Stats")
-                                   .set_uid(kStats)
-                                   .set_dim({B, H, T, 1})
-                                   .set_stride({H * T, T, 1, 1})
-                                   .set_data_type(fe::DataType_t::FLOAT));
+        auto O = rows_tensor(*g, "O", kO, b, t, H, D, q_off);
+        auto dO = rows_tensor(*g, "dO", kDO, b, t, H, D, q_off);
+        auto Stats = g->tensor(fe::graph::Tensor_attributes().set_name("Stats"));
+        stats_layout(*Stats, b, H, t, st_off);
         auto opts = fe::graph::SDPA_backward_attributes()
                         .set_name("mt_attention_bwd")
                         .set_attn_scale(scale)
                         .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                         .set_diagonal_band_right_bound(0)
                         .set_deterministic_algorithm(false); /* dQ by atomics, as ours */
+        if (docs) /* the workspace (fp32 dQ, GQA's full-head dK dV) sized by the tokens */
+            opts.set_padding_mask(true)
+                .set_seq_len_q(seq_q)
+                .set_seq_len_kv(seq_kv)
+                .set_max_total_seq_len_q((int64_t)k.B * k.T)
+                .set_max_total_seq_len_kv((int64_t)k.B * k.T);
         auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, Stats, opts);
-        rows_output(dQ, kDQ, B, T, H, D);
-        rows_output(dK, kDK, B, T, G, D);
-        rows_output(dV, kDV, B, T, G, D);
+        rows_output(dQ, kDQ, b, t, H, D, q_off);
+        rows_output(dK, kDK, b, t, G, D, kv_off);
+        rows_output(dV, kDV, b, t, G, D, kv_off);
     }
     return g;
 }
@@ -257,26 +378,145 @@ plan &plan_locked(const plan_key &k, cudnnHandle_t h) {
         p.graph = nullptr;
         why = ex.what();
     }
-    if (!p.graph)
+    if (!p.graph) {
+        char docs[96] = "";
+        if (k.S) snprintf(docs, sizeof docs, " as %d sequences of up to %d", k.S, k.s_max);
         fprintf(stderr,
-                "megatrain: cuDNN has no %s attention plan for B=%d T=%d H=%d G=%d D=%d (%s); "
+                "megatrain: cuDNN has no %s attention plan for B=%d T=%d H=%d G=%d D=%d%s (%s); "
                 "using the built-in kernel for this shape\n",
-                k.backward ? "backward" : "forward", k.B, k.T, k.H, k.G, k.D,
+                k.backward ? "backward" : "forward", k.B, k.T, k.H, k.G, k.D, docs,
                 why.empty() ? "no reason given" : why.c_str());
+    }
     return g_plans.emplace(k, std::move(p)).first->second;
 }
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-/* Whether this call goes to cuDNN by the choice in force, before asking cuDNN. */
+/* Whether this call goes to cuDNN by the choice in force, before asking cuDNN: rows without
+ * documents (plain graph) or, with MT_ATTENTION_DOCS=cudnn, packed rows (variable-length graph,
+ * which also needs D % 16 == 0: the frontend drops the token-sized backward workspace otherwise). */
 bool wanted(int backward, const int32_t *doc_start, int T, int D,
             std::initializer_list<const void *> ptrs) {
     mt_attention_impl impl = mt_cuda_attention_get_impl();
-    if (impl == MT_ATTENTION_OWN || doc_start || D % 8 != 0) return false;
-    if (impl == MT_ATTENTION_AUTO && backward && T < MT_CUDNN_BWD_MIN_T) return false;
+    if (impl == MT_ATTENTION_OWN || D % 8 != 0) return false;
+    if (doc_start) {
+        if (mt_cuda_attention_get_docs_impl() != MT_ATTENTION_CUDNN || D % 16 != 0) return false;
+    } else if (impl == MT_ATTENTION_AUTO && backward && T < MT_CUDNN_BWD_MIN_T) {
+        return false;
+    }
     for (const void *p : ptrs)
         if (!aligned16(p)) return false;
     return true;
+}
+
+/* The noted documents holding rows doc_start .. doc_start + B*T, or null (with a note, once). */
+const int32_t *noted_rows_locked(const int32_t *doc_start, int B, int T, uint64_t *generation) {
+    auto it = g_noted_docs.upper_bound(doc_start);
+    if (it != g_noted_docs.begin()) {
+        --it;
+        const noted_docs &n = it->second;
+        ptrdiff_t at = doc_start - it->first;
+        if (n.T == T && at >= 0 && at % T == 0 && at / T + B <= n.B) {
+            *generation = n.generation;
+            return n.host.data() + at;
+        }
+    }
+    if (!g_docs_unnoted_said)
+        fprintf(stderr, "megatrain: packed rows whose document starts were not noted to the backend "
+                        "(note_documents); their attention uses the built-in kernel\n");
+    g_docs_unnoted_said = true;
+    return nullptr;
+}
+
+/* MT_CUDNN_DOCS_BUCKETS=exact: graphs of exactly the documents (attention_docs.h). */
+bool exact_shapes() {
+    static const bool exact = [] {
+        const char *e = getenv("MT_CUDNN_DOCS_BUCKETS");
+        if (!e || !*e || strcmp(e, "pow2") == 0) return false;
+        if (strcmp(e, "exact") == 0) return true;
+        fprintf(stderr, "megatrain: MT_CUDNN_DOCS_BUCKETS=%s: expected pow2 or exact\n", e);
+        exit(1);
+    }();
+    return exact;
+}
+
+/* The ragged batch of this call on the device, made (and uploaded on s) when the noted documents
+ * changed since the last call of this shape; null when there is none. */
+docs_layout *docs_layout_locked(const int32_t *doc_start, int B, int T, int H, int G, int D,
+                                cudaStream_t s) {
+    uint64_t generation = 0;
+    const int32_t *rows = noted_rows_locked(doc_start, B, T, &generation);
+    if (!rows) return nullptr;
+    docs_layout &l = g_docs_layouts[docs_key{doc_start, B, T, H, G, D}];
+    if (l.generation == generation) return &l;
+    l.sh = exact_shapes() ? mt_attention_docs_shape_exact(rows, B, T)
+                          : mt_attention_docs_shape_of(rows, B, T);
+    if (l.sh.S < 0) return nullptr;
+    const int S = l.sh.S;
+    const int64_t N = (int64_t)B * T;
+    l.off64 = N * H * D > INT32_MAX;
+    const size_t ow = l.off64 ? 8 : 4, al = 16;
+    auto up = [al](size_t x) { return (x + al - 1) / al * al; };
+    const size_t seq_b = up((size_t)S * 4), off_b = up((size_t)(S + 1) * ow);
+    const size_t bytes = seq_b + 3 * off_b;
+    std::vector<int32_t> len(S);
+    std::vector<int64_t> tok(S + 1);
+    if (mt_attention_docs_layout(rows, B, T, S, len.data(), tok.data()) != l.sh.n) return nullptr;
+    l.staging.assign(bytes, 0);
+    unsigned char *h = l.staging.data();
+    memcpy(h, len.data(), (size_t)S * 4);
+    const int64_t mult[3] = {(int64_t)H * D, (int64_t)G * D, (int64_t)H}; /* q, kv, stats */
+    for (int a = 0; a < 3; a++) {
+        unsigned char *o = h + seq_b + a * off_b;
+        for (int i = 0; i <= S; i++) {
+            int64_t v = tok[i] * mult[a];
+            if (l.off64) memcpy(o + 8 * (size_t)i, &v, 8);
+            else {
+                int32_t v32 = (int32_t)v;
+                memcpy(o + 4 * (size_t)i, &v32, 4);
+            }
+        }
+    }
+    if (l.capacity < bytes) { /* stream-ordered: calls before this one still read the old one */
+        if (l.dev) CUDA_CHECK(cudaFreeAsync(l.dev, s));
+        CUDA_CHECK(cudaMallocAsync(&l.dev, bytes, s));
+        l.capacity = bytes;
+    }
+    /* from pageable memory: staged before the call returns, then ordered on s after the calls
+     * that read the previous contents */
+    CUDA_CHECK(cudaMemcpyAsync(l.dev, h, bytes, cudaMemcpyHostToDevice, s));
+    unsigned char *d = (unsigned char *)l.dev;
+    l.seq = d, l.q_off = d + seq_b, l.kv_off = d + seq_b + off_b, l.st_off = d + seq_b + 2 * off_b;
+    l.generation = generation;
+    return &l;
+}
+
+/* lse (B, H, T) <-> token-major stats (B*T, H), one (H, T) <-> (T, H) matrix per row, through
+ * 32 x 32 tiles of shared memory. to_tokens: lse -> stats; else stats -> lse. */
+__global__ void lse_transpose_kernel(float *dst, const float *src, int T, int H, int to_tokens) {
+    __shared__ float tile[32][33];
+    const int b = blockIdx.z;
+    const int r0 = blockIdx.y * 32, c0 = blockIdx.x * 32; /* over the source's (rows, cols) */
+    const int rows = to_tokens ? H : T, cols = to_tokens ? T : H;
+    const float *in = src + (size_t)b * T * H;
+    float *out = dst + (size_t)b * T * H;
+    for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+        int r = r0 + i, c = c0 + threadIdx.x;
+        if (r < rows && c < cols) tile[i][threadIdx.x] = in[(size_t)r * cols + c];
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+        int c = c0 + i, r = r0 + threadIdx.x; /* out is (cols, rows) */
+        if (r < rows && c < cols) out[(size_t)c * rows + r] = tile[threadIdx.x][i];
+    }
+}
+
+void lse_transpose(float *dst, const float *src, int B, int T, int H, int to_tokens,
+                   cudaStream_t s) {
+    const int rows = to_tokens ? H : T, cols = to_tokens ? T : H;
+    dim3 grid((unsigned)((cols + 31) / 32), (unsigned)((rows + 31) / 32), (unsigned)B);
+    lse_transpose_kernel<<<grid, dim3(32, 8), 0, s>>>(dst, src, T, H, to_tokens);
+    CUDA_LAUNCH_CHECK();
 }
 
 /* Loads cuDNN and returns the cached plan for k on the current device, or null. Locked. */
@@ -315,7 +555,10 @@ bool run_locked(plan &p, const plan_key &k, cudnnHandle_t h,
         why = ex.what();
     }
     if (ws) CUDA_CHECK(cudaFreeAsync(ws, s));
-    if (why.empty()) return true;
+    if (why.empty()) {
+        g_last_workspace[k.backward] = p.workspace;
+        return true;
+    }
     fprintf(stderr,
             "megatrain: cuDNN %s attention failed for B=%d T=%d H=%d G=%d D=%d (%s); using the "
             "built-in kernel for this shape from now on\n",
@@ -371,20 +614,112 @@ extern "C" int mt_cuda_attention_cudnn_validate(int backward, int B, int T, int 
     return ok;
 }
 
+extern "C" int mt_cuda_attention_cudnn_plan_count(void) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    return (int)g_plans.size();
+}
+
+extern "C" long long mt_cuda_attention_cudnn_last_workspace(int backward) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    return g_last_workspace[backward ? 1 : 0];
+}
+
+extern "C" int mt_cuda_attention_cudnn_validate_docs(int backward, int S, int s_max, int B, int T,
+                                                     int H, int G, int D, int sm_version,
+                                                     char *why, size_t why_size) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    std::string msg;
+    int ok = -1;
+    if (!load_locked()) {
+        msg = g_why;
+    } else {
+        try {
+            plan_key k = {backward ? 1 : 0, 0, B, T, H, G, D};
+            k.S = S, k.s_max = s_max, k.off64 = (int64_t)B * T * H * D > INT32_MAX;
+            fe::error_t err = make_graph(k, sm_version)->validate();
+            ok = err.is_good() ? 1 : 0;
+            msg = err.get_message();
+        } catch (const std::exception &ex) {
+            ok = 0;
+            msg = ex.what();
+        }
+    }
+    if (why && why_size) snprintf(why, why_size, "%s", msg.c_str());
+    return ok;
+}
+
+extern "C" void mt_cuda_attention_note_documents(const int32_t *doc_start,
+                                                 const int32_t *host_doc_start, int B, int T) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (!host_doc_start) {
+        g_noted_docs.erase(doc_start);
+        return;
+    }
+    noted_docs &n = g_noted_docs[doc_start];
+    n.B = B, n.T = T;
+    n.host.assign(host_doc_start, host_doc_start + (size_t)B * T);
+    n.generation = ++g_docs_generation;
+}
+
+extern "C" void mt_cuda_attention_forget_documents(const void *p) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_noted_docs.erase((const int32_t *)p);
+}
+
+namespace {
+
+/* The variable-length plan of this call (its layout in *lay), or null: then the caller runs the
+ * plain graph when every row is one document (*plain), or our kernels. Locked. */
+plan *docs_plan_locked(int backward, const int32_t *doc_start, int B, int T, int H, int G, int D,
+                       cudaStream_t s, plan_key *key, cudnnHandle_t *h, docs_layout **lay,
+                       bool *plain) {
+    *plain = false;
+    docs_layout *l = docs_layout_locked(doc_start, B, T, H, G, D, s);
+    if (!l) return nullptr;
+    if (l->sh.n == B) { /* one document a row: the plain graph, no padding */
+        *plain = true;
+        return nullptr;
+    }
+    *key = {backward, 0, B, T, H, G, D};
+    key->S = l->sh.S, key->s_max = l->sh.s_max, key->off64 = l->off64;
+    *lay = l;
+    return usable_plan_locked(*key, h);
+}
+
+} // namespace
+
 bool mt_cuda_attention_cudnn_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
                                      const bf16 *v, const int32_t *doc_start, int B, int T, int H,
                                      int G, int D, cudaStream_t s) {
     g_last[0] = MT_ATTENTION_OWN;
+    g_last_docs[0] = {0, 0, 0};
     if (!wanted(0, doc_start, T, D, {out, lse, q, k, v})) return false;
     std::lock_guard<std::mutex> lock(g_mu);
     plan_key key = {0, 0, B, T, H, G, D};
     cudnnHandle_t h = nullptr;
-    plan *p = usable_plan_locked(key, &h);
+    docs_layout *lay = nullptr;
+    bool plain = !doc_start;
+    plan *p = plain ? usable_plan_locked(key, &h)
+                    : docs_plan_locked(0, doc_start, B, T, H, G, D, s, &key, &h, &lay, &plain);
+    if (!p && plain && doc_start) p = usable_plan_locked(key, &h);
     if (!p) return false;
     std::unordered_map<fe::graph::Tensor_attributes::uid_t, void *> pack = {
         {kQ, (void *)q}, {kK, (void *)k}, {kV, (void *)v}, {kO, out}, {kStats, lse}};
-    if (!run_locked(*p, key, h, pack, s)) return false;
+    float *stats = nullptr;
+    if (lay) { /* cuDNN's token-major stats in a temporary, moved to lse after */
+        CUDA_CHECK(cudaMallocAsync((void **)&stats, (size_t)B * T * H * sizeof(float), s));
+        pack[kStats] = stats;
+        pack[kSeqQ] = lay->seq, pack[kSeqKV] = lay->seq;
+        pack[kQOff] = lay->q_off, pack[kKVOff] = lay->kv_off, pack[kStOff] = lay->st_off;
+    }
+    bool ran = run_locked(*p, key, h, pack, s);
+    if (stats) {
+        if (ran) lse_transpose(lse, stats, B, T, H, 0, s);
+        CUDA_CHECK(cudaFreeAsync(stats, s));
+    }
+    if (!ran) return false;
     g_last[0] = MT_ATTENTION_CUDNN;
+    if (lay) g_last_docs[0] = {lay->sh.n, lay->sh.S, lay->sh.s_max};
     return true;
 }
 
@@ -393,18 +728,34 @@ bool mt_cuda_attention_cudnn_backward(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *
                                       const bf16 *k, const bf16 *v, const int32_t *doc_start,
                                       int B, int T, int H, int G, int D, cudaStream_t s) {
     g_last[1] = MT_ATTENTION_OWN;
+    g_last_docs[1] = {0, 0, 0};
     if (!wanted(1, doc_start, T, D, {dq, dk, dv, dout, out, lse, q, k, v})) return false;
     std::lock_guard<std::mutex> lock(g_mu);
     plan_key key = {1, 0, B, T, H, G, D};
     cudnnHandle_t h = nullptr;
-    plan *p = usable_plan_locked(key, &h);
+    docs_layout *lay = nullptr;
+    bool plain = !doc_start;
+    plan *p = plain ? usable_plan_locked(key, &h)
+                    : docs_plan_locked(1, doc_start, B, T, H, G, D, s, &key, &h, &lay, &plain);
+    if (!p && plain && doc_start) p = usable_plan_locked(key, &h);
     if (!p) return false;
     std::unordered_map<fe::graph::Tensor_attributes::uid_t, void *> pack = {
         {kQ, (void *)q},     {kK, (void *)k},     {kV, (void *)v},
         {kO, (void *)out},   {kDO, (void *)dout}, {kStats, (void *)lse},
         {kDQ, dq},           {kDK, dk},           {kDV, dv}};
-    if (!run_locked(*p, key, h, pack, s)) return false;
+    float *stats = nullptr;
+    if (lay) { /* our lse as cuDNN's token-major stats, in a temporary */
+        CUDA_CHECK(cudaMallocAsync((void **)&stats, (size_t)B * T * H * sizeof(float), s));
+        lse_transpose(stats, lse, B, T, H, 1, s);
+        pack[kStats] = stats;
+        pack[kSeqQ] = lay->seq, pack[kSeqKV] = lay->seq;
+        pack[kQOff] = lay->q_off, pack[kKVOff] = lay->kv_off, pack[kStOff] = lay->st_off;
+    }
+    bool ran = run_locked(*p, key, h, pack, s);
+    if (stats) CUDA_CHECK(cudaFreeAsync(stats, s));
+    if (!ran) return false;
     g_last[1] = MT_ATTENTION_CUDNN;
+    if (lay) g_last_docs[1] = {lay->sh.n, lay->sh.S, lay->sh.s_max};
     return true;
 }
 
@@ -419,6 +770,20 @@ extern "C" int mt_cuda_cudnn_status(const char **why, long *version) {
 
 extern "C" long long mt_cuda_attention_cudnn_workspace(int, int, int, int, int, int) { return -1; }
 
+extern "C" long long mt_cuda_attention_cudnn_last_workspace(int) { return -1; }
+
+extern "C" int mt_cuda_attention_cudnn_plan_count(void) { return 0; }
+
+extern "C" int mt_cuda_attention_cudnn_validate_docs(int, int, int, int, int, int, int, int, int,
+                                                     char *why, size_t why_size) {
+    if (why && why_size) snprintf(why, why_size, "built without cuDNN");
+    return -1;
+}
+
+extern "C" void mt_cuda_attention_note_documents(const int32_t *, const int32_t *, int, int) {}
+
+extern "C" void mt_cuda_attention_forget_documents(const void *) {}
+
 extern "C" int mt_cuda_attention_cudnn_validate(int, int, int, int, int, int, int, char *why,
                                                 size_t why_size) {
     if (why && why_size) snprintf(why, why_size, "built without cuDNN");
@@ -428,6 +793,7 @@ extern "C" int mt_cuda_attention_cudnn_validate(int, int, int, int, int, int, in
 bool mt_cuda_attention_cudnn_forward(bf16 *, float *, const bf16 *, const bf16 *, const bf16 *,
                                      const int32_t *, int, int, int, int, int, cudaStream_t) {
     static bool noted = false;
+    g_last_docs[0] = {0, 0, 0};
     if (mt_cuda_attention_get_impl() == MT_ATTENTION_CUDNN && !noted) {
         fprintf(stderr, "megatrain: MT_ATTENTION=cudnn, but this build has no cuDNN; attention uses "
                         "the built-in kernel\n");
@@ -441,6 +807,7 @@ bool mt_cuda_attention_cudnn_backward(bf16 *, bf16 *, bf16 *, const bf16 *, cons
                                       const float *, const bf16 *, const bf16 *, const bf16 *,
                                       const int32_t *, int, int, int, int, int, cudaStream_t) {
     g_last[1] = MT_ATTENTION_OWN;
+    g_last_docs[1] = {0, 0, 0};
     return false;
 }
 

@@ -9,18 +9,32 @@
  * that algorithm, whose own misses of our fp32-reference bar it reproduces element for element
  * (11 of 2M, 158%), and test_cuda_model's 50-step curve with cuDNN stays inside the spread that
  * bf16-sized nudges of the weights cause (session 5). Ours keeps P more precisely and remains for
- * documents packed in a row, short rows' backward, and `own`.
+ * documents packed in a row (unless MT_ATTENTION_DOCS=cudnn, below), short rows' backward, and `own`.
  *   own    our kernels always;
- *   cudnn  cuDNN for every case it supports (no documents packed in a row, 16-byte aligned tensors,
- *          a shape cuDNN has a plan for), our kernels for the rest;
+ *   cudnn  cuDNN for every case it supports (documents packed in a row only as MT_ATTENTION_DOCS
+ *          says, 16-byte aligned tensors, a shape cuDNN has a plan for), our kernels for the rest;
  *   auto   cuDNN's forward where cudnn would use it; cuDNN's backward only from
  *          MT_CUDNN_BWD_MIN_T tokens a row (below that our backward is as fast or faster).
+ * MT_ATTENTION_DOCS=own|cudnn|auto (default own; auto is own today) is the choice for rows that pack
+ * several documents (doc_start):
+ *   own    our kernels, whatever MT_ATTENTION says;
+ *   cudnn  cuDNN's variable-length attention (each document one sequence of a ragged batch, see
+ *          attention_cudnn.cu), forward and backward, unless MT_ATTENTION=own; it needs D % 16 == 0
+ *          and the document starts noted to the backend (mt_backend.note_documents, which the
+ *          engine and the runner call when they upload them), else our kernels run.
+ *   MT_CUDNN_DOCS_BUCKETS=pow2|exact (default pow2): the graph's sequence count and length are
+ *   the documents' rounded up to powers of two (padding sequences of length 0), or exactly theirs
+ *   (a graph per distinct shape; to tell a padding problem apart on the GPU).
+ *   It is off by default until tests/gpu/test_cuda_attention's packed cases (test_docs_cudnn_*)
+ *   pass on the H200: it was written without a GPU. Its backward takes more pool memory than the
+ *   plain one: MT_CUDA_ATTENTION_DOCS_POOL_PER_ELEM (cuda_memory.h).
  * Without cuDNN at run time (libcudnn.so.9 not loadable, older than 9.0) or in a build without it
  * (MT_HAVE_CUDNN=0) every choice runs our kernels; a note on stderr says so once. */
 #ifndef MT_CUDA_ATTENTION_CUDNN_H
 #define MT_CUDA_ATTENTION_CUDNN_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -38,6 +52,31 @@ typedef enum {
  * at 4096, 531 vs 216 at 32768 (bench/RESULTS.md), so this can go to 0 once cuDNN is the default. */
 #define MT_CUDNN_BWD_MIN_T 4096
 
+/* Overrides MT_ATTENTION_DOCS for the following calls (OWN or CUDNN; tests, benches). */
+void mt_cuda_attention_set_docs_impl(mt_attention_impl impl);
+/* The choice in force for packed rows (MT_ATTENTION_DOCS's value until set). Fatal on a bad value. */
+mt_attention_impl mt_cuda_attention_get_docs_impl(void);
+/* The number of documents of the latest forward (backward = 1: backward) call when it ran cuDNN's
+ * variable-length graph, with the graph's sequences (S) and their padded length (s_max); 0 when
+ * that call did not (our kernels, or the plain graph). Either pointer may be NULL. */
+int mt_cuda_attention_last_docs(int backward, int *S, int *s_max);
+/* doc_start (B, T) on the device holds host_doc_start's values from now on (a copy is kept);
+ * host_doc_start NULL forgets it. The CUDA backend's note_documents. */
+void mt_cuda_attention_note_documents(const int32_t *doc_start, const int32_t *host_doc_start,
+                                      int B, int T);
+/* Forgets what was noted at device address p (the backend frees p). */
+void mt_cuda_attention_forget_documents(const void *p);
+/* How many (direction, shape) plans are cached, those cuDNN refused included: graph caching's
+ * count, for the tests. */
+int mt_cuda_attention_cudnn_plan_count(void);
+/* The workspace bytes of the plan the latest successful cuDNN forward (0) / backward (1) ran, or
+ * -1 before one. For the bench. */
+long long mt_cuda_attention_cudnn_last_workspace(int backward);
+/* As mt_cuda_attention_cudnn_validate, for the variable-length graph of S sequences padded to
+ * s_max tokens over B rows of T (attention_docs.h's shape of the rows). */
+int mt_cuda_attention_cudnn_validate_docs(int backward, int S, int s_max, int B, int T, int H,
+                                          int G, int D, int sm_version, char *why,
+                                          size_t why_size);
 /* Overrides MT_ATTENTION for the following calls (tests, benches). */
 void mt_cuda_attention_set_impl(mt_attention_impl impl);
 /* The choice in force (MT_ATTENTION's value until set_impl). Fatal on a bad MT_ATTENTION. */

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention_cudnn.h"
 #include "cuda_memory.h"
 #include "ops.cuh"
 
@@ -132,7 +133,10 @@ static void device_free(cuda_state *st, void *p) {
 static void *cuda_alloc(mt_backend *be, size_t bytes) {
     return device_alloc(state_of(be), bytes, "an allocation");
 }
-static void cuda_free(mt_backend *be, void *p) { device_free(state_of(be), p); }
+static void cuda_free(mt_backend *be, void *p) {
+    mt_cuda_attention_forget_documents(p); /* a later array at p holds no noted documents */
+    device_free(state_of(be), p);
+}
 
 static void cuda_zero(mt_backend *be, void *p, size_t bytes) {
     if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, mt_cuda_compute_stream(be)));
@@ -306,6 +310,10 @@ static void cu_attention_backward(mt_backend *be, void *dq, void *dk, void *dv, 
                                (const bf16 *)dout, (const bf16 *)out, lse, (const bf16 *)q,
                                (const bf16 *)k, (const bf16 *)v, doc_start, B, T, H, G, D, S(be));
 }
+static void cu_note_documents(mt_backend *be, const int32_t *doc_start,
+                              const int32_t *host_doc_start, int B, int T) {
+    mt_cuda_attention_note_documents(doc_start, host_doc_start, B, T);
+}
 static void cu_moe_route(mt_backend *be, float *probs, int32_t *top_idx, float *top_w,
                          int32_t *counts, float *prob_sum, const void *logits, int n, int E, int k,
                          int renorm) {
@@ -432,6 +440,7 @@ mt_backend *mt_backend_cuda_create(int64_t mem_budget_bytes) {
     be->zero = cuda_zero;
     be->upload = cuda_upload;
     be->download = cuda_download;
+    be->note_documents = cu_note_documents;
     be->sync = cuda_sync;
     be->destroy = cuda_destroy;
     be->host_alloc = cuda_host_alloc;

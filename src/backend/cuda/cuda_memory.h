@@ -37,5 +37,12 @@ static inline int mt_cuda_lm_head_chunk_rows(int N, int V) {
  * 128k: bench/RESULTS.md, session 3), our kernel's about half; with a margin. At 512k tokens of
  * the 7B: 14.9 GiB. */
 #define MT_CUDA_ATTENTION_POOL_PER_ELEM 8.5
+/* ... and with packed rows through cuDNN (MT_ATTENTION_DOCS=cudnn, attention_cudnn.h), NOT YET
+ * MEASURED: the frontend's own workspace of the variable-length backward with GQA is 12 + 4/D
+ * bytes per element of q (fp32 dQ, and fp32-sized full-head dK and dV, each max_total_seq_len x H
+ * x D; the softmax sum H per token: scaled_dot_product_flash_attention.h's ragged_workspace_size),
+ * plus our token-major stats (4/D), plus the engine's own workspace, which for the plain graph was
+ * the 8.0-8.2 measured minus the frontend's 4 + 4/D, ~4. attention_bench's docs rows print it. */
+#define MT_CUDA_ATTENTION_DOCS_POOL_PER_ELEM 16.5
 
 #endif
