@@ -592,8 +592,8 @@ extern "C" long long mt_cuda_attention_cudnn_workspace(int backward, int B, int 
     return it != g_plans.end() && it->second.graph ? (long long)it->second.workspace : -1;
 }
 
-extern "C" int mt_cuda_attention_cudnn_validate(int backward, int B, int T, int H, int G, int D,
-                                                int sm_version, char *why, size_t why_size) {
+/* The graph of key k validated (no plan built): 1 valid, 0 not (why says it), -1 no cuDNN. */
+static int validate_key(const plan_key &k, int sm_version, char *why, size_t why_size) {
     std::lock_guard<std::mutex> lock(g_mu);
     std::string msg;
     int ok = -1;
@@ -601,7 +601,6 @@ extern "C" int mt_cuda_attention_cudnn_validate(int backward, int B, int T, int 
         msg = g_why;
     } else {
         try {
-            plan_key k = {backward ? 1 : 0, 0, B, T, H, G, D};
             fe::error_t err = make_graph(k, sm_version)->validate();
             ok = err.is_good() ? 1 : 0;
             msg = err.get_message();
@@ -612,6 +611,12 @@ extern "C" int mt_cuda_attention_cudnn_validate(int backward, int B, int T, int 
     }
     if (why && why_size) snprintf(why, why_size, "%s", msg.c_str());
     return ok;
+}
+
+extern "C" int mt_cuda_attention_cudnn_validate(int backward, int B, int T, int H, int G, int D,
+                                                int sm_version, char *why, size_t why_size) {
+    plan_key k = {backward ? 1 : 0, 0, B, T, H, G, D};
+    return validate_key(k, sm_version, why, why_size);
 }
 
 extern "C" int mt_cuda_attention_cudnn_plan_count(void) {
@@ -627,25 +632,9 @@ extern "C" long long mt_cuda_attention_cudnn_last_workspace(int backward) {
 extern "C" int mt_cuda_attention_cudnn_validate_docs(int backward, int S, int s_max, int B, int T,
                                                      int H, int G, int D, int sm_version,
                                                      char *why, size_t why_size) {
-    std::lock_guard<std::mutex> lock(g_mu);
-    std::string msg;
-    int ok = -1;
-    if (!load_locked()) {
-        msg = g_why;
-    } else {
-        try {
-            plan_key k = {backward ? 1 : 0, 0, B, T, H, G, D};
-            k.S = S, k.s_max = s_max, k.off64 = (int64_t)B * T * H * D > INT32_MAX;
-            fe::error_t err = make_graph(k, sm_version)->validate();
-            ok = err.is_good() ? 1 : 0;
-            msg = err.get_message();
-        } catch (const std::exception &ex) {
-            ok = 0;
-            msg = ex.what();
-        }
-    }
-    if (why && why_size) snprintf(why, why_size, "%s", msg.c_str());
-    return ok;
+    plan_key k = {backward ? 1 : 0, 0, B, T, H, G, D};
+    k.S = S, k.s_max = s_max, k.off64 = (int64_t)B * T * H * D > INT32_MAX;
+    return validate_key(k, sm_version, why, why_size);
 }
 
 extern "C" void mt_cuda_attention_note_documents(const int32_t *doc_start,
