@@ -310,6 +310,39 @@ static void test_resume_other_ranks(void **state) {
     }
 }
 
+/* A one-rank checkpoint resumed on np ranks with no step left is saved again by the ranks, each
+ * writing its shard into the one directory: its files are the one-rank files byte for byte. */
+static void test_resave_on_ranks(void **state) {
+    static const char *const states[] = {"full", "tight"};
+    for (int i = 0; i < 2; i++) {
+        char one[64], extra[128];
+        snprintf(one, sizeof one, "saved1_%s", states[i]);
+        snprintf(extra, sizeof extra, "--state %s", states[i]);
+        run_ok(0, one, extra);
+        for (int np = 2; np <= 3; np++) {
+            char out[64];
+            snprintf(out, sizeof out, "resaved_np%d_%s", np, states[i]);
+            mt_test_sh("mkdir -p '%s/%s/checkpoints' && cp -r '%s/%s/checkpoints/step_%08d' '%s/%s/checkpoints/' && "
+                       "cp '%s/%s/metrics.jsonl' '%s/%s/'",
+                       g_env.tmp, out, g_env.tmp, one, STEPS, g_env.tmp, out, g_env.tmp, one, g_env.tmp, out);
+            snprintf(extra, sizeof extra, "--state %s --resume", states[i]);
+            run_ok(np, out, extra);
+            if (!strstr(g_out, "saved ")) fail_msg("np %d did not save:\n%s", np, g_out);
+            static const char *const files[] = {"model.safetensors", "optimizer.safetensors", "config.json"};
+            for (int k = 0; k < 3; k++) {
+                char pa[4200], pb[4200];
+                ckpt_file(pa, sizeof pa, one, STEPS, files[k]);
+                ckpt_file(pb, sizeof pb, out, STEPS, files[k]);
+                same_bytes(pa, pb);
+            }
+            /* and it verifies: one process resumes from it */
+            snprintf(extra, sizeof extra, "--state %s --resume --resume-changed --steps %d", states[i], STEPS + 1);
+            run_ok(0, out, extra);
+            printf("  %s, saved again by %d ranks: the one-rank files byte for byte\n", states[i], np);
+        }
+    }
+}
+
 static void test_full(void **state) { same_as_one_rank("full", MT_STATE_FULL, 1e-5); }
 static void test_compact(void **state) { same_as_one_rank("compact", MT_STATE_COMPACT, 1e-3); }
 static void test_tight(void **state) { same_as_one_rank("tight", MT_STATE_TIGHT, 1e-3); }
@@ -415,6 +448,7 @@ int main(void) {
         cmocka_unit_test(test_tight),
         cmocka_unit_test(test_resume_same_ranks),
         cmocka_unit_test(test_resume_other_ranks),
+        cmocka_unit_test(test_resave_on_ranks),
         cmocka_unit_test(test_mismatched_flags),
         cmocka_unit_test(test_killed_rank),
         cmocka_unit_test(test_signal_one_rank),

@@ -94,28 +94,41 @@ typedef struct {
     int saved_attention;   /* layers whose backward skips the attention's recompute */
 } train_run;
 
+static int phase(train_run *r, int rc);
+
+/* With ranks, every rank writes its shard into the one checkpoint (io/checkpoint.h: rank 0 begins
+ * and finishes it, the ranks agree after each phase); no rank gathers the state. */
+static int save_by_ranks(train_run *r, const mt_state_io *io, const mt_ckpt_state *st) {
+    mt_ckpt_writer *w = NULL;
+    char dir[4096] = "";
+    int rc = r->lead ? mt_checkpoint_begin(r->o.out_dir, &r->model.table, io->format, st->step, r->args_json,
+                                           r->o.model_dir, &w)
+                     : MT_OK;
+    if (rc == MT_OK && r->lead) snprintf(dir, sizeof dir, "%s", mt_checkpoint_writer_dir(w));
+    if (phase(r, rc) != MT_OK) {
+        mt_checkpoint_abort(w);
+        return MT_ERR;
+    }
+    mt_ranks_share(r->comm, dir, sizeof dir);
+    rc = phase(r, mt_checkpoint_write_shard(dir, &r->model.table, io, r->o.out_dir, st->step));
+    if (!r->lead) return rc;
+    if (rc != MT_OK) {
+        mt_checkpoint_abort(w);
+        return rc;
+    }
+    return mt_checkpoint_finish(w, io, st, (int)r->o.keep);
+}
+
 static int save_checkpoint(train_run *r) {
     mt_engine_finish(r->e);
     if (r->o.no_save) return MT_OK;
     mt_ckpt_state st = {.step = r->step, .seed = (uint64_t)r->o.seed, .loss = r->last_loss,
                         .updates = r->updates, .skipped = r->skipped};
     double t0 = now_ms();
-    /* with ranks, rank 0 writes the checkpoint (one checkpoint of the whole state, as one rank's)
-     * while the others take part in the gathers its reads of their shards make */
     const mt_state_io *io = mt_engine_state_io(r->e);
-    int rc = r->lead ? mt_checkpoint_save(r->o.out_dir, &r->model.table, io, &st, r->args_json, r->o.model_dir,
-                                          (int)r->o.keep)
-                     : MT_OK;
-    if (r->ranks > 1) {
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", mt_error_message());
-        if (mt_engine_gather_rest(r->e) != MT_OK) {
-            fprintf(stderr, "megatrain: %s\n", mt_error_message());
-            mt_comm_abort(r->comm, 1);
-        }
-        mt_error_set("%s", msg);
-    }
-    MT_TRY(rc);
+    MT_TRY(r->ranks > 1 ? save_by_ranks(r, io, &st)
+                        : mt_checkpoint_save(r->o.out_dir, &r->model.table, io, &st, r->args_json, r->o.model_dir,
+                                             (int)r->o.keep));
     snprintf(r->last_ckpt, sizeof r->last_ckpt, "%s/checkpoints/step_%08lld", r->o.out_dir,
              (long long)r->step);
     return mt_train_log_note(&r->log, "saved %s (%.1f s)", r->last_ckpt, (now_ms() - t0) / 1e3);

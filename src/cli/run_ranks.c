@@ -76,6 +76,18 @@ int mt_ranks_max(mt_comm *comm, int v) {
     return m;
 }
 
+void mt_ranks_share(mt_comm *comm, void *buf, size_t n) {
+    int P = mt_comm_size(comm);
+    if (P == 1) return;
+    char *all = mt_malloc(n * (size_t)P);
+    if (mt_comm_all_gather_host(comm, all, buf, n) != MT_OK) {
+        fprintf(stderr, "megatrain: %s\n", mt_error_message());
+        mt_comm_abort(comm, 1);
+    }
+    memcpy(buf, all, n);
+    free(all);
+}
+
 int mt_ranks_check_same(mt_comm *comm, const void *bytes, size_t n, const char *what) {
     if (mt_comm_size(comm) == 1) return MT_OK;
     return mt_comm_check_same(comm, bytes, n, what);

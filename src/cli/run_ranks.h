@@ -41,6 +41,10 @@ int mt_ranks_agree(mt_comm *comm, int rc);
 /* The largest of every rank's v (the same on every rank): a signal that reached some ranks. */
 int mt_ranks_max(mt_comm *comm, int v);
 
+/* Rank 0's n bytes into buf on every rank (a path only rank 0 knows). A failure of the comm
+ * ends the job (mt_comm_abort). */
+void mt_ranks_share(mt_comm *comm, void *buf, size_t n);
+
 /* mt_comm_check_same on n bytes, named `what` ("--batch"): MT_ERR on every rank when any rank's
  * bytes differ from rank 0's. */
 int mt_ranks_check_same(mt_comm *comm, const void *bytes, size_t n, const char *what);

@@ -625,6 +625,32 @@ static int io_set_parts_sharded(mt_train_state *s, const mt_param *p, const mt_o
     return MT_OK;
 }
 
+/* This rank's own elements, for a checkpoint each rank writes (state_io.h): not collective. */
+static void io_owned(void *ctx, const mt_param *p, int64_t *lo, int64_t *hi) {
+    shard_part(ctx, p, lo, hi);
+    *lo -= p->offset;
+    *hi -= p->offset;
+    if (*hi <= *lo) *lo = *hi = 0;
+}
+
+static int io_get_weights_range(void *ctx, const mt_param *p, int64_t lo, int64_t n, float *dst) {
+    const host_piece *pc = piece_of(ctx, p->layer);
+    int64_t at = p->offset + lo - pc->base;
+    MT_CHECK(at >= 0 && at + n <= pc->n, "weights [%lld, %lld) of %s: not this rank's", (long long)lo,
+             (long long)(lo + n), p->name);
+    mt_optim_state_get_weights(pc->st, (size_t)at, dst, (size_t)n);
+    return MT_OK;
+}
+
+static int io_parts_range(void *ctx, const mt_param *p, int64_t lo, int64_t hi, mt_optim_tensor *out) {
+    const host_piece *pc = piece_of(ctx, p->layer);
+    int64_t at = p->offset + lo - pc->base;
+    MT_CHECK(at >= 0 && hi > lo && at + (hi - lo) <= pc->n, "parts [%lld, %lld) of %s: not this rank's",
+             (long long)lo, (long long)hi, p->name);
+    mt_optim_arenas a = mt_optim_state_arenas(pc->st);
+    return mt_optim_arenas_parts(&a, (size_t)at, (size_t)(hi - lo), out);
+}
+
 /* ---- tensor by tensor ---- */
 
 static int io_get_weights(void *ctx, const mt_param *p, float *dst) {
@@ -702,6 +728,11 @@ static void init_io(mt_train_state *s) {
                           .get_weights = io_get_weights, .set_weights = io_set_weights,
                           .get_parts = io_get_parts, .set_parts = io_set_parts,
                           .set_sr_seed = io_set_sr_seed};
+    if (s->ranks > 1) {
+        s->io.owned = io_owned;
+        s->io.get_weights_range = io_get_weights_range;
+        s->io.parts_range = io_parts_range;
+    }
 }
 
 const mt_state_io *mt_train_state_io(mt_train_state *s) {
