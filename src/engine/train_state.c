@@ -522,7 +522,8 @@ static int gather_into(mt_train_state *s, void **all, const void *mine, size_t n
     if (!*all) *all = mt_aligned_alloc(most * es);
     char *dst = (char *)*all + (size_t)s->rank * n * es;
     memcpy(dst, mine, n * es);
-    return mt_comm_all_gather(s->o.comm, *all, dst, n, dtype, NULL);
+    /* host memory on every comm (the nccl comm's device collectives would not take it) */
+    return mt_comm_all_gather_host(s->o.comm, *all, dst, n * es);
 }
 
 static int gather_step(mt_train_state *s, int q) {

@@ -376,15 +376,17 @@ static void cu_lm_head_loss(mt_backend *be, float *losses, void *dinp, float *dw
 
 /* ---------------- creation ---------------- */
 
-int mt_backend_cuda_available(void) {
+int mt_backend_cuda_device_count(void) {
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess) {
         cudaGetLastError(); /* clear the sticky-free error so later calls start clean */
         return 0;
     }
-    return n > 0;
+    return n;
 }
+
+int mt_backend_cuda_available(void) { return mt_backend_cuda_device_count() > 0; }
 
 mt_backend *mt_backend_cuda_create(int64_t mem_budget_bytes) {
     MT_CHECK(mem_budget_bytes >= 0, "negative GPU memory budget %lld", (long long)mem_budget_bytes);
