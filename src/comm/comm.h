@@ -37,7 +37,13 @@
  *    N s in <collective> ...". A peer that dies is usually noticed by mpirun first, which then ends
  *    the whole job itself; the timeout covers a peer that hangs or dies unnoticed. The wait counts
  *    from the last message that arrived, so it must exceed the longest time one rank works alone
- *    while the others wait in a collective (e.g. rank 0 saving a checkpoint).
+ *    while the others wait in a collective (e.g. rank 0 checksumming a checkpoint: it reads the
+ *    files back, some seconds per 10 GB).
+ *  - Fail-fast (nccl): the collectives are enqueued, so a dead or hanging peer shows on the GPU,
+ *    where the host would wait for the stream forever; a watchdog thread (comm_nccl.c) ends the
+ *    process (exit 1, mpirun then ends the rest), printing the rank and the collective, on an
+ *    NCCL asynchronous error or when the oldest unfinished collective made no progress for
+ *    MT_COMM_TIMEOUT_S (read by mt_comm_create_nccl; 0: errors only).
  *  - Threads: one thread at a time calls a comm (MPI_THREAD_SERIALIZED).
  */
 #ifndef MT_COMM_H

@@ -496,9 +496,8 @@ static void tier_weights_copy(mt_train_state *s, const mt_param *p, int to_devic
  * group at a time, in the one order a reader of the whole state takes (mt_checkpoint_save: every
  * tensor's weights in table order, then every tensor's parts). Step q of that sequence gathers
  * the weights of group q - 1 (q < L + 2), then the optimizer arenas of group q - (L + 2) - 1. A
- * get_* call advances the sequence to its group, gathering on the way; mt_train_state_gather_rest
- * does what is left, so a rank that reads nothing (any but rank 0 in a save) and one whose reading
- * stopped half way (a failed write) make the same collective calls. */
+ * get_* call advances the sequence to its group, gathering on the way; every rank makes the
+ * same calls. (A checkpoint save reads no whole tensor: each rank writes its own elements.) */
 
 /* p's part in this rank's shard: arena [*lo, *hi) (empty when *hi <= *lo). */
 static const host_piece *shard_part(const mt_train_state *s, const mt_param *p, int64_t *lo, int64_t *hi) {
@@ -563,14 +562,6 @@ static void free_gathered(mt_train_state *s) {
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) free(b[i]);
     s->g_w = s->g_m = s->g_v = s->g_ms = s->g_vs = NULL;
     s->g_mq = s->g_vq = NULL;
-}
-
-int mt_train_state_gather_rest(mt_train_state *s) {
-    if (s->ranks == 1) return MT_OK;
-    int rc = gather_to(s, 2 * (s->t->cfg.L + 2) - 1);
-    free_gathered(s);
-    s->seq = 0;
-    return rc;
 }
 
 static int io_get_weights_sharded(mt_train_state *s, const mt_param *p, float *dst) {
@@ -738,6 +729,7 @@ static void init_io(mt_train_state *s) {
 
 const mt_state_io *mt_train_state_io(mt_train_state *s) {
     s->seq = 0; /* a read starts over */
+    free_gathered(s);
     return &s->io;
 }
 
