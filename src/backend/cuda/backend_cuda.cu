@@ -193,6 +193,9 @@ static void cuda_copy_async(mt_backend *be, mt_stream s, void *dst, const void *
     MT_CHECK(s == MT_STREAM_H2D || s == MT_STREAM_D2H, "copies run on a copy stream, not %d", (int)s);
     if (!bytes) return;
     cudaMemcpyKind kind = s == MT_STREAM_H2D ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    /* other threads copy too (the optimizer's fetches): on a rank whose GPU is not device 0, a
+     * thread's first runtime call would otherwise make a context on device 0 */
+    CUDA_CHECK(cudaSetDevice(mt_cuda_ctx_of(be)->device));
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, mt_cuda_ctx_of(be)->streams[s]));
 }
 
@@ -214,10 +217,12 @@ static void cuda_event_destroy(mt_backend *be, mt_event *e) {
 }
 static void cuda_event_record(mt_backend *be, mt_event *e, mt_stream s) {
     MT_CHECK(s >= 0 && s < MT_STREAMS, "no stream %d", (int)s);
+    CUDA_CHECK(cudaSetDevice(mt_cuda_ctx_of(be)->device)); /* as in cuda_copy_async */
     CUDA_CHECK(cudaEventRecord(e->ev, mt_cuda_ctx_of(be)->streams[s]));
 }
 static void cuda_stream_wait(mt_backend *be, mt_stream s, mt_event *e) {
     MT_CHECK(s >= 0 && s < MT_STREAMS, "no stream %d", (int)s);
+    CUDA_CHECK(cudaSetDevice(mt_cuda_ctx_of(be)->device)); /* as in cuda_copy_async */
     CUDA_CHECK(cudaStreamWaitEvent(mt_cuda_ctx_of(be)->streams[s], e->ev, 0));
 }
 /* Called from other threads too (the optimizer): the runtime API is thread-safe; the device is made
