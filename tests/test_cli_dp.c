@@ -18,7 +18,10 @@
  *    that reaches one rank only stops every rank after the same step, with the final checkpoint
  *    saved and exit 0;
  *  - what N ranks do not do is refused by name, printed once: a --batch that N x --micro-batch
- *    does not divide, the GPU tier.
+ *    does not divide, the GPU tier, a mixture of experts;
+ *  - each of N ranks on this host plans with 1/N of its available RAM (printed: "host RAM: ...");
+ *  - the ranks write the checkpoint, each its shard: a one-rank checkpoint saved again by 2 and 3
+ *    ranks is the one-rank files byte for byte, and verifies.
  * Exits 77 (skipped) when MT_MPIRUN is not set (a build without MPI). */
 #include <jansson.h>
 #include <math.h>
@@ -310,6 +313,39 @@ static void test_resume_other_ranks(void **state) {
     }
 }
 
+/* A one-rank checkpoint resumed on np ranks with no step left is saved again by the ranks, each
+ * writing its shard into the one directory: its files are the one-rank files byte for byte. */
+static void test_resave_on_ranks(void **state) {
+    static const char *const states[] = {"full", "tight"};
+    for (int i = 0; i < 2; i++) {
+        char one[64], extra[128];
+        snprintf(one, sizeof one, "saved1_%s", states[i]);
+        snprintf(extra, sizeof extra, "--state %s", states[i]);
+        run_ok(0, one, extra);
+        for (int np = 2; np <= 3; np++) {
+            char out[64];
+            snprintf(out, sizeof out, "resaved_np%d_%s", np, states[i]);
+            mt_test_sh("mkdir -p '%s/%s/checkpoints' && cp -r '%s/%s/checkpoints/step_%08d' '%s/%s/checkpoints/' && "
+                       "cp '%s/%s/metrics.jsonl' '%s/%s/'",
+                       g_env.tmp, out, g_env.tmp, one, STEPS, g_env.tmp, out, g_env.tmp, one, g_env.tmp, out);
+            snprintf(extra, sizeof extra, "--state %s --resume", states[i]);
+            run_ok(np, out, extra);
+            if (!strstr(g_out, "saved ")) fail_msg("np %d did not save:\n%s", np, g_out);
+            static const char *const files[] = {"model.safetensors", "optimizer.safetensors", "config.json"};
+            for (int k = 0; k < 3; k++) {
+                char pa[4200], pb[4200];
+                ckpt_file(pa, sizeof pa, one, STEPS, files[k]);
+                ckpt_file(pb, sizeof pb, out, STEPS, files[k]);
+                same_bytes(pa, pb);
+            }
+            /* and it verifies: one process resumes from it */
+            snprintf(extra, sizeof extra, "--state %s --resume --resume-changed --steps %d", states[i], STEPS + 1);
+            run_ok(0, out, extra);
+            printf("  %s, saved again by %d ranks: the one-rank files byte for byte\n", states[i], np);
+        }
+    }
+}
+
 static void test_full(void **state) { same_as_one_rank("full", MT_STATE_FULL, 1e-5); }
 static void test_compact(void **state) { same_as_one_rank("compact", MT_STATE_COMPACT, 1e-3); }
 static void test_tight(void **state) { same_as_one_rank("tight", MT_STATE_TIGHT, 1e-3); }
@@ -397,10 +433,45 @@ static void refused(int np, const char *extra, const char *needle) {
     printf("  %s\n", first);
 }
 
+/* MemAvailable now, in GiB (-1 when unknown). */
+static double mem_available_gib(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return -1;
+    char line[256];
+    double kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    fclose(f);
+    return kb < 0 ? -1 : kb / 1048576.0;
+}
+
+/* The ranks of one host divide its RAM: each plans with its share (the old ranks each planned
+ * with all of it, together overcommitting the host np times). */
+static void test_host_share(void **state) {
+    for (int np = 2; np <= 3; np++) {
+        run_ok(np, "host_share", "--no-save --steps 2 --overwrite");
+        double avail = mem_available_gib();
+        const char *p = strstr(g_out, "host RAM: ");
+        if (!p) fail_msg("no host RAM line:\n%s", g_out);
+        double each = atof(p + strlen("host RAM: "));
+        char want[64];
+        snprintf(want, sizeof want, "shared by its %d ranks", np);
+        assert_non_null(strstr(p, want));
+        printf("  np %d: %.2f GiB for each rank, MemAvailable %.2f GiB (/%d = %.2f)\n", np, each, avail, np,
+               avail / np);
+        assert_true(avail > 0 && fabs(each - avail / np) < 0.2 * avail / np);
+    }
+}
+
 static void test_refusals(void **state) {
     refused(2, "--no-save --batch 5", "--batch 5: the global batch must divide by 2 ranks");
     refused(2, "--no-save --micro-batch 2 --batch 6", "--batch 6: the global batch must divide by 2 ranks x micro-batch 2");
     refused(3, "--no-save --gpu-layers 1", "--gpu-layers 1: the GPU tier is not supported on 3 ranks");
+    /* a mixture of experts (its own fixture: after --model's, this one wins) */
+    char extra[4400];
+    snprintf(extra, sizeof extra, "--no-save --model '%s/../train_qwen3_moe' --data '%s/../train_qwen3_moe/data.bin'",
+             g_env.fixture, g_env.fixture);
+    refused(2, extra, "mixture-of-experts models train on one rank so far");
 }
 
 int main(void) {
@@ -415,10 +486,12 @@ int main(void) {
         cmocka_unit_test(test_tight),
         cmocka_unit_test(test_resume_same_ranks),
         cmocka_unit_test(test_resume_other_ranks),
+        cmocka_unit_test(test_resave_on_ranks),
         cmocka_unit_test(test_mismatched_flags),
         cmocka_unit_test(test_killed_rank),
         cmocka_unit_test(test_signal_one_rank),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_host_share),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -6,7 +6,12 @@
  *  - the local collectives: all_reduce leaves the buffer, reduce_scatter copies it, all_gather
  *    copies (also in place), barrier and check_same pass; F32 and BF16 bit for bit;
  *  - mt_comm_padded rounds up to a multiple of the rank count;
- *  - a dtype other than F32/BF16 is a fatal error naming it (in a child process). */
+ *  - a dtype other than F32/BF16 is a fatal error naming it (in a child process);
+ *  - the CUDA device of a rank (mt_comm_cuda_device): its local rank when the host shows enough
+ *    devices, device 0 when the launcher gave each rank its own (CUDA_VISIBLE_DEVICES, one
+ *    visible), else an error naming the counts and -npernode;
+ *  - a rank's share of the host RAM: the host's available RAM divided among its ranks; the local
+ *    comm's budget is the whole of it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +37,7 @@ static void expect_local(mt_comm *c) {
     assert_int_equal(mt_comm_rank(c), 0);
     assert_int_equal(mt_comm_size(c), 1);
     assert_int_equal(mt_comm_local_rank(c), 0);
+    assert_int_equal(mt_comm_local_size(c), 1);
 }
 
 static void test_create_from_env(void **state) {
@@ -145,12 +151,54 @@ static void test_bad_dtype_is_fatal(void **state) {
     if (!strstr(out, "F32 or BF16, not I32")) fail_msg("got '%s'", out);
 }
 
+static void test_cuda_device(void **state) {
+    int d = -1;
+    for (int r = 0; r < 4; r++) { /* 4 ranks, 4 or 8 GPUs: one each, by local rank */
+        assert_int_equal(mt_comm_cuda_device(r, 4, 4, 0, &d), MT_OK);
+        assert_int_equal(d, r);
+        assert_int_equal(mt_comm_cuda_device(r, 4, 8, 1, &d), MT_OK);
+        assert_int_equal(d, r);
+    }
+    assert_int_equal(mt_comm_cuda_device(0, 1, 1, 0, &d), MT_OK);
+    assert_int_equal(d, 0);
+    /* a launcher that gave each rank one device of its own */
+    d = -1;
+    assert_int_equal(mt_comm_cuda_device(3, 4, 1, 1, &d), MT_OK);
+    assert_int_equal(d, 0);
+    /* more ranks than devices on a host: refused, naming the counts */
+    d = -1;
+    assert_int_equal(mt_comm_cuda_device(1, 4, 2, 0, &d), MT_ERR);
+    assert_int_equal(d, -1);
+    printf("  %s\n", mt_error_message());
+    assert_non_null(strstr(mt_error_message(), "4 ranks on this host but 2 CUDA devices visible"));
+    assert_non_null(strstr(mt_error_message(), "-npernode 2"));
+    assert_int_equal(mt_comm_cuda_device(1, 2, 1, 0, &d), MT_ERR); /* one GPU, no per-rank launcher */
+    assert_non_null(strstr(mt_error_message(), "2 ranks on this host but 1 CUDA device visible"));
+    assert_int_equal(mt_comm_cuda_device(0, 2, 0, 0, &d), MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "no CUDA device"));
+}
+
+static void test_host_share(void **state) {
+    assert_true(mt_comm_host_share(120e9, 1) == 120e9);
+    assert_true(mt_comm_host_share(120e9, 2) == 60e9);
+    assert_true(mt_comm_host_share(120e9, 3) == 40e9);
+    assert_true(mt_comm_host_share(-1, 4) == -1); /* unknown stays unknown */
+    clear_launcher_env();
+    mt_comm *c = mt_comm_create_from_env();
+    double b = 0;
+    assert_int_equal(mt_comm_host_budget(c, 64e9, &b), MT_OK);
+    assert_true(b == 64e9);
+    mt_comm_destroy(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create_from_env),
         cmocka_unit_test(test_local_collectives),
         cmocka_unit_test(test_padded),
         cmocka_unit_test(test_bad_dtype_is_fatal),
+        cmocka_unit_test(test_cuda_device),
+        cmocka_unit_test(test_host_share),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,8 @@
 /* comm/comm.h's mpi comm, run by ctest as `mpirun -np 2` and `-np 3` (tests/CMakeLists: every rank
  * runs every test, in step):
- *  - the comm is mpi with mpirun's rank, size and local rank;
+ *  - the comm is mpi with mpirun's rank, size, local rank and local size (the shared-memory
+ *    split's); the host RAM budget is the smallest of the ranks' shares (a host's RAM divided
+ *    by its ranks), the same on every rank, unknown when one rank's is;
  *  - all_reduce, reduce_scatter and all_gather in F32 and BF16, for counts with and without
  *    padding (and all_reduce for counts below the rank count), equal bit for bit to a reference
  *    each rank computes from every rank's inputs: the fp32 sum in rank order, bf16 rounded once;
@@ -119,8 +121,21 @@ static void test_identity(void **state) {
     assert_int_equal(g_size, env_int("OMPI_COMM_WORLD_SIZE"));
     assert_int_equal(g_rank, env_int("OMPI_COMM_WORLD_RANK"));
     assert_int_equal(mt_comm_local_rank(g_comm), env_int("OMPI_COMM_WORLD_LOCAL_RANK"));
+    /* from the shared-memory split, which agrees with what mpirun says on one host */
+    assert_int_equal(mt_comm_local_size(g_comm), env_int("OMPI_COMM_WORLD_LOCAL_SIZE"));
     assert_true(g_size >= 2);
     assert_int_equal(mt_comm_barrier(g_comm), MT_OK);
+}
+
+/* Each rank reads its own available RAM: the budget of every rank is the smallest share (ranks
+ * of one host divide their host's), the same on every rank; one unknown makes it unknown. */
+static void test_host_budget(void **state) {
+    int L = mt_comm_local_size(g_comm);
+    double b = 0;
+    assert_int_equal(mt_comm_host_budget(g_comm, 1e9 * (g_rank + 1), &b), MT_OK);
+    assert_true(b == 1e9 / L);
+    assert_int_equal(mt_comm_host_budget(g_comm, g_rank == g_size - 1 ? -1 : 5e9, &b), MT_OK);
+    assert_true(b <= 0);
 }
 
 static const mt_dtype k_dtypes[] = {MT_F32, MT_BF16};
@@ -275,6 +290,7 @@ int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--fail") == 0) return fail_mode(argv[2]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_identity),
+        cmocka_unit_test(test_host_budget),
         cmocka_unit_test(test_all_reduce),
         cmocka_unit_test(test_reduce_scatter_all_gather),
         cmocka_unit_test(test_rank_order),

@@ -230,6 +230,9 @@ mt_backend *mt_backend_cpu_create(void);
 mt_backend *mt_backend_cuda_create(int64_t mem_budget_bytes);
 /* 1 when a CUDA device is usable (0 in builds without CUDA support is the caller's #ifdef). */
 int mt_backend_cuda_available(void);
+/* The CUDA devices this process sees (CUDA_VISIBLE_DEVICES applied); 0 when none. The backend
+ * takes the current one: cudaSetDevice before mt_backend_cuda_create picks a rank's GPU. */
+int mt_backend_cuda_device_count(void);
 /* The CUDA backend's be->memory, in every build and without a GPU (megatrain plan --device cuda
  * plans for a GPU it does not have). */
 mt_backend_memory mt_backend_cuda_memory(void);

@@ -94,28 +94,41 @@ typedef struct {
     int saved_attention;   /* layers whose backward skips the attention's recompute */
 } train_run;
 
+static int phase(train_run *r, int rc);
+
+/* With ranks, every rank writes its shard into the one checkpoint (io/checkpoint.h: rank 0 begins
+ * and finishes it, the ranks agree after each phase); no rank gathers the state. */
+static int save_by_ranks(train_run *r, const mt_state_io *io, const mt_ckpt_state *st) {
+    mt_ckpt_writer *w = NULL;
+    char dir[4096] = "";
+    int rc = r->lead ? mt_checkpoint_begin(r->o.out_dir, &r->model.table, io->format, st->step, r->args_json,
+                                           r->o.model_dir, &w)
+                     : MT_OK;
+    if (rc == MT_OK && r->lead) snprintf(dir, sizeof dir, "%s", mt_checkpoint_writer_dir(w));
+    if (phase(r, rc) != MT_OK) {
+        mt_checkpoint_abort(w);
+        return MT_ERR;
+    }
+    mt_ranks_share(r->comm, dir, sizeof dir);
+    rc = phase(r, mt_checkpoint_write_shard(dir, &r->model.table, io, r->o.out_dir, st->step));
+    if (!r->lead) return rc;
+    if (rc != MT_OK) {
+        mt_checkpoint_abort(w);
+        return rc;
+    }
+    return mt_checkpoint_finish(w, io, st, (int)r->o.keep);
+}
+
 static int save_checkpoint(train_run *r) {
     mt_engine_finish(r->e);
     if (r->o.no_save) return MT_OK;
     mt_ckpt_state st = {.step = r->step, .seed = (uint64_t)r->o.seed, .loss = r->last_loss,
                         .updates = r->updates, .skipped = r->skipped};
     double t0 = now_ms();
-    /* with ranks, rank 0 writes the checkpoint (one checkpoint of the whole state, as one rank's)
-     * while the others take part in the gathers its reads of their shards make */
     const mt_state_io *io = mt_engine_state_io(r->e);
-    int rc = r->lead ? mt_checkpoint_save(r->o.out_dir, &r->model.table, io, &st, r->args_json, r->o.model_dir,
-                                          (int)r->o.keep)
-                     : MT_OK;
-    if (r->ranks > 1) {
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", mt_error_message());
-        if (mt_engine_gather_rest(r->e) != MT_OK) {
-            fprintf(stderr, "megatrain: %s\n", mt_error_message());
-            mt_comm_abort(r->comm, 1);
-        }
-        mt_error_set("%s", msg);
-    }
-    MT_TRY(rc);
+    MT_TRY(r->ranks > 1 ? save_by_ranks(r, io, &st)
+                        : mt_checkpoint_save(r->o.out_dir, &r->model.table, io, &st, r->args_json, r->o.model_dir,
+                                             (int)r->o.keep));
     snprintf(r->last_ckpt, sizeof r->last_ckpt, "%s/checkpoints/step_%08lld", r->o.out_dir,
              (long long)r->step);
     return mt_train_log_note(&r->log, "saved %s (%.1f s)", r->last_ckpt, (now_ms() - t0) / 1e3);
@@ -558,7 +571,7 @@ static int check_ranks(train_run *r) {
     mt_train_opts *o = &r->o;
     int N = r->ranks;
     r->rows = o->batch / N;
-    if (r->nccl && o->gpu_layers > 0)
+    if (N == 1 && r->nccl && o->gpu_layers > 0)
         return mt_error_set("--gpu-layers %lld: the GPU tier does not run with MT_COMM=nccl yet; use "
                             "--gpu-layers 0 (or unset MT_COMM)",
                             (long long)o->gpu_layers);
@@ -571,10 +584,6 @@ static int check_ranks(train_run *r) {
         return mt_error_set("--gpu-layers %lld: the GPU tier is not supported on %d ranks yet; use "
                             "--gpu-layers 0",
                             (long long)o->gpu_layers, N);
-    if (!r->be->memory.host_ram)
-        return mt_error_set("--device: %d ranks run on the cpu backend only so far (the NCCL path "
-                            "runs on one GPU only: MT_COMM=nccl); add --device cpu",
-                            N);
     int64_t b = o->have_micro_batch ? o->micro_batch : 1;
     if (o->batch % (N * b))
         return mt_error_set("--batch %lld: the global batch must divide by %d ranks x micro-batch "
@@ -591,7 +600,7 @@ static int train(train_run *r) {
     /* rank 0 first: it makes the derived data files (tokenized text) that the others then reuse */
     MT_TRY(phase(r, r->lead ? open_data(r) : MT_OK));
     MT_TRY(phase(r, r->lead ? MT_OK : open_data(r)));
-    MT_TRY(phase(r, mt_ranks_nccl_from_env(r->comm, (int)o->device, &r->nccl)));
+    MT_TRY(phase(r, mt_ranks_nccl_from_env(r->comm, (int)o->device, mt_run_cuda_devices(), &r->nccl)));
     MT_TRY(phase(r, mt_run_backend(&r->be, o->device, o->gpu_mem)));
     if (r->nccl && r->be->memory.host_ram) /* --device auto chose the cpu */
         MT_TRY(phase(r, mt_error_set("MT_COMM=nccl: the NCCL comm runs on the cuda backend, not %s",
@@ -611,11 +620,22 @@ static int train(train_run *r) {
         printf("--resume: micro-batch %lld, as the checkpoint's run (give --micro-batch to choose another)\n",
                (long long)resumed_mb);
     }
-    /* with ranks, the plan is one rank's: its rows, its shard of the host state */
+    /* with ranks, the plan is one rank's: its rows, its shard of the host state, its share of the
+     * host's RAM (the ranks of a host divide it; the smallest share over the hosts, so that every
+     * rank plans alike); the GPU budget is its own device's */
+    double host_available = mt_run_host_available();
+    if (r->ranks > 1 && mt_comm_host_budget(r->comm, host_available, &host_available) != MT_OK) {
+        fprintf(stderr, "megatrain: %s\n", mt_error_message());
+        mt_comm_abort(r->comm, 1);
+    }
+    if (r->ranks > 1 && host_available > 0)
+        printf("host RAM: %.2f GiB for each rank (the available RAM of its host shared by its %d "
+               "ranks; the smallest share of any host)\n",
+               host_available / 1073741824.0, mt_comm_local_size(r->comm));
     mt_plan_request rq = {.batch = (int)r->rows, .T = (int)o->seq, .micro_batch = (int)o->micro_batch,
                           .offload = o->offload ? 1 : MT_AUTO, .saved_layers = (int)o->saved_layers,
                           .resident = o->resident == 1 ? 1 : o->resident == 2 ? 0 : MT_AUTO,
-                          .n_slots = 2, .gpu_mem = o->gpu_mem, .host_available = mt_run_host_available(),
+                          .n_slots = 2, .gpu_mem = o->gpu_mem, .host_available = host_available,
                           .state = (mt_state_format)o->state,
                           .gpu_layers = o->gpu_layers < 0 ? (r->ranks > 1 || r->nccl ? 0 : MT_AUTO) : (int)o->gpu_layers,
                           .ranks = r->ranks};
@@ -625,7 +645,7 @@ static int train(train_run *r) {
     eo.seed = (uint64_t)o->seed; /* tight's rounding; a resume takes the checkpoint's */
     eo.trace = o->trace_path != NULL;
     eo.ranks = r->ranks;
-    eo.comm = r->ranks > 1 ? r->comm : r->nccl;
+    eo.comm = r->nccl ? r->nccl : r->ranks > 1 ? r->comm : NULL; /* nccl on the GPUs, else mpi */
     o->micro_batch = eo.micro_batch; /* resolved: for the header and the stored arguments */
     if (r->ranks > 1) /* the planner chose it from this host's memory */
         MT_TRY(phase(r, mt_ranks_check_same(r->comm, &o->micro_batch, sizeof o->micro_batch,
@@ -651,8 +671,9 @@ static int train(train_run *r) {
     if (r->ranks > 1)
         printf("data parallel: %d ranks (%s), %lld rows of each batch per rank; host state %.0f bytes "
                "on each rank (its shard of every group)\n",
-               r->ranks, mt_comm_name(r->comm), (long long)r->rows, mt_engine_host_state_bytes(r->e));
-    if (r->nccl)
+               r->ranks, r->nccl ? "nccl over mpi, one GPU a rank" : mt_comm_name(r->comm),
+               (long long)r->rows, mt_engine_host_state_bytes(r->e));
+    if (r->nccl && r->ranks == 1)
         printf("comm: nccl on one GPU (MT_COMM=nccl): the schedule's all-gathers, reduce-scatters "
                "and norm all-reduce run through NCCL\n");
     if (r->model.table.cfg.n_experts > 0)

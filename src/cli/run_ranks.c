@@ -19,23 +19,29 @@ mt_comm *mt_ranks_start(void) {
     return comm;
 }
 
-int mt_ranks_nccl_from_env(mt_comm *comm, int device, mt_comm **out) {
+int mt_ranks_nccl_from_env(mt_comm *comm, int device, int n_gpus, mt_comm **out) {
     *out = NULL;
     const char *v = getenv("MT_COMM");
-    if (!v || !*v) return MT_OK;
-    if (strcmp(v, "nccl") != 0)
-        return mt_error_set("MT_COMM=%s: want nccl (the NCCL comm on one GPU) or unset", v);
-    if (device == 1)
+    int asked = v && *v, P = mt_comm_size(comm);
+    if (asked && strcmp(v, "nccl") != 0)
+        return mt_error_set("MT_COMM=%s: want nccl (the NCCL comm on the GPUs) or unset", v);
+    if (asked && device == 1)
         return mt_error_set("MT_COMM=nccl: the NCCL comm runs on the cuda backend, not --device cpu");
-    if (mt_comm_size(comm) > 1)
-        return mt_error_set("MT_COMM=nccl: %d ranks on the cuda backend are not supported yet (the "
-                            "NCCL path runs on one rank so far); unset MT_COMM and add --device cpu",
-                            mt_comm_size(comm));
-    *out = mt_comm_create_nccl(comm, mt_comm_local_rank(comm));
+    int cuda = device != 1 && n_gpus > 0; /* --device cuda without a GPU: the backend says so */
+    if (P == 1 ? !asked : !cuda) return MT_OK;
+    int gpu = 0;
+    if (P > 1) {
+        const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+        MT_TRY(mt_comm_cuda_device(mt_comm_local_rank(comm), mt_comm_local_size(comm), n_gpus,
+                                   visible && *visible, &gpu));
+    }
+    *out = mt_comm_create_nccl(comm, gpu);
     if (!*out) {
         char why[1024]; /* the message is the error buffer itself */
         snprintf(why, sizeof why, "%s", mt_error_message());
-        return mt_error_set("MT_COMM=nccl: %s", why);
+        return asked ? mt_error_set("MT_COMM=nccl: %s", why)
+                     : mt_error_set("rank %d: %d ranks on the cuda backend need the NCCL comm: %s",
+                                    mt_comm_rank(comm), P, why);
     }
     return MT_OK;
 }
@@ -74,6 +80,18 @@ int mt_ranks_max(mt_comm *comm, int v) {
     for (int r = 0; r < P; r++) m = all[r] > m ? all[r] : m;
     free(all);
     return m;
+}
+
+void mt_ranks_share(mt_comm *comm, void *buf, size_t n) {
+    int P = mt_comm_size(comm);
+    if (P == 1) return;
+    char *all = mt_malloc(n * (size_t)P);
+    if (mt_comm_all_gather_host(comm, all, buf, n) != MT_OK) {
+        fprintf(stderr, "megatrain: %s\n", mt_error_message());
+        mt_comm_abort(comm, 1);
+    }
+    memcpy(buf, all, n);
+    free(all);
 }
 
 int mt_ranks_check_same(mt_comm *comm, const void *bytes, size_t n, const char *what) {

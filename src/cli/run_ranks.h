@@ -25,13 +25,18 @@
  * NULL with the error set. */
 mt_comm *mt_ranks_start(void);
 
-/* MT_COMM=nccl (environment) asks for the nccl comm at one rank: *out = it, booted from comm
- * (the local one: no mpirun), on CUDA device 0, so that the engine runs its collectives on the GPU
- * (the same bits as without). Unset or empty: *out = NULL, no comm at one rank. MT_ERR naming
- * MT_COMM for another value, for --device cpu (device 1, run_setup.h), for several ranks (the cuda
- * backend trains on one rank so far) and when the build has no NCCL or NCCL fails to start. Call
- * before the backend is made, so that its memory budget sees what NCCL took. */
-int mt_ranks_nccl_from_env(mt_comm *comm, int device, mt_comm **out);
+/* The engine's comm on the cuda backend: the nccl comm, booted from comm, on this rank's GPU.
+ *  - One rank: only when MT_COMM=nccl (environment) asks for it, on CUDA device 0, so that the
+ *    engine runs its collectives on the GPU (the same bits as without). Unset or empty: *out =
+ *    NULL, no comm at one rank.
+ *  - Several ranks whose backend is cuda (device 2, or 0 with a GPU: n_gpus devices visible):
+ *    always, on device mt_comm_cuda_device(local rank, local size, n_gpus); MT_COMM may say nccl.
+ *    On the cpu backend *out = NULL (the ranks' mpi comm is the engine's).
+ * MT_ERR naming MT_COMM for another value and for --device cpu (device 1, run_setup.h); naming
+ * the counts when a host's ranks outnumber its GPUs; when the build has no NCCL or NCCL fails to
+ * start. Call before the backend is made: the backend takes the device NCCL made current, and
+ * its memory budget sees what NCCL took. */
+int mt_ranks_nccl_from_env(mt_comm *comm, int device, int n_gpus, mt_comm **out);
 
 /* Every rank's rc (MT_OK / MT_ERR, its message in mt_error_message) gathered: MT_OK when all are
  * MT_OK; MT_ERR when this rank failed and no lower rank failed with the same message (print it);
@@ -40,6 +45,10 @@ int mt_ranks_agree(mt_comm *comm, int rc);
 
 /* The largest of every rank's v (the same on every rank): a signal that reached some ranks. */
 int mt_ranks_max(mt_comm *comm, int v);
+
+/* Rank 0's n bytes into buf on every rank (a path only rank 0 knows). A failure of the comm
+ * ends the job (mt_comm_abort). */
+void mt_ranks_share(mt_comm *comm, void *buf, size_t n);
 
 /* mt_comm_check_same on n bytes, named `what` ("--batch"): MT_ERR on every rank when any rank's
  * bytes differ from rank 0's. */

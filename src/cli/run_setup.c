@@ -51,6 +51,14 @@ int mt_run_backend(mt_backend **out, int device, int64_t gpu_mem) {
     return MT_OK;
 }
 
+int mt_run_cuda_devices(void) {
+#ifdef MT_HAVE_CUDA
+    return mt_backend_cuda_device_count();
+#else
+    return 0;
+#endif
+}
+
 double mt_run_host_available(void) {
     FILE *f = fopen("/proc/meminfo", "r");
     if (!f) return -1;

@@ -15,6 +15,8 @@ int mt_run_check_seq(const mt_config *cfg, int T, const char *flag);
 /* device: 0 auto (cuda when built with it and a GPU is there), 1 cpu, 2 cuda; gpu_mem: the
  * --gpu-mem cap in bytes (0 = the whole GPU). */
 int mt_run_backend(mt_backend **out, int device, int64_t gpu_mem);
+/* The CUDA devices this process sees: 0 in a build without CUDA or on a machine without a GPU. */
+int mt_run_cuda_devices(void);
 /* Bytes of host RAM available now (MemAvailable), -1 when unknown. */
 double mt_run_host_available(void);
 /* Resolves the request (engine/planner.h; its host_available from mt_run_host_available, or 0

@@ -70,7 +70,7 @@ mt_comm *mt_comm_create_from_env(void) {
 }
 
 #ifndef MT_HAVE_NCCL
-mt_comm *mt_comm_nccl_create(mt_comm *boot, int device) {
+mt_comm *mt_comm_nccl_create(mt_comm *boot, int device, double timeout_s) {
     mt_error_set("this build has no NCCL (it needs the CUDA backend and nccl.h / libnccl at build time)");
     return NULL;
 }
@@ -80,7 +80,9 @@ mt_comm *mt_comm_create_nccl(mt_comm *boot, int device) {
     /* one rank needs no launcher: the local comm hands rank 0's id to itself */
     MT_CHECK(boot && (strcmp(boot->ops->name, "mpi") == 0 || boot->size == 1),
              "the nccl comm boots from an mpi comm or a single-rank one");
-    return mt_comm_nccl_create(boot, device);
+    double timeout_s; /* the GPU's collectives wait as long as the host's (comm_nccl.c) */
+    if (parse_timeout(&timeout_s) != MT_OK) return NULL;
+    return mt_comm_nccl_create(boot, device, timeout_s);
 }
 
 void mt_comm_destroy(mt_comm *comm) {
@@ -100,6 +102,48 @@ const char *mt_comm_name(const mt_comm *comm) { return comm->ops->name; }
 int mt_comm_rank(const mt_comm *comm) { return comm->rank; }
 int mt_comm_size(const mt_comm *comm) { return comm->size; }
 int mt_comm_local_rank(const mt_comm *comm) { return comm->local_rank; }
+int mt_comm_local_size(const mt_comm *comm) { return comm->local_size; }
+
+int mt_comm_cuda_device(int local_rank, int local_size, int n_devices, int one_each, int *device) {
+    MT_CHECK(local_rank >= 0 && local_rank < local_size, "local rank %d of %d", local_rank, local_size);
+    if (local_size <= n_devices) {
+        *device = local_rank;
+        return MT_OK;
+    }
+    if (one_each && n_devices == 1) { /* the launcher's CUDA_VISIBLE_DEVICES: a device a rank */
+        *device = 0;
+        return MT_OK;
+    }
+    if (n_devices <= 0)
+        return mt_error_set("local rank %d: this host shows no CUDA device to its %d ranks; use "
+                            "--device cpu, or run where the GPUs are", local_rank, local_size);
+    return mt_error_set("local rank %d: %d ranks on this host but %d CUDA device%s visible (one GPU "
+                        "a rank): start at most %d ranks a host (mpirun -npernode %d), or give each "
+                        "rank its own device in CUDA_VISIBLE_DEVICES",
+                        local_rank, local_size, n_devices, n_devices == 1 ? "" : "s", n_devices, n_devices);
+}
+
+double mt_comm_host_share(double available, int local_size) {
+    if (available <= 0 || local_size <= 1) return available;
+    return available / local_size;
+}
+
+int mt_comm_host_budget(mt_comm *comm, double available, double *budget) {
+    double mine = mt_comm_host_share(available, comm->local_size);
+    *budget = mine;
+    if (comm->size == 1) return MT_OK;
+    double *all = mt_malloc(sizeof(double) * (size_t)comm->size);
+    int rc = mt_comm_all_gather_host(comm, all, &mine, sizeof mine);
+    for (int r = 0; r < comm->size && rc == MT_OK; r++) {
+        if (all[r] <= 0) {
+            *budget = -1;
+            break;
+        }
+        if (all[r] < *budget) *budget = all[r];
+    }
+    free(all);
+    return rc;
+}
 
 size_t mt_comm_padded(size_t count, int size) {
     MT_CHECK(size > 0, "size %d", size);

@@ -13,7 +13,8 @@
  *    memory, the collective is ENQUEUED on `stream` (a cudaStream_t) and ordered with the rest
  *    of that stream's work; the call returns at once. Every rank must enqueue the same
  *    collectives in the same order (across streams too: NCCL runs one comm's kernels in that
- *    order). Checked at one rank (tests/gpu/test_cuda_dp.c); more ranks are compiled, not run.
+ *    order). Checked at one rank (tests/gpu/test_cuda_dp.c); several ranks, one GPU each, by
+ *    tests/gpu/test_cuda_dp_ranks.c (run under mpirun when 2+ GPUs are visible).
  *
  * Conventions for every collective:
  *  - count is in elements of dtype: MT_F32 or MT_BF16 (others are a fatal error); the reduction is
@@ -36,7 +37,13 @@
  *    N s in <collective> ...". A peer that dies is usually noticed by mpirun first, which then ends
  *    the whole job itself; the timeout covers a peer that hangs or dies unnoticed. The wait counts
  *    from the last message that arrived, so it must exceed the longest time one rank works alone
- *    while the others wait in a collective (e.g. rank 0 saving a checkpoint).
+ *    while the others wait in a collective (e.g. rank 0 checksumming a checkpoint: it reads the
+ *    files back, some seconds per 10 GB).
+ *  - Fail-fast (nccl): the collectives are enqueued, so a dead or hanging peer shows on the GPU,
+ *    where the host would wait for the stream forever; a watchdog thread (comm_nccl.c) ends the
+ *    process (exit 1, mpirun then ends the rest), printing the rank and the collective, on an
+ *    NCCL asynchronous error or when the oldest unfinished collective made no progress for
+ *    MT_COMM_TIMEOUT_S (read by mt_comm_create_nccl; 0: errors only).
  *  - Threads: one thread at a time calls a comm (MPI_THREAD_SERIALIZED).
  */
 #ifndef MT_COMM_H
@@ -63,8 +70,8 @@ mt_comm *mt_comm_create_from_env(void);
 mt_comm *mt_comm_create_local(void);
 /* An NCCL comm over the same ranks as boot (an mpi comm, which bootstraps NCCL's unique id and
  * serves check_same and barrier; or, for one rank, the local comm: no mpirun needed), on CUDA
- * device `device` (usually the local rank). NULL with mt_error_set on failure or when the build
- * has no NCCL. boot must outlive it. Run at one rank only so far (tests/gpu/test_cuda_dp.c). */
+ * device `device` (mt_comm_cuda_device), which becomes this thread's current device. NULL with
+ * mt_error_set on failure or when the build has no NCCL. boot must outlive it. */
 mt_comm *mt_comm_create_nccl(mt_comm *boot, int device);
 /* Frees the comm; for mpi, also finalizes MPI (after an MT_ERR: mt_comm_abort instead). */
 void mt_comm_destroy(mt_comm *comm);
@@ -75,6 +82,25 @@ const char *mt_comm_name(const mt_comm *comm); /* "local", "mpi", "nccl" */
 int mt_comm_rank(const mt_comm *comm);         /* 0 .. size-1 */
 int mt_comm_size(const mt_comm *comm);
 int mt_comm_local_rank(const mt_comm *comm);   /* rank among the ranks on this host (its GPU) */
+int mt_comm_local_size(const mt_comm *comm);   /* ranks on this host (they share its RAM) */
+
+/* The ranks of a host: mpi takes them from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) (ranks that
+ * share memory: one host), so local rank and size need no launcher variables and hold for any
+ * launcher and for several hosts. */
+
+/* The CUDA device of a rank: its local rank, one GPU each, when the host shows at least
+ * local_size devices; device 0 when the launcher gave each rank a device of its own
+ * (one_each: CUDA_VISIBLE_DEVICES set and one device visible). MT_ERR naming the counts (and what
+ * to do) when the host's ranks outnumber its devices. *device unset on MT_ERR. */
+int mt_comm_cuda_device(int local_rank, int local_size, int n_devices, int one_each, int *device);
+
+/* One rank's share of the host RAM available (bytes; <= 0: unknown, returned as is): the ranks of
+ * a host divide it evenly. */
+double mt_comm_host_share(double available, int local_size);
+/* The host RAM budget of every rank: the smallest mt_comm_host_share over the ranks (each reads
+ * its own host, at its own moment), the same on every rank, so that every rank plans alike.
+ * Unknown (<= 0) on any rank: unknown. COLLECTIVE (a host gather); MT_ERR if it fails. */
+int mt_comm_host_budget(mt_comm *comm, double available, double *budget);
 
 /* Whether this build has the mpi / nccl implementations. */
 int mt_comm_built_with_mpi(void);

@@ -21,7 +21,7 @@ typedef struct {
 
 struct mt_comm {
     const mt_comm_ops *ops;
-    int rank, size, local_rank;
+    int rank, size, local_rank, local_size;
     int broken; /* a collective failed: the ranks are out of step, only abort is left */
     void *ctx;
 };
@@ -33,6 +33,6 @@ void mt_comm_sum_blocks(void *out, const void *blocks, int nblocks, size_t strid
 
 /* The implementations' constructors (comm_mpi.c, comm_nccl.c exist only in builds with them). */
 mt_comm *mt_comm_mpi_create(double timeout_s);
-mt_comm *mt_comm_nccl_create(mt_comm *boot, int device);
+mt_comm *mt_comm_nccl_create(mt_comm *boot, int device, double timeout_s);
 
 #endif

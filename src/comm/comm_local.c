@@ -47,5 +47,6 @@ mt_comm *mt_comm_create_local(void) {
     mt_comm *c = mt_calloc(1, sizeof *c);
     c->ops = &local_ops;
     c->size = 1;
+    c->local_size = 1;
     return c;
 }

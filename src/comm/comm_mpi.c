@@ -304,6 +304,7 @@ mt_comm *mt_comm_mpi_create(double timeout_s) {
     if (rc == MPI_SUCCESS)
         rc = MPI_Comm_split_type(m->comm, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &node);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(node, &c->local_rank);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(node, &c->local_size);
     if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
     if (rc != MPI_SUCCESS) {
         mpi_fail(c, rc, "setting up the comm");

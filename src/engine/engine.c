@@ -851,8 +851,6 @@ int mt_engine_set_documents(mt_engine *e, const int32_t *doc_start) {
 
 mt_train_state *mt_engine_state(mt_engine *e) { return e->ts; }
 
-int mt_engine_gather_rest(mt_engine *e) { return mt_train_state_gather_rest(e->ts); }
-
 const mt_state_io *mt_engine_state_io(mt_engine *e) {
     mt_optimizer_wait_all(e->opt);
     e->be->sync(e->be); /* the GPU tier's update runs on the compute stream */

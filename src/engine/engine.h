@@ -145,9 +145,6 @@ void mt_engine_finish(mt_engine *e);
 /* The training state, tensor by tensor (checkpoints, initial weights); waits for the running
  * update first. */
 const mt_state_io *mt_engine_state_io(mt_engine *e);
-/* With ranks, reading the state is collective (train_state.h): the ranks that do not read (all
- * but rank 0 in a checkpoint save) call this to take part, and the reader calls it afterwards. */
-int mt_engine_gather_rest(mt_engine *e);
 /* The whole weights as an fp32 arena of t->total floats (padding zero) / from one: for tests and
  * small models (a big model's arena would not fit; use mt_engine_state_io). */
 void mt_engine_get_weights(mt_engine *e, float *arena);

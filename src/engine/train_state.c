@@ -496,9 +496,8 @@ static void tier_weights_copy(mt_train_state *s, const mt_param *p, int to_devic
  * group at a time, in the one order a reader of the whole state takes (mt_checkpoint_save: every
  * tensor's weights in table order, then every tensor's parts). Step q of that sequence gathers
  * the weights of group q - 1 (q < L + 2), then the optimizer arenas of group q - (L + 2) - 1. A
- * get_* call advances the sequence to its group, gathering on the way; mt_train_state_gather_rest
- * does what is left, so a rank that reads nothing (any but rank 0 in a save) and one whose reading
- * stopped half way (a failed write) make the same collective calls. */
+ * get_* call advances the sequence to its group, gathering on the way; every rank makes the
+ * same calls. (A checkpoint save reads no whole tensor: each rank writes its own elements.) */
 
 /* p's part in this rank's shard: arena [*lo, *hi) (empty when *hi <= *lo). */
 static const host_piece *shard_part(const mt_train_state *s, const mt_param *p, int64_t *lo, int64_t *hi) {
@@ -522,7 +521,8 @@ static int gather_into(mt_train_state *s, void **all, const void *mine, size_t n
     if (!*all) *all = mt_aligned_alloc(most * es);
     char *dst = (char *)*all + (size_t)s->rank * n * es;
     memcpy(dst, mine, n * es);
-    return mt_comm_all_gather(s->o.comm, *all, dst, n, dtype, NULL);
+    /* host memory on every comm (the nccl comm's device collectives would not take it) */
+    return mt_comm_all_gather_host(s->o.comm, *all, dst, n * es);
 }
 
 static int gather_step(mt_train_state *s, int q) {
@@ -562,14 +562,6 @@ static void free_gathered(mt_train_state *s) {
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) free(b[i]);
     s->g_w = s->g_m = s->g_v = s->g_ms = s->g_vs = NULL;
     s->g_mq = s->g_vq = NULL;
-}
-
-int mt_train_state_gather_rest(mt_train_state *s) {
-    if (s->ranks == 1) return MT_OK;
-    int rc = gather_to(s, 2 * (s->t->cfg.L + 2) - 1);
-    free_gathered(s);
-    s->seq = 0;
-    return rc;
 }
 
 static int io_get_weights_sharded(mt_train_state *s, const mt_param *p, float *dst) {
@@ -623,6 +615,32 @@ static int io_set_parts_sharded(mt_train_state *s, const mt_param *p, const mt_o
         memcpy(mine[i].data, (const char *)parts[i].data + skip * es, mine[i].bytes);
     }
     return MT_OK;
+}
+
+/* This rank's own elements, for a checkpoint each rank writes (state_io.h): not collective. */
+static void io_owned(void *ctx, const mt_param *p, int64_t *lo, int64_t *hi) {
+    shard_part(ctx, p, lo, hi);
+    *lo -= p->offset;
+    *hi -= p->offset;
+    if (*hi <= *lo) *lo = *hi = 0;
+}
+
+static int io_get_weights_range(void *ctx, const mt_param *p, int64_t lo, int64_t n, float *dst) {
+    const host_piece *pc = piece_of(ctx, p->layer);
+    int64_t at = p->offset + lo - pc->base;
+    MT_CHECK(at >= 0 && at + n <= pc->n, "weights [%lld, %lld) of %s: not this rank's", (long long)lo,
+             (long long)(lo + n), p->name);
+    mt_optim_state_get_weights(pc->st, (size_t)at, dst, (size_t)n);
+    return MT_OK;
+}
+
+static int io_parts_range(void *ctx, const mt_param *p, int64_t lo, int64_t hi, mt_optim_tensor *out) {
+    const host_piece *pc = piece_of(ctx, p->layer);
+    int64_t at = p->offset + lo - pc->base;
+    MT_CHECK(at >= 0 && hi > lo && at + (hi - lo) <= pc->n, "parts [%lld, %lld) of %s: not this rank's",
+             (long long)lo, (long long)hi, p->name);
+    mt_optim_arenas a = mt_optim_state_arenas(pc->st);
+    return mt_optim_arenas_parts(&a, (size_t)at, (size_t)(hi - lo), out);
 }
 
 /* ---- tensor by tensor ---- */
@@ -702,10 +720,16 @@ static void init_io(mt_train_state *s) {
                           .get_weights = io_get_weights, .set_weights = io_set_weights,
                           .get_parts = io_get_parts, .set_parts = io_set_parts,
                           .set_sr_seed = io_set_sr_seed};
+    if (s->ranks > 1) {
+        s->io.owned = io_owned;
+        s->io.get_weights_range = io_get_weights_range;
+        s->io.parts_range = io_parts_range;
+    }
 }
 
 const mt_state_io *mt_train_state_io(mt_train_state *s) {
     s->seq = 0; /* a read starts over */
+    free_gathered(s);
     return &s->io;
 }
 

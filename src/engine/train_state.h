@@ -34,12 +34,13 @@
  * shard's update is bit for bit that of the same elements on one rank. Padding is zero weights,
  * moments and gradients, which the update keeps zero. No GPU tier then (gpu_layers must be 0).
  * Tensor access (io): set_weights and set_parts keep this rank's part of the tensor (a checkpoint
- * loads on every rank, each keeping its shard: so it loads on any number of ranks). get_weights and
- * get_parts are COLLECTIVE: the ranks gather one group at a time, in the order of a whole-state
- * read (every tensor's weights in table order, then every tensor's parts); every rank either
- * makes the same calls, or lets rank 0 read (a checkpoint save) and calls
- * mt_train_state_gather_rest, which takes part in the gathers that rank 0's calls make, and on
- * rank 0 afterwards finishes those its reading did not reach. */
+ * loads on every rank, each keeping its shard: so it loads on any number of ranks). owned,
+ * get_weights_range and parts_range (state_io.h) give this rank's own elements without any
+ * collective: a checkpoint save has every rank write those (io/checkpoint.h). get_weights and
+ * get_parts of whole tensors are COLLECTIVE: the ranks gather one group at a time over the comm's
+ * host gather, in the order of a whole-state read (every tensor's weights in table order, then
+ * every tensor's parts), every rank making the same calls (mt_engine_get_weights in the tests);
+ * the gathered group is freed when the next read starts (mt_train_state_io) or with the state. */
 #ifndef MT_TRAIN_STATE_H
 #define MT_TRAIN_STATE_H
 
@@ -117,10 +118,6 @@ void mt_train_state_update_tier(mt_train_state *s, const mt_adamw_hparams *hp, i
 /* The number of host and tier update calls a step makes (runs of tensors, <= 64M elements each:
  * one parallel region each; `megatrain bench adamw --pattern training` prints it). */
 int mt_train_state_n_pieces(const mt_train_state *s);
-/* Ranks: the rest of the collective read that began when mt_train_state_io was last called
- * (above); MT_ERR when a gather failed. One rank: nothing. */
-int mt_train_state_gather_rest(mt_train_state *s);
-
 /* Tensor by tensor access (checkpoints, initial weights); not while an update runs. */
 const mt_state_io *mt_train_state_io(mt_train_state *s);
 

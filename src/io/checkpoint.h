@@ -91,6 +91,34 @@ int mt_checkpoint_save(const char *out_dir, const mt_param_table *t, const mt_st
                        const mt_ckpt_state *st, const char *args_json, const char *tokenizer_dir,
                        int keep_last);
 
+/* Data parallel (issue 12): every rank writes the elements its shard holds into the one
+ * checkpoint, so no rank gathers the state. Three phases, each ended by an agreement of the ranks
+ * (the caller's: src/io knows no comm), the directory's path going from rank 0 to the others:
+ *   1. rank 0: mt_checkpoint_begin makes the temporary directory as mt_checkpoint_save does, with
+ *      config.json and model.safetensors and optimizer.safetensors at their full lengths with
+ *      their headers (the data a hole); *w holds it, mt_checkpoint_writer_dir names it.
+ *   2. every rank: mt_checkpoint_write_shard writes its elements (io->owned: a shard may start and
+ *      end inside a tensor) converted to the files' dtypes at their offsets, and fsyncs. NaN/inf
+ *      is refused as by mt_checkpoint_save. A rank that does not see the directory (OUT is not on
+ *      a file system every rank shares) fails naming it.
+ *   3. rank 0: mt_checkpoint_finish (every rank succeeded) reads the two files back for their
+ *      checksums, writes the tokenizer copies and trainer_state.json, and publishes and prunes as
+ *      mt_checkpoint_save; mt_checkpoint_abort (any rank failed) removes the directory. Both free w.
+ * The directory is a step_ one only after phase 3: a crash at any moment leaves no half checkpoint.
+ * Its files are byte for byte those mt_checkpoint_save writes of the same state (so it loads, and
+ * resumes, on any number of ranks). */
+typedef struct mt_ckpt_writer mt_ckpt_writer;
+
+int mt_checkpoint_begin(const char *out_dir, const mt_param_table *t, mt_state_format format,
+                        int64_t step, const char *args_json, const char *tokenizer_dir,
+                        mt_ckpt_writer **w);
+const char *mt_checkpoint_writer_dir(const mt_ckpt_writer *w);
+int mt_checkpoint_write_shard(const char *tmp_dir, const mt_param_table *t, const mt_state_io *io,
+                              const char *out_dir, int64_t step);
+int mt_checkpoint_finish(mt_ckpt_writer *w, const mt_state_io *io, const mt_ckpt_state *st,
+                         int keep_last);
+void mt_checkpoint_abort(mt_ckpt_writer *w);
+
 /* The newest checkpoint (highest step_ number) in OUT/checkpoints → path
  * (OUT/checkpoints/step_N).
  * MT_ERR "OUT: no checkpoint to resume from ..." when there is none. */

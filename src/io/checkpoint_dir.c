@@ -155,3 +155,65 @@ int ckpt_any_nonfinite(const void *x, int64_t n) {
     }
     return bad;
 }
+
+/* ---- the files' tensor lists ---- */
+
+static void list_alloc(ckpt_tensor_list *l, int n) {
+    l->n = n;
+    l->w = mt_calloc((size_t)n + 1, sizeof *l->w);
+    l->names = mt_calloc((size_t)n + 1, sizeof *l->names);
+    l->param_of = mt_calloc((size_t)n + 1, sizeof(int));
+    l->part_of = mt_calloc((size_t)n + 1, sizeof(int));
+}
+
+void ckpt_weight_list(const mt_param_table *t, ckpt_tensor_list *l) {
+    list_alloc(l, t->n_params);
+    for (int i = 0; i < t->n_params; i++) {
+        const mt_param *p = &t->params[i];
+        l->w[i] = (mt_st_write_tensor){.name = p->name, .dtype = MT_F32, .ndim = p->ndim};
+        for (int d = 0; d < p->ndim; d++) l->w[i].shape[d] = p->shape[d];
+        l->param_of[i] = i;
+    }
+}
+
+void ckpt_part_list(const mt_param_table *t, mt_state_format f, ckpt_tensor_list *l) {
+    mt_optim_tensor x[MT_OPTIM_MAX_TENSORS];
+    int n = 0;
+    for (int i = 0; i < t->n_params; i++) n += mt_optim_parts_layout(f, (size_t)t->params[i].numel, x);
+    list_alloc(l, n);
+    for (int i = 0, j = 0; i < t->n_params; i++) {
+        const mt_param *p = &t->params[i];
+        int k_n = mt_optim_parts_layout(f, (size_t)p->numel, x);
+        for (int k = 0; k < k_n; k++, j++) {
+            ckpt_part_name(l->names[j], sizeof l->names[j], &x[k], p);
+            l->w[j] = (mt_st_write_tensor){.name = l->names[j], .dtype = x[k].dtype};
+            l->w[j].ndim = ckpt_part_shape(&x[k], p, l->w[j].shape);
+            l->param_of[j] = i;
+            l->part_of[j] = k;
+        }
+    }
+}
+
+void ckpt_tensor_list_free(ckpt_tensor_list *l) {
+    free(l->w);
+    free(l->names);
+    free(l->param_of);
+    free(l->part_of);
+    memset(l, 0, sizeof *l);
+}
+
+/* What holds a NaN/inf, for the refusal: the weights, or a part by its name. A NaN or inf in
+ * saved state would poison every step after a resume. */
+const char *ckpt_part_what(const char *part) {
+    static const struct {
+        const char *name, *what;
+    } w[] = {
+        {"exp_avg", "exp_avg (Adam's first moment) holds"},
+        {"exp_avg_sq", "exp_avg_sq (Adam's second moment) holds"},
+        {"exp_avg_scale", "exp_avg_scale (the first moment's block scales) holds"},
+        {"exp_avg_sq_scale", "exp_avg_sq_scale (the second moment's block scales) holds"},
+    };
+    for (size_t i = 0; i < sizeof w / sizeof *w; i++)
+        if (strcmp(part, w[i].name) == 0) return w[i].what;
+    return part;
+}

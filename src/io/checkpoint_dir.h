@@ -6,7 +6,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "io/checkpoint.h"
 #include "io/digest.h"
+#include "io/safetensors.h"
 #include "model/params.h"
 #include "optim/state.h"
 
@@ -69,6 +71,53 @@ void ckpt_buf_layout(ckpt_tensor_buf *b, const mt_param *p);
 void ckpt_part_name(char *buf, size_t size, const mt_optim_tensor *x, const mt_param *p);
 /* Its shape: p's when it has p's numel (the moments), else 1-D [numel] (the scales). */
 int ckpt_part_shape(const mt_optim_tensor *x, const mt_param *p, int64_t shape[2]);
+
+/* The tensors of model.safetensors (ckpt_weight_list) or optimizer.safetensors (ckpt_part_list,
+ * format f) in file order: names, dtypes and shapes, data NULL; param_of[j] and part_of[j] say
+ * whose (part of) tensor file tensor j is. Every writer of a checkpoint builds its files from these,
+ * so the one-writer and the per-rank saves make the same header. */
+typedef struct {
+    mt_st_write_tensor *w;
+    char (*names)[CKPT_PART_NAME];
+    int *param_of, *part_of;
+    int n;
+} ckpt_tensor_list;
+
+void ckpt_weight_list(const mt_param_table *t, ckpt_tensor_list *l);
+void ckpt_part_list(const mt_param_table *t, mt_state_format f, ckpt_tensor_list *l);
+void ckpt_tensor_list_free(ckpt_tensor_list *l);
+
+/* What a NaN/inf is reported in: "the master weights hold", or part `part`'s description. */
+const char *ckpt_part_what(const char *part);
+
+/* ---- the steps of a save (checkpoint_save.c), shared by the per-rank save ---- */
+
+struct json_t;
+
+/* A checkpoint being filled: OUT/checkpoints/.tmp-step_N.XXXXXX, flock'd until it is published
+ * or removed. */
+typedef struct {
+    char *ckdir, *tmp;
+    char name[64]; /* step_N */
+    int64_t step;
+    int lock;
+} ckpt_tmp_dir;
+
+/* Checks args_json (NULL: none; else *args, the parsed JSON, owned by the caller) and
+ * tokenizer_dir, then makes the temporary directory. */
+int ckpt_tmp_open(const char *out_dir, int64_t step, const char *args_json, const char *tokenizer_dir,
+                  struct json_t **args, ckpt_tmp_dir *d);
+/* Renames it to step_N (atomically exchanged with an existing step_N), then prunes to keep_last;
+ * on MT_ERR the directory is removed. Frees d either way. */
+int ckpt_tmp_publish(ckpt_tmp_dir *d, int keep_last);
+/* Removes the directory (a failed save), keeping the error message; frees d. */
+void ckpt_tmp_abort(ckpt_tmp_dir *d);
+/* DIR/config.json, its digest into files. */
+int ckpt_save_config(const char *dir, const mt_param_table *t, ckpt_file_list *files);
+/* The last files: the tokenizer's copies, trainer_state.json (recording files' digests), then an
+ * fsync of DIR. */
+int ckpt_save_last(const char *dir, const mt_ckpt_state *st, const mt_state_io *io,
+                   struct json_t *args, const char *tok_dir, ckpt_file_list *files);
 
 /* 1 when any of the n floats at x (possibly unaligned: a mapped file) is NaN or inf; threaded. */
 int ckpt_any_nonfinite(const void *x, int64_t n);

@@ -79,22 +79,6 @@ static void warn_rmtree(const char *path) {
 
 /* ---- the state, one tensor at a time ---- */
 
-/* What holds a NaN/inf, for the refusal: the weights, or a part by its name. A NaN or inf in
- * saved state would poison every step after a resume. */
-static const char *part_what(const char *part) {
-    static const struct {
-        const char *name, *what;
-    } w[] = {
-        {"exp_avg", "exp_avg (Adam's first moment) holds"},
-        {"exp_avg_sq", "exp_avg_sq (Adam's second moment) holds"},
-        {"exp_avg_scale", "exp_avg_scale (the first moment's block scales) holds"},
-        {"exp_avg_sq_scale", "exp_avg_sq_scale (the second moment's block scales) holds"},
-    };
-    for (size_t i = 0; i < sizeof w / sizeof *w; i++)
-        if (strcmp(part, w[i].name) == 0) return w[i].what;
-    return part;
-}
-
 /* The writer's fill callbacks produce tensor i of a file chunk by chunk: its param's weights (or
  * parts) are fetched from io into the buffers at the first chunk, and checked there. */
 typedef struct {
@@ -136,7 +120,7 @@ static int fill_parts(void *ctx, int i, int64_t begin, int64_t n, void *dst) {
         for (int k = 0; k < c->b->n_parts; k++) {
             const mt_optim_tensor *x = &c->b->part[k];
             if (x->dtype == MT_F32 && ckpt_any_nonfinite(x->data, (int64_t)x->numel))
-                return nonfinite(c, part_what(x->name), p);
+                return nonfinite(c, ckpt_part_what(x->name), p);
         }
         c->cur = c->param_of[i];
     }
@@ -163,49 +147,21 @@ static int write_file(const char *dir, const char *name, const mt_st_write_tenso
 /* DIR/model.safetensors: every tensor's fp32 weights under its Hugging Face name, table order
  * (what mt_model_save writes for F32: with config.json, a model directory). */
 static int save_weights(const char *dir, fill_ctx *c, ckpt_file_list *files) {
-    const mt_param_table *t = c->t;
-    mt_st_write_tensor *w = mt_calloc((size_t)t->n_params + 1, sizeof *w);
-    for (int i = 0; i < t->n_params; i++) {
-        const mt_param *p = &t->params[i];
-        w[i] = (mt_st_write_tensor){.name = p->name, .dtype = MT_F32, .ndim = p->ndim};
-        for (int d = 0; d < p->ndim; d++) w[i].shape[d] = p->shape[d];
-    }
-    int rc = write_file(dir, "model.safetensors", w, t->n_params, fill_weights, c, files);
-    free(w);
+    ckpt_tensor_list l;
+    ckpt_weight_list(c->t, &l);
+    int rc = write_file(dir, "model.safetensors", l.w, l.n, fill_weights, c, files);
+    ckpt_tensor_list_free(&l);
     return rc;
 }
 
 /* DIR/optimizer.safetensors: tensor by tensor, its parts in the layout's order. */
 static int save_parts(const char *dir, fill_ctx *c, ckpt_file_list *files) {
-    const mt_param_table *t = c->t;
-    int n = 0;
-    for (int i = 0; i < t->n_params; i++) {
-        ckpt_buf_layout(c->b, &t->params[i]);
-        n += c->b->n_parts;
-    }
-    mt_st_write_tensor *w = mt_calloc((size_t)n + 1, sizeof *w);
-    char (*names)[CKPT_PART_NAME] = mt_calloc((size_t)n + 1, sizeof *names);
-    int *param_of = mt_calloc((size_t)n + 1, sizeof(int));
-    int *part_of = mt_calloc((size_t)n + 1, sizeof(int));
-    for (int i = 0, j = 0; i < t->n_params; i++) {
-        const mt_param *p = &t->params[i];
-        ckpt_buf_layout(c->b, p);
-        for (int k = 0; k < c->b->n_parts; k++, j++) {
-            const mt_optim_tensor *x = &c->b->part[k];
-            ckpt_part_name(names[j], sizeof names[j], x, p);
-            w[j] = (mt_st_write_tensor){.name = names[j], .dtype = x->dtype};
-            w[j].ndim = ckpt_part_shape(x, p, w[j].shape);
-            param_of[j] = i;
-            part_of[j] = k;
-        }
-    }
-    c->param_of = param_of;
-    c->part_of = part_of;
-    int rc = write_file(dir, "optimizer.safetensors", w, n, fill_parts, c, files);
-    free(part_of);
-    free(param_of);
-    free(names);
-    free(w);
+    ckpt_tensor_list l;
+    ckpt_part_list(c->t, c->io->format, &l);
+    c->param_of = l.param_of;
+    c->part_of = l.part_of;
+    int rc = write_file(dir, "optimizer.safetensors", l.w, l.n, fill_parts, c, files);
+    ckpt_tensor_list_free(&l);
     return rc;
 }
 
@@ -213,7 +169,7 @@ static int save_parts(const char *dir, fill_ctx *c, ckpt_file_list *files) {
 
 /* DIR/config.json (written by the config module), its digest into files. A few hundred bytes:
  * reading it back costs nothing. */
-static int save_config(const char *dir, const mt_param_table *t, ckpt_file_list *files) {
+int ckpt_save_config(const char *dir, const mt_param_table *t, ckpt_file_list *files) {
     char *path = ckpt_path_join(dir, "config.json");
     int rc = mt_config_save(&t->cfg, path);
     mt_file_digest d;
@@ -319,6 +275,13 @@ static int save_tokenizer(const char *dir, const char *tok_dir, ckpt_file_list *
     return MT_OK;
 }
 
+int ckpt_save_last(const char *dir, const mt_ckpt_state *st, const mt_state_io *io,
+                   struct json_t *args, const char *tok_dir, ckpt_file_list *files) {
+    if (tok_dir) MT_TRY(save_tokenizer(dir, tok_dir, files));
+    MT_TRY(save_state(dir, st, io, args, files)); /* last: it records the digests */
+    return fsync_dir(dir); /* each file was fsync'd (and renamed by its writer) */
+}
+
 static int save_contents(const char *dir, const mt_param_table *t, const mt_state_io *io,
                          const mt_ckpt_state *st, json_t *args, const char *tok_dir,
                          const char *out_dir) {
@@ -327,13 +290,11 @@ static int save_contents(const char *dir, const mt_param_table *t, const mt_stat
     ckpt_buf_init(&b, t, io->format);
     fill_ctx c = {.t = t, .io = io, .b = &b, .out_dir = out_dir, .step = st->step};
     /* config.json + model.safetensors are what mt_model_save writes for F32: a model directory */
-    int rc = save_config(dir, t, &files);
+    int rc = ckpt_save_config(dir, t, &files);
     if (rc == MT_OK) rc = save_weights(dir, &c, &files);
     if (rc == MT_OK) rc = save_parts(dir, &c, &files);
     ckpt_buf_free(&b);
-    if (rc == MT_OK && tok_dir) rc = save_tokenizer(dir, tok_dir, &files);
-    if (rc == MT_OK) rc = save_state(dir, st, io, args, &files); /* last: it records the digests */
-    if (rc == MT_OK) rc = fsync_dir(dir); /* each file was fsync'd and renamed by the writer */
+    if (rc == MT_OK) rc = ckpt_save_last(dir, st, io, args, tok_dir, &files);
     return rc;
 }
 
@@ -412,48 +373,83 @@ static void prune(const char *ckdir, int keep_last, int64_t keep) {
     closedir(d);
 }
 
+int ckpt_tmp_open(const char *out_dir, int64_t step, const char *args_json, const char *tokenizer_dir,
+                  json_t **args, ckpt_tmp_dir *d) {
+    memset(d, 0, sizeof *d);
+    d->lock = -1;
+    *args = NULL;
+    if (step < 0) return mt_error_set("%s: checkpoint step %lld must be >= 0", out_dir, (long long)step);
+    if (tokenizer_dir && !ckpt_is_dir(tokenizer_dir))
+        return mt_error_set("%s: tokenizer directory not found", tokenizer_dir);
+    if (args_json) {
+        json_error_t je;
+        *args = json_loads(args_json, JSON_DECODE_ANY, &je);
+        if (!*args)
+            return mt_error_set("%s: checkpoint args are not valid JSON (line %d: %s)", out_dir,
+                                je.line, je.text);
+    }
+    d->step = step;
+    d->ckdir = ckpt_path_join(out_dir, CKPT_SUBDIR);
+    char tmp_prefix[80];
+    ckpt_step_name(d->name, sizeof d->name, "", step);
+    ckpt_step_name(tmp_prefix, sizeof tmp_prefix, TMP_PREFIX, step);
+    char *prefix = ckpt_path_join(d->ckdir, tmp_prefix);
+    int rc = make_dirs(d->ckdir);
+    if (rc == MT_OK) rc = mt_make_temp_dir(prefix, &d->tmp); /* .tmp-step_N.XXXXXX, ours alone */
+    free(prefix);
+    if (rc == MT_OK && (d->lock = lock_dir(d->tmp, 0)) < 0)
+        rc = mt_error_set("%s: cannot lock: %s", d->tmp, strerror(errno));
+    if (rc != MT_OK) {
+        ckpt_tmp_abort(d);
+        json_decref(*args);
+        *args = NULL;
+    }
+    return rc;
+}
+
+static void tmp_free(ckpt_tmp_dir *d) {
+    if (d->lock >= 0) close(d->lock);
+    free(d->ckdir);
+    free(d->tmp);
+    memset(d, 0, sizeof *d);
+    d->lock = -1;
+}
+
+void ckpt_tmp_abort(ckpt_tmp_dir *d) {
+    if (d->tmp) {
+        char msg[1024]; /* the cleanup must not overwrite the message */
+        snprintf(msg, sizeof msg, "%s", mt_error_message());
+        warn_rmtree(d->tmp);
+        mt_error_set("%s", msg);
+    }
+    tmp_free(d);
+}
+
+int ckpt_tmp_publish(ckpt_tmp_dir *d, int keep_last) {
+    int rc = publish(d->ckdir, d->tmp, d->name);
+    if (rc != MT_OK) {
+        ckpt_tmp_abort(d);
+        return rc;
+    }
+    char *ckdir = mt_strdup(d->ckdir);
+    int64_t step = d->step;
+    tmp_free(d); /* the lock goes before the prune, which skips locked directories */
+    prune(ckdir, keep_last, step);
+    free(ckdir);
+    return MT_OK;
+}
+
 int mt_checkpoint_save(const char *out_dir, const mt_param_table *t, const mt_state_io *io,
                        const mt_ckpt_state *st, const char *args_json, const char *tokenizer_dir,
                        int keep_last) {
     MT_CHECK(io && io->get_weights && io->get_parts && io->format >= MT_STATE_FULL &&
              io->format <= MT_STATE_TIGHT, "checkpoint save: incomplete mt_state_io");
-    if (st->step < 0)
-        return mt_error_set("%s: checkpoint step %lld must be >= 0", out_dir, (long long)st->step);
-    if (tokenizer_dir && !ckpt_is_dir(tokenizer_dir))
-        return mt_error_set("%s: tokenizer directory not found", tokenizer_dir);
-    json_t *args = NULL;
-    if (args_json) {
-        json_error_t je;
-        args = json_loads(args_json, JSON_DECODE_ANY, &je);
-        if (!args)
-            return mt_error_set("%s: checkpoint args are not valid JSON (line %d: %s)", out_dir,
-                                je.line, je.text);
-    }
-    char *ckdir = ckpt_path_join(out_dir, CKPT_SUBDIR);
-    int rc = make_dirs(ckdir);
-    char name[64], tmp_prefix[80];
-    ckpt_step_name(name, sizeof name, "", st->step);
-    ckpt_step_name(tmp_prefix, sizeof tmp_prefix, TMP_PREFIX, st->step);
-    char *prefix = ckpt_path_join(ckdir, tmp_prefix), *tmp = NULL;
-    if (rc == MT_OK) rc = mt_make_temp_dir(prefix, &tmp); /* .tmp-step_N.XXXXXX, ours alone */
-    int lock = rc == MT_OK ? lock_dir(tmp, 0) : -1;
-    if (rc == MT_OK && lock < 0)
-        rc = mt_error_set("%s: cannot lock: %s", tmp, strerror(errno));
-    if (rc == MT_OK) {
-        rc = save_contents(tmp, t, io, st, args, tokenizer_dir, out_dir);
-        if (rc == MT_OK) rc = publish(ckdir, tmp, name);
-        if (rc != MT_OK) {
-            char msg[1024]; /* the cleanup must not overwrite the message */
-            snprintf(msg, sizeof msg, "%s", mt_error_message());
-            warn_rmtree(tmp);
-            mt_error_set("%s", msg);
-        }
-    }
-    if (lock >= 0) close(lock);
-    if (rc == MT_OK) prune(ckdir, keep_last, st->step);
+    json_t *args;
+    ckpt_tmp_dir d;
+    MT_TRY(ckpt_tmp_open(out_dir, st->step, args_json, tokenizer_dir, &args, &d));
+    int rc = save_contents(d.tmp, t, io, st, args, tokenizer_dir, out_dir);
+    if (rc == MT_OK) rc = ckpt_tmp_publish(&d, keep_last);
+    else ckpt_tmp_abort(&d);
     json_decref(args);
-    free(prefix);
-    free(tmp);
-    free(ckdir);
     return rc;
 }

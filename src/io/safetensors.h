@@ -99,4 +99,13 @@ int mt_safetensors_write_fill_digest(const char *path, const mt_st_write_tensor 
 int mt_safetensors_write_digest(const char *path, const mt_st_write_tensor *tensors, int n,
                                 const mt_st_meta *meta, int n_meta, mt_file_digest *digest);
 
+/* The file the writers above make of tensors, without its data: *head (malloc'd, *head_bytes
+ * long: the 8-byte header length and the padded header, where the data starts), begin[i] (n
+ * entries) the file offset of tensor i's data and *file_bytes the file's length. For writers that
+ * put the data in place themselves (each rank its part: io/checkpoint_shard.c). path: for the
+ * messages. */
+int mt_safetensors_layout(const char *path, const mt_st_write_tensor *tensors, int n,
+                          const mt_st_meta *meta, int n_meta, unsigned char **head,
+                          size_t *head_bytes, uint64_t *begin, uint64_t *file_bytes);
+
 #endif

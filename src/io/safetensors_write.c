@@ -157,3 +157,26 @@ int mt_safetensors_write_digest(const char *path, const mt_st_write_tensor *tens
                                 const mt_st_meta *meta, int n_meta, mt_file_digest *digest) {
     return write_file(path, tensors, n, meta, n_meta, NULL, NULL, digest);
 }
+
+int mt_safetensors_layout(const char *path, const mt_st_write_tensor *tensors, int n,
+                          const mt_st_meta *meta, int n_meta, unsigned char **head,
+                          size_t *head_bytes, uint64_t *begin, uint64_t *file_bytes) {
+    char *header;
+    size_t hlen;
+    MT_TRY(build_header(path, tensors, n, meta, n_meta, &header, &hlen));
+    unsigned char *h = mt_malloc(8 + hlen);
+    for (int i = 0; i < 8; i++) h[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
+    memcpy(h + 8, header, hlen);
+    free(header);
+    uint64_t at = 8 + (uint64_t)hlen;
+    for (int i = 0; i < n; i++) { /* the order build_header gave the data_offsets */
+        size_t nb = 0;
+        tensor_nbytes(path, &tensors[i], &nb);
+        begin[i] = at;
+        at += nb;
+    }
+    *head = h;
+    *head_bytes = 8 + hlen;
+    *file_bytes = at;
+    return MT_OK;
+}

@@ -30,6 +30,18 @@ typedef struct {
     int (*set_parts)(void *ctx, const mt_param *p, const mt_optim_tensor *parts);
     /* tight: sets the rounding seed (a resumed run rounds as the saved one); may be NULL */
     void (*set_sr_seed)(void *ctx, uint64_t seed);
+
+    /* A state sharded over data-parallel ranks (NULL otherwise): what this rank holds, so that each
+     * rank writes its own elements of a checkpoint (mt_checkpoint_write_shard). Not collective.
+     * owned: elements [*lo, *hi) of tensor p are this rank's (*hi <= *lo: none); lo is 0 or a
+     * multiple of MT_OPTIM_BLOCK, hi is numel or one. */
+    void (*owned)(void *ctx, const mt_param *p, int64_t *lo, int64_t *hi);
+    /* p's fp32 weights of elements [lo, lo + n), within owned -> dst (n floats) */
+    int (*get_weights_range)(void *ctx, const mt_param *p, int64_t lo, int64_t n, float *dst);
+    /* p's parts over its elements [lo, hi), within owned, in the state itself (read only): a part
+     * of p->numel elements from element lo, hi - lo long; a block part (the scales) from block
+     * lo / MT_OPTIM_BLOCK. Returns the number of parts, -1 with the error set. */
+    int (*parts_range)(void *ctx, const mt_param *p, int64_t lo, int64_t hi, mt_optim_tensor *out);
 } mt_state_io;
 
 #endif

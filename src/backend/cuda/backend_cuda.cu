@@ -197,6 +197,9 @@ static void cuda_copy_async(mt_backend *be, mt_stream s, void *dst, const void *
     MT_CHECK(s == MT_STREAM_H2D || s == MT_STREAM_D2H, "copies run on a copy stream, not %d", (int)s);
     if (!bytes) return;
     cudaMemcpyKind kind = s == MT_STREAM_H2D ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    /* other threads copy too (the optimizer's fetches): on a rank whose GPU is not device 0, a
+     * thread's first runtime call would otherwise make a context on device 0 */
+    CUDA_CHECK(cudaSetDevice(mt_cuda_ctx_of(be)->device));
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, mt_cuda_ctx_of(be)->streams[s]));
 }
 
@@ -218,10 +221,12 @@ static void cuda_event_destroy(mt_backend *be, mt_event *e) {
 }
 static void cuda_event_record(mt_backend *be, mt_event *e, mt_stream s) {
     MT_CHECK(s >= 0 && s < MT_STREAMS, "no stream %d", (int)s);
+    CUDA_CHECK(cudaSetDevice(mt_cuda_ctx_of(be)->device)); /* as in cuda_copy_async */
     CUDA_CHECK(cudaEventRecord(e->ev, mt_cuda_ctx_of(be)->streams[s]));
 }
 static void cuda_stream_wait(mt_backend *be, mt_stream s, mt_event *e) {
     MT_CHECK(s >= 0 && s < MT_STREAMS, "no stream %d", (int)s);
+    CUDA_CHECK(cudaSetDevice(mt_cuda_ctx_of(be)->device)); /* as in cuda_copy_async */
     CUDA_CHECK(cudaStreamWaitEvent(mt_cuda_ctx_of(be)->streams[s], e->ev, 0));
 }
 /* Called from other threads too (the optimizer): the runtime API is thread-safe; the device is made
@@ -384,15 +389,17 @@ static void cu_lm_head_loss(mt_backend *be, float *losses, void *dinp, float *dw
 
 /* ---------------- creation ---------------- */
 
-int mt_backend_cuda_available(void) {
+int mt_backend_cuda_device_count(void) {
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess) {
         cudaGetLastError(); /* clear the sticky-free error so later calls start clean */
         return 0;
     }
-    return n > 0;
+    return n;
 }
+
+int mt_backend_cuda_available(void) { return mt_backend_cuda_device_count() > 0; }
 
 mt_backend *mt_backend_cuda_create(int64_t mem_budget_bytes) {
     MT_CHECK(mem_budget_bytes >= 0, "negative GPU memory budget %lld", (long long)mem_budget_bytes);
