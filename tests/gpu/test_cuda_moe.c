@@ -161,6 +161,20 @@ static void test_ops(void **state) {
     check_ops(5, 64, 3, 8, 0);       /* most experts get no token */
 }
 
+/* A committed fixture's table and weights, rounded to bf16 (both backends see the same values). */
+static float *load_fixture(const char *name, mt_param_table *t) {
+    char *dir = mt_fixture_path(name), path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    mt_config cfg;
+    if (mt_config_load(&cfg, path) != MT_OK) fail_msg("%s", mt_error_message());
+    mt_param_table_init(t, &cfg);
+    float *w = mt_aligned_alloc((size_t)t->total * sizeof(float));
+    if (mt_model_load(t, w, dir) != MT_OK) fail_msg("%s", mt_error_message());
+    round_bf16(w, (size_t)t->total);
+    free(dir);
+    return w;
+}
+
 /* The CPU backend's routing choices, logged by wrapping its moe_route: every choice of the runs
  * since the last reset, and the smallest margin between a token's k-th and (k+1)-th router logit. */
 #define ROUTE_LOG_MAX 65536
@@ -243,16 +257,10 @@ static void fill_tokens(int32_t *ids, int32_t *tg, int N, int V, uint64_t seed) 
 /* A fixture's model on both backends. */
 static void compare_fixture(const char *name) {
     fprintf(stderr, "--- model %s\n", name);
-    char *dir = mt_fixture_path(name), path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    mt_config cfg;
-    if (mt_config_load(&cfg, path) != MT_OK) fail_msg("%s", mt_error_message());
     mt_param_table t;
-    mt_param_table_init(&t, &cfg);
+    float *w = load_fixture(name, &t);
+    mt_config cfg = t.cfg;
     size_t n = (size_t)t.total;
-    float *w = mt_aligned_alloc(n * sizeof(float));
-    if (mt_model_load(&t, w, dir) != MT_OK) fail_msg("%s", mt_error_message());
-    round_bf16(w, n);
     enum { B = 2, T = 12, N = B * T, SEEDS = 64, NUDGES = 4 };
     int32_t ids[N], tg[N];
     float *g_ref = mt_aligned_alloc(n * 4);
@@ -319,7 +327,7 @@ static void compare_fixture(const char *name) {
     }
     gpu->free(gpu, wd);
     gpu->free(gpu, gd);
-    free(w), free(g_ref), free(g), free(g_nudge), free(spread), free(choices), free(dir);
+    free(w), free(g_ref), free(g), free(g_nudge), free(spread), free(choices);
     mt_param_table_free(&t);
     if (!ok) fail_msg("%s: CUDA differs from the CPU reference (see above)", name);
 }
@@ -361,16 +369,9 @@ static void engine_curve(mt_backend *be, const mt_param_table *t, const float *w
  * bounds above (loss 2e-2, gradient norm 3e-2). */
 static void check_engine(const char *name) {
     fprintf(stderr, "--- engine %s\n", name);
-    char *dir = mt_fixture_path(name), path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    mt_config cfg;
-    if (mt_config_load(&cfg, path) != MT_OK) fail_msg("%s", mt_error_message());
     mt_param_table t;
-    mt_param_table_init(&t, &cfg);
-    size_t n = (size_t)t.total;
-    float *w = mt_aligned_alloc(n * sizeof(float));
-    if (mt_model_load(&t, w, dir) != MT_OK) fail_msg("%s", mt_error_message());
-    round_bf16(w, n);
+    float *w = load_fixture(name, &t);
+    mt_config cfg = t.cfg;
     enum { STEPS = 6 };
     double l0[STEPS], n0[STEPS], l[STEPS], g[STEPS];
     engine_curve(cpu, &t, w, 1, 0, 0, 0, MT_STATE_FULL, l0, n0);
@@ -400,7 +401,7 @@ static void check_engine(const char *name) {
     fprintf(stderr, "compact: loss %.6f -> %.6f (full %.6f -> %.6f)\n", l[0], l[STEPS - 1], l0[0], l0[STEPS - 1]);
     ok &= isfinite(l[STEPS - 1]) && l[STEPS - 1] < l[0];
     assert_true(l0[1] != l0[0]); /* the weights change: the modes are compared on a moving run */
-    free(w), free(dir);
+    free(w);
     mt_param_table_free(&t);
     if (!ok) fail_msg("%s: the MoE engine on the GPU differs (see above)", name);
 }
