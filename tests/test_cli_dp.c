@@ -36,6 +36,7 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/params.h"
+#include "util/run_compare.h"
 #include "util/testutil.h"
 
 #define OUT_SIZE (1 << 17)
@@ -89,34 +90,11 @@ static void run_ok(int np, const char *out, const char *extra) {
     if (rc != 0) fail_msg("exit %d (np %d, %s)\n%s", rc, np, extra, g_out);
 }
 
-/* The loss and grad_norm of each step line of OUT/metrics.jsonl (steps 1..n in order); text:
- * the line's "loss" and "grad_norm" as printed, for the bitwise comparisons (may be NULL). */
+/* The loss and grad_norm of each step line of OUT/metrics.jsonl; text as mt_test_read_step_metrics. */
 static int read_metrics_text(const char *out, double *loss, double *norm, char (*text)[256]) {
-    char path[4096], line[4096];
+    char path[4096];
     snprintf(path, sizeof path, "%s/%s/metrics.jsonl", g_env.tmp, out);
-    FILE *f = fopen(path, "r");
-    if (!f) fail_msg("cannot open %s", path);
-    int n = 0;
-    while (fgets(line, sizeof line, f)) {
-        json_t *j = json_loads(line, 0, NULL);
-        if (!j) fail_msg("%s: not JSON: %s", path, line);
-        if (json_object_get(j, "loss")) {
-            assert_int_equal(json_integer_value(json_object_get(j, "step")), n + 1);
-            assert_true(n < MAX_STEPS);
-            loss[n] = json_number_value(json_object_get(j, "loss"));
-            norm[n] = json_number_value(json_object_get(j, "grad_norm"));
-            if (text) {
-                const char *a = strstr(line, "\"loss\""), *b = strstr(line, "\"grad_norm\"");
-                assert_non_null(a);
-                assert_non_null(b);
-                snprintf(text[n], sizeof text[n], "%.*s %.*s", (int)strcspn(a, ","), a, (int)strcspn(b, ","), b);
-            }
-            n++;
-        }
-        json_decref(j);
-    }
-    fclose(f);
-    return n;
+    return mt_test_read_step_metrics(path, MAX_STEPS, loss, norm, text);
 }
 
 static int read_metrics(const char *out, double *loss, double *norm) {
@@ -198,30 +176,7 @@ static void compare_weights(const char *one, const char *dp, int step, double to
     char pa[4200], pb[4200];
     ckpt_file(pa, sizeof pa, one, step, "model.safetensors");
     ckpt_file(pb, sizeof pb, dp, step, "model.safetensors");
-    mt_safetensors *a = NULL, *b = NULL;
-    if (mt_safetensors_open_file(&a, pa) != MT_OK) fail_msg("%s", mt_error_message());
-    if (mt_safetensors_open_file(&b, pb) != MT_OK) fail_msg("%s", mt_error_message());
-    assert_int_equal(mt_safetensors_count(a), mt_safetensors_count(b));
-    for (int i = 0; i < mt_safetensors_count(a); i++) {
-        const mt_st_tensor *x = mt_safetensors_at(a, i), *y = mt_safetensors_find(b, x->name);
-        if (!y) fail_msg("%s has %s, %s does not", pa, x->name, pb);
-        assert_int_equal(x->dtype, MT_F32);
-        assert_int_equal(y->dtype, MT_F32);
-        assert_int_equal(x->nbytes, y->nbytes);
-        char what[256];
-        snprintf(what, sizeof what, "%s %s", dp, x->name);
-        if (!mt_check_rel(what, y->data, x->data, x->nbytes / sizeof(float), tol))
-            fail_msg("%s: %s differs from %s", pb, x->name, pa);
-    }
-    mt_safetensors_close(a);
-    mt_safetensors_close(b);
-}
-
-/* Two files byte for byte. */
-static void same_bytes(const char *pa, const char *pb) {
-    char cmd[9000];
-    snprintf(cmd, sizeof cmd, "cmp '%s' '%s'", pa, pb);
-    if (mt_test_run(cmd, g_out, sizeof g_out) != 0) fail_msg("%s differs from %s: %s", pb, pa, g_out);
+    mt_test_weights_close(pa, pb, dp, tol);
 }
 
 static void same_as_one_rank(const char *state, mt_state_format f, double tol) {
@@ -280,7 +235,7 @@ static void resume_same_n(const char *state, int np) {
         char pa[4200], pb[4200];
         ckpt_file(pa, sizeof pa, a, 12, files[i]);
         ckpt_file(pb, sizeof pb, b, 12, files[i]);
-        same_bytes(pa, pb);
+        mt_test_same_bytes(pa, pb);
     }
     printf("  %s on %d ranks: resumed at step 6 = uninterrupted (12 steps' numbers, both files byte for byte)\n",
            state, np);
@@ -336,7 +291,7 @@ static void test_resave_on_ranks(void **state) {
                 char pa[4200], pb[4200];
                 ckpt_file(pa, sizeof pa, one, STEPS, files[k]);
                 ckpt_file(pb, sizeof pb, out, STEPS, files[k]);
-                same_bytes(pa, pb);
+                mt_test_same_bytes(pa, pb);
             }
             /* and it verifies: one process resumes from it */
             snprintf(extra, sizeof extra, "--state %s --resume --resume-changed --steps %d", states[i], STEPS + 1);

@@ -24,6 +24,7 @@
 #include "comm/comm.h"
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "util/run_compare.h"
 #include "util/testutil.h"
 
 #define OUT_SIZE (1 << 17)
@@ -65,25 +66,9 @@ static void run_ok(int np, const char *out, const char *extra) {
 }
 
 static int read_metrics(const char *out, double *loss, double *norm, char (*text)[256]) {
-    char path[4096], line[4096];
+    char path[4096];
     snprintf(path, sizeof path, "%s/%s/metrics.jsonl", g_env.tmp, out);
-    FILE *f = fopen(path, "r");
-    if (!f) fail_msg("cannot open %s", path);
-    int n = 0;
-    while (fgets(line, sizeof line, f)) {
-        json_t *j = json_loads(line, 0, NULL);
-        if (!j) fail_msg("%s: not JSON: %s", path, line);
-        if (json_object_get(j, "loss") && n < MAX_STEPS) {
-            loss[n] = json_number_value(json_object_get(j, "loss"));
-            norm[n] = json_number_value(json_object_get(j, "grad_norm"));
-            const char *a = strstr(line, "\"loss\""), *b = strstr(line, "\"grad_norm\"");
-            snprintf(text[n], sizeof text[n], "%.*s %.*s", (int)strcspn(a, ","), a, (int)strcspn(b, ","), b);
-            n++;
-        }
-        json_decref(j);
-    }
-    fclose(f);
-    return n;
+    return mt_test_read_step_metrics(path, MAX_STEPS, loss, norm, text);
 }
 
 static void compare_runs(const char *one, const char *dp, int steps) {
@@ -113,27 +98,7 @@ static void compare_weights(const char *one, const char *dp, int step) {
     char pa[4200], pb[4200];
     ckpt_file(pa, sizeof pa, one, step, "model.safetensors");
     ckpt_file(pb, sizeof pb, dp, step, "model.safetensors");
-    mt_safetensors *a = NULL, *b = NULL;
-    if (mt_safetensors_open_file(&a, pa) != MT_OK) fail_msg("%s", mt_error_message());
-    if (mt_safetensors_open_file(&b, pb) != MT_OK) fail_msg("%s", mt_error_message());
-    assert_int_equal(mt_safetensors_count(a), mt_safetensors_count(b));
-    for (int i = 0; i < mt_safetensors_count(a); i++) {
-        const mt_st_tensor *x = mt_safetensors_at(a, i), *y = mt_safetensors_find(b, x->name);
-        if (!y) fail_msg("%s has %s, %s does not", pa, x->name, pb);
-        assert_int_equal(x->nbytes, y->nbytes);
-        char what[256];
-        snprintf(what, sizeof what, "%s %s", dp, x->name);
-        if (!mt_check_rel(what, y->data, x->data, x->nbytes / sizeof(float), WEIGHT_TOL))
-            fail_msg("%s: %s differs from %s", pb, x->name, pa);
-    }
-    mt_safetensors_close(a);
-    mt_safetensors_close(b);
-}
-
-static void same_bytes(const char *pa, const char *pb) {
-    char cmd[9000];
-    snprintf(cmd, sizeof cmd, "cmp '%s' '%s'", pa, pb);
-    if (mt_test_run(cmd, g_out, sizeof g_out) != 0) fail_msg("%s differs from %s: %s", pb, pa, g_out);
+    mt_test_weights_close(pa, pb, dp, WEIGHT_TOL);
 }
 
 static void test_against_one_gpu(void **state) {
@@ -172,7 +137,7 @@ static void test_resume_bits(void **state) {
         char pa[4200], pb[4200];
         ckpt_file(pa, sizeof pa, "whole", STEPS, files[i]);
         ckpt_file(pb, sizeof pb, "resumed", STEPS, files[i]);
-        same_bytes(pa, pb);
+        mt_test_same_bytes(pa, pb);
     }
     printf("  2 GPUs: resumed at step 3 = uninterrupted (the numbers and both files byte for byte)\n");
     /* the 2-rank checkpoint of step 3 on one GPU */
