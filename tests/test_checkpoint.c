@@ -88,18 +88,6 @@ static char *read_text(const char *dir, const char *name) {
     return buf;
 }
 
-/* Entries of DIR whose names start with prefix. */
-static int count_prefix(const char *dir, const char *prefix) {
-    DIR *d = opendir(dir);
-    if (!d) return 0;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) n++;
-    closedir(d);
-    return n;
-}
-
 /* ---- a model and its state ---- */
 
 typedef struct {
@@ -271,7 +259,7 @@ static void roundtrip(const char *variant) {
     assert_false(exists(path, "model.safetensors.tmp"));
     char ckdir[4096];
     snprintf(ckdir, sizeof ckdir, "%s/checkpoints", out);
-    assert_int_equal(count_prefix(ckdir, ".tmp-"), 0);
+    assert_int_equal(mt_test_count_prefix(ckdir, ".tmp-"), 0);
     char *a = read_text(tok, "tokenizer.json"), *b = read_text(path, "tokenizer.json");
     assert_string_equal(a, b);
     free(a);
@@ -328,7 +316,7 @@ static void roundtrip(const char *variant) {
     assert_loaded(&m);
     assert_true(back.seed == 5 && isnan(back.loss));
     assert_false(exists(path, "tokenizer.json")); /* a fresh directory, not a merge */
-    assert_int_equal(count_prefix(ckdir, ".tmp-"), 0);
+    assert_int_equal(mt_test_count_prefix(ckdir, ".tmp-"), 0);
 
     mt_test_rmtree(out);
     free(out);
@@ -350,19 +338,19 @@ static void test_keep_last(void **state) {
         mt_ckpt_state st = {s * 10, 1, 1.0 / s, s * 10, 0, NULL};
         save_ok(&m, out, &st, NULL, NULL, 2);
     }
-    assert_int_equal(count_prefix(ckdir, "step_"), 2);
+    assert_int_equal(mt_test_count_prefix(ckdir, "step_"), 2);
     assert_true(exists(ckdir, "step_00000030") && exists(ckdir, "step_00000040"));
-    assert_int_equal(count_prefix(ckdir, ".tmp-"), 0);
+    assert_int_equal(mt_test_count_prefix(ckdir, ".tmp-"), 0);
     /* keep_last <= 0 keeps all */
     for (int s = 5; s <= 6; s++) {
         mt_ckpt_state st = {s * 10, 1, 0.0, s * 10, 0, NULL};
         save_ok(&m, out, &st, NULL, NULL, 0);
     }
-    assert_int_equal(count_prefix(ckdir, "step_"), 4);
+    assert_int_equal(mt_test_count_prefix(ckdir, "step_"), 4);
     /* an older step saved after newer ones (a rewind) is kept even with keep_last 1 */
     mt_ckpt_state old = {15, 1, 0.0, 15, 0, NULL};
     save_ok(&m, out, &old, NULL, NULL, 1);
-    assert_int_equal(count_prefix(ckdir, "step_"), 2);
+    assert_int_equal(mt_test_count_prefix(ckdir, "step_"), 2);
     assert_true(exists(ckdir, "step_00000015") && exists(ckdir, "step_00000060"));
     char path[4096];
     latest_ok(out, path, sizeof path);
@@ -411,11 +399,11 @@ static void test_stale_tmp(void **state) {
 
     st.step = 4;
     save_ok(&m, out, &st, NULL, NULL, 0);
-    assert_int_equal(count_prefix(ckdir, ".tmp-"), 1);
+    assert_int_equal(mt_test_count_prefix(ckdir, ".tmp-"), 1);
     assert_true(exists(ckdir, ".tmp-step_00000077.AbCd12"));
     close(live_fd); /* that save died: its leftover goes with the next save */
     save_ok(&m, out, &st, NULL, NULL, 0);
-    assert_int_equal(count_prefix(ckdir, ".tmp-"), 0);
+    assert_int_equal(mt_test_count_prefix(ckdir, ".tmp-"), 0);
     latest_ok(out, path, sizeof path);
     assert_ends_with(path, "/step_00000004");
     reset_got(&m);
@@ -486,8 +474,8 @@ static void test_save_errors(void **state) {
     assert_int_equal(mt_checkpoint_save(out, &m.t, &m.src->io, &neg, NULL, NULL, 0),
                      MT_ERR);
     assert_msg_has("step");
-    assert_int_equal(count_prefix(ck, "step_"), 0);
-    assert_int_equal(count_prefix(ck, ".tmp-"), 0);
+    assert_int_equal(mt_test_count_prefix(ck, "step_"), 0);
+    assert_int_equal(mt_test_count_prefix(ck, ".tmp-"), 0);
     /* a save failing mid-way (a tokenizer file that cannot be read) leaves no directory */
     char *tok = subdir("tok_bad");
     mkdir(tok, 0755);
@@ -497,8 +485,8 @@ static void test_save_errors(void **state) {
     assert_int_equal(mt_checkpoint_save(out, &m.t, &m.src->io, &st, NULL, tok, 0),
                      MT_ERR);
     printf("  error (expected): %s\n", mt_error_message());
-    assert_int_equal(count_prefix(ck, "step_"), 0);
-    assert_int_equal(count_prefix(ck, ".tmp-"), 0);
+    assert_int_equal(mt_test_count_prefix(ck, "step_"), 0);
+    assert_int_equal(mt_test_count_prefix(ck, ".tmp-"), 0);
     mt_test_rmtree(tok);
     free(tok);
     mt_test_rmtree(out);
@@ -845,9 +833,9 @@ static void test_save_nonfinite_refused(void **state) {
         assert_msg_has("NaN or inf");
         m.w[cases[c].arena][p->offset + p->numel - 1] = keep;
         /* keep_last 1 would have pruned step 1: both are still there and load */
-        assert_int_equal(count_prefix(ckdir, "step_"), 2);
+        assert_int_equal(mt_test_count_prefix(ckdir, "step_"), 2);
         assert_false(exists(ckdir, "step_00000003"));
-        assert_int_equal(count_prefix(ckdir, ".tmp-"), 0);
+        assert_int_equal(mt_test_count_prefix(ckdir, ".tmp-"), 0);
     }
     for (int s = 1; s <= 2; s++) {
         char dir[4200];
@@ -1111,7 +1099,7 @@ static void test_crash_safety(void **state) {
         int status;
         assert_int_equal(waitpid(pid, &status, 0), pid);
         if (!WIFSIGNALED(status)) fail_msg("the child exited by itself (status %d)", status);
-        int tmp_left = count_prefix(ckdir, ".tmp-");
+        int tmp_left = mt_test_count_prefix(ckdir, ".tmp-");
         mid_save += tmp_left > 0;
         int64_t now = verify_all(&t, ts, out);
         printf("  kill %d after %.1f ms: latest step %lld (from %lld)%s\n", kill_i, delay,
@@ -1127,8 +1115,8 @@ static void test_crash_safety(void **state) {
     mt_ckpt_state st = {latest + 1, CRASH_SEED, 0.5 * (double)(latest + 1)};
     if (mt_checkpoint_save(out, &t, &ts->io, &st, NULL, NULL, 2) != MT_OK)
         fail_msg("%s", mt_error_message());
-    assert_int_equal(count_prefix(ckdir, ".tmp-"), 0);
-    assert_int_equal(count_prefix(ckdir, "step_"), 2);
+    assert_int_equal(mt_test_count_prefix(ckdir, ".tmp-"), 0);
+    assert_int_equal(mt_test_count_prefix(ckdir, "step_"), 2);
     assert_int_equal(verify_all(&t, ts, out), latest + 1);
 
     mt_test_rmtree(out);

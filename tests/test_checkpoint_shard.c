@@ -10,7 +10,6 @@
  *    temporary directory;
  *  - a NaN in rank 1's part of a tensor fails rank 1's write naming the tensor;
  *  - a rank that cannot see the temporary directory fails naming the shared file system. */
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +21,7 @@
 #include "io/checkpoint.h"
 #include "model/params.h"
 #include "util/state_io.h"
+#include "util/run_compare.h"
 #include "util/testutil.h"
 #include "util/tiny_config.h"
 
@@ -98,22 +98,11 @@ static char *subdir(const char *name) {
     return p;
 }
 
-static int count_prefix(const char *dir, const char *prefix) {
-    DIR *d = opendir(dir);
-    if (!d) return 0;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) n++;
-    closedir(d);
-    return n;
-}
-
 static void same_file(const char *a_dir, const char *b_dir, const char *name) {
-    char cmd[20000], out[4096];
-    snprintf(cmd, sizeof cmd, "cmp '%s/%s' '%s/%s' || { cmp -l '%s/%s' '%s/%s' | head -4; exit 1; }", a_dir, name,
-             b_dir, name, a_dir, name, b_dir, name);
-    if (mt_test_run(cmd, out, sizeof out) != 0) fail_msg("%s/%s differs from %s/%s: %s", b_dir, name, a_dir, name, out);
+    char pa[8192], pb[8192];
+    snprintf(pa, sizeof pa, "%s/%s", a_dir, name);
+    snprintf(pb, sizeof pb, "%s/%s", b_dir, name);
+    mt_test_same_bytes(pa, pb);
 }
 
 /* Every rank's write, in the order given. */
@@ -151,11 +140,11 @@ static void same_as_one_writer(mt_state_format f, int ranks) {
     int order[8];
     for (int k = 0; k < ranks; k++) order[k] = (k + 1) % ranks; /* rank 0 last */
     write_all(mt_checkpoint_writer_dir(w), &t, ts, ranks, order, out);
-    assert_int_equal(count_prefix(ck, "step_"), 0); /* nothing under a final name yet */
+    assert_int_equal(mt_test_count_prefix(ck, "step_"), 0); /* nothing under a final name yet */
     rank_view v0;
     view_init(&v0, ts, &t, 0, ranks);
     if (mt_checkpoint_finish(w, &v0.io, &st, 0) != MT_OK) fail_msg("%s", mt_error_message());
-    assert_int_equal(count_prefix(ck, ".tmp-"), 0);
+    assert_int_equal(mt_test_count_prefix(ck, ".tmp-"), 0);
 
     char a[4200], b[4200];
     snprintf(a, sizeof a, "%s/checkpoints/step_00000009", one);
@@ -223,8 +212,8 @@ static void test_failures(void **state) {
     assert_non_null(strstr(mt_error_message(), "NaN or inf in tensor"));
     assert_non_null(strstr(mt_error_message(), p->name));
     mt_checkpoint_abort(w);
-    assert_int_equal(count_prefix(ck, "step_"), 0);
-    assert_int_equal(count_prefix(ck, ".tmp-"), 0);
+    assert_int_equal(mt_test_count_prefix(ck, "step_"), 0);
+    assert_int_equal(mt_test_count_prefix(ck, ".tmp-"), 0);
     a.master[p->offset + lo] = 0.5f;
 
     /* a rank that does not see rank 0's directory */
@@ -237,7 +226,7 @@ static void test_failures(void **state) {
     /* the state finish records must be the step begun */
     assert_int_equal(mt_checkpoint_begin(out, &t, MT_STATE_FULL, 9, "{\"x\": ", NULL, &w), MT_ERR);
     assert_non_null(strstr(mt_error_message(), "not valid JSON"));
-    assert_int_equal(count_prefix(ck, ".tmp-"), 0);
+    assert_int_equal(mt_test_count_prefix(ck, ".tmp-"), 0);
     (void)st;
 
     mt_test_rmtree(out);

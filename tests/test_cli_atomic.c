@@ -5,7 +5,6 @@
  *  - a killed writer's leftover temporary (nobody holds its lock) is removed, a live writer's not;
  *  - the mode is what fopen gives; the digest is the file's XXH3-64;
  *  - a failed rename reports the real errno, and says "disk full" only for ENOSPC/EDQUOT. */
-#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,16 +53,10 @@ static int exists(const char *path) {
     return lstat(path, &sb) == 0;
 }
 
-/* Entries of g_env.tmp whose names start with prefix. */
-static int count_prefix(const char *prefix) {
-    DIR *d = opendir(g_env.tmp);
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) n++;
-    closedir(d);
-    return n;
+/* Entries of g_env.tmp (which must exist) whose names start with prefix. */
+static int tmp_entries(const char *prefix) {
+    assert_true(exists(g_env.tmp));
+    return mt_test_count_prefix(g_env.tmp, prefix);
 }
 
 static void open_ok(mt_atomic_file *af, const char *path) {
@@ -97,7 +90,7 @@ static void test_two_writers(void **state) {
     assert_int_equal(mt_digest_file(path, &d), 0);
     assert_true(d.bytes == 6 && d.xxh3 == db.xxh3);
     assert_true(da.bytes == 32 && da.xxh3 != db.xxh3);
-    assert_int_equal(count_prefix("two.bin.tmp"), 0);
+    assert_int_equal(tmp_entries("two.bin.tmp"), 0);
     /* the mode is fopen's under the umask */
     mode_t um = umask(022);
     mt_atomic_write_file(path, "x", 1);
@@ -135,7 +128,7 @@ static void test_abandoned_temps(void **state) {
     assert_int_equal(mt_atomic_write(&live, "live", 4), MT_OK);
     assert_int_equal(mt_atomic_commit(&live), MT_OK);
     mt_atomic_abort(&next);
-    assert_int_equal(count_prefix("left.bin.tmp"), 0);
+    assert_int_equal(tmp_entries("left.bin.tmp"), 0);
     size_t n;
     char *got = read_all(path, &n);
     assert_string_equal(got, "live");
@@ -248,7 +241,7 @@ static void test_concurrent_tokenize(void **state) {
         if ((ra != 0 && rb != 0) || (ra != 0 && !is_b) || (rb != 0 && !is_a))
             fail_msg("exit codes %d and %d do not fit the output:\n%s", ra, rb, log);
         got_a += is_a, got_b += is_b;
-        assert_int_equal(count_prefix("both.bin.tmp"), 0);
+        assert_int_equal(tmp_entries("both.bin.tmp"), 0);
     }
     printf("  a's result %d times, b's %d times\n", got_a, got_b);
     free(ref_a);

@@ -345,14 +345,7 @@ static void engine_curve(mt_backend *be, const mt_param_table *t, const float *w
     int32_t ids[B * T], tg[B * T];
     mt_adamw_hparams hp = {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
     for (int s = 0; s < steps; s++) {
-        for (int r = 0; r < B; r++) { /* token i+1 = (3 * token i + 1) mod V */
-            int32_t x = (int32_t)((s * 7 + r * 13) % t->cfg.V);
-            for (int i = 0; i < T; i++) {
-                ids[r * T + i] = x;
-                x = (3 * x + 1) % t->cfg.V;
-                tg[r * T + i] = x;
-            }
-        }
+        mt_test_stream_rows(ids, tg, B, T, t->cfg.V, s);
         mt_step_result res;
         mt_engine_step(e, ids, tg, &hp, s + 1, 1.0, &res);
         loss[s] = res.loss, norm[s] = res.grad_norm;

@@ -59,7 +59,7 @@ void mt_test_weights_close(const char *pa, const char *pb, const char *label, do
 }
 
 void mt_test_same_bytes(const char *pa, const char *pb) {
-    char cmd[9000], out[4096];
-    snprintf(cmd, sizeof cmd, "cmp '%s' '%s'", pa, pb);
+    char cmd[20000], out[4096];
+    snprintf(cmd, sizeof cmd, "cmp '%s' '%s' || { cmp -l '%s' '%s' | head -4; exit 1; }", pa, pb, pa, pb);
     if (mt_test_run(cmd, out, sizeof out) != 0) fail_msg("%s differs from %s: %s", pb, pa, out);
 }

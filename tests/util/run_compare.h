@@ -17,7 +17,7 @@ int mt_test_read_step_metrics(const char *path, int max, double *loss, double *n
  * the comparison in the printed lines. */
 void mt_test_weights_close(const char *a, const char *b, const char *label, double tol);
 
-/* The two files are the same bytes. */
+/* The two files are the same bytes (else the failure shows the first differing ones). */
 void mt_test_same_bytes(const char *a, const char *b);
 
 #endif

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/wait.h>
 
 int mt_allclose(const char *what, const float *got, const float *ref, size_t n, double atol,
@@ -169,4 +170,26 @@ int mt_check_rel_l2(const char *what, const float *got, const float *ref, size_t
     fprintf(stderr, "%-48s n=%-8zu rel L2 %.3g (tol %.0e, %.0f%%) | max|err|/max|ref| %.3g%s\n", what, n,
             rel, tol, 100 * rel / tol, mt_max_rel_err(got, ref, n), ok ? "" : "  FAIL");
     return ok;
+}
+
+int mt_test_count_prefix(const char *dir, const char *prefix) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) n++;
+    closedir(d);
+    return n;
+}
+
+void mt_test_stream_rows(int32_t *ids, int32_t *targets, int B, int T, int V, int step) {
+    for (int r = 0; r < B; r++) {
+        int32_t x = (int32_t)((step * 7 + r * 13) % V);
+        for (int i = 0; i < T; i++) {
+            ids[r * T + i] = x;
+            x = (3 * x + 1) % V;
+            targets[r * T + i] = x;
+        }
+    }
 }

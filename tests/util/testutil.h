@@ -56,6 +56,13 @@ void mt_cli_env_free(mt_cli_env *env);
 /* Runs a shell command, returns its exit status (or -1), captures stdout+stderr into buf. */
 int mt_test_run(const char *cmd, char *buf, size_t buf_size);
 
+/* Step `step`'s rows of a learnable stream (B rows of T tokens): token i+1 = (3 * token i + 1)
+ * mod V, each row from its own start; targets the next tokens, none ignored. */
+void mt_test_stream_rows(int32_t *ids, int32_t *targets, int B, int T, int V, int step);
+
+/* Entries of directory dir whose names start with prefix (0 when dir cannot be opened). */
+int mt_test_count_prefix(const char *dir, const char *prefix);
+
 /* Runs the shell command printf(fmt, ...); a non-zero exit fails the test. */
 void mt_test_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
