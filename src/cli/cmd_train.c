@@ -556,16 +556,6 @@ static int check_same_settings(train_run *r) {
     return rc;
 }
 
-/* The CUDA backend has the MoE ops (backend/cuda/moe.cu) but tests/gpu/test_cuda_moe has not run
- * on a GPU yet: until it has, MoE models train on the CPU backend only. */
-static int moe_verified_here(const train_run *r) {
-    if (r->model.table.cfg.n_experts > 0 && !r->be->memory.host_ram)
-        return mt_error_set("--device %s: %s models train on the cpu backend only so far (the CUDA "
-                            "MoE ops are not verified on a GPU yet); use --device cpu",
-                            r->be->name, r->model.table.cfg.model_type);
-    return MT_OK;
-}
-
 /* What a run on several ranks does not do (yet), refused by name; this rank's rows. */
 static int check_ranks(train_run *r) {
     mt_train_opts *o = &r->o;
@@ -606,7 +596,6 @@ static int train(train_run *r) {
         MT_TRY(phase(r, mt_error_set("MT_COMM=nccl: the NCCL comm runs on the cuda backend, not %s",
                                      r->be->name)));
     MT_TRY(phase(r, mt_moe_backend_check(&r->model.table.cfg, r->be)));
-    MT_TRY(phase(r, moe_verified_here(r)));
     MT_TRY(phase(r, check_ranks(r)));
 
     int resumed_f = resumed_state(o);
