@@ -641,7 +641,15 @@ static int train(train_run *r) {
                                              "the micro-batch the planner chose (give --micro-batch)")));
     r->saved_layers = eo.saved_layers;
     r->saved_attention = eo.saved_attention;
+    /* setup can take minutes at tens of billions of parameters (pinning host memory, drawing the
+     * initial weights): say what it is doing, and afterwards how long each part took */
+    printf("setting up: the plan's memory%s, then the %s ...\n",
+           r->be->memory.host_ram ? "" : " (the host's pinned)",
+           o->resume ? "checkpoint" : o->model_dir ? "model's weights" : "random weights");
+    fflush(stdout);
+    double t_setup = now_ms();
     r->e = mt_engine_create(&r->model.table, r->be, &eo, NULL);
+    double t_engine = now_ms();
 
     r->args_json = mt_train_opts_json(o);
     int resumed = 0;
@@ -650,6 +658,9 @@ static int train(train_run *r) {
     if (r->ranks > 1)
         MT_TRY(phase(r, mt_ranks_check_same(r->comm, &r->step, sizeof r->step, "the checkpoint step resumed from")));
     if (!resumed) MT_TRY(phase(r, initial_weights(r)));
+    printf("set up in %.1f s: the engine's memory %.1f s, %s %.1f s\n", (now_ms() - t_setup) / 1e3,
+           (t_engine - t_setup) / 1e3, resumed ? "the checkpoint" : o->model_dir ? "the model's weights" : "random weights",
+           (now_ms() - t_engine) / 1e3);
     MT_TRY(phase(r, r->lead ? mt_train_log_open(&r->log, o->out_dir, o->log_path, o->steps, r->step > 0) : MT_OK));
     char data_desc[256];
     mt_run_data_describe(&r->data, data_desc, sizeof data_desc);
