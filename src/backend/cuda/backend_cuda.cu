@@ -12,6 +12,7 @@
 #include "attention_cudnn.h"
 #include "cuda_memory.h"
 #include "ops.cuh"
+#include "pinned.h"
 
 #define MIB(x) ((double)(x) / (1024.0 * 1024.0))
 
@@ -179,19 +180,9 @@ void *mt_cuda_scratch(mt_backend *be, size_t bytes) {
 
 /* ---------------- host buffers, copies, events ---------------- */
 
-static void *cuda_host_alloc(mt_backend *be, size_t bytes) {
-    void *p = NULL;
-    cudaError_t err = cudaHostAlloc(&p, bytes ? bytes : 64, cudaHostAllocPortable);
-    if (err != cudaSuccess)
-        mt_fatal(__FILE__, __LINE__,
-                 "cannot pin %.1f MiB of host memory (cudaHostAlloc: %s); the host may be short of "
-                 "RAM or the locked-memory limit (ulimit -l) too low",
-                 MIB(bytes), cudaGetErrorString(err));
-    return p;
-}
-static void cuda_host_free(mt_backend *be, void *p) {
-    if (p) CUDA_CHECK(cudaFreeHost(p));
-}
+/* pinned.cu: cudaHostAlloc, or with MT_PIN=register pages faulted first and then registered */
+static void *cuda_host_alloc(mt_backend *be, size_t bytes) { return mt_cuda_pinned_alloc(bytes); }
+static void cuda_host_free(mt_backend *be, void *p) { mt_cuda_pinned_free(p); }
 
 static void cuda_copy_async(mt_backend *be, mt_stream s, void *dst, const void *src, size_t bytes) {
     MT_CHECK(s == MT_STREAM_H2D || s == MT_STREAM_D2H, "copies run on a copy stream, not %d", (int)s);
