@@ -7,7 +7,9 @@
  * op N, B = dout rows op N, D = dinp rows (beta = accumulate); dweight A = inp rows op N, B = dout
  * rows op T, D = dW_e fp32 (beta 1). bf16 A and B, fp32 compute and scale. The sizes are host
  * arrays (from the host's offsets); a one-thread kernel writes the device pointer arrays from the
- * compute side's offsets, so nothing is uploaded. Calls reuse the arrays in stream order.
+ * compute side's offsets, so nothing is uploaded. Calls reuse the arrays in stream order. The
+ * handle works in the cuBLASLt workspace (on the compute stream, as every matmul); its pointer
+ * arrays (3 x E pointers) are the only device memory it takes outside the budget.
  *
  * cuBLAS may refuse bf16 x bf16 -> fp32 (the weight gradient's D) in the grouped call: the first
  * refusal is printed once and the weight gradients go back to the per-expert loop (the same
@@ -57,14 +59,19 @@ static __global__ void pointers_kernel(const void **A, const void **B, void **D,
     }
 }
 
+/* The state, made on first use for the compute stream s (every call passes that one). */
 static mt_cuda_moe_gemm *state(mt_cuda_ctx *ctx, int E, cudaStream_t s) {
     mt_cuda_moe_gemm *g = ctx->moe_gemm;
     if (!g) {
         g = (mt_cuda_moe_gemm *)mt_calloc(1, sizeof *g);
         CUBLAS_CHECK(cublasCreate(&g->h));
+        /* the compute stream, once: cublasSetStream would reset the workspace set next */
+        CUBLAS_CHECK(cublasSetStream(g->h, s));
+        /* the cuBLASLt workspace (in the budget, used in compute-stream order by every matmul)
+         * rather than one cuBLAS would allocate outside it */
+        CUBLAS_CHECK(cublasSetWorkspace(g->h, ctx->lt_workspace, ctx->lt_workspace_bytes));
         ctx->moe_gemm = g;
     }
-    CUBLAS_CHECK(cublasSetStream(g->h, s));
     if (E > g->cap) { /* E is fixed per model: this runs once */
         CUDA_CHECK(cudaDeviceSynchronize()); /* earlier calls may still read the old arrays */
         cudaFree(g->dA), cudaFree(g->dB), cudaFree(g->dD);
