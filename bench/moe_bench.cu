@@ -137,29 +137,40 @@ template <typename T> static T *dev_alloc(size_t n) { return (T *)be->alloc(be, 
 
 /* ---------------------------------------------------------------- comparisons */
 
-static std::vector<float> host_f32(const void *d, size_t n, int is_bf16) {
-    std::vector<float> f(n);
-    CK(cudaStreamSynchronize(g_stream));
-    if (is_bf16) {
-        std::vector<bf16> h(n);
-        CK(cudaMemcpy(h.data(), d, n * sizeof(bf16), cudaMemcpyDeviceToHost));
-        for (size_t i = 0; i < n; i++) f[i] = __bfloat162float(h[i]);
-    } else {
-        CK(cudaMemcpy(f.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+/* out[0] = max |a - r|, out[1] = max |r| as float bits (non-negative floats order as their bits),
+ * out[2] = 1 when any difference is NaN. */
+template <typename T>
+__global__ static void diff_kernel(const T *a, const T *r, size_t n, unsigned *out) {
+    float me = 0, mr = 0;
+    unsigned nan = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float x = (float)a[i], y = (float)r[i], e = fabsf(x - y);
+        if (!(e == e)) nan = 1;
+        else me = fmaxf(me, e);
+        mr = fmaxf(mr, fabsf(y));
     }
-    return f;
+    atomicMax(&out[0], __float_as_uint(me));
+    atomicMax(&out[1], __float_as_uint(mr));
+    if (nan) atomicOr(&out[2], 1u);
 }
 
-/* max |a - r| / max |r| (NaN anywhere: NaN) */
+/* max |a - r| / max |r| over n elements of two device tensors (NaN anywhere: NaN) */
 static double rel_diff(const void *a, const void *r, size_t n, int is_bf16) {
-    std::vector<float> x = host_f32(a, n, is_bf16), y = host_f32(r, n, is_bf16);
-    double me = 0, mr = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e = fabs((double)x[i] - y[i]);
-        if (!(e == e)) return NAN;
-        me = e > me ? e : me;
-        mr = fabs(y[i]) > mr ? fabs(y[i]) : mr;
-    }
+    unsigned *d, h[3];
+    CK(cudaMalloc(&d, sizeof h));
+    CK(cudaMemsetAsync(d, 0, sizeof h, g_stream));
+    if (is_bf16)
+        diff_kernel<bf16><<<1024, 256, 0, g_stream>>>((const bf16 *)a, (const bf16 *)r, n, d);
+    else
+        diff_kernel<float><<<1024, 256, 0, g_stream>>>((const float *)a, (const float *)r, n, d);
+    CK(cudaGetLastError());
+    CK(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, g_stream));
+    CK(cudaStreamSynchronize(g_stream));
+    CK(cudaFree(d));
+    if (h[2]) return NAN;
+    float me, mr;
+    memcpy(&me, &h[0], 4), memcpy(&mr, &h[1], 4);
     return me / (mr > 0 ? mr : 1);
 }
 
