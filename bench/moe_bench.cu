@@ -666,10 +666,14 @@ static void run_case(const char *label, const char *config, int n) {
         double f, b;
         whole_block(&c, &f, &b);
         const char *mode = grouped ? "grouped" : "loop";
-        printf("  mt_moe_forward  (MT_MOE_GEMM=%-7s) %16.3f ms%s\n", mode, f,
+        char lf[64], lb[64], lt[64];
+        snprintf(lf, sizeof lf, "mt_moe_forward, MT_MOE_GEMM=%s", mode);
+        snprintf(lb, sizeof lb, "mt_moe_backward, MT_MOE_GEMM=%s", mode);
+        snprintf(lt, sizeof lt, "  forward + backward, %s", mode);
+        printf("  %-40s %9.3f ms%s\n", lf, f,
                grouped == g_env_grouped ? " (the pieces' mode)" : "");
-        printf("  mt_moe_backward (MT_MOE_GEMM=%-7s) %16.3f ms\n", mode, b);
-        printf("  %-40s %9.3f ms = %.1f TFLOP/s\n", "  forward + backward", f + b,
+        printf("  %-40s %9.3f ms\n", lb, b);
+        printf("  %-40s %9.3f ms = %.1f TFLOP/s\n", lt, f + b,
                3 * fwd_flops / ((f + b) * 1e-3) * 1e-12);
     }
     set_grouped(g_env_grouped);
