@@ -45,8 +45,9 @@
  *    weight gradients per expert (it says so once on stderr) and those rows read "grouped = loop".
  *    Check: on the same inputs, max |grouped - loop| / max |loop| per output tensor, against
  *      bf16 outputs 8e-3: each side sums in fp32 (in another order: split-K, tile shapes) and
- *        rounds once to bf16, so an element differs by at most 1 bf16 ulp (2^-8 of itself), 2 where
- *        beta 1 adds onto a rounded bf16 (up's dinp onto gate's); 2 ulps of max|loop| = 7.8e-3;
+ *        rounds once to bf16, so an element differs by at most 1 bf16 ulp, at most 2^-7 of itself
+ *        (8 significant bits): 7.8e-3 of max|loop|; 1.6e-2 where beta 1 adds onto a rounded bf16
+ *        (up's dinp onto gate's: 2 ulps);
  *      fp32 weight gradients (accumulated onto the same random fp32 prefill) 1e-4: the fp32 sums of
  *        m_e bf16 products in another order differ by ~sqrt(m_e) fp32 ulps (~1e-5 at 65536 rows).
  *    A wrong pointer, expert or offset gives errors of order 1 against both.
@@ -509,7 +510,7 @@ template <typename F> static double time_gpu(F fn) {
 
 static void check(const char *what, double diff, double tol) {
     int ok = diff <= tol; /* NaN fails */
-    printf("  check %-46s max rel diff %.3g (tol %.0e, %5.1f%% of it)%s\n", what, diff, tol,
+    printf("  check %-46s max rel diff %.3g (tol %.2g, %5.1f%% of it)%s\n", what, diff, tol,
            100 * diff / tol, ok ? "" : "  FAIL");
     if (!ok) g_failed = 1;
 }
@@ -546,7 +547,7 @@ static void run_grouped(moe_case *c, double *loop_total, double *grouped_total) 
     set_grouped(0), x_bwd_down_dinp(c, lg), set_grouped(1), x_bwd_down_dinp(c, gg);
     check("bwd down dinp (bf16)", rel_diff(gg, lg, nk * Fe, 1), 8e-3);
     set_grouped(0), x_bwd_gate_up_dinp(c, ly), set_grouped(1), x_bwd_gate_up_dinp(c, gy);
-    check("bwd gate+up dinp (bf16, up's beta 1)", rel_diff(gy, ly, nk * C, 1), 8e-3);
+    check("bwd gate+up dinp (bf16, up's beta 1)", rel_diff(gy, ly, nk * C, 1), 1.6e-2);
     set_grouped(0), x_bwd_down_dw(c, lw[2]), set_grouped(1), x_bwd_down_dw(c, gw[2]);
     char name[96];
     snprintf(name, sizeof name, "bwd down dweight (%s)", wnote);

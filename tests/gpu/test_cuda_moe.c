@@ -237,9 +237,10 @@ static void free_results(expert_results *r) {
 }
 
 /* Between the CUDA modes: bf16 outputs within 8e-3 of max (fp32 sums in another order, one bf16
- * rounding each: 1 ulp = 2^-8 of an element, 2 where beta 1 adds onto a rounded bf16), fp32 weight
- * gradients within 1e-4 (the same bf16 products summed in another order). Against the CPU's fp32
- * op on the same bf16-exact inputs: 1e-2, the bf16 bound of the file's other ops. */
+ * rounding each: they differ by at most 1 ulp, at most 2^-7 of the element), 1.6e-2 where
+ * beta 1 adds onto a rounded bf16 (2 ulps); fp32 weight gradients within 1e-4 (the same bf16 products
+ * summed in another order). Against the CPU's fp32 op on the same bf16-exact inputs: 1e-2, the
+ * bf16 bound of the file's other ops (half an ulp per rounding, 2^-8 of the element each). */
 static void test_expert_gemms(void **state) {
     int32_t off[XE + 1];
     const int rows[XE] = {13, 0, 7, 21, 1, 9, 0, 30, 5, 17, 2, 11, 8, 0, 25, 4}; /* 3 empty */
@@ -264,7 +265,8 @@ static void test_expert_gemms(void **state) {
     int ok = 1;
     ok &= mt_check_rel("grouped vs loop: forward", gr.out, lp.out, nout, 8e-3);
     ok &= mt_check_rel("grouped vs loop: dinp", gr.dinp, lp.dinp, nin, 8e-3);
-    ok &= mt_check_rel("grouped vs loop: dinp accumulated", gr.dinp_acc, lp.dinp_acc, nin, 8e-3);
+    ok &= mt_check_rel("grouped vs loop: dinp accumulated", gr.dinp_acc, lp.dinp_acc, nin,
+                       1.6e-2);
     ok &= mt_check_rel("grouped vs loop: dweight (fp32, +=)", gr.dw, lp.dw, nw, 1e-4);
     ok &= mt_check_rel("grouped vs cpu: forward", gr.out, ref.out, nout, 1e-2);
     ok &= mt_check_rel("grouped vs cpu: dinp accumulated", gr.dinp_acc, ref.dinp_acc, nin, 1e-2);
