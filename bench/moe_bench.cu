@@ -43,6 +43,8 @@
  *    D fp32, beta 1). A probe at the start says whether this cuBLAS does bf16 x bf16 -> bf16 and
  *    -> fp32 (beta 0 and beta 1) in the grouped call; where it refuses fp32, the op runs the
  *    weight gradients per expert (it says so once on stderr) and those rows read "grouped = loop".
+ *    Beside them, "dense": the same FLOPs as one be->matmul_* over all n*k rows with expert 0's
+ *    weights, what a dense layer of that width reaches (the ceiling a grouped GEMM aims at).
  *    Check: on the same inputs, max |grouped - loop| / max |loop| per output tensor, against
  *      bf16 outputs 8e-3: each side sums in fp32 (in another order: split-K, tile shapes) and
  *        rounds once to bf16, so an element differs by at most 1 bf16 ulp, at most 2^-7 of itself
@@ -489,7 +491,7 @@ static int g_grouped_bf16, g_grouped_f32, g_env_grouped;
 
 typedef struct {
     const char *name;
-    double flops, loop_ms, grouped_ms;
+    double flops, loop_ms, grouped_ms, dense_ms;
 } gemm_row;
 
 /* Times fn over --iters runs after one warm-up; mean GPU ms. */
@@ -559,41 +561,72 @@ static void run_grouped(moe_case *c, double *loop_total, double *grouped_total) 
     snprintf(name, sizeof name, "bwd up dweight (%s)", wnote);
     check(name, rel_diff(gw[1], lw[1], eFC, 0), 1e-4);
 
-    /* timings: each mode alone, after a warm-up */
+    /* timings: each mode alone, after a warm-up; and, for scale, "dense": the same FLOPs as one
+     * be->matmul_* over all n*k rows with expert 0's weights (what a dense layer of that width
+     * reaches: the ceiling for a grouped GEMM) */
     double f = 2.0 * (double)nk * C * Fe;
-    auto both = [&](const char *nm, double fl, auto fn_loop, auto fn_grouped) {
+    mt_layer_ws *ws = &c->ws;
+    int R = (int)nk;
+    auto three = [&](const char *nm, double fl, auto fn_loop, auto fn_grouped, auto fn_dense) {
         set_grouped(0);
         double l = time_gpu(fn_loop);
         set_grouped(1);
         double g = time_gpu(fn_grouped);
-        return gemm_row{nm, fl, l, g};
+        return gemm_row{nm, fl, l, g, time_gpu(fn_dense)};
     };
     gemm_row r[6] = {
-        both("fwd gate+up", 2 * f, [&] { x_fwd_gate_up(c, lg, lu); },
-             [&] { x_fwd_gate_up(c, gg, gu); }),
-        both("fwd down", f, [&] { x_fwd_down(c, ly); }, [&] { x_fwd_down(c, gy); }),
-        both("bwd down dinp", f, [&] { x_bwd_down_dinp(c, lg); }, [&] { x_bwd_down_dinp(c, gg); }),
-        both(g_grouped_f32 ? "bwd down dweight" : "bwd down dweight (grouped = loop)", f,
-             [&] { x_bwd_down_dw(c, lw[2]); }, [&] { x_bwd_down_dw(c, gw[2]); }),
-        both("bwd gate+up dinp", 2 * f, [&] { x_bwd_gate_up_dinp(c, ly); },
-             [&] { x_bwd_gate_up_dinp(c, gy); }),
-        both(g_grouped_f32 ? "bwd gate+up dweight" : "bwd gate+up dweight (grouped = loop)", 2 * f,
-             [&] { x_bwd_gate_up_dw(c, lw[0], lw[1]); },
-             [&] { x_bwd_gate_up_dw(c, gw[0], gw[1]); }),
+        three("fwd gate+up", 2 * f, [&] { x_fwd_gate_up(c, lg, lu); },
+              [&] { x_fwd_gate_up(c, gg, gu); },
+              [&] {
+                  be->matmul_forward(be, gg, ws->moe_x, c->w.exp_gate, NULL, R, C, Fe);
+                  be->matmul_forward(be, gu, ws->moe_x, c->w.exp_up, NULL, R, C, Fe);
+              }),
+        three("fwd down", f, [&] { x_fwd_down(c, ly); }, [&] { x_fwd_down(c, gy); },
+              [&] { be->matmul_forward(be, gy, ws->moe_act, c->w.exp_down, NULL, R, Fe, C); }),
+        three("bwd down dinp", f, [&] { x_bwd_down_dinp(c, lg); },
+              [&] { x_bwd_down_dinp(c, gg); },
+              [&] {
+                  be->matmul_backward(be, gg, NULL, NULL, ws->moe_d_y, ws->moe_act, c->w.exp_down,
+                                      R, Fe, C, 0);
+              }),
+        three(g_grouped_f32 ? "bwd down dweight" : "bwd down dweight (grouped = loop)", f,
+              [&] { x_bwd_down_dw(c, lw[2]); }, [&] { x_bwd_down_dw(c, gw[2]); },
+              [&] {
+                  be->matmul_backward(be, NULL, gw[2], NULL, ws->moe_d_y, ws->moe_act,
+                                      c->w.exp_down, R, Fe, C, 0);
+              }),
+        three("bwd gate+up dinp", 2 * f, [&] { x_bwd_gate_up_dinp(c, ly); },
+              [&] { x_bwd_gate_up_dinp(c, gy); },
+              [&] {
+                  be->matmul_backward(be, gy, NULL, NULL, ws->moe_d_gate, ws->moe_x,
+                                      c->w.exp_gate, R, C, Fe, 0);
+                  be->matmul_backward(be, gy, NULL, NULL, ws->moe_d_up, ws->moe_x, c->w.exp_up, R,
+                                      C, Fe, 1);
+              }),
+        three(g_grouped_f32 ? "bwd gate+up dweight" : "bwd gate+up dweight (grouped = loop)",
+              2 * f, [&] { x_bwd_gate_up_dw(c, lw[0], lw[1]); },
+              [&] { x_bwd_gate_up_dw(c, gw[0], gw[1]); },
+              [&] {
+                  be->matmul_backward(be, NULL, gw[0], NULL, ws->moe_d_gate, ws->moe_x,
+                                      c->w.exp_gate, R, C, Fe, 0);
+                  be->matmul_backward(be, NULL, gw[1], NULL, ws->moe_d_up, ws->moe_x,
+                                      c->w.exp_up, R, C, Fe, 0);
+              }),
     };
     set_grouped(g_env_grouped);
-    printf("  %-40s %9s %8s %10s %8s %8s\n", "expert GEMMs (offsets on the host)", "loop ms",
-           "TFLOP/s", "grouped ms", "TFLOP/s", "speedup");
-    double fl = 0;
+    printf("  %-36s %8s %7s %10s %7s %7s %8s %7s\n", "expert GEMMs (offsets on the host)",
+           "loop ms", "TFLOP/s", "grouped ms", "TFLOP/s", "speedup", "dense ms", "TFLOP/s");
+    double fl = 0, dense = 0;
     for (const gemm_row &x : r) {
-        printf("  %-40s %9.3f %8.1f %10.3f %8.1f %7.2fx\n", x.name, x.loop_ms,
+        printf("  %-36s %8.3f %7.1f %10.3f %7.1f %6.2fx %8.3f %7.1f\n", x.name, x.loop_ms,
                x.flops / x.loop_ms * 1e-9, x.grouped_ms, x.flops / x.grouped_ms * 1e-9,
-               x.loop_ms / x.grouped_ms);
+               x.loop_ms / x.grouped_ms, x.dense_ms, x.flops / x.dense_ms * 1e-9);
         *loop_total += x.loop_ms, *grouped_total += x.grouped_ms, fl += x.flops;
+        dense += x.dense_ms;
     }
-    printf("  %-40s %9.3f %8.1f %10.3f %8.1f %7.2fx\n", "all expert GEMMs", *loop_total,
-           fl / *loop_total * 1e-9, *grouped_total, fl / *grouped_total * 1e-9,
-           *loop_total / *grouped_total);
+    printf("  %-36s %8.3f %7.1f %10.3f %7.1f %6.2fx %8.3f %7.1f\n", "all expert GEMMs",
+           *loop_total, fl / *loop_total * 1e-9, *grouped_total, fl / *grouped_total * 1e-9,
+           *loop_total / *grouped_total, dense, fl / dense * 1e-9);
 
     void *ps[] = {lg, lu, gg, gu, ly, gy, lw[0], lw[1], lw[2], gw[0], gw[1], gw[2]};
     for (void *p : ps) be->free(be, p);
