@@ -479,7 +479,8 @@ static int probe_grouped(cudaDataType dtype, const char *what) {
         ok = err < 1e-2; /* small integers (|ref| <= 193): exact in fp32 and in bf16 */
     }
     printf("probe: cublasGemmGroupedBatchedEx bf16 x bf16 -> %s, compute 32F: %s (status %d, "
-           "max rel err %.2g)\n", what, ok ? "works" : "NOT SUPPORTED", (int)st, err);
+           "max rel err %.2g)\n", what,
+           ok ? "works" : st == CUBLAS_STATUS_SUCCESS ? "WRONG RESULTS" : "refused", (int)st, err);
     cublasDestroy(h);
     cudaFree(a), cudaFree(b), cudaFree(d), cudaFree(dpa), cudaFree(dpb), cudaFree(dpd);
     cudaGetLastError(); /* a refused call leaves nothing pending */
