@@ -211,6 +211,21 @@ struct mt_backend {
                                const int32_t *top_idx, const float *top_w, const float *aux_grad,
                                int n, int E, int k, int renorm);
 
+    /* The experts' linear layers over grouped rows (no bias): for every expert e with rows
+     * offsets[e] .. offsets[e+1]-1 (none: skipped, its gradient untouched), what matmul_forward /
+     * matmul_backward compute on those rows with weight (M, K) = weight + e * w_stride elements
+     * (dweight's the same offset of dweight). offsets_host is the host's copy of the compute
+     * side's offsets (sizes come from it); both must hold the same values. The cpu backend runs the
+     * per-expert loop (mt_backend_moe_matmul_loop_*); cuda runs it too, or one cuBLAS grouped GEMM
+     * per product under MT_MOE_GEMM=grouped (moe_gemm.cu). */
+    void (*moe_matmul_forward)(mt_backend *be, void *out, const void *inp, const void *weight,
+                               size_t w_stride, const int32_t *offsets,
+                               const int32_t *offsets_host, int E, int K, int M);
+    void (*moe_matmul_backward)(mt_backend *be, void *dinp, float *dweight, const void *dout,
+                                const void *inp, const void *weight, size_t w_stride,
+                                const int32_t *offsets, const int32_t *offsets_host, int E, int K,
+                                int M, int accumulate);
+
     /* LM head fused with cross-entropy, in chunks of rows so that (N, V) logits never exist:
      * logits = inp (N, C) @ weight (V, C)^T; losses[n] = logsumexp(logits[n]) - logits[n][targets[n]],
      * and 0 where targets[n] < 0 (ignored). When dinp is not NULL, also the backward of
@@ -220,6 +235,18 @@ struct mt_backend {
                          const void *weight, const int32_t *targets, int N, int C, int V,
                          float loss_scale);
 };
+
+/* moe_matmul_forward / moe_matmul_backward as one be->matmul_forward / matmul_backward per expert
+ * with rows (moe_loop.c): the cpu backend's ops, and the cuda backend's under MT_MOE_GEMM=loop. */
+void mt_backend_moe_matmul_loop_forward(mt_backend *be, void *out, const void *inp,
+                                        const void *weight, size_t w_stride,
+                                        const int32_t *offsets, const int32_t *offsets_host, int E,
+                                        int K, int M);
+void mt_backend_moe_matmul_loop_backward(mt_backend *be, void *dinp, float *dweight,
+                                         const void *dout, const void *inp, const void *weight,
+                                         size_t w_stride, const int32_t *offsets,
+                                         const int32_t *offsets_host, int E, int K, int M,
+                                         int accumulate);
 
 /* The fp32 CPU reference backend (BLAS matmuls, OpenMP). */
 mt_backend *mt_backend_cpu_create(void);

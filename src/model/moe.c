@@ -8,18 +8,13 @@
 
 static float *f32(void *p) { return (float *)p; }
 
-/* Row r0 of a (rows, width) tensor of the compute dtype. */
-static void *rows_at(const mt_layer_ctx *lc, const void *base, int r0, int width) {
-    return (char *)base + (size_t)r0 * (size_t)width * mt_dtype_size(lc->be->dtype);
-}
-
-/* Expert e's tensor of a kind whose expert 0 is at p (weights or gradients: the view's stride). */
-static void *expert_at(const mt_layer_weights *v, void *p, int e) {
-    return (char *)p + (size_t)e * v->exp_stride;
+/* Elements from one expert's tensor to the next's (weights and gradients alike). */
+static size_t expert_stride(const mt_layer_ctx *lc, const mt_layer_weights *w) {
+    return w->exp_stride / mt_dtype_size(lc->be->dtype);
 }
 
 int mt_moe_backend_check(const mt_config *cfg, const mt_backend *be) {
-    if (cfg->n_experts > 0 && !be->moe_route)
+    if (cfg->n_experts > 0 && (!be->moe_route || !be->moe_matmul_forward))
         return mt_error_set("the %s backend has no mixture-of-experts ops yet: run %s models with "
                             "--device cpu", be->name, cfg->model_type);
     return MT_OK;
@@ -111,24 +106,13 @@ void mt_moe_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, const voi
     if (stats) st->rows += n;
     be->moe_group(be, ws->moe_perm, ws->moe_inv, ws->moe_offsets, ws->moe_idx, n, E, k);
     be->moe_gather(be, ws->moe_x, x, ws->moe_perm, n, C, k);
-    const int32_t *off = expert_rows(lc, ws);
-    for (int e = 0; e < E; e++) {
-        int r0 = off[e], m = off[e + 1] - off[e];
-        if (m == 0) continue;
-        const void *xe = rows_at(lc, ws->moe_x, r0, C);
-        be->matmul_forward(be, rows_at(lc, ws->moe_gate, r0, Fe), xe, expert_at(w, w->exp_gate, e),
-                           NULL, m, C, Fe);
-        be->matmul_forward(be, rows_at(lc, ws->moe_up, r0, Fe), xe, expert_at(w, w->exp_up, e), NULL,
-                           m, C, Fe);
-    }
+    const int32_t *off = expert_rows(lc, ws), *off_d = ws->moe_offsets;
+    size_t es = expert_stride(lc, w);
+    be->moe_matmul_forward(be, ws->moe_gate, ws->moe_x, w->exp_gate, es, off_d, off, E, C, Fe);
+    be->moe_matmul_forward(be, ws->moe_up, ws->moe_x, w->exp_up, es, off_d, off, E, C, Fe);
     size_t nk = (size_t)n * k;
     be->swiglu_forward(be, ws->moe_act, ws->moe_gate, ws->moe_up, nk * Fe);
-    for (int e = 0; e < E; e++) {
-        int r0 = off[e], m = off[e + 1] - off[e];
-        if (m == 0) continue;
-        be->matmul_forward(be, rows_at(lc, ws->moe_y, r0, C), rows_at(lc, ws->moe_act, r0, Fe),
-                           expert_at(w, w->exp_down, e), NULL, m, Fe, C);
-    }
+    be->moe_matmul_forward(be, ws->moe_y, ws->moe_act, w->exp_down, es, off_d, off, E, Fe, C);
     if (out) be->moe_combine(be, out, ws->moe_y, ws->moe_w, ws->moe_inv, n, C, k);
 }
 
@@ -139,29 +123,17 @@ void mt_moe_backward(const mt_layer_ctx *lc, const mt_layer_weights *w, const mt
     int C = cfg->C, Fe = cfg->moe_F, E = cfg->n_experts, k = cfg->top_k;
     be->moe_combine_backward(be, ws->moe_d_y, ws->moe_dw, dout, ws->moe_y, ws->moe_w, ws->moe_inv,
                              n, C, k);
-    const int32_t *off = ws->moe_offsets_host; /* this forward's, downloaded by it */
-    for (int e = 0; e < E; e++) {
-        int r0 = off[e], m = off[e + 1] - off[e];
-        if (m == 0) continue; /* no token: no contribution to this expert's gradient */
-        be->matmul_backward(be, rows_at(lc, ws->moe_d_act, r0, Fe), f32(expert_at(g, g->exp_down, e)),
-                            NULL, rows_at(lc, ws->moe_d_y, r0, C), rows_at(lc, ws->moe_act, r0, Fe),
-                            expert_at(w, w->exp_down, e), m, Fe, C, 0);
-    }
+    const int32_t *off = ws->moe_offsets_host, *off_d = ws->moe_offsets; /* this forward's */
+    size_t es = expert_stride(lc, w); /* an expert with no token: no contribution to its gradient */
+    be->moe_matmul_backward(be, ws->moe_d_act, f32(g->exp_down), ws->moe_d_y, ws->moe_act,
+                            w->exp_down, es, off_d, off, E, Fe, C, 0);
     size_t nk = (size_t)n * k;
     be->swiglu_backward(be, ws->moe_d_gate, ws->moe_d_up, ws->moe_d_act, ws->moe_gate, ws->moe_up,
                         nk * Fe);
-    for (int e = 0; e < E; e++) {
-        int r0 = off[e], m = off[e + 1] - off[e];
-        if (m == 0) continue;
-        void *dxe = rows_at(lc, ws->moe_d_x, r0, C);
-        const void *xe = rows_at(lc, ws->moe_x, r0, C);
-        be->matmul_backward(be, dxe, f32(expert_at(g, g->exp_gate, e)), NULL,
-                            rows_at(lc, ws->moe_d_gate, r0, Fe), xe, expert_at(w, w->exp_gate, e), m,
-                            C, Fe, 0);
-        be->matmul_backward(be, dxe, f32(expert_at(g, g->exp_up, e)), NULL,
-                            rows_at(lc, ws->moe_d_up, r0, Fe), xe, expert_at(w, w->exp_up, e), m, C,
-                            Fe, 1);
-    }
+    be->moe_matmul_backward(be, ws->moe_d_x, f32(g->exp_gate), ws->moe_d_gate, ws->moe_x,
+                            w->exp_gate, es, off_d, off, E, C, Fe, 0);
+    be->moe_matmul_backward(be, ws->moe_d_x, f32(g->exp_up), ws->moe_d_up, ws->moe_x, w->exp_up,
+                            es, off_d, off, E, C, Fe, 1);
     be->moe_gather_backward(be, dx, ws->moe_d_x, ws->moe_inv, n, C, k, 0);
     const float *aux = cfg->router_aux ? ws->moe_stats->aux_grad : NULL;
     be->moe_route_backward(be, ws->moe_d_logits, ws->moe_dw, ws->moe_probs, ws->moe_idx, ws->moe_w,

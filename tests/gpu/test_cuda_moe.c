@@ -1,6 +1,7 @@
 /* The CUDA mixture-of-experts ops against the CPU ones (src/backend/cpu/moe.c), op by op on the
  * same inputs, then whole MoE models (the committed fixtures' shapes and weights, rounded to bf16)
  * through the runner. Exits 77 (skipped) without a GPU.
+ * The experts' GEMMs: MT_MOE_GEMM=grouped against the loop and the CPU (test_expert_gemms).
  * Op metrics: routing choices, the grouping (perm, inv, offsets) and the selection counts exactly
  * equal; probabilities, gates, gathers and combines within 1e-5 relative of max (fp32 math on
  * bf16 inputs; bf16 outputs within 1e-2). Whole models: relative L2 <= 2e-2 for the loss and, per
@@ -35,19 +36,21 @@
 
 static mt_backend *cpu, *gpu;
 
-static void *dev_copy(const void *host, size_t bytes) {
-    void *d = gpu->alloc(gpu, bytes);
-    gpu->upload(gpu, d, host, bytes);
+static void *dev_copy_on(mt_backend *be, const void *host, size_t bytes) {
+    void *d = be->alloc(be, bytes);
+    be->upload(be, d, host, bytes);
     return d;
 }
+static void *dev_copy(const void *host, size_t bytes) { return dev_copy_on(gpu, host, bytes); }
 
-static void *dev_bf16(const float *x, size_t n) {
+static void *dev_bf16_on(mt_backend *be, const float *x, size_t n) {
     mt_bf16 *h = malloc(n * sizeof(mt_bf16));
     mt_convert_f32_to_bf16(h, x, n);
-    void *d = dev_copy(h, n * sizeof(mt_bf16));
+    void *d = dev_copy_on(be, h, n * sizeof(mt_bf16));
     free(h);
     return d;
 }
+static void *dev_bf16(const float *x, size_t n) { return dev_bf16_on(gpu, x, n); }
 
 static float *host_f32_of_bf16(const void *dev, size_t n) {
     mt_bf16 *h = malloc(n * sizeof(mt_bf16));
@@ -159,6 +162,129 @@ static void test_ops(void **state) {
     check_ops(300, 8, 2, 64, 0);
     check_ops(1000, 128, 8, 40, 1); /* Qwen3-30B-A3B's E and k; C not a multiple of 8 */
     check_ops(5, 64, 3, 8, 0);       /* most experts get no token */
+}
+
+/* ---- the experts' GEMMs: MT_MOE_GEMM=grouped (one cuBLAS grouped GEMM per product) against the
+ * loop (one cuBLASLt call per expert) and the CPU's fp32 op, on bf16-exact inputs ---- */
+
+enum { XE = 16, XK = 40, XM = 24, XSTRIDE = XM * XK + 8 }; /* K not a multiple of 16 */
+
+typedef struct {
+    float *out, *dinp, *dinp_acc, *dw; /* host fp32 */
+} expert_results;
+
+/* moe_matmul_forward, _backward (accumulate 0, then 1 onto it) and the weight gradient onto dw0
+ * on backend be (cpu: fp32 arrays; cuda: bf16 with fp32 dw). */
+static expert_results run_experts(mt_backend *be, const int32_t *off, int R, const float *inp,
+                                  const float *w, const float *dout, const float *dw0) {
+    size_t nin = (size_t)R * XK, nw = (size_t)XE * XSTRIDE, nout = (size_t)R * XM;
+    int is_cpu = be == cpu;
+    void *d_inp, *d_w, *d_dout, *d_out, *d_dinp;
+    float *d_dw;
+    int32_t *d_off;
+    if (is_cpu) {
+        d_inp = (void *)inp, d_w = (void *)w, d_dout = (void *)dout;
+        d_out = malloc(nout * 4), d_dinp = malloc(nin * 4), d_dw = malloc(nw * 4);
+        memcpy(d_dw, dw0, nw * 4);
+        d_off = (int32_t *)off;
+    } else {
+        d_inp = dev_bf16_on(be, inp, nin), d_w = dev_bf16_on(be, w, nw);
+        d_dout = dev_bf16_on(be, dout, nout);
+        d_out = be->alloc(be, nout * 2), d_dinp = be->alloc(be, nin * 2);
+        d_dw = dev_copy_on(be, dw0, nw * 4);
+        d_off = dev_copy_on(be, off, (XE + 1) * sizeof(int32_t));
+    }
+    expert_results res;
+    res.out = malloc(nout * 4), res.dinp = malloc(nin * 4), res.dinp_acc = malloc(nin * 4);
+    res.dw = malloc(nw * 4);
+    be->moe_matmul_forward(be, d_out, d_inp, d_w, XSTRIDE, d_off, off, XE, XK, XM);
+    be->moe_matmul_backward(be, d_dinp, d_dw, d_dout, d_inp, d_w, XSTRIDE, d_off, off, XE, XK, XM,
+                            0);
+    float *const outs[] = {res.out, res.dinp};
+    const void *devs[] = {d_out, d_dinp};
+    const size_t ns[] = {nout, nin};
+    for (int i = 0; i < 2; i++) {
+        if (is_cpu) {
+            memcpy(outs[i], devs[i], ns[i] * 4);
+        } else {
+            mt_bf16 *h = malloc(ns[i] * 2);
+            be->download(be, h, devs[i], ns[i] * 2);
+            mt_convert_bf16_to_f32(outs[i], h, ns[i]);
+            free(h);
+        }
+    }
+    /* dinp += the same product again (accumulate 1) */
+    be->moe_matmul_backward(be, d_dinp, NULL, d_dout, d_inp, d_w, XSTRIDE, d_off, off, XE, XK, XM,
+                            1);
+    if (is_cpu) {
+        memcpy(res.dinp_acc, d_dinp, nin * 4);
+        memcpy(res.dw, d_dw, nw * 4);
+        free(d_out), free(d_dinp), free(d_dw);
+    } else {
+        mt_bf16 *h = malloc(nin * 2);
+        be->download(be, h, d_dinp, nin * 2);
+        mt_convert_bf16_to_f32(res.dinp_acc, h, nin);
+        free(h);
+        be->download(be, res.dw, d_dw, nw * 4);
+        void *ds[] = {d_inp, d_w, d_dout, d_out, d_dinp, d_dw, d_off};
+        for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) be->free(be, ds[i]);
+    }
+    return res;
+}
+
+static void free_results(expert_results *r) {
+    free(r->out), free(r->dinp), free(r->dinp_acc), free(r->dw);
+}
+
+/* Between the CUDA modes: bf16 outputs within 8e-3 of max (fp32 sums in another order, one bf16
+ * rounding each: they differ by at most 1 ulp, at most 2^-7 of the element), 1.6e-2 where
+ * beta 1 adds onto a rounded bf16 (2 ulps); fp32 weight gradients within 1e-4 (the same bf16 products
+ * summed in another order). Against the CPU's fp32 op on the same bf16-exact inputs: 1e-2, the
+ * bf16 bound of the file's other ops (half an ulp per rounding, 2^-8 of the element each). */
+static void test_expert_gemms(void **state) {
+    int32_t off[XE + 1];
+    const int rows[XE] = {13, 0, 7, 21, 1, 9, 0, 30, 5, 17, 2, 11, 8, 0, 25, 4}; /* 3 empty */
+    off[0] = 0;
+    for (int e = 0; e < XE; e++) off[e + 1] = off[e] + rows[e];
+    int R = off[XE];
+    size_t nin = (size_t)R * XK, nw = (size_t)XE * XSTRIDE, nout = (size_t)R * XM;
+    mt_test_rng r;
+    mt_test_rng_seed(&r, 99);
+    float *inp = malloc(nin * 4), *w = malloc(nw * 4), *dout = malloc(nout * 4);
+    float *dw0 = malloc(nw * 4);
+    mt_test_fill_normal(&r, inp, nin, 1.0f), round_bf16(inp, nin);
+    mt_test_fill_normal(&r, w, nw, 0.2f), round_bf16(w, nw);
+    mt_test_fill_normal(&r, dout, nout, 1.0f), round_bf16(dout, nout);
+    mt_test_fill_normal(&r, dw0, nw, 1.0f);
+    setenv("MT_MOE_GEMM", "grouped", 1);
+    mt_backend *grouped = mt_backend_cuda_create(0);
+    unsetenv("MT_MOE_GEMM");
+    expert_results ref = run_experts(cpu, off, R, inp, w, dout, dw0);
+    expert_results lp = run_experts(gpu, off, R, inp, w, dout, dw0);
+    expert_results gr = run_experts(grouped, off, R, inp, w, dout, dw0);
+    int ok = 1;
+    ok &= mt_check_rel("grouped vs loop: forward", gr.out, lp.out, nout, 8e-3);
+    ok &= mt_check_rel("grouped vs loop: dinp", gr.dinp, lp.dinp, nin, 8e-3);
+    ok &= mt_check_rel("grouped vs loop: dinp accumulated", gr.dinp_acc, lp.dinp_acc, nin,
+                       1.6e-2);
+    ok &= mt_check_rel("grouped vs loop: dweight (fp32, +=)", gr.dw, lp.dw, nw, 1e-4);
+    ok &= mt_check_rel("grouped vs cpu: forward", gr.out, ref.out, nout, 1e-2);
+    ok &= mt_check_rel("grouped vs cpu: dinp accumulated", gr.dinp_acc, ref.dinp_acc, nin, 1e-2);
+    ok &= mt_check_rel("grouped vs cpu: dweight", gr.dw, ref.dw, nw, 1e-2);
+    /* experts without rows and the padding between experts keep the prefill bit for bit */
+    for (int e = 0; e < XE; e++) {
+        size_t at = (size_t)e * XSTRIDE, n = rows[e] ? XSTRIDE - XM * XK : XSTRIDE;
+        if (rows[e]) at += XM * XK;
+        if (memcmp(gr.dw + at, dw0 + at, n * 4) != 0) {
+            fprintf(stderr, "grouped: expert %d's %s changed  FAIL\n", e,
+                    rows[e] ? "padding after its gradient" : "gradient (no rows)");
+            ok = 0;
+        }
+    }
+    free_results(&ref), free_results(&lp), free_results(&gr);
+    grouped->destroy(grouped);
+    free(inp), free(w), free(dout), free(dw0);
+    assert_true(ok);
 }
 
 /* A committed fixture's table and weights, rounded to bf16 (both backends see the same values). */
@@ -423,6 +549,7 @@ int main(void) {
         cmocka_unit_test(test_ops),
         cmocka_unit_test(test_models),
         cmocka_unit_test(test_engine),
+        cmocka_unit_test(test_expert_gemms), /* last: a cuBLAS refusal there is a fatal error */
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     gpu->destroy(gpu);

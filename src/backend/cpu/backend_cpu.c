@@ -172,6 +172,8 @@ mt_backend *mt_backend_cpu_create(void) {
     be->moe_combine = cpu_moe_combine;
     be->moe_combine_backward = cpu_moe_combine_backward;
     be->moe_route_backward = cpu_moe_route_backward;
+    be->moe_matmul_forward = mt_backend_moe_matmul_loop_forward;
+    be->moe_matmul_backward = mt_backend_moe_matmul_loop_backward;
     mt_cpu_streams_install(be); /* host buffers, copy_async, events, sync */
     return be;
 }

@@ -6,6 +6,7 @@
  * mt_cuda_ctx_of(be) works for every launcher; the rest (allocation sizes for the budget, a lock)
  * is private to this file. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -240,6 +241,7 @@ static void cuda_destroy(mt_backend *be) {
     mt_cuda_ctx *c = &st->base;
     CUDA_CHECK(cudaSetDevice(c->device));
     CUDA_CHECK(cudaDeviceSynchronize());
+    mt_cuda_moe_gemm_free(c);
     if (c->scratch) device_free(st, c->scratch);
     device_free(st, c->lt_workspace);
     CUBLAS_CHECK(cublasLtDestroy(c->lt));
@@ -344,6 +346,34 @@ static void cu_moe_route_backward(mt_backend *be, void *d_logits, const float *d
     mt_cuda_moe_route_backward((bf16 *)d_logits, d_w, probs, top_idx, top_w, aux_grad, n, E, k,
                                renorm, S(be));
 }
+static void cu_moe_matmul_forward(mt_backend *be, void *out, const void *inp, const void *weight,
+                                  size_t w_stride, const int32_t *offsets,
+                                  const int32_t *offsets_host, int E, int K, int M) {
+    mt_cuda_ctx *c = mt_cuda_ctx_of(be);
+    if (!c->moe_gemm_grouped) {
+        mt_backend_moe_matmul_loop_forward(be, out, inp, weight, w_stride, offsets, offsets_host,
+                                           E, K, M);
+        return;
+    }
+    mt_cuda_moe_matmul_forward(c, (bf16 *)out, (const bf16 *)inp, (const bf16 *)weight, w_stride,
+                               offsets, offsets_host, E, K, M, S(be));
+}
+static void cu_moe_matmul_backward(mt_backend *be, void *dinp, float *dweight, const void *dout,
+                                   const void *inp, const void *weight, size_t w_stride,
+                                   const int32_t *offsets, const int32_t *offsets_host, int E,
+                                   int K, int M, int accumulate) {
+    mt_cuda_ctx *c = mt_cuda_ctx_of(be);
+    if (!c->moe_gemm_grouped) {
+        mt_backend_moe_matmul_loop_backward(be, dinp, dweight, dout, inp, weight, w_stride, offsets,
+                                            offsets_host, E, K, M, accumulate);
+        return;
+    }
+    if (!mt_cuda_moe_matmul_backward(c, (bf16 *)dinp, dweight, (const bf16 *)dout,
+                                     (const bf16 *)inp, (const bf16 *)weight, w_stride, offsets,
+                                     offsets_host, E, K, M, accumulate, S(be)))
+        mt_backend_moe_matmul_loop_backward(be, NULL, dweight, dout, inp, weight, w_stride, offsets,
+                                            offsets_host, E, K, M, 0);
+}
 static void cu_swiglu_forward(mt_backend *be, void *out, const void *gate, const void *up,
                               size_t n) {
     mt_cuda_swiglu_forward((bf16 *)out, (const bf16 *)gate, (const bf16 *)up, n, S(be));
@@ -380,6 +410,21 @@ static void cu_lm_head_loss(mt_backend *be, float *losses, void *dinp, float *dw
 
 /* ---------------- creation ---------------- */
 
+/* MT_MOE_GEMM: the experts' GEMMs one cuBLASLt call per expert (loop, the default) or one cuBLAS
+ * grouped GEMM per product (grouped). */
+static int moe_gemm_grouped_from_env(void) {
+    const char *e = getenv("MT_MOE_GEMM");
+    if (!e || !*e || strcmp(e, "loop") == 0) return 0;
+    if (strcmp(e, "grouped") == 0) {
+        if (mt_cuda_moe_gemm_available()) return 1;
+        fprintf(stderr, "megatrain: MT_MOE_GEMM=grouped: this build's cuBLAS has no grouped GEMM "
+                "(12.5 or newer has); use MT_MOE_GEMM=loop\n");
+        exit(1);
+    }
+    fprintf(stderr, "megatrain: MT_MOE_GEMM=%s: expected loop or grouped\n", e);
+    exit(1);
+}
+
 int mt_backend_cuda_device_count(void) {
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
@@ -400,8 +445,10 @@ mt_backend *mt_backend_cuda_create(int64_t mem_budget_bytes) {
         mt_fatal(__FILE__, __LINE__, "no usable CUDA device (%s); use --device cpu",
                  err != cudaSuccess ? cudaGetErrorString(err) : "device count 0");
 
+    int moe_grouped = moe_gemm_grouped_from_env(); /* a bad value stops before any allocation */
     cuda_state *st = (cuda_state *)mt_calloc(1, sizeof *st);
     mt_cuda_ctx *c = &st->base;
+    c->moe_gemm_grouped = moe_grouped;
     pthread_mutex_init(&st->mu, NULL);
     CUDA_CHECK(cudaGetDevice(&c->device));
     CUDA_CHECK(cudaSetDevice(c->device));
@@ -479,5 +526,7 @@ mt_backend *mt_backend_cuda_create(int64_t mem_budget_bytes) {
     be->moe_combine = cu_moe_combine;
     be->moe_combine_backward = cu_moe_combine_backward;
     be->moe_route_backward = cu_moe_route_backward;
+    be->moe_matmul_forward = cu_moe_matmul_forward;
+    be->moe_matmul_backward = cu_moe_matmul_backward;
     return be;
 }

@@ -30,6 +30,8 @@ typedef __nv_bfloat16 bf16;
 /* After a kernel launch: configuration errors now, execution errors at the next sync. */
 #define CUDA_LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
 
+typedef struct mt_cuda_moe_gemm mt_cuda_moe_gemm; /* moe_gemm.cu's state */
+
 /* The backend's context (be->ctx). */
 typedef struct {
     int device;
@@ -42,6 +44,8 @@ typedef struct {
     int64_t used;             /* bytes allocated through be->alloc */
     void *scratch;            /* grow-only scratch for ops that need it (lm_head logits chunk) */
     size_t scratch_bytes;
+    int moe_gemm_grouped;     /* MT_MOE_GEMM=grouped: the experts' GEMMs through moe_gemm.cu */
+    mt_cuda_moe_gemm *moe_gemm; /* its cuBLAS handle and arrays, made on first use */
 } mt_cuda_ctx;
 
 static inline mt_cuda_ctx *mt_cuda_ctx_of(mt_backend *be) { return (mt_cuda_ctx *)be->ctx; }

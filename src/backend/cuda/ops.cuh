@@ -60,7 +60,7 @@ void mt_cuda_optim_update(const mt_optim_arenas *s, const mt_optim_step *a, size
                           size_t n, const void *grad, mt_dtype grad_dtype, cudaStream_t st);
 void mt_cuda_from_bf16(bf16 *dst, const bf16 *src, size_t n, cudaStream_t s);
 
-/* moe.cu (mixture-of-experts routing; the experts' GEMMs are matmul_forward/backward per expert) */
+/* moe.cu (mixture-of-experts routing; the experts' GEMMs: moe_gemm.cu, or matmul per expert) */
 void mt_cuda_moe_route(float *probs, int32_t *top_idx, float *top_w, int32_t *counts,
                        float *prob_sum, const bf16 *logits, int n, int E, int k, int renorm,
                        cudaStream_t s);
@@ -78,6 +78,20 @@ void mt_cuda_moe_combine_backward(bf16 *dy, float *d_w, const bf16 *dout, const 
 void mt_cuda_moe_route_backward(bf16 *d_logits, const float *d_w, const float *probs,
                                 const int32_t *top_idx, const float *top_w, const float *aux_grad,
                                 int n, int E, int k, int renorm, cudaStream_t s);
+
+/* moe_gemm.cu (the experts' GEMMs as cuBLAS grouped GEMMs; backend.h's moe_matmul_*, whose
+ * arguments they take). _backward returns 0 when cuBLAS refused the fp32 weight gradient (nothing
+ * enqueued for it: the caller runs it per expert), 1 otherwise. _available: 0 when this cuBLAS
+ * has no grouped GEMM (before 12.5). _free: at the backend's destruction. */
+int mt_cuda_moe_gemm_available(void);
+void mt_cuda_moe_matmul_forward(mt_cuda_ctx *ctx, bf16 *out, const bf16 *inp, const bf16 *weight,
+                                size_t w_stride, const int32_t *offsets,
+                                const int32_t *offsets_host, int E, int K, int M, cudaStream_t s);
+int mt_cuda_moe_matmul_backward(mt_cuda_ctx *ctx, bf16 *dinp, float *dweight, const bf16 *dout,
+                                const bf16 *inp, const bf16 *weight, size_t w_stride,
+                                const int32_t *offsets, const int32_t *offsets_host, int E, int K,
+                                int M, int accumulate, cudaStream_t s);
+void mt_cuda_moe_gemm_free(mt_cuda_ctx *ctx);
 
 /* lm_head_loss.cu (chunked: the (N, V) logits never exist) */
 void mt_cuda_lm_head_loss(mt_backend *be, float *losses, bf16 *dinp, float *dweight,
