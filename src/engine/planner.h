@@ -74,6 +74,9 @@ typedef struct {
     int no_suggest;       /* internal: do not look for a lighter --state that would fit */
     double host_adamw;    /* host AdamW parameters/s for the time estimate (0: MT_HOST_ADAMW or
                              the measured table, mt_step_time_host_rate) */
+    int documents;        /* 1: the rows pack several documents (packed data: doc_start), whose
+                             attention backward takes be->memory.attention_pool_docs of the pool;
+                             0: rows of one token stream, attention_pool */
 } mt_plan_request;
 
 typedef struct {
@@ -107,6 +110,7 @@ typedef struct {
     mt_step_time tier_host_time; /* ... and the step's time with only those */
     int tier_capped;      /* auto: the GPU memory ran out before the forward stopped waiting */
     double expert_share;  /* MoE: the experts' share of an MoE layer's parameters */
+    int documents;        /* from the request: the pool is counted for packed rows */
 } mt_plan;
 
 /* Resolves the request. MT_ERR (message naming the flag) when the request contradicts itself or
