@@ -35,8 +35,10 @@
  * alone (the plan printed is then the one the GPU holds; the message is about the host).
  * A plan that does not fit carries what would (fit_gpu_mem, fit_seq, suggest), each found by
  * planning again with one thing changed; mt_plan_check names them.
- * "Fits" keeps be->memory.headroom free under the budget; a plan is refused only when it does
- * not fit even without the headroom. No budget (0: cpu, or a GPU planned without --gpu-mem)
+ * "Fits" keeps be->memory.headroom free under the budget (at long context the attention
+ * backward's pool need for one micro-batch when that is more: attention_pool, or
+ * attention_pool_docs for a request whose rows pack documents); a plan is refused only when it
+ * does not fit even without the headroom. No budget (0: cpu, or a GPU planned without --gpu-mem)
  * means nothing to fit: b = B, nothing offloaded, saved or resident unless asked for.
  *
  * Sizes are printed in GiB (2^30 bytes), as --gpu-mem reads them (args.h). */
