@@ -461,7 +461,8 @@ static void test_cli_7b(void **state) {
     mt_cli_expect(rc, 1, out, "--micro-batch: 'x' is not auto or an integer");
 }
 
-/* plan plans rows of a token stream unless --packed, and the pool line says which rows it counted:
+/* plan plans rows of a token stream unless --packed, and the pool line says which rows it counted
+ * (and what the other rows would keep, where that differs):
  * the 7B at 128k tokens keeps 8.5 B per element of q free (3.97 GiB) for a token stream, whatever
  * MT_ATTENTION_DOCS says, and with --packed the variable-length backward's 16.5 (7.47 GiB); with
  * MT_ATTENTION_DOCS=own packed rows run our kernels and take the plain number. */
@@ -473,18 +474,22 @@ static void test_cli_packed(void **state) {
     int rc = mt_cli_run(&env, out, sizeof out, plan, cfg_7b, "");
     fprintf(stderr, "%s", out);
     mt_cli_expect(rc, 0, out, "1 x 131072 tokens per step, cuda backend");
-    mt_cli_expect(rc, 0, out, "3.97 GiB of the budget kept free for the backend's pool (rows of a "
-                              "token stream; packed documents: 7.47)");
+    mt_cli_expect(rc, 0, out, "3.97 GiB of the budget kept free for the backend's pool (a token "
+                              "stream; packed rows: 7.47)");
     unsetenv("MT_ATTENTION_DOCS");
     rc = mt_cli_run(&env, out, sizeof out, plan, cfg_7b, " --packed");
     fprintf(stderr, "%s", out);
-    mt_cli_expect(rc, 0, out, "1 x 131072 tokens per step (rows packing documents), cuda backend");
-    mt_cli_expect(rc, 0, out, "7.47 GiB of the budget kept free for the backend's pool (rows packing "
-                              "documents; a token stream: 3.97)");
+    mt_cli_expect(rc, 0, out, "1 x 131072 tokens per step (packed rows), cuda backend");
+    mt_cli_expect(rc, 0, out, "7.47 GiB of the budget kept free for the backend's pool (packed "
+                              "rows; a token stream: 3.97)");
     setenv("MT_ATTENTION_DOCS", "own", 1);
     rc = mt_cli_run(&env, out, sizeof out, plan, cfg_7b, " --packed");
     unsetenv("MT_ATTENTION_DOCS");
     mt_cli_expect(rc, 0, out, "3.97 GiB of the budget kept free for the backend's pool\n");
+    /* at 4k tokens the 2 GiB headroom covers either: the line still says which rows it assumed */
+    rc = mt_cli_run(&env, out, sizeof out, "plan --init '%s' --batch 1 --seq 4096 --device cuda "
+                    "--gpu-mem 139G --packed", cfg_7b);
+    mt_cli_expect(rc, 0, out, "2.00 GiB of the budget kept free for the backend's pool (packed rows)\n");
     rc = mt_cli_run(&env, out, sizeof out, "plan --help");
     mt_cli_expect(rc, 0, out, "--packed plans rows that pack several documents");
 }

@@ -111,7 +111,7 @@ int mt_cmd_plan(int argc, char **argv) {
                               .documents = packed};
         mt_engine_opts eo;
         printf("%.1fM parameters, %lld x %lld tokens per step%s, %s backend%s\n", m.table.n_real / 1e6,
-               (long long)B, (long long)T, packed ? " (rows packing documents)" : "", be->name,
+               (long long)B, (long long)T, packed ? " (packed rows)" : "", be->name,
                be == &planned && !host_mem ? " (host RAM not checked: this machine does not train it)" : "");
         rc = mt_run_check_memory(&m.table, be, &rq, &eo);
         if (rc == MT_OK) printf("fits\n");

@@ -642,14 +642,19 @@ void mt_plan_print(const mt_plan *p, FILE *out) {
     if (eo->resident)
         fprintf(out, "             resident weights: every layer keeps its slot, loaded once per step\n");
     if (!p->backend.host_ram && p->budget > 0 && p->backend.headroom > 0) {
-        /* which rows the pool is counted for, where the two differ */
-        double other = pool_headroom_at(p, p->documents ? p->backend.attention_pool
-                                                        : p->backend.attention_pool_docs);
+        /* which rows the pool is counted for, where the backend's two numbers differ, and what
+         * the other rows would keep when that is another size */
         char rows[96] = "";
-        if (other != pool_headroom(p))
-            snprintf(rows, sizeof rows, p->documents ? " (rows packing documents; a token stream: %.2f)"
-                                                     : " (rows of a token stream; packed documents: %.2f)",
-                     other / g);
+        if (p->backend.attention_pool_docs != p->backend.attention_pool) {
+            const char *mine = p->documents ? "packed rows" : "a token stream";
+            const char *theirs = p->documents ? "a token stream" : "packed rows";
+            double other = pool_headroom_at(p, p->documents ? p->backend.attention_pool
+                                                            : p->backend.attention_pool_docs);
+            if (other != pool_headroom(p))
+                snprintf(rows, sizeof rows, " (%s; %s: %.2f)", mine, theirs, other / g);
+            else
+                snprintf(rows, sizeof rows, " (%s)", mine);
+        }
         if (fits_roomy(p))
             fprintf(out, "             %.2f GiB of the budget kept free for the backend's pool%s\n",
                     pool_headroom(p) / g, rows);
