@@ -56,7 +56,8 @@ typedef enum {
  * at 4096, 531 vs 216 at 32768 (bench/RESULTS.md), so this can go to 0 once cuDNN is the default. */
 #define MT_CUDNN_BWD_MIN_T 4096
 
-/* Overrides MT_ATTENTION_DOCS for the following calls (OWN or CUDNN; tests, benches). */
+/* Overrides MT_ATTENTION_DOCS for the following calls (OWN, or CUDNN; AUTO is CUDNN; tests,
+ * benches). */
 void mt_cuda_attention_set_docs_impl(mt_attention_impl impl);
 /* The choice in force for packed rows (MT_ATTENTION_DOCS's value until set). Fatal on a bad value. */
 mt_attention_impl mt_cuda_attention_get_docs_impl(void);
