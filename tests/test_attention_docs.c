@@ -2,14 +2,20 @@
  * offsets that cuDNN's variable-length attention reads, and the buckets its graphs are cached by.
  * Wrong offsets there would let a document attend into its neighbour on the GPU; here they are
  * checked exactly, on hand-made rows and on random ones against the definition; and the plan counts
- * the pool memory that path needs. */
+ * the pool memory that path needs exactly for runs on packed rows that take it. */
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend/attention_docs.h"
 #include "backend/backend.h"
 #include "backend/cuda/cuda_memory.h"
-#include "model/docs.h"
 #include "core/error.h"
+#include "engine/planner.h"
+#include "model/config.h"
+#include "model/docs.h"
+#include "model/params.h"
 #include "util/testutil.h"
 
 /* doc_start of rows made of documents of the given lengths (each row's lengths sum to T). */
@@ -139,17 +145,116 @@ static void test_random_rows_match_documents(void **state) {
     }
 }
 
-/* The plan counts the variable-length backward's larger pool need when packed rows go to cuDNN
- * (MT_ATTENTION_DOCS=cudnn), the plain graph's otherwise. */
-static void test_pool_counted(void **state) {
+/* What the CUDA backend reports: the plain graph's pool need for rows of a token stream, always;
+ * for packed rows the variable-length backward's (cuDNN's, the default) unless an own choice
+ * keeps them on our kernels, whose need is the plain one. */
+static void test_backend_pool_numbers(void **state) {
+    (void)state;
+    const double plain = MT_CUDA_ATTENTION_POOL_PER_ELEM, docs = MT_CUDA_ATTENTION_DOCS_POOL_PER_ELEM;
+    assert_true(docs > plain);
+    const struct {
+        const char *attention, *docs; /* NULL: unset */
+        double want_docs;
+    } cases[] = {{NULL, NULL, docs},        {NULL, "auto", docs},     {NULL, "cudnn", docs},
+                 {NULL, "own", plain},      {"auto", NULL, docs},     {"cudnn", NULL, docs},
+                 {"own", NULL, plain},      {"own", "cudnn", plain},  {"cudnn", "own", plain}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].attention) setenv("MT_ATTENTION", cases[i].attention, 1);
+        else unsetenv("MT_ATTENTION");
+        if (cases[i].docs) setenv("MT_ATTENTION_DOCS", cases[i].docs, 1);
+        else unsetenv("MT_ATTENTION_DOCS");
+        mt_backend_memory m = mt_backend_cuda_memory();
+        fprintf(stderr, "MT_ATTENTION=%s MT_ATTENTION_DOCS=%s: plain %.1f, packed %.1f B per element\n",
+                cases[i].attention ? cases[i].attention : "(unset)",
+                cases[i].docs ? cases[i].docs : "(unset)", m.attention_pool, m.attention_pool_docs);
+        assert_true(m.attention_pool == plain);
+        assert_true(m.attention_pool_docs == cases[i].want_docs);
+    }
+    unsetenv("MT_ATTENTION");
     unsetenv("MT_ATTENTION_DOCS");
-    assert_true(mt_backend_cuda_memory().attention_pool == MT_CUDA_ATTENTION_POOL_PER_ELEM);
-    setenv("MT_ATTENTION_DOCS", "own", 1);
-    assert_true(mt_backend_cuda_memory().attention_pool == MT_CUDA_ATTENTION_POOL_PER_ELEM);
-    setenv("MT_ATTENTION_DOCS", "cudnn", 1);
-    assert_true(mt_backend_cuda_memory().attention_pool == MT_CUDA_ATTENTION_DOCS_POOL_PER_ELEM);
-    assert_true(MT_CUDA_ATTENTION_DOCS_POOL_PER_ELEM > MT_CUDA_ATTENTION_POOL_PER_ELEM);
+}
+
+/* The GiB the printed plan keeps free for the backend's pool ("X GiB of the budget kept free for
+ * the backend's pool"), and whether the line says which rows it counted. */
+static double printed_pool(const mt_plan *p, char *line, size_t size) {
+    FILE *f = tmpfile();
+    assert_non_null(f);
+    mt_plan_print(p, f);
+    rewind(f);
+    char buf[1024];
+    double gib = -1;
+    line[0] = '\0';
+    while (fgets(buf, sizeof buf, f)) /* size: the caller's line holds buf */
+        if (strstr(buf, "kept free for the backend's pool")) {
+            assert_int_equal(sscanf(buf, " %lf GiB of the budget", &gib), 1);
+            snprintf(line, size, "%s", buf);
+        }
+    fclose(f);
+    if (gib < 0) fail_msg("the plan prints no pool line");
+    return gib;
+}
+
+/* The plan counts the variable-length backward's pool need exactly when the run will use it: rows
+ * packing documents (the request's documents: train's packed data, plan --packed) under the
+ * default choice; the plain graph's need for a token stream (the larger number would take memory
+ * from the saved internals for nothing) and for packed rows kept on our kernels. The 7B at 128k
+ * tokens on the H200's budget, where the pool is past the 2 GiB headroom both ways: 4.0 against
+ * 7.5 GiB. */
+static void test_plan_counts_docs_pool(void **state) {
+    (void)state;
+    char *path = mt_fixture_path("../../configs/qwen2.5-7b.json");
+    mt_config cfg;
+    if (mt_config_load(&cfg, path) != MT_OK) fail_msg("%s", mt_error_message());
+    free(path);
+    mt_param_table t;
+    mt_param_table_init(&t, &cfg);
+    const int T = 131072;
+    const double elems = (double)T * cfg.H * cfg.D, keep = 256.0 * 1024 * 1024;
+    const struct {
+        const char *attention, *docs;
+        int documents;
+        double per_elem;
+    } cases[] = {{NULL, NULL, 1, MT_CUDA_ATTENTION_DOCS_POOL_PER_ELEM},
+                 {NULL, NULL, 0, MT_CUDA_ATTENTION_POOL_PER_ELEM},
+                 {NULL, "cudnn", 0, MT_CUDA_ATTENTION_POOL_PER_ELEM},
+                 {NULL, "cudnn", 1, MT_CUDA_ATTENTION_DOCS_POOL_PER_ELEM},
+                 {NULL, "own", 1, MT_CUDA_ATTENTION_POOL_PER_ELEM},
+                 {"own", NULL, 1, MT_CUDA_ATTENTION_POOL_PER_ELEM}};
+    double compute[2] = {0, 0}; /* the default choice's plans: token stream, packed */
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].attention) setenv("MT_ATTENTION", cases[i].attention, 1);
+        else unsetenv("MT_ATTENTION");
+        if (cases[i].docs) setenv("MT_ATTENTION_DOCS", cases[i].docs, 1);
+        else unsetenv("MT_ATTENTION_DOCS");
+        mt_backend be = {.name = "cuda", .dtype = MT_BF16, .mem_budget = (int64_t)139 << 30,
+                         .memory = mt_backend_cuda_memory()};
+        mt_plan_request rq = {.batch = 1, .T = T, .micro_batch = MT_AUTO, .offload = MT_AUTO,
+                              .saved_layers = MT_AUTO, .resident = MT_AUTO, .n_slots = 2,
+                              .documents = cases[i].documents};
+        mt_plan p;
+        assert_int_equal(mt_plan_resolve(&t, &be, &rq, &p), MT_OK);
+        assert_int_equal(mt_plan_check(&p), MT_OK);
+        char line[1024];
+        double got = printed_pool(&p, line, sizeof line), want = cases[i].per_elem * elems + keep;
+        fprintf(stderr, "MT_ATTENTION=%s MT_ATTENTION_DOCS=%s documents %d: %s", 
+                cases[i].attention ? cases[i].attention : "(unset)",
+                cases[i].docs ? cases[i].docs : "(unset)", cases[i].documents, line);
+        assert_true(fabs(got - want / MT_GIB) <= 0.0051);
+        /* the plan leaves it free: the saved internals took only the rest */
+        assert_true(p.compute_bytes + want <= (double)be.mem_budget);
+        /* the line says which rows it counted where the two numbers differ */
+        if (be.memory.attention_pool_docs != be.memory.attention_pool)
+            assert_non_null(strstr(line, cases[i].documents ? "(packed rows; a token stream: 3.97)"
+                                                            : "(a token stream; packed rows: 7.47)"));
+        if (i < 2) compute[cases[i].documents] = p.compute_bytes;
+    }
+    /* the token stream's plan spends what packed rows keep free on saved internals */
+    fprintf(stderr, "GPU: %.2f GiB for a token stream, %.2f for packed rows\n", compute[0] / MT_GIB,
+            compute[1] / MT_GIB);
+    assert_true(compute[0] > compute[1]);
+    unsetenv("MT_ATTENTION");
     unsetenv("MT_ATTENTION_DOCS");
+    mt_param_table_free(&t);
 }
 
 int main(void) {
@@ -158,7 +263,8 @@ int main(void) {
         cmocka_unit_test(test_one_document_a_row),
         cmocka_unit_test(test_buckets),
         cmocka_unit_test(test_random_rows_match_documents),
-        cmocka_unit_test(test_pool_counted),
+        cmocka_unit_test(test_backend_pool_numbers),
+        cmocka_unit_test(test_plan_counts_docs_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -461,6 +461,39 @@ static void test_cli_7b(void **state) {
     mt_cli_expect(rc, 1, out, "--micro-batch: 'x' is not auto or an integer");
 }
 
+/* plan plans rows of a token stream unless --packed, and the pool line says which rows it counted
+ * (and what the other rows would keep, where that differs):
+ * the 7B at 128k tokens keeps 8.5 B per element of q free (3.97 GiB) for a token stream, whatever
+ * MT_ATTENTION_DOCS says, and with --packed the variable-length backward's 16.5 (7.47 GiB); with
+ * MT_ATTENTION_DOCS=own packed rows run our kernels and take the plain number. */
+static void test_cli_packed(void **state) {
+    (void)state;
+    static char out[OUT_SIZE];
+    const char *plan = "plan --init '%s' --batch 1 --seq 131072 --device cuda --gpu-mem 139G%s";
+    setenv("MT_ATTENTION_DOCS", "cudnn", 1);
+    int rc = mt_cli_run(&env, out, sizeof out, plan, cfg_7b, "");
+    fprintf(stderr, "%s", out);
+    mt_cli_expect(rc, 0, out, "1 x 131072 tokens per step, cuda backend");
+    mt_cli_expect(rc, 0, out, "3.97 GiB of the budget kept free for the backend's pool (a token "
+                              "stream; packed rows: 7.47)");
+    unsetenv("MT_ATTENTION_DOCS");
+    rc = mt_cli_run(&env, out, sizeof out, plan, cfg_7b, " --packed");
+    fprintf(stderr, "%s", out);
+    mt_cli_expect(rc, 0, out, "1 x 131072 tokens per step (packed rows), cuda backend");
+    mt_cli_expect(rc, 0, out, "7.47 GiB of the budget kept free for the backend's pool (packed "
+                              "rows; a token stream: 3.97)");
+    setenv("MT_ATTENTION_DOCS", "own", 1);
+    rc = mt_cli_run(&env, out, sizeof out, plan, cfg_7b, " --packed");
+    unsetenv("MT_ATTENTION_DOCS");
+    mt_cli_expect(rc, 0, out, "3.97 GiB of the budget kept free for the backend's pool\n");
+    /* at 4k tokens the 2 GiB headroom covers either: the line still says which rows it assumed */
+    rc = mt_cli_run(&env, out, sizeof out, "plan --init '%s' --batch 1 --seq 4096 --device cuda "
+                    "--gpu-mem 139G --packed", cfg_7b);
+    mt_cli_expect(rc, 0, out, "2.00 GiB of the budget kept free for the backend's pool (packed rows)\n");
+    rc = mt_cli_run(&env, out, sizeof out, "plan --help");
+    mt_cli_expect(rc, 0, out, "--packed plans rows that pack several documents");
+}
+
 /* ---- long context on the H200 (issue 11): the planner against hand arithmetic ----
  *
  * The machine: 139 GiB of GPU budget (the H200's free memory is 139.29 GiB, bench/logs), 125 GiB
@@ -681,7 +714,7 @@ int main(void) {
         cmocka_unit_test(test_micro_batch_auto_7b), cmocka_unit_test(test_saved_attention), cmocka_unit_test(test_impossible_budget),
         cmocka_unit_test(test_micro_batch_auto_cpu), cmocka_unit_test(test_default_seq),
         cmocka_unit_test(test_info_plan_agree),     cmocka_unit_test(test_units),
-        cmocka_unit_test(test_cli_7b),
+        cmocka_unit_test(test_cli_7b),              cmocka_unit_test(test_cli_packed),
         cmocka_unit_test(test_state_bytes_per_param), cmocka_unit_test(test_gpu_tier_auto),
         cmocka_unit_test(test_suggests_state),      cmocka_unit_test(test_long_context_tiles),
         cmocka_unit_test(test_long_context_h200),   cmocka_unit_test(test_long_context_what_fits),

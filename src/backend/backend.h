@@ -48,6 +48,10 @@ typedef struct {
     double attention_pool; /* bytes per element of q (token x head x D) that the attention backward
                               takes from that pool (cuda: cuDNN's workspace): the headroom grows to
                               it at long context */
+    double attention_pool_docs; /* ... the same for rows that pack several documents, under the
+                                   attention choice in force (cuda: cuDNN's variable-length graph,
+                                   unless MT_ATTENTION_DOCS or MT_ATTENTION is own); the planner
+                                   takes it for runs on packed rows (mt_plan_request.documents) */
     int host_ram;     /* the compute side is host RAM (cpu): its bytes count against the host's
                          memory, and moving the checkpoints to the host frees nothing */
     int64_t host_overhead; /* host RAM the process takes beside the plan's arrays (cuda: the driver,

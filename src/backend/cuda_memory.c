@@ -8,18 +8,26 @@
 
 static int head_chunk_rows(int N, int V) { return mt_cuda_lm_head_chunk_rows(N, V); }
 
-/* Packed rows through cuDNN take more pool memory (cuda_memory.h); MT_ATTENTION_DOCS as
- * attention_cudnn.cu reads it (its bad values are that file's error, at the first call). */
-static double attention_pool_per_elem(void) {
-    const char *e = getenv("MT_ATTENTION_DOCS");
-    return e && strcmp(e, "cudnn") == 0 ? MT_CUDA_ATTENTION_DOCS_POOL_PER_ELEM
-                                        : MT_CUDA_ATTENTION_POOL_PER_ELEM;
+/* Packed rows take cuDNN's variable-length graph, and its larger pool need (cuda_memory.h), unless
+ * MT_ATTENTION_DOCS=own or MT_ATTENTION=own, as attention_cudnn.cu reads them (their bad values
+ * are that file's error, at the first call). Whether cuDNN loads at run time is not known here:
+ * without it the plan keeps the larger number free for nothing, never too little. */
+static int env_is(const char *name, const char *value) {
+    const char *e = getenv(name);
+    return e && strcmp(e, value) == 0;
+}
+
+static double attention_pool_docs(void) {
+    return env_is("MT_ATTENTION_DOCS", "own") || env_is("MT_ATTENTION", "own")
+               ? MT_CUDA_ATTENTION_POOL_PER_ELEM
+               : MT_CUDA_ATTENTION_DOCS_POOL_PER_ELEM;
 }
 
 mt_backend_memory mt_backend_cuda_memory(void) {
     return (mt_backend_memory){.scratch = (int64_t)(MT_CUDA_LT_WORKSPACE + MT_CUDA_LM_HEAD_SCRATCH),
                                .headroom = (int64_t)MT_CUDA_POOL_HEADROOM,
-                               .attention_pool = attention_pool_per_elem(),
+                               .attention_pool = MT_CUDA_ATTENTION_POOL_PER_ELEM,
+                               .attention_pool_docs = attention_pool_docs(),
                                /* RSS over the plan's host total on the H200: 3.4 GiB (7B compact),
                                   4.3 (14B compact), 5.3 (7B full) — bench/RESULTS.md; a 32B plan at
                                   MemAvailable without it was killed by the OOM killer */

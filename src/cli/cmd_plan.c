@@ -14,6 +14,7 @@ static void print_usage(FILE *out) {
             "usage: megatrain plan (--model DIR | --init CONFIG.json) [--batch B] [--seq T]\n"
             "                      [--micro-batch auto|b] [--device auto|cpu|cuda] [--gpu-mem SIZE]\n"
             "                      [--state full|compact|tight] [--gpu-layers auto|N] [--host-mem SIZE]\n"
+            "                      [--packed]\n"
             "  Prints what training would hold in host RAM and on the compute device, the tiles (the\n"
             "  layer's token chunk, the LM head's row chunk) and which layers' checkpoints wait in\n"
             "  pinned host memory, and exits 0 when it fits this machine, 1 when it does not (with\n"
@@ -24,6 +25,10 @@ static void print_usage(FILE *out) {
             "  Without a CUDA device here, --device cuda or --gpu-mem plans the GPU side for one.\n"
             "  --state and --gpu-layers as in train; --host-mem plans for a host with that much RAM\n"
             "  free for training (default: this machine's, unless planning for another GPU).\n"
+            "  --packed plans rows that pack several documents (chat data, *.packed files), whose\n"
+            "  attention backward on a GPU takes more pool memory (cuDNN's variable-length graph;\n"
+            "  not with MT_ATTENTION_DOCS=own or MT_ATTENTION=own); the default plans rows of a\n"
+            "  token stream, as train does for token and text data. The pool line says which.\n"
             "  On a GPU it also estimates the step: compute, PCIe and host AdamW time, what bounds\n"
             "  it, the smallest compute-bound --batch; MT_HOST_ADAMW=G sets the host AdamW rate in\n"
             "  Gparam/s (default: the format's, measured in training on the H200 host).\n",
@@ -41,7 +46,7 @@ static int cuda_here(void) {
 int mt_cmd_plan(int argc, char **argv) {
     const char *model_dir = NULL, *init = NULL;
     int64_t B = MT_PLAN_DEFAULT_BATCH, T = 0, b = MT_AUTO, gpu_mem = 0;
-    int device = 0, state = 0;
+    int device = 0, state = 0, packed = 0;
     int64_t gpu_layers = MT_AUTO, host_mem = 0;
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"init", required_argument, 0, 'i'},
@@ -53,6 +58,7 @@ int mt_cmd_plan(int argc, char **argv) {
                                          {"state", required_argument, 0, 's'},
                                          {"gpu-layers", required_argument, 0, 'l'},
                                          {"host-mem", required_argument, 0, 'H'},
+                                         {"packed", no_argument, 0, 'p'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c;
@@ -70,6 +76,7 @@ int mt_cmd_plan(int argc, char **argv) {
         case 's': rc = mt_arg_choice("--state", optarg, "full|compact|tight", &state); break;
         case 'l': rc = mt_arg_int_or_auto("--gpu-layers", optarg, 0, 1 << 20, &gpu_layers); break;
         case 'H': rc = mt_arg_size("--host-mem", optarg, &host_mem); break;
+        case 'p': packed = 1; break;
         case 'h': print_usage(stdout); return 0;
         default: print_usage(stderr); return 1;
         }
@@ -100,10 +107,11 @@ int mt_cmd_plan(int argc, char **argv) {
                               /* another machine will train: this one's RAM says nothing */
                               .host_available = host_mem ? (double)host_mem
                                                 : be == &planned ? 0 : mt_run_host_available(),
-                              .state = (mt_state_format)state, .gpu_layers = (int)gpu_layers};
+                              .state = (mt_state_format)state, .gpu_layers = (int)gpu_layers,
+                              .documents = packed};
         mt_engine_opts eo;
-        printf("%.1fM parameters, %lld x %lld tokens per step, %s backend%s\n", m.table.n_real / 1e6,
-               (long long)B, (long long)T, be->name,
+        printf("%.1fM parameters, %lld x %lld tokens per step%s, %s backend%s\n", m.table.n_real / 1e6,
+               (long long)B, (long long)T, packed ? " (packed rows)" : "", be->name,
                be == &planned && !host_mem ? " (host RAM not checked: this machine does not train it)" : "");
         rc = mt_run_check_memory(&m.table, be, &rq, &eo);
         if (rc == MT_OK) printf("fits\n");

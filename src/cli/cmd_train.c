@@ -627,7 +627,10 @@ static int train(train_run *r) {
                           .n_slots = 2, .gpu_mem = o->gpu_mem, .host_available = host_available,
                           .state = (mt_state_format)o->state,
                           .gpu_layers = o->gpu_layers < 0 ? (r->ranks > 1 || r->nccl ? 0 : MT_AUTO) : (int)o->gpu_layers,
-                          .ranks = r->ranks};
+                          .ranks = r->ranks,
+                          /* packed training rows: their attention backward's pool need (the eval
+                             rows only run forwards, whose workspace is none) */
+                          .documents = r->data.packed.data != NULL};
     mt_engine_opts eo;
     MT_TRY(phase(r, mt_run_check_memory(&r->model.table, r->be, &rq, &eo)));
     eo.opt_threads = (int)o->threads;

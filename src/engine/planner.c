@@ -24,14 +24,24 @@ static int host_fits(const mt_plan *p) {
            p->host_bytes + (double)p->backend.host_overhead <= p->host_available;
 }
 
-/* What to keep free under the budget for the backend's pool: its headroom, or at long context
- * what the attention backward takes from the pool for one micro-batch (with the pool's keep). */
-static double pool_headroom(const mt_plan *p) {
-    double att = p->backend.attention_pool * (double)p->eo.micro_batch * p->eo.T * p->cfg.H *
-                     p->cfg.D + (double)(256 << 20);
-    double h = (double)p->backend.headroom;
-    return p->backend.attention_pool > 0 && att > h ? att : h;
+/* The attention backward's pool bytes per element of q for the run's rows: packed rows may run
+ * another attention (cuda: cuDNN's variable-length graph) with a larger workspace, which a run on
+ * a token stream never takes (counting it there would take memory from the saved internals). */
+static double attention_pool(const mt_plan *p) {
+    return p->documents ? p->backend.attention_pool_docs : p->backend.attention_pool;
 }
+
+/* What to keep free under the budget for the backend's pool: its headroom, or at long context
+ * what the attention backward takes from the pool for one micro-batch (with the pool's keep), at
+ * per_elem bytes per element of q. */
+static double pool_headroom_at(const mt_plan *p, double per_elem) {
+    double att = per_elem * (double)p->eo.micro_batch * p->eo.T * p->cfg.H * p->cfg.D +
+                 (double)(256 << 20);
+    double h = (double)p->backend.headroom;
+    return per_elem > 0 && att > h ? att : h;
+}
+
+static double pool_headroom(const mt_plan *p) { return pool_headroom_at(p, attention_pool(p)); }
 
 /* Fits with the headroom kept free: what the planner's own choices must meet. */
 static int fits_roomy(const mt_plan *p) {
@@ -301,6 +311,7 @@ int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan
     p->host_available = rq->host_available;
     p->L = L;
     p->n_params = (double)t->n_real;
+    p->documents = rq->documents != 0;
     if (B < 1) return mt_error_set("--batch: %d is not a batch size", B);
     if (rq->T < 1) return mt_error_set("--seq: %d is not a sequence length", rq->T);
     if (rq->micro_batch != MT_AUTO && (rq->micro_batch < 1 || B % rq->micro_batch))
@@ -631,13 +642,26 @@ void mt_plan_print(const mt_plan *p, FILE *out) {
     if (eo->resident)
         fprintf(out, "             resident weights: every layer keeps its slot, loaded once per step\n");
     if (!p->backend.host_ram && p->budget > 0 && p->backend.headroom > 0) {
+        /* which rows the pool is counted for, where the backend's two numbers differ, and what
+         * the other rows would keep when that is another size */
+        char rows[96] = "";
+        if (p->backend.attention_pool_docs != p->backend.attention_pool) {
+            const char *mine = p->documents ? "packed rows" : "a token stream";
+            const char *theirs = p->documents ? "a token stream" : "packed rows";
+            double other = pool_headroom_at(p, p->documents ? p->backend.attention_pool
+                                                            : p->backend.attention_pool_docs);
+            if (other != pool_headroom(p))
+                snprintf(rows, sizeof rows, " (%s; %s: %.2f)", mine, theirs, other / g);
+            else
+                snprintf(rows, sizeof rows, " (%s)", mine);
+        }
         if (fits_roomy(p))
-            fprintf(out, "             %.2f GiB of the budget kept free for the backend's pool\n",
-                    pool_headroom(p) / g);
+            fprintf(out, "             %.2f GiB of the budget kept free for the backend's pool%s\n",
+                    pool_headroom(p) / g, rows);
         else if (fits_budget(p))
             fprintf(out, "             only %.2f GiB of the budget left for the backend's pool (it "
-                    "asks for %.2f)\n", ((double)p->budget - p->compute_bytes) / g,
-                    pool_headroom(p) / g);
+                    "asks for %.2f)%s\n", ((double)p->budget - p->compute_bytes) / g,
+                    pool_headroom(p) / g, rows);
     }
     print_tiles(p, out);
     print_checkpoints(p, out);

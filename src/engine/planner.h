@@ -35,8 +35,10 @@
  * alone (the plan printed is then the one the GPU holds; the message is about the host).
  * A plan that does not fit carries what would (fit_gpu_mem, fit_seq, suggest), each found by
  * planning again with one thing changed; mt_plan_check names them.
- * "Fits" keeps be->memory.headroom free under the budget; a plan is refused only when it does
- * not fit even without the headroom. No budget (0: cpu, or a GPU planned without --gpu-mem)
+ * "Fits" keeps be->memory.headroom free under the budget (at long context the attention
+ * backward's pool need for one micro-batch when that is more: attention_pool, or
+ * attention_pool_docs for a request whose rows pack documents); a plan is refused only when it
+ * does not fit even without the headroom. No budget (0: cpu, or a GPU planned without --gpu-mem)
  * means nothing to fit: b = B, nothing offloaded, saved or resident unless asked for.
  *
  * Sizes are printed in GiB (2^30 bytes), as --gpu-mem reads them (args.h). */
@@ -74,6 +76,9 @@ typedef struct {
     int no_suggest;       /* internal: do not look for a lighter --state that would fit */
     double host_adamw;    /* host AdamW parameters/s for the time estimate (0: MT_HOST_ADAMW or
                              the measured table, mt_step_time_host_rate) */
+    int documents;        /* 1: the rows pack several documents (packed data: doc_start), whose
+                             attention backward takes be->memory.attention_pool_docs of the pool;
+                             0: rows of one token stream, attention_pool */
 } mt_plan_request;
 
 typedef struct {
@@ -107,6 +112,7 @@ typedef struct {
     mt_step_time tier_host_time; /* ... and the step's time with only those */
     int tier_capped;      /* auto: the GPU memory ran out before the forward stopped waiting */
     double expert_share;  /* MoE: the experts' share of an MoE layer's parameters */
+    int documents;        /* from the request: the pool is counted for packed rows */
 } mt_plan;
 
 /* Resolves the request. MT_ERR (message naming the flag) when the request contradicts itself or

@@ -386,8 +386,8 @@ static void test_cudnn_vs_own(void **state) {
     problem_free(&p);
 }
 
-/* Documents packed in a row, MT_ATTENTION_DOCS=own (the default): cuDNN is not used (even when
- * MT_ATTENTION asks for it), and the result is right. */
+/* Documents packed in a row, MT_ATTENTION_DOCS=own (set here; the default is cudnn): cuDNN is not
+ * used (even when MT_ATTENTION asks for it), and the result is right. */
 static void test_packed_falls_back(void **state) {
     problem p;
     mt_cuda_attention_set_docs_impl(MT_ATTENTION_OWN);

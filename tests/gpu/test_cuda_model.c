@@ -7,13 +7,15 @@
  * max|got-ref|/max|ref| is printed beside it but not asserted: attention-side bias gradients are
  * sums with heavy cancellation (softmax is shift-invariant) whose max element is small, so ordinary
  * bf16 noise shows as 5-10% of it (first H200 run; an emulation of the attention kernel confirms
- * that this is rounding, not a fault). Training, 50 steps: see test_training_tracks_cpu. */
+ * that this is rounding, not a fault). Training, 50 steps: see test_training_tracks_cpu. Packed
+ * rows through cuDNN's variable-length attention against ours: see test_docs_cudnn_tracks_own. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/attention_cudnn.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "model/runner.h"
@@ -380,6 +382,155 @@ static void test_training_tracks_cpu(void **state) {
     if (!ok) fail_msg("the CUDA loss curve leaves the envelope of the CPU run");
 }
 
+/* ---- packed rows: cuDNN's variable-length attention (the default) against ours ----
+ *
+ * The same weights and data trained DOCS_STEPS steps on rows of several documents (3-8 a row,
+ * 24-128 tokens each, a new layout every step through mt_engine_set_documents), once with the
+ * default choice for packed rows (cuDNN's variable-length graph, attention_cudnn.h) and once with
+ * MT_ATTENTION_DOCS=own. The two differ as bf16 computations of the same attention do (cuDNN
+ * rounds P to bf16 before the PV product; ours keeps it in fp32: test_cuda_attention), so the
+ * bound is measured as test_training_tracks_cpu measures its own: NUDGES runs of ours from weights
+ * nudged by bf16's rounding step give, per step, the largest relative change of the loss (e_l) and
+ * of the gradient norm (e_n) that noise of that size causes; cuDNN's run must stay within
+ * WINDOW_SLACK * e + the GPU path's own run-to-run noise (MODE_LOSS_TOL, MODE_NORM_TOL: the dQ
+ * atomics, test_memory_modes_agree) at every step. The bound can fail: the same run without the
+ * documents (one causal document a row, positions not restarting) must leave it. On the dev box
+ * (CPU backend, this model and data, fp32) the nudged runs moved the loss 2e-5 at step 1 to 1.2%
+ * at step 12 and the norm 2e-4 to 9%, the run without documents 0.4% and 24% at step 1 already.
+ * Every step of cuDNN's run must have run its variable-length graph both ways, over the documents
+ * of a micro-batch (mt_cuda_attention_last_docs), so a silent fall back to our kernels (documents
+ * not noted, a plan cuDNN refused) fails; ours must have run ours. Skipped without a usable cuDNN
+ * unless MT_REQUIRE_CUDNN=1 (then a failure), as test_cuda_attention. */
+#define DOCS_STEPS 12
+#define DOCS_B 4
+#define DOCS_T 256
+
+/* The documents of step s: row after row, lengths 24-128 drawn from the step's seed, the last
+ * one cut at the row's end. */
+static void docs_of_step(int32_t *doc_start, int s) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 4242 + (uint64_t)s);
+    for (int b = 0; b < DOCS_B; b++)
+        for (int t = 0; t < DOCS_T;) {
+            int len = 24 + (int)(mt_test_rng_u64(&rng) % 105);
+            if (len > DOCS_T - t) len = DOCS_T - t;
+            for (int j = 0; j < len; j++) doc_start[b * DOCS_T + t + j] = t;
+            t += len;
+        }
+}
+
+/* Documents in rows r0 .. r0 + n - 1 of doc_start. */
+static int docs_in_rows(const int32_t *doc_start, int r0, int n) {
+    int k = 0;
+    for (int i = r0 * DOCS_T; i < (r0 + n) * DOCS_T; i++) k += doc_start[i] == i % DOCS_T;
+    return k;
+}
+
+/* The loss and gradient norm of each step; with documents (packed), each step's layout. With
+ * want_docs 1, after each step the latest forward and backward attention must have run cuDNN's
+ * variable-length graph over one micro-batch's documents; with 0, ours; -1: not checked. Returns
+ * the number of steps that did not. */
+static int docs_curve(const mt_param_table *t, const float *w, int packed, int want_docs,
+                      double *loss, double *norm) {
+    mt_engine_opts o = {.batch = DOCS_B, .micro_batch = 2, .T = DOCS_T, .n_slots = 2, .opt_threads = 2};
+    mt_engine *e = mt_engine_create(t, gpu, &o, w);
+    int32_t ids[DOCS_B * DOCS_T], tg[DOCS_B * DOCS_T], doc[DOCS_B * DOCS_T];
+    mt_adamw_hparams hp = {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    int wrong = 0;
+    for (int s = 0; s < DOCS_STEPS; s++) {
+        mt_test_stream_rows(ids, tg, DOCS_B, DOCS_T, t->cfg.V, s);
+        if (packed) {
+            docs_of_step(doc, s);
+            assert_int_equal(mt_engine_set_documents(e, doc), MT_OK);
+        }
+        mt_step_result r;
+        mt_engine_step(e, ids, tg, &hp, s + 1, 1.0, &r);
+        loss[s] = r.loss, norm[s] = r.grad_norm;
+        if (!packed || want_docs < 0) continue;
+        int S = 0, s_max = 0, n0 = docs_in_rows(doc, 0, 2), n1 = docs_in_rows(doc, 2, 2);
+        int nf = mt_cuda_attention_last_docs(0, &S, &s_max), nb = mt_cuda_attention_last_docs(1, NULL, NULL);
+        mt_attention_impl f = mt_cuda_attention_last(0), b = mt_cuda_attention_last(1);
+        int ok = want_docs ? f == MT_ATTENTION_CUDNN && b == MT_ATTENTION_CUDNN &&
+                                 (nf == n0 || nf == n1) && (nb == n0 || nb == n1) && S >= nf &&
+                                 s_max <= DOCS_T
+                           : f == MT_ATTENTION_OWN && b == MT_ATTENTION_OWN && nf == 0 && nb == 0;
+        if (!ok || s == 0)
+            fprintf(stderr, "  step %d: forward %s, backward %s, variable-length graph over %d / %d "
+                            "documents (%d sequences of up to %d; the micro-batches have %d and %d)%s\n",
+                    s + 1, f == MT_ATTENTION_CUDNN ? "cudnn" : "own", b == MT_ATTENTION_CUDNN ? "cudnn" : "own",
+                    nf, nb, S, s_max, n0, n1, ok ? "" : "  FAIL");
+        wrong += !ok;
+    }
+    mt_engine_destroy(e);
+    return wrong;
+}
+
+static void test_docs_cudnn_tracks_own(void **state) {
+    (void)state;
+    const char *why = NULL;
+    long version = 0;
+    if (!mt_cuda_cudnn_status(&why, &version)) {
+        const char *req = getenv("MT_REQUIRE_CUDNN");
+        if (req && strcmp(req, "1") == 0) fail_msg("MT_REQUIRE_CUDNN=1 but cuDNN is not usable (%s)", why);
+        fprintf(stderr, "cuDNN not usable (%s): packed rows run our kernels; skipped\n", why);
+        skip();
+    }
+    mt_attention_impl was = mt_cuda_attention_get_impl();
+    mt_cuda_attention_set_impl(MT_ATTENTION_AUTO); /* the default, whatever MT_ATTENTION says */
+    const char *env = getenv("MT_ATTENTION_DOCS");
+    if (!env) /* nothing before this test ran packed rows: this reads the default */
+        assert_int_equal(mt_cuda_attention_get_docs_impl(), MT_ATTENTION_CUDNN);
+    else
+        fprintf(stderr, "MT_ATTENTION_DOCS=%s in the environment: the test sets the default (auto)\n", env);
+    mt_attention_impl docs_was = mt_cuda_attention_get_docs_impl();
+    mt_cuda_attention_set_docs_impl(MT_ATTENTION_AUTO);
+
+    mt_config cfg = small_config(64);
+    cfg.V = 256;
+    mt_param_table t;
+    mt_param_table_init(&t, &cfg);
+    float *w = bf16_weights(&t, 0.02f, 8);
+    double got_l[DOCS_STEPS], got_n[DOCS_STEPS], ref_l[DOCS_STEPS], ref_n[DOCS_STEPS];
+    double alt_l[DOCS_STEPS], alt_n[DOCS_STEPS], env_l[DOCS_STEPS] = {0}, env_n[DOCS_STEPS] = {0};
+    fprintf(stderr, "cuDNN %ld, the default choice for packed rows:\n", version);
+    int wrong = docs_curve(&t, w, 1, 1, got_l, got_n);
+    mt_cuda_attention_set_docs_impl(MT_ATTENTION_OWN);
+    fprintf(stderr, "MT_ATTENTION_DOCS=own:\n");
+    wrong += docs_curve(&t, w, 1, 0, ref_l, ref_n);
+    for (int k = 0; k < NUDGES; k++) {
+        float *p = nudged(&t, w, 1234 + (uint64_t)k);
+        docs_curve(&t, p, 1, -1, alt_l, alt_n); /* ours (MT_ATTENTION_DOCS=own in force) */
+        for (int s = 0; s < DOCS_STEPS; s++) {
+            double dl = fabs(alt_l[s] - ref_l[s]) / ref_l[s], dn = fabs(alt_n[s] - ref_n[s]) / ref_n[s];
+            if (dl > env_l[s]) env_l[s] = dl;
+            if (dn > env_n[s]) env_n[s] = dn;
+        }
+        free(p);
+    }
+    docs_curve(&t, w, 0, -1, alt_l, alt_n); /* the control: the same rows without documents */
+    mt_cuda_attention_set_docs_impl(docs_was);
+    mt_cuda_attention_set_impl(was);
+    int ok = 1, control_out = 0;
+    for (int s = 0; s < DOCS_STEPS; s++) {
+        double tl = WINDOW_SLACK * env_l[s] + MODE_LOSS_TOL, tn = WINDOW_SLACK * env_n[s] + MODE_NORM_TOL;
+        double dl = fabs(got_l[s] - ref_l[s]) / ref_l[s], dn = fabs(got_n[s] - ref_n[s]) / ref_n[s];
+        double cl = fabs(alt_l[s] - ref_l[s]) / ref_l[s], cn = fabs(alt_n[s] - ref_n[s]) / ref_n[s];
+        int good = dl <= tl && dn <= tn;
+        fprintf(stderr, "step %2d: loss cudnn %.5f own %.5f (rel %.2e; nudged own up to %.2e; tol %.2e), "
+                        "norm %.5f vs %.5f (rel %.2e; nudged %.2e; tol %.2e); no documents: %.2e, %.2e%s\n",
+                s + 1, got_l[s], ref_l[s], dl, env_l[s], tl, got_n[s], ref_n[s], dn, env_n[s], tn, cl, cn,
+                good ? "" : "  FAIL");
+        ok &= good;
+        control_out |= cl > tl || cn > tn;
+    }
+    assert_true(ref_l[DOCS_STEPS - 1] < ref_l[0]); /* the runs learn */
+    free(w);
+    mt_param_table_free(&t);
+    if (wrong) fail_msg("%d steps did not run the attention they had to (above)", wrong);
+    if (!control_out) fail_msg("the run without documents stays inside the bound: it cannot tell them apart");
+    if (!ok) fail_msg("packed rows through cuDNN leave the bound of ours (above)");
+}
+
 int main(void) {
     if (!mt_backend_cuda_available()) {
         fprintf(stderr, "no CUDA device: skipped\n");
@@ -394,6 +545,7 @@ int main(void) {
         cmocka_unit_test(test_nonfinite_step_skipped),
         cmocka_unit_test(test_gpu_tier_same_bits),
         cmocka_unit_test(test_training_tracks_cpu),
+        cmocka_unit_test(test_docs_cudnn_tracks_own),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     gpu->destroy(gpu);

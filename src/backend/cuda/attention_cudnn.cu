@@ -19,24 +19,24 @@
  * dims (B, H, T, 1) with strides (H*T, T, 1, 1): exactly our lse (B, H, T). So cuDNN writes our
  * lse buffer and its backward reads it, and either forward can feed either backward.
  *
- * Documents packed in a row (doc_start) go to cuDNN only with MT_ATTENTION_DOCS=cudnn (the header
- * says why it is off by default), as a ragged batch: sequence i is the i-th document in token order
- * (attention_docs.h), and since documents tile the rows the ragged offsets are the cumulative
- * lengths, i.e. cuDNN's packed THD layout over our token-major rows: q, out, dout, dq at offset
- * tok_off[i]*H*D elements with the BSHD strides above; k, v, dk, dv at tok_off[i]*G*D; the padding
- * mask with seq_len_q = seq_len_kv = the document's length (INT32, (S,1,1,1)) and the causal band
- * inside it. Stats in THD form is token-major, (S, H, s_max, 1) with strides (H*s_max, 1, H, 1) at
- * offset tok_off[i]*H (the layout TransformerEngine feeds cuDNN), so a small transpose kernel
- * moves it to and from our (B, H, T) lse, which keeps either forward able to feed either backward.
- * cuDNN never reads doc_start: the lengths and offsets come from the host copy the engine notes
- * when it uploads doc_start (mt_backend.note_documents), uploaded on the op's stream once per step
- * and call shape. The graph depends on S (sequences) and s_max (their padded length), which vary
- * per step: both are rounded up to powers of two (attention_docs.h), sequences past the documents
- * have length 0, so a graph serves every step whose counts fall in its bucket. Cost: at most
- * log2(T) * log2(B*T) graphs over a run (a build is ~0.1-1 s), and a grid of S * H * s_max/tile
- * CTAs of which those past a sequence's end exit at once (with S <= 2n and s_max <= 2*longest).
- * The backward's workspace is sized by the tokens (max_total_seq_len = B*T), not by S*s_max.
- * Rows of one document each (every doc_start 0) take the plain graph.
+ * Documents packed in a row (doc_start) go to cuDNN unless MT_ATTENTION_DOCS=own or
+ * MT_ATTENTION=own (the header gives the H200's numbers), as a ragged batch: sequence i is the i-th
+ * document in token order (attention_docs.h), and since documents tile the rows the ragged offsets
+ * are the cumulative lengths, i.e. cuDNN's packed THD layout over our token-major rows: q, out,
+ * dout, dq at offset tok_off[i]*H*D elements with the BSHD strides above; k, v, dk, dv at
+ * tok_off[i]*G*D; the padding mask with seq_len_q = seq_len_kv = the document's length (INT32,
+ * (S,1,1,1)) and the causal band inside it. Stats in THD form is token-major, (S, H, s_max, 1) with
+ * strides (H*s_max, 1, H, 1) at offset tok_off[i]*H (the layout TransformerEngine feeds cuDNN), so
+ * a small transpose kernel moves it to and from our (B, H, T) lse, which keeps either forward able
+ * to feed either backward. cuDNN never reads doc_start: the lengths and offsets come from the host
+ * copy the engine notes when it uploads doc_start (mt_backend.note_documents), uploaded on the op's
+ * stream once per step and call shape. The graph depends on S (sequences) and s_max (their padded
+ * length), which vary per step: both are rounded up to powers of two (attention_docs.h), sequences
+ * past the documents have length 0, so a graph serves every step whose counts fall in its bucket.
+ * Cost: at most log2(T) * log2(B*T) graphs over a run (a build is ~0.1-1 s), and a grid of S * H *
+ * s_max/tile CTAs of which those past a sequence's end exit at once (with S <= 2n and s_max <=
+ * 2*longest). The backward's workspace is sized by the tokens (max_total_seq_len = B*T), not by
+ * S*s_max. Rows of one document each (every doc_start 0) take the plain graph.
  *
  * A graph (validated, with its execution plan) is built once per (direction, B, T, H, G, D, device)
  * and cached, like matmul.cu's plans; one that cuDNN cannot build is remembered as unsupported. The
@@ -53,7 +53,7 @@ namespace {
 
 mt_attention_impl g_impl = MT_ATTENTION_AUTO;
 bool g_impl_read = false;
-mt_attention_impl g_docs_impl = MT_ATTENTION_OWN;
+mt_attention_impl g_docs_impl = MT_ATTENTION_CUDNN;
 bool g_docs_impl_read = false;
 mt_attention_impl g_last[2] = {MT_ATTENTION_AUTO, MT_ATTENTION_AUTO};
 /* the latest call's ragged batch when it ran cuDNN's variable-length graph (n 0 otherwise) */
@@ -72,8 +72,9 @@ mt_attention_impl impl_from_env() {
 
 mt_attention_impl docs_impl_from_env() {
     const char *e = getenv("MT_ATTENTION_DOCS");
-    if (!e || !*e || strcmp(e, "own") == 0 || strcmp(e, "auto") == 0) return MT_ATTENTION_OWN;
-    if (strcmp(e, "cudnn") == 0) return MT_ATTENTION_CUDNN;
+    /* auto, the default, is cuDNN: faster at every packed shape measured (the header) */
+    if (!e || !*e || strcmp(e, "cudnn") == 0 || strcmp(e, "auto") == 0) return MT_ATTENTION_CUDNN;
+    if (strcmp(e, "own") == 0) return MT_ATTENTION_OWN;
     fprintf(stderr, "megatrain: MT_ATTENTION_DOCS=%s: expected own, cudnn or auto\n", e);
     exit(1);
 }
@@ -81,7 +82,7 @@ mt_attention_impl docs_impl_from_env() {
 } // namespace
 
 extern "C" void mt_cuda_attention_set_docs_impl(mt_attention_impl impl) {
-    g_docs_impl = impl == MT_ATTENTION_CUDNN ? MT_ATTENTION_CUDNN : MT_ATTENTION_OWN;
+    g_docs_impl = impl == MT_ATTENTION_OWN ? MT_ATTENTION_OWN : MT_ATTENTION_CUDNN; /* auto: cuDNN */
     g_docs_impl_read = true;
 }
 
@@ -393,7 +394,7 @@ plan &plan_locked(const plan_key &k, cudnnHandle_t h) {
 bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 /* Whether this call goes to cuDNN by the choice in force, before asking cuDNN: rows without
- * documents (plain graph) or, with MT_ATTENTION_DOCS=cudnn, packed rows (variable-length graph,
+ * documents (plain graph) or, unless MT_ATTENTION_DOCS=own, packed rows (variable-length graph,
  * which also needs D % 16 == 0: the frontend drops the token-sized backward workspace otherwise). */
 bool wanted(int backward, const int32_t *doc_start, int T, int D,
             std::initializer_list<const void *> ptrs) {

@@ -9,25 +9,29 @@
  * that algorithm, whose own misses of our fp32-reference bar it reproduces element for element
  * (11 of 2M, 158%), and test_cuda_model's 50-step curve with cuDNN stays inside the spread that
  * bf16-sized nudges of the weights cause (session 5). Ours keeps P more precisely and remains for
- * documents packed in a row (unless MT_ATTENTION_DOCS=cudnn, below), short rows' backward, and `own`.
- *   own    our kernels always;
- *   cudnn  cuDNN for every case it supports (documents packed in a row only as MT_ATTENTION_DOCS
- *          says, 16-byte aligned tensors, a shape cuDNN has a plan for), our kernels for the rest;
+ * short rows' backward, MT_ATTENTION_DOCS=own (below), and `own`.
+ *   own    our kernels always (packed rows included);
+ *   cudnn  cuDNN for every case it supports (documents packed in a row as MT_ATTENTION_DOCS says,
+ *          16-byte aligned tensors, a shape cuDNN has a plan for), our kernels for the rest;
  *   auto   cuDNN's forward where cudnn would use it; cuDNN's backward only from
  *          MT_CUDNN_BWD_MIN_T tokens a row (below that our backward is as fast or faster).
- * MT_ATTENTION_DOCS=own|cudnn|auto (default own; auto is own today) is the choice for rows that pack
+ * MT_ATTENTION_DOCS=own|cudnn|auto (default auto, which is cudnn) is the choice for rows that pack
  * several documents (doc_start):
  *   own    our kernels, whatever MT_ATTENTION says;
  *   cudnn  cuDNN's variable-length attention (each document one sequence of a ragged batch, see
- *          attention_cudnn.cu), forward and backward, unless MT_ATTENTION=own; it needs D % 16 == 0
- *          and the document starts noted to the backend (mt_backend.note_documents, which the
- *          engine and the runner call when they upload them), else our kernels run.
+ *          attention_cudnn.cu), forward and backward at every T, unless MT_ATTENTION=own; it needs
+ *          D % 16 == 0 and the document starts noted to the backend (mt_backend.note_documents,
+ *          which the engine and the runner call when they upload them), else our kernels run.
  *   MT_CUDNN_DOCS_BUCKETS=pow2|exact (default pow2): the graph's sequence count and length are
  *   the documents' rounded up to powers of two (padding sequences of length 0), or exactly theirs
  *   (a graph per distinct shape; to tell a padding problem apart on the GPU).
- *   It is off by default until tests/gpu/test_cuda_attention's packed cases (test_docs_cudnn_*)
- *   pass on the H200: it was written without a GPU. Its backward takes more pool memory than the
- *   plain one: MT_CUDA_ATTENTION_DOCS_POOL_PER_ELEM (cuda_memory.h).
+ *   The default since session 7: on the H200 test_cuda_attention's packed cases and
+ *   test_cudnn_graph pass, and attention_bench's packed rows (28/4 heads of 128) measured cuDNN
+ *   faster than ours at every shape, TFLOP/s forward / backward: B4 T4096 4 documents a row 407
+ *   vs 200 / 253 vs 128; B16 T4096 8 a row 304 vs 153 / 161 vs 111; B1 T32768 8 577 vs 259 / 442
+ *   vs 179; B1 T131072 16 592 vs 279 / 460 vs 205 (bench/logs/2026-12-01-session7). Its backward
+ *   takes more pool memory than the plain one: MT_CUDA_ATTENTION_DOCS_POOL_PER_ELEM
+ *   (cuda_memory.h), which the planner counts for runs on packed rows.
  * Without cuDNN at run time (libcudnn.so.9 not loadable, older than 9.0) or in a build without it
  * (MT_HAVE_CUDNN=0) every choice runs our kernels; a note on stderr says so once. */
 #ifndef MT_CUDA_ATTENTION_CUDNN_H
@@ -52,7 +56,8 @@ typedef enum {
  * at 4096, 531 vs 216 at 32768 (bench/RESULTS.md), so this can go to 0 once cuDNN is the default. */
 #define MT_CUDNN_BWD_MIN_T 4096
 
-/* Overrides MT_ATTENTION_DOCS for the following calls (OWN or CUDNN; tests, benches). */
+/* Overrides MT_ATTENTION_DOCS for the following calls (OWN, or CUDNN; AUTO is CUDNN; tests,
+ * benches). */
 void mt_cuda_attention_set_docs_impl(mt_attention_impl impl);
 /* The choice in force for packed rows (MT_ATTENTION_DOCS's value until set). Fatal on a bad value. */
 mt_attention_impl mt_cuda_attention_get_docs_impl(void);

@@ -37,12 +37,15 @@ static inline int mt_cuda_lm_head_chunk_rows(int N, int V) {
  * 128k: bench/RESULTS.md, session 3), our kernel's about half; with a margin. At 512k tokens of
  * the 7B: 14.9 GiB. */
 #define MT_CUDA_ATTENTION_POOL_PER_ELEM 8.5
-/* ... and with packed rows through cuDNN (MT_ATTENTION_DOCS=cudnn, attention_cudnn.h), NOT YET
- * MEASURED: the frontend's own workspace of the variable-length backward with GQA is 12 + 4/D
- * bytes per element of q (fp32 dQ, and fp32-sized full-head dK and dV, each max_total_seq_len x H
- * x D; the softmax sum H per token: scaled_dot_product_flash_attention.h's ragged_workspace_size),
- * plus our token-major stats (4/D), plus the engine's own workspace, which for the plain graph was
- * the 8.0-8.2 measured minus the frontend's 4 + 4/D, ~4. attention_bench's docs rows print it. */
+/* ... and with packed rows through cuDNN's variable-length graph (the default for them,
+ * attention_cudnn.h; the planner counts it only for runs on packed rows): the frontend's own
+ * workspace of the variable-length backward with GQA is 12 + 4/D bytes per element of q (fp32 dQ,
+ * and fp32-sized full-head dK and dV, each max_total_seq_len x H x D; the softmax sum H per token:
+ * scaled_dot_product_flash_attention.h's ragged_workspace_size), measured as predicted: 12.03 at
+ * D 128 by attention_bench's packed rows on the H200 (674 MiB at 4 x 4096 tokens of 28 heads,
+ * 2695 MiB at 16 x 4096; bench/logs/2026-12-01-session7/call1-attention-bench.log); plus
+ * our token-major stats (4/D), plus the engine's own workspace, which for the plain graph was the
+ * 8.0-8.2 measured minus the frontend's 4 + 4/D, ~4; with a margin. */
 #define MT_CUDA_ATTENTION_DOCS_POOL_PER_ELEM 16.5
 
 #endif
