@@ -294,7 +294,7 @@ static double block_loss(block *b) {
     float *out = malloc((size_t)b->n * 8 * sizeof(float));
     mt_moe_stats_reset(&b->lc, b->ws.moe_stats);
     mt_moe_forward(&b->lc, &v, b->x, out, b->n, &b->ws, 1);
-    double loss = mt_moe_aux_finish(&b->lc, b->ws.moe_stats);
+    double loss = mt_moe_aux_finish(&b->lc, b->ws.moe_stats, NULL);
     for (int i = 0; i < b->n * 8; i++) loss += (double)out[i] * b->proj[i];
     free(out);
     return loss;

@@ -566,10 +566,6 @@ static int check_ranks(train_run *r) {
                             "--gpu-layers 0 (or unset MT_COMM)",
                             (long long)o->gpu_layers);
     if (N == 1) return MT_OK;
-    if (r->model.table.cfg.n_experts > 0)
-        return mt_error_set("%s: mixture-of-experts models train on one rank so far (the router's "
-                            "load-balancing statistics are not summed over ranks yet)",
-                            r->model.table.cfg.model_type);
     if (o->gpu_layers > 0)
         return mt_error_set("--gpu-layers %lld: the GPU tier is not supported on %d ranks yet; use "
                             "--gpu-layers 0",

@@ -264,6 +264,20 @@ static double sum_over_ranks(mt_engine *e, double x) {
     return s;
 }
 
+/* n values summed in place over the ranks, each in rank order (mt_moe_reduce's sum: the router's
+ * statistics of a data-parallel step). */
+static void sum_array_over_ranks(void *ctx, double *x, size_t n) {
+    mt_engine *e = ctx;
+    double *all = mt_malloc((size_t)e->ranks * n * sizeof(double));
+    comm_check(e, mt_comm_all_gather_host(e->comm, all, x, n * sizeof(double)));
+    for (size_t i = 0; i < n; i++) {
+        double s = 0;
+        for (int r = 0; r < e->ranks; r++) s += all[(size_t)r * n + i];
+        x[i] = s;
+    }
+    free(all);
+}
+
 /* The same for a count: exact as a double below 2^53. */
 static int64_t count_over_ranks(mt_engine *e, int64_t n) {
     return (int64_t)sum_over_ranks(e, (double)n);
@@ -581,7 +595,9 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
     mt_model_view g = ends_view(t, e->g_embed, e->g_head, sizeof(float));
     mt_moe_stats_reset(&e->lc, e->ws.moe_stats); /* MoE: the step's router statistics */
     forward(e, &w, 1);
-    double aux = mt_moe_aux_finish(&e->lc, e->ws.moe_stats); /* MoE: coef * load-balancing loss */
+    /* MoE: coef * load-balancing loss, from every rank's router statistics */
+    mt_moe_reduce over_ranks = {sum_array_over_ranks, e};
+    double aux = mt_moe_aux_finish(&e->lc, e->ws.moe_stats, e->ranks > 1 ? &over_ranks : NULL);
     backward_prefetch(e);
 
     /* head: loss, and the gradient flowing into the last layer */

@@ -64,25 +64,30 @@ void mt_moe_stats_reset(const mt_layer_ctx *lc, mt_moe_stats *s) {
     s->collect = lc->cfg->router_aux;
 }
 
-double mt_moe_aux_finish(const mt_layer_ctx *lc, mt_moe_stats *s) {
+double mt_moe_aux_finish(const mt_layer_ctx *lc, mt_moe_stats *s, const mt_moe_reduce *reduce) {
     if (!s || !s->collect) return 0;
     s->collect = 0;
-    if (s->rows == 0) return 0;
     mt_backend *be = lc->be;
     const mt_config *cfg = lc->cfg;
     int E = cfg->n_experts;
     int32_t *cnt = mt_malloc((size_t)E * sizeof(int32_t));
     float *P = mt_malloc((size_t)E * sizeof(float)), *grad = mt_malloc((size_t)E * sizeof(float));
+    double *tot = mt_malloc((2 * (size_t)E + 1) * sizeof(double)); /* cnt (E), P (E), R */
     be->download(be, cnt, s->counts, (size_t)E * sizeof(int32_t));
     be->download(be, P, s->prob_sum, (size_t)E * sizeof(float));
-    double R = (double)s->rows, aux = 0;
-    for (int e = 0; e < E; e++) {
-        aux += (double)cnt[e] * P[e];
-        grad[e] = (float)((double)cfg->router_aux_coef * E * cnt[e] / (R * R));
+    for (int e = 0; e < E; e++) tot[e] = cnt[e], tot[E + e] = P[e];
+    tot[2 * E] = (double)s->rows;
+    if (reduce) reduce->sum(reduce->ctx, tot, 2 * (size_t)E + 1); /* exact for cnt and R */
+    double R = tot[2 * E], aux = 0;
+    if (R > 0) {
+        for (int e = 0; e < E; e++) {
+            aux += tot[e] * tot[E + e];
+            grad[e] = (float)((double)cfg->router_aux_coef * E * tot[e] / (R * R));
+        }
+        aux *= (double)E / (R * R);
+        be->upload(be, s->aux_grad, grad, (size_t)E * sizeof(float));
     }
-    aux *= (double)E / (R * R);
-    be->upload(be, s->aux_grad, grad, (size_t)E * sizeof(float));
-    free(cnt), free(P), free(grad);
+    free(cnt), free(P), free(grad), free(tot);
     return (double)cfg->router_aux_coef * aux;
 }
 

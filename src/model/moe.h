@@ -35,9 +35,18 @@ struct mt_moe_stats {
 
 /* A training step begins: statistics zeroed, forwards collect (when the config has the aux loss). */
 void mt_moe_stats_reset(const mt_layer_ctx *lc, mt_moe_stats *s);
+/* Sums n doubles in place over the ranks of a data-parallel step (the same bits on every rank). */
+typedef struct {
+    void (*sum)(void *ctx, double *x, size_t n);
+    void *ctx;
+} mt_moe_reduce;
+
 /* The forward has run: returns router_aux_loss_coef * aux (0 without the aux loss) and sets the
- * gradient the backwards add. Forwards after it no longer collect. */
-double mt_moe_aux_finish(const mt_layer_ctx *lc, mt_moe_stats *s);
+ * gradient the backwards add. Forwards after it no longer collect. With several ranks, reduce
+ * (else NULL) sums every rank's (cnt, P, R) first, so that aux and its gradient are those of the
+ * global batch, as one process on it computes them (transformers under DDP would use each
+ * rank's own rows instead; one rank's result is what the N-rank run must reproduce). */
+double mt_moe_aux_finish(const mt_layer_ctx *lc, mt_moe_stats *s, const mt_moe_reduce *reduce);
 
 /* out (n, C) = the block on x (n, C) (out NULL: only the internals, for a backward's recompute).
  * Fills ws's moe fields; collects statistics when `collect` and the stats collect. */

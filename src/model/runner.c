@@ -109,7 +109,7 @@ double mt_runner_step(mt_runner *r, const void *weights, float *grads, const int
     mt_model_view w = mt_model_view_of(t, (void *)weights, elem);
     mt_moe_stats_reset(&r->lc, r->ws.moe_stats);
     forward_layers(r, weights, &tok, &w);
-    r->aux_loss = mt_moe_aux_finish(&r->lc, r->ws.moe_stats);
+    r->aux_loss = mt_moe_aux_finish(&r->lc, r->ws.moe_stats, NULL);
 
     mt_model_view g = {0};
     if (grads) g = mt_model_view_of(t, grads, sizeof(float));
