@@ -12,6 +12,7 @@
  *    uninterrupted one: the metrics' printed numbers and the final model and optimizer files byte
  *    for byte (NCCL's sums are deterministic for a fixed topology, count and version);
  *  - the 2-rank checkpoint (written by both ranks) resumes on one GPU, within the tolerance;
+ *  - a mixture of experts with its load-balancing loss (train_qwen3_moe) on 2 GPUs as on one;
  *  - a rank stopped (SIGSTOP) mid-run ends the job, non-zero, within MT_COMM_TIMEOUT_S=10 plus a
  *    margin, naming the wait (the NCCL watchdog, or the mpi comm's host gather). */
 #include <jansson.h>
@@ -121,6 +122,20 @@ static void test_against_one_gpu(void **state) {
     }
 }
 
+/* A mixture of experts with its load-balancing loss (train_qwen3_moe, its own fixture: after
+ * --model's, this one wins) on 2 GPUs against one: the router's statistics summed over the ranks
+ * (test_cli_dp's test_moe on the CPU), within the same bf16 bounds. */
+static void test_moe_against_one_gpu(void **state) {
+    char extra[4400];
+    snprintf(extra, sizeof extra, "--model '%s/../train_qwen3_moe' --data '%s/../train_qwen3_moe/data.bin'",
+             g_env.fixture, g_env.fixture);
+    run_ok(0, "one_moe", extra);
+    run_ok(2, "np2_moe", extra);
+    assert_non_null(strstr(g_out, "mixture of experts: "));
+    compare_runs("one_moe", "np2_moe", STEPS);
+    compare_weights("one_moe", "np2_moe", STEPS);
+}
+
 static void test_resume_bits(void **state) {
     run_ok(2, "whole", "--save-every 3");
     run_ok(2, "resumed", "--save-every 3 --stop-at 3");
@@ -192,6 +207,7 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_against_one_gpu),
+        cmocka_unit_test(test_moe_against_one_gpu),
         cmocka_unit_test(test_resume_bits),
         cmocka_unit_test(test_stopped_rank),
     };
