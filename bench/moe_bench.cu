@@ -719,7 +719,7 @@ static void run_case(const char *label, const char *config, int n) {
     st->collect = 1, st->rows = n;
     be->sync(be);
     double h0 = now_ms();
-    mt_moe_aux_finish(&c.lc, st);
+    mt_moe_aux_finish(&c.lc, st, NULL);
     printf("  %-40s %9.3f ms host (2 downloads + 1 upload)\n", "aux-loss finish, once per step",
            now_ms() - h0);
 
