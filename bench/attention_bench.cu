@@ -32,15 +32,6 @@
 
 #include <vector>
 
-#define CK(x)                                                                                    \
-    do {                                                                                         \
-        cudaError_t e_ = (x);                                                                    \
-        if (e_ != cudaSuccess) {                                                                 \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
-            exit(1);                                                                             \
-        }                                                                                        \
-    } while (0)
-
 /* ---------------------------------------------------------------- reference (fp32, naive) */
 
 __global__ void ref_fwd(float *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
@@ -118,21 +109,21 @@ static bf16 *dev_randn(size_t n, float sd) {
     std::vector<bf16> h(n);
     for (size_t i = 0; i < n; i++) h[i] = __float2bfloat16(sd * nrand());
     bf16 *d;
-    CK(cudaMalloc(&d, n * sizeof(bf16)));
-    CK(cudaMemcpy(d, h.data(), n * sizeof(bf16), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc(&d, n * sizeof(bf16)));
+    CUDA_CHECK(cudaMemcpy(d, h.data(), n * sizeof(bf16), cudaMemcpyHostToDevice));
     return d;
 }
 
 static std::vector<float> to_host_bf16(const bf16 *d, size_t n) {
     std::vector<bf16> h(n);
-    CK(cudaMemcpy(h.data(), d, n * sizeof(bf16), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(bf16), cudaMemcpyDeviceToHost));
     std::vector<float> f(n);
     for (size_t i = 0; i < n; i++) f[i] = __bfloat162float(h[i]);
     return f;
 }
 static std::vector<float> to_host_f32(const float *d, size_t n) {
     std::vector<float> f(n);
-    CK(cudaMemcpy(f.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(f.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
     return f;
 }
 
@@ -187,8 +178,8 @@ static int32_t *make_doc(int B, int T, int maxlen) {
         }
     }
     int32_t *d;
-    CK(cudaMalloc(&d, h.size() * sizeof(int32_t)));
-    CK(cudaMemcpy(d, h.data(), h.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc(&d, h.size() * sizeof(int32_t)));
+    CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
     mt_cuda_attention_note_documents(d, h.data(), B, T); /* as the engine does: for cuDNN's docs */
     return d;
 }
@@ -210,8 +201,8 @@ static int32_t *make_docs_n(int B, int T, int n, double *sq) {
         }
     }
     int32_t *d;
-    CK(cudaMalloc(&d, h.size() * sizeof(int32_t)));
-    CK(cudaMemcpy(d, h.data(), h.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc(&d, h.size() * sizeof(int32_t)));
+    CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
     mt_cuda_attention_note_documents(d, h.data(), B, T);
     return d;
 }
@@ -228,24 +219,24 @@ static void check_case(int B, int T, int H, int G, int D, int docmax, int fwd_wa
     int32_t *doc = docmax > 0 ? make_doc(B, T, docmax) : nullptr;
     bf16 *out, *dq, *dk, *dv;
     float *lse, *rout, *rlse, *rdq, *rdk, *rdv;
-    CK(cudaMalloc(&out, nq * 2));
-    CK(cudaMalloc(&dq, nq * 2));
-    CK(cudaMalloc(&dk, nk * 2));
-    CK(cudaMalloc(&dv, nk * 2));
-    CK(cudaMalloc(&lse, nl * 4));
-    CK(cudaMalloc(&rout, nq * 4));
-    CK(cudaMalloc(&rlse, nl * 4));
-    CK(cudaMalloc(&rdq, nq * 4));
-    CK(cudaMalloc(&rdk, nk * 4));
-    CK(cudaMalloc(&rdv, nk * 4));
+    CUDA_CHECK(cudaMalloc(&out, nq * 2));
+    CUDA_CHECK(cudaMalloc(&dq, nq * 2));
+    CUDA_CHECK(cudaMalloc(&dk, nk * 2));
+    CUDA_CHECK(cudaMalloc(&dv, nk * 2));
+    CUDA_CHECK(cudaMalloc(&lse, nl * 4));
+    CUDA_CHECK(cudaMalloc(&rout, nq * 4));
+    CUDA_CHECK(cudaMalloc(&rlse, nl * 4));
+    CUDA_CHECK(cudaMalloc(&rdq, nq * 4));
+    CUDA_CHECK(cudaMalloc(&rdk, nk * 4));
+    CUDA_CHECK(cudaMalloc(&rdv, nk * 4));
     /* NaN fill: unwritten elements show up */
-    CK(cudaMemset(out, 0xff, nq * 2));
-    CK(cudaMemset(dq, 0xff, nq * 2));
-    CK(cudaMemset(dk, 0xff, nk * 2));
-    CK(cudaMemset(dv, 0xff, nk * 2));
-    CK(cudaMemset(lse, 0xff, nl * 4));
-    CK(cudaMemset(rdk, 0, nk * 4));
-    CK(cudaMemset(rdv, 0, nk * 4));
+    CUDA_CHECK(cudaMemset(out, 0xff, nq * 2));
+    CUDA_CHECK(cudaMemset(dq, 0xff, nq * 2));
+    CUDA_CHECK(cudaMemset(dk, 0xff, nk * 2));
+    CUDA_CHECK(cudaMemset(dv, 0xff, nk * 2));
+    CUDA_CHECK(cudaMemset(lse, 0xff, nl * 4));
+    CUDA_CHECK(cudaMemset(rdk, 0, nk * 4));
+    CUDA_CHECK(cudaMemset(rdv, 0, nk * 4));
 
     mt_cuda_attention_forward(out, lse, q, k, v, doc, B, T, H, G, D, 0);
     const mt_attention_impl ran_fwd = mt_cuda_attention_last(0);
@@ -254,7 +245,7 @@ static void check_case(int B, int T, int H, int G, int D, int docmax, int fwd_wa
     int n = B * T * H;
     ref_fwd<<<(n + 127) / 128, 128>>>(rout, rlse, q, k, v, doc, B, T, H, G, D);
     ref_bwd<<<(n + 127) / 128, 128>>>(rdq, rdk, rdv, dout, rout, rlse, q, k, v, doc, B, T, H, G, D);
-    CK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaDeviceSynchronize());
 
     double eo = rel_err(to_host_bf16(out, nq), to_host_f32(rout, nq));
     double el = abs_err(to_host_f32(lse, nl), to_host_f32(rlse, nl));
@@ -312,29 +303,29 @@ static impl_time time_impl(mt_attention_impl impl, bf16 *out, float *lse, bf16 *
     mt_cuda_attention_set_impl(impl);
     impl_time r;
     cudaEvent_t e0, e1, e2;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CK(cudaEventCreate(&e2));
-    CK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    CUDA_CHECK(cudaEventCreate(&e2));
+    CUDA_CHECK(cudaDeviceSynchronize());
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     mt_cuda_attention_forward(out, lse, q, k, v, doc, B, T, H, G, D, 0);
     mt_cuda_attention_backward(nullptr, dq, dk, dv, dout, out, lse, q, k, v, doc, B, T, H, G, D, 0);
-    CK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaDeviceSynchronize());
     clock_gettime(CLOCK_MONOTONIC, &t1);
     r.first_ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6;
     mt_cuda_attention_forward(out, lse, q, k, v, doc, B, T, H, G, D, 0); /* warm */
     mt_cuda_attention_backward(nullptr, dq, dk, dv, dout, out, lse, q, k, v, doc, B, T, H, G, D, 0);
-    CK(cudaEventRecord(e0));
+    CUDA_CHECK(cudaEventRecord(e0));
     for (int i = 0; i < iters; i++) mt_cuda_attention_forward(out, lse, q, k, v, doc, B, T, H, G, D, 0);
-    CK(cudaEventRecord(e1));
+    CUDA_CHECK(cudaEventRecord(e1));
     for (int i = 0; i < iters; i++)
         mt_cuda_attention_backward(nullptr, dq, dk, dv, dout, out, lse, q, k, v, doc, B, T, H, G, D, 0);
-    CK(cudaEventRecord(e2));
-    CK(cudaEventSynchronize(e2));
+    CUDA_CHECK(cudaEventRecord(e2));
+    CUDA_CHECK(cudaEventSynchronize(e2));
     float tf, tb;
-    CK(cudaEventElapsedTime(&tf, e0, e1));
-    CK(cudaEventElapsedTime(&tb, e1, e2));
+    CUDA_CHECK(cudaEventElapsedTime(&tf, e0, e1));
+    CUDA_CHECK(cudaEventElapsedTime(&tb, e1, e2));
     r.fwd_ms = tf / iters, r.bwd_ms = tb / iters;
     cudaEventDestroy(e0), cudaEventDestroy(e1), cudaEventDestroy(e2);
     mt_cuda_attention_set_impl(MT_ATTENTION_AUTO);
@@ -355,11 +346,11 @@ static void bench(int B, int T, int H, int G, int D, int docmax, int iters) {
     bf16 *out[2], *dq[2], *dk[2], *dv[2];
     float *lse[2];
     for (int i = 0; i < 2; i++) {
-        CK(cudaMalloc(&out[i], nq * 2));
-        CK(cudaMalloc(&dq[i], nq * 2));
-        CK(cudaMalloc(&dk[i], nk * 2));
-        CK(cudaMalloc(&dv[i], nk * 2));
-        CK(cudaMalloc(&lse[i], nl * 4));
+        CUDA_CHECK(cudaMalloc(&out[i], nq * 2));
+        CUDA_CHECK(cudaMalloc(&dq[i], nq * 2));
+        CUDA_CHECK(cudaMalloc(&dk[i], nk * 2));
+        CUDA_CHECK(cudaMalloc(&dv[i], nk * 2));
+        CUDA_CHECK(cudaMalloc(&lse[i], nl * 4));
     }
     const double flops = 4.0 * B * H * (double)T * T * D / 2; /* causal forward */
     const mt_attention_impl impls[2] = {MT_ATTENTION_OWN, MT_ATTENTION_CUDNN};
@@ -391,7 +382,7 @@ static void bench(int B, int T, int H, int G, int D, int docmax, int iters) {
     mt_cuda_attention_forward(out[0], lse[0], q, k, v, doc, B, T, H, G, D, 0);
     mt_cuda_attention_backward(nullptr, dq[0], dk[0], dv[0], dout, out[0], lse[0], q, k, v, doc, B,
                                T, H, G, D, 0);
-    CK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaDeviceSynchronize());
     printf("     auto runs: fwd %s, bwd %s\n", impl_str(mt_cuda_attention_last(0)),
            impl_str(mt_cuda_attention_last(1)));
     cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(dout);
@@ -413,11 +404,11 @@ static void bench_docs(int B, int T, int H, int G, int D, int n, int iters) {
     bf16 *out[2], *dq[2], *dk[2], *dv[2];
     float *lse[2];
     for (int i = 0; i < 2; i++) {
-        CK(cudaMalloc(&out[i], nq * 2));
-        CK(cudaMalloc(&dq[i], nq * 2));
-        CK(cudaMalloc(&dk[i], nk * 2));
-        CK(cudaMalloc(&dv[i], nk * 2));
-        CK(cudaMalloc(&lse[i], nl * 4));
+        CUDA_CHECK(cudaMalloc(&out[i], nq * 2));
+        CUDA_CHECK(cudaMalloc(&dq[i], nq * 2));
+        CUDA_CHECK(cudaMalloc(&dk[i], nk * 2));
+        CUDA_CHECK(cudaMalloc(&dv[i], nk * 2));
+        CUDA_CHECK(cudaMalloc(&lse[i], nl * 4));
     }
     const double flops = 4.0 * H * sq * D / 2; /* causal inside each document, forward */
     const mt_attention_impl impls[2] = {MT_ATTENTION_OWN, MT_ATTENTION_CUDNN};
@@ -463,7 +454,7 @@ static void bench_docs(int B, int T, int H, int G, int D, int n, int iters) {
 int main(int argc, char **argv) {
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     cudaDeviceProp p;
-    CK(cudaGetDeviceProperties(&p, 0));
+    CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
     printf("%s, %d SMs\n", p.name, p.multiProcessorCount);
     const char *why = NULL;
     long version = 0;

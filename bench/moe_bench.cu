@@ -74,25 +74,6 @@ extern "C" {
 #include "model/moe.h"
 }
 
-typedef __nv_bfloat16 bf16;
-
-#define CK(x)                                                                                    \
-    do {                                                                                         \
-        cudaError_t e_ = (x);                                                                    \
-        if (e_ != cudaSuccess) {                                                                 \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
-            exit(1);                                                                             \
-        }                                                                                        \
-    } while (0)
-#define CB(x)                                                                                    \
-    do {                                                                                         \
-        cublasStatus_t s_ = (x);                                                                 \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                       \
-            fprintf(stderr, "%s:%d %s: cuBLAS status %d\n", __FILE__, __LINE__, #x, (int)s_);    \
-            exit(1);                                                                             \
-        }                                                                                        \
-    } while (0)
-
 #if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120500
 #define HAVE_GROUPED 1
 #else
@@ -133,7 +114,7 @@ static uint64_t g_seed = 1;
 template <typename T> static T *dev_normal(size_t n, float sd) {
     T *p = (T *)be->alloc(be, n * sizeof(T));
     fill_normal_kernel<T><<<1024, 256, 0, g_stream>>>(p, n, g_seed++ * 0x1234567ull, sd);
-    CK(cudaGetLastError());
+    CUDA_CHECK(cudaGetLastError());
     return p;
 }
 template <typename T> static T *dev_alloc(size_t n) { return (T *)be->alloc(be, n * sizeof(T)); }
@@ -161,16 +142,16 @@ __global__ static void diff_kernel(const T *a, const T *r, size_t n, unsigned *o
 /* max |a - r| / max |r| over n elements of two device tensors (NaN anywhere: NaN) */
 static double rel_diff(const void *a, const void *r, size_t n, int is_bf16) {
     unsigned *d, h[3];
-    CK(cudaMalloc(&d, sizeof h));
-    CK(cudaMemsetAsync(d, 0, sizeof h, g_stream));
+    CUDA_CHECK(cudaMalloc(&d, sizeof h));
+    CUDA_CHECK(cudaMemsetAsync(d, 0, sizeof h, g_stream));
     if (is_bf16)
         diff_kernel<bf16><<<1024, 256, 0, g_stream>>>((const bf16 *)a, (const bf16 *)r, n, d);
     else
         diff_kernel<float><<<1024, 256, 0, g_stream>>>((const float *)a, (const float *)r, n, d);
-    CK(cudaGetLastError());
-    CK(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, g_stream));
-    CK(cudaStreamSynchronize(g_stream));
-    CK(cudaFree(d));
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, g_stream));
+    CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    CUDA_CHECK(cudaFree(d));
     if (h[2]) return NAN;
     float me, mr;
     memcpy(&me, &h[0], 4), memcpy(&mr, &h[1], 4);
@@ -192,14 +173,14 @@ typedef struct {
 
 static void tl_init(timeline *t) {
     memset(t, 0, sizeof *t);
-    for (int i = 0; i <= MAX_PIECES; i++) CK(cudaEventCreate(&t->ev[i]));
+    for (int i = 0; i <= MAX_PIECES; i++) CUDA_CHECK(cudaEventCreate(&t->ev[i]));
 }
 static void tl_free(timeline *t) {
     for (int i = 0; i <= MAX_PIECES; i++) cudaEventDestroy(t->ev[i]);
 }
 static void tl_begin(timeline *t) {
     t->n = 0;
-    CK(cudaEventRecord(t->ev[0], g_stream));
+    CUDA_CHECK(cudaEventRecord(t->ev[0], g_stream));
     t->host[0] = now_ms();
 }
 static void tl_mark(timeline *t, const char *name, double flops) {
@@ -208,18 +189,18 @@ static void tl_mark(timeline *t, const char *name, double flops) {
         fprintf(stderr, "moe_bench: more than %d pieces\n", MAX_PIECES);
         exit(1);
     }
-    CK(cudaEventRecord(t->ev[i + 1], g_stream));
+    CUDA_CHECK(cudaEventRecord(t->ev[i + 1], g_stream));
     t->host[i + 1] = now_ms();
     t->name[i] = name;
     t->flops[i] = flops;
 }
 /* After a run: waits for it, adds its times (count: whether the run counts, not a warm-up). */
 static void tl_end(timeline *t, int count) {
-    CK(cudaEventSynchronize(t->ev[t->n]));
+    CUDA_CHECK(cudaEventSynchronize(t->ev[t->n]));
     if (!count) return;
     for (int i = 0; i < t->n; i++) {
         float ms;
-        CK(cudaEventElapsedTime(&ms, t->ev[i], t->ev[i + 1]));
+        CUDA_CHECK(cudaEventElapsedTime(&ms, t->ev[i], t->ev[i + 1]));
         t->gpu_sum[i] += ms;
         t->host_sum[i] += t->host[i + 1] - t->host[i];
     }
@@ -427,29 +408,29 @@ static int probe_grouped(cudaDataType dtype, const char *what) {
     size_t dsz = dtype == CUDA_R_32F ? 4 : 2;
     bf16 *a, *b;
     char *d;
-    CK(cudaMalloc(&a, ha.size() * 2));
-    CK(cudaMalloc(&b, hb.size() * 2));
-    CK(cudaMalloc(&d, 2 * M * N * dsz));
-    CK(cudaMemcpy(a, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(b, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc(&a, ha.size() * 2));
+    CUDA_CHECK(cudaMalloc(&b, hb.size() * 2));
+    CUDA_CHECK(cudaMalloc(&d, 2 * M * N * dsz));
+    CUDA_CHECK(cudaMemcpy(a, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(b, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
     { /* D starts at 1 everywhere: problem 0 (beta 0) must ignore it, problem 1 (beta 1) add it */
         std::vector<float> one32(2 * M * N, 1.0f);
         std::vector<bf16> one16(2 * M * N, __float2bfloat16(1.0f));
-        CK(cudaMemcpy(d, dsz == 4 ? (void *)one32.data() : (void *)one16.data(), 2 * M * N * dsz,
+        CUDA_CHECK(cudaMemcpy(d, dsz == 4 ? (void *)one32.data() : (void *)one16.data(), 2 * M * N * dsz,
                       cudaMemcpyHostToDevice));
     }
     const void *pa[2] = {a, a + M * K}, *pb[2] = {b, b + K * N};
     void *pd[2] = {d, d + M * N * dsz};
     const void **dpa, **dpb;
     void **dpd;
-    CK(cudaMalloc((void **)&dpa, sizeof pa));
-    CK(cudaMalloc((void **)&dpb, sizeof pb));
-    CK(cudaMalloc((void **)&dpd, sizeof pd));
-    CK(cudaMemcpy(dpa, pa, sizeof pa, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dpb, pb, sizeof pb, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dpd, pd, sizeof pd, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc((void **)&dpa, sizeof pa));
+    CUDA_CHECK(cudaMalloc((void **)&dpb, sizeof pb));
+    CUDA_CHECK(cudaMalloc((void **)&dpd, sizeof pd));
+    CUDA_CHECK(cudaMemcpy(dpa, pa, sizeof pa, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dpb, pb, sizeof pb, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dpd, pd, sizeof pd, cudaMemcpyHostToDevice));
     cublasHandle_t h;
-    CB(cublasCreate(&h));
+    CUBLAS_CHECK(cublasCreate(&h));
     /* problem 0: M x N x K, beta 0; problem 1: M x (N/2) x K, beta 1 */
     cublasOperation_t ta[2] = {CUBLAS_OP_N, CUBLAS_OP_N}, tb[2] = {CUBLAS_OP_N, CUBLAS_OP_N};
     int m[2] = {M, M}, n[2] = {N, N / 2}, k[2] = {K, K}, lda[2] = {M, M}, ldb[2] = {K, K},
@@ -461,9 +442,9 @@ static int probe_grouped(cudaDataType dtype, const char *what) {
     int ok = st == CUBLAS_STATUS_SUCCESS;
     double err = 0;
     if (ok) {
-        CK(cudaDeviceSynchronize());
+        CUDA_CHECK(cudaDeviceSynchronize());
         std::vector<char> hd(2 * M * N * dsz);
-        CK(cudaMemcpy(hd.data(), d, hd.size(), cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(hd.data(), d, hd.size(), cudaMemcpyDeviceToHost));
         for (int p = 0; p < 2; p++)
             for (int j = 0; j < n[p]; j++)
                 for (int i = 0; i < M; i++) {
@@ -498,15 +479,15 @@ typedef struct {
 /* Times fn over --iters runs after one warm-up; mean GPU ms. */
 template <typename F> static double time_gpu(F fn) {
     cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
+    CUDA_CHECK(cudaEventCreate(&a));
+    CUDA_CHECK(cudaEventCreate(&b));
     fn();
-    CK(cudaEventRecord(a, g_stream));
+    CUDA_CHECK(cudaEventRecord(a, g_stream));
     for (int i = 0; i < g_iters; i++) fn();
-    CK(cudaEventRecord(b, g_stream));
-    CK(cudaEventSynchronize(b));
+    CUDA_CHECK(cudaEventRecord(b, g_stream));
+    CUDA_CHECK(cudaEventSynchronize(b));
     float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
     cudaEventDestroy(a), cudaEventDestroy(b);
     return ms / g_iters;
 }
@@ -536,7 +517,7 @@ static void run_grouped(moe_case *c, double *loop_total, double *grouped_total) 
     for (int i = 0; i < 3; i++) {
         lw[i] = dev_normal<float>(eFC, 0.01f);
         gw[i] = dev_alloc<float>(eFC);
-        CK(cudaMemcpyAsync(gw[i], lw[i], eFC * 4, cudaMemcpyDeviceToDevice, g_stream));
+        CUDA_CHECK(cudaMemcpyAsync(gw[i], lw[i], eFC * 4, cudaMemcpyDeviceToDevice, g_stream));
     }
     /* grouped's weight gradients, when cuBLAS refuses fp32 D: the op's own per-expert loop */
     const char *wnote = g_grouped_f32 ? "fp32, beta 1" : "refused by cuBLAS: both loop";
@@ -639,20 +620,20 @@ static void run_grouped(moe_case *c, double *loop_total, double *grouped_total) 
  * ms of each over --iters runs after one warm-up. */
 static void whole_block(moe_case *c, double *fwd, double *bwd) {
     cudaEvent_t e0, e1, e2;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CK(cudaEventCreate(&e2));
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    CUDA_CHECK(cudaEventCreate(&e2));
     double fsum = 0, bsum = 0;
     for (int i = 0; i <= g_iters; i++) {
-        CK(cudaEventRecord(e0, g_stream));
+        CUDA_CHECK(cudaEventRecord(e0, g_stream));
         mt_moe_forward(&c->lc, &c->w, c->x, c->out, c->n, &c->ws, 0);
-        CK(cudaEventRecord(e1, g_stream));
+        CUDA_CHECK(cudaEventRecord(e1, g_stream));
         mt_moe_backward(&c->lc, &c->w, &c->g, c->dout, c->x, c->dx, c->n, &c->ws);
-        CK(cudaEventRecord(e2, g_stream));
-        CK(cudaEventSynchronize(e2));
+        CUDA_CHECK(cudaEventRecord(e2, g_stream));
+        CUDA_CHECK(cudaEventSynchronize(e2));
         float a, b;
-        CK(cudaEventElapsedTime(&a, e0, e1));
-        CK(cudaEventElapsedTime(&b, e1, e2));
+        CUDA_CHECK(cudaEventElapsedTime(&a, e0, e1));
+        CUDA_CHECK(cudaEventElapsedTime(&b, e1, e2));
         if (i > 0) fsum += a, bsum += b;
     }
     cudaEventDestroy(e0), cudaEventDestroy(e1), cudaEventDestroy(e2);
@@ -760,7 +741,7 @@ int main(int argc, char **argv) {
     g_stream = (cudaStream_t)be->native_stream(be, MT_STREAM_COMPUTE);
     g_env_grouped = mt_cuda_ctx_of(be)->moe_gemm_grouped;
     cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     printf("moe_bench: %s, cuBLAS %d, %d iterations after 1 warm-up\n", prop.name,
            (int)CUBLAS_VERSION, g_iters);
     g_grouped_bf16 = probe_grouped(CUDA_R_16BF, "bf16");

@@ -253,21 +253,11 @@ static void gather_weights(mt_engine *e, void *dst, const void *mine, size_t n, 
     comm_check(e, mt_comm_all_gather(e->comm, dst, mine, n, e->be->dtype, comm_stream(e, s)));
 }
 
-/* Every rank's value of x, summed in rank order (the same bits on every rank). */
-static double sum_over_ranks(mt_engine *e, double x) {
-    if (e->ranks <= 1) return x;
-    double *all = mt_malloc((size_t)e->ranks * sizeof(double));
-    comm_check(e, mt_comm_all_gather_host(e->comm, all, &x, sizeof x));
-    double s = 0;
-    for (int r = 0; r < e->ranks; r++) s += all[r];
-    free(all);
-    return s;
-}
-
-/* n values summed in place over the ranks, each in rank order (mt_moe_reduce's sum: the router's
- * statistics of a data-parallel step). */
+/* n values summed in place over the ranks, each in rank order (the same bits on every rank): the
+ * step's counts and loss, and mt_moe_reduce's sum of the router's statistics. */
 static void sum_array_over_ranks(void *ctx, double *x, size_t n) {
     mt_engine *e = ctx;
+    if (e->ranks <= 1) return;
     double *all = mt_malloc((size_t)e->ranks * n * sizeof(double));
     comm_check(e, mt_comm_all_gather_host(e->comm, all, x, n * sizeof(double)));
     for (size_t i = 0; i < n; i++) {
@@ -276,6 +266,11 @@ static void sum_array_over_ranks(void *ctx, double *x, size_t n) {
         x[i] = s;
     }
     free(all);
+}
+
+static double sum_over_ranks(mt_engine *e, double x) {
+    sum_array_over_ranks(e, &x, 1);
+    return x;
 }
 
 /* The same for a count: exact as a double below 2^53. */

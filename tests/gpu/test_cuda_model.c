@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "model/runner.h"
+#include "util/nudge.h"
 #include "util/state_snapshot.h"
 #include "util/testutil.h"
 #include "util/tiny_config.h"
@@ -289,21 +290,10 @@ static void test_gpu_tier_same_bits(void **state) {
     mt_param_table_free(&t);
 }
 
-/* w with every element nudged by a relative amount uniform in (-2^-9, 2^-9): bf16's rounding
- * step, the size of the difference between what the two backends compute with. Drawn per tensor
- * (the tensor's index in the seed), so the table's padding does not move the draws. */
+/* w nudged by a relative amount uniform in (-2^-9, 2^-9): bf16's rounding step, the size of the
+ * difference between what the two backends compute with. */
 static float *nudged(const mt_param_table *t, const float *w, uint64_t seed) {
-    float *p = mt_aligned_alloc((size_t)t->total * sizeof(float));
-    memcpy(p, w, (size_t)t->total * sizeof(float));
-    for (int i = 0; i < t->n_params; i++) {
-        mt_test_rng rng;
-        mt_test_rng_seed(&rng, seed * 1000003u + (uint64_t)i);
-        for (int64_t j = 0; j < t->params[i].numel; j++) {
-            double u = (double)(mt_test_rng_u64(&rng) >> 11) / 9007199254740992.0 * 2 - 1;
-            p[t->params[i].offset + j] *= (float)(1 + u / 512);
-        }
-    }
-    return p;
+    return mt_test_nudged(t, w, seed, 1.0 / 512);
 }
 
 static double window_rel(const double *a, const double *b, int w0) {

@@ -32,6 +32,7 @@
 #include "engine/engine.h"
 #include "io/model_io.h"
 #include "model/runner.h"
+#include "util/nudge.h"
 #include "util/testutil.h"
 
 static mt_backend *cpu, *gpu;
@@ -345,20 +346,6 @@ static void logging_route(mt_backend *be, float *probs, int32_t *idx, float *w, 
     g_routes.k = k;
 }
 
-/* w with every element nudged by a relative amount uniform in (-rel, rel), drawn per tensor. */
-static float *nudged(const mt_param_table *t, const float *w, uint64_t seed, double rel) {
-    float *p = mt_aligned_alloc((size_t)t->total * sizeof(float));
-    memcpy(p, w, (size_t)t->total * sizeof(float));
-    for (int i = 0; i < t->n_params; i++) {
-        mt_test_rng rng;
-        mt_test_rng_seed(&rng, seed * 1000003u + (uint64_t)i);
-        for (int64_t j = 0; j < t->params[i].numel; j++) {
-            double u = (double)(mt_test_rng_u64(&rng) >> 11) / 9007199254740992.0 * 2 - 1;
-            p[t->params[i].offset + j] *= (float)(1 + u * rel);
-        }
-    }
-    return p;
-}
 
 static double cpu_step(const mt_param_table *t, const float *w, float *g, const int32_t *ids,
                        const int32_t *tg, int B, int T) {
@@ -413,7 +400,7 @@ static void compare_fixture(const char *name) {
     float *g_nudge = mt_aligned_alloc(n * 4);
     double *spread = calloc((size_t)t.n_params, sizeof(double));
     for (int k = 0; k < NUDGES; k++) {
-        float *p = nudged(&t, w, 77 + (uint64_t)k, 4.0 / 512);
+        float *p = mt_test_nudged(&t, w, 77 + (uint64_t)k, 4.0 / 512);
         routes_reset();
         cpu_step(&t, p, g_nudge, ids, tg, B, T);
         int flips = 0;
