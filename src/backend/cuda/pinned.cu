@@ -2,8 +2,9 @@
  *   MT_PIN=alloc     (default) cudaHostAlloc: the driver maps, faults and pins the pages itself,
  *                    one thread; on the H200 host setting up ~100 GiB of plan took 85 s (7B
  *                    full) and ~77 GiB 145 s (Qwen3-30B-A3B tight, bench/RESULTS.md session 7).
- *   MT_PIN=register  an anonymous mapping of whole 2 MiB pages, transparent huge pages asked
- *                    for (MADV_HUGEPAGE), its pages faulted by several threads at once, then
+ *   MT_PIN=register  buffers of 64 MiB and more (smaller ones as alloc): an anonymous mapping of
+ *                    whole 2 MiB pages, transparent huge pages asked for (MADV_HUGEPAGE), its
+ *                    pages faulted by several threads at once, then
  *                    cudaHostRegister pins what is already there; others report this to be about
  *                    2x faster than cudaHostAlloc at tens of GB. NOT YET MEASURED here: the
  *                    `set up in` line of train prints the time of either.
@@ -134,7 +135,8 @@ void *register_alloc(size_t bytes) {
 
 void *mt_cuda_pinned_alloc(size_t bytes) {
     if (!bytes) bytes = 64;
-    if (current_mode() == PIN_REGISTER) return register_alloc(bytes);
+    /* small buffers stay with cudaHostAlloc: a mapping of whole 2 MiB pages would waste most of it */
+    if (current_mode() == PIN_REGISTER && bytes >= ((size_t)64 << 20)) return register_alloc(bytes);
     void *p = NULL;
     cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
     if (err != cudaSuccess)
