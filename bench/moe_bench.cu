@@ -15,8 +15,9 @@
  *
  * 1. The block piece by piece through the backend ops (be->...), in the order and with the
  *    arguments of mt_moe_forward / mt_moe_backward (src/model/moe.c), the experts' GEMMs through
- *    be->moe_matmul_forward / moe_matmul_backward in the mode MT_MOE_GEMM picks (loop, the
- *    default: one cuBLASLt call per expert; grouped: one cuBLAS grouped GEMM per product); the
+ *    be->moe_matmul_forward / moe_matmul_backward in the mode MT_MOE_GEMM picks (loop: one
+ *    cuBLASLt call per expert; grouped: one cuBLAS grouped GEMM per product; auto, the default:
+ *    grouped below 512 rows an expert, src/backend/moe_gemm_choice.h); the
  *    one difference: the backward's moe_matmul_backward(dinp, dweight) runs as a dinp call then a
  *    dweight call, so each gets its own line. Between pieces a cudaEvent on the compute stream:
  *    "GPU ms" is the time the stream took from the previous piece's end to this one's (the GPU
@@ -298,7 +299,8 @@ static void case_free(moe_case *c) {
 /* ---------------------------------------------------------------- the experts' GEMMs (moe.c's) */
 
 /* The backend's choice of expert GEMMs (ops.cuh's context field that MT_MOE_GEMM sets). */
-static void set_grouped(int grouped) { mt_cuda_ctx_of(be)->moe_gemm_grouped = grouped; }
+static void set_mode(int mode) { mt_cuda_ctx_of(be)->moe_gemm_mode = mode; }
+static void set_grouped(int grouped) { set_mode(grouped ? MT_MOE_GEMM_GROUPED : MT_MOE_GEMM_LOOP); }
 
 /* moe.c's calls of be->moe_matmul_forward / moe_matmul_backward, one function per product. */
 static size_t stride(const moe_case *c) { return (size_t)c->Fe * c->C; }
@@ -469,7 +471,7 @@ static int probe_grouped(cudaDataType dtype, const char *what) {
 #endif
 }
 
-static int g_grouped_bf16, g_grouped_f32, g_env_grouped;
+static int g_grouped_bf16, g_grouped_f32, g_env_mode;
 
 typedef struct {
     const char *name;
@@ -595,7 +597,7 @@ static void run_grouped(moe_case *c, double *loop_total, double *grouped_total) 
                                       c->w.exp_up, R, C, Fe, 0);
               }),
     };
-    set_grouped(g_env_grouped);
+    set_mode(g_env_mode);
     printf("  %-36s %8s %7s %10s %7s %7s %8s %7s\n", "expert GEMMs (offsets on the host)",
            "loop ms", "TFLOP/s", "grouped ms", "TFLOP/s", "speedup", "dense ms", "TFLOP/s");
     double fl = 0, dense = 0;
@@ -665,8 +667,11 @@ static void run_case(const char *label, const char *config, int n) {
            "TFLOP/s\n", mn, (double)c.nk / c.E, mx, empty, be->memory.flops_rate * 1e-12);
     double whole = 0;
     for (int i = 0; i < t.n; i++) whole += t.gpu_sum[i] / t.runs;
-    printf("  %-40s %9s %9s %9s %8s %7s\n", g_env_grouped ? "piece (MT_MOE_GEMM=grouped)" :
-           "piece (MT_MOE_GEMM=loop)", "GPU ms", "host ms", "GFLOP", "TFLOP/s", "share");
+    int env_grouped = mt_moe_gemm_use_grouped((mt_moe_gemm_mode)g_env_mode, c.nk, c.E);
+    char head[64];
+    snprintf(head, sizeof head, "piece (MT_MOE_GEMM=%s%s)", mt_moe_gemm_mode_name((mt_moe_gemm_mode)g_env_mode),
+             g_env_mode == MT_MOE_GEMM_AUTO ? (env_grouped ? ": grouped" : ": loop") : "");
+    printf("  %-40s %9s %9s %9s %8s %7s\n", head, "GPU ms", "host ms", "GFLOP", "TFLOP/s", "share");
     double fwd = tl_print(&t, 0, 9, "forward total", whole);
     double bwd = tl_print(&t, 9, t.n, "backward total", whole);
     double rate = be->memory.flops_rate > 0 ? be->memory.flops_rate : 600e12;
@@ -687,12 +692,12 @@ static void run_case(const char *label, const char *config, int n) {
         snprintf(lb, sizeof lb, "mt_moe_backward, MT_MOE_GEMM=%s", mode);
         snprintf(lt, sizeof lt, "  forward + backward, %s", mode);
         printf("  %-40s %9.3f ms%s\n", lf, f,
-               grouped == g_env_grouped ? " (the pieces' mode)" : "");
+               grouped == env_grouped ? " (the pieces' mode)" : "");
         printf("  %-40s %9.3f ms\n", lb, b);
         printf("  %-40s %9.3f ms = %.1f TFLOP/s\n", lt, f + b,
                3 * fwd_flops / ((f + b) * 1e-3) * 1e-12);
     }
-    set_grouped(g_env_grouped);
+    set_mode(g_env_mode);
 
     /* the aux loss's step-end downloads (once per step, not per layer; only with
      * output_router_logits, off in both configs) */
@@ -739,7 +744,7 @@ int main(int argc, char **argv) {
     }
     be = mt_backend_cuda_create(0);
     g_stream = (cudaStream_t)be->native_stream(be, MT_STREAM_COMPUTE);
-    g_env_grouped = mt_cuda_ctx_of(be)->moe_gemm_grouped;
+    g_env_mode = mt_cuda_ctx_of(be)->moe_gemm_mode;
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     printf("moe_bench: %s, cuBLAS %d, %d iterations after 1 warm-up\n", prop.name,

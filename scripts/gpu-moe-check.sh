@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, in one device call (issue 14): builds build-gpu/
 # (scripts/gpu-test.sh build: carry third_party/debs and third_party/cudnn-frontend), runs
-# bench/moe_bench.cu with the experts' GEMMs as the per-expert loop (the default; its second half
-# compares loop and grouped product by product), tests/gpu/test_cuda_moe (test_expert_gemms:
+# bench/moe_bench.cu with the experts' GEMMs as the per-expert loop (MT_MOE_GEMM=loop; its second
+# half compares loop and grouped product by product), tests/gpu/test_cuda_moe (test_expert_gemms:
 # MT_MOE_GEMM=grouped against the loop), then moe_bench with MT_MOE_GEMM=grouped (the pieces in
 # grouped mode, fewer iterations) while time is left. Logs in $OUT: moe-check.log (the
 # summary), gpu-test.log (the build), moe-test.log, moe-bench.log, moe-bench-grouped.log.
@@ -36,7 +36,7 @@ status=0
 el() { echo $(( $(date +%s) - start )); }
 
 say "== moe_bench, MT_MOE_GEMM=loop (scripts/moe-bench.sh)  [$(el) s]"
-OUT=$OUT MT_BUILD=$b timeout 240 bash scripts/moe-bench.sh > /dev/null 2>&1 || status=1
+OUT=$OUT MT_BUILD=$b MT_MOE_GEMM=loop timeout 240 bash scripts/moe-bench.sh > /dev/null 2>&1 || status=1
 grep -E "^moe_bench|^probe|^==|total|forward \+ backward|mt_moe_|all expert GEMMs|FAIL|megatrain:" \
   "$OUT/moe-bench.log" | tee -a "$log"
 

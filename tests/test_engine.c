@@ -186,6 +186,48 @@ static void check_memory_modes(const char *variant, mt_state_format format) {
     setup_free(&s);
 }
 
+/* mt_engine_set_weights between steps takes effect everywhere the weights live (the host
+ * state, the upload copy, resident layers, the GPU tier): an engine given another engine's
+ * weights before each step computes that engine's loss and gradient norm bit for bit, whatever
+ * its own weights and moments were (the lock-step comparisons of tests/gpu rely on it). */
+static void test_set_weights_between_steps(void **state) {
+    (void)state;
+    setup s;
+    setup_init(&s, "qwen3_qknorm", 3);
+    float *other = mt_aligned_alloc((size_t)s.table.total * sizeof(float));
+    float *w = mt_aligned_alloc((size_t)s.table.total * sizeof(float));
+    mt_param_init(&s.table, other, 0.2f, 4);
+    const struct { int resident, tier; mt_state_format f; } mode[] = {
+        {0, 0, MT_STATE_FULL}, {1, 0, MT_STATE_FULL}, {0, 2, MT_STATE_FULL}, {0, 3, MT_STATE_COMPACT},
+        {1, 1, MT_STATE_TIGHT}};
+    for (size_t k = 0; k < sizeof mode / sizeof mode[0]; k++) {
+        mt_backend *ba = mt_backend_cpu_create(), *bb = mt_backend_cpu_create();
+        mt_engine_opts o = {.batch = B_ROWS, .micro_batch = 2, .T = T_LEN, .n_slots = 2, .opt_threads = 1,
+                            .resident = mode[k].resident, .gpu_layers = mode[k].tier, .state = mode[k].f,
+                            .seed = 77};
+        mt_engine *a = mt_engine_create(&s.table, ba, &o, s.weights);
+        mt_engine *b = mt_engine_create(&s.table, bb, &o, other);
+        for (int step = 0; step < 4; step++) {
+            mt_step_result ra, rb;
+            if (step == 1) { /* b trains a step on its own first: its moments and copies differ */
+                mt_engine_step(b, s.ids, s.targets, &hp, 1, 1.0, &rb);
+            }
+            mt_engine_get_weights(a, w);
+            mt_engine_set_weights(b, w);
+            mt_engine_step(a, s.ids, s.targets, &hp, step + 1, 1.0, &ra);
+            mt_engine_step(b, s.ids, s.targets, &hp, step + 1, 1.0, &rb);
+            if (ra.loss != rb.loss || ra.grad_norm != rb.grad_norm)
+                fail_msg("resident %d tier %d %s step %d: loss %.9g vs %.9g, norm %.9g vs %.9g after "
+                         "set_weights", mode[k].resident, mode[k].tier, mt_state_format_name(mode[k].f),
+                         step + 1, ra.loss, rb.loss, ra.grad_norm, rb.grad_norm);
+        }
+        mt_engine_destroy(a), mt_engine_destroy(b);
+        ba->destroy(ba), bb->destroy(bb);
+    }
+    free(other), free(w);
+    setup_free(&s);
+}
+
 static void test_memory_modes(void **state) {
     (void)state;
     for (int f = MT_STATE_FULL; f <= MT_STATE_TIGHT; f++) {
@@ -416,6 +458,7 @@ int main(void) {
         cmocka_unit_test(test_engine_matches_runner),
         cmocka_unit_test(test_optimizer_overlaps_forward),
         cmocka_unit_test(test_memory_modes),
+        cmocka_unit_test(test_set_weights_between_steps),
         cmocka_unit_test(test_nonfinite_step_skipped),
         cmocka_unit_test(test_mlp_tiled_engine),
     };

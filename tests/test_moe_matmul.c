@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/moe_gemm_choice.h"
 #include "core/error.h"
 #include "util/testutil.h"
 
@@ -111,12 +112,38 @@ static void check_backward(int accumulate) {
 static void test_backward(void **state) { check_backward(0); }
 static void test_backward_accumulate(void **state) { check_backward(1); }
 
+/* MT_MOE_GEMM's values and auto's rule (moe_gemm_choice.h): grouped below 512 rows an expert,
+ * the loop from there; the named modes whatever the rows; a bad value refused. */
+static void test_gemm_choice(void **state) {
+    (void)state;
+    mt_moe_gemm_mode m = MT_MOE_GEMM_LOOP;
+    assert_int_equal(mt_moe_gemm_mode_parse(NULL, &m), 1), assert_int_equal(m, MT_MOE_GEMM_AUTO);
+    m = MT_MOE_GEMM_LOOP;
+    assert_int_equal(mt_moe_gemm_mode_parse("", &m), 1), assert_int_equal(m, MT_MOE_GEMM_AUTO);
+    assert_int_equal(mt_moe_gemm_mode_parse("loop", &m), 1), assert_int_equal(m, MT_MOE_GEMM_LOOP);
+    assert_int_equal(mt_moe_gemm_mode_parse("grouped", &m), 1);
+    assert_int_equal(m, MT_MOE_GEMM_GROUPED);
+    assert_int_equal(mt_moe_gemm_mode_parse("auto", &m), 1), assert_int_equal(m, MT_MOE_GEMM_AUTO);
+    assert_int_equal(mt_moe_gemm_mode_parse("Grouped", &m), 0);
+    assert_int_equal(m, MT_MOE_GEMM_AUTO); /* untouched */
+    assert_string_equal(mt_moe_gemm_mode_name(MT_MOE_GEMM_GROUPED), "grouped");
+    /* Qwen3-30B-A3B's layer (E 128, top-8): 4096 tokens = 256 rows an expert, 16384 = 1024 */
+    assert_int_equal(mt_moe_gemm_use_grouped(MT_MOE_GEMM_AUTO, 4096 * 8, 128), 1);
+    assert_int_equal(mt_moe_gemm_use_grouped(MT_MOE_GEMM_AUTO, 16384 * 8, 128), 0);
+    assert_int_equal(mt_moe_gemm_use_grouped(MT_MOE_GEMM_AUTO, 512 * 128 - 1, 128), 1);
+    assert_int_equal(mt_moe_gemm_use_grouped(MT_MOE_GEMM_AUTO, 512 * 128, 128), 0);
+    assert_int_equal(mt_moe_gemm_use_grouped(MT_MOE_GEMM_AUTO, (int64_t)65536 * 8, 128), 0);
+    assert_int_equal(mt_moe_gemm_use_grouped(MT_MOE_GEMM_LOOP, 1, 128), 0);
+    assert_int_equal(mt_moe_gemm_use_grouped(MT_MOE_GEMM_GROUPED, (int64_t)1 << 30, 8), 1);
+}
+
 int main(void) {
     cpu = mt_backend_cpu_create();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forward),
         cmocka_unit_test(test_backward),
         cmocka_unit_test(test_backward_accumulate),
+        cmocka_unit_test(test_gemm_choice),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     cpu->destroy(cpu);

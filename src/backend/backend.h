@@ -221,7 +221,8 @@ struct mt_backend {
      * (dweight's the same offset of dweight). offsets_host is the host's copy of the compute
      * side's offsets (sizes come from it); both must hold the same values. The cpu backend runs the
      * per-expert loop (mt_backend_moe_matmul_loop_*); cuda runs it too, or one cuBLAS grouped GEMM
-     * per product under MT_MOE_GEMM=grouped (moe_gemm.cu). */
+     * per product (moe_gemm.cu), as MT_MOE_GEMM says (auto, the default: grouped with few rows an
+     * expert; moe_gemm_choice.h). */
     void (*moe_matmul_forward)(mt_backend *be, void *out, const void *inp, const void *weight,
                                size_t w_stride, const int32_t *offsets,
                                const int32_t *offsets_host, int E, int K, int M);
@@ -241,7 +242,7 @@ struct mt_backend {
 };
 
 /* moe_matmul_forward / moe_matmul_backward as one be->matmul_forward / matmul_backward per expert
- * with rows (moe_loop.c): the cpu backend's ops, and the cuda backend's under MT_MOE_GEMM=loop. */
+ * with rows (moe_loop.c): the cpu backend's ops, and the cuda backend's when it loops. */
 void mt_backend_moe_matmul_loop_forward(mt_backend *be, void *out, const void *inp,
                                         const void *weight, size_t w_stride,
                                         const int32_t *offsets, const int32_t *offsets_host, int E,

@@ -166,7 +166,8 @@ static void test_ops(void **state) {
 }
 
 /* ---- the experts' GEMMs: MT_MOE_GEMM=grouped (one cuBLAS grouped GEMM per product) against the
- * loop (one cuBLASLt call per expert) and the CPU's fp32 op, on bf16-exact inputs ---- */
+ * loop (one cuBLASLt call per expert) and the CPU's fp32 op, on bf16-exact inputs; auto (the
+ * default) at this size must be the grouped one ---- */
 
 enum { XE = 16, XK = 40, XM = 24, XSTRIDE = XM * XK + 8 }; /* K not a multiple of 16 */
 
@@ -257,13 +258,26 @@ static void test_expert_gemms(void **state) {
     mt_test_fill_normal(&r, w, nw, 0.2f), round_bf16(w, nw);
     mt_test_fill_normal(&r, dout, nout, 1.0f), round_bf16(dout, nout);
     mt_test_fill_normal(&r, dw0, nw, 1.0f);
+    const char *env = getenv("MT_MOE_GEMM");
+    char *was = env ? strdup(env) : NULL;
     setenv("MT_MOE_GEMM", "grouped", 1);
     mt_backend *grouped = mt_backend_cuda_create(0);
-    unsetenv("MT_MOE_GEMM");
+    setenv("MT_MOE_GEMM", "loop", 1);
+    mt_backend *loop = mt_backend_cuda_create(0);
+    unsetenv("MT_MOE_GEMM"); /* the default: auto */
+    mt_backend *autom = mt_backend_cuda_create(0);
+    if (was) setenv("MT_MOE_GEMM", was, 1), free(was);
     expert_results ref = run_experts(cpu, off, R, inp, w, dout, dw0);
-    expert_results lp = run_experts(gpu, off, R, inp, w, dout, dw0);
+    expert_results lp = run_experts(loop, off, R, inp, w, dout, dw0);
     expert_results gr = run_experts(grouped, off, R, inp, w, dout, dw0);
+    expert_results au = run_experts(autom, off, R, inp, w, dout, dw0);
     int ok = 1;
+    /* auto at R / XE = 9.6 rows an expert (< MT_MOE_GROUPED_MAX_ROWS) is grouped, bit for bit */
+    if (memcmp(au.out, gr.out, nout * 4) || memcmp(au.dinp_acc, gr.dinp_acc, nin * 4) ||
+        memcmp(au.dw, gr.dw, nw * 4)) {
+        fprintf(stderr, "auto at %d rows over %d experts did not run the grouped GEMMs  FAIL\n", R, XE);
+        ok = 0;
+    }
     ok &= mt_check_rel("grouped vs loop: forward", gr.out, lp.out, nout, 8e-3);
     ok &= mt_check_rel("grouped vs loop: dinp", gr.dinp, lp.dinp, nin, 8e-3);
     ok &= mt_check_rel("grouped vs loop: dinp accumulated", gr.dinp_acc, lp.dinp_acc, nin,
@@ -282,8 +296,8 @@ static void test_expert_gemms(void **state) {
             ok = 0;
         }
     }
-    free_results(&ref), free_results(&lp), free_results(&gr);
-    grouped->destroy(grouped);
+    free_results(&ref), free_results(&lp), free_results(&gr), free_results(&au);
+    grouped->destroy(grouped), loop->destroy(loop), autom->destroy(autom);
     free(inp), free(w), free(dout), free(dw0);
     assert_true(ok);
 }

@@ -350,7 +350,7 @@ static void cu_moe_matmul_forward(mt_backend *be, void *out, const void *inp, co
                                   size_t w_stride, const int32_t *offsets,
                                   const int32_t *offsets_host, int E, int K, int M) {
     mt_cuda_ctx *c = mt_cuda_ctx_of(be);
-    if (!c->moe_gemm_grouped) {
+    if (!mt_moe_gemm_use_grouped((mt_moe_gemm_mode)c->moe_gemm_mode, offsets_host[E], E)) {
         mt_backend_moe_matmul_loop_forward(be, out, inp, weight, w_stride, offsets, offsets_host,
                                            E, K, M);
         return;
@@ -363,7 +363,7 @@ static void cu_moe_matmul_backward(mt_backend *be, void *dinp, float *dweight, c
                                    const int32_t *offsets, const int32_t *offsets_host, int E,
                                    int K, int M, int accumulate) {
     mt_cuda_ctx *c = mt_cuda_ctx_of(be);
-    if (!c->moe_gemm_grouped) {
+    if (!mt_moe_gemm_use_grouped((mt_moe_gemm_mode)c->moe_gemm_mode, offsets_host[E], E)) {
         mt_backend_moe_matmul_loop_backward(be, dinp, dweight, dout, inp, weight, w_stride, offsets,
                                             offsets_host, E, K, M, accumulate);
         return;
@@ -410,18 +410,20 @@ static void cu_lm_head_loss(mt_backend *be, float *losses, void *dinp, float *dw
 
 /* ---------------- creation ---------------- */
 
-/* MT_MOE_GEMM: the experts' GEMMs one cuBLASLt call per expert (loop, the default) or one cuBLAS
- * grouped GEMM per product (grouped). */
-static int moe_gemm_grouped_from_env(void) {
+/* MT_MOE_GEMM: the experts' GEMMs one cuBLASLt call per expert (loop), one cuBLAS grouped GEMM
+ * per product (grouped), or per call by the rows per expert (auto, the default:
+ * moe_gemm_choice.h). Without a grouped GEMM in this cuBLAS, auto is the loop. */
+static mt_moe_gemm_mode moe_gemm_mode_from_env(void) {
     const char *e = getenv("MT_MOE_GEMM");
-    if (!e || !*e || strcmp(e, "loop") == 0) return 0;
-    if (strcmp(e, "grouped") == 0) {
-        if (mt_cuda_moe_gemm_available()) return 1;
-        fprintf(stderr, "megatrain: MT_MOE_GEMM=grouped: this build's cuBLAS has no grouped GEMM "
-                "(12.5 or newer has); use MT_MOE_GEMM=loop\n");
+    mt_moe_gemm_mode mode;
+    if (!mt_moe_gemm_mode_parse(e, &mode)) {
+        fprintf(stderr, "megatrain: MT_MOE_GEMM=%s: expected auto, loop or grouped\n", e);
         exit(1);
     }
-    fprintf(stderr, "megatrain: MT_MOE_GEMM=%s: expected loop or grouped\n", e);
+    if (mt_cuda_moe_gemm_available() || mode == MT_MOE_GEMM_LOOP) return mode;
+    if (mode == MT_MOE_GEMM_AUTO) return MT_MOE_GEMM_LOOP;
+    fprintf(stderr, "megatrain: MT_MOE_GEMM=grouped: this build's cuBLAS has no grouped GEMM "
+            "(12.5 or newer has); use MT_MOE_GEMM=loop\n");
     exit(1);
 }
 
@@ -445,10 +447,10 @@ mt_backend *mt_backend_cuda_create(int64_t mem_budget_bytes) {
         mt_fatal(__FILE__, __LINE__, "no usable CUDA device (%s); use --device cpu",
                  err != cudaSuccess ? cudaGetErrorString(err) : "device count 0");
 
-    int moe_grouped = moe_gemm_grouped_from_env(); /* a bad value stops before any allocation */
+    mt_moe_gemm_mode moe_mode = moe_gemm_mode_from_env(); /* a bad value stops before any allocation */
     cuda_state *st = (cuda_state *)mt_calloc(1, sizeof *st);
     mt_cuda_ctx *c = &st->base;
-    c->moe_gemm_grouped = moe_grouped;
+    c->moe_gemm_mode = moe_mode;
     pthread_mutex_init(&st->mu, NULL);
     CUDA_CHECK(cudaGetDevice(&c->device));
     CUDA_CHECK(cudaSetDevice(c->device));

@@ -10,6 +10,7 @@
 
 #include "../../core/error.h"
 #include "../backend.h"
+#include "../moe_gemm_choice.h"
 
 typedef __nv_bfloat16 bf16;
 
@@ -44,7 +45,7 @@ typedef struct {
     int64_t used;             /* bytes allocated through be->alloc */
     void *scratch;            /* grow-only scratch for ops that need it (lm_head logits chunk) */
     size_t scratch_bytes;
-    int moe_gemm_grouped;     /* MT_MOE_GEMM=grouped: the experts' GEMMs through moe_gemm.cu */
+    int moe_gemm_mode;        /* MT_MOE_GEMM (mt_moe_gemm_mode): loop, grouped (moe_gemm.cu), auto */
     mt_cuda_moe_gemm *moe_gemm; /* its cuBLAS handle and arrays, made on first use */
 } mt_cuda_ctx;
 

@@ -1,6 +1,7 @@
 /* The experts' GEMMs as cuBLAS grouped GEMMs (cublasGemmGroupedBatchedEx, cuBLAS >= 12.5): one
  * call per product over every expert with rows, instead of one cuBLASLt call per expert
- * (backend.h's moe_matmul_forward; MT_MOE_GEMM=grouped picks it, backend_cuda.cu).
+ * (backend.h's moe_matmul_forward; MT_MOE_GEMM=grouped, or auto with few rows an expert, picks it:
+ * backend_cuda.cu, moe_gemm_choice.h).
  *
  * Each expert with rows is a group of one problem (the row counts differ), in the column-major
  * terms of matmul.cu's table: forward A = W_e op T, B = inp rows op N, D = out rows; dinp A = W_e
@@ -12,7 +13,7 @@
  * arrays (3 x E pointers) are the only device memory it takes outside the budget.
  *
  * cuBLAS may refuse bf16 x bf16 -> fp32 (the weight gradient's D) in the grouped call: the first
- * refusal is printed once and the weight gradients go back to the per-expert loop (the same
+ * refusal is printed once (under MT_MOE_GEMM=grouped; auto says nothing) and the weight gradients go back to the per-expert loop (the same
  * cuBLASLt calls as MT_MOE_GEMM=loop); the data products stay grouped. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -176,7 +177,8 @@ int mt_cuda_moe_matmul_backward(mt_cuda_ctx *ctx, bf16 *dinp, float *dweight, co
                                 1.0f, offsets, offsets_host, E, s);
     if (st == CUBLAS_STATUS_SUCCESS) return 1;
     g->f32_refused = 1;
-    fprintf(stderr, "megatrain: cuBLAS's grouped GEMM refuses bf16 x bf16 -> fp32 (status %d): the "
+    if (ctx->moe_gemm_mode == MT_MOE_GEMM_GROUPED) /* asked for by name: say it */
+        fprintf(stderr, "megatrain: cuBLAS's grouped GEMM refuses bf16 x bf16 -> fp32 (status %d): the "
             "experts' weight gradients run one GEMM per expert\n", (int)st);
     return 0;
 }
