@@ -299,6 +299,51 @@ static void test_moe_flops(void **state) {
     mt_param_table_free(&t);
 }
 
+/* An MoE layer's time beyond its FLOPs (moe_pass_extra_s), Qwen3-30B-A3B (48 MoE layers, E 128,
+ * k 8, C 2048, Fe 768) at 16 x 4096 with the backend's MoE numbers set to c = 3 us a call, grouped
+ * data products at 250 TFLOP/s below 512 rows an expert, routing at 1.1 TB/s. By hand, a call of
+ * n tokens: data D(n) = 2 n k 3 C Fe FLOPs; routing R(n) = n k (4C + 6Fe) / 1.1e12 s; the loop's
+ * forward 3 E c + R, the grouped forward D (1/250e12 - 1/600e12) + 3 c + R; the backward adds the
+ * weight gradients' 3 E c (per expert in both modes); a layer's step: forward x 2 (its recompute)
+ * + backward, N / n calls of each; without recompute (every layer saved) forward + backward. */
+static void test_moe_extra_by_hand(void **state) {
+    (void)state;
+    mt_param_table t;
+    load(&t, "../../bench/configs/qwen3-30b-a3b.json");
+    mt_backend_memory m = mt_backend_cuda_memory();
+    m.moe_call_s = 3e-6, m.moe_grouped_rate = 250e12, m.moe_grouped_below = 512, m.moe_route_rate = 1.1e12;
+    const double N = 65536, E = 128, k = 8, C = 2048, Fe = 768, c = 3e-6;
+#define D_OF(n) (2.0 * (n) * k * 3 * C * Fe)
+#define R_OF(n) ((n) * k * (4 * C + 6 * Fe) / 1.1e12)
+    mt_engine_opts o = opts_7b(MT_STATE_TIGHT, 0);
+    mt_step_time st;
+    /* the whole micro-batch a call: 4096 rows an expert, the loop */
+    mt_step_time_of(&t, MT_BF16, &o, &m, 3.4e9, &st);
+    double fwd = 3 * E * c + R_OF(N), bwd = fwd + 3 * E * c, want = 48 * (2 * fwd + bwd);
+    fprintf(stderr, "Qwen3 16 x 4096 untiled, loop: MoE extra %.4f s (by hand %.4f)\n", st.moe_s, want);
+    assert_true(fabs(st.moe_s - want) <= 1e-9 * want);
+    assert_true(fabs(st.compute_s - (st.flops / 6e14 + want)) <= 1e-9 * st.compute_s);
+    /* every layer saved: no recompute */
+    o.saved_layers = 48;
+    mt_step_time_of(&t, MT_BF16, &o, &m, 3.4e9, &st);
+    assert_true(fabs(st.moe_s - 48 * (fwd + bwd)) <= 1e-9 * want);
+    /* micro-batch 1 in chunks of 2048: 128 rows an expert, grouped, 32 calls a pass */
+    o.saved_layers = 0, o.micro_batch = 1, o.mlp_chunk = 2048;
+    mt_step_time_of(&t, MT_BF16, &o, &m, 3.4e9, &st);
+    fwd = D_OF(2048) * (1 / 250e12 - 1 / 6e14) + 3 * c + R_OF(2048), bwd = fwd + 3 * E * c;
+    want = 48 * 32 * (2 * fwd + bwd);
+    fprintf(stderr, "Qwen3 micro 1, chunks of 2048, grouped: MoE extra %.4f s (by hand %.4f)\n", st.moe_s, want);
+    assert_true(fabs(st.moe_s - want) <= 1e-9 * want);
+    /* the same calls, the loop (no grouped GEMM): 3 E c a forward call */
+    m.moe_grouped_below = 0;
+    mt_step_time_of(&t, MT_BF16, &o, &m, 3.4e9, &st);
+    fwd = 3 * E * c + R_OF(2048), bwd = fwd + 3 * E * c, want = 48 * 32 * (2 * fwd + bwd);
+    assert_true(fabs(st.moe_s - want) <= 1e-9 * want);
+#undef D_OF
+#undef R_OF
+    mt_param_table_free(&t);
+}
+
 /* `plan` for Qwen3-30B-A3B at 16 x 4096 on the H200 (139 GiB, 125 GiB host; MT_HOST_ADAMW=3.8):
  * full does not fit the host and names a --state that does; compact fits, and its lines say by
  * hand: a layer 623,120,896 params = 1.16 GiB in bf16, 97% of it experts (603,979,776), its
@@ -309,6 +354,7 @@ static void test_plan_moe_cli(void **state) {
     (void)state;
     static char out[OUT_SIZE];
     setenv("MT_HOST_ADAMW", "3.8", 1);
+    unsetenv("MT_MOE_GEMM"); /* the default, auto, whatever the caller's environment says */
     char *cfg = mt_fixture_path("../../bench/configs/qwen3-30b-a3b.json");
     const char *flags = "--batch 16 --seq 4096 --device cuda --gpu-mem 139G --host-mem 125G";
     int rc = mt_cli_run(&env, out, sizeof out, "plan --init '%s' %s --state full", cfg, flags);
@@ -320,11 +366,17 @@ static void test_plan_moe_cli(void **state) {
     mt_cli_expect(rc, 0, out, "fits");
     char want[256];
     const double N = 65536, layer = 623120896.0;
+    /* this plan runs the layer in chunks of 1024 tokens (64 rows an expert: grouped under the
+     * default MT_MOE_GEMM=auto); the forward adds, over 64 calls, test_moe_extra_by_hand's grouped
+     * forward with the cuda backend's numbers (3 us, 250 TFLOP/s, 1.1 TB/s) */
+    mt_cli_expect(rc, 0, out, "tiles:       layer in chunks of 1024 of its 4096 tokens");
+    double extra = 64 * (2.0 * 1024 * 8 * 3 * 2048 * 768 * (1 / 250e12 - 1 / 6e14) + 9e-6 +
+                         1024 * 8 * (4 * 2048 + 6 * 768) / 1.1e12);
     snprintf(want, sizeof want, "per layer:   %.2f GiB of weights up twice a step, forward %.0f ms, host "
              "update %.0f ms; an MoE layer's experts are %.0f%% of its bytes, a token computes with 8 of 128",
-             layer * 2 / GIB, (2 * N * 56885248.0 + 4 * N * 2048 * 32 * 128) / 6e14 * 1e3,
+             layer * 2 / GIB, ((2 * N * 56885248.0 + 4 * N * 2048 * 32 * 128) / 6e14 + extra) * 1e3,
              layer / 3.8e9 * 1e3, 100 * 603979776.0 / layer);
-    assert_string_equal(want, "per layer:   1.16 GiB of weights up twice a step, forward 16 ms, host update "
+    assert_string_equal(want, "per layer:   1.16 GiB of weights up twice a step, forward 34 ms, host update "
                               "164 ms; an MoE layer's experts are 97% of its bytes, a token computes with 8 of 128");
     mt_cli_expect(rc, 0, out, want);
     mt_cli_expect(rc, 0, out, "active experts only");
@@ -352,6 +404,7 @@ int main(void) {
         cmocka_unit_test(test_wait_by_hand),       cmocka_unit_test(test_auto_tier_for_speed),
         cmocka_unit_test(test_capped_explicit_cpu), cmocka_unit_test(test_pieces_by_hand),
         cmocka_unit_test(test_moe_flops),          cmocka_unit_test(test_plan_moe_cli),
+        cmocka_unit_test(test_moe_extra_by_hand),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -62,6 +62,12 @@ typedef struct {
     double flops_rate;  /* FLOP/s the step's matmuls (engine/flops.h's executed count) run at */
     double h2d_rate, d2h_rate; /* bytes/s of a pinned copy, one direction alone */
     double duplex_rate; /* bytes/s each way while both directions copy */
+    /* An MoE layer's GPU time beyond its FLOPs at flops_rate (step_time.c; 0: not counted): */
+    double moe_call_s;       /* the fixed cost of one expert GEMM call (a loop of small ones is
+                                bound by it) */
+    double moe_grouped_rate; /* FLOP/s of the grouped GEMM's data products (0: none) */
+    int moe_grouped_below;   /* rows an expert under which the data products run grouped (0: never) */
+    double moe_route_rate;   /* bytes/s of the routing kernels (gather, SwiGLU, combine) */
 } mt_backend_memory;
 
 struct mt_backend {

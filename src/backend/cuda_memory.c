@@ -5,6 +5,7 @@
 
 #include "backend.h"
 #include "cuda/cuda_memory.h"
+#include "moe_gemm_choice.h"
 
 static int head_chunk_rows(int N, int V) { return mt_cuda_lm_head_chunk_rows(N, V); }
 
@@ -21,6 +22,14 @@ static double attention_pool_docs(void) {
     return env_is("MT_ATTENTION_DOCS", "own") || env_is("MT_ATTENTION", "own")
                ? MT_CUDA_ATTENTION_POOL_PER_ELEM
                : MT_CUDA_ATTENTION_DOCS_POOL_PER_ELEM;
+}
+
+/* The rows an expert under which MT_MOE_GEMM groups the experts' data products (moe_gemm_choice.h;
+ * a bad value is the backend's error at creation). */
+static int moe_grouped_below(void) {
+    mt_moe_gemm_mode mode = MT_MOE_GEMM_AUTO;
+    mt_moe_gemm_mode_parse(getenv("MT_MOE_GEMM"), &mode);
+    return mode == MT_MOE_GEMM_LOOP ? 0 : mode == MT_MOE_GEMM_GROUPED ? 1 << 30 : MT_MOE_GROUPED_MAX_ROWS;
 }
 
 mt_backend_memory mt_backend_cuda_memory(void) {
@@ -40,5 +49,17 @@ mt_backend_memory mt_backend_cuda_memory(void) {
                                   (1.5B: 56%), so their estimate is optimistic. PCIe Gen5 x16,
                                   pinned: 55.2 GB/s up, 55.3 down, 46.2 each way at once */
                                .flops_rate = 0.75 * 800e12, .h2d_rate = 55.2e9, .d2h_rate = 55.3e9,
-                               .duplex_rate = 46.2e9};
+                               .duplex_rate = 46.2e9,
+                               /* MoE on the H200 (bench/RESULTS.md, session 8). moe_bench
+                                  (Qwen3-30B-A3B's layer at 4096-65536 tokens, Mixtral's): the
+                                  grouped call's data products at 240-270 TFLOP/s; the routing
+                                  kernels moved a routed row's 4C + 6Fe bytes at 0.9-1.35 TB/s. A
+                                  call's fixed cost from training, not the bench: session 7's
+                                  Qwen3 compact step (2048-token chunks: 2.36M expert GEMM calls,
+                                  10.8-12.4 s GPU busy, less 3.38 s of FLOPs and 0.88 s of routing)
+                                  gives ~3 us; the bench's loop showed 7-12 us a call, which that
+                                  step could not have paid (not understood). With 3 us tight's
+                                  estimate (4.5 s) is 27% under its trace's 6.14 s busy. */
+                               .moe_call_s = 3e-6, .moe_grouped_rate = 250e12,
+                               .moe_grouped_below = moe_grouped_below(), .moe_route_rate = 1.1e12};
 }

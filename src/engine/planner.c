@@ -558,10 +558,14 @@ static void print_step_time(const mt_plan *p, FILE *out) {
     const mt_step_time *s = &p->time;
     const mt_config *c = &p->cfg;
     double est = s->compute_s + s->start_s + s->wait_s;
+    char moe[128] = "";
+    if (c->n_experts)
+        snprintf(moe, sizeof moe, ", active experts only; + %.2f s for the MoE layers' GEMM calls and routing",
+                 s->moe_s);
     fprintf(out, "step time:   ~%.2f s: compute %.2f s (%.3g PFLOP at %.0f TFLOP/s%s), PCIe %.2f s (up %.2f "
             "GiB, down %.2f GiB), host AdamW %.2f s (%.2f Gparam at %.1f Gparam/s: %s)\n",
             est > s->pcie_s ? est : s->pcie_s, s->compute_s, s->flops / 1e15, p->backend.flops_rate / 1e12,
-            c->n_experts ? ", active experts only" : "", s->pcie_s, s->h2d_bytes / MT_GIB, s->d2h_bytes / MT_GIB,
+            moe, s->pcie_s, s->h2d_bytes / MT_GIB, s->d2h_bytes / MT_GIB,
             s->host_s, s->host_params / 1e9, p->host_rate / 1e9, p->host_rate_source);
     if (s->bound == MT_BOUND_HOST)
         fprintf(out, "             bound: the host update, which only the next forward (%.2f s) overlaps: that "

@@ -17,9 +17,39 @@ static double upload_elem(mt_state_format f, mt_dtype dtype) {
     return f == MT_STATE_FULL ? (double)mt_dtype_size(dtype) : 2.0;
 }
 
-/* Layer l's forward in seconds (projections, MLP or experts, attention). */
-static double layer_forward_s(const mt_config *c, int l, double N, int T, double rate) {
-    return (mt_flops_layer_projections(c, l, N, 1) + mt_flops_layer_attention_forward(c, N, T)) / rate;
+/* Tokens in one call of a layer's MLP or experts: the micro-batch, or the layer's chunk. */
+static double call_tokens(const mt_engine_opts *eo, double N) {
+    double n = (double)eo->micro_batch * eo->T;
+    if (eo->mlp_chunk > 0 && eo->mlp_chunk < n) n = eo->mlp_chunk;
+    return n < N ? n : N;
+}
+
+/* An MoE layer's GPU time beyond its matmul FLOPs at flops_rate, for one pass over N tokens in
+ * calls of n (backward 0: a forward; 1: the backward): each expert GEMM call's fixed cost, the
+ * grouped call's own rate for the data products where the backend groups them (few rows an
+ * expert), and the routing kernels' bytes (gather and combine C, SwiGLU Fe, bf16: 4C + 6Fe bytes a
+ * routed row). The backend's moe_* numbers; 0 for a dense layer. */
+static double moe_pass_extra_s(const mt_config *c, int l, double N, double n, const mt_backend_memory *m,
+                               int backward) {
+    if (!mt_config_layer_is_moe(c, l)) return 0;
+    double E = c->n_experts, k = c->top_k, C = c->C, Fe = c->moe_F, rows = n * k / E;
+    double data = 2.0 * n * k * 3.0 * C * Fe; /* gate, up, down; the backward's dinp the same */
+    double t;
+    if (m->moe_grouped_below > 0 && rows < m->moe_grouped_below && m->moe_grouped_rate > 0)
+        t = data * (1 / m->moe_grouped_rate - 1 / m->flops_rate) + 3 * m->moe_call_s;
+    else
+        t = 3 * E * m->moe_call_s;
+    if (backward) t += 3 * E * m->moe_call_s; /* weight gradients: one GEMM an expert in both modes */
+    if (m->moe_route_rate > 0) t += n * k * (4 * C + 6 * Fe) / m->moe_route_rate;
+    return t * N / n;
+}
+
+/* Layer l's forward in seconds (projections, MLP or experts, attention; an MoE layer's extra). */
+static double layer_forward_s(const mt_config *c, int l, const mt_engine_opts *eo, double N,
+                              const mt_backend_memory *m) {
+    return (mt_flops_layer_projections(c, l, N, 1) + mt_flops_layer_attention_forward(c, N, eo->T)) /
+               m->flops_rate +
+           moe_pass_extra_s(c, l, N, call_tokens(eo, N), m, 0);
 }
 
 /* The next forward after the backward (step_time.h), simulated layer by layer: when it ends with
@@ -30,13 +60,12 @@ static double forward_end(const mt_param_table *t, const mt_engine_opts *eo, dou
     const double N = (double)eo->batch * eo->T;
     int L = c->L, k = eo->gpu_layers;
     double compute = start, h2d = start, host = (double)mt_group_size(t, MT_GROUP_EMBED) / host_rate;
-    for (int l = 0; l < k; l++) compute += layer_forward_s(c, l, N, eo->T, m->flops_rate);
+    for (int l = 0; l < k; l++) compute += layer_forward_s(c, l, eo, N, m);
     for (int l = k; l <= L; l++) { /* the streamed layers, then the head */
         double n = (double)mt_group_size(t, l);
         host += n / host_rate;
         h2d = (instant || h2d > host ? h2d : host) + n * el / m->h2d_rate;
-        double f = l < L ? layer_forward_s(c, l, N, eo->T, m->flops_rate)
-                         : mt_flops_head_forward(c, N) / m->flops_rate;
+        double f = l < L ? layer_forward_s(c, l, eo, N, m) : mt_flops_head_forward(c, N) / m->flops_rate;
         compute = (compute > h2d ? compute : h2d) + f;
     }
     return compute;
@@ -52,9 +81,15 @@ void mt_step_time_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_op
                  grad_el = (double)mt_dtype_size(dtype), set = N * c->C * (double)mt_dtype_size(dtype);
     *st = (mt_step_time){0};
     st->flops = mt_flops_executed(c, N, eo->T, eo->saved_layers, eo->saved_attention);
-    st->compute_s = st->flops / m->flops_rate;
     st->forward_s = mt_flops_head_forward(c, N) / m->flops_rate;
-    for (int l = 0; l < L; l++) st->forward_s += layer_forward_s(c, l, N, eo->T, m->flops_rate);
+    for (int l = 0; l < L; l++) st->forward_s += layer_forward_s(c, l, eo, N, m);
+    /* MoE layers: a forward, its recompute unless saved (mt_flops_executed's rule), the backward */
+    const double call = call_tokens(eo, N);
+    for (int l = 0; l < L; l++) {
+        double f = moe_pass_extra_s(c, l, N, call, m, 0), recompute = l < L - eo->saved_layers;
+        st->moe_s += f * (1 + recompute) + moe_pass_extra_s(c, l, N, call, m, 1);
+    }
+    st->compute_s = st->flops / m->flops_rate + st->moe_s;
 
     /* the host groups: embed, the streamed layers, head */
     double embed = (double)mt_group_size(t, MT_GROUP_EMBED), head = (double)mt_group_size(t, L), layers = 0;
@@ -75,7 +110,7 @@ void mt_step_time_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_op
         double n = (double)mt_group_size(t, l);
         if (n * el <= st->layer_bytes) continue;
         st->layer_bytes = n * el;
-        st->layer_forward_s = layer_forward_s(c, l, N, eo->T, m->flops_rate);
+        st->layer_forward_s = layer_forward_s(c, l, eo, N, m);
         st->layer_host_s = n / host_rate;
     }
 
@@ -92,7 +127,7 @@ static int compute_bound(const mt_param_table *t, mt_dtype dtype, const mt_engin
                          const mt_backend_memory *m, double host_rate) {
     mt_engine_opts o = *eo;
     o.batch = B;
-    o.micro_batch = 1; /* neither the FLOPs nor the bytes depend on it */
+    /* neither the FLOPs nor the bytes depend on the micro-batch; an MoE layer's calls do (kept) */
     mt_step_time st;
     mt_step_time_of(t, dtype, &o, m, host_rate, &st);
     return st.pcie_s <= st.compute_s && !mt_step_time_waits(&st);

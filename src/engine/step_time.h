@@ -4,7 +4,9 @@
  *
  * The schedule estimated is the engine's (engine.c, optimizer.c):
  *  - compute: the step's executed matmul FLOPs (flops.h: forward, recompute, backward, LM head;
- *    MoE layers their k active experts) at the backend's flops_rate.
+ *    MoE layers their k active experts) at the backend's flops_rate; MoE layers add what the
+ *    backend reports beyond FLOPs (a fixed cost per expert GEMM call, the grouped GEMM's rate,
+ *    the routing kernels' bytes; moe_pass_extra_s) per call of a micro-batch or chunk.
  *  - PCIe, per step: the streamed layers' weights go up twice (forward, backward; once when
  *    resident), embed and head once; the offloaded checkpoints down once and all but the last
  *    back up; every host group's gradient comes down once (in the backward, or fetched by the
@@ -37,7 +39,8 @@
 typedef enum { MT_BOUND_COMPUTE = 0, MT_BOUND_PCIE = 1, MT_BOUND_HOST = 2 } mt_step_bound;
 
 typedef struct {
-    double flops, compute_s;       /* executed matmul FLOPs; at the backend's rate */
+    double flops, compute_s;       /* executed matmul FLOPs; at the backend's rate, + moe_s */
+    double moe_s;                  /* the MoE layers' time beyond their FLOPs (step_time.c) */
     double forward_s;              /* of which the forward (layers and the LM head's product) */
     double h2d_bytes, d2h_bytes, pcie_s;
     double host_params, host_s;    /* parameters the host updates; at host_rate */

@@ -28,6 +28,10 @@
 #define MT_TSAN_SKIP
 #endif
 
+/* Elements from which set_weights / get_weights split over threads (below it a tensor is a few
+ * hundred microseconds of one core: not worth a parallel region). */
+#define MT_STATE_PARALLEL_MIN ((size_t)1 << 20)
+
 struct mt_optim_state {
     mt_optim_arenas a;    /* every arena, as mt_optim_state_arenas hands them out */
     mt_optim_alloc alloc; /* for a.w */
@@ -152,6 +156,9 @@ void mt_optim_state_set_weights(mt_optim_state *s, size_t offset, const float *w
              a->n);
     mt_bf16 *wh = a->w;
     float *wf = a->w;
+    /* every core: a model's initial weights pass through here (and first touch the master's
+     * pages); small tensors stay on the calling thread */
+#pragma omp parallel for schedule(static) if (n >= MT_STATE_PARALLEL_MIN)
     for (size_t i = 0; i < n; i++) {
         size_t k = offset + i;
         if (a->f == MT_STATE_FULL) {
@@ -171,6 +178,7 @@ void mt_optim_state_get_weights(const mt_optim_state *s, size_t offset, float *w
     MT_CHECK(n <= a->n && offset <= a->n - n, "get_weights [%zu, +%zu) outside %zu", offset, n,
              a->n);
     const mt_bf16 *wh = a->w;
+#pragma omp parallel for schedule(static) if (n >= MT_STATE_PARALLEL_MIN)
     for (size_t i = 0; i < n; i++) {
         size_t k = offset + i;
         if (a->f == MT_STATE_FULL) w[i] = a->master[k];
