@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # session 8 calls 3-4: detached. build, the GPU suite with cuDNN required (the docs test's new bound,
 # MT_MOE_GEMM=auto the default), moe_bench --iters 3 (auto), Qwen3-30B-A3B --state compact (auto:
-# micro-batch 1 = 256 rows an expert, grouped). Logs in /tmp/c9.
+# micro-batch 1 in 2048-token chunks = 128 rows an expert, grouped; the plan says ~10.2 s a step,
+# 7.73 s compute; --trace for bench/trace_summary.py). Logs in /tmp/c9.
 set -uo pipefail
 cd "$1"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -18,7 +19,7 @@ grep -E "^step +[0-9]+: loss cudnn|auto at|grouped vs loop|FAIL" $L/tests.log >>
 say "moe_bench auto"; OMP_NUM_THREADS=16 timeout 120 build-gpu/moe_bench --iters 3 --only qwen3 > $L/moe-bench-auto.log 2>&1; say "moe_bench rc $?"
 grep -E "^==|piece \(|total|forward \+ backward|FAIL|megatrain:" $L/moe-bench-auto.log >> $L/chain.log
 if grep -qE "test_cuda_moe .*Passed" $L/tests.log; then
-  say "moe30b compact auto"; STEPS=3 OUT=$L/st bash scripts/gpu-state-check.sh moe30b > /dev/null 2>&1
+  say "moe30b compact auto"; STEPS=3 OUT=$L/st FLAGS_moe30b="--trace $L/moe30b-compact-trace.json" bash scripts/gpu-state-check.sh moe30b > /dev/null 2>&1
   grep -E "^RESULT|Maximum resident|^step |^micro|^gpu tier|^step time|failed" $L/st/state.log | tail -12 >> $L/chain.log
 fi
 say "chain done"
