@@ -68,6 +68,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/matmul_plans.h"
 #include "core/error.h"
 extern "C" {
 #include "model/config.h"
@@ -764,6 +765,9 @@ int main(int argc, char **argv) {
         run_case("mixtral-8x7b layer", m, 65536);
     }
     be->destroy(be);
-    printf("\nmoe_bench: %s\n", g_failed ? "a check FAILED (see above)" : "all checks passed");
+    long long built = 0, evicted = 0;
+    mt_cuda_matmul_plan_counts(&built, &evicted);
+    printf("\nmatmul plans (cuBLASLt, one per shape): %lld built, %lld evicted\n", built, evicted);
+    printf("moe_bench: %s\n", g_failed ? "a check FAILED (see above)" : "all checks passed");
     return g_failed;
 }

@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/matmul_plans.h"
 #include "core/dtype.h"
 #include "util/testutil.h"
 
@@ -402,6 +403,31 @@ static void test_matmul(void **state) {
     matmul_case(512, 4096, 11008, 0, 26); /* a 7B MLP up projection */
     matmul_case(512, 11008, 4096, 0, 27); /* and its down projection */
     matmul_case(256, 4096, 4096, 1, 28);
+}
+
+/* The plan cache holds an MoE model's variety of shapes: 3000 row counts of one product (as many
+ * as the per-expert GEMMs of a layer meet over a run) build 3000 plans and evict none, and the
+ * same calls again build nothing. (1024 slots, before session 8, evicted here.) */
+static void test_matmul_plan_cache(void **state) {
+    (void)state;
+    enum { ROWS = 3000, K = 72, M = 40 };
+    void *inp = gpu->alloc(gpu, (size_t)ROWS * K * 2), *w = gpu->alloc(gpu, (size_t)M * K * 2);
+    void *out = gpu->alloc(gpu, (size_t)ROWS * M * 2);
+    gpu->zero(gpu, inp, (size_t)ROWS * K * 2), gpu->zero(gpu, w, (size_t)M * K * 2);
+    long long built0, evicted0, built1, evicted1, built2, evicted2;
+    mt_cuda_matmul_plan_counts(&built0, &evicted0);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int r = 1; r <= ROWS; r++) gpu->matmul_forward(gpu, out, inp, w, NULL, r, K, M);
+        gpu->sync(gpu);
+        mt_cuda_matmul_plan_counts(pass ? &built2 : &built1, pass ? &evicted2 : &evicted1);
+    }
+    fprintf(stderr, "plan cache: %lld plans built by %d shapes, %lld evicted; again: %lld built\n",
+            built1 - built0, ROWS, evicted1 - evicted0, built2 - built1);
+    assert_int_equal(built1 - built0, ROWS);
+    assert_int_equal(evicted1 - evicted0, 0);
+    assert_int_equal(built2 - built1, 0);
+    assert_int_equal(evicted2 - evicted1, 0);
+    gpu->free(gpu, inp), gpu->free(gpu, w), gpu->free(gpu, out);
 }
 
 /* ---------------- rope ---------------- */
@@ -786,6 +812,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_memory),    cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_matmul_plan_cache),
         cmocka_unit_test(test_rope),      cmocka_unit_test(test_swiglu_add),
         cmocka_unit_test(test_sumsq_from_f32), cmocka_unit_test(test_attention),
         cmocka_unit_test(test_lm_head),   cmocka_unit_test(test_streams),

@@ -28,9 +28,13 @@
 #include <string.h>
 
 #include "cuda_vec.cuh"
+#include "matmul_plans.h"
 #include "ops.cuh"
 
-#define PLAN_SLOTS 1024 /* power of two */
+/* Power of two. MoE models make one shape per row count an expert (6 products x the spread of the
+ * routing: thousands of keys at 4096 rows an expert), which 1024 slots would thrash, paying a
+ * heuristic query per call; the plans are ~200 bytes here plus cuBLASLt's descriptors. */
+#define PLAN_SLOTS 16384
 
 typedef struct {
     int m, n, k, lda, ldb, ldd;
@@ -51,6 +55,14 @@ typedef struct {
 
 static plan g_plans[PLAN_SLOTS];
 static pthread_mutex_t g_plans_mu = PTHREAD_MUTEX_INITIALIZER;
+static long long g_plans_built, g_plans_evicted; /* under g_plans_mu */
+
+void mt_cuda_matmul_plan_counts(long long *built, long long *evicted) {
+    pthread_mutex_lock(&g_plans_mu);
+    if (built) *built = g_plans_built;
+    if (evicted) *evicted = g_plans_evicted;
+    pthread_mutex_unlock(&g_plans_mu);
+}
 
 static int ptr_align(const void *p) {
     uintptr_t u = (uintptr_t)p;
@@ -173,8 +185,12 @@ static void lt_gemm(mt_cuda_ctx *ctx, cublasOperation_t ta, cublasOperation_t tb
         if (p->used) { /* 16 collisions in a row: reuse the slot */
             p = &g_plans[h];
             plan_release(p);
+            if (g_plans_evicted++ == 0)
+                fprintf(stderr, "megatrain: cuBLASLt plan cache: %lld shapes seen, evicting from now on "
+                        "(each new shape costs a heuristic query)\n", g_plans_built);
         }
         plan_build(ctx, p, &key);
+        g_plans_built++;
     }
     const float alpha = 1.0f;
     if (p->have_algo) {
