@@ -47,18 +47,8 @@ say "cudnn.h: ${CUDNN_INCLUDE_DIR:-(the copy in third_party/cudnn-frontend/cudnn
 [ -f third_party/cudnn-frontend/include/cudnn_frontend.h ] ||
   say "no third_party/cudnn-frontend/include: run scripts/cudnn-frontend.sh here and carry third_party/cudnn-frontend"
 
-say "== build (scripts/gpu-test.sh build)"
-OUT=/tmp/mt-att-gt bash scripts/gpu-test.sh build > /dev/null 2>&1
-build_rc=$?
-cp /tmp/mt-att-gt/gpu-test.log "$OUT/gpu-test.log" 2>/dev/null
-tail -4 /tmp/mt-att-gt/gpu-test.log | tee -a "$log"
-if [ $build_rc -ne 0 ]; then
-  grep -E -B2 -A8 "error|Error" /tmp/mt-att-gt/build.log | head -60 | tee -a "$log"
-  exit 1
-fi
-multi=$(ls -d /tmp/mtdeps/usr/lib/*-linux-gnu | head -1)
-export LD_LIBRARY_PATH="$multi:$multi/openblas-openmp:$LD_LIBRARY_PATH"
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-16}
+. scripts/gpu-build-step.sh
+gpu_build_step att
 b=build-gpu
 status=0
 

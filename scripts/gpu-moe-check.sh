@@ -19,18 +19,8 @@ say() { echo "$*" | tee -a "$log"; }
 say "== gpu-moe-check.sh $(date -u +%FT%TZ) $(uname -n)"
 export PATH=/usr/local/cuda/bin:$PATH
 
-say "== build (scripts/gpu-test.sh build)"
-OUT=/tmp/mt-moe-gt bash scripts/gpu-test.sh build > /dev/null 2>&1
-build_rc=$?
-cp /tmp/mt-moe-gt/gpu-test.log "$OUT/gpu-test.log" 2>/dev/null
-tail -4 /tmp/mt-moe-gt/gpu-test.log | tee -a "$log"
-if [ $build_rc -ne 0 ]; then
-  grep -E -B2 -A8 "error|Error" /tmp/mt-moe-gt/build.log | head -60 | tee -a "$log"
-  exit 1
-fi
-multi=$(ls -d /tmp/mtdeps/usr/lib/*-linux-gnu | head -1)
-export LD_LIBRARY_PATH="$multi:$multi/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-16}
+. scripts/gpu-build-step.sh
+gpu_build_step moe
 b=build-gpu
 status=0
 el() { echo $(( $(date +%s) - start )); }

@@ -127,6 +127,8 @@ static void test_gemm_choice(void **state) {
     assert_int_equal(mt_moe_gemm_mode_parse("Grouped", &m), 0);
     assert_int_equal(m, MT_MOE_GEMM_AUTO); /* untouched */
     assert_string_equal(mt_moe_gemm_mode_name(MT_MOE_GEMM_GROUPED), "grouped");
+    assert_int_equal(mt_moe_gemm_grouped_below(MT_MOE_GEMM_LOOP), 0);
+    assert_int_equal(mt_moe_gemm_grouped_below(MT_MOE_GEMM_AUTO), 512);
     /* Qwen3-30B-A3B's layer (E 128, top-8): 4096 tokens = 256 rows an expert, 16384 = 1024 */
     assert_int_equal(mt_moe_gemm_use_grouped(MT_MOE_GEMM_AUTO, 4096 * 8, 128), 1);
     assert_int_equal(mt_moe_gemm_use_grouped(MT_MOE_GEMM_AUTO, 16384 * 8, 128), 0);

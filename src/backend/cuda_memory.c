@@ -29,7 +29,7 @@ static double attention_pool_docs(void) {
 static int moe_grouped_below(void) {
     mt_moe_gemm_mode mode = MT_MOE_GEMM_AUTO;
     mt_moe_gemm_mode_parse(getenv("MT_MOE_GEMM"), &mode);
-    return mode == MT_MOE_GEMM_LOOP ? 0 : mode == MT_MOE_GEMM_GROUPED ? 1 << 30 : MT_MOE_GROUPED_MAX_ROWS;
+    return mt_moe_gemm_grouped_below(mode);
 }
 
 mt_backend_memory mt_backend_cuda_memory(void) {

@@ -1,6 +1,7 @@
 /* The experts' GEMMs, loop or grouped: see moe_gemm_choice.h. */
 #include "moe_gemm_choice.h"
 
+#include <limits.h>
 #include <string.h>
 
 int mt_moe_gemm_mode_parse(const char *s, mt_moe_gemm_mode *mode) {
@@ -15,7 +16,10 @@ const char *mt_moe_gemm_mode_name(mt_moe_gemm_mode mode) {
     return mode == MT_MOE_GEMM_LOOP ? "loop" : mode == MT_MOE_GEMM_GROUPED ? "grouped" : "auto";
 }
 
+int mt_moe_gemm_grouped_below(mt_moe_gemm_mode mode) {
+    return mode == MT_MOE_GEMM_LOOP ? 0 : mode == MT_MOE_GEMM_GROUPED ? INT_MAX : MT_MOE_GROUPED_MAX_ROWS;
+}
+
 int mt_moe_gemm_use_grouped(mt_moe_gemm_mode mode, int64_t rows, int E) {
-    if (mode != MT_MOE_GEMM_AUTO) return mode == MT_MOE_GEMM_GROUPED;
-    return E > 0 && rows < (int64_t)MT_MOE_GROUPED_MAX_ROWS * E;
+    return E > 0 && rows < (int64_t)mt_moe_gemm_grouped_below(mode) * E;
 }

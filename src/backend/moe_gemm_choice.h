@@ -29,7 +29,11 @@ typedef enum {
 int mt_moe_gemm_mode_parse(const char *s, mt_moe_gemm_mode *mode);
 /* "loop", "grouped" or "auto". */
 const char *mt_moe_gemm_mode_name(mt_moe_gemm_mode mode);
-/* 1 when a call of `rows` routed rows over E experts runs grouped under mode, 0 when it loops. */
+/* The mean rows an expert below which mode groups a call: 0 for loop (never), INT_MAX for grouped
+ * (always), MT_MOE_GROUPED_MAX_ROWS for auto. The planner takes it as the backend's report. */
+int mt_moe_gemm_grouped_below(mt_moe_gemm_mode mode);
+/* 1 when a call of `rows` routed rows over E experts runs grouped under mode (its mean rows an
+ * expert under mt_moe_gemm_grouped_below), 0 when it loops. */
 int mt_moe_gemm_use_grouped(mt_moe_gemm_mode mode, int64_t rows, int E);
 
 #ifdef __cplusplus

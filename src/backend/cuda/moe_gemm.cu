@@ -13,8 +13,9 @@
  * arrays (3 x E pointers) are the only device memory it takes outside the budget.
  *
  * cuBLAS may refuse bf16 x bf16 -> fp32 (the weight gradient's D) in the grouped call: the first
- * refusal is printed once (under MT_MOE_GEMM=grouped; auto says nothing) and the weight gradients go back to the per-expert loop (the same
- * cuBLASLt calls as MT_MOE_GEMM=loop); the data products stay grouped. */
+ * refusal is printed once (under MT_MOE_GEMM=grouped; auto says nothing) and the weight gradients
+ * go back to the per-expert loop (the same cuBLASLt calls as MT_MOE_GEMM=loop); the data products
+ * stay grouped. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -178,7 +179,7 @@ int mt_cuda_moe_matmul_backward(mt_cuda_ctx *ctx, bf16 *dinp, float *dweight, co
     if (st == CUBLAS_STATUS_SUCCESS) return 1;
     g->f32_refused = 1;
     if (ctx->moe_gemm_mode == MT_MOE_GEMM_GROUPED) /* asked for by name: say it */
-        fprintf(stderr, "megatrain: cuBLAS's grouped GEMM refuses bf16 x bf16 -> fp32 (status %d): the "
-            "experts' weight gradients run one GEMM per expert\n", (int)st);
+        fprintf(stderr, "megatrain: cuBLAS's grouped GEMM refuses bf16 x bf16 -> fp32 (status %d): "
+                "the experts' weight gradients run one GEMM per expert\n", (int)st);
     return 0;
 }
