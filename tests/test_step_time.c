@@ -293,7 +293,7 @@ static void test_moe_flops(void **state) {
     load(&t, "../../bench/configs/mixtral-8x7b-16l.json");
     assert_true(mt_flops_layer_mlp(&t.cfg, 3, N) == 2 * N * (8 * 4096.0 + 2 * 3 * 4096.0 * 14336));
     /* 10 of 16 recomputed: each adds its forward again */
-    double one = mt_flops_layer_projections(&t.cfg, 0, N, 1) + mt_flops_layer_attention_forward(&t.cfg, N, 4096);
+    double one = mt_flops_layer_projections(&t.cfg, 0, N, 1) + mt_flops_layer_attention_forward(&t.cfg, 0, N, 4096);
     assert_true(fabs(mt_flops_executed(&t.cfg, N, 4096, 6, 0) - mt_flops_executed(&t.cfg, N, 4096, 16, 0) -
                      10 * one) <= 1e-12 * one * 10);
     mt_param_table_free(&t);

@@ -10,6 +10,7 @@
 
 #include "../backend/backend.h"
 #include "../core/error.h"
+#include "../model/layer.h"
 #include "../engine/flops.h"
 #include "../model/runner.h"
 #include "args.h"
@@ -110,6 +111,10 @@ int mt_cmd_bench(int argc, char **argv) {
     mt_host_model m;
     if (init) {
         if (mt_host_model_open(&m, NULL, init, 1234, 1) != MT_OK) return mt_cli_fail();
+        if (mt_layer_check_runnable(&m.table.cfg) != MT_OK) {
+            mt_host_model_free(&m);
+            return mt_cli_fail();
+        }
     } else {
         memset(&m, 0, sizeof m);
         mt_config cfg = default_config();

@@ -10,6 +10,7 @@
 
 #include "../backend/backend.h"
 #include "../core/error.h"
+#include "../model/layer.h"
 #include "../io/tokens.h"
 #include "../model/runner.h"
 #include "args.h"
@@ -92,6 +93,10 @@ int mt_cmd_eval(int argc, char **argv) {
     mt_host_model m;
     if (mt_host_model_open(&m, model_dir, NULL, 0, 1) != MT_OK) return mt_cli_fail();
     const mt_config *cfg = &m.table.cfg;
+    if (mt_layer_check_runnable(cfg) != MT_OK) {
+        mt_host_model_free(&m);
+        return mt_cli_fail();
+    }
     if (!T) T = mt_plan_default_seq(cfg); /* as train and plan */
     mt_run_data f = {0};
     char scratch[] = "/tmp/megatrain_eval_XXXXXX"; /* derived files: private, removed at the end */

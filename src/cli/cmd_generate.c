@@ -8,6 +8,7 @@
 
 #include "../backend/backend.h"
 #include "../core/error.h"
+#include "../model/layer.h"
 #include "../model/runner.h"
 #include "../tokenizer/tokenizer.h"
 #include "args.h"
@@ -199,6 +200,10 @@ int mt_cmd_generate(int argc, char **argv) {
     }
     mt_host_model m;
     if (mt_host_model_open(&m, model_dir, NULL, 0, 1) != MT_OK) return mt_cli_fail();
+    if (mt_layer_check_runnable(&m.table.cfg) != MT_OK) {
+        mt_host_model_free(&m);
+        return mt_cli_fail();
+    }
     int V = m.table.cfg.V, rc = 0;
     gen_text g = {0};
     if (open_text(&g, model_dir, V, prompt) != MT_OK) {

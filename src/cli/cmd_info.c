@@ -19,6 +19,28 @@ static void print_usage(FILE *out) {
             "  --tensors           list every tensor: name, shape, owning layer\n");
 }
 
+/* The mixers of a hybrid model: how many of each and the shortest repeating pattern of
+ * layer_types, e.g. "[linear, linear, linear, full] x 16". */
+static void print_layer_types(const mt_config *cfg) {
+    int period = cfg->L;
+    for (int p = 1; p < cfg->L; p++) {
+        if (cfg->L % p) continue;
+        int same = 1;
+        for (int l = p; same && l < cfg->L; l++)
+            same = mt_config_layer_mixer(cfg, l) == mt_config_layer_mixer(cfg, l - p);
+        if (same) { period = p; break; }
+    }
+    printf("layer types: %d %s (linear_attention), %d %s (full_attention); [",
+           mt_config_mixer_layers(cfg, MT_MIXER_GATED_DELTANET), mt_mixer_name(MT_MIXER_GATED_DELTANET),
+           mt_config_mixer_layers(cfg, MT_MIXER_ATTENTION), mt_mixer_name(MT_MIXER_ATTENTION));
+    for (int l = 0; l < period && l < 16; l++)
+        printf("%s%s", l ? ", " : "", mt_config_layer_mixer(cfg, l) == MT_MIXER_GATED_DELTANET ? "linear" : "full");
+    printf("%s] x %d\n", period > 16 ? ", ..." : "", cfg->L / period);
+    printf("gated deltanet: %d key heads x %d, %d value heads x %d, conv kernel %d; attention: "
+           "output gate, RoPE on %d of %d dims; norms (1 + w)\n", cfg->lin_Hk, cfg->lin_Dk,
+           cfg->lin_Hv, cfg->lin_Dv, cfg->lin_K, mt_config_rotary_dim(cfg), cfg->D);
+}
+
 int mt_cmd_info(int argc, char **argv) {
     const char *model_dir = NULL, *init = NULL;
     int tensors = 0;
@@ -55,11 +77,13 @@ int mt_cmd_info(int argc, char **argv) {
            cfg->qk_norm ? "; q/k norm" : "");
     printf("parameters: %.0f (%.3f B); one layer %lld\n", n, n / 1e9,
            (long long)m.table.layer_size);
+    if (mt_config_mixer_layers(cfg, MT_MIXER_GATED_DELTANET) > 0) print_layer_types(cfg);
     if (cfg->n_experts > 0) {
         double a = (double)mt_config_active_param_count(cfg);
-        printf("experts: %d MoE layers of %d experts (width %d), top %d%s%s; active parameters "
+        printf("experts: %d MoE layers of %d experts (width %d), top %d%s%s%s; active parameters "
                "%.0f (%.3f B)\n", mt_config_moe_layers(cfg), cfg->n_experts, cfg->moe_F, cfg->top_k,
                cfg->norm_topk_prob ? ", gates renormalised" : "",
+               cfg->shared_expert ? ", a gated shared expert" : "",
                cfg->router_aux ? ", load-balancing loss" : "", a, a / 1e9);
     }
     /* the planner's numbers, as `megatrain plan --device cuda` prints them for the same shape */
@@ -83,7 +107,11 @@ int mt_cmd_info(int argc, char **argv) {
             const mt_param *p = &m.table.params[i];
             char shape[64];
             if (p->ndim == 1) snprintf(shape, sizeof shape, "(%lld)", (long long)p->shape[0]);
-            else snprintf(shape, sizeof shape, "(%lld, %lld)", (long long)p->shape[0], (long long)p->shape[1]);
+            else if (p->ndim == 2)
+                snprintf(shape, sizeof shape, "(%lld, %lld)", (long long)p->shape[0], (long long)p->shape[1]);
+            else
+                snprintf(shape, sizeof shape, "(%lld, %lld, %lld)", (long long)p->shape[0],
+                         (long long)p->shape[1], (long long)p->shape[2]);
             const char *group = p->layer == MT_GROUP_EMBED ? "embed" : p->layer == cfg->L ? "head" : "layer";
             printf("  %-56s %-16s %s", p->name, shape, group);
             if (p->layer >= 0 && p->layer < cfg->L) printf(" %d", p->layer);

@@ -13,6 +13,7 @@
 
 #include "../backend/backend.h"
 #include "../core/error.h"
+#include "../model/layer.h"
 #include "../engine/engine.h"
 #include "../engine/flops.h"
 #include "../engine/lr.h"
@@ -489,6 +490,7 @@ static int open_model(train_run *r) {
     mt_train_opts *o = &r->o;
     MT_TRY(mt_host_model_open(&r->model, o->model_dir, o->init_config, (uint64_t)o->seed, 0));
     const mt_config *cfg = &r->model.table.cfg;
+    MT_TRY(mt_layer_check_runnable(cfg));
     if (!o->have_seq) o->seq = mt_plan_default_seq(cfg);
     MT_TRY(mt_run_check_seq(cfg, (int)o->seq, "--seq"));
     /* a missing data file is refused before --out is created, so a typo leaves nothing behind */

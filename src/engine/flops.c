@@ -21,33 +21,54 @@ double mt_flops_doc_square_sum(const int32_t *doc_start, int B, int T) {
 }
 
 double mt_flops_attention(const mt_config *c, const int32_t *doc_start, int B, int T) {
-    /* per layer: forward 2 products of 2·H·D FLOPs per visible (query, key) pair, n²/2 pairs a
-     * document; backward 2.5x: 3.5 · 4 · H · D · n² / 2 = 7 · H · D · n² */
-    return 7.0 * c->L * c->H * (double)c->D * mt_flops_doc_square_sum(doc_start, B, T);
+    /* per attention layer: forward 2 products of 2·H·D FLOPs per visible (query, key) pair, n²/2
+     * pairs a document; backward 2.5x: 3.5 · 4 · H · D · n² / 2 = 7 · H · D · n². A Gated
+     * DeltaNet layer's recurrence is linear in n: its forward and backward, 3.5x the forward */
+    double attn = 7.0 * mt_config_mixer_layers(c, MT_MIXER_ATTENTION) * c->H * (double)c->D *
+                  mt_flops_doc_square_sum(doc_start, B, T);
+    return attn + 3.5 * mt_config_mixer_layers(c, MT_MIXER_GATED_DELTANET) *
+                      mt_flops_deltanet_core_forward(c, (double)B * T);
+}
+
+double mt_flops_deltanet_core_forward(const mt_config *c, double tokens) {
+    /* per token and value head, chunk size n = 64 (the chunked form): k·k^T and q·k^T inside the
+     * chunk (2 · 2n·Dk), the triangular solve applied to v and the decayed k (n·(Dv + Dk)), the
+     * masked attention times the corrected values (2n·Dv), and three products with the Dk x Dv
+     * state: the decayed keys' read, the queries' read, the state update (3 · 2·Dk·Dv) */
+    const double n = 64;
+    double Dk = c->lin_Dk, Dv = c->lin_Dv;
+    return tokens * c->lin_Hv * (4 * n * Dk + n * (Dv + Dk) + 2 * n * Dv + 6 * Dk * Dv);
 }
 
 double mt_flops_layer_mlp(const mt_config *c, int l, double tokens) {
-    double C = c->C;
+    double C = c->C, shared = c->shared_expert ? 3.0 * C * c->F + C : 0;
     if (mt_config_layer_is_moe(c, l))
-        return tokens * 2.0 * (C * c->n_experts + (double)c->top_k * 3.0 * C * c->moe_F);
+        return tokens * 2.0 * (C * c->n_experts + (double)c->top_k * 3.0 * C * c->moe_F + shared);
     return tokens * 2.0 * 3.0 * C * c->F;
 }
 
 double mt_flops_layer_projections(const mt_config *c, int l, double tokens, int with_mlp) {
-    double HD = (double)c->H * c->D, GD = (double)c->G * c->D;
-    return tokens * 2.0 * (2 * c->C * HD + 2 * c->C * GD) + (with_mlp ? mt_flops_layer_mlp(c, l, tokens) : 0);
+    double mlp = with_mlp ? mt_flops_layer_mlp(c, l, tokens) : 0, C = c->C;
+    if (mt_config_layer_mixer(c, l) == MT_MIXER_GATED_DELTANET) {
+        double Hv = c->lin_Hv, VD = Hv * c->lin_Dv, Ch = 2.0 * c->lin_Hk * c->lin_Dk + VD;
+        return tokens * 2.0 * (C * (Ch + VD + 2 * Hv) + VD * C) + mlp; /* qkv, z, b, a in; out */
+    }
+    double HD = (double)c->H * c->D, GD = (double)c->G * c->D, q = c->attn_gate ? 2 : 1;
+    return tokens * 2.0 * ((q + 1) * C * HD + 2 * C * GD) + mlp;
 }
 
-double mt_flops_layer_attention_forward(const mt_config *c, double tokens, int T) {
+double mt_flops_layer_attention_forward(const mt_config *c, int l, double tokens, int T) {
+    if (mt_config_layer_mixer(c, l) == MT_MIXER_GATED_DELTANET) return mt_flops_deltanet_core_forward(c, tokens);
     return tokens * 4.0 * (T / 2.0) * c->H * c->D;
 }
 
 double mt_flops_head_forward(const mt_config *c, double tokens) { return tokens * 2.0 * c->C * c->V; }
 
 double mt_flops_executed(const mt_config *c, double tokens, int T, int saved_layers, int saved_attention) {
-    double attn = mt_flops_layer_attention_forward(c, tokens, T), sum = 0;
+    double sum = 0;
     int first_saved = c->L - saved_layers, first_att = first_saved - saved_attention;
     for (int l = 0; l < c->L; l++) {
+        double attn = mt_flops_layer_attention_forward(c, l, tokens, T);
         double layer = mt_flops_layer_projections(c, l, tokens, 1);
         sum += layer * 3 + attn * 3.5; /* forward, backward */
         if (l < first_att) sum += layer + attn;  /* the recompute of a checkpointed layer */

@@ -25,7 +25,8 @@ double mt_flops_6nt(double n_params, double tokens);
  * doc_start (B, T) as model/docs.h defines it (a document starts where doc_start[t] == t). */
 double mt_flops_doc_square_sum(const int32_t *doc_start, int B, int T);
 
-/* The attention FLOPs of one step, forward and backward: 7 · L · H · D · doc_square_sum. */
+/* The attention FLOPs of one step, forward and backward: 7 · L · H · D · doc_square_sum over the
+ * attention layers, plus the Gated DeltaNet layers' recurrence (3.5 x its forward). */
 double mt_flops_attention(const mt_config *c, const int32_t *doc_start, int B, int T);
 
 /* The matmul FLOPs layer l's forward spends on `tokens` tokens in its projections (q, k, v, o,
@@ -35,7 +36,10 @@ double mt_flops_attention(const mt_config *c, const int32_t *doc_start, int B, i
  * its internals or its attention output spares (planner.c), and the forward's time per layer
  * (step_time.h). */
 double mt_flops_layer_projections(const mt_config *c, int l, double tokens, int with_mlp);
-double mt_flops_layer_attention_forward(const mt_config *c, double tokens, int T);
+double mt_flops_layer_attention_forward(const mt_config *c, int l, double tokens, int T);
+/* A Gated DeltaNet mixer's recurrence in the chunked form (chunk 64), forward, on `tokens`
+ * tokens (what mt_flops_layer_attention_forward gives for such a layer; flops.c has the count). */
+double mt_flops_deltanet_core_forward(const mt_config *c, double tokens);
 /* The MLP part of that: 2 * tokens * 3 * C * F dense; MoE 2 * tokens * (C * E + k * 3 * C * Fe). */
 double mt_flops_layer_mlp(const mt_config *c, int l, double tokens);
 /* The LM head's forward product: 2 * tokens * C * V. */

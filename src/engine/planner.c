@@ -77,7 +77,7 @@ static void auto_saved_layers(mt_plan *p) {
     double tokens = (double)p->eo.batch * p->eo.T;
     int tiled = p->eo.mlp_chunk > 0 && p->eo.mlp_chunk < p->eo.micro_batch * p->eo.T;
     /* the recompute's FLOPs each save spares (a tiled layer remakes gate and up in any case) */
-    double att_flops = mt_flops_layer_attention_forward(c, tokens, p->eo.T);
+    double att_flops = mt_flops_layer_attention_forward(c, c->L - 1, tokens, p->eo.T);
     double proj_flops = mt_flops_layer_projections(c, c->L - 1, tokens, !tiled);
     if (att <= 0 || whole <= att || att_flops / att <= (att_flops + proj_flops) / whole) {
         int k = layers_in(left, whole, p->L);

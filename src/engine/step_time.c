@@ -47,7 +47,7 @@ static double moe_pass_extra_s(const mt_config *c, int l, double N, double n, co
 /* Layer l's forward in seconds (projections, MLP or experts, attention; an MoE layer's extra). */
 static double layer_forward_s(const mt_config *c, int l, const mt_engine_opts *eo, double N,
                               const mt_backend_memory *m) {
-    return (mt_flops_layer_projections(c, l, N, 1) + mt_flops_layer_attention_forward(c, N, eo->T)) /
+    return (mt_flops_layer_projections(c, l, N, 1) + mt_flops_layer_attention_forward(c, l, N, eo->T)) /
                m->flops_rate +
            moe_pass_extra_s(c, l, N, call_tokens(eo, N), m, 0);
 }

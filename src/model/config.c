@@ -17,58 +17,9 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "model/config_json.h"
+#include "model/config_qwen3_5.h"
 #include "io/atomic_file.h" /* config.json is replaced atomically, like every file we write */
-
-/* ---- typed field access: every error names the file and the field ---- */
-
-typedef struct {
-    const char *path; /* file name for messages */
-    json_t *root;
-} mt_cfg_src;
-
-/* Reads an integer field. Returns 1 when set, 0 when absent or null, MT_ERR on a wrong type. */
-static int cfg_int(const mt_cfg_src *s, json_t *obj, const char *prefix, const char *key, int *out) {
-    json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) return 0;
-    /* transformers writes some ints as floats (e.g. 8192.0); accept integral reals */
-    double d;
-    if (json_is_integer(v)) {
-        d = (double)json_integer_value(v);
-    } else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v))) {
-        d = json_real_value(v);
-    } else {
-        return mt_error_set("%s: %s%s must be an integer", s->path, prefix, key);
-    }
-    if (d < -2147483647.0 || d > 2147483647.0)
-        return mt_error_set("%s: %s%s = %.0f is out of range", s->path, prefix, key, d);
-    *out = (int)d;
-    return 1;
-}
-
-static int cfg_num(const mt_cfg_src *s, json_t *obj, const char *prefix, const char *key, double *out) {
-    json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) return 0;
-    if (!json_is_number(v)) return mt_error_set("%s: %s%s must be a number", s->path, prefix, key);
-    *out = json_number_value(v);
-    return 1;
-}
-
-static int cfg_bool(const mt_cfg_src *s, const char *key, int *out) {
-    json_t *v = json_object_get(s->root, key);
-    if (!v || json_is_null(v)) return 0;
-    if (!json_is_boolean(v)) return mt_error_set("%s: %s must be true or false", s->path, key);
-    *out = json_is_true(v);
-    return 1;
-}
-
-/* A required positive size. */
-static int cfg_size(const mt_cfg_src *s, const char *key, int *out) {
-    int r = cfg_int(s, s->root, "", key, out);
-    if (r == MT_ERR) return MT_ERR;
-    if (r == 0) return mt_error_set("%s: %s is missing (required)", s->path, key);
-    if (*out <= 0) return mt_error_set("%s: %s = %d must be positive", s->path, key, *out);
-    return MT_OK;
-}
 
 /* ---- refusals of what the runtime cannot honour ---- */
 
@@ -83,30 +34,32 @@ static int cfg_refuse_unsupported(const mt_config *cfg, const mt_cfg_src *s) {
     /* Mixtures of experts are mixtral and qwen3_moe (cfg_moe); these fields elsewhere, and the
      * shared experts of qwen2_moe / deepseek anywhere, describe a model we would compute wrongly. */
     int moe_type = cfg->arch == MT_ARCH_MIXTRAL || cfg->arch == MT_ARCH_QWEN3_MOE;
+    if (cfg->arch == MT_ARCH_QWEN3_5_MOE) moe_type = 0; /* its experts and shared expert: config_qwen3_5.c */
     static const char *moe[] = {"num_experts", "num_local_experts", "num_experts_per_tok",
                                 "moe_intermediate_size", "n_routed_experts", "n_shared_experts",
                                 "shared_expert_intermediate_size"};
     for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) {
         double n = 0;
         if (moe_type && i < 4) continue;
-        if (cfg_num(s, s->root, "", moe[i], &n) == MT_ERR) return MT_ERR;
+        if (cfg->arch == MT_ARCH_QWEN3_5_MOE && i != 4 && i != 5) continue;
+        if (mt_cfg_num(s, s->root, "", moe[i], &n) == MT_ERR) return MT_ERR;
         if (n > 0 && moe_type)
             return mt_error_set("%s: %s = %g: shared experts are not supported (%s has none)",
                                 s->path, moe[i], n, cfg->model_type);
         if (n > 0)
             return mt_error_set("%s: %s = %g: mixture-of-experts fields are supported for model_type "
-                                "mixtral and qwen3_moe only (this is %s)", s->path, moe[i], n,
+                                "mixtral and qwen3_moe only (and qwen3_5_moe, with its shared expert; this is %s)", s->path, moe[i], n,
                                 cfg->model_type);
     }
     double drop = 0;
-    if (cfg_num(s, s->root, "", "attention_dropout", &drop) == MT_ERR) return MT_ERR;
+    if (mt_cfg_num(s, s->root, "", "attention_dropout", &drop) == MT_ERR) return MT_ERR;
     if (drop != 0)
         return mt_error_set("%s: attention_dropout = %g is not supported (must be 0)", s->path, drop);
     int sw = 0;
-    if (cfg_bool(s, "use_sliding_window", &sw) == MT_ERR) return MT_ERR;
+    if (mt_cfg_bool(s, "use_sliding_window", &sw) == MT_ERR) return MT_ERR;
     if (sw) return mt_error_set("%s: use_sliding_window = true is not supported", s->path);
     json_t *lt = json_object_get(s->root, "layer_types");
-    if (lt && !json_is_null(lt)) {
+    if (lt && !json_is_null(lt) && !mt_config_is_qwen3_5(cfg)) {
         if (!json_is_array(lt)) return mt_error_set("%s: layer_types must be a list", s->path);
         size_t i;
         json_t *e;
@@ -121,9 +74,11 @@ static int cfg_refuse_unsupported(const mt_config *cfg, const mt_cfg_src *s) {
 
 /* ---- RoPE ---- */
 
-static int cfg_partial_rotary(const mt_cfg_src *s, json_t *obj, const char *prefix) {
+static int cfg_partial_rotary(const mt_config *cfg, const mt_cfg_src *s, json_t *obj,
+                              const char *prefix) {
+    if (mt_config_is_qwen3_5(cfg)) return MT_OK; /* partial RoPE: config_qwen3_5.c */
     double f = 1.0;
-    if (cfg_num(s, obj, prefix, "partial_rotary_factor", &f) == MT_ERR) return MT_ERR;
+    if (mt_cfg_num(s, obj, prefix, "partial_rotary_factor", &f) == MT_ERR) return MT_ERR;
     if (f != 1.0)
         return mt_error_set("%s: %spartial_rotary_factor = %g is not supported (must be 1)", s->path,
                             prefix, f);
@@ -131,7 +86,7 @@ static int cfg_partial_rotary(const mt_cfg_src *s, json_t *obj, const char *pref
 }
 
 static int cfg_llama3_key(const mt_cfg_src *s, json_t *rp, const char *pre, const char *key, double *out) {
-    int r = cfg_num(s, rp, pre, key, out);
+    int r = mt_cfg_num(s, rp, pre, key, out);
     if (r == MT_ERR) return MT_ERR;
     if (r == 0) return mt_error_set("%s: %s%s is missing (required by rope_type llama3)", s->path, pre, key);
     return MT_OK;
@@ -139,8 +94,8 @@ static int cfg_llama3_key(const mt_cfg_src *s, json_t *rp, const char *pre, cons
 
 static int cfg_parse_rope(mt_config *cfg, const mt_cfg_src *s) {
     cfg->rope_theta = 10000.0; /* transformers' default_theta */
-    if (cfg_num(s, s->root, "", "rope_theta", &cfg->rope_theta) == MT_ERR) return MT_ERR;
-    MT_TRY(cfg_partial_rotary(s, s->root, ""));
+    if (mt_cfg_num(s, s->root, "", "rope_theta", &cfg->rope_theta) == MT_ERR) return MT_ERR;
+    MT_TRY(cfg_partial_rotary(cfg, s, s->root, ""));
 
     const char *pre = "rope_scaling.";
     json_t *rp = json_object_get(s->root, "rope_scaling");
@@ -163,8 +118,8 @@ static int cfg_parse_rope(mt_config *cfg, const mt_cfg_src *s) {
         if (!json_is_string(ty)) return mt_error_set("%s: %s%s must be a string", s->path, pre, tkey);
         tname = json_string_value(ty);
     }
-    if (cfg_num(s, rp, pre, "rope_theta", &cfg->rope_theta) == MT_ERR) return MT_ERR;
-    MT_TRY(cfg_partial_rotary(s, rp, pre));
+    if (mt_cfg_num(s, rp, pre, "rope_theta", &cfg->rope_theta) == MT_ERR) return MT_ERR;
+    MT_TRY(cfg_partial_rotary(cfg, s, rp, pre));
     if (strcmp(tname, "default") == 0) return MT_OK;
     if (strcmp(tname, "llama3") != 0)
         return mt_error_set("%s: %s%s \"%s\" is not supported (supported: default, llama3)", s->path,
@@ -176,7 +131,7 @@ static int cfg_parse_rope(mt_config *cfg, const mt_cfg_src *s) {
     /* transformers falls back to max_position_embeddings (a top-level
      * original_max_position_embeddings is ignored for these model types) */
     cfg->rope_original_max_pos = cfg->max_position_embeddings;
-    if (cfg_int(s, rp, pre, "original_max_position_embeddings", &cfg->rope_original_max_pos) == MT_ERR)
+    if (mt_cfg_int(s, rp, pre, "original_max_position_embeddings", &cfg->rope_original_max_pos) == MT_ERR)
         return MT_ERR;
     return MT_OK;
 }
@@ -198,6 +153,8 @@ static const mt_arch_info mt_archs[] = {
     {"qwen3", "Qwen3ForCausalLM", MT_ARCH_QWEN3, 32768, 32, 128},
     {"mixtral", "MixtralForCausalLM", MT_ARCH_MIXTRAL, 4096 * 32, 8, 0},
     {"qwen3_moe", "Qwen3MoeForCausalLM", MT_ARCH_QWEN3_MOE, 32768, 4, 0}, /* head_dim: C / H */
+    {"qwen3_5", "Qwen3_5ForCausalLM", MT_ARCH_QWEN3_5, 32768, 4, 256},
+    {"qwen3_5_moe", "Qwen3_5MoeForCausalLM", MT_ARCH_QWEN3_5_MOE, 32768, 2, 256},
 };
 
 static const mt_arch_info *arch_info(mt_arch a) {
@@ -206,21 +163,35 @@ static const mt_arch_info *arch_info(mt_arch a) {
     MT_CHECK(0, "unknown arch %d", (int)a);
 }
 
-static int cfg_model_type(mt_config *cfg, const mt_cfg_src *s, const mt_arch_info **info) {
+/* The model type; a multimodal checkpoint's config (qwen3_5 with a text_config) gives the object
+ * the model's fields are read from in *s. */
+static int cfg_model_type(mt_config *cfg, mt_cfg_src *s, const mt_arch_info **info) {
     json_t *mt = json_object_get(s->root, "model_type");
     if (!mt || json_is_null(mt)) return mt_error_set("%s: model_type is missing", s->path);
     if (!json_is_string(mt)) return mt_error_set("%s: model_type must be a string", s->path);
     const char *name = json_string_value(mt);
+    size_t len = strlen(name);
+    int text = len > 5 && strcmp(name + len - 5, "_text") == 0; /* Qwen3_5TextConfig's own name */
     for (size_t i = 0; i < sizeof mt_archs / sizeof mt_archs[0]; i++) {
-        if (strcmp(name, mt_archs[i].name) == 0) {
+        int same = text ? strlen(mt_archs[i].name) == len - 5 && strncmp(name, mt_archs[i].name, len - 5) == 0
+                        : strcmp(name, mt_archs[i].name) == 0;
+        if (same && text && mt_archs[i].arch != MT_ARCH_QWEN3_5 && mt_archs[i].arch != MT_ARCH_QWEN3_5_MOE)
+            same = 0;
+        if (same) {
             *info = &mt_archs[i];
             cfg->arch = mt_archs[i].arch;
             snprintf(cfg->model_type, sizeof cfg->model_type, "%s", name);
+            json_t *tc = json_object_get(s->root, "text_config");
+            if (!text && mt_config_is_qwen3_5(cfg) && tc && !json_is_null(tc)) {
+                if (!json_is_object(tc)) return mt_error_set("%s: text_config must be an object", s->path);
+                cfg->nested = 1;
+                s->root = tc; /* the language model's fields; vision_config is not ours */
+            }
             return MT_OK;
         }
     }
     return mt_error_set("%s: model_type \"%s\" is not supported (supported: llama, mistral, qwen2, "
-                        "qwen3, mixtral, qwen3_moe)", s->path, name);
+                        "qwen3, mixtral, qwen3_moe, qwen3_5, qwen3_5_moe)", s->path, name);
 }
 
 /* bos/eos: int, list of ints (the first is taken) or null. */
@@ -231,27 +202,28 @@ static int cfg_token_id(const mt_cfg_src *s, const char *key, int *out) {
         if (json_array_size(v) == 0) return MT_OK;
         json_t *wrap = json_object();
         json_object_set(wrap, key, json_array_get(v, 0));
-        int r = cfg_int(s, wrap, "", key, out);
+        int r = mt_cfg_int(s, wrap, "", key, out);
         json_decref(wrap);
         return r == MT_ERR ? MT_ERR : MT_OK;
     }
-    return cfg_int(s, s->root, "", key, out) == MT_ERR ? MT_ERR : MT_OK;
+    return mt_cfg_int(s, s->root, "", key, out) == MT_ERR ? MT_ERR : MT_OK;
 }
 
 static int cfg_sizes(mt_config *cfg, const mt_cfg_src *s, const mt_arch_info *info) {
-    MT_TRY(cfg_size(s, "hidden_size", &cfg->C));
-    MT_TRY(cfg_size(s, "intermediate_size", &cfg->F));
-    MT_TRY(cfg_size(s, "num_hidden_layers", &cfg->L));
-    MT_TRY(cfg_size(s, "num_attention_heads", &cfg->H));
-    MT_TRY(cfg_size(s, "vocab_size", &cfg->V));
+    MT_TRY(mt_cfg_size(s, "hidden_size", &cfg->C));
+    if (cfg->arch != MT_ARCH_QWEN3_5_MOE) /* it has none: F is its shared expert's width */
+        MT_TRY(mt_cfg_size(s, "intermediate_size", &cfg->F));
+    MT_TRY(mt_cfg_size(s, "num_hidden_layers", &cfg->L));
+    MT_TRY(mt_cfg_size(s, "num_attention_heads", &cfg->H));
+    MT_TRY(mt_cfg_size(s, "vocab_size", &cfg->V));
     json_t *kv = json_object_get(s->root, "num_key_value_heads");
     cfg->G = (kv || !info->kv_default) ? cfg->H : info->kv_default;
-    if (cfg_int(s, s->root, "", "num_key_value_heads", &cfg->G) == MT_ERR) return MT_ERR;
+    if (mt_cfg_int(s, s->root, "", "num_key_value_heads", &cfg->G) == MT_ERR) return MT_ERR;
     json_t *hd = json_object_get(s->root, "head_dim");
     cfg->D = (!hd && info->head_dim) ? info->head_dim : cfg->C / cfg->H;
-    if (cfg_int(s, s->root, "", "head_dim", &cfg->D) == MT_ERR) return MT_ERR;
+    if (mt_cfg_int(s, s->root, "", "head_dim", &cfg->D) == MT_ERR) return MT_ERR;
     cfg->max_position_embeddings = info->max_pos;
-    if (cfg_int(s, s->root, "", "max_position_embeddings", &cfg->max_position_embeddings) == MT_ERR)
+    if (mt_cfg_int(s, s->root, "", "max_position_embeddings", &cfg->max_position_embeddings) == MT_ERR)
         return MT_ERR;
     if (cfg->arch == MT_ARCH_LLAMA && cfg->C % cfg->H != 0) /* LlamaConfig refuses it too */
         return mt_error_set("%s: hidden_size %d is not a multiple of num_attention_heads %d", s->path,
@@ -261,15 +233,16 @@ static int cfg_sizes(mt_config *cfg, const mt_cfg_src *s, const mt_arch_info *in
 
 static int cfg_flags(mt_config *cfg, const mt_cfg_src *s) {
     int attn_bias = 0, mlp_bias = 0;
-    if (cfg->arch == MT_ARCH_LLAMA || cfg->arch == MT_ARCH_QWEN3 || cfg->arch == MT_ARCH_QWEN3_MOE)
-        if (cfg_bool(s, "attention_bias", &attn_bias) == MT_ERR) return MT_ERR;
-    if (cfg->arch == MT_ARCH_LLAMA && cfg_bool(s, "mlp_bias", &mlp_bias) == MT_ERR) return MT_ERR;
+    if (cfg->arch == MT_ARCH_LLAMA || cfg->arch == MT_ARCH_QWEN3 || cfg->arch == MT_ARCH_QWEN3_MOE ||
+        mt_config_is_qwen3_5(cfg))
+        if (mt_cfg_bool(s, "attention_bias", &attn_bias) == MT_ERR) return MT_ERR;
+    if (cfg->arch == MT_ARCH_LLAMA && mt_cfg_bool(s, "mlp_bias", &mlp_bias) == MT_ERR) return MT_ERR;
     cfg->qkv_bias = cfg->arch == MT_ARCH_QWEN2 ? 1 : attn_bias;
     cfg->o_bias = attn_bias;
     cfg->mlp_bias = mlp_bias;
     cfg->qk_norm = cfg->arch == MT_ARCH_QWEN3 || cfg->arch == MT_ARCH_QWEN3_MOE;
     cfg->tie_word_embeddings = 0;
-    if (cfg_bool(s, "tie_word_embeddings", &cfg->tie_word_embeddings) == MT_ERR) return MT_ERR;
+    if (mt_cfg_bool(s, "tie_word_embeddings", &cfg->tie_word_embeddings) == MT_ERR) return MT_ERR;
 
     /* Only Mistral and Mixtral honour sliding_window without use_sliding_window; absent means
      * their default (4096 and none). */
@@ -277,11 +250,11 @@ static int cfg_flags(mt_config *cfg, const mt_cfg_src *s) {
     if (cfg->arch == MT_ARCH_MISTRAL || cfg->arch == MT_ARCH_MIXTRAL) {
         json_t *v = json_object_get(s->root, "sliding_window");
         if (!v && cfg->arch == MT_ARCH_MISTRAL) cfg->sliding_window = 4096;
-        if (cfg_int(s, s->root, "", "sliding_window", &cfg->sliding_window) == MT_ERR) return MT_ERR;
+        if (mt_cfg_int(s, s->root, "", "sliding_window", &cfg->sliding_window) == MT_ERR) return MT_ERR;
     }
     double eps = 1e-6, init = 0.02;
-    if (cfg_num(s, s->root, "", "rms_norm_eps", &eps) == MT_ERR) return MT_ERR;
-    if (cfg_num(s, s->root, "", "initializer_range", &init) == MT_ERR) return MT_ERR;
+    if (mt_cfg_num(s, s->root, "", "rms_norm_eps", &eps) == MT_ERR) return MT_ERR;
+    if (mt_cfg_num(s, s->root, "", "initializer_range", &init) == MT_ERR) return MT_ERR;
     cfg->rms_norm_eps = (float)eps;
     cfg->initializer_range = (float)init;
     MT_TRY(cfg_token_id(s, "bos_token_id", &cfg->bos_token_id));
@@ -319,34 +292,66 @@ static int cfg_moe(mt_config *cfg, const mt_cfg_src *s) {
      * save_pretrained writes num_local_experts even for qwen3_moe, whose published configs say
      * num_experts */
     int a = 0, b = 0;
-    int ra = cfg_int(s, s->root, "", "num_local_experts", &a);
-    int rb = cfg_int(s, s->root, "", "num_experts", &b);
+    int ra = mt_cfg_int(s, s->root, "", "num_local_experts", &a);
+    int rb = mt_cfg_int(s, s->root, "", "num_experts", &b);
     if (ra == MT_ERR || rb == MT_ERR) return MT_ERR;
     if (ra == 1 && rb == 1 && a != b)
         return mt_error_set("%s: num_local_experts = %d and num_experts = %d disagree", s->path, a, b);
     cfg->n_experts = ra == 1 ? a : rb == 1 ? b : (mix ? 8 : 128);
     cfg->top_k = mix ? 2 : 8;
-    if (cfg_int(s, s->root, "", "num_experts_per_tok", &cfg->top_k) == MT_ERR) return MT_ERR;
+    if (mt_cfg_int(s, s->root, "", "num_experts_per_tok", &cfg->top_k) == MT_ERR) return MT_ERR;
     cfg->moe_F = mix ? cfg->F : 768;
-    if (!mix && cfg_int(s, s->root, "", "moe_intermediate_size", &cfg->moe_F) == MT_ERR) return MT_ERR;
+    if (!mix && mt_cfg_int(s, s->root, "", "moe_intermediate_size", &cfg->moe_F) == MT_ERR) return MT_ERR;
     cfg->norm_topk_prob = mix; /* MixtralTopKRouter always divides by the top-k sum */
-    if (!mix && cfg_bool(s, "norm_topk_prob", &cfg->norm_topk_prob) == MT_ERR) return MT_ERR;
+    if (!mix && mt_cfg_bool(s, "norm_topk_prob", &cfg->norm_topk_prob) == MT_ERR) return MT_ERR;
     if (!mix) {
-        if (cfg_int(s, s->root, "", "decoder_sparse_step", &cfg->sparse_step) == MT_ERR) return MT_ERR;
+        if (mt_cfg_int(s, s->root, "", "decoder_sparse_step", &cfg->sparse_step) == MT_ERR) return MT_ERR;
         if (cfg->sparse_step <= 0)
             return mt_error_set("%s: decoder_sparse_step = %d must be positive", s->path, cfg->sparse_step);
         MT_TRY(cfg_mlp_only(cfg, s));
     }
     cfg->router_aux = 0;
-    if (cfg_bool(s, "output_router_logits", &cfg->router_aux) == MT_ERR) return MT_ERR;
+    if (mt_cfg_bool(s, "output_router_logits", &cfg->router_aux) == MT_ERR) return MT_ERR;
     double coef = 0.001;
-    if (cfg_num(s, s->root, "", "router_aux_loss_coef", &coef) == MT_ERR) return MT_ERR;
+    if (mt_cfg_num(s, s->root, "", "router_aux_loss_coef", &coef) == MT_ERR) return MT_ERR;
     cfg->router_aux_coef = (float)coef;
     double jitter = 0;
-    if (cfg_num(s, s->root, "", "router_jitter_noise", &jitter) == MT_ERR) return MT_ERR;
+    if (mt_cfg_num(s, s->root, "", "router_jitter_noise", &jitter) == MT_ERR) return MT_ERR;
     if (jitter != 0)
         return mt_error_set("%s: router_jitter_noise = %g is not supported (must be 0)", s->path, jitter);
     return MT_OK;
+}
+
+/* A multimodal config may say tie_word_embeddings at the top level too: it must not contradict
+ * the text config's. */
+static int cfg_nested_tie(mt_config *cfg, const mt_cfg_src *top) {
+    int tie = cfg->tie_word_embeddings;
+    int r = mt_cfg_bool(top, "tie_word_embeddings", &tie);
+    if (r == MT_ERR) return MT_ERR;
+    if (r == 1 && json_object_get(top->root, "text_config") &&
+        json_object_get(json_object_get(top->root, "text_config"), "tie_word_embeddings") &&
+        tie != cfg->tie_word_embeddings)
+        return mt_error_set("%s: tie_word_embeddings = %s but text_config.tie_word_embeddings = %s",
+                            top->path, tie ? "true" : "false",
+                            cfg->tie_word_embeddings ? "true" : "false");
+    cfg->tie_word_embeddings = tie;
+    return MT_OK;
+}
+
+int mt_config_rotary_dim(const mt_config *cfg) { return cfg->rotary_dim ? cfg->rotary_dim : cfg->D; }
+
+mt_mixer mt_config_layer_mixer(const mt_config *cfg, int l) {
+    return cfg->deltanet[l / 8] & (1u << (l % 8)) ? MT_MIXER_GATED_DELTANET : MT_MIXER_ATTENTION;
+}
+
+int mt_config_mixer_layers(const mt_config *cfg, mt_mixer m) {
+    int n = 0;
+    for (int l = 0; l < cfg->L; l++) n += mt_config_layer_mixer(cfg, l) == m;
+    return n;
+}
+
+const char *mt_mixer_name(mt_mixer m) {
+    return m == MT_MIXER_GATED_DELTANET ? "gated_deltanet" : "attention";
 }
 
 int mt_config_layer_is_moe(const mt_config *cfg, int l) {
@@ -361,15 +366,19 @@ int mt_config_moe_layers(const mt_config *cfg) {
     return n;
 }
 
-static int cfg_parse_root(mt_config *cfg, const mt_cfg_src *s) {
+static int cfg_parse_root(mt_config *cfg, const mt_cfg_src *top) {
     const mt_arch_info *info = NULL;
-    if (!json_is_object(s->root)) return mt_error_set("%s: the top level must be a JSON object", s->path);
+    if (!json_is_object(top->root)) return mt_error_set("%s: the top level must be a JSON object", top->path);
+    mt_cfg_src src = *top, *s = &src;
     MT_TRY(cfg_model_type(cfg, s, &info));
     MT_TRY(cfg_refuse_unsupported(cfg, s));
     MT_TRY(cfg_sizes(cfg, s, info));
     MT_TRY(cfg_flags(cfg, s));
     MT_TRY(cfg_moe(cfg, s));
     MT_TRY(cfg_parse_rope(cfg, s));
+    cfg->rotary_dim = cfg->D;
+    if (mt_config_is_qwen3_5(cfg)) MT_TRY(mt_config_parse_qwen3_5(cfg, s));
+    if (cfg->nested) MT_TRY(cfg_nested_tie(cfg, top));
     return mt_config_validate(cfg, s->path);
 }
 
@@ -461,6 +470,23 @@ int mt_config_validate(const mt_config *cfg, const char *path) {
             return mt_error_set("%s: router_aux_loss_coef = %g must fit a float32", path,
                                 cfg->router_aux_coef);
     }
+    if (mt_config_is_qwen3_5(cfg)) {
+        const struct { const char *name; int64_t v; } w[] = {
+            {"linear_num_key_heads * linear_key_head_dim", (int64_t)cfg->lin_Hk * cfg->lin_Dk},
+            {"linear_num_value_heads * linear_value_head_dim", (int64_t)cfg->lin_Hv * cfg->lin_Dv},
+            {"linear_conv_kernel_dim", cfg->lin_K},
+        };
+        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+            if (w[i].v <= 0 || w[i].v > MT_CONFIG_MAX_WIDTH)
+                return mt_error_set("%s: %s = %lld must be in 1..%d", path, w[i].name,
+                                    (long long)w[i].v, MT_CONFIG_MAX_WIDTH);
+        if (cfg->lin_Hk <= 0 || cfg->lin_Hv % cfg->lin_Hk != 0)
+            return mt_error_set("%s: linear_num_value_heads %d is not a multiple of "
+                                "linear_num_key_heads %d", path, cfg->lin_Hv, cfg->lin_Hk);
+    }
+    if (cfg->rotary_dim != 0 && (cfg->rotary_dim < 2 || cfg->rotary_dim > cfg->D || cfg->rotary_dim % 2 != 0))
+        return mt_error_set("%s: %d rotary dims of head_dim %d (partial_rotary_factor) must be even "
+                            "and at most head_dim", path, cfg->rotary_dim, cfg->D);
     int64_t n = mt_config_param_count(cfg);
     if (n > MT_CONFIG_MAX_PARAMS)
         return mt_error_set("%s: the model has %lld parameters (hidden_size %d, intermediate_size "
@@ -582,7 +608,9 @@ static json_t *cfg_to_json(const mt_config *cfg) {
     json_t *archs = json_array();
     json_array_append_new(archs, json_string(info->architecture));
     json_object_set_new(o, "architectures", archs);
-    json_object_set_new(o, "model_type", json_string(info->name));
+    char text_type[32]; /* a text-only qwen3_5 model's config class is Qwen3_5TextConfig */
+    snprintf(text_type, sizeof text_type, "%s%s", info->name, mt_config_is_qwen3_5(cfg) ? "_text" : "");
+    json_object_set_new(o, "model_type", json_string(text_type));
     json_object_set_new(o, "hidden_size", json_integer(cfg->C));
     json_object_set_new(o, "intermediate_size", json_integer(cfg->F));
     json_object_set_new(o, "num_hidden_layers", json_integer(cfg->L));
@@ -597,7 +625,8 @@ static json_t *cfg_to_json(const mt_config *cfg) {
                         json_real(float_as_short_double(cfg->initializer_range)));
     json_object_set_new(o, "tie_word_embeddings", json_boolean(cfg->tie_word_embeddings));
     json_object_set_new(o, "attention_dropout", json_real(0.0));
-    if (cfg->arch == MT_ARCH_LLAMA || cfg->arch == MT_ARCH_QWEN3 || cfg->arch == MT_ARCH_QWEN3_MOE)
+    if (cfg->arch == MT_ARCH_LLAMA || cfg->arch == MT_ARCH_QWEN3 || cfg->arch == MT_ARCH_QWEN3_MOE ||
+        mt_config_is_qwen3_5(cfg))
         json_object_set_new(o, "attention_bias", json_boolean(cfg->o_bias));
     if (cfg->arch == MT_ARCH_LLAMA) json_object_set_new(o, "mlp_bias", json_boolean(cfg->mlp_bias));
     if (cfg->arch == MT_ARCH_MISTRAL || cfg->arch == MT_ARCH_MIXTRAL)
@@ -613,6 +642,11 @@ static json_t *cfg_to_json(const mt_config *cfg) {
     json_object_set_new(o, "rope_scaling",
                         cfg->rope_type == MT_ROPE_LLAMA3 ? cfg_rope_json(cfg, 0) : json_null());
     json_object_set_new(o, "rope_parameters", cfg_rope_json(cfg, 1));
+    if (mt_config_is_qwen3_5(cfg)) {
+        json_object_set_new(json_object_get(o, "rope_parameters"), "partial_rotary_factor",
+                            json_real((double)cfg->rotary_dim / cfg->D));
+        mt_config_qwen3_5_json(cfg, o);
+    }
     if (cfg->bos_token_id >= 0) json_object_set_new(o, "bos_token_id", json_integer(cfg->bos_token_id));
     if (cfg->eos_token_id >= 0) json_object_set_new(o, "eos_token_id", json_integer(cfg->eos_token_id));
     /* No "dtype": with it absent, from_pretrained(dtype="auto") takes the safetensors' dtype. */
@@ -621,6 +655,9 @@ static json_t *cfg_to_json(const mt_config *cfg) {
 
 int mt_config_save(const mt_config *cfg, const char *path) {
     MT_TRY(mt_config_validate(cfg, path));
+    if (cfg->nested)
+        return mt_error_set("%s: writing a multimodal (text_config) config.json is not implemented: "
+                            "the original must be copied with its vision_config", path);
     json_t *o = cfg_to_json(cfg);
     char *text = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(json_real_digits(o)));
     json_decref(o);
@@ -640,17 +677,21 @@ int mt_config_save(const mt_config *cfg, const char *path) {
 /* Parameters of the model; with `active`, an MoE layer counts its router and k of its E experts. */
 static int64_t param_count(const mt_config *cfg, int active) {
     int64_t C = cfg->C, F = cfg->F, H = cfg->H, G = cfg->G, D = cfg->D, V = cfg->V;
-    int64_t attn = 2 * C                          /* input + post norms */
-                   + (H * D + 2 * G * D) * C      /* q, k, v */
-                   + C * H * D;                   /* o */
+    int64_t attn = (H * D * (cfg->attn_gate ? 2 : 1) + 2 * G * D) * C /* q (and its gate), k, v */
+                   + C * H * D;                                        /* o */
     if (cfg->qkv_bias) attn += H * D + 2 * G * D;
     if (cfg->o_bias) attn += C;
     if (cfg->qk_norm) attn += 2 * D;
     int64_t dense = 3 * F * C + (cfg->mlp_bias ? 2 * F + C : 0); /* gate, up, down */
     int64_t experts = active ? cfg->top_k : cfg->n_experts;
     int64_t moe = (int64_t)cfg->n_experts * C + experts * 3 * (int64_t)cfg->moe_F * C; /* router + experts */
-    int n_moe = mt_config_moe_layers(cfg);
-    int64_t total = V * C + (int64_t)cfg->L * attn + (int64_t)(cfg->L - n_moe) * dense + n_moe * moe + C;
+    if (cfg->shared_expert) moe += dense + C;                     /* the shared expert and its gate */
+    int64_t total = V * C + C;                                    /* embedding, final norm */
+    for (int l = 0; l < cfg->L; l++) {
+        total += 2 * C; /* input + post norms */
+        total += mt_config_layer_mixer(cfg, l) == MT_MIXER_GATED_DELTANET ? mt_config_deltanet_params(cfg) : attn;
+        total += mt_config_layer_is_moe(cfg, l) ? moe : dense;
+    }
     if (!cfg->tie_word_embeddings) total += V * C;
     return total;
 }
@@ -661,7 +702,7 @@ int64_t mt_config_active_param_count(const mt_config *cfg) { return param_count(
 /* transformers' _compute_default_rope_parameters and _compute_llama3_parameters, in double. */
 void mt_config_rope_inv_freq(const mt_config *cfg, float *inv_freq) {
     const double pi = 3.14159265358979323846;
-    int D = cfg->D;
+    int D = mt_config_rotary_dim(cfg); /* partial RoPE: the rotated dims' own frequencies */
     for (int i = 0; i < D / 2; i++) {
         double f = 1.0 / pow(cfg->rope_theta, (double)(2 * i) / (double)D);
         if (cfg->rope_type == MT_ROPE_LLAMA3) {

@@ -19,7 +19,15 @@ typedef enum {
     MT_ARCH_QWEN3 = 3,
     MT_ARCH_MIXTRAL = 4,   /* mixture of experts: every layer's MLP is E experts, top-k routed */
     MT_ARCH_QWEN3_MOE = 5, /* qwen3 attention (q/k norm) + experts; dense layers among them */
+    MT_ARCH_QWEN3_5 = 6,   /* hybrid: Gated DeltaNet and gated-attention layers, (1 + w) norms */
+    MT_ARCH_QWEN3_5_MOE = 7, /* the same with experts and a gated shared expert in every layer */
 } mt_arch;
+
+/* A layer's token mixer, chosen per layer from the config (layer_types). */
+typedef enum {
+    MT_MIXER_ATTENTION = 0,       /* softmax attention over the row (full_attention) */
+    MT_MIXER_GATED_DELTANET = 1,  /* the gated delta rule (qwen3_5's linear_attention) */
+} mt_mixer;
 
 typedef enum {
     MT_ROPE_DEFAULT = 0,
@@ -28,8 +36,11 @@ typedef enum {
 
 typedef struct {
     mt_arch arch;
-    char model_type[16];      /* as written in config.json: "llama", "mistral", "qwen2", "qwen3",
-                                 "mixtral", "qwen3_moe" */
+    char model_type[24];      /* as written in config.json: "llama", "mistral", "qwen2", "qwen3",
+                                 "mixtral", "qwen3_moe", "qwen3_5", "qwen3_5_text", "qwen3_5_moe",
+                                 "qwen3_5_moe_text" */
+    int nested;               /* the model's fields sit in config.json's text_config (a multimodal
+                                 checkpoint: ...ForConditionalGeneration) */
     int C;                    /* hidden_size */
     int F;                    /* intermediate_size */
     int L;                    /* num_hidden_layers */
@@ -65,7 +76,27 @@ typedef struct {
     int router_aux;           /* output_router_logits: the load-balancing loss joins the training loss */
     float router_aux_coef;    /* router_aux_loss_coef */
     uint8_t mlp_only[MT_CONFIG_LAYER_BITS]; /* bit l set: layer l is dense (qwen3_moe mlp_only_layers) */
+    /* qwen3_5: a shared expert of width F (no intermediate_size of its own: F is
+     * shared_expert_intermediate_size) beside the routed experts, scaled by sigmoid(x . w_g) */
+    int shared_expert;
+    /* qwen3_5's norms and attention */
+    int norm_offset;          /* RMSNorm multiplies by (1 + w), weights zero-initialised */
+    int attn_gate;            /* q_proj yields, per head, D query values then D gate values: the
+                                 attention output is multiplied by sigmoid(gate) before o_proj */
+    int rotary_dim;           /* RoPE rotates the first rotary_dim dims of each head (D *
+                                 partial_rotary_factor); 0 (or D): the whole head */
+    /* Gated DeltaNet layers (qwen3_5 linear_attention): key heads Hk of width Dk (queries share
+     * them), value heads Hv of width Dv (Hv a multiple of Hk), causal conv kernel K */
+    int lin_Hk, lin_Hv, lin_Dk, lin_Dv, lin_K;
+    uint8_t deltanet[MT_CONFIG_LAYER_BITS]; /* bit l set: layer l's mixer is a Gated DeltaNet */
 } mt_config;
+
+/* Layer l's token mixer (transformers' layer_types[l]). */
+mt_mixer mt_config_layer_mixer(const mt_config *cfg, int l);
+/* Number of layers whose mixer is `m`. */
+int mt_config_mixer_layers(const mt_config *cfg, mt_mixer m);
+/* Short name of a mixer for messages and `info` ("attention", "gated_deltanet"). */
+const char *mt_mixer_name(mt_mixer m);
 
 /* Whether layer l's MLP is the experts (transformers' rule: not in mlp_only_layers, E > 0, and
  * (l + 1) % decoder_sparse_step == 0). */
@@ -101,7 +132,10 @@ int mt_config_validate(const mt_config *cfg, const char *path);
 int64_t mt_config_param_count(const mt_config *cfg);
 int64_t mt_config_active_param_count(const mt_config *cfg);
 
-/* RoPE inverse frequencies (D/2 values) in fp32, computed as transformers does (llama3 included). */
+/* Dims of each head RoPE rotates (rotary_dim, or D). */
+int mt_config_rotary_dim(const mt_config *cfg);
+
+/* RoPE inverse frequencies (mt_config_rotary_dim / 2 values, at most D/2) in fp32, computed as transformers does (llama3 included). */
 void mt_config_rope_inv_freq(const mt_config *cfg, float *inv_freq);
 
 #endif

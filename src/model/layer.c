@@ -191,6 +191,18 @@ void mt_layer_ws_free(mt_layer_ws *ws, const mt_layer_ctx *lc) {
 }
 
 
+int mt_layer_check_runnable(const mt_config *cfg) {
+    for (int l = 0; l < cfg->L; l++)
+        if (mt_config_layer_mixer(cfg, l) == MT_MIXER_GATED_DELTANET)
+            return mt_error_set("%s: layer %d is a Gated DeltaNet (layer_types \"linear_attention\"): "
+                                "megatrain reads this model (info, plan) but cannot run that mixer "
+                                "yet", cfg->model_type, l);
+    if (cfg->norm_offset || cfg->attn_gate || cfg->shared_expert || mt_config_rotary_dim(cfg) != cfg->D)
+        return mt_error_set("%s: the (1 + w) norms, gated attention, partial RoPE and shared expert "
+                            "of this family cannot run yet", cfg->model_type);
+    return MT_OK;
+}
+
 /* Row r0 of a token-major (N, width) tensor of the compute dtype. */
 static void *row_at(const mt_layer_ctx *lc, const void *base, int r0, int width) {
     return (char *)base + (size_t)r0 * (size_t)width * mt_dtype_size(lc->be->dtype);

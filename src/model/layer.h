@@ -132,6 +132,10 @@ typedef enum {
     MT_RECOMPUTE_KEEP_ATTENTION = 3, /* ws's att and lse hold this forward's: remake the rest */
 } mt_recompute;
 
+/* MT_OK when every layer's mixer and MLP can run here; MT_ERR naming the first that cannot (the
+ * Gated DeltaNet mixer: its CPU ops exist, the layer that composes them does not yet). */
+int mt_layer_check_runnable(const mt_config *cfg);
+
 /* out (N, C) = layer(inp (N, C)); out may alias inp. Leaves the internals in ws. */
 void mt_layer_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_layer_weights *w,
                       const void *inp, void *out, mt_layer_ws *ws);

@@ -28,7 +28,27 @@ static const char *const mt_layer_suffix[MT_LAYER_KINDS] = {
     [MT_W_UP_BIAS] = "mlp.up_proj.bias",
     [MT_W_DOWN] = "mlp.down_proj.weight",
     [MT_W_DOWN_BIAS] = "mlp.down_proj.bias",
+    [MT_W_LIN_QKV] = "linear_attn.in_proj_qkv.weight",
+    [MT_W_LIN_Z] = "linear_attn.in_proj_z.weight",
+    [MT_W_LIN_B] = "linear_attn.in_proj_b.weight",
+    [MT_W_LIN_A] = "linear_attn.in_proj_a.weight",
+    [MT_W_LIN_CONV] = "linear_attn.conv1d.weight",
+    [MT_W_LIN_DT_BIAS] = "linear_attn.dt_bias",
+    [MT_W_LIN_A_LOG] = "linear_attn.A_log",
+    [MT_W_LIN_NORM] = "linear_attn.norm.weight",
+    [MT_W_LIN_OUT] = "linear_attn.out_proj.weight",
+    [MT_W_SHARED_GATE] = "mlp.shared_expert_gate.weight",
 };
+
+/* The shared expert's names (qwen3_5_moe) for the dense MLP kinds in an MoE layer. */
+static const char *shared_suffix(mt_param_kind k) {
+    switch (k) {
+    case MT_W_GATE: return "mlp.shared_expert.gate_proj.weight";
+    case MT_W_UP: return "mlp.shared_expert.up_proj.weight";
+    case MT_W_DOWN: return "mlp.shared_expert.down_proj.weight";
+    default: MT_CHECK(0, "not a shared expert kind: %d", (int)k);
+    }
+}
 
 /* The MoE kinds' names (after "model.layers.{i}."), per model_type; %d is the expert. */
 static const char *moe_suffix(const mt_config *c, mt_param_kind k) {
@@ -42,23 +62,40 @@ static const char *moe_suffix(const mt_config *c, mt_param_kind k) {
     }
 }
 
-static int kind_is_moe(mt_param_kind k) { return k >= MT_W_ROUTER && k <= MT_W_EXP_DOWN; }
+static int kind_is_moe(mt_param_kind k) {
+    return (k >= MT_W_ROUTER && k <= MT_W_EXP_DOWN) || k == MT_W_SHARED_GATE;
+}
 static int kind_is_dense_mlp(mt_param_kind k) { return k >= MT_W_GATE && k <= MT_W_DOWN_BIAS; }
+static int kind_is_attention(mt_param_kind k) { return k >= MT_W_Q && k <= MT_W_K_NORM; }
+static int kind_is_deltanet(mt_param_kind k) { return k >= MT_W_LIN_QKV && k <= MT_W_LIN_OUT; }
+
+int mt_layer_type_of(const mt_config *cfg, int l) {
+    return 2 * (mt_config_layer_mixer(cfg, l) == MT_MIXER_GATED_DELTANET) + mt_config_layer_is_moe(cfg, l);
+}
 
 #define MT_LAYER_PREFIX "model.layers."
 
 static int64_t align_up(int64_t n) { return (n + MT_PARAM_ALIGN - 1) / MT_PARAM_ALIGN * MT_PARAM_ALIGN; }
 
-/* Shape (rows, cols; cols 0 for vectors) of a per-layer kind in a layer of type moe (0 dense,
- * 1 router + experts), or rows 0 when such a layer lacks it. */
-static void layer_kind_shape(const mt_config *c, int moe, mt_param_kind k, int64_t *rows, int64_t *cols) {
+/* Shape (rows, cols, depth; cols 0 for vectors, depth 0 below rank 3) of a per-layer kind in a
+ * layer of type `type` (mt_layer_type_of), or rows 0 when such a layer lacks it. */
+static void layer_kind_shape(const mt_config *c, int type, mt_param_kind k, int64_t *rows, int64_t *cols,
+                             int64_t *depth) {
     int64_t C = c->C, F = c->F, QD = (int64_t)c->H * c->D, KD = (int64_t)c->G * c->D;
+    int64_t Hv = c->lin_Hv, VD = (int64_t)c->lin_Hv * c->lin_Dv;
+    int64_t Ch = 2 * (int64_t)c->lin_Hk * c->lin_Dk + VD;
+    int moe = type & 1, deltanet = type >> 1;
     *cols = 0;
     *rows = 0;
-    if (moe ? kind_is_dense_mlp(k) : kind_is_moe(k)) return;
+    *depth = 0;
+    if (moe ? kind_is_dense_mlp(k) && !c->shared_expert : kind_is_moe(k)) return;
+    if (moe && kind_is_dense_mlp(k) && (k == MT_W_GATE_BIAS || k == MT_W_UP_BIAS || k == MT_W_DOWN_BIAS))
+        return; /* the shared expert has no biases */
+    if (k == MT_W_SHARED_GATE && !c->shared_expert) return;
+    if (deltanet ? kind_is_attention(k) : kind_is_deltanet(k)) return;
     switch (k) {
     case MT_W_INPUT_NORM: case MT_W_POST_NORM: *rows = C; break;
-    case MT_W_Q: *rows = QD; *cols = C; break;
+    case MT_W_Q: *rows = QD * (c->attn_gate ? 2 : 1); *cols = C; break;
     case MT_W_K: case MT_W_V: *rows = KD; *cols = C; break;
     case MT_W_O: *rows = C; *cols = QD; break;
     case MT_W_Q_BIAS: *rows = c->qkv_bias ? QD : 0; break;
@@ -72,13 +109,21 @@ static void layer_kind_shape(const mt_config *c, int moe, mt_param_kind k, int64
     case MT_W_ROUTER: *rows = c->n_experts; *cols = C; break;
     case MT_W_EXP_GATE: case MT_W_EXP_UP: *rows = c->moe_F; *cols = C; break;
     case MT_W_EXP_DOWN: *rows = C; *cols = c->moe_F; break;
+    case MT_W_LIN_QKV: *rows = Ch; *cols = C; break;
+    case MT_W_LIN_Z: *rows = VD; *cols = C; break;
+    case MT_W_LIN_B: case MT_W_LIN_A: *rows = Hv; *cols = C; break;
+    case MT_W_LIN_CONV: *rows = Ch; *cols = 1; *depth = c->lin_K; break;
+    case MT_W_LIN_DT_BIAS: case MT_W_LIN_A_LOG: *rows = Hv; break;
+    case MT_W_LIN_NORM: *rows = c->lin_Dv; break;
+    case MT_W_LIN_OUT: *rows = C; *cols = VD; break;
+    case MT_W_SHARED_GATE: *rows = 1; *cols = C; break;
     default: MT_CHECK(0, "not a layer kind: %d", (int)k);
     }
 }
 
 /* Appends one tensor at the next aligned offset of its group; *group_pos advances. */
 static void table_add(mt_param_table *t, mt_param_kind kind, int layer, const char *name,
-                      int64_t rows, int64_t cols, int64_t group_start, int64_t *group_pos) {
+                      int64_t rows, int64_t cols, int64_t depth, int64_t group_start, int64_t *group_pos) {
     mt_param *p = &t->params[t->n_params++];
     memset(p, 0, sizeof *p);
     p->expert = -1;
@@ -86,38 +131,42 @@ static void table_add(mt_param_table *t, mt_param_kind kind, int layer, const ch
     snprintf(p->name, sizeof p->name, "%s", name);
     p->kind = kind;
     p->layer = layer;
-    p->ndim = cols ? 2 : 1;
+    p->ndim = depth ? 3 : cols ? 2 : 1;
     p->shape[0] = rows;
     p->shape[1] = cols;
-    p->numel = cols ? rows * cols : rows;
+    p->shape[2] = depth;
+    p->numel = rows * (cols ? cols : 1) * (depth ? depth : 1);
     p->group_offset = *group_pos;
     p->offset = group_start + *group_pos;
     *group_pos = align_up(*group_pos + p->numel);
     t->n_real += p->numel;
 }
 
-/* Lays out one layer of type moe from group_start: its tensors (names with `layer` when adding,
+/* Lays out one layer of type `type` from group_start: its tensors (names with `layer` when adding,
  * else only counted: t->params NULL) and the kinds' offsets. Returns the group's elements. */
-static int64_t layer_layout(mt_param_table *t, int layer, int moe, int64_t group_start, int *count) {
+static int64_t layer_layout(mt_param_table *t, int layer, int type, int64_t group_start, int *count) {
     const mt_config *cfg = &t->cfg;
     int64_t pos = 0;
     char name[128], suffix[96];
     for (int k = 0; k < MT_LAYER_KINDS; k++) {
-        int64_t rows, cols;
-        layer_kind_shape(cfg, moe, (mt_param_kind)k, &rows, &cols);
+        int64_t rows, cols, depth;
+        layer_kind_shape(cfg, type, (mt_param_kind)k, &rows, &cols, &depth);
         if (rows == 0) continue;
         int n = k == MT_W_EXP_GATE || k == MT_W_EXP_UP || k == MT_W_EXP_DOWN ? cfg->n_experts : 1;
-        t->kind_offset[moe][k] = pos;
+        t->kind_offset[type][k] = pos;
         for (int e = 0; e < n; e++) {
             if (!t->params) { /* counting */
                 (*count)++;
-                pos = align_up(pos + (cols ? rows * cols : rows));
+                pos = align_up(pos + rows * (cols ? cols : 1) * (depth ? depth : 1));
                 continue;
             }
-            if (kind_is_moe((mt_param_kind)k)) snprintf(suffix, sizeof suffix, moe_suffix(cfg, k), e);
+            if (kind_is_moe((mt_param_kind)k) && k != MT_W_SHARED_GATE)
+                snprintf(suffix, sizeof suffix, moe_suffix(cfg, k), e);
+            else if ((type & 1) && kind_is_dense_mlp((mt_param_kind)k))
+                snprintf(suffix, sizeof suffix, "%s", shared_suffix((mt_param_kind)k));
             else snprintf(suffix, sizeof suffix, "%s", mt_layer_suffix[k]);
             snprintf(name, sizeof name, MT_LAYER_PREFIX "%d.%s", layer, suffix);
-            table_add(t, (mt_param_kind)k, layer, name, rows, cols, group_start, &pos);
+            table_add(t, (mt_param_kind)k, layer, name, rows, cols, depth, group_start, &pos);
             if (n > 1) t->params[t->n_params - 1].expert = e;
         }
     }
@@ -127,41 +176,43 @@ static int64_t layer_layout(mt_param_table *t, int layer, int moe, int64_t group
 void mt_param_table_init(mt_param_table *t, const mt_config *cfg) {
     memset(t, 0, sizeof *t);
     t->cfg = *cfg;
-    for (int m = 0; m < 2; m++)
+    for (int m = 0; m < MT_LAYER_TYPES; m++)
         for (int k = 0; k < MT_LAYER_KINDS; k++) t->kind_offset[m][k] = -1;
     t->expert_stride = align_up((int64_t)cfg->moe_F * cfg->C);
-    /* a first pass counts each type's tensors and size: a group holds the larger type */
-    int count[2] = {0, 0}, n_moe = mt_config_moe_layers(cfg);
-    int64_t size[2];
-    for (int m = 0; m < 2; m++) size[m] = layer_layout(t, 0, m, 0, &count[m]);
-    int have[2] = {n_moe < cfg->L, n_moe > 0};
+    /* a first pass counts each type's tensors and size: a group holds the largest type */
+    int count[MT_LAYER_TYPES] = {0}, have[MT_LAYER_TYPES] = {0};
+    int64_t size[MT_LAYER_TYPES];
+    for (int m = 0; m < MT_LAYER_TYPES; m++) size[m] = layer_layout(t, 0, m, 0, &count[m]);
+    for (int l = 0; l < cfg->L; l++) have[mt_layer_type_of(cfg, l)]++;
     t->layer_size = 0;
-    for (int m = 0; m < 2; m++)
+    size_t n_tensors = 3;
+    for (int m = 0; m < MT_LAYER_TYPES; m++) {
         if (have[m] && size[m] > t->layer_size) t->layer_size = size[m];
-    t->params = mt_calloc((size_t)(cfg->L - n_moe) * count[0] + (size_t)n_moe * count[1] + 3,
-                          sizeof(mt_param));
+        n_tensors += (size_t)have[m] * (size_t)count[m];
+    }
+    t->params = mt_calloc(n_tensors, sizeof(mt_param));
     t->layer_first = mt_calloc((size_t)cfg->L + 1, sizeof(int));
     int64_t C = cfg->C, V = cfg->V, pos = 0;
 
     t->embed_offset = 0;
-    table_add(t, MT_W_EMBED, MT_GROUP_EMBED, "model.embed_tokens.weight", V, C, 0, &pos);
+    table_add(t, MT_W_EMBED, MT_GROUP_EMBED, "model.embed_tokens.weight", V, C, 0, 0, &pos);
     t->embed_size = pos;
 
     t->layer_offset0 = t->embed_offset + t->embed_size;
     for (int l = 0; l < cfg->L; l++) {
         t->layer_first[l] = t->n_params;
-        layer_layout(t, l, mt_config_layer_is_moe(cfg, l), t->layer_offset0 + (int64_t)l * t->layer_size, NULL);
+        layer_layout(t, l, mt_layer_type_of(cfg, l), t->layer_offset0 + (int64_t)l * t->layer_size, NULL);
     }
     t->layer_first[cfg->L] = t->n_params;
-    for (int m = 0; m < 2; m++) /* a type no layer has has no offsets */
+    for (int m = 0; m < MT_LAYER_TYPES; m++) /* a type no layer has has no offsets */
         if (!have[m])
             for (int k = 0; k < MT_LAYER_KINDS; k++) t->kind_offset[m][k] = -1;
 
     t->head_offset = t->layer_offset0 + (int64_t)cfg->L * t->layer_size;
     pos = 0;
-    table_add(t, MT_W_FINAL_NORM, cfg->L, "model.norm.weight", C, 0, t->head_offset, &pos);
+    table_add(t, MT_W_FINAL_NORM, cfg->L, "model.norm.weight", C, 0, 0, t->head_offset, &pos);
     if (!cfg->tie_word_embeddings)
-        table_add(t, MT_W_LM_HEAD, cfg->L, "lm_head.weight", V, C, t->head_offset, &pos);
+        table_add(t, MT_W_LM_HEAD, cfg->L, "lm_head.weight", V, C, 0, t->head_offset, &pos);
     t->head_size = pos;
     t->total = t->head_offset + t->head_size;
 }
@@ -221,7 +272,7 @@ static void *at(void *base, int64_t off, size_t elem_size) {
 
 mt_layer_view mt_layer_view_at(const mt_param_table *t, int l, void *layer_base, size_t elem_size) {
     MT_CHECK(l >= 0 && l < t->cfg.L, "layer %d of %d", l, t->cfg.L);
-    const int64_t *o = t->kind_offset[mt_config_layer_is_moe(&t->cfg, l)];
+    const int64_t *o = t->kind_offset[mt_layer_type_of(&t->cfg, l)];
     mt_layer_view v = {
         .input_norm = at(layer_base, o[MT_W_INPUT_NORM], elem_size),
         .q = at(layer_base, o[MT_W_Q], elem_size),
@@ -246,15 +297,25 @@ mt_layer_view mt_layer_view_at(const mt_param_table *t, int l, void *layer_base,
         .exp_up = at(layer_base, o[MT_W_EXP_UP], elem_size),
         .exp_down = at(layer_base, o[MT_W_EXP_DOWN], elem_size),
         .exp_stride = (size_t)t->expert_stride * elem_size,
+        .shared_gate = at(layer_base, o[MT_W_SHARED_GATE], elem_size),
+        .lin_qkv = at(layer_base, o[MT_W_LIN_QKV], elem_size),
+        .lin_z = at(layer_base, o[MT_W_LIN_Z], elem_size),
+        .lin_b = at(layer_base, o[MT_W_LIN_B], elem_size),
+        .lin_a = at(layer_base, o[MT_W_LIN_A], elem_size),
+        .lin_conv = at(layer_base, o[MT_W_LIN_CONV], elem_size),
+        .lin_dt_bias = at(layer_base, o[MT_W_LIN_DT_BIAS], elem_size),
+        .lin_a_log = at(layer_base, o[MT_W_LIN_A_LOG], elem_size),
+        .lin_norm = at(layer_base, o[MT_W_LIN_NORM], elem_size),
+        .lin_out = at(layer_base, o[MT_W_LIN_OUT], elem_size),
     };
     return v;
 }
 
 mt_layer_view mt_layer_view_of(const mt_param_table *t, void *layer_base, size_t elem_size) {
-    int n_moe = mt_config_moe_layers(&t->cfg);
-    MT_CHECK(n_moe == 0 || n_moe == t->cfg.L,
-             "%d of the %d layers are MoE layers: a layer's view needs its index (mt_layer_view_at)",
-             n_moe, t->cfg.L);
+    for (int l = 1; l < t->cfg.L; l++)
+        MT_CHECK(mt_layer_type_of(&t->cfg, l) == mt_layer_type_of(&t->cfg, 0),
+                 "layers 0 and %d are of different types: a layer's view needs its index "
+                 "(mt_layer_view_at)", l);
     return mt_layer_view_at(t, 0, layer_base, elem_size);
 }
 
@@ -315,7 +376,13 @@ static int kind_is_norm(mt_param_kind k) {
 void mt_param_init_tensor(const mt_param_table *t, int i, float *x, float std, uint64_t seed) {
     const mt_param *p = &t->params[i];
     if (kind_is_norm(p->kind)) {
-        fill_const(x, p->numel, 1.0f);
+        fill_const(x, p->numel, t->cfg.norm_offset ? 0.0f : 1.0f); /* (1 + w) norms start at w = 0 */
+    } else if (p->kind == MT_W_LIN_NORM || p->kind == MT_W_LIN_DT_BIAS) {
+        fill_const(x, p->numel, 1.0f); /* transformers' init: ones */
+    } else if (p->kind == MT_W_LIN_A_LOG) {
+        /* log(A) for A spread evenly over [1, 16] (transformers draws it uniformly from
+         * [0.01, 16]): each value head decays at its own rate */
+        for (int64_t h = 0; h < p->numel; h++) x[h] = logf(1.0f + 15.0f * ((float)h + 0.5f) / (float)p->numel);
     } else if (p->ndim == 1) {
         fill_const(x, p->numel, 0.0f); /* biases */
     } else {

@@ -47,6 +47,19 @@ typedef enum {
     MT_W_EXP_GATE,       /* (Fe, C)   one per expert, E of them back to back */
     MT_W_EXP_UP,         /* (Fe, C) */
     MT_W_EXP_DOWN,       /* (C, Fe) */
+    /* Gated DeltaNet mixers (qwen3_5 linear_attention layers), in place of q/k/v/o and their
+     * norms; Ch = 2*Hk*Dk + Hv*Dv, the convolved q, k, v channels */
+    MT_W_LIN_QKV,        /* (Ch, C)      linear_attn.in_proj_qkv.weight */
+    MT_W_LIN_Z,          /* (Hv*Dv, C)   linear_attn.in_proj_z.weight (the output gate) */
+    MT_W_LIN_B,          /* (Hv, C)      linear_attn.in_proj_b.weight (beta) */
+    MT_W_LIN_A,          /* (Hv, C)      linear_attn.in_proj_a.weight (the decay's input) */
+    MT_W_LIN_CONV,       /* (Ch, 1, K)   linear_attn.conv1d.weight (depthwise, causal) */
+    MT_W_LIN_DT_BIAS,    /* (Hv)         linear_attn.dt_bias */
+    MT_W_LIN_A_LOG,      /* (Hv)         linear_attn.A_log */
+    MT_W_LIN_NORM,       /* (Dv)         linear_attn.norm.weight (gated RMSNorm, plain w) */
+    MT_W_LIN_OUT,        /* (C, Hv*Dv)   linear_attn.out_proj.weight */
+    /* qwen3_5_moe's shared expert is gate/up/down of width F named mlp.shared_expert.*; its gate: */
+    MT_W_SHARED_GATE,    /* (1, C)       mlp.shared_expert_gate.weight */
     MT_LAYER_KINDS,
     /* model-level */
     MT_W_EMBED = MT_LAYER_KINDS, /* (V, C) model.embed_tokens.weight */
@@ -55,13 +68,18 @@ typedef enum {
     MT_PARAM_KINDS,
 } mt_param_kind;
 
+/* A layer's type: its token mixer and whether its MLP is the experts. Layers of different types
+ * hold different tensors; a layer group is as large as the largest type any layer has. */
+#define MT_LAYER_TYPES 4
+int mt_layer_type_of(const mt_config *cfg, int l); /* 2 * (mixer is a DeltaNet) + (MLP is MoE) */
+
 typedef struct {
     char name[96];       /* Hugging Face tensor name */
     mt_param_kind kind;
     int layer;           /* MT_GROUP_EMBED, 0..L-1, or L for the head group */
     int expert;          /* 0..E-1 for an expert's tensor, -1 otherwise */
-    int ndim;            /* 1 or 2 */
-    int64_t shape[2];
+    int ndim;            /* 1, 2, or 3 (a convolution's (channels, 1, kernel)) */
+    int64_t shape[3];
     int64_t numel;
     int64_t offset;      /* element offset in the whole arena */
     int64_t group_offset;/* element offset inside its group (for layers: the per-layer offset) */
@@ -76,9 +94,9 @@ typedef struct {
     int64_t embed_offset, embed_size;  /* group extents, in elements */
     int64_t layer_offset0, layer_size; /* layer l starts at layer_offset0 + l * layer_size */
     int64_t head_offset, head_size;
-    /* offset of each kind inside a layer group of each type (0 dense, 1 MoE), -1 when absent;
+    /* offset of each kind inside a layer group of each type (mt_layer_type_of), -1 when absent;
      * for the expert kinds, expert 0's tensor (expert e's is expert_stride elements further) */
-    int64_t kind_offset[2][MT_LAYER_KINDS];
+    int64_t kind_offset[MT_LAYER_TYPES][MT_LAYER_KINDS];
     int64_t expert_stride;
     int *layer_first;    /* (L + 1) index in params of each layer's first tensor; [L]: the head's */
 } mt_param_table;
@@ -102,12 +120,16 @@ typedef struct {
     void *input_norm, *q, *q_bias, *k, *k_bias, *v, *v_bias, *o, *o_bias;
     void *q_norm, *k_norm, *post_norm;
     void *gate, *gate_bias, *up, *up_bias, *down, *down_bias;
-    void *router;                    /* non-NULL: an MoE layer */
+    void *router;                    /* non-NULL: an MoE layer (with a shared expert: gate, up,
+                                        down are the shared expert's, shared_gate its gate) */
+    void *shared_gate;
+    /* a Gated DeltaNet mixer in place of q..o (model/config.h mt_mixer) */
+    void *lin_qkv, *lin_z, *lin_b, *lin_a, *lin_conv, *lin_dt_bias, *lin_a_log, *lin_norm, *lin_out;
     void *exp_gate, *exp_up, *exp_down; /* expert 0's; expert e's is e * exp_stride bytes further */
     size_t exp_stride;
 } mt_layer_view;
 
-/* Layer l's view (its type decides the layout). */
+/* Layer l's view (its type decides the layout; mixer and mlp say what it holds). */
 mt_layer_view mt_layer_view_at(const mt_param_table *t, int l, void *layer_base, size_t elem_size);
 /* The same for a model whose layers are all of one type (fatal otherwise: use _at). */
 mt_layer_view mt_layer_view_of(const mt_param_table *t, void *layer_base, size_t elem_size);

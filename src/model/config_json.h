@@ -1,0 +1,23 @@
+/* Typed reads of config.json fields for the config parsers (model/config.c and the family files
+ * beside it): every error names the file and the field. Internal to model/. */
+#ifndef MT_CONFIG_JSON_H
+#define MT_CONFIG_JSON_H
+
+#include <jansson.h>
+
+typedef struct {
+    const char *path; /* file name for messages */
+    json_t *root;     /* the object the model's fields are read from (text_config when nested) */
+} mt_cfg_src;
+
+/* Reads an integer (integral reals accepted: transformers writes some as 8192.0) or a number.
+ * Returns 1 when set, 0 when absent or null, MT_ERR on a wrong type. `prefix` goes before the key
+ * in messages ("rope_parameters."). */
+int mt_cfg_int(const mt_cfg_src *s, json_t *obj, const char *prefix, const char *key, int *out);
+int mt_cfg_num(const mt_cfg_src *s, json_t *obj, const char *prefix, const char *key, double *out);
+/* A boolean field of s->root; the same returns. */
+int mt_cfg_bool(const mt_cfg_src *s, const char *key, int *out);
+/* A required positive size of s->root: MT_OK or MT_ERR (missing, wrong type, not positive). */
+int mt_cfg_size(const mt_cfg_src *s, const char *key, int *out);
+
+#endif
