@@ -171,7 +171,7 @@ static void test_embedding(void **state) {
 typedef struct {
     double *x, *w, *Rw, *out, *rstd;
     int R, C;
-    double eps;
+    double eps, offset; /* offset 1: the (1 + w) norm */
 } rms_ctx;
 
 static void rms_ref(rms_ctx *c) {
@@ -180,7 +180,7 @@ static void rms_ref(rms_ctx *c) {
         double ms = dot(x, x, c->C) / c->C;
         double s = 1.0 / sqrt(ms + c->eps);
         c->rstd[r] = s;
-        for (int i = 0; i < c->C; i++) c->out[(size_t)r * c->C + i] = x[i] * s * c->w[i];
+        for (int i = 0; i < c->C; i++) c->out[(size_t)r * c->C + i] = x[i] * s * (c->w[i] + c->offset);
     }
 }
 static double rms_loss(void *p) {
@@ -189,7 +189,7 @@ static double rms_loss(void *p) {
     return dot(c->out, c->Rw, (size_t)c->R * c->C);
 }
 
-static void check_rmsnorm(int R, int C, float eps, uint64_t seed) {
+static void check_rmsnorm(int R, int C, float eps, uint64_t seed, float offset) {
     mt_test_rng rng;
     mt_test_rng_seed(&rng, seed);
     size_t n = (size_t)R * C;
@@ -197,11 +197,11 @@ static void check_rmsnorm(int R, int C, float eps, uint64_t seed) {
     x[0] = 1e-3f; /* a small element and (below) a small row */
     if (R > 2)
         for (int i = 0; i < C; i++) x[(size_t)2 * C + i] *= 0.05f;
-    rms_ctx c = {to_double(x, n), to_double(w, C), to_double(Rw, n), dnew(n), dnew(R), R, C, eps};
+    rms_ctx c = {to_double(x, n), to_double(w, C), to_double(Rw, n), dnew(n), dnew(R), R, C, eps, offset};
     rms_ref(&c);
     float *out = fnew(n), *rstd = fnew(R);
     poison(out, n), poison(rstd, R);
-    be->rmsnorm_forward(be, out, rstd, x, w, R, C, eps);
+    be->rmsnorm_forward(be, out, rstd, x, w, R, C, eps, offset);
     float *ref_out = to_float(c.out, n), *ref_rstd = to_float(c.rstd, R);
     assert_true(mt_allclose("rmsnorm_forward out", out, ref_out, n, FWD_ATOL, FWD_RTOL));
     assert_true(mt_allclose("rmsnorm_forward rstd", rstd, ref_rstd, R, FWD_ATOL, FWD_RTOL));
@@ -209,20 +209,20 @@ static void check_rmsnorm(int R, int C, float eps, uint64_t seed) {
     float *gx = fd_grad(rms_loss, &c, c.x, n), *gw = fd_grad(rms_loss, &c, c.w, C);
     float *dx = fnew(n), *pre_w = randn(&rng, C, 1), *dw = copyf(pre_w, C);
     poison(dx, n);
-    be->rmsnorm_backward(be, dx, dw, Rw, x, w, rstd, R, C, 0);
+    be->rmsnorm_backward(be, dx, dw, Rw, x, w, rstd, R, C, 0, offset);
     float *want_w = plus(pre_w, gw, 1, C);
     assert_true(mt_allclose("rmsnorm_backward dinp (=)", dx, gx, n, BWD_ATOL, BWD_RTOL));
     assert_true(mt_allclose("rmsnorm_backward dweight (+=)", dw, want_w, C, BWD_ATOL, BWD_RTOL));
 
     float *pre_x = randn(&rng, n, 1);
     memcpy(dx, pre_x, n * 4);
-    be->rmsnorm_backward(be, dx, dw, Rw, x, w, rstd, R, C, 1);
+    be->rmsnorm_backward(be, dx, dw, Rw, x, w, rstd, R, C, 1, offset);
     float *want_x = plus(pre_x, gx, 1, n), *want_w2 = plus(pre_w, gw, 2, C);
     assert_true(mt_allclose("rmsnorm_backward dinp (+=)", dx, want_x, n, BWD_ATOL, BWD_RTOL));
     assert_true(mt_allclose("rmsnorm_backward dweight twice", dw, want_w2, C, BWD_ATOL, BWD_RTOL));
 
     /* dinp NULL: only dweight */
-    be->rmsnorm_backward(be, NULL, dw, Rw, x, w, rstd, R, C, 0);
+    be->rmsnorm_backward(be, NULL, dw, Rw, x, w, rstd, R, C, 0, offset);
     float *want_w3 = plus(pre_w, gw, 3, C);
     assert_true(mt_allclose("rmsnorm_backward dinp NULL", dw, want_w3, C, BWD_ATOL, BWD_RTOL));
 
@@ -232,10 +232,12 @@ static void check_rmsnorm(int R, int C, float eps, uint64_t seed) {
 }
 
 static void test_rmsnorm(void **state) {
-    check_rmsnorm(7, 24, 1e-5f, 3);
-    check_rmsnorm(7, 24, 0.5f, 4); /* an eps that matters */
-    check_rmsnorm(1, 5, 1e-6f, 5);
-    check_rmsnorm(33, 520, 1e-6f, 6); /* above the parallel threshold: per-thread dweight partials */
+    check_rmsnorm(7, 24, 1e-5f, 3, 0.0f);
+    check_rmsnorm(7, 24, 0.5f, 4, 0.0f); /* an eps that matters */
+    check_rmsnorm(1, 5, 1e-6f, 5, 0.0f);
+    check_rmsnorm(33, 520, 1e-6f, 6, 0.0f); /* above the parallel threshold: per-thread dweight partials */
+    check_rmsnorm(7, 24, 1e-6f, 13, 1.0f);  /* qwen3_5's (1 + w) */
+    check_rmsnorm(33, 520, 1e-6f, 14, 1.0f);
 }
 
 /* ---------------- matmul ---------------- */
@@ -347,20 +349,25 @@ static void test_matmul(void **state) {
 /* ---------------- RoPE ---------------- */
 
 typedef struct {
-    double *x, *Rw, *out, *cs, *sn; /* cs, sn (N, D/2): cos and sin of the fp32 angle */
-    int N, nh, D;
+    double *x, *Rw, *out, *cs, *sn; /* cs, sn (N, rd/2): cos and sin of the fp32 angle */
+    int N, nh, D, rd;               /* rd < D: partial RoPE, dims rd.. pass through */
 } rope_ctx;
 
 static void rope_ref(rope_ctx *c) {
-    int half = c->D / 2;
+    int half = c->rd / 2;
     for (int n = 0; n < c->N; n++)
-        for (int h = 0; h < c->nh; h++)
+        for (int h = 0; h < c->nh; h++) {
+            for (int i = c->rd; i < c->D; i++) {
+                size_t a = ((size_t)n * c->nh + h) * c->D + i;
+                c->out[a] = c->x[a];
+            }
             for (int i = 0; i < half; i++) {
                 size_t a = ((size_t)n * c->nh + h) * c->D + i, b = a + half;
                 double cs = c->cs[(size_t)n * half + i], sn = c->sn[(size_t)n * half + i];
                 c->out[a] = c->x[a] * cs - c->x[b] * sn;
                 c->out[b] = c->x[b] * cs + c->x[a] * sn;
             }
+        }
 }
 static double rope_loss(void *p) {
     rope_ctx *c = p;
@@ -368,19 +375,19 @@ static double rope_loss(void *p) {
     return dot(c->out, c->Rw, (size_t)c->N * c->nh * c->D);
 }
 
-static void check_rope(int N, int nh, int D, int max_pos, int fd, uint64_t seed) {
+static void check_rope(int N, int nh, int D, int rd, int max_pos, int fd, uint64_t seed) {
     mt_test_rng rng;
     mt_test_rng_seed(&rng, seed);
-    int half = D / 2;
+    int half = rd / 2;
     size_t n = (size_t)N * nh * D;
     int32_t *pos = malloc(N * sizeof *pos);
     for (int i = 0; i < N; i++) pos[i] = (int32_t)(mt_test_rng_u64(&rng) % (uint64_t)max_pos);
     float *inv_freq = fnew(half);
-    for (int i = 0; i < half; i++) /* as transformers: 1 / theta^(2i/D) in fp32 */
-        inv_freq[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)D);
+    for (int i = 0; i < half; i++) /* as transformers: 1 / theta^(2i/rd) in fp32 */
+        inv_freq[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)rd);
     float *x = randn(&rng, n, 1), *Rw = randn(&rng, n, 1);
     rope_ctx c = {to_double(x, n), to_double(Rw, n), dnew(n), dnew((size_t)N * half),
-                  dnew((size_t)N * half), N, nh, D};
+                  dnew((size_t)N * half), N, nh, D, rd};
     for (int t = 0; t < N; t++)
         for (int i = 0; i < half; i++) {
             float angle = (float)pos[t] * inv_freq[i]; /* the fp32 angle of the contract */
@@ -389,7 +396,7 @@ static void check_rope(int N, int nh, int D, int max_pos, int fd, uint64_t seed)
         }
     rope_ref(&c);
     float *y = copyf(x, n), *ref = to_float(c.out, n);
-    be->rope_forward(be, y, pos, inv_freq, N, nh, D);
+    be->rope_forward(be, y, pos, inv_freq, N, nh, D, rd);
     assert_true(mt_allclose("rope_forward", y, ref, n, FWD_ATOL, FWD_RTOL));
 
     float *g;
@@ -407,16 +414,18 @@ static void check_rope(int N, int nh, int D, int max_pos, int fd, uint64_t seed)
         free(a);
     }
     float *dx = copyf(Rw, n);
-    be->rope_backward(be, dx, pos, inv_freq, N, nh, D);
+    be->rope_backward(be, dx, pos, inv_freq, N, nh, D, rd);
     assert_true(mt_allclose("rope_backward", dx, g, n, BWD_ATOL, BWD_RTOL));
     free(pos), free(inv_freq), free(x), free(Rw), free(c.x), free(c.Rw), free(c.out), free(c.cs);
     free(c.sn), free(y), free(ref), free(g), free(dx);
 }
 
 static void test_rope(void **state) {
-    check_rope(5, 3, 16, 4096, 1, 10);
-    check_rope(7, 1, 8, 100000, 1, 11); /* long-context positions: large fp32 angles */
-    check_rope(300, 8, 16, 32768, 0, 12); /* parallel path */
+    check_rope(5, 3, 16, 16, 4096, 1, 10);
+    check_rope(7, 1, 8, 8, 100000, 1, 11); /* long-context positions: large fp32 angles */
+    check_rope(300, 8, 16, 16, 32768, 0, 12); /* parallel path */
+    check_rope(5, 3, 16, 4, 4096, 1, 13);     /* partial RoPE (qwen3_5: a quarter of the head) */
+    check_rope(300, 8, 32, 8, 32768, 0, 14);
 }
 
 /* ---------------- SwiGLU and add ---------------- */

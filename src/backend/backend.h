@@ -128,13 +128,15 @@ struct mt_backend {
     void (*embedding_backward)(mt_backend *be, float *dtable, const void *dout, const int32_t *ids,
                                int N, int C);
 
-    /* Over R rows of width C: rstd[r] = 1/sqrt(mean(inp[r]^2) + eps), out = inp * rstd * weight. */
+    /* Over R rows of width C: rstd[r] = 1/sqrt(mean(inp[r]^2) + eps), out = inp * rstd *
+     * (weight + w_offset): w_offset 0 for Llama's norm, 1 for the (1 + w) norms of qwen3_5 (the
+     * sum taken in fp32, so a small w keeps its bits). */
     void (*rmsnorm_forward)(mt_backend *be, void *out, float *rstd, const void *inp,
-                            const void *weight, int R, int C, float eps);
+                            const void *weight, int R, int C, float eps, float w_offset);
     /* dinp (=, or += when accumulate) and dweight (+=) from dout; rstd from the forward. */
     void (*rmsnorm_backward)(mt_backend *be, void *dinp, float *dweight, const void *dout,
                              const void *inp, const void *weight, const float *rstd, int R, int C,
-                             int accumulate);
+                             int accumulate, float w_offset);
 
     /* out (R, M) = inp (R, K) @ weight (M, K)^T (+ bias (M) when not NULL). */
     void (*matmul_forward)(mt_backend *be, void *out, const void *inp, const void *weight,
@@ -145,13 +147,14 @@ struct mt_backend {
                             const void *dout, const void *inp, const void *weight, int R, int K,
                             int M, int accumulate);
 
-    /* In place on x (N, nh, D): each head vector's pairs (i, i + D/2), i < D/2, are rotated by the
-     * angle pos[n] * inv_freq[i] (computed in fp32), as transformers' rotate_half does. */
+    /* In place on x (N, nh, D): the first rd dims of each head vector (rd even, <= D; rd < D is
+     * partial RoPE) have their pairs (i, i + rd/2), i < rd/2, rotated by the angle pos[n] *
+     * inv_freq[i] (computed in fp32), as transformers' rotate_half does; dims rd.. are kept. */
     void (*rope_forward)(mt_backend *be, void *x, const int32_t *pos, const float *inv_freq, int N,
-                         int nh, int D);
+                         int nh, int D, int rd);
     /* The gradient: rotation by the opposite angle, in place on dx (N, nh, D). */
     void (*rope_backward)(mt_backend *be, void *dx, const int32_t *pos, const float *inv_freq,
-                          int N, int nh, int D);
+                          int N, int nh, int D, int rd);
 
     /* Causal grouped-query attention with scale 1/sqrt(D). q (N, H, D); k, v (N, G, D); query head
      * h uses kv head h / (H / G). out (N, H, D); lse (B, H, T) = log-sum-exp of the scaled scores of

@@ -338,6 +338,8 @@ static int cfg_nested_tie(mt_config *cfg, const mt_cfg_src *top) {
     return MT_OK;
 }
 
+float mt_config_norm_offset(const mt_config *cfg) { return cfg->norm_offset ? 1.0f : 0.0f; }
+
 int mt_config_rotary_dim(const mt_config *cfg) { return cfg->rotary_dim ? cfg->rotary_dim : cfg->D; }
 
 mt_mixer mt_config_layer_mixer(const mt_config *cfg, int l) {

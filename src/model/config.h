@@ -132,6 +132,8 @@ int mt_config_validate(const mt_config *cfg, const char *path);
 int64_t mt_config_param_count(const mt_config *cfg);
 int64_t mt_config_active_param_count(const mt_config *cfg);
 
+/* What an RMSNorm adds to its weights (rmsnorm ops' w_offset): 1 for the (1 + w) norms, else 0. */
+float mt_config_norm_offset(const mt_config *cfg);
 /* Dims of each head RoPE rotates (rotary_dim, or D). */
 int mt_config_rotary_dim(const mt_config *cfg);
 

@@ -34,7 +34,8 @@ void mt_head_loss(const mt_layer_ctx *lc, const mt_model_view *w, const mt_model
     mt_backend *be = lc->be;
     const mt_config *cfg = lc->cfg;
     MT_CHECK(N <= ws->max_N, "head workspace holds %d tokens, asked for %d", ws->max_N, N);
-    be->rmsnorm_forward(be, ws->xn, ws->rstd, x, w->final_norm, N, cfg->C, cfg->rms_norm_eps);
+    be->rmsnorm_forward(be, ws->xn, ws->rstd, x, w->final_norm, N, cfg->C, cfg->rms_norm_eps,
+                        mt_config_norm_offset(cfg));
     if (!grads) {
         be->lm_head_loss(be, losses, NULL, NULL, ws->xn, w->lm_head, targets, N, cfg->C, cfg->V,
                          loss_scale);
@@ -43,7 +44,7 @@ void mt_head_loss(const mt_layer_ctx *lc, const mt_model_view *w, const mt_model
     be->lm_head_loss(be, losses, ws->dxn, (float *)grads->lm_head, ws->xn, w->lm_head, targets, N,
                      cfg->C, cfg->V, loss_scale);
     be->rmsnorm_backward(be, dx, (float *)grads->final_norm, ws->dxn, x, w->final_norm, ws->rstd,
-                         N, cfg->C, 0);
+                         N, cfg->C, 0, mt_config_norm_offset(cfg));
 }
 
 void mt_head_logits(const mt_layer_ctx *lc, const mt_model_view *w, const void *x, int N,
@@ -51,6 +52,7 @@ void mt_head_logits(const mt_layer_ctx *lc, const mt_model_view *w, const void *
     mt_backend *be = lc->be;
     const mt_config *cfg = lc->cfg;
     MT_CHECK(N <= ws->max_N, "head workspace holds %d tokens, asked for %d", ws->max_N, N);
-    be->rmsnorm_forward(be, ws->xn, ws->rstd, x, w->final_norm, N, cfg->C, cfg->rms_norm_eps);
+    be->rmsnorm_forward(be, ws->xn, ws->rstd, x, w->final_norm, N, cfg->C, cfg->rms_norm_eps,
+                        mt_config_norm_offset(cfg));
     be->matmul_forward(be, logits, ws->xn, w->lm_head, NULL, N, cfg->C, cfg->V);
 }

@@ -266,20 +266,21 @@ static void test_embedding(void **state) {
 
 /* ---------------- rmsnorm ---------------- */
 
-static void rmsnorm_case(int R, int C, float eps, uint64_t seed) {
+/* offset 1: qwen3_5's (1 + w) norm, w small (zero-initialised and trained) */
+static void rmsnorm_case(int R, int C, float eps, uint64_t seed, float offset) {
     mt_test_rng rng;
     mt_test_rng_seed(&rng, seed);
     char what[96];
     size_t n = (size_t)R * C;
     float *inp = rnd_bf(&rng, n, 1.5f), *w = rnd_bf(&rng, C, 0.2f);
-    for (int c = 0; c < C; c++) w[c] = mt_bf16_to_f32(mt_f32_to_bf16(1.0f + w[c]));
+    for (int c = 0; c < C; c++) w[c] = mt_bf16_to_f32(mt_f32_to_bf16((1.0f - offset) + w[c]));
     void *d_inp = up_bf(inp, n), *d_w = up_bf(w, C);
 
     float *out = fnew(n), *rstd = fnew(R);
-    cpu->rmsnorm_forward(cpu, out, rstd, inp, w, R, C, eps);
+    cpu->rmsnorm_forward(cpu, out, rstd, inp, w, R, C, eps, offset);
     void *d_out = poison_bf(n);
     float *d_rstd = poison_f32(R);
-    gpu->rmsnorm_forward(gpu, d_out, d_rstd, d_inp, d_w, R, C, eps);
+    gpu->rmsnorm_forward(gpu, d_out, d_rstd, d_inp, d_w, R, C, eps, offset);
     snprintf(what, sizeof what, "rmsnorm_fwd R=%d C=%d out", R, C);
     assert_true(check_bf(what, d_out, out, n, BF_ATOL, BF_RTOL));
     snprintf(what, sizeof what, "rmsnorm_fwd R=%d C=%d rstd", R, C);
@@ -293,10 +294,10 @@ static void rmsnorm_case(int R, int C, float eps, uint64_t seed) {
         float *fill_x = rnd_bf(&rng, n, 1.0f), *fill_w = rnd_f32(&rng, C, 3.0f);
         float *dinp = copyf(fill_x, n), *dw = copyf(fill_w, C);
         if (!acc) poison_fill(dinp, n);
-        cpu->rmsnorm_backward(cpu, dinp, dw, dout, inp, w, rstd, R, C, acc);
+        cpu->rmsnorm_backward(cpu, dinp, dw, dout, inp, w, rstd, R, C, acc, offset);
         void *d_dinp = acc ? up_bf(fill_x, n) : poison_bf(n);
         float *d_dw = up_f32(fill_w, C);
-        gpu->rmsnorm_backward(gpu, d_dinp, d_dw, d_dout, d_inp, d_w, d_rstd, R, C, acc);
+        gpu->rmsnorm_backward(gpu, d_dinp, d_dw, d_dout, d_inp, d_w, d_rstd, R, C, acc, offset);
         snprintf(what, sizeof what, "rmsnorm_bwd R=%d C=%d dinp (%s)", R, C, acc ? "+=" : "=");
         assert_true(check_bf(what, d_dinp, dinp, n, BF_ATOL, BF_RTOL));
         snprintf(what, sizeof what, "rmsnorm_bwd R=%d C=%d dweight (+=)", R, C);
@@ -304,7 +305,7 @@ static void rmsnorm_case(int R, int C, float eps, uint64_t seed) {
         if (acc) { /* dweight alone (dinp NULL), twice: same bits */
             float *g1 = down_f32(d_dw, C);
             gpu->upload(gpu, d_dw, fill_w, C * sizeof(float));
-            gpu->rmsnorm_backward(gpu, NULL, d_dw, d_dout, d_inp, d_w, d_rstd, R, C, 0);
+            gpu->rmsnorm_backward(gpu, NULL, d_dw, d_dout, d_inp, d_w, d_rstd, R, C, 0, offset);
             float *g2 = down_f32(d_dw, C);
             assert_true(same_bits(what, g1, g2, C * sizeof(float)));
             free(g1), free(g2);
@@ -318,11 +319,13 @@ static void rmsnorm_case(int R, int C, float eps, uint64_t seed) {
 }
 
 static void test_rmsnorm(void **state) {
-    rmsnorm_case(37, 24, 1e-5f, 11);
-    rmsnorm_case(19, 100, 1e-6f, 12); /* scalar path */
-    rmsnorm_case(5, 4096, 1e-5f, 13);
-    rmsnorm_case(300, 4096, 1e-6f, 14);  /* several column-sum parts */
-    rmsnorm_case(20000, 64, 1e-6f, 15); /* more rows than the part cap */
+    rmsnorm_case(37, 24, 1e-5f, 11, 0.0f);
+    rmsnorm_case(19, 100, 1e-6f, 12, 0.0f); /* scalar path */
+    rmsnorm_case(5, 4096, 1e-5f, 13, 0.0f);
+    rmsnorm_case(300, 4096, 1e-6f, 14, 0.0f);  /* several column-sum parts */
+    rmsnorm_case(20000, 64, 1e-6f, 15, 0.0f); /* more rows than the part cap */
+    rmsnorm_case(300, 2048, 1e-6f, 16, 1.0f); /* (1 + w) */
+    rmsnorm_case(19, 100, 1e-6f, 17, 1.0f);   /* (1 + w), scalar path */
 }
 
 /* ---------------- matmul ---------------- */
@@ -432,7 +435,8 @@ static void test_matmul_plan_cache(void **state) {
 
 /* ---------------- rope ---------------- */
 
-static void rope_case(int N, int nh, int D, int maxpos, uint64_t seed) {
+/* rd < D: partial RoPE over the first rd dims of each head */
+static void rope_case(int N, int nh, int D, int rd, int maxpos, uint64_t seed) {
     mt_test_rng rng;
     mt_test_rng_seed(&rng, seed);
     char what[96];
@@ -440,28 +444,28 @@ static void rope_case(int N, int nh, int D, int maxpos, uint64_t seed) {
     int32_t *pos = malloc(N * sizeof(int32_t));
     for (int i = 0; i < N; i++) pos[i] = (int32_t)(mt_test_rng_u64(&rng) % (uint64_t)maxpos);
     pos[0] = 0, pos[N - 1] = maxpos - 1;
-    float *inv = fnew(D / 2);
-    for (int i = 0; i < D / 2; i++) inv[i] = (float)pow(500000.0, -2.0 * i / D);
+    float *inv = fnew(rd / 2);
+    for (int i = 0; i < rd / 2; i++) inv[i] = (float)pow(500000.0, -2.0 * i / rd);
     int32_t *d_pos = up_i32(pos, N);
-    float *d_inv = up_f32(inv, D / 2);
+    float *d_inv = up_f32(inv, rd / 2);
     float *x = rnd_bf(&rng, n, 1.0f);
     void *d_x = up_bf(x, n);
     float *ref = copyf(x, n);
-    cpu->rope_forward(cpu, ref, pos, inv, N, nh, D);
-    gpu->rope_forward(gpu, d_x, d_pos, d_inv, N, nh, D);
-    snprintf(what, sizeof what, "rope_fwd N=%d nh=%d D=%d maxpos=%d", N, nh, D, maxpos);
+    cpu->rope_forward(cpu, ref, pos, inv, N, nh, D, rd);
+    gpu->rope_forward(gpu, d_x, d_pos, d_inv, N, nh, D, rd);
+    snprintf(what, sizeof what, "rope_fwd N=%d nh=%d D=%d rd=%d maxpos=%d", N, nh, D, rd, maxpos);
     assert_true(check_bf(what, d_x, ref, n, BF_ATOL, BF_RTOL));
     /* the backward from the same input */
     free(ref);
     ref = copyf(x, n);
     gpu->free(gpu, d_x);
     d_x = up_bf(x, n);
-    cpu->rope_backward(cpu, ref, pos, inv, N, nh, D);
-    gpu->rope_backward(gpu, d_x, d_pos, d_inv, N, nh, D);
-    snprintf(what, sizeof what, "rope_bwd N=%d nh=%d D=%d maxpos=%d", N, nh, D, maxpos);
+    cpu->rope_backward(cpu, ref, pos, inv, N, nh, D, rd);
+    gpu->rope_backward(gpu, d_x, d_pos, d_inv, N, nh, D, rd);
+    snprintf(what, sizeof what, "rope_bwd N=%d nh=%d D=%d rd=%d maxpos=%d", N, nh, D, rd, maxpos);
     assert_true(check_bf(what, d_x, ref, n, BF_ATOL, BF_RTOL));
     /* forward after backward: back to x within two roundings */
-    gpu->rope_forward(gpu, d_x, d_pos, d_inv, N, nh, D);
+    gpu->rope_forward(gpu, d_x, d_pos, d_inv, N, nh, D, rd);
     snprintf(what, sizeof what, "rope_bwd_then_fwd D=%d (= input)", D);
     assert_true(check_bf(what, d_x, x, n, BF_ATOL, BF_RTOL));
     gpu->free(gpu, d_x), gpu->free(gpu, d_pos), gpu->free(gpu, d_inv);
@@ -469,10 +473,12 @@ static void rope_case(int N, int nh, int D, int maxpos, uint64_t seed) {
 }
 
 static void test_rope(void **state) {
-    rope_case(37, 4, 64, 4096, 31);
-    rope_case(16, 3, 128, 131072, 32);
-    rope_case(11, 2, 24, 1000, 33); /* D % 16 != 0: scalar path */
-    rope_case(64, 8, 128, 1000000, 34); /* large positions: accurate sincosf */
+    rope_case(37, 4, 64, 64, 4096, 31);
+    rope_case(16, 3, 128, 128, 131072, 32);
+    rope_case(11, 2, 24, 24, 1000, 33); /* D % 16 != 0: scalar path */
+    rope_case(64, 8, 128, 128, 1000000, 34); /* large positions: accurate sincosf */
+    rope_case(37, 4, 256, 64, 262144, 35);   /* qwen3_5's partial RoPE: a quarter of the head */
+    rope_case(11, 2, 24, 8, 1000, 36);       /* partial, scalar path (rd % 16 != 0) */
 }
 
 /* ---------------- swiglu, add ---------------- */

@@ -31,13 +31,13 @@ static void cpu_embedding_backward(mt_backend *be, float *dtable, const void *do
     mt_cpu_embedding_backward(dtable, dout, ids, N, C);
 }
 static void cpu_rmsnorm_forward(mt_backend *be, void *out, float *rstd, const void *inp,
-                                const void *weight, int R, int C, float eps) {
-    mt_cpu_rmsnorm_forward(out, rstd, inp, weight, R, C, eps);
+                                const void *weight, int R, int C, float eps, float w_offset) {
+    mt_cpu_rmsnorm_forward(out, rstd, inp, weight, R, C, eps, w_offset);
 }
 static void cpu_rmsnorm_backward(mt_backend *be, void *dinp, float *dweight, const void *dout,
                                  const void *inp, const void *weight, const float *rstd, int R,
-                                 int C, int accumulate) {
-    mt_cpu_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, R, C, accumulate);
+                                 int C, int accumulate, float w_offset) {
+    mt_cpu_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, R, C, accumulate, w_offset);
 }
 static void cpu_matmul_forward(mt_backend *be, void *out, const void *inp, const void *weight,
                                const void *bias, int R, int K, int M) {
@@ -49,12 +49,12 @@ static void cpu_matmul_backward(mt_backend *be, void *dinp, float *dweight, floa
     mt_cpu_matmul_backward(dinp, dweight, dbias, dout, inp, weight, R, K, M, accumulate);
 }
 static void cpu_rope_forward(mt_backend *be, void *x, const int32_t *pos, const float *inv_freq,
-                             int N, int nh, int D) {
-    mt_cpu_rope_forward(x, pos, inv_freq, N, nh, D);
+                             int N, int nh, int D, int rd) {
+    mt_cpu_rope_forward(x, pos, inv_freq, N, nh, D, rd);
 }
 static void cpu_rope_backward(mt_backend *be, void *dx, const int32_t *pos, const float *inv_freq,
-                              int N, int nh, int D) {
-    mt_cpu_rope_backward(dx, pos, inv_freq, N, nh, D);
+                              int N, int nh, int D, int rd) {
+    mt_cpu_rope_backward(dx, pos, inv_freq, N, nh, D, rd);
 }
 static void cpu_attention_forward(mt_backend *be, void *out, float *lse, const void *q,
                                   const void *k, const void *v, const int32_t *doc_start, int B,

@@ -20,9 +20,10 @@ void mt_cpu_embedding_forward(float *out, const int32_t *ids, const float *table
 void mt_cpu_embedding_backward(float *dtable, const float *dout, const int32_t *ids, int N, int C);
 
 void mt_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int R,
-                            int C, float eps);
+                            int C, float eps, float w_offset);
 void mt_cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
-                             const float *weight, const float *rstd, int R, int C, int accumulate);
+                             const float *weight, const float *rstd, int R, int C, int accumulate,
+                             float w_offset);
 
 void mt_cpu_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                            int R, int K, int M);
@@ -30,9 +31,10 @@ void mt_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const flo
                             const float *inp, const float *weight, int R, int K, int M,
                             int accumulate);
 
-void mt_cpu_rope_forward(float *x, const int32_t *pos, const float *inv_freq, int N, int nh, int D);
+void mt_cpu_rope_forward(float *x, const int32_t *pos, const float *inv_freq, int N, int nh, int D,
+                         int rd);
 void mt_cpu_rope_backward(float *dx, const int32_t *pos, const float *inv_freq, int N, int nh,
-                          int D);
+                          int D, int rd);
 
 void mt_cpu_attention_forward(float *out, float *lse, const float *q, const float *k,
                               const float *v, const int32_t *doc_start, int B, int T, int H, int G,

@@ -1,4 +1,5 @@
-/* RMSNorm as transformers' LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) * w, in fp32. */
+/* RMSNorm as transformers' LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) * w, in fp32; with w_offset
+ * 1, qwen3_5's x * rsqrt(...) * (1 + w) (the same in fp32: the offset joins w before the product). */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -10,7 +11,7 @@
 
 /* out (R, C), rstd (R), inp (R, C), weight (C). */
 void mt_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int R,
-                            int C, float eps) {
+                            int C, float eps, float w_offset) {
 #pragma omp parallel for schedule(static) if ((size_t)R * C > RMS_PAR_MIN)
     for (int r = 0; r < R; r++) {
         const float *x = inp + (size_t)r * C;
@@ -21,7 +22,7 @@ void mt_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const flo
         float s = 1.0f / sqrtf(ss / (float)C + eps);
         rstd[r] = s;
 #pragma omp simd
-        for (int c = 0; c < C; c++) y[c] = (x[c] * s) * weight[c];
+        for (int c = 0; c < C; c++) y[c] = (x[c] * s) * (weight[c] + w_offset);
     }
 }
 
@@ -30,7 +31,8 @@ void mt_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const flo
  * dweight sums over rows, so each thread sums its rows into its own (C) partial, and the partials
  * are added in thread order afterwards: no races, and the same bits on every run. */
 void mt_cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
-                             const float *weight, const float *rstd, int R, int C, int accumulate) {
+                             const float *weight, const float *rstd, int R, int C, int accumulate,
+                             float w_offset) {
     int nt = (size_t)R * C > RMS_PAR_MIN ? omp_get_max_threads() : 1;
     float *part = dweight ? mt_aligned_alloc((size_t)nt * C * sizeof(float)) : NULL;
 #pragma omp parallel num_threads(nt)
@@ -45,16 +47,16 @@ void mt_cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, con
             float s = rstd[r];
             float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-            for (int c = 0; c < C; c++) dot += dy[c] * weight[c] * x[c];
+            for (int c = 0; c < C; c++) dot += dy[c] * (weight[c] + w_offset) * x[c];
             if (dinp) {
                 float *dx = dinp + (size_t)r * C;
                 float k = dot * s * s * s / (float)C;
                 if (accumulate) {
 #pragma omp simd
-                    for (int c = 0; c < C; c++) dx[c] += s * dy[c] * weight[c] - k * x[c];
+                    for (int c = 0; c < C; c++) dx[c] += s * dy[c] * (weight[c] + w_offset) - k * x[c];
                 } else {
 #pragma omp simd
-                    for (int c = 0; c < C; c++) dx[c] = s * dy[c] * weight[c] - k * x[c];
+                    for (int c = 0; c < C; c++) dx[c] = s * dy[c] * (weight[c] + w_offset) - k * x[c];
                 }
             }
             if (dw) {

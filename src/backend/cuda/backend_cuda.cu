@@ -265,15 +265,15 @@ static void cu_embedding_backward(mt_backend *be, float *dtable, const void *dou
     mt_cuda_embedding_backward(dtable, (const bf16 *)dout, ids, N, C, S(be));
 }
 static void cu_rmsnorm_forward(mt_backend *be, void *out, float *rstd, const void *inp,
-                               const void *weight, int R, int C, float eps) {
+                               const void *weight, int R, int C, float eps, float w_offset) {
     mt_cuda_rmsnorm_forward((bf16 *)out, rstd, (const bf16 *)inp, (const bf16 *)weight, R, C, eps,
-                            S(be));
+                            w_offset, S(be));
 }
 static void cu_rmsnorm_backward(mt_backend *be, void *dinp, float *dweight, const void *dout,
                                 const void *inp, const void *weight, const float *rstd, int R,
-                                int C, int accumulate) {
+                                int C, int accumulate, float w_offset) {
     mt_cuda_rmsnorm_backward((bf16 *)dinp, dweight, (const bf16 *)dout, (const bf16 *)inp,
-                             (const bf16 *)weight, rstd, R, C, accumulate, S(be));
+                             (const bf16 *)weight, rstd, R, C, accumulate, w_offset, S(be));
 }
 static void cu_matmul_forward(mt_backend *be, void *out, const void *inp, const void *weight,
                               const void *bias, int R, int K, int M) {
@@ -287,12 +287,12 @@ static void cu_matmul_backward(mt_backend *be, void *dinp, float *dweight, float
                             (const bf16 *)inp, (const bf16 *)weight, R, K, M, accumulate, S(be));
 }
 static void cu_rope_forward(mt_backend *be, void *x, const int32_t *pos, const float *inv_freq,
-                            int N, int nh, int D) {
-    mt_cuda_rope_forward((bf16 *)x, pos, inv_freq, N, nh, D, S(be));
+                            int N, int nh, int D, int rd) {
+    mt_cuda_rope_forward((bf16 *)x, pos, inv_freq, N, nh, D, rd, S(be));
 }
 static void cu_rope_backward(mt_backend *be, void *dx, const int32_t *pos, const float *inv_freq,
-                             int N, int nh, int D) {
-    mt_cuda_rope_backward((bf16 *)dx, pos, inv_freq, N, nh, D, S(be));
+                             int N, int nh, int D, int rd) {
+    mt_cuda_rope_backward((bf16 *)dx, pos, inv_freq, N, nh, D, rd, S(be));
 }
 static void cu_attention_forward(mt_backend *be, void *out, float *lse, const void *q,
                                  const void *k, const void *v, const int32_t *doc_start, int B,

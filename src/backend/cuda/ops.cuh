@@ -15,10 +15,10 @@ void mt_cuda_embedding_backward(float *dtable, const bf16 *dout, const int32_t *
 
 /* rmsnorm.cu */
 void mt_cuda_rmsnorm_forward(bf16 *out, float *rstd, const bf16 *inp, const bf16 *weight, int R,
-                             int C, float eps, cudaStream_t s);
+                             int C, float eps, float w_offset, cudaStream_t s);
 void mt_cuda_rmsnorm_backward(bf16 *dinp, float *dweight, const bf16 *dout, const bf16 *inp,
                               const bf16 *weight, const float *rstd, int R, int C, int accumulate,
-                              cudaStream_t s);
+                              float w_offset, cudaStream_t s);
 
 /* matmul.cu (cuBLASLt, bf16 in, fp32 accumulate) */
 void mt_cuda_matmul_forward(mt_cuda_ctx *ctx, bf16 *out, const bf16 *inp, const bf16 *weight,
@@ -29,9 +29,9 @@ void mt_cuda_matmul_backward(mt_cuda_ctx *ctx, bf16 *dinp, float *dweight, float
 
 /* rope.cu */
 void mt_cuda_rope_forward(bf16 *x, const int32_t *pos, const float *inv_freq, int N, int nh, int D,
-                          cudaStream_t s);
+                          int rd, cudaStream_t s);
 void mt_cuda_rope_backward(bf16 *dx, const int32_t *pos, const float *inv_freq, int N, int nh,
-                           int D, cudaStream_t s);
+                           int D, int rd, cudaStream_t s);
 
 /* attention.cu (flash attention: never materializes T x T) */
 void mt_cuda_attention_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,

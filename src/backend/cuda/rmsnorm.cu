@@ -1,4 +1,5 @@
-/* RMSNorm as transformers' LlamaRMSNorm: y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps).
+/* RMSNorm as transformers' LlamaRMSNorm: y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps); with
+ * w_offset 1 qwen3_5's (1 + w), the offset added to w in fp32 (every w below is w + w_offset).
  * One warp per row, fp32 math, bf16 storage; 16-byte accesses when C % 8 == 0.
  * Backward: dx = rstd * (dy * w) - x * rstd^3 / C * sum_c(dy * w * x) (one warp per row);
  * dweight += sum_r dy * x * rstd by the deterministic column sum of cuda_vec.cuh. */
@@ -16,7 +17,7 @@ static __device__ __forceinline__ float warp_sum(float v) {
 template <int VEC>
 static __global__ void __launch_bounds__(32 * RMS_WARPS)
     rmsnorm_forward_kernel(bf16 *out, float *rstd, const bf16 *inp, const bf16 *weight, int R,
-                           int C, float eps) {
+                           int C, float eps, float w_offset) {
     int r = blockIdx.x * RMS_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (r >= R) return;
     const bf16 *x = inp + (size_t)r * C;
@@ -44,19 +45,20 @@ static __global__ void __launch_bounds__(32 * RMS_WARPS)
             ld8(x + c, a);
             ld8(weight + c, w);
 #pragma unroll
-            for (int j = 0; j < 8; j++) o[j] = (a[j] * s) * w[j];
+            for (int j = 0; j < 8; j++) o[j] = (a[j] * s) * (w[j] + w_offset);
             st8(y + c, o);
         }
     } else {
         for (int c = lane; c < C; c += 32)
-            y[c] = __float2bfloat16_rn((__bfloat162float(x[c]) * s) * __bfloat162float(weight[c]));
+            y[c] = __float2bfloat16_rn((__bfloat162float(x[c]) * s) *
+                                       (__bfloat162float(weight[c]) + w_offset));
     }
 }
 
 template <int VEC>
 static __global__ void __launch_bounds__(32 * RMS_WARPS)
     rmsnorm_backward_dinp_kernel(bf16 *dinp, const bf16 *dout, const bf16 *inp, const bf16 *weight,
-                                 const float *rstd, int R, int C, int accumulate) {
+                                 const float *rstd, int R, int C, int accumulate, float w_offset) {
     int r = blockIdx.x * RMS_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (r >= R) return;
     const bf16 *x = inp + (size_t)r * C, *dy = dout + (size_t)r * C;
@@ -70,11 +72,12 @@ static __global__ void __launch_bounds__(32 * RMS_WARPS)
             ld8(dy + c, g);
             ld8(weight + c, w);
 #pragma unroll
-            for (int j = 0; j < 8; j++) dot += g[j] * w[j] * a[j];
+            for (int j = 0; j < 8; j++) dot += g[j] * (w[j] + w_offset) * a[j];
         }
     } else {
         for (int c = lane; c < C; c += 32)
-            dot += __bfloat162float(dy[c]) * __bfloat162float(weight[c]) * __bfloat162float(x[c]);
+            dot += __bfloat162float(dy[c]) * (__bfloat162float(weight[c]) + w_offset) *
+                   __bfloat162float(x[c]);
     }
     dot = warp_sum(dot);
     float k = dot * s * s * s / (float)C;
@@ -87,14 +90,14 @@ static __global__ void __launch_bounds__(32 * RMS_WARPS)
             if (accumulate) ld8(dx + c, o);
 #pragma unroll
             for (int j = 0; j < 8; j++) {
-                float v = s * g[j] * w[j] - k * a[j];
+                float v = s * g[j] * (w[j] + w_offset) - k * a[j];
                 o[j] = accumulate ? o[j] + v : v;
             }
             st8(dx + c, o);
         }
     } else {
         for (int c = lane; c < C; c += 32) {
-            float v = s * __bfloat162float(dy[c]) * __bfloat162float(weight[c]) -
+            float v = s * __bfloat162float(dy[c]) * (__bfloat162float(weight[c]) + w_offset) -
                       k * __bfloat162float(x[c]);
             if (accumulate) v += __bfloat162float(dx[c]);
             dx[c] = __float2bfloat16_rn(v);
@@ -103,21 +106,21 @@ static __global__ void __launch_bounds__(32 * RMS_WARPS)
 }
 
 void mt_cuda_rmsnorm_forward(bf16 *out, float *rstd, const bf16 *inp, const bf16 *weight, int R,
-                             int C, float eps, cudaStream_t s) {
+                             int C, float eps, float w_offset, cudaStream_t s) {
     MT_CHECK(R >= 0 && C > 0, "rmsnorm_forward: R=%d C=%d", R, C);
     MT_CHECK(R == 0 || (out && rstd && inp && weight), "rmsnorm_forward: NULL tensor");
     if (R == 0) return;
     unsigned grid = (unsigned)((R + RMS_WARPS - 1) / RMS_WARPS);
     if (C % 8 == 0 && mt_aligned16(out) && mt_aligned16(inp) && mt_aligned16(weight))
-        rmsnorm_forward_kernel<8><<<grid, 32 * RMS_WARPS, 0, s>>>(out, rstd, inp, weight, R, C, eps);
+        rmsnorm_forward_kernel<8><<<grid, 32 * RMS_WARPS, 0, s>>>(out, rstd, inp, weight, R, C, eps, w_offset);
     else
-        rmsnorm_forward_kernel<1><<<grid, 32 * RMS_WARPS, 0, s>>>(out, rstd, inp, weight, R, C, eps);
+        rmsnorm_forward_kernel<1><<<grid, 32 * RMS_WARPS, 0, s>>>(out, rstd, inp, weight, R, C, eps, w_offset);
     CUDA_LAUNCH_CHECK();
 }
 
 void mt_cuda_rmsnorm_backward(bf16 *dinp, float *dweight, const bf16 *dout, const bf16 *inp,
                               const bf16 *weight, const float *rstd, int R, int C, int accumulate,
-                              cudaStream_t s) {
+                              float w_offset, cudaStream_t s) {
     MT_CHECK(R >= 0 && C > 0, "rmsnorm_backward: R=%d C=%d", R, C);
     MT_CHECK(R == 0 || (dout && inp && weight && rstd), "rmsnorm_backward: NULL tensor");
     if (R == 0) return;
@@ -126,10 +129,10 @@ void mt_cuda_rmsnorm_backward(bf16 *dinp, float *dweight, const bf16 *dout, cons
         if (C % 8 == 0 && mt_aligned16(dinp) && mt_aligned16(dout) && mt_aligned16(inp) &&
             mt_aligned16(weight))
             rmsnorm_backward_dinp_kernel<8><<<grid, 32 * RMS_WARPS, 0, s>>>(
-                dinp, dout, inp, weight, rstd, R, C, accumulate);
+                dinp, dout, inp, weight, rstd, R, C, accumulate, w_offset);
         else
             rmsnorm_backward_dinp_kernel<1><<<grid, 32 * RMS_WARPS, 0, s>>>(
-                dinp, dout, inp, weight, rstd, R, C, accumulate);
+                dinp, dout, inp, weight, rstd, R, C, accumulate, w_offset);
         CUDA_LAUNCH_CHECK();
     }
     if (dweight) mt_cuda_colsum(dweight, dout, inp, rstd, R, C, s);

@@ -1,8 +1,10 @@
-/* Rotary position embedding as transformers' rotate_half: pairs (i, i + D/2), in place.
+/* Rotary position embedding as transformers' rotate_half: pairs (i, i + rd/2) of the first rd dims
+ * of each head (rd < D: partial RoPE, the other dims untouched), in place.
  * One block per token: the block first takes cos/sin of the fp32 angle (float)pos * inv_freq[i]
  * with the accurate sincosf (not __sincosf: positions reach 10^5..10^6 radians, where the fast
  * intrinsic loses every digit) into shared memory, then rotates all nh heads of the token. The
- * backward is the rotation by the opposite angle. 16-byte accesses when D % 16 == 0. */
+ * backward is the rotation by the opposite angle. 16-byte accesses when rd % 16 == 0 and D % 8
+ * == 0 (every head and both halves start on 16 bytes). */
 #include "cuda_vec.cuh"
 #include "ops.cuh"
 
@@ -11,9 +13,9 @@
 
 template <int VEC>
 static __global__ void __launch_bounds__(ROPE_THREADS)
-    rope_kernel(bf16 *x, const int32_t *pos, const float *inv_freq, int nh, int D, float sign) {
+    rope_kernel(bf16 *x, const int32_t *pos, const float *inv_freq, int nh, int D, int rd, float sign) {
     __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
-    int n = blockIdx.x, half = D / 2;
+    int n = blockIdx.x, half = rd / 2;
     float p = (float)pos[n];
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float angle = p * inv_freq[i];
@@ -48,25 +50,26 @@ static __global__ void __launch_bounds__(ROPE_THREADS)
 }
 
 static void rope_launch(bf16 *x, const int32_t *pos, const float *inv_freq, int N, int nh, int D,
-                        float sign, cudaStream_t s) {
+                        int rd, float sign, cudaStream_t s) {
     MT_CHECK(N >= 0 && nh > 0, "rope: N=%d nh=%d", N, nh);
     MT_CHECK(D > 0 && D % 2 == 0 && D / 2 <= ROPE_MAX_HALF,
              "rope: head dim D=%d must be even and <= %d", D, 2 * ROPE_MAX_HALF);
+    MT_CHECK(rd > 0 && rd <= D && rd % 2 == 0, "rope: %d rotary dims of head dim %d", rd, D);
     MT_CHECK(N == 0 || (x && pos && inv_freq), "rope: NULL tensor");
     if (N == 0) return;
-    if (D % 16 == 0 && mt_aligned16(x))
-        rope_kernel<8><<<N, ROPE_THREADS, 0, s>>>(x, pos, inv_freq, nh, D, sign);
+    if (rd % 16 == 0 && D % 8 == 0 && mt_aligned16(x))
+        rope_kernel<8><<<N, ROPE_THREADS, 0, s>>>(x, pos, inv_freq, nh, D, rd, sign);
     else
-        rope_kernel<1><<<N, ROPE_THREADS, 0, s>>>(x, pos, inv_freq, nh, D, sign);
+        rope_kernel<1><<<N, ROPE_THREADS, 0, s>>>(x, pos, inv_freq, nh, D, rd, sign);
     CUDA_LAUNCH_CHECK();
 }
 
 void mt_cuda_rope_forward(bf16 *x, const int32_t *pos, const float *inv_freq, int N, int nh, int D,
-                          cudaStream_t s) {
-    rope_launch(x, pos, inv_freq, N, nh, D, 1.0f, s);
+                          int rd, cudaStream_t s) {
+    rope_launch(x, pos, inv_freq, N, nh, D, rd, 1.0f, s);
 }
 
 void mt_cuda_rope_backward(bf16 *dx, const int32_t *pos, const float *inv_freq, int N, int nh,
-                           int D, cudaStream_t s) {
-    rope_launch(dx, pos, inv_freq, N, nh, D, -1.0f, s);
+                           int D, int rd, cudaStream_t s) {
+    rope_launch(dx, pos, inv_freq, N, nh, D, rd, -1.0f, s);
 }

@@ -1,0 +1,50 @@
+/* What the layer's files share (model/layer.c, layer_ws.c, mixer_attention.c): the dimensions
+ * of a call, row addressing, chunking. Internal to model/. */
+#ifndef MT_LAYER_INTERNAL_H
+#define MT_LAYER_INTERNAL_H
+
+#include "model/layer.h"
+
+typedef struct {
+    int N, C, F, H, G, D, HD, GD;
+} mt_layer_dims;
+
+static inline mt_layer_dims mt_layer_dims_of(const mt_config *cfg, int N) {
+    mt_layer_dims d = {N, cfg->C, cfg->F, cfg->H, cfg->G, cfg->D, cfg->H * cfg->D, cfg->G * cfg->D};
+    return d;
+}
+
+/* A call over N tokens runs its per-token ops in chunks of this many tokens; N when untiled. */
+static inline int mt_layer_chunk_rows(int chunk, int N) {
+    return chunk > 0 && chunk < N ? chunk : N;
+}
+
+/* Row r0 of a token-major (N, width) tensor of the compute dtype. */
+static inline void *mt_layer_row(const mt_layer_ctx *lc, const void *base, int r0, int width) {
+    return (char *)base + (size_t)r0 * (size_t)width * mt_dtype_size(lc->be->dtype);
+}
+
+static inline int mt_min_int(int a, int b) { return a < b ? a : b; }
+
+/* What the layer's RMSNorms add to their weights (1 for the (1 + w) norms). */
+static inline float mt_layer_norm_offset(const mt_layer_ctx *lc) {
+    return mt_config_norm_offset(lc->cfg);
+}
+
+static inline float *mt_f32(void *p) { return (float *)p; }
+
+/* The attention mixer (mixer_attention.c): h = inp + o_proj(attention(q, k, v of rmsnorm(inp))).
+ * The forward fills q, k, v, att, lse and h (and, untiled, the chunk rows of the last chunk);
+ * without run_attention, att and lse are this forward's already (saved attention). */
+void mt_attention_mixer_forward(const mt_layer_ctx *lc, const mt_tokens *tok,
+                                const mt_layer_weights *w, const void *inp, mt_layer_ws *ws,
+                                int run_attention);
+/* Its backward, with the gradient of h in dinp's rows: dinp = d_h + the mixer's gradient through
+ * the input norm; the weight gradients accumulate. ws holds the forward's q, k, v, att, lse (and
+ * what `recompute` says of the chunk rows). */
+void mt_attention_mixer_backward(const mt_layer_ctx *lc, const mt_tokens *tok,
+                                 const mt_layer_weights *w, const mt_layer_weights *g,
+                                 const void *inp, void *dinp, mt_layer_ws *ws,
+                                 mt_recompute recompute);
+
+#endif

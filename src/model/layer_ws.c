@@ -1,0 +1,182 @@
+/* The layer's workspace: one table of fields drives its allocation, its byte counts and the
+ * saved-internals views (model/layer.h). */
+#include <string.h>
+
+#include "core/error.h"
+#include "model/layer_internal.h"
+#include "model/moe.h"
+
+/* One list of (field, elements per token) drives the allocation, the free and the byte count. */
+typedef struct {
+    size_t offset; /* offsetof the pointer in mt_layer_ws */
+    int per_token; /* elements per token */
+    int is_f32;    /* fp32 statistic rather than compute dtype */
+    int saved;     /* kept per layer when its backward skips the recompute (a chunk field only
+                        when the call is untiled) */
+    int chunk;     /* chunk rows: one chunk of tokens when the call is tiled */
+} ws_field;
+
+#define WS(field) offsetof(mt_layer_ws, field)
+#define WS_MAX_FIELDS 64 /* room for every list of ws_fields; it checks */
+
+/* Appends the m fields of `list` to f (n of them so far). */
+static void ws_append(ws_field *f, int *n, const ws_field *list, size_t m) {
+    MT_CHECK(*n + (int)m <= WS_MAX_FIELDS, "layer workspace: more than %d fields", WS_MAX_FIELDS);
+    for (size_t i = 0; i < m; i++) f[(*n)++] = list[i];
+}
+
+static int ws_fields(const mt_config *cfg, ws_field *f) {
+    int C = cfg->C, HD = cfg->H * cfg->D, GD = cfg->G * cfg->D, n = 0;
+    int F = mt_config_moe_layers(cfg) == cfg->L ? 0 : cfg->F; /* no dense MLP: no room for one */
+    ws_field list[] = {
+        {WS(xn1), C, 0, 0, 1},      {WS(q), HD, 0, 1, 0},    {WS(k), GD, 0, 1, 0},
+        {WS(v), GD, 0, 1, 0},       {WS(att), HD, 0, 1, 0},  {WS(h), C, 0, 1, 0},
+        {WS(hn), C, 0, 0, 1},       {WS(gate), F, 0, 1, 1},  {WS(up), F, 0, 1, 1},
+        {WS(act), F, 0, 0, 1},      {WS(rstd1), 1, 1, 0, 1}, {WS(rstd2), 1, 1, 0, 1},
+        {WS(lse), cfg->H, 1, 1, 0}, {WS(d_act), F, 0, 0, 1}, {WS(d_gate), F, 0, 0, 1},
+        {WS(d_up), F, 0, 0, 1},     {WS(d_hn), C, 0, 0, 1},  {WS(d_xn1), C, 0, 0, 1},
+        {WS(d_att), HD, 0, 0, 0},   {WS(dq), HD, 0, 0, 0},   {WS(dk), GD, 0, 0, 0},
+        {WS(dv), GD, 0, 0, 0},
+    };
+    ws_append(f, &n, list, sizeof list / sizeof list[0]);
+    if (cfg->qk_norm) {
+        ws_field extra[] = {{WS(q_raw), HD, 0, 1, 1},      {WS(k_raw), GD, 0, 1, 1},
+                            {WS(q_rstd), cfg->H, 1, 1, 1}, {WS(k_rstd), cfg->G, 1, 1, 1},
+                            {WS(dq_raw), HD, 0, 0, 1},     {WS(dk_raw), GD, 0, 0, 1}};
+        ws_append(f, &n, extra, sizeof extra / sizeof extra[0]);
+    }
+    if (cfg->n_experts > 0) { /* int32 fields count as 4-byte (is_f32) */
+        int E = cfg->n_experts, k = cfg->top_k, kC = k * C, kF = k * cfg->moe_F;
+        ws_field moe[] = {
+            {WS(moe_logits), E, 0, 0, 1},  {WS(moe_d_logits), E, 0, 0, 1},
+            {WS(moe_probs), E, 1, 0, 1},   {WS(moe_idx), k, 1, 0, 1},
+            {WS(moe_w), k, 1, 0, 1},       {WS(moe_dw), k, 1, 0, 1},
+            {WS(moe_perm), k, 1, 0, 1},    {WS(moe_inv), k, 1, 0, 1},
+            {WS(moe_x), kC, 0, 0, 1},      {WS(moe_y), kC, 0, 0, 1},
+            {WS(moe_gate), kF, 0, 0, 1},   {WS(moe_up), kF, 0, 0, 1},
+            {WS(moe_act), kF, 0, 0, 1},    {WS(moe_d_y), kC, 0, 0, 1},
+            {WS(moe_d_x), kC, 0, 0, 1},    {WS(moe_d_act), kF, 0, 0, 1},
+            {WS(moe_d_gate), kF, 0, 0, 1}, {WS(moe_d_up), kF, 0, 0, 1},
+        };
+        ws_append(f, &n, moe, sizeof moe / sizeof moe[0]);
+    }
+    return n;
+}
+
+static size_t field_bytes(const ws_field *f, mt_dtype dtype, int rows) {
+    size_t elem = f->is_f32 ? 4 : mt_dtype_size(dtype);
+    size_t bytes = (size_t)rows * (size_t)f->per_token * elem;
+    return (bytes + 255) / 256 * 256;
+}
+
+/* Rows a workspace for max_N tokens gives field f. */
+static int ws_rows(const ws_field *f, int max_N, int chunk) {
+    return f->chunk ? mt_layer_chunk_rows(chunk, max_N) : max_N;
+}
+
+/* Whether field f is saved for a call over N tokens (a chunk field only when untiled). */
+static int is_saved(const ws_field *f, int N, int chunk) {
+    return f->saved && !(f->chunk && mt_layer_chunk_rows(chunk, N) < N);
+}
+
+size_t mt_layer_ws_bytes_tiled(const mt_config *cfg, mt_dtype dtype, int max_N, int mlp_chunk) {
+    ws_field f[WS_MAX_FIELDS];
+    int n = ws_fields(cfg, f);
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += field_bytes(&f[i], dtype, ws_rows(&f[i], max_N, mlp_chunk));
+    return total;
+}
+
+size_t mt_layer_ws_bytes(const mt_config *cfg, mt_dtype dtype, int max_N) {
+    return mt_layer_ws_bytes_tiled(cfg, dtype, max_N, 0);
+}
+
+size_t mt_layer_saved_bytes_tiled(const mt_config *cfg, mt_dtype dtype, int N, int mlp_chunk) {
+    ws_field f[WS_MAX_FIELDS];
+    int n = ws_fields(cfg, f);
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        if (is_saved(&f[i], N, mlp_chunk)) total += field_bytes(&f[i], dtype, N);
+    return total;
+}
+
+size_t mt_layer_saved_bytes(const mt_config *cfg, mt_dtype dtype, int N) {
+    return mt_layer_saved_bytes_tiled(cfg, dtype, N, 0);
+}
+
+static int is_attention_output(const ws_field *f) {
+    return f->offset == WS(att) || f->offset == WS(lse);
+}
+
+/* Which fields a kind of save keeps. */
+typedef enum { SAVE_WHOLE, SAVE_ATTENTION } save_kind;
+
+static int keeps(save_kind kind, const ws_field *f, int N, int chunk) {
+    return kind == SAVE_WHOLE ? is_saved(f, N, chunk) : is_attention_output(f);
+}
+
+/* A copy of ws whose fields of that kind point into base, one after the other. */
+static mt_layer_ws ws_into(const mt_layer_ws *ws, const mt_config *cfg, mt_dtype dtype, int N,
+                           void *base, save_kind kind) {
+    MT_CHECK(N <= ws->max_N, "layer workspace holds %d tokens, asked for %d", ws->max_N, N);
+    mt_layer_ws v = *ws;
+    ws_field f[WS_MAX_FIELDS];
+    int n = ws_fields(cfg, f);
+    char *at = base;
+    for (int i = 0; i < n; i++) {
+        if (!keeps(kind, &f[i], N, ws->mlp_chunk)) continue;
+        *(void **)((char *)&v + f[i].offset) = at;
+        at += field_bytes(&f[i], dtype, N);
+    }
+    return v;
+}
+
+mt_layer_ws mt_layer_ws_with_saved(const mt_layer_ws *ws, const mt_config *cfg, mt_dtype dtype,
+                                   int N, void *base) {
+    return ws_into(ws, cfg, dtype, N, base, SAVE_WHOLE);
+}
+
+size_t mt_layer_attention_saved_bytes(const mt_config *cfg, mt_dtype dtype, int N) {
+    ws_field f[WS_MAX_FIELDS];
+    int n = ws_fields(cfg, f);
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        if (is_attention_output(&f[i])) total += field_bytes(&f[i], dtype, N);
+    return total;
+}
+
+mt_layer_ws mt_layer_ws_with_saved_attention(const mt_layer_ws *ws, const mt_config *cfg,
+                                             mt_dtype dtype, int N, void *base) {
+    return ws_into(ws, cfg, dtype, N, base, SAVE_ATTENTION);
+}
+
+void mt_layer_ws_init_tiled(mt_layer_ws *ws, const mt_layer_ctx *lc, int max_N, int mlp_chunk) {
+    MT_CHECK(mlp_chunk >= 0, "layer chunk of %d tokens", mlp_chunk);
+    memset(ws, 0, sizeof *ws);
+    ws->max_N = max_N;
+    ws->mlp_chunk = mlp_chunk;
+    ws_field f[WS_MAX_FIELDS];
+    int n = ws_fields(lc->cfg, f);
+    for (int i = 0; i < n; i++) {
+        void **slot = (void **)((char *)ws + f[i].offset);
+        int rows = ws_rows(&f[i], max_N, mlp_chunk);
+        *slot = lc->be->alloc(lc->be, field_bytes(&f[i], lc->be->dtype, rows));
+    }
+    mt_moe_ws_init(ws, lc);
+}
+
+void mt_layer_ws_init(mt_layer_ws *ws, const mt_layer_ctx *lc, int max_N) {
+    mt_layer_ws_init_tiled(ws, lc, max_N, 0);
+}
+
+void mt_layer_ws_free(mt_layer_ws *ws, const mt_layer_ctx *lc) {
+    ws_field f[WS_MAX_FIELDS];
+    int n = ws_fields(lc->cfg, f);
+    for (int i = 0; i < n; i++) {
+        void **slot = (void **)((char *)ws + f[i].offset);
+        if (*slot) lc->be->free(lc->be, *slot);
+        *slot = NULL;
+    }
+    mt_moe_ws_free(ws, lc);
+}

@@ -1,0 +1,142 @@
+/* The attention mixer: grouped-query attention with RoPE, qwen3's per-head q/k norms and biases,
+ * tiled over token chunks around the attention itself (model/layer.h says how). */
+#include "core/error.h"
+#include "model/layer_internal.h"
+
+/* xn1, rstd1 (chunk rows) = rmsnorm(x) of the n tokens of inp from row r0. */
+static void input_norm_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, const void *inp,
+                               int r0, int n, mt_layer_ws *ws) {
+    const mt_config *cfg = lc->cfg;
+    lc->be->rmsnorm_forward(lc->be, ws->xn1, ws->rstd1, mt_layer_row(lc, inp, r0, cfg->C),
+                            w->input_norm, n, cfg->C, cfg->rms_norm_eps, mt_layer_norm_offset(lc));
+}
+
+/* qwen3: q_raw, k_raw (chunk rows) = q/k projections of the n tokens of xn1, q_rstd, k_rstd their
+ * norms' statistics, the normed heads written to q_out (n, H*D) and k_out (n, G*D). */
+static void qk_norm_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, int n, void *q_out,
+                            void *k_out, mt_layer_ws *ws) {
+    mt_backend *be = lc->be;
+    const mt_config *cfg = lc->cfg;
+    mt_layer_dims d = mt_layer_dims_of(cfg, n);
+    be->matmul_forward(be, ws->q_raw, ws->xn1, w->q, w->q_bias, n, d.C, d.HD);
+    be->matmul_forward(be, ws->k_raw, ws->xn1, w->k, w->k_bias, n, d.C, d.GD);
+    be->rmsnorm_forward(be, q_out, ws->q_rstd, ws->q_raw, w->q_norm, n * d.H, d.D,
+                        cfg->rms_norm_eps, mt_layer_norm_offset(lc));
+    be->rmsnorm_forward(be, k_out, ws->k_rstd, ws->k_raw, w->k_norm, n * d.G, d.D,
+                        cfg->rms_norm_eps, mt_layer_norm_offset(lc));
+}
+
+/* Attention's inputs for the n tokens from row r0: q, k, v rows r0.. (after norm and rope) from
+ * the input norm, leaving that chunk's xn1 (and q/k norm pieces) in the chunk rows. */
+static void qkv_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_layer_weights *w,
+                        const void *inp, int r0, int n, mt_layer_ws *ws) {
+    mt_backend *be = lc->be;
+    mt_layer_dims d = mt_layer_dims_of(lc->cfg, n);
+    void *q = mt_layer_row(lc, ws->q, r0, d.HD), *k = mt_layer_row(lc, ws->k, r0, d.GD);
+    input_norm_forward(lc, w, inp, r0, n, ws);
+    if (lc->cfg->qk_norm) {
+        qk_norm_forward(lc, w, n, q, k, ws);
+    } else {
+        be->matmul_forward(be, q, ws->xn1, w->q, w->q_bias, n, d.C, d.HD);
+        be->matmul_forward(be, k, ws->xn1, w->k, w->k_bias, n, d.C, d.GD);
+    }
+    be->matmul_forward(be, mt_layer_row(lc, ws->v, r0, d.GD), ws->xn1, w->v, w->v_bias, n, d.C,
+                       d.GD);
+    be->rope_forward(be, q, tok->pos + r0, lc->inv_freq, n, d.H, d.D,
+                     mt_config_rotary_dim(lc->cfg));
+    be->rope_forward(be, k, tok->pos + r0, lc->inv_freq, n, d.G, d.D,
+                     mt_config_rotary_dim(lc->cfg));
+}
+
+/* Attention half of the forward: fills q, k, v, att, lse, h (whole call) chunk by chunk around
+ * the attention, which sees all N tokens; the chunk rows keep the last chunk's xn1 (and q/k norm
+ * pieces): all of them when untiled. Without run_attention, att and lse are this forward's
+ * already (saved attention) and the attention is not run again. */
+void mt_attention_mixer_forward(const mt_layer_ctx *lc, const mt_tokens *tok,
+                                const mt_layer_weights *w, const void *inp, mt_layer_ws *ws,
+                                int run_attention) {
+    mt_backend *be = lc->be;
+    mt_layer_dims d = mt_layer_dims_of(lc->cfg, tok->B * tok->T);
+    int chunk = mt_layer_chunk_rows(ws->mlp_chunk, d.N);
+    for (int r0 = 0; r0 < d.N; r0 += chunk)
+        qkv_forward(lc, tok, w, inp, r0, mt_min_int(chunk, d.N - r0), ws);
+    if (run_attention)
+        be->attention_forward(be, ws->att, ws->lse, ws->q, ws->k, ws->v, tok->doc_start, tok->B,
+                              tok->T, d.H, d.G, d.D);
+    for (int r0 = 0; r0 < d.N; r0 += chunk) {
+        int n = mt_min_int(chunk, d.N - r0);
+        void *h = mt_layer_row(lc, ws->h, r0, d.C);
+        be->matmul_forward(be, h, mt_layer_row(lc, ws->att, r0, d.HD), w->o, w->o_bias, n, d.HD,
+                           d.C);
+        be->add(be, h, h, mt_layer_row(lc, inp, r0, d.C), (size_t)n * d.C);
+    }
+}
+
+/* Attention-half backward after the attention's for the n tokens from row r0, whose xn1, rstd1
+ * (and q/k norm pieces) are in the chunk rows: rope' and q/k norm' of dq, dk rows r0.., the q, k,
+ * v and input-norm weight gradients accumulate, dinp rows r0.. = d_h (already there) +
+ * rmsnorm1'(d_xn1). */
+static void qkv_backward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_layer_weights *w,
+                         const mt_layer_weights *g, const void *inp, void *dinp, int r0, int n,
+                         mt_layer_ws *ws) {
+    mt_backend *be = lc->be;
+    const mt_config *cfg = lc->cfg;
+    mt_layer_dims d = mt_layer_dims_of(cfg, n);
+    void *dq = mt_layer_row(lc, ws->dq, r0, d.HD), *dk = mt_layer_row(lc, ws->dk, r0, d.GD);
+    be->rope_backward(be, dq, tok->pos + r0, lc->inv_freq, n, d.H, d.D,
+                      mt_config_rotary_dim(lc->cfg));
+    be->rope_backward(be, dk, tok->pos + r0, lc->inv_freq, n, d.G, d.D,
+                      mt_config_rotary_dim(lc->cfg));
+    if (cfg->qk_norm) {
+        be->rmsnorm_backward(be, ws->dq_raw, mt_f32(g->q_norm), dq, ws->q_raw, w->q_norm,
+                             ws->q_rstd, n * d.H, d.D, 0, mt_layer_norm_offset(lc));
+        be->rmsnorm_backward(be, ws->dk_raw, mt_f32(g->k_norm), dk, ws->k_raw, w->k_norm,
+                             ws->k_rstd, n * d.G, d.D, 0, mt_layer_norm_offset(lc));
+        dq = ws->dq_raw;
+        dk = ws->dk_raw;
+    }
+    be->matmul_backward(be, ws->d_xn1, mt_f32(g->q), mt_f32(g->q_bias), dq, ws->xn1, w->q, n, d.C,
+                        d.HD, 0);
+    be->matmul_backward(be, ws->d_xn1, mt_f32(g->k), mt_f32(g->k_bias), dk, ws->xn1, w->k, n, d.C,
+                        d.GD, 1);
+    be->matmul_backward(be, ws->d_xn1, mt_f32(g->v), mt_f32(g->v_bias),
+                        mt_layer_row(lc, ws->dv, r0, d.GD), ws->xn1, w->v, n, d.C, d.GD, 1);
+    /* rmsnorm1' into the idle d_hn, then onto d_h: dinp = rmsnorm1'(d_xn1) + d_h */
+    void *dinp_c = mt_layer_row(lc, dinp, r0, d.C);
+    be->rmsnorm_backward(be, ws->d_hn, mt_f32(g->input_norm), ws->d_xn1,
+                         mt_layer_row(lc, inp, r0, d.C), w->input_norm, ws->rstd1, n, d.C, 0,
+                         mt_layer_norm_offset(lc));
+    be->add(be, dinp_c, ws->d_hn, dinp_c, (size_t)n * d.C);
+}
+
+void mt_attention_mixer_backward(const mt_layer_ctx *lc, const mt_tokens *tok,
+                                 const mt_layer_weights *w, const mt_layer_weights *g,
+                                 const void *inp, void *dinp, mt_layer_ws *ws,
+                                 mt_recompute recompute) {
+    mt_backend *be = lc->be;
+    const mt_config *cfg = lc->cfg;
+    mt_layer_dims d = mt_layer_dims_of(cfg, tok->B * tok->T);
+    int chunk = mt_layer_chunk_rows(ws->mlp_chunk, d.N), tiled = chunk < d.N;
+    /* attention: h = x + o(att), then the attention over all N tokens */
+    for (int r0 = 0; r0 < d.N; r0 += chunk) {
+        int n = mt_min_int(chunk, d.N - r0);
+        be->matmul_backward(be, mt_layer_row(lc, ws->d_att, r0, d.HD), mt_f32(g->o),
+                            mt_f32(g->o_bias), mt_layer_row(lc, dinp, r0, d.C),
+                            mt_layer_row(lc, ws->att, r0, d.HD), w->o, n, d.HD, d.C, 0);
+    }
+    be->attention_backward(be, ws->dq, ws->dk, ws->dv, ws->d_att, ws->att, ws->lse, ws->q, ws->k,
+                           ws->v, tok->doc_start, tok->B, tok->T, d.H, d.G, d.D);
+
+    /* the projections in: a tiled call remakes each chunk's xn1 (and qwen3's q_raw, k_raw and
+     * their rstd, the normed heads into the dq_raw, dk_raw scratch they are about to become) */
+    for (int r0 = 0; r0 < d.N; r0 += chunk) {
+        int n = mt_min_int(chunk, d.N - r0);
+        if (tiled) {
+            input_norm_forward(lc, w, inp, r0, n, ws);
+            if (cfg->qk_norm) qk_norm_forward(lc, w, n, ws->dq_raw, ws->dk_raw, ws);
+        } else if (recompute == MT_RECOMPUTE_CHEAP) { /* the forward's kernels on its inputs */
+            input_norm_forward(lc, w, inp, r0, n, ws);
+        }
+        qkv_backward(lc, tok, w, g, inp, dinp, r0, n, ws);
+    }
+}
