@@ -467,6 +467,75 @@ static void check_swiglu(size_t n, uint64_t seed) {
     free(sum);
 }
 
+/* ---------------- sigmoid gates, column split and join ---------------- */
+
+typedef struct {
+    double *x, *g, *Rw;
+    int R, C, Cg;
+} gate_ctx;
+
+static double gate_loss(void *p) { /* sum(x * sigmoid(g) * Rw) in double */
+    gate_ctx *c = p;
+    double s = 0;
+    for (int r = 0; r < c->R; r++)
+        for (int i = 0; i < c->C; i++) {
+            size_t k = (size_t)r * c->C + i;
+            double g = c->g[(size_t)r * c->Cg + (c->Cg == 1 ? 0 : i)];
+            s += c->x[k] / (1.0 + exp(-g)) * c->Rw[k];
+        }
+    return s;
+}
+
+static void check_sigmoid_gate(int R, int C, int Cg, uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    size_t n = (size_t)R * C, ng = (size_t)R * Cg;
+    float *x = randn(&rng, n, 1), *g = randn(&rng, ng, 3), *Rw = randn(&rng, n, 1);
+    g[0] = -30.0f; /* a saturated gate */
+    gate_ctx c = {to_double(x, n), to_double(g, ng), to_double(Rw, n), R, C, Cg};
+    float *ref = fnew(n), *out = fnew(n);
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < C; i++) {
+            size_t k = (size_t)r * C + i;
+            ref[k] = (float)(c.x[k] / (1.0 + exp(-c.g[(size_t)r * Cg + (Cg == 1 ? 0 : i)])));
+        }
+    poison(out, n);
+    be->sigmoid_gate_forward(be, out, x, g, R, C, Cg);
+    assert_true(mt_allclose("sigmoid_gate_forward", out, ref, n, FWD_ATOL, FWD_RTOL));
+    float *gx = fd_grad(gate_loss, &c, c.x, n), *gg = fd_grad(gate_loss, &c, c.g, ng);
+    float *dx = fnew(n), *dg = fnew(ng);
+    poison(dx, n), poison(dg, ng);
+    be->sigmoid_gate_backward(be, dx, dg, Rw, x, g, R, C, Cg);
+    assert_true(mt_allclose("sigmoid_gate_backward dx", dx, gx, n, BWD_ATOL, BWD_RTOL));
+    assert_true(mt_allclose("sigmoid_gate_backward dg", dg, gg, ng, BWD_ATOL, BWD_RTOL));
+    float *dout = copyf(Rw, n); /* dx aliasing dout */
+    be->sigmoid_gate_backward(be, dout, dg, dout, x, g, R, C, Cg);
+    assert_memory_equal(dout, dx, n * sizeof(float));
+    free(x), free(g), free(Rw), free(c.x), free(c.g), free(c.Rw), free(ref), free(out), free(gx);
+    free(gg), free(dx), free(dg), free(dout);
+}
+
+static void test_sigmoid_gate_split(void **state) {
+    check_sigmoid_gate(6, 16, 16, 21); /* the gated attention's: one gate an element */
+    check_sigmoid_gate(7, 24, 1, 22);  /* the shared expert's: one gate a token */
+    check_sigmoid_gate(300, 130, 130, 23); /* the parallel path */
+    /* split then join gives back the rows; the halves are the rows' column ranges */
+    int R = 5, wa = 3, wb = 7;
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 24);
+    float *in = randn(&rng, (size_t)R * (wa + wb), 1), *a = fnew((size_t)R * wa);
+    float *b = fnew((size_t)R * wb), *back = fnew((size_t)R * (wa + wb));
+    be->cols_split(be, a, b, in, R, wa, wb);
+    for (int r = 0; r < R; r++) {
+        assert_memory_equal(a + r * wa, in + r * (wa + wb), wa * sizeof(float));
+        assert_memory_equal(b + r * wb, in + r * (wa + wb) + wa, wb * sizeof(float));
+    }
+    poison(back, (size_t)R * (wa + wb));
+    be->cols_join(be, back, a, b, R, wa, wb);
+    assert_memory_equal(back, in, (size_t)R * (wa + wb) * sizeof(float));
+    free(in), free(a), free(b), free(back);
+}
+
 static void test_swiglu_add(void **state) {
     check_swiglu(3, 13);
     check_swiglu(1001, 14);
@@ -568,6 +637,7 @@ int main(void) {
         cmocka_unit_test(test_memory),  cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_rmsnorm), cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_rope),    cmocka_unit_test(test_swiglu_add),
+        cmocka_unit_test(test_sigmoid_gate_split),
         cmocka_unit_test(test_sumsq_from_f32), cmocka_unit_test(test_from_bf16),
         cmocka_unit_test(test_optim_update),
     };

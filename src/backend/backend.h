@@ -175,6 +175,19 @@ struct mt_backend {
     void (*swiglu_backward)(mt_backend *be, void *dgate, void *dup, const void *dout,
                             const void *gate, const void *up, size_t n);
 
+    /* Sigmoid gates (qwen3_5: the gated attention's per-head gate, the shared expert's per-token
+     * one). out (R, C) = x * sigmoid(g), g (R, Cg) with Cg = C (one gate an element) or 1 (one a
+     * row). Backward: dx = dout * sigmoid(g) and dg = dout * x * s * (1 - s) (summed over the row
+     * when Cg = 1), both written (=); dx may alias dout. */
+    void (*sigmoid_gate_forward)(mt_backend *be, void *out, const void *x, const void *g, int R,
+                                 int C, int Cg);
+    void (*sigmoid_gate_backward)(mt_backend *be, void *dx, void *dg, const void *dout,
+                                  const void *x, const void *g, int R, int C, int Cg);
+    /* in (R, wa + wb) -> a (R, wa), b (R, wb): the columns split in two; join is the inverse. */
+    void (*cols_split)(mt_backend *be, void *a, void *b, const void *in, int R, int wa, int wb);
+    void (*cols_join)(mt_backend *be, void *out, const void *a, const void *b, int R, int wa,
+                      int wb);
+
     /* out = a + b over n elements (out may alias a or b). */
     void (*add)(mt_backend *be, void *out, const void *a, const void *b, size_t n);
 

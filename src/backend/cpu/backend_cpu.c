@@ -67,6 +67,21 @@ static void cpu_attention_backward(mt_backend *be, void *dq, void *dk, void *dv,
                                    int G, int D) {
     mt_cpu_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, doc_start, B, T, H, G, D);
 }
+static void cpu_sigmoid_gate_forward(mt_backend *be, void *out, const void *x, const void *g,
+                                     int R, int C, int Cg) {
+    mt_cpu_sigmoid_gate_forward(out, x, g, R, C, Cg);
+}
+static void cpu_sigmoid_gate_backward(mt_backend *be, void *dx, void *dg, const void *dout,
+                                      const void *x, const void *g, int R, int C, int Cg) {
+    mt_cpu_sigmoid_gate_backward(dx, dg, dout, x, g, R, C, Cg);
+}
+static void cpu_cols_split(mt_backend *be, void *a, void *b, const void *in, int R, int wa, int wb) {
+    mt_cpu_cols_split(a, b, in, R, wa, wb);
+}
+static void cpu_cols_join(mt_backend *be, void *out, const void *a, const void *b, int R, int wa,
+                          int wb) {
+    mt_cpu_cols_join(out, a, b, R, wa, wb);
+}
 static void cpu_swiglu_forward(mt_backend *be, void *out, const void *gate, const void *up,
                                size_t n) {
     mt_cpu_swiglu_forward(out, gate, up, n);
@@ -157,6 +172,10 @@ mt_backend *mt_backend_cpu_create(void) {
     be->rope_backward = cpu_rope_backward;
     be->attention_forward = cpu_attention_forward;
     be->attention_backward = cpu_attention_backward;
+    be->sigmoid_gate_forward = cpu_sigmoid_gate_forward;
+    be->sigmoid_gate_backward = cpu_sigmoid_gate_backward;
+    be->cols_split = cpu_cols_split;
+    be->cols_join = cpu_cols_join;
     be->swiglu_forward = cpu_swiglu_forward;
     be->swiglu_backward = cpu_swiglu_backward;
     be->add = cpu_add;

@@ -43,6 +43,12 @@ void mt_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dou
                                const float *lse, const float *q, const float *k, const float *v,
                                const int32_t *doc_start, int B, int T, int H, int G, int D);
 
+void mt_cpu_sigmoid_gate_forward(float *out, const float *x, const float *g, int R, int C, int Cg);
+void mt_cpu_sigmoid_gate_backward(float *dx, float *dg, const float *dout, const float *x,
+                                  const float *g, int R, int C, int Cg);
+void mt_cpu_cols_split(float *a, float *b, const float *in, int R, int wa, int wb);
+void mt_cpu_cols_join(float *out, const float *a, const float *b, int R, int wa, int wb);
+
 void mt_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
 void mt_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                             const float *up, size_t n);

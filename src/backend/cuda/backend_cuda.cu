@@ -374,6 +374,22 @@ static void cu_moe_matmul_backward(mt_backend *be, void *dinp, float *dweight, c
         mt_backend_moe_matmul_loop_backward(be, NULL, dweight, dout, inp, weight, w_stride, offsets,
                                             offsets_host, E, K, M, 0);
 }
+static void cu_sigmoid_gate_forward(mt_backend *be, void *out, const void *x, const void *g, int R,
+                                    int C, int Cg) {
+    mt_cuda_sigmoid_gate_forward((bf16 *)out, (const bf16 *)x, (const bf16 *)g, R, C, Cg, S(be));
+}
+static void cu_sigmoid_gate_backward(mt_backend *be, void *dx, void *dg, const void *dout,
+                                     const void *x, const void *g, int R, int C, int Cg) {
+    mt_cuda_sigmoid_gate_backward((bf16 *)dx, (bf16 *)dg, (const bf16 *)dout, (const bf16 *)x,
+                                  (const bf16 *)g, R, C, Cg, S(be));
+}
+static void cu_cols_split(mt_backend *be, void *a, void *b, const void *in, int R, int wa, int wb) {
+    mt_cuda_cols_split((bf16 *)a, (bf16 *)b, (const bf16 *)in, R, wa, wb, S(be));
+}
+static void cu_cols_join(mt_backend *be, void *out, const void *a, const void *b, int R, int wa,
+                         int wb) {
+    mt_cuda_cols_join((bf16 *)out, (const bf16 *)a, (const bf16 *)b, R, wa, wb, S(be));
+}
 static void cu_swiglu_forward(mt_backend *be, void *out, const void *gate, const void *up,
                               size_t n) {
     mt_cuda_swiglu_forward((bf16 *)out, (const bf16 *)gate, (const bf16 *)up, n, S(be));
@@ -513,6 +529,10 @@ mt_backend *mt_backend_cuda_create(int64_t mem_budget_bytes) {
     be->rope_backward = cu_rope_backward;
     be->attention_forward = cu_attention_forward;
     be->attention_backward = cu_attention_backward;
+    be->sigmoid_gate_forward = cu_sigmoid_gate_forward;
+    be->sigmoid_gate_backward = cu_sigmoid_gate_backward;
+    be->cols_split = cu_cols_split;
+    be->cols_join = cu_cols_join;
     be->swiglu_forward = cu_swiglu_forward;
     be->swiglu_backward = cu_swiglu_backward;
     be->add = cu_add;

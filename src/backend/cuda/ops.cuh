@@ -42,6 +42,15 @@ void mt_cuda_attention_backward(mt_cuda_ctx *ctx, bf16 *dq, bf16 *dk, bf16 *dv, 
                                 const bf16 *v, const int32_t *doc_start, int B, int T, int H,
                                 int G, int D, cudaStream_t s);
 
+/* gating.cu */
+void mt_cuda_sigmoid_gate_forward(bf16 *out, const bf16 *x, const bf16 *g, int R, int C, int Cg,
+                                  cudaStream_t s);
+void mt_cuda_sigmoid_gate_backward(bf16 *dx, bf16 *dg, const bf16 *dout, const bf16 *x,
+                                   const bf16 *g, int R, int C, int Cg, cudaStream_t s);
+void mt_cuda_cols_split(bf16 *a, bf16 *b, const bf16 *in, int R, int wa, int wb, cudaStream_t s);
+void mt_cuda_cols_join(bf16 *out, const bf16 *a, const bf16 *b, int R, int wa, int wb,
+                       cudaStream_t s);
+
 /* swiglu.cu */
 void mt_cuda_swiglu_forward(bf16 *out, const bf16 *gate, const bf16 *up, size_t n, cudaStream_t s);
 void mt_cuda_swiglu_backward(bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gate,
