@@ -8,7 +8,8 @@
  *  - the chunked fp32 backward vs the recurrence's backward: tensor-relative 1e-4.
  * Cases: T < 64, T = 64, T = 150 (three chunks, the last ragged), B = 2, Hv = 2*Hk, Dk != Dv, rows
  * packing documents (starts inside a chunk and on a chunk boundary), g near 0, moderate and
- * strongly negative. Outputs are poisoned with NaN first; a second call gives the same bits.
+ * strongly negative. Outputs are poisoned with NaN first; a second call gives the same bits. A row
+ * packing documents equals the documents run as rows of their own (tensor-relative 1e-5).
  * The other ops (causal conv1d + SiLU, per-head L2 norm, gated RMSNorm, the decay/beta maps):
  * forward vs the direct formula in double (atol 1e-6, rtol 1e-5), backward vs central differences
  * of the double formula (h = 1e-4, 1e-6 for the L2 norm's short row; atol 1e-5, rtol 1e-4),
@@ -308,6 +309,47 @@ static void test_gated_delta_documents(void **state) {
     check_gated_delta(1, 80, 1, 2, 4, 6, G_MODERATE, s80, 1, 12);
 }
 
+/* A row packing documents (starts 0, 30, 64, 100 of T 150) equals the documents run one at a time
+ * as rows of their own (fla's cu_seqlens semantics), forward and backward. */
+static void test_gated_delta_packed_equals_separate(void **state) {
+    enum { T = 150, Hk = 1, Hv = 2, Dk = 6, Dv = 5 };
+    static const int starts[1][6] = {{0, 30, 64, 100, T, T}};
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 13);
+    size_t nk = (size_t)T * Hk * Dk, nv = (size_t)T * Hv * Dv, ng = (size_t)T * Hv;
+    float *q = randn(&rng, nk, 1), *k = randn(&rng, nk, 1), *v = randn(&rng, nv, 1);
+    float *R = randn(&rng, nv, 1), *g = randn(&rng, ng, 0.3f), *beta = randn(&rng, ng, 1);
+    normalise_rows(q, nk / Dk, Dk), normalise_rows(k, nk / Dk, Dk);
+    for (size_t i = 0; i < ng; i++) g[i] = -fabsf(g[i]), beta[i] = 1.0f / (1.0f + expf(-beta[i]));
+    int32_t *ds = docs_from(starts, 1, T);
+    float scale = 1.0f / sqrtf((float)Dk);
+    float *out = fnew(nv), *cs = fnew((size_t)Hv * 3 * Dk * Dv), *dq = fnew(nk), *dk = fnew(nk);
+    float *dv = fnew(nv), *dg = fnew(ng), *db = fnew(ng);
+    be->gated_delta_forward(be, out, cs, q, k, v, g, beta, ds, 1, T, Hk, Hv, Dk, Dv, scale);
+    be->gated_delta_backward(be, dq, dk, dv, dg, db, R, cs, q, k, v, g, beta, ds, 1, T, Hk, Hv, Dk,
+                             Dv, scale);
+    float *eo = fnew(nv), *edq = fnew(nk), *edk = fnew(nk), *edv = fnew(nv), *edg = fnew(ng);
+    float *edb = fnew(ng), *scs = fnew((size_t)Hv * 3 * Dk * Dv);
+    for (int d = 0; starts[0][d] < T; d++) {
+        int t0 = starts[0][d], len = starts[0][d + 1] - t0;
+        size_t ok = (size_t)t0 * Hk * Dk, ov = (size_t)t0 * Hv * Dv, og = (size_t)t0 * Hv;
+        be->gated_delta_forward(be, eo + ov, scs, q + ok, k + ok, v + ov, g + og, beta + og, NULL,
+                                1, len, Hk, Hv, Dk, Dv, scale);
+        be->gated_delta_backward(be, edq + ok, edk + ok, edv + ov, edg + og, edb + og, R + ov, scs,
+                                 q + ok, k + ok, v + ov, g + og, beta + og, NULL, 1, len, Hk, Hv,
+                                 Dk, Dv, scale);
+    }
+    assert_true(check_rel("packed vs separate: out", out, eo, nv, GD_FWD_TOL));
+    assert_true(check_rel("packed vs separate: dq", dq, edq, nk, GD_FWD_TOL));
+    assert_true(check_rel("packed vs separate: dk", dk, edk, nk, GD_FWD_TOL));
+    assert_true(check_rel("packed vs separate: dv", dv, edv, nv, GD_FWD_TOL));
+    assert_true(check_rel("packed vs separate: dg", dg, edg, ng, GD_FWD_TOL));
+    assert_true(check_rel("packed vs separate: dbeta", db, edb, ng, GD_FWD_TOL));
+    free(q), free(k), free(v), free(R), free(g), free(beta), free(ds), free(out), free(cs), free(dq);
+    free(dk), free(dv), free(dg), free(db), free(eo), free(edq), free(edk), free(edv), free(edg);
+    free(edb), free(scs);
+}
+
 /* The count per chunk by hand (gated_delta_flops.c's formula): L = 64 and 6, Dk = 8, Dv = 4. */
 static void test_gated_delta_flops(void **state) {
     double f, b;
@@ -593,6 +635,7 @@ int main(void) {
         cmocka_unit_test(test_gated_delta_shapes),
         cmocka_unit_test(test_gated_delta_decays),
         cmocka_unit_test(test_gated_delta_documents),
+        cmocka_unit_test(test_gated_delta_packed_equals_separate),
         cmocka_unit_test(test_gated_delta_flops),
         cmocka_unit_test(test_gated_delta_transformers),
         cmocka_unit_test(test_causal_conv1d),
