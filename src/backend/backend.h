@@ -169,6 +169,67 @@ struct mt_backend {
                                const void *v, const int32_t *doc_start, int B, int T, int H, int G,
                                int D);
 
+    /* ---- the Gated DeltaNet (Qwen3.5's linear-attention layers; model/ drives them) ----
+     * Letters: Hk key heads of Dk, Hv value heads of Dv (Hv a multiple of Hk: value head h uses key
+     * head h / (Hv/Hk)), Ch = 2*Hk*Dk + Hv*Dv conv channels, K taps. g, beta and every statistic
+     * are fp32 (N, Hv). doc_start as attention's: packed documents never see each other.
+     * Optional: NULL on a backend without them (cuda, today). */
+    /* out (N, Ch) = silu(causal depthwise conv over each row's time of inp (N, Ch) with weight
+     * (Ch, K), no bias): out[t, c] = silu(sum_j weight[c, j] * inp[t - (K-1) + j, c]), the taps
+     * before the token's document (or row) start reading zero. */
+    void (*causal_conv1d_forward)(mt_backend *be, void *out, const void *inp, const void *weight,
+                                  const int32_t *doc_start, int B, int T, int C, int K);
+    /* dinp (N, Ch) written (=), dweight (Ch, K) += , from dout; the pre-activation recomputed. */
+    void (*causal_conv1d_backward)(mt_backend *be, void *dinp, float *dweight, const void *dout,
+                                   const void *inp, const void *weight, const int32_t *doc_start,
+                                   int B, int T, int C, int K);
+    /* Over R rows of width D (R = N*heads): rinv[r] = 1/sqrt(sum(inp[r]^2) + eps) (eps 1e-6 in
+     * Qwen3.5), out = inp * rinv. */
+    void (*l2norm_forward)(mt_backend *be, void *out, float *rinv, const void *inp, int R, int D,
+                           float eps);
+    /* dinp (R, D) written (=) from dout; rinv from the forward. */
+    void (*l2norm_backward)(mt_backend *be, void *dinp, const void *dout, const void *inp,
+                            const float *rinv, int R, int D);
+    /* g (N, Hv) = -exp(A_log[h]) * softplus(a + dt_bias[h]) (softplus as torch's, threshold 20),
+     * beta (N, Hv) = sigmoid(b); a, b (N, Hv) and A_log, dt_bias (Hv) in the compute dtype. */
+    void (*gdn_gates_forward)(mt_backend *be, float *g, float *beta, const void *a, const void *b,
+                              const void *A_log, const void *dt_bias, int N, int Hv);
+    /* da, db (N, Hv, compute dtype) written (=); dA_log, ddt_bias (Hv) += ; from dg, dbeta. */
+    void (*gdn_gates_backward)(mt_backend *be, void *da, void *db, float *dA_log, float *ddt_bias,
+                               const float *dg, const float *dbeta, const void *a, const void *b,
+                               const void *A_log, const void *dt_bias, int N, int Hv);
+    /* The gated delta rule, per (row b, value head) with the fp32 state S (Dk, Dv) zero at the
+     * row's start and at every document start:
+     *   S_t = exp(g_t) S_{t-1};  S_t += k_t (beta_t (v_t - S_t^T k_t))^T;  out_t = S_t^T (scale q_t)
+     * q, k (N, Hk, Dk) (already L2-normalised; the op multiplies q by scale, Qwen3.5: Dk^-0.5),
+     * v, out (N, Hv, Dv). Computed in chunks of MT_GATED_DELTA_CHUNK tokens of each row (the
+     * WY/UT form of flash-linear-attention's chunk_gated_delta_rule: an intra-chunk triangular
+     * solve, the state scanned over chunks, a document start inside a chunk masked within it).
+     * chunk_states (B, Hv, nchunks, Dk, Dv) fp32, nchunks = ceil(T / MT_GATED_DELTA_CHUNK): the
+     * state entering each chunk (before the reset of a document starting at the chunk's first
+     * token), written for the backward. */
+    void (*gated_delta_forward)(mt_backend *be, void *out, float *chunk_states, const void *q,
+                                const void *k, const void *v, const float *g, const float *beta,
+                                const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk,
+                                int Dv, float scale);
+    /* The chunked backward (fla's: each chunk recomputed from its saved incoming state, chunks in
+     * reverse): dq, dk (N, Hk, Dk), dv (N, Hv, Dv) and dg, dbeta (N, Hv) fp32, all written (=),
+     * from dout (N, Hv, Dv) and the forward's chunk_states. */
+    void (*gated_delta_backward)(mt_backend *be, void *dq, void *dk, void *dv, float *dg,
+                                 float *dbeta, const void *dout, const float *chunk_states,
+                                 const void *q, const void *k, const void *v, const float *g,
+                                 const float *beta, const int32_t *doc_start, int B, int T, int Hk,
+                                 int Hv, int Dk, int Dv, float scale);
+    /* Over R rows of width C (R = N*Hv, C = Dv), as transformers' Qwen3_5RMSNormGated (a plain
+     * weight, not 1 + weight): rstd[r] = 1/sqrt(mean(inp[r]^2) + eps),
+     * out = weight * inp * rstd * silu(gate). */
+    void (*gated_rmsnorm_forward)(mt_backend *be, void *out, float *rstd, const void *inp,
+                                  const void *gate, const void *weight, int R, int C, float eps);
+    /* dinp, dgate (R, C) written (=), dweight (C) += ; rstd from the forward. */
+    void (*gated_rmsnorm_backward)(mt_backend *be, void *dinp, void *dgate, float *dweight,
+                                   const void *dout, const void *inp, const void *gate,
+                                   const void *weight, const float *rstd, int R, int C);
+
     /* out[i] = silu(gate[i]) * up[i] over n elements. */
     void (*swiglu_forward)(mt_backend *be, void *out, const void *gate, const void *up, size_t n);
     /* dgate, dup (=) from dout. */
@@ -274,6 +335,14 @@ void mt_backend_moe_matmul_loop_backward(mt_backend *be, void *dinp, float *dwei
                                          size_t w_stride, const int32_t *offsets,
                                          const int32_t *offsets_host, int E, int K, int M,
                                          int accumulate);
+
+/* Tokens per chunk of the gated delta rule (gated_delta_forward's chunk_states). */
+#define MT_GATED_DELTA_CHUNK 64
+
+/* FLOPs of gated_delta_forward and _backward as the chunked form executes them (gated_delta_flops.c
+ * has the count per chunk): every product counted 2 per multiply-add over full (L, L) blocks, the
+ * masks' zeros included; elementwise work not counted. Documents do not change it. */
+void mt_gated_delta_flops(int B, int T, int Hv, int Dk, int Dv, double *fwd, double *bwd);
 
 /* The fp32 CPU reference backend (BLAS matmuls, OpenMP). */
 mt_backend *mt_backend_cpu_create(void);

@@ -82,6 +82,60 @@ static void cpu_cols_join(mt_backend *be, void *out, const void *a, const void *
                           int wb) {
     mt_cpu_cols_join(out, a, b, R, wa, wb);
 }
+static void cpu_causal_conv1d_forward(mt_backend *be, void *out, const void *inp,
+                                      const void *weight, const int32_t *doc_start, int B, int T,
+                                      int C, int K) {
+    mt_cpu_causal_conv1d_forward(out, inp, weight, doc_start, B, T, C, K);
+}
+static void cpu_causal_conv1d_backward(mt_backend *be, void *dinp, float *dweight,
+                                       const void *dout, const void *inp, const void *weight,
+                                       const int32_t *doc_start, int B, int T, int C, int K) {
+    mt_cpu_causal_conv1d_backward(dinp, dweight, dout, inp, weight, doc_start, B, T, C, K);
+}
+static void cpu_l2norm_forward(mt_backend *be, void *out, float *rinv, const void *inp, int R,
+                               int D, float eps) {
+    mt_cpu_l2norm_forward(out, rinv, inp, R, D, eps);
+}
+static void cpu_l2norm_backward(mt_backend *be, void *dinp, const void *dout, const void *inp,
+                                const float *rinv, int R, int D) {
+    mt_cpu_l2norm_backward(dinp, dout, inp, rinv, R, D);
+}
+static void cpu_gdn_gates_forward(mt_backend *be, float *g, float *beta, const void *a,
+                                  const void *b, const void *A_log, const void *dt_bias, int N,
+                                  int Hv) {
+    mt_cpu_gdn_gates_forward(g, beta, a, b, A_log, dt_bias, N, Hv);
+}
+static void cpu_gdn_gates_backward(mt_backend *be, void *da, void *db, float *dA_log,
+                                   float *ddt_bias, const float *dg, const float *dbeta,
+                                   const void *a, const void *b, const void *A_log,
+                                   const void *dt_bias, int N, int Hv) {
+    mt_cpu_gdn_gates_backward(da, db, dA_log, ddt_bias, dg, dbeta, a, b, A_log, dt_bias, N, Hv);
+}
+static void cpu_gated_delta_forward(mt_backend *be, void *out, float *chunk_states, const void *q,
+                                    const void *k, const void *v, const float *g,
+                                    const float *beta, const int32_t *doc_start, int B, int T,
+                                    int Hk, int Hv, int Dk, int Dv, float scale) {
+    mt_cpu_gated_delta_forward(out, chunk_states, q, k, v, g, beta, doc_start, B, T, Hk, Hv, Dk, Dv,
+                               scale);
+}
+static void cpu_gated_delta_backward(mt_backend *be, void *dq, void *dk, void *dv, float *dg,
+                                     float *dbeta, const void *dout, const float *chunk_states,
+                                     const void *q, const void *k, const void *v, const float *g,
+                                     const float *beta, const int32_t *doc_start, int B, int T,
+                                     int Hk, int Hv, int Dk, int Dv, float scale) {
+    mt_cpu_gated_delta_backward(dq, dk, dv, dg, dbeta, dout, chunk_states, q, k, v, g, beta,
+                                doc_start, B, T, Hk, Hv, Dk, Dv, scale);
+}
+static void cpu_gated_rmsnorm_forward(mt_backend *be, void *out, float *rstd, const void *inp,
+                                      const void *gate, const void *weight, int R, int C,
+                                      float eps) {
+    mt_cpu_gated_rmsnorm_forward(out, rstd, inp, gate, weight, R, C, eps);
+}
+static void cpu_gated_rmsnorm_backward(mt_backend *be, void *dinp, void *dgate, float *dweight,
+                                       const void *dout, const void *inp, const void *gate,
+                                       const void *weight, const float *rstd, int R, int C) {
+    mt_cpu_gated_rmsnorm_backward(dinp, dgate, dweight, dout, inp, gate, weight, rstd, R, C);
+}
 static void cpu_swiglu_forward(mt_backend *be, void *out, const void *gate, const void *up,
                                size_t n) {
     mt_cpu_swiglu_forward(out, gate, up, n);
@@ -176,6 +230,16 @@ mt_backend *mt_backend_cpu_create(void) {
     be->sigmoid_gate_backward = cpu_sigmoid_gate_backward;
     be->cols_split = cpu_cols_split;
     be->cols_join = cpu_cols_join;
+    be->causal_conv1d_forward = cpu_causal_conv1d_forward;
+    be->causal_conv1d_backward = cpu_causal_conv1d_backward;
+    be->l2norm_forward = cpu_l2norm_forward;
+    be->l2norm_backward = cpu_l2norm_backward;
+    be->gdn_gates_forward = cpu_gdn_gates_forward;
+    be->gdn_gates_backward = cpu_gdn_gates_backward;
+    be->gated_delta_forward = cpu_gated_delta_forward;
+    be->gated_delta_backward = cpu_gated_delta_backward;
+    be->gated_rmsnorm_forward = cpu_gated_rmsnorm_forward;
+    be->gated_rmsnorm_backward = cpu_gated_rmsnorm_backward;
     be->swiglu_forward = cpu_swiglu_forward;
     be->swiglu_backward = cpu_swiglu_backward;
     be->add = cpu_add;

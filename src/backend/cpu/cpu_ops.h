@@ -48,6 +48,35 @@ void mt_cpu_sigmoid_gate_backward(float *dx, float *dg, const float *dout, const
                                   const float *g, int R, int C, int Cg);
 void mt_cpu_cols_split(float *a, float *b, const float *in, int R, int wa, int wb);
 void mt_cpu_cols_join(float *out, const float *a, const float *b, int R, int wa, int wb);
+/* The Gated DeltaNet's ops (causal_conv1d.c, l2norm.c, gdn_gates.c, gated_delta.c,
+ * gated_delta_backward.c, gated_rmsnorm.c); scale multiplies q inside the delta rule. */
+void mt_cpu_causal_conv1d_forward(float *out, const float *inp, const float *weight,
+                                  const int32_t *doc_start, int B, int T, int C, int K);
+void mt_cpu_causal_conv1d_backward(float *dinp, float *dweight, const float *dout,
+                                   const float *inp, const float *weight, const int32_t *doc_start,
+                                   int B, int T, int C, int K);
+void mt_cpu_l2norm_forward(float *out, float *rinv, const float *inp, int R, int D, float eps);
+void mt_cpu_l2norm_backward(float *dinp, const float *dout, const float *inp, const float *rinv,
+                            int R, int D);
+void mt_cpu_gdn_gates_forward(float *g, float *beta, const float *a, const float *b,
+                              const float *A_log, const float *dt_bias, int N, int H);
+void mt_cpu_gdn_gates_backward(float *da, float *db, float *dA_log, float *ddt_bias,
+                               const float *dg, const float *dbeta, const float *a, const float *b,
+                               const float *A_log, const float *dt_bias, int N, int H);
+void mt_cpu_gated_delta_forward(float *out, float *chunk_states, const float *q, const float *k,
+                                const float *v, const float *g, const float *beta,
+                                const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk,
+                                int Dv, float scale);
+void mt_cpu_gated_delta_backward(float *dq, float *dk, float *dv, float *dg, float *dbeta,
+                                 const float *dout, const float *chunk_states, const float *q,
+                                 const float *k, const float *v, const float *g, const float *beta,
+                                 const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk,
+                                 int Dv, float scale);
+void mt_cpu_gated_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *gate,
+                                  const float *weight, int R, int C, float eps);
+void mt_cpu_gated_rmsnorm_backward(float *dinp, float *dgate, float *dweight, const float *dout,
+                                   const float *inp, const float *gate, const float *weight,
+                                   const float *rstd, int R, int C);
 
 void mt_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
 void mt_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,

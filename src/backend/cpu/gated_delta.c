@@ -1,0 +1,144 @@
+/* The gated delta rule (Gated DeltaNet's core), chunked forward; the chunk algebra is in
+ * gated_delta_chunk.h. One task per (row, value head) scans its chunks in order, keeping the fp32
+ * state; every product is an sgemm (single-threaded inside our OpenMP region, as attention.c). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "../../core/error.h"
+#include "cpu_ops.h"
+#include "gated_delta_chunk.h"
+
+void mt_gd_chunk_alloc(mt_gd_chunk *c, int Dk, int Dv) {
+    const size_t L = MT_GD_CHUNK, f = sizeof(float);
+    memset(c, 0, sizeof *c);
+    c->Dk = Dk, c->Dv = Dv;
+    c->Qs = mt_aligned_alloc(L * Dk * f), c->Kc = mt_aligned_alloc(L * Dk * f);
+    c->Vc = mt_aligned_alloc(L * Dv * f);
+    c->beta = mt_aligned_alloc(L * f), c->fe = mt_aligned_alloc(L * f);
+    c->lam = mt_aligned_alloc(L * f);
+    c->ds = mt_aligned_alloc(L * sizeof(int32_t));
+    c->G = mt_aligned_alloc(L * sizeof(double));
+    c->Dm = mt_aligned_alloc(L * L * f), c->KD = mt_aligned_alloc(L * L * f);
+    c->P = mt_aligned_alloc(L * L * f), c->Tm = mt_aligned_alloc(L * L * f);
+    c->X = mt_aligned_alloc(L * Dv * f), c->R = mt_aligned_alloc(L * Dv * f);
+    c->U = mt_aligned_alloc(L * Dv * f);
+}
+
+void mt_gd_chunk_free(mt_gd_chunk *c) {
+    free(c->Qs), free(c->Kc), free(c->Vc), free(c->beta), free(c->fe), free(c->lam), free(c->ds);
+    free(c->G), free(c->Dm), free(c->KD), free(c->P), free(c->Tm), free(c->X), free(c->R);
+    free(c->U);
+}
+
+void mt_gd_chunk_load(mt_gd_chunk *c, const float *q, const float *k, const float *v,
+                      const float *g, const float *beta, const int32_t *doc_start, int b, int c0,
+                      int L, int kh, int vh, int T, int Hk, int Hv, float scale) {
+    int Dk = c->Dk, Dv = c->Dv;
+    c->L = L;
+    for (int i = 0; i < L; i++) {
+        size_t n = (size_t)b * T + c0 + i;
+        const float *qi = q + (n * Hk + kh) * Dk, *ki = k + (n * Hk + kh) * Dk;
+        const float *vi = v + (n * Hv + vh) * Dv;
+        for (int d = 0; d < Dk; d++) c->Qs[(size_t)i * Dk + d] = qi[d] * scale;
+        memcpy(c->Kc + (size_t)i * Dk, ki, (size_t)Dk * sizeof(float));
+        memcpy(c->Vc + (size_t)i * Dv, vi, (size_t)Dv * sizeof(float));
+        c->beta[i] = beta[n * Hv + vh];
+        c->G[i] = (i ? c->G[i - 1] : 0.0) + (double)g[n * Hv + vh];
+        int t = c0 + i, s = doc_start ? doc_start[n] : 0;
+        /* documents are runs: a token starts one (s == t) or continues the previous token's */
+        MT_CHECK(s >= 0 && s <= t && (s == t || t == 0 || !doc_start || doc_start[n - 1] == s),
+                 "gated_delta: doc_start[%d*T+%d] = %d is not a run of documents", b, t, s);
+        c->ds[i] = s;
+    }
+    double Gl = c->G[L - 1];
+    for (int i = 0; i < L; i++) {
+        c->fe[i] = c->ds[i] < c0 ? (float)exp(c->G[i]) : 0.0f;
+        c->lam[i] = c->ds[i] == c->ds[L - 1] ? (float)exp(Gl - c->G[i]) : 0.0f;
+        float *row = c->Dm + (size_t)i * L;
+        for (int j = 0; j < L; j++)
+            row[j] = j <= i && c->ds[j] == c->ds[i] ? (float)exp(c->G[i] - c->G[j]) : 0.0f;
+    }
+    c->eL = c->ds[L - 1] < c0 ? (float)exp(Gl) : 0.0f;
+}
+
+void mt_gd_chunk_solve(mt_gd_chunk *c, const float *S0) {
+    int L = c->L, Dk = c->Dk, Dv = c->Dv;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, L, L, Dk, 1.0f, c->Kc, Dk, c->Kc, Dk,
+                0.0f, c->KD, L);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, L, L, Dk, 1.0f, c->Qs, Dk, c->Kc, Dk,
+                0.0f, c->P, L);
+    for (int i = 0; i < L; i++)
+        for (int j = 0; j < L; j++) {
+            size_t ij = (size_t)i * L + j;
+            c->P[ij] *= c->Dm[ij];
+            c->KD[ij] = j < i ? c->KD[ij] * c->Dm[ij] : 0.0f;
+        }
+    /* Tm = (I + A)^-1 by forward substitution, A_im = beta_i KD_im (unit lower triangular) */
+    for (int i = 0; i < L; i++) {
+        float *Ti = c->Tm + (size_t)i * L;
+        for (int j = 0; j < i; j++) {
+            double s = 0.0;
+            for (int m = j; m < i; m++) s += (double)c->KD[(size_t)i * L + m] * c->Tm[(size_t)m * L + j];
+            Ti[j] = (float)(-c->beta[i] * s);
+        }
+        Ti[i] = 1.0f;
+        for (int j = i + 1; j < L; j++) Ti[j] = 0.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, Dv, Dk, 1.0f, c->Kc, Dk, S0, Dv, 0.0f,
+                c->X, Dv);
+    for (int i = 0; i < L; i++)
+        for (int d = 0; d < Dv; d++) {
+            size_t id = (size_t)i * Dv + d;
+            c->R[id] = c->beta[i] * (c->Vc[id] - c->fe[i] * c->X[id]);
+        }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, Dv, L, 1.0f, c->Tm, L, c->R, Dv, 0.0f,
+                c->U, Dv);
+}
+
+void mt_cpu_gated_delta_forward(float *out, float *chunk_states, const float *q, const float *k,
+                                const float *v, const float *g, const float *beta,
+                                const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk,
+                                int Dv, float scale) {
+    MT_CHECK(Hk > 0 && Hv % Hk == 0, "gated_delta: Hv=%d is not a multiple of Hk=%d", Hv, Hk);
+    if (B <= 0 || T <= 0) return;
+    int rep = Hv / Hk, nc = (T + MT_GD_CHUNK - 1) / MT_GD_CHUNK;
+    size_t SS = (size_t)Dk * Dv;
+#pragma omp parallel
+    {
+        mt_gd_chunk c;
+        mt_gd_chunk_alloc(&c, Dk, Dv);
+        float *S = mt_aligned_alloc(SS * sizeof(float));
+        float *Y = mt_aligned_alloc((size_t)MT_GD_CHUNK * Dv * sizeof(float));
+#pragma omp for schedule(dynamic, 1)
+        for (int task = 0; task < B * Hv; task++) {
+            int b = task / Hv, vh = task % Hv, kh = vh / rep;
+            memset(S, 0, SS * sizeof(float));
+            for (int ci = 0; ci < nc; ci++) {
+                int c0 = ci * MT_GD_CHUNK, L = T - c0 < MT_GD_CHUNK ? T - c0 : MT_GD_CHUNK;
+                memcpy(chunk_states + (((size_t)b * Hv + vh) * nc + ci) * SS, S, SS * sizeof(float));
+                mt_gd_chunk_load(&c, q, k, v, g, beta, doc_start, b, c0, L, kh, vh, T, Hk, Hv, scale);
+                mt_gd_chunk_solve(&c, S);
+                /* O = diag(fe) Q S0 + P U, straight into out's rows */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, Dv, Dk, 1.0f, c.Qs, Dk, S,
+                            Dv, 0.0f, Y, Dv);
+                float *O = out + (((size_t)b * T + c0) * Hv + vh) * Dv;
+                for (int i = 0; i < L; i++)
+                    for (int d = 0; d < Dv; d++)
+                        O[(size_t)i * Hv * Dv + d] = c.fe[i] * Y[(size_t)i * Dv + d];
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, Dv, L, 1.0f, c.P, L, c.U,
+                            Dv, 1.0f, O, Hv * Dv);
+                /* S = eL S + K^T diag(lam) U (K's rows scaled in place: the chunk is done with K) */
+                for (size_t e = 0; e < SS; e++) S[e] *= c.eL;
+                for (int i = 0; i < L; i++)
+                    for (int d = 0; d < Dk; d++) c.Kc[(size_t)i * Dk + d] *= c.lam[i];
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Dk, Dv, L, 1.0f, c.Kc, Dk, c.U,
+                            Dv, 1.0f, S, Dv);
+            }
+        }
+        free(S), free(Y);
+        mt_gd_chunk_free(&c);
+    }
+}

@@ -1,0 +1,649 @@
+/* The Gated DeltaNet's CPU ops against double-precision references.
+ *
+ * The core (gated_delta_forward / _backward, chunked) against a plain token-by-token recurrence in
+ * double written here, forward and reverse-mode backward:
+ *  - forward: max |err| <= 1e-5 * max |ref| (tensor-relative, fp32 vs double);
+ *  - the double recurrence's backward vs central finite differences (h = 1e-5) of
+ *    sum(out * R) in double: tensor-relative 1e-6;
+ *  - the chunked fp32 backward vs the recurrence's backward: tensor-relative 1e-4.
+ * Cases: T < 64, T = 64, T = 150 (three chunks, the last ragged), B = 2, Hv = 2*Hk, Dk != Dv, rows
+ * packing documents (starts inside a chunk and on a chunk boundary), g near 0, moderate and
+ * strongly negative. Outputs are poisoned with NaN first; a second call gives the same bits. A row
+ * packing documents equals the documents run as rows of their own (tensor-relative 1e-5).
+ * The other ops (causal conv1d + SiLU, per-head L2 norm, gated RMSNorm, the decay/beta maps):
+ * forward vs the direct formula in double (atol 1e-6, rtol 1e-5), backward vs central differences
+ * of the double formula (h = 1e-4, 1e-6 for the L2 norm's short row; atol 1e-5, rtol 1e-4),
+ * weight gradients accumulating.
+ * transformers' torch_chunk_gated_delta_rule (tests/fixtures/gated_delta, make_gated_delta_fixture.py):
+ * out and the gradients of sum(out * R), tensor-relative 1e-5.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "util/testutil.h"
+
+#define GD_FWD_TOL 1e-5
+#define GD_BWD_TOL 1e-4
+#define GD_FD_TOL 1e-6
+#define GD_FD_H 1e-5
+#define FWD_ATOL 1e-6
+#define FWD_RTOL 1e-5
+#define BWD_ATOL 1e-5
+#define BWD_RTOL 1e-4
+#define FD_H 1e-4
+#define FIXTURE_TOL 1e-5
+
+static mt_backend *be;
+
+static float *fnew(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
+static double *dnew(size_t n) { return calloc(n ? n : 1, sizeof(double)); }
+static void poison(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = NAN;
+}
+static double *to_double(const float *x, size_t n) {
+    double *d = dnew(n);
+    for (size_t i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+static float *to_float(const double *x, size_t n) {
+    float *f = fnew(n);
+    for (size_t i = 0; i < n; i++) f[i] = (float)x[i];
+    return f;
+}
+static float *randn(mt_test_rng *rng, size_t n, float std) {
+    float *x = fnew(n);
+    mt_test_fill_normal(rng, x, n, std);
+    return x;
+}
+/* Each row of D unit length (the op's q and k come L2-normalised). */
+static void normalise_rows(float *x, size_t rows, int D) {
+    for (size_t r = 0; r < rows; r++) {
+        double ss = 0;
+        for (int d = 0; d < D; d++) ss += (double)x[r * D + d] * x[r * D + d];
+        for (int d = 0; d < D; d++) x[r * D + d] = (float)(x[r * D + d] / sqrt(ss));
+    }
+}
+
+/* max |got - ref| <= tol * max |ref|, printed with the percent of tolerance used. */
+static int check_rel(const char *what, const float *got, const float *ref, size_t n, double tol) {
+    double mx = 0;
+    for (size_t i = 0; i < n; i++)
+        if (fabs((double)ref[i]) > mx) mx = fabs((double)ref[i]);
+    return mt_allclose(what, got, ref, n, tol * (mx > 0 ? mx : 1), 0);
+}
+static int check_rel_d(const char *what, const float *got, const double *ref, size_t n,
+                       double tol) {
+    float *r = to_float(ref, n);
+    int ok = check_rel(what, got, r, n, tol);
+    free(r);
+    return ok;
+}
+
+typedef double (*loss_fn)(void *ctx);
+static double *fd_grad(loss_fn loss, void *ctx, double *x, size_t n, double h) {
+    double *g = dnew(n);
+    for (size_t i = 0; i < n; i++) {
+        double save = x[i];
+        x[i] = save + h;
+        double lp = loss(ctx);
+        x[i] = save - h;
+        double lm = loss(ctx);
+        x[i] = save;
+        g[i] = (lp - lm) / (2 * h);
+    }
+    return g;
+}
+
+/* ---------------- the gated delta rule, token by token, in double ---------------- */
+
+typedef struct {
+    int B, T, Hk, Hv, Dk, Dv;
+    double scale;
+    const int32_t *ds;
+    double *q, *k, *v, *g, *beta, *R; /* inputs; R the loss weights (= dout) */
+    double *out;
+} gd_ref;
+
+static int resets(const gd_ref *c, int b, int t) {
+    return t == 0 || (c->ds && c->ds[(size_t)b * c->T + t] == t);
+}
+
+/* out; when dq is not NULL also the gradients of sum(out * R) (all written). */
+static void gd_ref_run(gd_ref *c, double *dq, double *dk, double *dv, double *dg, double *dbeta) {
+    int T = c->T, Hk = c->Hk, Hv = c->Hv, Dk = c->Dk, Dv = c->Dv, rep = Hv / Hk;
+    size_t SS = (size_t)Dk * Dv;
+    double *Sd = dnew((size_t)T * SS), *delta = dnew((size_t)T * Dv), *S = dnew(SS);
+    double *dS = dnew(SS), *kv = dnew(Dv);
+    if (dq) {
+        memset(dq, 0, (size_t)c->B * T * Hk * Dk * sizeof(double));
+        memset(dk, 0, (size_t)c->B * T * Hk * Dk * sizeof(double));
+    }
+    for (int b = 0; b < c->B; b++)
+        for (int h = 0; h < Hv; h++) {
+            int kh = h / rep;
+            memset(S, 0, SS * sizeof(double));
+            for (int t = 0; t < T; t++) {
+                size_t n = (size_t)b * T + t;
+                const double *k = c->k + (n * Hk + kh) * Dk, *q = c->q + (n * Hk + kh) * Dk;
+                const double *v = c->v + (n * Hv + h) * Dv;
+                double e = exp(c->g[n * Hv + h]), bt = c->beta[n * Hv + h];
+                if (resets(c, b, t)) memset(S, 0, SS * sizeof(double));
+                for (size_t i = 0; i < SS; i++) S[i] *= e;
+                memcpy(Sd + t * SS, S, SS * sizeof(double));
+                for (int j = 0; j < Dv; j++) {
+                    double s = 0;
+                    for (int i = 0; i < Dk; i++) s += S[i * Dv + j] * k[i];
+                    delta[(size_t)t * Dv + j] = bt * (v[j] - s);
+                }
+                for (int i = 0; i < Dk; i++)
+                    for (int j = 0; j < Dv; j++) S[i * Dv + j] += k[i] * delta[(size_t)t * Dv + j];
+                double *o = c->out + (n * Hv + h) * Dv;
+                for (int j = 0; j < Dv; j++) {
+                    double s = 0;
+                    for (int i = 0; i < Dk; i++) s += S[i * Dv + j] * q[i] * c->scale;
+                    o[j] = s;
+                }
+            }
+            if (!dq) continue;
+            memset(dS, 0, SS * sizeof(double));
+            for (int t = T - 1; t >= 0; t--) {
+                size_t n = (size_t)b * T + t;
+                const double *k = c->k + (n * Hk + kh) * Dk, *q = c->q + (n * Hk + kh) * Dk;
+                const double *v = c->v + (n * Hv + h) * Dv, *R = c->R + (n * Hv + h) * Dv;
+                const double *Sdt = Sd + t * SS, *dl = delta + (size_t)t * Dv;
+                double e = exp(c->g[n * Hv + h]), bt = c->beta[n * Hv + h];
+                double *dqt = dq + (n * Hk + kh) * Dk, *dkt = dk + (n * Hk + kh) * Dk;
+                /* o = S_t^T (scale q), S_t = Sd + k delta^T */
+                for (int i = 0; i < Dk; i++) {
+                    double s = 0;
+                    for (int j = 0; j < Dv; j++) s += (Sdt[i * Dv + j] + k[i] * dl[j]) * R[j];
+                    dqt[i] += c->scale * s;
+                    for (int j = 0; j < Dv; j++) dS[i * Dv + j] += c->scale * q[i] * R[j];
+                }
+                /* delta = beta (v - Sd^T k) */
+                double db = 0;
+                for (int j = 0; j < Dv; j++) {
+                    double dd = 0, kvj = 0;
+                    for (int i = 0; i < Dk; i++) dd += dS[i * Dv + j] * k[i];
+                    for (int i = 0; i < Dk; i++) kvj += Sdt[i * Dv + j] * k[i];
+                    kv[j] = -bt * dd; /* d(Sd^T k) */
+                    dv[(n * Hv + h) * Dv + j] = bt * dd;
+                    db += (v[j] - kvj) * dd;
+                }
+                dbeta[n * Hv + h] = db;
+                for (int i = 0; i < Dk; i++) {
+                    double s = 0;
+                    for (int j = 0; j < Dv; j++) s += dS[i * Dv + j] * dl[j] + Sdt[i * Dv + j] * kv[j];
+                    dkt[i] += s;
+                }
+                double dgt = 0;
+                for (int i = 0; i < Dk; i++)
+                    for (int j = 0; j < Dv; j++) {
+                        dS[i * Dv + j] += k[i] * kv[j]; /* dS' = dS + k d(kv)^T */
+                        dgt += Sdt[i * Dv + j] * dS[i * Dv + j];
+                    }
+                dg[n * Hv + h] = dgt;
+                for (size_t i = 0; i < SS; i++) dS[i] = resets(c, b, t) ? 0 : e * dS[i];
+            }
+        }
+    free(Sd), free(delta), free(S), free(dS), free(kv);
+}
+
+static double gd_loss(void *p) {
+    gd_ref *c = p;
+    gd_ref_run(c, NULL, NULL, NULL, NULL, NULL);
+    double s = 0;
+    for (size_t i = 0; i < (size_t)c->B * c->T * c->Hv * c->Dv; i++) s += c->out[i] * c->R[i];
+    return s;
+}
+
+typedef enum { G_NEAR_ZERO, G_MODERATE, G_STRONG } g_regime;
+
+/* doc starts of row b from a list of starts (ending with T), or NULL. */
+static int32_t *docs_from(const int starts[][6], int B, int T) {
+    if (!starts) return NULL;
+    int32_t *ds = malloc((size_t)B * T * sizeof *ds);
+    for (int b = 0; b < B; b++)
+        for (int d = 0; starts[b][d] < T; d++)
+            for (int t = starts[b][d]; t < T && (d == 5 || t < starts[b][d + 1]); t++)
+                ds[(size_t)b * T + t] = starts[b][d];
+    return ds;
+}
+
+static void check_gated_delta(int B, int T, int Hk, int Hv, int Dk, int Dv, g_regime gr,
+                              const int starts[][6], int fd, uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    size_t nk = (size_t)B * T * Hk * Dk, nv = (size_t)B * T * Hv * Dv, ng = (size_t)B * T * Hv;
+    int nc = (T + MT_GATED_DELTA_CHUNK - 1) / MT_GATED_DELTA_CHUNK;
+    float *q = randn(&rng, nk, 1), *k = randn(&rng, nk, 1), *v = randn(&rng, nv, 1);
+    float *R = randn(&rng, nv, 1), *g = randn(&rng, ng, 1), *beta = randn(&rng, ng, 1);
+    normalise_rows(q, nk / Dk, Dk), normalise_rows(k, nk / Dk, Dk);
+    for (size_t i = 0; i < ng; i++) {
+        beta[i] = 1.0f / (1.0f + expf(-beta[i]));
+        float sp = log1pf(expf(g[i])); /* softplus: > 0 */
+        g[i] = gr == G_NEAR_ZERO ? -1e-3f * sp : gr == G_MODERATE ? -sp : -5.0f - 5.0f * sp;
+    }
+    int32_t *ds = docs_from(starts, B, T);
+    float scale = 1.0f / sqrtf((float)Dk);
+    gd_ref c = {B, T, Hk, Hv, Dk, Dv, scale, ds, to_double(q, nk), to_double(k, nk),
+                to_double(v, nv), to_double(g, ng), to_double(beta, ng), to_double(R, nv),
+                dnew(nv)};
+    double *rq = dnew(nk), *rk = dnew(nk), *rv = dnew(nv), *rg = dnew(ng), *rb = dnew(ng);
+    gd_ref_run(&c, rq, rk, rv, rg, rb);
+    fprintf(stderr, "gated_delta B=%d T=%d Hk=%d Hv=%d Dk=%d Dv=%d g %s%s\n", B, T, Hk, Hv, Dk, Dv,
+            gr == G_NEAR_ZERO ? "near 0" : gr == G_MODERATE ? "moderate" : "strongly negative",
+            ds ? " (packed documents)" : "");
+
+    float *out = fnew(nv), *st = fnew((size_t)B * Hv * nc * Dk * Dv);
+    poison(out, nv), poison(st, (size_t)B * Hv * nc * Dk * Dv);
+    be->gated_delta_forward(be, out, st, q, k, v, g, beta, ds, B, T, Hk, Hv, Dk, Dv, scale);
+    assert_true(check_rel_d("gated_delta_forward out", out, c.out, nv, GD_FWD_TOL));
+
+    if (fd) { /* the reference's backward against its own central differences */
+        double *fq = fd_grad(gd_loss, &c, c.q, nk, GD_FD_H), *fk = fd_grad(gd_loss, &c, c.k, nk, GD_FD_H);
+        double *fv = fd_grad(gd_loss, &c, c.v, nv, GD_FD_H), *fg = fd_grad(gd_loss, &c, c.g, ng, GD_FD_H);
+        double *fb = fd_grad(gd_loss, &c, c.beta, ng, GD_FD_H);
+        float *a = to_float(rq, nk), *bb = to_float(rk, nk), *cc = to_float(rv, nv);
+        float *d = to_float(rg, ng), *e = to_float(rb, ng);
+        assert_true(check_rel_d("recurrence dq vs finite differences", a, fq, nk, GD_FD_TOL));
+        assert_true(check_rel_d("recurrence dk vs finite differences", bb, fk, nk, GD_FD_TOL));
+        assert_true(check_rel_d("recurrence dv vs finite differences", cc, fv, nv, GD_FD_TOL));
+        assert_true(check_rel_d("recurrence dg vs finite differences", d, fg, ng, GD_FD_TOL));
+        assert_true(check_rel_d("recurrence dbeta vs finite differences", e, fb, ng, GD_FD_TOL));
+        free(fq), free(fk), free(fv), free(fg), free(fb), free(a), free(bb), free(cc), free(d);
+        free(e);
+    }
+
+    float *dq = fnew(nk), *dk = fnew(nk), *dv = fnew(nv), *dg = fnew(ng), *db = fnew(ng);
+    poison(dq, nk), poison(dk, nk), poison(dv, nv), poison(dg, ng), poison(db, ng);
+    be->gated_delta_backward(be, dq, dk, dv, dg, db, R, st, q, k, v, g, beta, ds, B, T, Hk, Hv, Dk,
+                             Dv, scale);
+    assert_true(check_rel_d("gated_delta_backward dq", dq, rq, nk, GD_BWD_TOL));
+    assert_true(check_rel_d("gated_delta_backward dk", dk, rk, nk, GD_BWD_TOL));
+    assert_true(check_rel_d("gated_delta_backward dv", dv, rv, nv, GD_BWD_TOL));
+    assert_true(check_rel_d("gated_delta_backward dg", dg, rg, ng, GD_BWD_TOL));
+    assert_true(check_rel_d("gated_delta_backward dbeta", db, rb, ng, GD_BWD_TOL));
+
+    /* written, not accumulated: a second call gives the same bits */
+    float *dq2 = fnew(nk), *dg2 = fnew(ng);
+    memcpy(dq2, dq, nk * sizeof(float)), memcpy(dg2, dg, ng * sizeof(float));
+    be->gated_delta_backward(be, dq, dk, dv, dg, db, R, st, q, k, v, g, beta, ds, B, T, Hk, Hv, Dk,
+                             Dv, scale);
+    assert_memory_equal(dq, dq2, nk * sizeof(float));
+    assert_memory_equal(dg, dg2, ng * sizeof(float));
+
+    free(q), free(k), free(v), free(R), free(g), free(beta), free(ds), free(c.q), free(c.k);
+    free(c.v), free(c.g), free(c.beta), free(c.R), free(c.out), free(rq), free(rk), free(rv);
+    free(rg), free(rb), free(out), free(st), free(dq), free(dk), free(dv), free(dg), free(db);
+    free(dq2), free(dg2);
+}
+
+static void test_gated_delta_shapes(void **state) {
+    check_gated_delta(1, 20, 1, 1, 8, 8, G_MODERATE, NULL, 1, 1);  /* T < 64 */
+    check_gated_delta(1, 64, 2, 2, 8, 8, G_MODERATE, NULL, 0, 2);  /* T = 64 */
+    check_gated_delta(2, 150, 1, 2, 8, 12, G_MODERATE, NULL, 0, 3); /* chunks, ragged, grouped */
+    check_gated_delta(1, 70, 2, 4, 6, 4, G_MODERATE, NULL, 1, 4);   /* Dk > Dv, two chunks */
+}
+
+static void test_gated_delta_decays(void **state) {
+    check_gated_delta(1, 150, 1, 2, 8, 6, G_NEAR_ZERO, NULL, 0, 5);
+    check_gated_delta(1, 150, 1, 2, 8, 6, G_STRONG, NULL, 0, 6);
+    check_gated_delta(1, 70, 1, 1, 4, 6, G_NEAR_ZERO, NULL, 1, 7);
+    check_gated_delta(1, 70, 1, 1, 4, 6, G_STRONG, NULL, 1, 8);
+}
+
+static void test_gated_delta_documents(void **state) {
+    /* resets inside chunks (30, 100, 140, 3) and on chunk boundaries (64, 128); a one-token doc */
+    static const int s150[2][6] = {{0, 30, 64, 100, 150, 150}, {0, 3, 4, 128, 140, 150}};
+    check_gated_delta(2, 150, 2, 4, 6, 10, G_MODERATE, s150, 0, 9);
+    check_gated_delta(2, 150, 1, 2, 6, 10, G_NEAR_ZERO, s150, 0, 10);
+    check_gated_delta(2, 150, 1, 2, 6, 10, G_STRONG, s150, 0, 11);
+    static const int s80[1][6] = {{0, 17, 64, 80, 80, 80}};
+    check_gated_delta(1, 80, 1, 2, 4, 6, G_MODERATE, s80, 1, 12);
+}
+
+/* A row packing documents (starts 0, 30, 64, 100 of T 150) equals the documents run one at a time
+ * as rows of their own (fla's cu_seqlens semantics), forward and backward. */
+static void test_gated_delta_packed_equals_separate(void **state) {
+    enum { T = 150, Hk = 1, Hv = 2, Dk = 6, Dv = 5 };
+    static const int starts[1][6] = {{0, 30, 64, 100, T, T}};
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 13);
+    size_t nk = (size_t)T * Hk * Dk, nv = (size_t)T * Hv * Dv, ng = (size_t)T * Hv;
+    float *q = randn(&rng, nk, 1), *k = randn(&rng, nk, 1), *v = randn(&rng, nv, 1);
+    float *R = randn(&rng, nv, 1), *g = randn(&rng, ng, 0.3f), *beta = randn(&rng, ng, 1);
+    normalise_rows(q, nk / Dk, Dk), normalise_rows(k, nk / Dk, Dk);
+    for (size_t i = 0; i < ng; i++) g[i] = -fabsf(g[i]), beta[i] = 1.0f / (1.0f + expf(-beta[i]));
+    int32_t *ds = docs_from(starts, 1, T);
+    float scale = 1.0f / sqrtf((float)Dk);
+    float *out = fnew(nv), *cs = fnew((size_t)Hv * 3 * Dk * Dv), *dq = fnew(nk), *dk = fnew(nk);
+    float *dv = fnew(nv), *dg = fnew(ng), *db = fnew(ng);
+    be->gated_delta_forward(be, out, cs, q, k, v, g, beta, ds, 1, T, Hk, Hv, Dk, Dv, scale);
+    be->gated_delta_backward(be, dq, dk, dv, dg, db, R, cs, q, k, v, g, beta, ds, 1, T, Hk, Hv, Dk,
+                             Dv, scale);
+    float *eo = fnew(nv), *edq = fnew(nk), *edk = fnew(nk), *edv = fnew(nv), *edg = fnew(ng);
+    float *edb = fnew(ng), *scs = fnew((size_t)Hv * 3 * Dk * Dv);
+    for (int d = 0; starts[0][d] < T; d++) {
+        int t0 = starts[0][d], len = starts[0][d + 1] - t0;
+        size_t ok = (size_t)t0 * Hk * Dk, ov = (size_t)t0 * Hv * Dv, og = (size_t)t0 * Hv;
+        be->gated_delta_forward(be, eo + ov, scs, q + ok, k + ok, v + ov, g + og, beta + og, NULL,
+                                1, len, Hk, Hv, Dk, Dv, scale);
+        be->gated_delta_backward(be, edq + ok, edk + ok, edv + ov, edg + og, edb + og, R + ov, scs,
+                                 q + ok, k + ok, v + ov, g + og, beta + og, NULL, 1, len, Hk, Hv,
+                                 Dk, Dv, scale);
+    }
+    assert_true(check_rel("packed vs separate: out", out, eo, nv, GD_FWD_TOL));
+    assert_true(check_rel("packed vs separate: dq", dq, edq, nk, GD_FWD_TOL));
+    assert_true(check_rel("packed vs separate: dk", dk, edk, nk, GD_FWD_TOL));
+    assert_true(check_rel("packed vs separate: dv", dv, edv, nv, GD_FWD_TOL));
+    assert_true(check_rel("packed vs separate: dg", dg, edg, ng, GD_FWD_TOL));
+    assert_true(check_rel("packed vs separate: dbeta", db, edb, ng, GD_FWD_TOL));
+    free(q), free(k), free(v), free(R), free(g), free(beta), free(ds), free(out), free(cs), free(dq);
+    free(dk), free(dv), free(dg), free(db), free(eo), free(edq), free(edk), free(edv), free(edg);
+    free(edb), free(scs);
+}
+
+/* The count per chunk by hand (gated_delta_flops.c's formula): L = 64 and 6, Dk = 8, Dv = 4. */
+static void test_gated_delta_flops(void **state) {
+    double f, b;
+    mt_gated_delta_flops(2, 70, 3, 8, 4, &f, &b);
+    /* L = 64: fwd 4*4096*8 + 4*4096*4 + 6*64*32 + 64*4095/3 = 131072 + 65536 + 12288 + 87360;
+     * bwd 10*4096*8 + 10*4096*4 + 14*64*32 + 87360 = 327680 + 163840 + 28672 + 87360.
+     * L = 6:  fwd 4*36*8 + 4*36*4 + 6*6*32 + 6*35/3 = 1152 + 576 + 1152 + 70;
+     *         bwd 10*36*8 + 10*36*4 + 14*6*32 + 70 = 2880 + 1440 + 2688 + 70. */
+    double f64 = 296256, b64 = 607552, f6 = 2950, b6 = 7078;
+    assert_true(f == 6 * (f64 + f6));
+    assert_true(b == 6 * (b64 + b6));
+}
+
+/* ---------------- transformers' torch_chunk_gated_delta_rule ---------------- */
+
+static float *fixture_f32(mt_safetensors *st, const char *name, int64_t numel) {
+    const mt_st_tensor *t = mt_safetensors_find(st, name);
+    if (!t) fail_msg("gated_delta fixture: tensor %s missing", name);
+    assert_int_equal(t->numel, numel);
+    float *out = fnew((size_t)numel);
+    assert_int_equal(mt_st_tensor_to_f32(t, out), MT_OK);
+    return out;
+}
+
+static void test_gated_delta_transformers(void **state) {
+    char *path = mt_fixture_path("gated_delta/reference.safetensors");
+    mt_safetensors *st;
+    if (mt_safetensors_open_file(&st, path) != MT_OK) fail_msg("%s", mt_error_message());
+    const mt_st_tensor *tv = mt_safetensors_find(st, "v"), *tk = mt_safetensors_find(st, "k");
+    assert_non_null(tv), assert_non_null(tk);
+    assert_int_equal(tv->ndim, 4), assert_int_equal(tk->ndim, 4);
+    int B = (int)tk->shape[0], T = (int)tk->shape[1], Hk = (int)tk->shape[2], Dk = (int)tk->shape[3];
+    int Hv = (int)tv->shape[2], Dv = (int)tv->shape[3], nc = (T + MT_GATED_DELTA_CHUNK - 1) / MT_GATED_DELTA_CHUNK;
+    size_t nk = (size_t)B * T * Hk * Dk, nv = (size_t)B * T * Hv * Dv, ng = (size_t)B * T * Hv;
+    float *q = fixture_f32(st, "q", nk), *k = fixture_f32(st, "k", nk), *v = fixture_f32(st, "v", nv);
+    float *g = fixture_f32(st, "g", ng), *beta = fixture_f32(st, "beta", ng);
+    float *R = fixture_f32(st, "R", nv), *ref_out = fixture_f32(st, "out", nv);
+    float *rq = fixture_f32(st, "dq", nk), *rk = fixture_f32(st, "dk", nk);
+    float *rv = fixture_f32(st, "dv", nv), *rg = fixture_f32(st, "dg", ng);
+    float *rb = fixture_f32(st, "dbeta", ng);
+    fprintf(stderr, "transformers fixture B=%d T=%d Hk=%d Hv=%d Dk=%d Dv=%d\n", B, T, Hk, Hv, Dk, Dv);
+    float scale = 1.0f / sqrtf((float)Dk);
+    float *out = fnew(nv), *cs = fnew((size_t)B * Hv * nc * Dk * Dv);
+    float *dq = fnew(nk), *dk = fnew(nk), *dv = fnew(nv), *dg = fnew(ng), *db = fnew(ng);
+    be->gated_delta_forward(be, out, cs, q, k, v, g, beta, NULL, B, T, Hk, Hv, Dk, Dv, scale);
+    be->gated_delta_backward(be, dq, dk, dv, dg, db, R, cs, q, k, v, g, beta, NULL, B, T, Hk, Hv,
+                             Dk, Dv, scale);
+    assert_true(check_rel("transformers out", out, ref_out, nv, FIXTURE_TOL));
+    assert_true(check_rel("transformers dq", dq, rq, nk, FIXTURE_TOL));
+    assert_true(check_rel("transformers dk", dk, rk, nk, FIXTURE_TOL));
+    assert_true(check_rel("transformers dv", dv, rv, nv, FIXTURE_TOL));
+    assert_true(check_rel("transformers dg", dg, rg, ng, FIXTURE_TOL));
+    assert_true(check_rel("transformers dbeta", db, rb, ng, FIXTURE_TOL));
+    free(q), free(k), free(v), free(g), free(beta), free(R), free(ref_out), free(rq), free(rk);
+    free(rv), free(rg), free(rb), free(out), free(cs), free(dq), free(dk), free(dv), free(dg);
+    free(db), free(path);
+    mt_safetensors_close(st);
+}
+
+/* ---------------- causal depthwise conv1d + SiLU ---------------- */
+
+typedef struct {
+    double *x, *w, *R, *out;
+    const int32_t *ds;
+    int B, T, C, K;
+} conv_ref;
+
+static double silu(double x) { return x / (1.0 + exp(-x)); }
+
+static void conv_ref_run(conv_ref *c) {
+    for (int b = 0; b < c->B; b++)
+        for (int t = 0; t < c->T; t++) {
+            int lo = c->ds ? c->ds[b * c->T + t] : 0;
+            for (int ch = 0; ch < c->C; ch++) {
+                double p = 0;
+                for (int j = 0; j < c->K; j++) {
+                    int s = t - (c->K - 1) + j;
+                    if (s >= lo) p += c->w[ch * c->K + j] * c->x[((size_t)b * c->T + s) * c->C + ch];
+                }
+                c->out[((size_t)b * c->T + t) * c->C + ch] = silu(p);
+            }
+        }
+}
+
+static double conv_loss(void *p) {
+    conv_ref *c = p;
+    conv_ref_run(c);
+    double s = 0;
+    for (size_t i = 0; i < (size_t)c->B * c->T * c->C; i++) s += c->out[i] * c->R[i];
+    return s;
+}
+
+static float *fd_f(loss_fn loss, void *ctx, double *x, size_t n) {
+    double *g = fd_grad(loss, ctx, x, n, FD_H);
+    float *f = to_float(g, n);
+    free(g);
+    return f;
+}
+
+static void check_conv(int B, int T, int C, int K, const int starts[][6], uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    size_t n = (size_t)B * T * C, nw = (size_t)C * K;
+    float *x = randn(&rng, n, 1), *w = randn(&rng, nw, 0.5f), *R = randn(&rng, n, 1);
+    int32_t *ds = docs_from(starts, B, T);
+    conv_ref c = {to_double(x, n), to_double(w, nw), to_double(R, n), dnew(n), ds, B, T, C, K};
+    conv_ref_run(&c);
+    float *out = fnew(n), *ref = to_float(c.out, n);
+    poison(out, n);
+    be->causal_conv1d_forward(be, out, x, w, ds, B, T, C, K);
+    fprintf(stderr, "causal_conv1d B=%d T=%d C=%d K=%d%s\n", B, T, C, K, ds ? " (documents)" : "");
+    assert_true(mt_allclose("causal_conv1d_forward", out, ref, n, FWD_ATOL, FWD_RTOL));
+    float *gx = fd_f(conv_loss, &c, c.x, n), *gw = fd_f(conv_loss, &c, c.w, nw);
+    float *dx = fnew(n), *dw = fnew(nw);
+    poison(dx, n);
+    for (size_t i = 0; i < nw; i++) dw[i] = 1.0f; /* accumulates: 1 + gradient */
+    for (size_t i = 0; i < nw; i++) gw[i] += 1.0f;
+    be->causal_conv1d_backward(be, dx, dw, R, x, w, ds, B, T, C, K);
+    assert_true(mt_allclose("causal_conv1d_backward dinp", dx, gx, n, BWD_ATOL, BWD_RTOL));
+    assert_true(mt_allclose("causal_conv1d_backward dweight (+= 1)", dw, gw, nw, BWD_ATOL, BWD_RTOL));
+    free(x), free(w), free(R), free(ds), free(c.x), free(c.w), free(c.R), free(c.out), free(out);
+    free(ref), free(gx), free(gw), free(dx), free(dw);
+}
+
+static void test_causal_conv1d(void **state) {
+    check_conv(2, 9, 5, 4, NULL, 20);
+    check_conv(1, 3, 70, 4, NULL, 21); /* T < K; two channel blocks */
+    static const int s[2][6] = {{0, 2, 3, 7, 12, 12}, {0, 12, 12, 12, 12, 12}};
+    check_conv(2, 12, 6, 4, s, 22);
+    check_conv(1, 10, 3, 2, NULL, 23);
+}
+
+/* ---------------- per-head L2 norm ---------------- */
+
+typedef struct {
+    double *x, *R, *out;
+    int Rows, D;
+    double eps;
+} l2_ref;
+
+static double l2_loss(void *p) {
+    l2_ref *c = p;
+    double s = 0;
+    for (int r = 0; r < c->Rows; r++) {
+        double ss = 0;
+        for (int d = 0; d < c->D; d++) ss += c->x[r * c->D + d] * c->x[r * c->D + d];
+        for (int d = 0; d < c->D; d++) {
+            c->out[r * c->D + d] = c->x[r * c->D + d] / sqrt(ss + c->eps);
+            s += c->out[r * c->D + d] * c->R[r * c->D + d];
+        }
+    }
+    return s;
+}
+
+static void test_l2norm(void **state) {
+    enum { Rows = 12, D = 16 };
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 30);
+    float *x = randn(&rng, Rows * D, 1), *R = randn(&rng, Rows * D, 1);
+    for (int d = 0; d < D; d++) x[3 * D + d] *= 1e-3f; /* a short row: eps matters */
+    l2_ref c = {to_double(x, Rows * D), to_double(R, Rows * D), dnew(Rows * D), Rows, D, 1e-6};
+    l2_loss(&c);
+    float *out = fnew(Rows * D), *rinv = fnew(Rows), *ref = to_float(c.out, Rows * D);
+    poison(out, Rows * D);
+    be->l2norm_forward(be, out, rinv, x, Rows, D, 1e-6f);
+    assert_true(mt_allclose("l2norm_forward", out, ref, Rows * D, FWD_ATOL, FWD_RTOL));
+    /* h 1e-6 here: the short row's |x| ~ 4e-3 is too curved for FD_H */
+    double *gxd = fd_grad(l2_loss, &c, c.x, Rows * D, 1e-6);
+    float *gx = to_float(gxd, Rows * D), *dx = fnew(Rows * D);
+    free(gxd);
+    poison(dx, Rows * D);
+    be->l2norm_backward(be, dx, R, x, rinv, Rows, D);
+    assert_true(mt_allclose("l2norm_backward", dx, gx, Rows * D, BWD_ATOL, BWD_RTOL));
+    free(x), free(R), free(c.x), free(c.R), free(c.out), free(out), free(rinv), free(ref);
+    free(gx), free(dx);
+}
+
+/* ---------------- gated RMSNorm ---------------- */
+
+typedef struct {
+    double *x, *z, *w, *R, *out;
+    int Rows, C;
+    double eps;
+} grms_ref;
+
+static double grms_loss(void *p) {
+    grms_ref *c = p;
+    double s = 0;
+    for (int r = 0; r < c->Rows; r++) {
+        double ss = 0;
+        for (int i = 0; i < c->C; i++) ss += c->x[r * c->C + i] * c->x[r * c->C + i];
+        double rs = 1.0 / sqrt(ss / c->C + c->eps);
+        for (int i = 0; i < c->C; i++) {
+            size_t e = (size_t)r * c->C + i;
+            c->out[e] = c->w[i] * c->x[e] * rs * silu(c->z[e]);
+            s += c->out[e] * c->R[e];
+        }
+    }
+    return s;
+}
+
+static void test_gated_rmsnorm(void **state) {
+    enum { Rows = 10, C = 12 };
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 40);
+    float *x = randn(&rng, Rows * C, 1), *z = randn(&rng, Rows * C, 2), *w = randn(&rng, C, 1);
+    float *R = randn(&rng, Rows * C, 1);
+    grms_ref c = {to_double(x, Rows * C), to_double(z, Rows * C), to_double(w, C),
+                  to_double(R, Rows * C), dnew(Rows * C), Rows, C, 1e-6};
+    grms_loss(&c);
+    float *out = fnew(Rows * C), *rstd = fnew(Rows), *ref = to_float(c.out, Rows * C);
+    poison(out, Rows * C);
+    be->gated_rmsnorm_forward(be, out, rstd, x, z, w, Rows, C, 1e-6f);
+    assert_true(mt_allclose("gated_rmsnorm_forward", out, ref, Rows * C, FWD_ATOL, FWD_RTOL));
+    float *gx = fd_f(grms_loss, &c, c.x, Rows * C), *gz = fd_f(grms_loss, &c, c.z, Rows * C);
+    float *gw = fd_f(grms_loss, &c, c.w, C);
+    float *dx = fnew(Rows * C), *dz = fnew(Rows * C), *dw = fnew(C);
+    poison(dx, Rows * C), poison(dz, Rows * C);
+    for (int i = 0; i < C; i++) dw[i] = 0.5f, gw[i] += 0.5f; /* accumulates */
+    be->gated_rmsnorm_backward(be, dx, dz, dw, R, x, z, w, rstd, Rows, C);
+    assert_true(mt_allclose("gated_rmsnorm_backward dinp", dx, gx, Rows * C, BWD_ATOL, BWD_RTOL));
+    assert_true(mt_allclose("gated_rmsnorm_backward dgate", dz, gz, Rows * C, BWD_ATOL, BWD_RTOL));
+    assert_true(mt_allclose("gated_rmsnorm_backward dweight (+= 0.5)", dw, gw, C, BWD_ATOL, BWD_RTOL));
+    free(x), free(z), free(w), free(R), free(c.x), free(c.z), free(c.w), free(c.R), free(c.out);
+    free(out), free(rstd), free(ref), free(gx), free(gz), free(gw), free(dx), free(dz), free(dw);
+}
+
+/* ---------------- the decay and beta maps ---------------- */
+
+typedef struct {
+    double *a, *b, *A, *dt, *Rg, *Rb, *g, *beta;
+    int N, H;
+} gates_ref;
+
+static double gates_loss(void *p) {
+    gates_ref *c = p;
+    double s = 0;
+    for (int n = 0; n < c->N; n++)
+        for (int h = 0; h < c->H; h++) {
+            size_t i = (size_t)n * c->H + h;
+            double x = c->a[i] + c->dt[h];
+            c->g[i] = -exp(c->A[h]) * (x > 20 ? x : log1p(exp(x)));
+            c->beta[i] = 1.0 / (1.0 + exp(-c->b[i]));
+            s += c->g[i] * c->Rg[i] + c->beta[i] * c->Rb[i];
+        }
+    return s;
+}
+
+static void test_gdn_gates(void **state) {
+    enum { N = 9, H = 4 };
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 50);
+    float *a = randn(&rng, N * H, 2), *b = randn(&rng, N * H, 2), *A = randn(&rng, H, 1);
+    float *dt = randn(&rng, H, 1), *Rg = randn(&rng, N * H, 1), *Rb = randn(&rng, N * H, 1);
+    a[5] = 25.0f; /* softplus above its threshold: the identity */
+    gates_ref c = {to_double(a, N * H), to_double(b, N * H), to_double(A, H), to_double(dt, H),
+                   to_double(Rg, N * H), to_double(Rb, N * H), dnew(N * H), dnew(N * H), N, H};
+    gates_loss(&c);
+    float *g = fnew(N * H), *beta = fnew(N * H);
+    float *rg = to_float(c.g, N * H), *rb = to_float(c.beta, N * H);
+    poison(g, N * H), poison(beta, N * H);
+    be->gdn_gates_forward(be, g, beta, a, b, A, dt, N, H);
+    assert_true(mt_allclose("gdn_gates_forward g", g, rg, N * H, FWD_ATOL, FWD_RTOL));
+    assert_true(mt_allclose("gdn_gates_forward beta", beta, rb, N * H, FWD_ATOL, FWD_RTOL));
+    float *ga = fd_f(gates_loss, &c, c.a, N * H), *gb = fd_f(gates_loss, &c, c.b, N * H);
+    float *gA = fd_f(gates_loss, &c, c.A, H), *gdt = fd_f(gates_loss, &c, c.dt, H);
+    float *da = fnew(N * H), *db = fnew(N * H), *dA = fnew(H), *ddt = fnew(H);
+    poison(da, N * H), poison(db, N * H);
+    for (int h = 0; h < H; h++) dA[h] = 2.0f, ddt[h] = -1.0f, gA[h] += 2.0f, gdt[h] -= 1.0f;
+    be->gdn_gates_backward(be, da, db, dA, ddt, Rg, Rb, a, b, A, dt, N, H);
+    assert_true(mt_allclose("gdn_gates_backward da", da, ga, N * H, BWD_ATOL, BWD_RTOL));
+    assert_true(mt_allclose("gdn_gates_backward db", db, gb, N * H, BWD_ATOL, BWD_RTOL));
+    assert_true(mt_allclose("gdn_gates_backward dA_log (+= 2)", dA, gA, H, BWD_ATOL, BWD_RTOL));
+    assert_true(mt_allclose("gdn_gates_backward ddt_bias (+= -1)", ddt, gdt, H, BWD_ATOL, BWD_RTOL));
+    free(a), free(b), free(A), free(dt), free(Rg), free(Rb), free(c.a), free(c.b), free(c.A);
+    free(c.dt), free(c.Rg), free(c.Rb), free(c.g), free(c.beta), free(g), free(beta), free(rg);
+    free(rb), free(ga), free(gb), free(gA), free(gdt), free(da), free(db), free(dA), free(ddt);
+}
+
+int main(void) {
+    be = mt_backend_cpu_create();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gated_delta_shapes),
+        cmocka_unit_test(test_gated_delta_decays),
+        cmocka_unit_test(test_gated_delta_documents),
+        cmocka_unit_test(test_gated_delta_packed_equals_separate),
+        cmocka_unit_test(test_gated_delta_flops),
+        cmocka_unit_test(test_gated_delta_transformers),
+        cmocka_unit_test(test_causal_conv1d),
+        cmocka_unit_test(test_l2norm),
+        cmocka_unit_test(test_gated_rmsnorm),
+        cmocka_unit_test(test_gdn_gates),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    be->destroy(be);
+    return rc;
+}
