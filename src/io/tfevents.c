@@ -149,7 +149,7 @@ static long long newest_time(const char *dir) {
 
 /* The whole of b at the end of the file, or the file cut back to where it was. */
 static int append(mt_tfevents *w, const bytes *b) {
-    if (w->failed || w->fd < 0) return MT_OK;
+    if (w->failed || !w->open) return MT_OK;
     off_t start = lseek(w->fd, 0, SEEK_END);
     size_t done = 0;
     errno = 0;
@@ -185,6 +185,7 @@ int mt_tfevents_open(mt_tfevents *w, const char *dir, int64_t start_step) {
     snprintf(w->path, sizeof w->path, "%s/%s%lld.%s.%ld.%d", dir, prefix, t, host, (long)getpid(), counter++);
     w->fd = open(w->path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
     if (w->fd < 0) return mt_error_set("%s: cannot create: %s", w->path, strerror(errno));
+    w->open = 1;
     bytes ev = {0}, rec = {0};
     put_event_head(&ev, 0, wall);
     put_len(&ev, 3, "brain.Event:2", 13);
@@ -206,7 +207,7 @@ int mt_tfevents_open(mt_tfevents *w, const char *dir, int64_t start_step) {
 }
 
 int mt_tfevents_scalars(mt_tfevents *w, int64_t step, double wall_time, const mt_tb_scalar *v, int n) {
-    if (w->failed || w->fd < 0) return MT_OK;
+    if (w->failed || !w->open) return MT_OK;
     uint8_t *ev;
     size_t len = mt_tfevents_encode_scalars(step, wall_time, v, n, &ev);
     bytes rec = {0};
@@ -217,7 +218,8 @@ int mt_tfevents_scalars(mt_tfevents *w, int64_t step, double wall_time, const mt
 }
 
 void mt_tfevents_close(mt_tfevents *w) {
-    if (w->fd >= 0) close(w->fd);
+    if (w->open) close(w->fd);
+    w->open = 0;
     w->fd = -1;
 }
 

@@ -27,7 +27,8 @@ typedef struct {
 } mt_tb_scalar;
 
 typedef struct {
-    int fd;          /* -1: closed */
+    int open;        /* fd is this writer's (a zeroed struct is a closed writer) */
+    int fd;
     int failed;      /* a write failed: nothing more is written */
     char path[4400];
 } mt_tfevents;
