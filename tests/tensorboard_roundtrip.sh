@@ -20,7 +20,7 @@ if [ -z "$py" ]; then
      ! has_tb "$venv/bin/python"; then
     echo "SKIP: the tensorboard package cannot be installed here (python3 -m venv and pip install" \
          "tensorboard failed: $build/tb-venv.log); the TensorBoard round trip is not checked"
-    tail -n 3 "$build/tb-venv.log"
+    tail -n 3 "$build/tb-venv.log" 2>/dev/null || true
     exit 77
   fi
   py=$venv/bin/python

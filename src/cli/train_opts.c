@@ -9,6 +9,7 @@
 #include "../io/chat_pack.h"
 #include "../optim/state.h"
 #include "args.h"
+#include "model_source.h"
 
 void mt_train_opts_usage(FILE *out) {
     fprintf(out,
@@ -284,6 +285,7 @@ int mt_train_opts_parse(mt_train_opts *o, int argc, char **argv, int *exit_now) 
     }
     if (optind < argc) return mt_error_set("train: unexpected argument '%s'", argv[optind]);
     if (!o->model_dir == !o->init_config) return mt_error_set("train: give exactly one of --model DIR and --init CONFIG.json");
+    MT_TRY(mt_model_resolve(o->model_dir, o->revision, &o->model_dir)); /* ORG/NAME: the hub cache's snapshot */
     if (!o->data) return mt_error_set("train: --data PATH is required");
     if (!o->out_dir) return mt_error_set("train: --out DIR is required");
     if (!o->have_micro_batch) o->micro_batch = -1; /* auto: the memory planner picks it */
