@@ -10,8 +10,11 @@
 
 #include "../core/error.h"
 
-static void tb_warn(const char *what) {
-    fprintf(stderr, "megatrain: warning: %s; no more TensorBoard events (metrics.jsonl goes on)\n", what);
+/* The error recorded (by io/tfevents) as a warning; then cleared, as it ends nothing. */
+static void tb_warn(void) {
+    fprintf(stderr, "megatrain: warning: %s; no more TensorBoard events (metrics.jsonl goes on)\n",
+            mt_error_message());
+    mt_error_clear();
 }
 
 /* Failures here are warnings: TensorBoard is a view of metrics.jsonl, not worth a run. */
@@ -19,11 +22,12 @@ static void tb_open(mt_train_log *lg, const char *out_dir, int64_t start_step) {
     char dir[4200];
     int64_t dropped = 0;
     snprintf(dir, sizeof dir, "%s/tensorboard", out_dir);
-    if (mt_tfevents_cut(dir, start_step, &dropped) != MT_OK)
-        fprintf(stderr, "megatrain: warning: %s (TensorBoard may show the steps after %lld twice)\n",
-                mt_error_message(), (long long)start_step);
+    if (mt_tfevents_cut(dir, start_step, &dropped) != MT_OK) { /* none rather than steps twice */
+        tb_warn();
+        return;
+    }
     if (dropped) printf("tensorboard: %lld later events dropped from %s\n", (long long)dropped, dir);
-    if (mt_tfevents_open(&lg->tb, dir, start_step > 0 ? start_step + 1 : 0) != MT_OK) tb_warn(mt_error_message());
+    if (mt_tfevents_open(&lg->tb, dir, start_step > 0 ? start_step + 1 : 0) != MT_OK) tb_warn();
 }
 
 int mt_train_log_open(mt_train_log *lg, const char *out_dir, const char *log_path, int64_t steps,
@@ -130,7 +134,7 @@ static void tb_write(mt_train_log *lg, int64_t step, const tb_line *tb) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     if (mt_tfevents_scalars(&lg->tb, step, (double)ts.tv_sec + ts.tv_nsec * 1e-9, tb->v, tb->n) != MT_OK)
-        tb_warn(mt_error_message());
+        tb_warn();
 }
 
 static void format_eta(char *buf, size_t n, double s) {
