@@ -109,10 +109,9 @@ static void add(char *buf, size_t n, size_t *len, const char *fmt, ...) {
     if (k > 0) *len = *len + (size_t)k < n ? *len + (size_t)k : n - 1;
 }
 
-/* The TensorBoard scalars of one metrics line. */
+/* The TensorBoard scalars of one metrics line (tags: string literals). */
 typedef struct {
     mt_tb_scalar v[24];
-    char tags[24][32];
     int n;
 } tb_line;
 
@@ -124,10 +123,7 @@ static void add_num(char *buf, size_t n, size_t *len, const char *key, const cha
     snprintf(text, sizeof text, fmt, x);
     add(buf, n, len, ", \"%s\": %s", key, isfinite(x) ? text : "null");
     if (!tag || tb->n == (int)(sizeof tb->v / sizeof tb->v[0])) return;
-    snprintf(tb->tags[tb->n], sizeof tb->tags[0], "%s", tag);
-    tb->v[tb->n].tag = tb->tags[tb->n];
-    tb->v[tb->n].value = isfinite(x) ? (float)strtod(text, NULL) : (float)x;
-    tb->n++;
+    tb->v[tb->n++] = (mt_tb_scalar){.tag = tag, .value = isfinite(x) ? (float)strtod(text, NULL) : (float)x};
 }
 
 static void tb_write(mt_train_log *lg, int64_t step, const tb_line *tb) {
