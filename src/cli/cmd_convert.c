@@ -14,12 +14,15 @@
 
 static void print_usage(FILE *out) {
     fprintf(out,
-            "usage: megatrain convert --model DIR --out DIR [--dtype bf16|f32] [--shard-size SIZE]\n"
+            "usage: megatrain convert --model DIR|ORG/NAME --out DIR [--dtype bf16|f32] [--shard-size SIZE]\n"
             "  Loads a Hugging Face checkpoint (bf16, fp16 or fp32; one file or shards), checks\n"
             "  every tensor, and writes config.json + safetensors that transformers loads.\n"
             "  --out must be a new directory or one without a model, outside --model.\n"
             "  --dtype       dtype written (default bf16)\n"
-            "  --shard-size  largest shard, e.g. 5G (default: one file)\n");
+            "  --shard-size  largest shard, e.g. 5G (default: one file)\n"
+            "  --model ORG/NAME [--revision R]: a model in the Hugging Face hub cache, offline\n"
+            "  ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub; R: ref or commit,\n"
+            "  default main)\n");
 }
 
 /* ---- the output directory: never the input, never an earlier model ---- */
@@ -109,9 +112,11 @@ static int check_out_dir(const char *model_dir, const char *out_dir) {
 
 int mt_cmd_convert(int argc, char **argv) {
     const char *model_dir = NULL, *out_dir = NULL;
+    const char *revision = NULL;
     int dtype_index = 0;
     int64_t shard = 0;
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"revision", required_argument, 0, 'R'},
                                          {"out", required_argument, 0, 'o'},
                                          {"dtype", required_argument, 0, 'd'},
                                          {"shard-size", required_argument, 0, 's'},
@@ -122,6 +127,7 @@ int mt_cmd_convert(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 'm': model_dir = optarg; break;
+        case 'R': revision = optarg; break;
         case 'o': out_dir = optarg; break;
         case 'd':
             if (mt_arg_choice("--dtype", optarg, "bf16|f32", &dtype_index) != MT_OK) return mt_cli_fail();
@@ -137,6 +143,7 @@ int mt_cmd_convert(int argc, char **argv) {
         print_usage(stderr);
         return 1;
     }
+    if (mt_model_resolve(model_dir, revision, &model_dir) != MT_OK) return mt_cli_fail();
     if (check_out_dir(model_dir, out_dir) != MT_OK) return mt_cli_fail();
     mt_host_model m;
     if (mt_host_model_open(&m, model_dir, NULL, 0, 1) != MT_OK) return mt_cli_fail();

@@ -21,7 +21,7 @@
 
 static void print_usage(FILE *out) {
     fprintf(out,
-            "usage: megatrain eval --model DIR --data PATH [--batch B] [--seq T] [--batches N]\n"
+            "usage: megatrain eval --model DIR|ORG/NAME --data PATH [--batch B] [--seq T] [--batches N]\n"
             "                      [--doc-sep LINE] [--loss-on assistant|all] [--chat-format F]\n"
             "                      [--long truncate|skip] [--pack whole|split]\n"
             "  Mean cross-entropy (and perplexity) over non-overlapping rows of T+1 tokens of PATH:\n"
@@ -31,7 +31,10 @@ static void print_usage(FILE *out) {
             "  one row, --pack split cuts their stream into rows), or packed rows from `megatrain\n"
             "  tokenize --chat` (--seq must be theirs). Text and chat data are tokenized into a\n"
             "  temporary directory, removed at the end. Defaults: B 8, T 1024 (capped by the model),\n"
-            "  N all rows.\n");
+            "  N all rows.\n"
+            "  --model ORG/NAME [--revision R]: a model in the Hugging Face hub cache, offline\n"
+            "  ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub; R: ref or commit,\n"
+            "  default main)\n");
 }
 
 /* The files of a flat directory, then the directory. */
@@ -51,9 +54,11 @@ static void remove_dir(const char *path) {
 
 int mt_cmd_eval(int argc, char **argv) {
     const char *model_dir = NULL, *data = NULL;
+    const char *revision = NULL;
     int64_t B = 8, T = 0, batches = 0;
     mt_run_data_opts dopts = {0};
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"revision", required_argument, 0, 'R'},
                                          {"data", required_argument, 0, 'd'},
                                          {"batch", required_argument, 0, 'b'},
                                          {"seq", required_argument, 0, 't'},
@@ -71,6 +76,7 @@ int mt_cmd_eval(int argc, char **argv) {
         int rc = MT_OK;
         switch (c) {
         case 'm': model_dir = optarg; break;
+        case 'R': revision = optarg; break;
         case 'd': data = optarg; break;
         case 's': dopts.doc_sep = optarg; break;
         case 'l': rc = mt_arg_named("--loss-on", mt_chat_loss_on_parse(optarg, &dopts.loss_on)); break;
@@ -91,6 +97,7 @@ int mt_cmd_eval(int argc, char **argv) {
         return 1;
     }
     mt_host_model m;
+    if (mt_model_resolve(model_dir, revision, &model_dir) != MT_OK) return mt_cli_fail();
     if (mt_host_model_open(&m, model_dir, NULL, 0, 1) != MT_OK) return mt_cli_fail();
     const mt_config *cfg = &m.table.cfg;
     if (mt_layer_check_runnable(cfg) != MT_OK) {

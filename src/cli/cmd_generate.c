@@ -19,14 +19,17 @@
 
 static void print_usage(FILE *out) {
     fprintf(out,
-            "usage: megatrain generate --model DIR [--prompt TEXT] [--tokens N] [--top-k K]\n"
+            "usage: megatrain generate --model DIR|ORG/NAME [--prompt TEXT] [--tokens N] [--top-k K]\n"
             "                          [--temperature X] [--context T] [--seed N] [--ignore-eos]\n"
             "  Continues the prompt. With DIR/tokenizer.json the prompt is encoded as\n"
             "  tokenizer(prompt) (bos prefix included) and the output decoded as it comes; without\n"
             "  one the model speaks byte-level tokens (vocabulary > 256, eos 256). --top-k 1 is\n"
             "  greedy (default 40), --temperature 0.8, --tokens 200, --context 256 (tokens of\n"
             "  history the model sees). The tokenizer's eos stops generation, or, with\n"
-            "  --ignore-eos, prints as a blank line.\n");
+            "  --ignore-eos, prints as a blank line.\n"
+            "  --model ORG/NAME [--revision R]: a model in the Hugging Face hub cache, offline\n"
+            "  ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub; R: ref or commit,\n"
+            "  default main)\n");
 }
 
 static uint64_t next_u64(uint64_t *s) {
@@ -163,10 +166,12 @@ static void gen_text_free(gen_text *g) {
 
 int mt_cmd_generate(int argc, char **argv) {
     const char *model_dir = NULL, *prompt = "";
+    const char *revision = NULL;
     int64_t n_tokens = 200, top_k = 40, ctx = 256, seed = 1;
     double temperature = 0.8;
     int ignore_eos = 0;
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"revision", required_argument, 0, 'R'},
                                          {"prompt", required_argument, 0, 'p'},
                                          {"tokens", required_argument, 0, 'n'},
                                          {"top-k", required_argument, 0, 'k'},
@@ -182,6 +187,7 @@ int mt_cmd_generate(int argc, char **argv) {
         int rc = MT_OK;
         switch (c) {
         case 'm': model_dir = optarg; break;
+        case 'R': revision = optarg; break;
         case 'p': prompt = optarg; break;
         case 'n': rc = mt_arg_int("--tokens", optarg, 0, 1 << 20, &n_tokens); break;
         case 'k': rc = mt_arg_int("--top-k", optarg, 1, 1 << 20, &top_k); break;
@@ -199,6 +205,7 @@ int mt_cmd_generate(int argc, char **argv) {
         return 1;
     }
     mt_host_model m;
+    if (mt_model_resolve(model_dir, revision, &model_dir) != MT_OK) return mt_cli_fail();
     if (mt_host_model_open(&m, model_dir, NULL, 0, 1) != MT_OK) return mt_cli_fail();
     if (mt_layer_check_runnable(&m.table.cfg) != MT_OK) {
         mt_host_model_free(&m);

@@ -11,12 +11,15 @@
 
 static void print_usage(FILE *out) {
     fprintf(out,
-            "usage: megatrain info (--model DIR | --init CONFIG.json) [--tensors]\n"
+            "usage: megatrain info (--model DIR|ORG/NAME | --init CONFIG.json) [--tensors]\n"
             "  Prints the model's shape, parameter count and the host memory training needs.\n"
             "  --model DIR         Hugging Face directory (config.json + safetensors); weights are\n"
             "                      validated but not kept\n"
             "  --init CONFIG.json  a config.json alone\n"
-            "  --tensors           list every tensor: name, shape, owning layer\n");
+            "  --tensors           list every tensor: name, shape, owning layer\n"
+            "  --model ORG/NAME [--revision R]: a model in the Hugging Face hub cache, offline\n"
+            "  ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub; R: ref or commit,\n"
+            "  default main)\n");
 }
 
 /* The mixers of a hybrid model: how many of each and the shortest repeating pattern of
@@ -43,8 +46,10 @@ static void print_layer_types(const mt_config *cfg) {
 
 int mt_cmd_info(int argc, char **argv) {
     const char *model_dir = NULL, *init = NULL;
+    const char *revision = NULL;
     int tensors = 0;
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"revision", required_argument, 0, 'R'},
                                          {"init", required_argument, 0, 'i'},
                                          {"tensors", no_argument, 0, 't'},
                                          {"help", no_argument, 0, 'h'},
@@ -54,6 +59,7 @@ int mt_cmd_info(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 'm': model_dir = optarg; break;
+        case 'R': revision = optarg; break;
         case 'i': init = optarg; break;
         case 't': tensors = 1; break;
         case 'h': print_usage(stdout); return 0;
@@ -65,6 +71,7 @@ int mt_cmd_info(int argc, char **argv) {
         return 1;
     }
     mt_host_model m;
+    if (mt_model_resolve(model_dir, revision, &model_dir) != MT_OK) return mt_cli_fail();
     if (mt_host_model_open(&m, model_dir, init, 0, model_dir != NULL) != MT_OK) return mt_cli_fail();
     const mt_config *cfg = &m.table.cfg;
     double n = (double)m.table.n_real;

@@ -11,7 +11,7 @@
 
 static void print_usage(FILE *out) {
     fprintf(out,
-            "usage: megatrain plan (--model DIR | --init CONFIG.json) [--batch B] [--seq T]\n"
+            "usage: megatrain plan (--model DIR|ORG/NAME | --init CONFIG.json) [--batch B] [--seq T]\n"
             "                      [--micro-batch auto|b] [--device auto|cpu|cuda] [--gpu-mem SIZE]\n"
             "                      [--state full|compact|tight] [--gpu-layers auto|N] [--host-mem SIZE]\n"
             "                      [--packed]\n"
@@ -31,7 +31,10 @@ static void print_usage(FILE *out) {
             "  token stream, as train does for token and text data. The pool line says which.\n"
             "  On a GPU it also estimates the step: compute, PCIe and host AdamW time, what bounds\n"
             "  it, the smallest compute-bound --batch; MT_HOST_ADAMW=G sets the host AdamW rate in\n"
-            "  Gparam/s (default: the format's, measured in training on the H200 host).\n",
+            "  Gparam/s (default: the format's, measured in training on the H200 host).\n"
+            "  --model ORG/NAME [--revision R]: a model in the Hugging Face hub cache, offline\n"
+            "  ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub; R: ref or commit,\n"
+            "  default main)\n",
             MT_PLAN_DEFAULT_BATCH);
 }
 
@@ -45,10 +48,12 @@ static int cuda_here(void) {
 
 int mt_cmd_plan(int argc, char **argv) {
     const char *model_dir = NULL, *init = NULL;
+    const char *revision = NULL;
     int64_t B = MT_PLAN_DEFAULT_BATCH, T = 0, b = MT_AUTO, gpu_mem = 0;
     int device = 0, state = 0, packed = 0;
     int64_t gpu_layers = MT_AUTO, host_mem = 0;
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"revision", required_argument, 0, 'R'},
                                          {"init", required_argument, 0, 'i'},
                                          {"batch", required_argument, 0, 'b'},
                                          {"seq", required_argument, 0, 't'},
@@ -67,6 +72,7 @@ int mt_cmd_plan(int argc, char **argv) {
         int rc = MT_OK;
         switch (c) {
         case 'm': model_dir = optarg; break;
+        case 'R': revision = optarg; break;
         case 'i': init = optarg; break;
         case 'b': rc = mt_arg_int("--batch", optarg, 1, 1 << 20, &B); break;
         case 't': rc = mt_arg_int("--seq", optarg, 1, 1 << 24, &T); break;
@@ -87,6 +93,7 @@ int mt_cmd_plan(int argc, char **argv) {
         return mt_cli_fail();
     }
     mt_host_model m;
+    if (mt_model_resolve(model_dir, revision, &model_dir) != MT_OK) return mt_cli_fail();
     if (mt_host_model_open(&m, model_dir, init, 0, 0) != MT_OK) return mt_cli_fail();
     if (!T) T = mt_plan_default_seq(&m.table.cfg);
     mt_backend *be = NULL, planned = {.name = "cuda", .dtype = MT_BF16, .mem_budget = gpu_mem,

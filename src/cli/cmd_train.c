@@ -662,7 +662,8 @@ static int train(train_run *r) {
     printf("set up in %.1f s: the engine's memory %.1f s, %s %.1f s\n", (now_ms() - t_setup) / 1e3,
            (t_engine - t_setup) / 1e3, resumed ? "the checkpoint" : o->model_dir ? "the model's weights" : "random weights",
            (now_ms() - t_engine) / 1e3);
-    MT_TRY(phase(r, r->lead ? mt_train_log_open(&r->log, o->out_dir, o->log_path, o->steps, r->step > 0) : MT_OK));
+    MT_TRY(phase(r, r->lead ? mt_train_log_open(&r->log, o->out_dir, o->log_path, o->steps, r->step,
+                                                           !o->no_tensorboard) : MT_OK));
     char data_desc[256];
     mt_run_data_describe(&r->data, data_desc, sizeof data_desc);
     printf("training %.1fM parameters on %s: %lld steps of %lld x %lld tokens (micro-batch %lld), "

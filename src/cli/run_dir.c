@@ -102,6 +102,24 @@ static int remove_tree(const char *path) {
     return MT_OK;
 }
 
+/* OUT/tensorboard's event files (the directory too once empty): the old run's curves. */
+static int remove_events(const char *out_dir) {
+    char dir[4200], path[4600];
+    snprintf(dir, sizeof dir, "%s/tensorboard", out_dir);
+    DIR *d = opendir(dir);
+    if (!d) return MT_OK;
+    struct dirent *e;
+    int rc = MT_OK;
+    while (rc == MT_OK && (e = readdir(d))) {
+        if (strncmp(e->d_name, "events.out.tfevents.", 20) != 0) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (unlink(path) != 0) rc = mt_error_set("--overwrite: cannot remove %s: %s", path, strerror(errno));
+    }
+    closedir(d);
+    rmdir(dir); /* stays when something else is in it */
+    return rc;
+}
+
 int mt_run_dir_prepare_fresh(const char *out_dir, int overwrite) {
     char what[512];
     if (!mt_run_dir_used(out_dir, what, sizeof what)) return MT_OK;
@@ -128,6 +146,7 @@ int mt_run_dir_prepare_fresh(const char *out_dir, int overwrite) {
     snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
     if (unlink(path) != 0 && errno != ENOENT)
         return mt_error_set("--overwrite: cannot remove %s: %s", path, strerror(errno));
+    MT_TRY(remove_events(out_dir));
     printf("--overwrite: removed the previous run's %s from %s\n", what, out_dir);
     return MT_OK;
 }

@@ -3,13 +3,36 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../core/error.h"
 
+/* The error recorded (by io/tfevents) as a warning; then cleared, as it ends nothing. */
+static void tb_warn(void) {
+    fprintf(stderr, "megatrain: warning: %s; no more TensorBoard events (metrics.jsonl goes on)\n",
+            mt_error_message());
+    mt_error_clear();
+}
+
+/* Failures here are warnings: TensorBoard is a view of metrics.jsonl, not worth a run. */
+static void tb_open(mt_train_log *lg, const char *out_dir, int64_t start_step) {
+    char dir[4200];
+    int64_t dropped = 0;
+    snprintf(dir, sizeof dir, "%s/tensorboard", out_dir);
+    if (mt_tfevents_cut(dir, start_step, &dropped) != MT_OK) { /* none rather than steps twice */
+        tb_warn();
+        return;
+    }
+    if (dropped) printf("tensorboard: %lld later events dropped from %s\n", (long long)dropped, dir);
+    if (mt_tfevents_open(&lg->tb, dir, start_step > 0 ? start_step + 1 : 0) != MT_OK) tb_warn();
+}
+
 int mt_train_log_open(mt_train_log *lg, const char *out_dir, const char *log_path, int64_t steps,
-                      int append) {
+                      int64_t start_step, int tensorboard) {
+    int append = start_step > 0;
     memset(lg, 0, sizeof *lg);
     snprintf(lg->metrics_name, sizeof lg->metrics_name, "%s/metrics.jsonl", out_dir);
     lg->metrics = fopen(lg->metrics_name, append ? "a" : "w");
@@ -25,6 +48,7 @@ int mt_train_log_open(mt_train_log *lg, const char *out_dir, const char *log_pat
     }
     lg->tty = isatty(STDOUT_FILENO);
     lg->steps = steps;
+    if (tensorboard) tb_open(lg, out_dir, start_step);
     return MT_OK;
 }
 
@@ -51,6 +75,7 @@ static int put_line(mt_train_log *lg, FILE *f, const char *name, const char *lin
 
 int mt_train_log_close(mt_train_log *lg) {
     if (lg->open_line) fputc('\n', stdout);
+    mt_tfevents_close(&lg->tb);
     int rc = failed(lg);
     FILE *files[2] = {lg->metrics, lg->log};
     const char *names[2] = {lg->metrics_name, lg->log_name};
@@ -84,11 +109,28 @@ static void add(char *buf, size_t n, size_t *len, const char *fmt, ...) {
     if (k > 0) *len = *len + (size_t)k < n ? *len + (size_t)k : n - 1;
 }
 
-/* A JSON number, or null when it is not finite (JSON has no NaN). */
-static void add_num(char *buf, size_t n, size_t *len, const char *key, const char *fmt, double x) {
-    add(buf, n, len, ", \"%s\": ", key);
-    if (!isfinite(x)) add(buf, n, len, "null");
-    else add(buf, n, len, fmt, x);
+/* The TensorBoard scalars of one metrics line (tags: string literals). */
+typedef struct {
+    mt_tb_scalar v[24];
+    int n;
+} tb_line;
+
+/* A JSON number, or null when it is not finite (JSON has no NaN); with tag, also the float32 of
+ * exactly that text (as a reader of the JSON gets it) into tb. */
+static void add_num(char *buf, size_t n, size_t *len, const char *key, const char *fmt, double x,
+                    tb_line *tb, const char *tag) {
+    char text[400]; /* %.1f of the largest double */
+    snprintf(text, sizeof text, fmt, x);
+    add(buf, n, len, ", \"%s\": %s", key, isfinite(x) ? text : "null");
+    if (!tag || tb->n == (int)(sizeof tb->v / sizeof tb->v[0])) return;
+    tb->v[tb->n++] = (mt_tb_scalar){.tag = tag, .value = isfinite(x) ? (float)strtod(text, NULL) : (float)x};
+}
+
+static void tb_write(mt_train_log *lg, int64_t step, const tb_line *tb) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    if (mt_tfevents_scalars(&lg->tb, step, (double)ts.tv_sec + ts.tv_nsec * 1e-9, tb->v, tb->n) != MT_OK)
+        tb_warn();
 }
 
 static void format_eta(char *buf, size_t n, double s) {
@@ -126,28 +168,28 @@ static void format_step(char *buf, size_t n, const mt_step_line *s, int64_t step
     if (s->skipped) add(buf, n, &len, " | non-finite: update skipped");
 }
 
-static void metrics_step(char *buf, size_t n, const mt_step_line *s) {
+static void metrics_step(char *buf, size_t n, const mt_step_line *s, tb_line *tb) {
     size_t len = 0;
     add(buf, n, &len, "{\"step\": %lld", (long long)s->step);
-    add_num(buf, n, &len, "loss", "%.6f", s->loss);
-    add_num(buf, n, &len, "lr", "%.6e", s->lr);
-    add_num(buf, n, &len, "grad_norm", "%.6f", s->grad_norm);
-    add_num(buf, n, &len, "clip", "%.6f", s->clip_coef);
+    add_num(buf, n, &len, "loss", "%.6f", s->loss, tb, "train/loss");
+    add_num(buf, n, &len, "lr", "%.6e", s->lr, tb, "train/lr");
+    add_num(buf, n, &len, "grad_norm", "%.6f", s->grad_norm, tb, "train/grad_norm");
+    add_num(buf, n, &len, "clip", "%.6f", s->clip_coef, tb, "train/clip");
     add(buf, n, &len, ", \"tokens\": %lld, \"targets\": %lld", (long long)s->tokens, (long long)s->targets);
-    add_num(buf, n, &len, "ms", "%.3f", s->ms);
-    add_num(buf, n, &len, "tflops", "%.6f", s->flops / (s->ms / 1e3) / 1e12); /* 6NT */
-    add_num(buf, n, &len, "tflops_attn", "%.6f", s->flops_attn / (s->ms / 1e3) / 1e12);
+    add_num(buf, n, &len, "ms", "%.3f", s->ms, tb, "train/step_ms");
+    add_num(buf, n, &len, "tflops", "%.6f", s->flops / (s->ms / 1e3) / 1e12, tb, "train/tflops"); /* 6NT */
+    add_num(buf, n, &len, "tflops_attn", "%.6f", s->flops_attn / (s->ms / 1e3) / 1e12, tb, "train/tflops_attn");
     if (s->attn_docs) add(buf, n, &len, ", \"attn_docs\": true");
-    add_num(buf, n, &len, "tok_s", "%.1f", s->tok_per_s);
+    add_num(buf, n, &len, "tok_s", "%.1f", s->tok_per_s, tb, "train/tokens_per_s");
     if (s->gpu) {
-        add_num(buf, n, &len, "mfu", "%.4f", s->mfu);
-        add_num(buf, n, &len, "h2d_gbs", "%.3f", s->h2d_gbs);
-        add_num(buf, n, &len, "d2h_gbs", "%.3f", s->d2h_gbs);
-        add_num(buf, n, &len, "gpu_busy", "%.4f", s->gpu_busy);
-        add_num(buf, n, &len, "opt_ms", "%.1f", s->opt_ms);
-        add_num(buf, n, &len, "gpu_gib", "%.3f", s->gpu_gib);
+        add_num(buf, n, &len, "mfu", "%.4f", s->mfu, tb, "train/mfu");
+        add_num(buf, n, &len, "h2d_gbs", "%.3f", s->h2d_gbs, tb, "train/h2d_gbs");
+        add_num(buf, n, &len, "d2h_gbs", "%.3f", s->d2h_gbs, tb, "train/d2h_gbs");
+        add_num(buf, n, &len, "gpu_busy", "%.4f", s->gpu_busy, tb, "train/gpu_busy");
+        add_num(buf, n, &len, "opt_ms", "%.1f", s->opt_ms, tb, "train/opt_ms");
+        add_num(buf, n, &len, "gpu_gib", "%.3f", s->gpu_gib, tb, "train/gpu_gib");
     }
-    add_num(buf, n, &len, "host_gib", "%.3f", s->host_gib);
+    add_num(buf, n, &len, "host_gib", "%.3f", s->host_gib, tb, "train/host_gib");
     if (s->skipped) add(buf, n, &len, ", \"nonfinite\": true, \"skipped\": true");
     add(buf, n, &len, "}");
 }
@@ -174,8 +216,11 @@ int mt_train_log_step(mt_train_log *lg, const mt_step_line *s) {
     fflush(stdout);
     if (lg->log) MT_TRY(put_line(lg, lg->log, lg->log_name, line));
     char json[1024];
-    metrics_step(json, sizeof json, s);
-    return put_line(lg, lg->metrics, lg->metrics_name, json);
+    tb_line tb = {.n = 0};
+    metrics_step(json, sizeof json, s, &tb);
+    MT_TRY(put_line(lg, lg->metrics, lg->metrics_name, json));
+    tb_write(lg, s->step, &tb);
+    return MT_OK;
 }
 
 int mt_train_log_eval(mt_train_log *lg, int64_t step, double eval_loss, int64_t tokens) {
@@ -185,9 +230,12 @@ int mt_train_log_eval(mt_train_log *lg, int64_t step, double eval_loss, int64_t 
     char json[256];
     size_t len = 0;
     add(json, sizeof json, &len, "{\"step\": %lld", (long long)step);
-    add_num(json, sizeof json, &len, "eval_loss", "%.6f", eval_loss);
+    tb_line tb = {.n = 0};
+    add_num(json, sizeof json, &len, "eval_loss", "%.6f", eval_loss, &tb, "eval/loss");
     add(json, sizeof json, &len, ", \"eval_tokens\": %lld}", (long long)tokens);
-    return put_line(lg, lg->metrics, lg->metrics_name, json);
+    MT_TRY(put_line(lg, lg->metrics, lg->metrics_name, json));
+    tb_write(lg, step, &tb);
+    return MT_OK;
 }
 
 void mt_train_log_throughput(const mt_train_log *lg, char *buf, size_t n) {

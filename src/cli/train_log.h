@@ -4,12 +4,18 @@
  * Every write to metrics.jsonl and to the --log file is checked (and flushed, so that a full disk
  * shows at once): the first failure makes that call and every later one return MT_ERR with
  * "PATH: write failed: <the system's reason>", and nothing more is written to either file.
- * metrics.jsonl stays JSON Lines: a non-finite number is written as null. */
+ * metrics.jsonl stays JSON Lines: a non-finite number is written as null.
+ *
+ * TensorBoard (io/tfevents.h): every number of a metrics line also goes to OUT/tensorboard as a
+ * float32 scalar (train/<key>, eval/loss), the value of the JSON text exactly (a JSON null: NaN or
+ * inf). A TensorBoard failure is a warning, once, and the event file stops; training goes on. */
 #ifndef MT_TRAIN_LOG_H
 #define MT_TRAIN_LOG_H
 
 #include <stdint.h>
 #include <stdio.h>
+
+#include "io/tfevents.h"
 
 typedef struct {
     FILE *metrics;   /* OUT/metrics.jsonl */
@@ -21,6 +27,7 @@ typedef struct {
     int attn_docs;   /* some step counted attention within documents */
     int open_line;   /* the bar line is not terminated yet */
     int failed;      /* a write failed; error holds the message */
+    mt_tfevents tb;  /* OUT/tensorboard's event file (tb.fd < 0: none) */
     char error[4400];
 } mt_train_log;
 
@@ -42,9 +49,11 @@ typedef struct {
     double host_gib;  /* resident set of the process now (GiB) */
 } mt_step_line;
 
-/* append: a resumed run adds to both files, a fresh one starts them. MT_ERR names the file. */
+/* start_step > 0: a resumed run adds to both files, a fresh one starts them. MT_ERR names the file.
+ * tensorboard: a new event file in OUT/tensorboard, after the older files there lost their steps
+ * past start_step (as metrics.jsonl did), beginning with a restart at start_step + 1. */
 int mt_train_log_open(mt_train_log *lg, const char *out_dir, const char *log_path, int64_t steps,
-                      int append);
+                      int64_t start_step, int tensorboard);
 /* Closes both files; MT_ERR when a close fails (the last buffered bytes did not reach the disk) or
  * a write had failed before. */
 int mt_train_log_close(mt_train_log *lg);

@@ -9,6 +9,7 @@
 #include "../io/chat_pack.h"
 #include "../optim/state.h"
 #include "args.h"
+#include "model_source.h"
 
 void mt_train_opts_usage(FILE *out) {
     fprintf(out,
@@ -19,7 +20,10 @@ void mt_train_opts_usage(FILE *out) {
 "per step to OUT/metrics.jsonl. Ctrl-C finishes the current step, saves, and exits 0.\n"
 "\n"
 "model and data\n"
-"  --model DIR            Hugging Face directory (config.json + safetensors)\n"
+"  --model DIR|ORG/NAME   Hugging Face directory (config.json + safetensors), or a model in the\n"
+"                         Hugging Face hub cache by name (offline: $HF_HUB_CACHE, else\n"
+"                         $HF_HOME/hub, else ~/.cache/huggingface/hub)\n"
+"  --revision R           with --model ORG/NAME: the ref (default main) or commit hash\n"
 "  --init CONFIG.json     random init (std = initializer_range, residual projections / sqrt(2L))\n"
 "  --data PATH            token file (.bin: uint16; uint32 when the vocabulary needs it), or\n"
 "                         text / JSONL (\"text\" field) tokenized with the model's tokenizer.json,\n"
@@ -114,9 +118,9 @@ void mt_train_opts_usage(FILE *out) {
 "                         lists each change. Refused as well when OUT has metrics but no checkpoint\n"
 "  --resume-changed       with --resume: go on with the changed settings (a warning lists them)\n"
 "  --overwrite            a run into an --out that already holds one (metrics.jsonl or\n"
-"                         checkpoints/step_*) is refused without it; with it, OUT/metrics.jsonl\n"
-"                         and OUT/checkpoints/step_* are removed first (data caches and other\n"
-"                         files in OUT stay)\n"
+"                         checkpoints/step_*) is refused without it; with it, OUT/metrics.jsonl,\n"
+"                         OUT/checkpoints/step_* and OUT/tensorboard's event files are removed\n"
+"                         first (data caches and other files in OUT stay)\n"
 "  --on-nonfinite P       a step whose loss or gradient norm is NaN/inf never updates the weights;\n"
 "                         skip (default): the run goes on with the next batch (the step counts as\n"
 "                         skipped; AdamW's step count does not advance) | stop: the first one ends\n"
@@ -126,6 +130,9 @@ void mt_train_opts_usage(FILE *out) {
 "  --no-save              write no checkpoint (benchmarks)\n"
 "  --max-time SECONDS     stop (and save) after this much training time\n"
 "  --stop-at N            stop (and save) after step N, keeping the schedule of --steps\n"
+"  --no-tensorboard       no TensorBoard event files (default: OUT/tensorboard/, the scalars of\n"
+"                         metrics.jsonl as train/* and eval/loss; `tensorboard --logdir OUT`;\n"
+"                         a resume drops the steps after its checkpoint there too)\n"
 "  --log FILE             also write the step lines to FILE (a failed write to it or to\n"
 "                         metrics.jsonl ends the run: exit 1, no checkpoint replaced)\n"
 "  --trace FILE           Chrome/Perfetto JSON timeline of the last two steps: when the host\n"
@@ -140,6 +147,7 @@ enum {
     O_GPU_MEM, O_SAVE_EVERY, O_KEEP, O_RESUME, O_EVAL_DATA, O_EVAL_EVERY, O_EVAL_BATCHES, O_LOG,
     O_TRACE, O_THREADS, O_DOC_SEP, O_MAX_TIME, O_STOP_AT, O_NO_SAVE, O_OFFLOAD, O_SAVED_LAYERS, O_RESIDENT, O_HELP,
     O_ON_NONFINITE, O_MAX_NONFINITE, O_OVERWRITE, O_RESUME_CHANGED, O_STATE, O_GPU_LAYERS,
+    O_NO_TENSORBOARD, O_REVISION,
 };
 
 static const struct option long_opts[] = {
@@ -162,6 +170,7 @@ static const struct option long_opts[] = {
     {"trace", required_argument, 0, O_TRACE},       {"threads", required_argument, 0, O_THREADS},
     {"doc-sep", required_argument, 0, O_DOC_SEP},   {"max-time", required_argument, 0, O_MAX_TIME},
     {"stop-at", required_argument, 0, O_STOP_AT},   {"no-save", no_argument, 0, O_NO_SAVE},
+    {"no-tensorboard", no_argument, 0, O_NO_TENSORBOARD}, {"revision", required_argument, 0, O_REVISION},
     {"offload-checkpoints", no_argument, 0, O_OFFLOAD}, {"saved-layers", required_argument, 0, O_SAVED_LAYERS},
     {"resident-weights", required_argument, 0, O_RESIDENT}, {"help", no_argument, 0, O_HELP},
     {"on-nonfinite", required_argument, 0, O_ON_NONFINITE}, {"max-nonfinite", required_argument, 0, O_MAX_NONFINITE},
@@ -236,6 +245,8 @@ static int parse_one(mt_train_opts *o, int c, const char *arg) {
     case O_ON_NONFINITE: return mt_arg_choice("--on-nonfinite", arg, "skip|stop", &o->nonfinite_stop);
     case O_MAX_NONFINITE: return mt_arg_int("--max-nonfinite", arg, 1, 1 << 30, &o->max_nonfinite);
     case O_NO_SAVE: o->no_save = 1; return MT_OK;
+    case O_NO_TENSORBOARD: o->no_tensorboard = 1; return MT_OK;
+    case O_REVISION: o->revision = arg; return MT_OK;
     case O_OFFLOAD: o->offload = 1; return MT_OK;
     case O_RESIDENT: return mt_arg_choice("--resident-weights", arg, "auto|yes|no", &o->resident);
     case O_SAVED_LAYERS:
@@ -274,6 +285,7 @@ int mt_train_opts_parse(mt_train_opts *o, int argc, char **argv, int *exit_now) 
     }
     if (optind < argc) return mt_error_set("train: unexpected argument '%s'", argv[optind]);
     if (!o->model_dir == !o->init_config) return mt_error_set("train: give exactly one of --model DIR and --init CONFIG.json");
+    MT_TRY(mt_model_resolve(o->model_dir, o->revision, &o->model_dir)); /* ORG/NAME: the hub cache's snapshot */
     if (!o->data) return mt_error_set("train: --data PATH is required");
     if (!o->out_dir) return mt_error_set("train: --out DIR is required");
     if (!o->have_micro_batch) o->micro_batch = -1; /* auto: the memory planner picks it */

@@ -19,6 +19,8 @@ typedef struct {
     int64_t save_every, keep;
     int resume;
     int no_save;                /* benchmarks: no checkpoint at all */
+    int no_tensorboard;         /* no OUT/tensorboard event files */
+    const char *revision;       /* --revision: the hub cache ref of --model ORG/NAME (NULL: main) */
     int offload;                /* layer checkpoints in host memory (also chosen when --gpu-mem is short) */
     int64_t saved_layers;       /* layers that keep their internals (skip the recompute); -1 = auto */
     int resident;               /* --resident-weights: 0 auto, 1 yes, 2 no */
