@@ -15,6 +15,7 @@
 #include "model/config.h"
 #include "model/layer.h"
 #include "model/params.h"
+#include "io/model_io.h"
 #include "util/testutil.h"
 
 static mt_config load_shape(const char *name) {
@@ -289,11 +290,36 @@ static void test_save_round_trip(void **state) {
     free(dir);
 }
 
+/* transformers' own checkpoints of the family (tests/fixtures, written by save_pretrained of 5.25)
+ * load into our table: every tensor present with our shape, none left over. */
+static void test_fixtures_load(void **state) {
+    (void)state;
+    const char *dirs[] = {"qwen3_5_dense", "qwen3_5_layers_tied", "qwen3_5_moe", "qwen3_5_moe_noaux",
+                          "train_qwen3_5", "train_qwen3_5_moe"};
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        char *dir = mt_fixture_path(dirs[i]), cfg_path[1024];
+        snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
+        mt_config c;
+        int r = mt_config_load(&c, cfg_path);
+        if (r != MT_OK) fail_msg("%s: %s", dirs[i], mt_error_message());
+        assert_true(c.arch == MT_ARCH_QWEN3_5 || c.arch == MT_ARCH_QWEN3_5_MOE);
+        mt_param_table t;
+        mt_param_table_init(&t, &c);
+        float *arena = calloc((size_t)t.total, sizeof(float));
+        r = mt_model_load(&t, arena, dir);
+        if (r != MT_OK) fail_msg("%s: %s", dirs[i], mt_error_message());
+        free(arena);
+        mt_param_table_free(&t);
+        free(dir);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dense_27b),         cmocka_unit_test(test_moe_35b_a3b),
         cmocka_unit_test(test_layer_types_explicit), cmocka_unit_test(test_moe_tensors),
         cmocka_unit_test(test_refusals),          cmocka_unit_test(test_save_round_trip),
+        cmocka_unit_test(test_fixtures_load),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
