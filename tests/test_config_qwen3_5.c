@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "core/error.h"
 #include "model/config.h"
 #include "model/layer.h"
@@ -165,9 +166,11 @@ static void test_layer_types_explicit(void **state) {
     free(arena);
     mt_param_table_free(&t);
 
-    /* not runnable yet: refused by name, not computed wrongly */
-    assert_int_equal(mt_layer_check_runnable(&c), MT_ERR);
-    assert_non_null(strstr(mt_error_message(), "layer 1 is a Gated DeltaNet"));
+    /* a backend without the DeltaNet's ops is refused by name, not computed wrongly */
+    assert_int_equal(mt_layer_check_runnable(&c), MT_OK);
+    mt_backend none = {.name = "test"};
+    assert_int_equal(mt_layer_backend_check(&c, &none), MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "2 of the 4 layers are Gated DeltaNets"));
 }
 
 static void test_moe_tensors(void **state) {

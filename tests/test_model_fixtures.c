@@ -21,7 +21,8 @@
 static const char *const fixtures[] = {
     "llama_gqa",     "llama3_rope_tied", "llama_bias",         "qwen2_bias_tied",
     "qwen3_qknorm",  "mistral_gqa",      "llama_bf16_sharded", "mixtral_moe",
-    "qwen3_moe_norm", "qwen3_moe_step",
+    "qwen3_moe_norm", "qwen3_moe_step",   "qwen3_5_dense",      "qwen3_5_layers_tied",
+    "qwen3_5_moe",    "qwen3_5_moe_noaux",
 };
 
 static float *ref_f32(const mt_safetensors *st, const char *name, int64_t numel) {

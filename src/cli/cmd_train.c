@@ -594,6 +594,7 @@ static int train(train_run *r) {
         MT_TRY(phase(r, mt_error_set("MT_COMM=nccl: the NCCL comm runs on the cuda backend, not %s",
                                      r->be->name)));
     MT_TRY(phase(r, mt_moe_backend_check(&r->model.table.cfg, r->be)));
+    MT_TRY(phase(r, mt_layer_backend_check(&r->model.table.cfg, r->be)));
     MT_TRY(phase(r, check_ranks(r)));
 
     int resumed_f = resumed_state(o);

@@ -681,7 +681,7 @@ static int64_t param_count(const mt_config *cfg, int active) {
     int64_t C = cfg->C, F = cfg->F, H = cfg->H, G = cfg->G, D = cfg->D, V = cfg->V;
     int64_t attn = (H * D * (cfg->attn_gate ? 2 : 1) + 2 * G * D) * C /* q (and its gate), k, v */
                    + C * H * D;                                        /* o */
-    if (cfg->qkv_bias) attn += H * D + 2 * G * D;
+    if (cfg->qkv_bias) attn += H * D * (cfg->attn_gate ? 2 : 1) + 2 * G * D;
     if (cfg->o_bias) attn += C;
     if (cfg->qk_norm) attn += 2 * D;
     int64_t dense = 3 * F * C + (cfg->mlp_bias ? 2 * F + C : 0); /* gate, up, down */

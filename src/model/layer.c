@@ -7,19 +7,15 @@
 #include "model/moe.h"
 
 int mt_layer_check_runnable(const mt_config *cfg) {
-    for (int l = 0; l < cfg->L; l++)
-        if (mt_config_layer_mixer(cfg, l) == MT_MIXER_GATED_DELTANET)
-            return mt_error_set(
-                "%s: layer %d is a Gated DeltaNet (layer_types \"linear_attention\"): "
-                "megatrain reads this model (info, plan) but cannot run that mixer "
-                "yet",
-                cfg->model_type, l);
-    if (cfg->norm_offset || cfg->attn_gate || cfg->shared_expert ||
-        mt_config_rotary_dim(cfg) != cfg->D)
-        return mt_error_set(
-            "%s: the (1 + w) norms, gated attention, partial RoPE and shared expert "
-            "of this family cannot run yet",
-            cfg->model_type);
+    (void)cfg; /* every mixer and MLP of the families config.c reads has its forward and backward */
+    return MT_OK;
+}
+
+int mt_layer_backend_check(const mt_config *cfg, const mt_backend *be) {
+    if (mt_config_mixer_layers(cfg, MT_MIXER_GATED_DELTANET) > 0 && !be->gated_delta_forward)
+        return mt_error_set("%s: %d of the %d layers are Gated DeltaNets, whose ops the %s backend "
+                            "does not have yet: use --device cpu", cfg->model_type,
+                            mt_config_mixer_layers(cfg, MT_MIXER_GATED_DELTANET), cfg->L, be->name);
     return MT_OK;
 }
 
@@ -48,7 +44,8 @@ void mt_layer_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_lay
     int N = tok->B * tok->T, C = lc->cfg->C;
     MT_CHECK(N <= ws->max_N, "layer workspace holds %d tokens, asked for %d", ws->max_N, N);
     mt_backend *be = lc->be;
-    mt_attention_mixer_forward(lc, tok, w, inp, ws, 1);
+    if (w->lin_qkv) mt_deltanet_mixer_forward(lc, tok, w, inp, ws);
+    else mt_attention_mixer_forward(lc, tok, w, inp, ws, 1);
     /* out = h + down(act), chunk by chunk; inp is dead, so out may alias it */
     int chunk = mt_layer_chunk_rows(ws->mlp_chunk, N);
     for (int r0 = 0; r0 < N; r0 += chunk) {
@@ -126,7 +123,9 @@ void mt_layer_backward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_la
     MT_CHECK(d.N <= ws->max_N, "layer workspace holds %d tokens, asked for %d", ws->max_N, d.N);
     int chunk = mt_layer_chunk_rows(ws->mlp_chunk, d.N), tiled = chunk < d.N;
     int remake = recompute == MT_RECOMPUTE_ALL || recompute == MT_RECOMPUTE_KEEP_ATTENTION;
-    if (remake) mt_attention_mixer_forward(lc, tok, w, inp, ws, recompute == MT_RECOMPUTE_ALL);
+    /* the MLP needs h: a DeltaNet mixer saves nothing, so only MT_RECOMPUTE_NONE spares its remake */
+    if (w->lin_qkv && recompute != MT_RECOMPUTE_NONE) mt_deltanet_mixer_forward(lc, tok, w, inp, ws);
+    else if (remake) mt_attention_mixer_forward(lc, tok, w, inp, ws, recompute == MT_RECOMPUTE_ALL);
 
     /* MLP: out = h + down(act), chunk by chunk; a tiled MLP remakes every chunk from h. d_h, the
      * gradient of h, goes into dinp's rows (dout's rows are read first where they alias). */
@@ -147,5 +146,6 @@ void mt_layer_backward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_la
         mlp_backward(lc, w, g, dout, dinp, r0, n, ws);
     }
 
-    mt_attention_mixer_backward(lc, tok, w, g, inp, dinp, ws, recompute);
+    if (w->lin_qkv) mt_deltanet_mixer_backward(lc, tok, w, g, inp, dinp, ws);
+    else mt_attention_mixer_backward(lc, tok, w, g, inp, dinp, ws, recompute);
 }

@@ -74,6 +74,11 @@ typedef struct {
     void *d_hn, *d_xn1;           /* (N, C)                 chunk rows */
     void *d_att, *dq, *dq_raw;    /* (N, H*D); dq_raw: chunk rows */
     void *dk, *dv, *dk_raw;       /* (N, G*D); dk_raw: chunk rows */
+    /* qwen3_5's output gate (attn_gate): q_proj's output, the gate heads and their gradient, the
+     * gated attention output o_proj reads */
+    void *q_gate, *d_q_gate;      /* (N, 2*H*D)             chunk rows */
+    void *gate_att, *d_gate_att;  /* (N, H*D) */
+    void *att_g;                  /* (N, H*D)               chunk rows */
     /* Mixture of experts (model/moe.h), in models with experts; chunk rows of n tokens, n*k
      * grouped rows (k experts per token), none saved (an MoE layer's backward remakes its block
      * from hn whatever `recompute` says, except MT_RECOMPUTE_NONE untiled). */
@@ -86,6 +91,26 @@ typedef struct {
     void *moe_gate, *moe_up, *moe_act;            /* (n*k, Fe) */
     void *moe_d_y, *moe_d_x;                      /* (n*k, C) */
     void *moe_d_act, *moe_d_gate, *moe_d_up;      /* (n*k, Fe) */
+    /* Gated DeltaNet mixers (model/mixer_deltanet.c), whole calls of N tokens (not tiled, none
+     * saved: its backward remakes its forward unless MT_RECOMPUTE_NONE). KD = Hk*Dk, VD = Hv*Dv,
+     * Ch = 2*KD + VD. */
+    void *lin_xn, *lin_d_xn, *lin_d_x;          /* (N, C) the input norm, its gradient, scratch */
+    float *lin_rstd1;                           /* (N) */
+    void *lin_qkv_pre, *lin_qkv, *lin_d_qkv;    /* (N, Ch) in_proj_qkv, after the conv; gradient */
+    void *lin_d_qkv_pre;                        /* (N, Ch) */
+    void *lin_rest, *lin_d_rest;                /* (N, KD + VD) k and v before their split */
+    void *lin_q_raw, *lin_k_raw, *lin_q, *lin_k; /* (N, KD) before and after the L2 norm */
+    void *lin_dq, *lin_dk, *lin_dq_raw, *lin_dk_raw; /* (N, KD) */
+    float *lin_rq, *lin_rk;                     /* (N, Hk) the L2 norms' inverses */
+    void *lin_v, *lin_dv, *lin_z, *lin_d_z;     /* (N, VD) */
+    void *lin_o, *lin_on, *lin_d_o, *lin_d_on;  /* (N, VD) the rule's output, gated-normed */
+    float *lin_rstd;                            /* (N, Hv) the gated norm's */
+    void *lin_a, *lin_b, *lin_da, *lin_db;      /* (N, Hv) */
+    float *lin_g, *lin_beta, *lin_dg, *lin_dbeta; /* (N, Hv) */
+    float *lin_states;                          /* (B, Hv, chunks, Dk, Dv): see lin_states_bytes */
+    size_t lin_states_bytes;                    /* taken on the first call that needs more */
+    void *shared_y, *shared_g;       /* (n, C) the shared expert's output, then gated (qwen3_5_moe) */
+    void *shared_logit, *d_shared_logit; /* (n, 1) its gate's logit and the logit's gradient */
     int32_t *moe_offsets;            /* (E + 1) compute side: each expert's first grouped row */
     int32_t *moe_offsets_host;       /* (E + 1) host copy the per-expert GEMMs are sized from */
     mt_moe_stats *moe_stats;         /* the step's router statistics, shared by every copy of ws */
@@ -132,9 +157,11 @@ typedef enum {
     MT_RECOMPUTE_KEEP_ATTENTION = 3, /* ws's att and lse hold this forward's: remake the rest */
 } mt_recompute;
 
-/* MT_OK when every layer's mixer and MLP can run here; MT_ERR naming the first that cannot (the
- * Gated DeltaNet mixer: its CPU ops exist, the layer that composes them does not yet). */
+/* MT_OK when every layer's mixer and MLP can run; MT_ERR naming the first that cannot. */
 int mt_layer_check_runnable(const mt_config *cfg);
+/* MT_OK when backend `be` has the ops of every layer's mixer (the Gated DeltaNet's: the CPU
+ * backend only, today); MT_ERR naming the backend and what to use instead. */
+int mt_layer_backend_check(const mt_config *cfg, const mt_backend *be);
 
 /* out (N, C) = layer(inp (N, C)); out may alias inp. Leaves the internals in ws. */
 void mt_layer_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_layer_weights *w,

@@ -47,4 +47,12 @@ void mt_attention_mixer_backward(const mt_layer_ctx *lc, const mt_tokens *tok,
                                  const void *inp, void *dinp, mt_layer_ws *ws,
                                  mt_recompute recompute);
 
+/* The Gated DeltaNet mixer (mixer_deltanet.c): the same contract over its own fields (lin_*). */
+void mt_deltanet_mixer_forward(const mt_layer_ctx *lc, const mt_tokens *tok,
+                               const mt_layer_weights *w, const void *inp, mt_layer_ws *ws);
+/* Its backward expects ws to hold this forward (the layer remakes it first when needed). */
+void mt_deltanet_mixer_backward(const mt_layer_ctx *lc, const mt_tokens *tok,
+                                const mt_layer_weights *w, const mt_layer_weights *g,
+                                const void *inp, void *dinp, mt_layer_ws *ws);
+
 #endif

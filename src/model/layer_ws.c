@@ -17,7 +17,7 @@ typedef struct {
 } ws_field;
 
 #define WS(field) offsetof(mt_layer_ws, field)
-#define WS_MAX_FIELDS 64 /* room for every list of ws_fields; it checks */
+#define WS_MAX_FIELDS 128 /* room for every list of ws_fields; it checks */
 
 /* Appends the m fields of `list` to f (n of them so far). */
 static void ws_append(ws_field *f, int *n, const ws_field *list, size_t m) {
@@ -27,7 +27,8 @@ static void ws_append(ws_field *f, int *n, const ws_field *list, size_t m) {
 
 static int ws_fields(const mt_config *cfg, ws_field *f) {
     int C = cfg->C, HD = cfg->H * cfg->D, GD = cfg->G * cfg->D, n = 0;
-    int F = mt_config_moe_layers(cfg) == cfg->L ? 0 : cfg->F; /* no dense MLP: no room for one */
+    /* no dense MLP (nor a shared expert, which uses its fields): no room for one */
+    int F = mt_config_moe_layers(cfg) == cfg->L && !cfg->shared_expert ? 0 : cfg->F;
     ws_field list[] = {
         {WS(xn1), C, 0, 0, 1},      {WS(q), HD, 0, 1, 0},    {WS(k), GD, 0, 1, 0},
         {WS(v), GD, 0, 1, 0},       {WS(att), HD, 0, 1, 0},  {WS(h), C, 0, 1, 0},
@@ -45,6 +46,38 @@ static int ws_fields(const mt_config *cfg, ws_field *f) {
                             {WS(dq_raw), HD, 0, 0, 1},     {WS(dk_raw), GD, 0, 0, 1}};
         ws_append(f, &n, extra, sizeof extra / sizeof extra[0]);
     }
+    if (cfg->attn_gate) { /* the gate heads are saved: o_proj's input is remade from them */
+        ws_field gated[] = {{WS(q_gate), 2 * HD, 0, 0, 1}, {WS(d_q_gate), 2 * HD, 0, 0, 1},
+                            {WS(gate_att), HD, 0, 1, 0},   {WS(d_gate_att), HD, 0, 0, 0},
+                            {WS(att_g), HD, 0, 0, 1}};
+        ws_append(f, &n, gated, sizeof gated / sizeof gated[0]);
+    }
+    if (mt_config_mixer_layers(cfg, MT_MIXER_GATED_DELTANET) > 0) {
+        int KD = cfg->lin_Hk * cfg->lin_Dk, VD = cfg->lin_Hv * cfg->lin_Dv, Ch = 2 * KD + VD;
+        int Hk = cfg->lin_Hk, Hv = cfg->lin_Hv;
+        ws_field lin[] = {
+            {WS(lin_xn), C, 0, 0, 0},         {WS(lin_d_xn), C, 0, 0, 0},
+            {WS(lin_d_x), C, 0, 0, 0},        {WS(lin_rstd1), 1, 1, 0, 0},
+            {WS(lin_qkv_pre), Ch, 0, 0, 0},   {WS(lin_qkv), Ch, 0, 0, 0},
+            {WS(lin_d_qkv), Ch, 0, 0, 0},     {WS(lin_d_qkv_pre), Ch, 0, 0, 0},
+            {WS(lin_rest), KD + VD, 0, 0, 0}, {WS(lin_d_rest), KD + VD, 0, 0, 0},
+            {WS(lin_q_raw), KD, 0, 0, 0},     {WS(lin_k_raw), KD, 0, 0, 0},
+            {WS(lin_q), KD, 0, 0, 0},         {WS(lin_k), KD, 0, 0, 0},
+            {WS(lin_dq), KD, 0, 0, 0},        {WS(lin_dk), KD, 0, 0, 0},
+            {WS(lin_dq_raw), KD, 0, 0, 0},    {WS(lin_dk_raw), KD, 0, 0, 0},
+            {WS(lin_rq), Hk, 1, 0, 0},        {WS(lin_rk), Hk, 1, 0, 0},
+            {WS(lin_v), VD, 0, 0, 0},         {WS(lin_dv), VD, 0, 0, 0},
+            {WS(lin_z), VD, 0, 0, 0},         {WS(lin_d_z), VD, 0, 0, 0},
+            {WS(lin_o), VD, 0, 0, 0},         {WS(lin_on), VD, 0, 0, 0},
+            {WS(lin_d_o), VD, 0, 0, 0},       {WS(lin_d_on), VD, 0, 0, 0},
+            {WS(lin_rstd), Hv, 1, 0, 0},      {WS(lin_a), Hv, 0, 0, 0},
+            {WS(lin_b), Hv, 0, 0, 0},         {WS(lin_da), Hv, 0, 0, 0},
+            {WS(lin_db), Hv, 0, 0, 0},        {WS(lin_g), Hv, 1, 0, 0},
+            {WS(lin_beta), Hv, 1, 0, 0},      {WS(lin_dg), Hv, 1, 0, 0},
+            {WS(lin_dbeta), Hv, 1, 0, 0},
+        };
+        ws_append(f, &n, lin, sizeof lin / sizeof lin[0]);
+    }
     if (cfg->n_experts > 0) { /* int32 fields count as 4-byte (is_f32) */
         int E = cfg->n_experts, k = cfg->top_k, kC = k * C, kF = k * cfg->moe_F;
         ws_field moe[] = {
@@ -59,6 +92,11 @@ static int ws_fields(const mt_config *cfg, ws_field *f) {
             {WS(moe_d_gate), kF, 0, 0, 1}, {WS(moe_d_up), kF, 0, 0, 1},
         };
         ws_append(f, &n, moe, sizeof moe / sizeof moe[0]);
+        if (cfg->shared_expert) {
+            ws_field shared[] = {{WS(shared_y), C, 0, 0, 1},     {WS(shared_g), C, 0, 0, 1},
+                                 {WS(shared_logit), 1, 0, 0, 1}, {WS(d_shared_logit), 1, 0, 0, 1}};
+            ws_append(f, &n, shared, sizeof shared / sizeof shared[0]);
+        }
     }
     return n;
 }
@@ -153,6 +191,8 @@ mt_layer_ws mt_layer_ws_with_saved_attention(const mt_layer_ws *ws, const mt_con
 
 void mt_layer_ws_init_tiled(mt_layer_ws *ws, const mt_layer_ctx *lc, int max_N, int mlp_chunk) {
     MT_CHECK(mlp_chunk >= 0, "layer chunk of %d tokens", mlp_chunk);
+    if (mt_layer_backend_check(lc->cfg, lc->be) != MT_OK)
+        mt_fatal(__FILE__, __LINE__, "%s", mt_error_message());
     memset(ws, 0, sizeof *ws);
     ws->max_N = max_N;
     ws->mlp_chunk = mlp_chunk;
@@ -179,4 +219,7 @@ void mt_layer_ws_free(mt_layer_ws *ws, const mt_layer_ctx *lc) {
         *slot = NULL;
     }
     mt_moe_ws_free(ws, lc);
+    if (ws->lin_states) lc->be->free(lc->be, ws->lin_states);
+    ws->lin_states = NULL;
+    ws->lin_states_bytes = 0;
 }

@@ -1,5 +1,7 @@
-/* The attention mixer: grouped-query attention with RoPE, qwen3's per-head q/k norms and biases,
- * tiled over token chunks around the attention itself (model/layer.h says how). */
+/* The attention mixer: grouped-query attention with RoPE (partial where the config says), qwen3's
+ * per-head q/k norms and biases, qwen3_5's output gate (q_proj yields per head D query values then
+ * D gate values; the attention output is multiplied by sigmoid(gate) before o_proj), tiled over
+ * token chunks around the attention itself (model/layer.h says how). */
 #include "core/error.h"
 #include "model/layer_internal.h"
 
@@ -11,14 +13,21 @@ static void input_norm_forward(const mt_layer_ctx *lc, const mt_layer_weights *w
                             w->input_norm, n, cfg->C, cfg->rms_norm_eps, mt_layer_norm_offset(lc));
 }
 
-/* qwen3: q_raw, k_raw (chunk rows) = q/k projections of the n tokens of xn1, q_rstd, k_rstd their
- * norms' statistics, the normed heads written to q_out (n, H*D) and k_out (n, G*D). */
-static void qk_norm_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, int n, void *q_out,
-                            void *k_out, mt_layer_ws *ws) {
+/* qwen3: q_raw, k_raw (chunk rows) = q/k projections of the n tokens of xn1 from row r0, q_rstd,
+ * k_rstd their norms' statistics, the normed heads written to q_out (n, H*D) and k_out (n, G*D);
+ * with the output gate, the gate heads to rows r0.. of ws->gate_att. */
+static void qk_norm_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, int r0, int n,
+                            void *q_out, void *k_out, mt_layer_ws *ws) {
     mt_backend *be = lc->be;
     const mt_config *cfg = lc->cfg;
     mt_layer_dims d = mt_layer_dims_of(cfg, n);
-    be->matmul_forward(be, ws->q_raw, ws->xn1, w->q, w->q_bias, n, d.C, d.HD);
+    if (cfg->attn_gate) {
+        be->matmul_forward(be, ws->q_gate, ws->xn1, w->q, w->q_bias, n, d.C, 2 * d.HD);
+        be->cols_split(be, ws->q_raw, mt_layer_row(lc, ws->gate_att, r0, d.HD), ws->q_gate, n * d.H,
+                       d.D, d.D);
+    } else {
+        be->matmul_forward(be, ws->q_raw, ws->xn1, w->q, w->q_bias, n, d.C, d.HD);
+    }
     be->matmul_forward(be, ws->k_raw, ws->xn1, w->k, w->k_bias, n, d.C, d.GD);
     be->rmsnorm_forward(be, q_out, ws->q_rstd, ws->q_raw, w->q_norm, n * d.H, d.D,
                         cfg->rms_norm_eps, mt_layer_norm_offset(lc));
@@ -35,7 +44,7 @@ static void qkv_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_l
     void *q = mt_layer_row(lc, ws->q, r0, d.HD), *k = mt_layer_row(lc, ws->k, r0, d.GD);
     input_norm_forward(lc, w, inp, r0, n, ws);
     if (lc->cfg->qk_norm) {
-        qk_norm_forward(lc, w, n, q, k, ws);
+        qk_norm_forward(lc, w, r0, n, q, k, ws);
     } else {
         be->matmul_forward(be, q, ws->xn1, w->q, w->q_bias, n, d.C, d.HD);
         be->matmul_forward(be, k, ws->xn1, w->k, w->k_bias, n, d.C, d.GD);
@@ -46,6 +55,17 @@ static void qkv_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_l
                      mt_config_rotary_dim(lc->cfg));
     be->rope_forward(be, k, tok->pos + r0, lc->inv_freq, n, d.G, d.D,
                      mt_config_rotary_dim(lc->cfg));
+}
+
+/* o_proj's input for the n tokens from row r0: the attention output, or with the output gate
+ * att * sigmoid(gate) in the att_g chunk rows. */
+static const void *o_input(const mt_layer_ctx *lc, mt_layer_ws *ws, int r0, int n) {
+    mt_layer_dims d = mt_layer_dims_of(lc->cfg, n);
+    const void *att = mt_layer_row(lc, ws->att, r0, d.HD);
+    if (!lc->cfg->attn_gate) return att;
+    lc->be->sigmoid_gate_forward(lc->be, ws->att_g, att, mt_layer_row(lc, ws->gate_att, r0, d.HD), n,
+                                 d.HD, d.HD);
+    return ws->att_g;
 }
 
 /* Attention half of the forward: fills q, k, v, att, lse, h (whole call) chunk by chunk around
@@ -66,8 +86,7 @@ void mt_attention_mixer_forward(const mt_layer_ctx *lc, const mt_tokens *tok,
     for (int r0 = 0; r0 < d.N; r0 += chunk) {
         int n = mt_min_int(chunk, d.N - r0);
         void *h = mt_layer_row(lc, ws->h, r0, d.C);
-        be->matmul_forward(be, h, mt_layer_row(lc, ws->att, r0, d.HD), w->o, w->o_bias, n, d.HD,
-                           d.C);
+        be->matmul_forward(be, h, o_input(lc, ws, r0, n), w->o, w->o_bias, n, d.HD, d.C);
         be->add(be, h, h, mt_layer_row(lc, inp, r0, d.C), (size_t)n * d.C);
     }
 }
@@ -95,8 +114,15 @@ static void qkv_backward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_
         dq = ws->dq_raw;
         dk = ws->dk_raw;
     }
+    int q_rows = d.HD;
+    if (cfg->attn_gate) { /* the query and gate heads' gradients, interleaved as q_proj made them */
+        be->cols_join(be, ws->d_q_gate, dq, mt_layer_row(lc, ws->d_gate_att, r0, d.HD), n * d.H, d.D,
+                      d.D);
+        dq = ws->d_q_gate;
+        q_rows = 2 * d.HD;
+    }
     be->matmul_backward(be, ws->d_xn1, mt_f32(g->q), mt_f32(g->q_bias), dq, ws->xn1, w->q, n, d.C,
-                        d.HD, 0);
+                        q_rows, 0);
     be->matmul_backward(be, ws->d_xn1, mt_f32(g->k), mt_f32(g->k_bias), dk, ws->xn1, w->k, n, d.C,
                         d.GD, 1);
     be->matmul_backward(be, ws->d_xn1, mt_f32(g->v), mt_f32(g->v_bias),
@@ -120,9 +146,14 @@ void mt_attention_mixer_backward(const mt_layer_ctx *lc, const mt_tokens *tok,
     /* attention: h = x + o(att), then the attention over all N tokens */
     for (int r0 = 0; r0 < d.N; r0 += chunk) {
         int n = mt_min_int(chunk, d.N - r0);
-        be->matmul_backward(be, mt_layer_row(lc, ws->d_att, r0, d.HD), mt_f32(g->o),
-                            mt_f32(g->o_bias), mt_layer_row(lc, dinp, r0, d.C),
-                            mt_layer_row(lc, ws->att, r0, d.HD), w->o, n, d.HD, d.C, 0);
+        void *d_att = mt_layer_row(lc, ws->d_att, r0, d.HD);
+        be->matmul_backward(be, d_att, mt_f32(g->o), mt_f32(g->o_bias),
+                            mt_layer_row(lc, dinp, r0, d.C), o_input(lc, ws, r0, n), w->o, n, d.HD,
+                            d.C, 0);
+        if (cfg->attn_gate) /* d_att held the gated output's gradient: now the attention's */
+            be->sigmoid_gate_backward(be, d_att, mt_layer_row(lc, ws->d_gate_att, r0, d.HD), d_att,
+                                      mt_layer_row(lc, ws->att, r0, d.HD),
+                                      mt_layer_row(lc, ws->gate_att, r0, d.HD), n, d.HD, d.HD);
     }
     be->attention_backward(be, ws->dq, ws->dk, ws->dv, ws->d_att, ws->att, ws->lse, ws->q, ws->k,
                            ws->v, tok->doc_start, tok->B, tok->T, d.H, d.G, d.D);
@@ -133,7 +164,7 @@ void mt_attention_mixer_backward(const mt_layer_ctx *lc, const mt_tokens *tok,
         int n = mt_min_int(chunk, d.N - r0);
         if (tiled) {
             input_norm_forward(lc, w, inp, r0, n, ws);
-            if (cfg->qk_norm) qk_norm_forward(lc, w, n, ws->dq_raw, ws->dk_raw, ws);
+            if (cfg->qk_norm) qk_norm_forward(lc, w, r0, n, ws->dq_raw, ws->dk_raw, ws);
         } else if (recompute == MT_RECOMPUTE_CHEAP) { /* the forward's kernels on its inputs */
             input_norm_forward(lc, w, inp, r0, n, ws);
         }

@@ -98,6 +98,42 @@ static const int32_t *expert_rows(const mt_layer_ctx *lc, mt_layer_ws *ws) {
     return ws->moe_offsets_host;
 }
 
+/* qwen3_5_moe's shared expert on the n tokens of x: a SwiGLU MLP of width F (the dense MLP's
+ * weights and fields) whose output shared_y is scaled by sigmoid(x . w_g) (shared_logit) into
+ * shared_g and added onto out (when not NULL). */
+static void shared_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, const void *x,
+                           void *out, int n, mt_layer_ws *ws) {
+    mt_backend *be = lc->be;
+    int C = lc->cfg->C, F = lc->cfg->F;
+    be->matmul_forward(be, ws->gate, x, w->gate, NULL, n, C, F);
+    be->matmul_forward(be, ws->up, x, w->up, NULL, n, C, F);
+    be->swiglu_forward(be, ws->act, ws->gate, ws->up, (size_t)n * F);
+    be->matmul_forward(be, ws->shared_y, ws->act, w->down, NULL, n, F, C);
+    be->matmul_forward(be, ws->shared_logit, x, w->shared_gate, NULL, n, C, 1);
+    if (!out) return;
+    be->sigmoid_gate_forward(be, ws->shared_g, ws->shared_y, ws->shared_logit, n, C, 1);
+    be->add(be, out, out, ws->shared_g, (size_t)n * C);
+}
+
+/* Its backward from dout, the gradient of the block's output: the shared expert's weight
+ * gradients accumulate, and so does dx. */
+static void shared_backward(const mt_layer_ctx *lc, const mt_layer_weights *w,
+                            const mt_layer_weights *g, const void *dout, const void *x, void *dx,
+                            int n, mt_layer_ws *ws) {
+    mt_backend *be = lc->be;
+    int C = lc->cfg->C, F = lc->cfg->F;
+    /* shared_g as the scratch of the gated output's gradient with respect to shared_y */
+    be->sigmoid_gate_backward(be, ws->shared_g, ws->d_shared_logit, dout, ws->shared_y,
+                              ws->shared_logit, n, C, 1);
+    be->matmul_backward(be, dx, f32(g->shared_gate), NULL, ws->d_shared_logit, x, w->shared_gate,
+                        n, C, 1, 1);
+    be->matmul_backward(be, ws->d_act, f32(g->down), NULL, ws->shared_g, ws->act, w->down, n, F, C,
+                        0);
+    be->swiglu_backward(be, ws->d_gate, ws->d_up, ws->d_act, ws->gate, ws->up, (size_t)n * F);
+    be->matmul_backward(be, dx, f32(g->gate), NULL, ws->d_gate, x, w->gate, n, C, F, 1);
+    be->matmul_backward(be, dx, f32(g->up), NULL, ws->d_up, x, w->up, n, C, F, 1);
+}
+
 void mt_moe_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, const void *x, void *out,
                     int n, mt_layer_ws *ws, int collect) {
     mt_backend *be = lc->be;
@@ -119,6 +155,7 @@ void mt_moe_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, const voi
     be->swiglu_forward(be, ws->moe_act, ws->moe_gate, ws->moe_up, nk * Fe);
     be->moe_matmul_forward(be, ws->moe_y, ws->moe_act, w->exp_down, es, off_d, off, E, Fe, C);
     if (out) be->moe_combine(be, out, ws->moe_y, ws->moe_w, ws->moe_inv, n, C, k);
+    if (w->shared_gate) shared_forward(lc, w, x, out, n, ws);
 }
 
 void mt_moe_backward(const mt_layer_ctx *lc, const mt_layer_weights *w, const mt_layer_weights *g,
@@ -144,4 +181,5 @@ void mt_moe_backward(const mt_layer_ctx *lc, const mt_layer_weights *w, const mt
     be->moe_route_backward(be, ws->moe_d_logits, ws->moe_dw, ws->moe_probs, ws->moe_idx, ws->moe_w,
                            aux, n, E, k, cfg->norm_topk_prob);
     be->matmul_backward(be, dx, f32(g->router), NULL, ws->moe_d_logits, x, w->router, n, C, E, 1);
+    if (w->shared_gate) shared_backward(lc, w, g, dout, x, dx, n, ws);
 }

@@ -98,7 +98,7 @@ static void layer_kind_shape(const mt_config *c, int type, mt_param_kind k, int6
     case MT_W_Q: *rows = QD * (c->attn_gate ? 2 : 1); *cols = C; break;
     case MT_W_K: case MT_W_V: *rows = KD; *cols = C; break;
     case MT_W_O: *rows = C; *cols = QD; break;
-    case MT_W_Q_BIAS: *rows = c->qkv_bias ? QD : 0; break;
+    case MT_W_Q_BIAS: *rows = c->qkv_bias ? QD * (c->attn_gate ? 2 : 1) : 0; break;
     case MT_W_K_BIAS: case MT_W_V_BIAS: *rows = c->qkv_bias ? KD : 0; break;
     case MT_W_O_BIAS: *rows = c->o_bias ? C : 0; break;
     case MT_W_Q_NORM: case MT_W_K_NORM: *rows = c->qk_norm ? c->D : 0; break;
