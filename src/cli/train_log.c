@@ -84,10 +84,16 @@ static void add(char *buf, size_t n, size_t *len, const char *fmt, ...) {
     if (k > 0) *len = *len + (size_t)k < n ? *len + (size_t)k : n - 1;
 }
 
-/* A JSON number, or null when it is not finite (JSON has no NaN). */
+/* Values this large are printed in exponent form: a fixed-point loss of 6e30 is 31 digits that
+ * nobody reads as a number (a diverged run shows them). */
+#define EXP_FORM_AT 1e6
+#define EXP_FORM_JSON_AT 1e15
+
+/* A JSON number, or null when it is not finite (JSON has no NaN); a huge one as %.9e. */
 static void add_num(char *buf, size_t n, size_t *len, const char *key, const char *fmt, double x) {
     add(buf, n, len, ", \"%s\": ", key);
     if (!isfinite(x)) add(buf, n, len, "null");
+    else if (fabs(x) >= EXP_FORM_JSON_AT) add(buf, n, len, "%.9e", x);
     else add(buf, n, len, fmt, x);
 }
 
@@ -98,10 +104,12 @@ static void format_eta(char *buf, size_t n, double s) {
     else snprintf(buf, n, "%llds", t);
 }
 
-/* x with printf's fmt, or "nan" / "inf" (printf may write -nan). */
+/* x with printf's fmt (from 1e6 on in exponent form, %.4e), or "nan" / "inf" (printf may write
+ * -nan). */
 static const char *num(char *buf, size_t n, const char *fmt, double x) {
     if (isnan(x)) snprintf(buf, n, "nan");
     else if (isinf(x)) snprintf(buf, n, "%sinf", x < 0 ? "-" : "");
+    else if (fabs(x) >= EXP_FORM_AT) snprintf(buf, n, "%.4e", x);
     else snprintf(buf, n, fmt, x);
     return buf;
 }
