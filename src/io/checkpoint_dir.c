@@ -163,12 +163,21 @@ int ckpt_any_nonfinite(const void *x, int64_t n) {
  * which SSE2 has: bits > 0x80000000 unsigned <=> (int32)bits in (INT32_MIN, 0). */
 static int block_out_of_range(const unsigned char *p, int64_t n, int32_t max_bits, int nonneg) {
     int bad = 0;
+    if (!nonneg) { /* the weights: one compare, as the finiteness check */
+#pragma omp simd reduction(| : bad)
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, p + 4 * i, 4);
+            bad |= (int32_t)(u & 0x7fffffffu) > max_bits;
+        }
+        return bad;
+    }
 #pragma omp simd reduction(| : bad)
     for (int64_t i = 0; i < n; i++) {
         uint32_t u;
         memcpy(&u, p + 4 * i, 4);
         int32_t s = (int32_t)u;
-        bad |= ((int32_t)(u & 0x7fffffffu) > max_bits) | (nonneg & (s < 0) & (s != INT32_MIN));
+        bad |= ((int32_t)(u & 0x7fffffffu) > max_bits) | ((s < 0) & (s != INT32_MIN));
     }
     return bad;
 }
