@@ -762,6 +762,54 @@ static void write_with_value(const model *m, const char *dir, const char *file, 
     free(w);
 }
 
+/* trainer_state.json's nonfinite_in_a_row: saved, loaded, absent (older checkpoints) as 0, refused
+ * out of [0, skipped]. keep_last 2 while saves come after skipped steps (in_a_row > 0) keeps the
+ * newest checkpoint of a healthy step too, until a healthy one is saved again. (Before: no field,
+ * and step 10 was pruned when step 30 was written.) */
+static void test_in_a_row_and_keep(void **state) {
+    model m;
+    model_init(&m, "llama_gqa", 5);
+    char *out = subdir("in_a_row");
+    char ckdir[4096], dir[4200];
+    snprintf(ckdir, sizeof ckdir, "%s/checkpoints", out);
+    int64_t in_a_row[] = {0, 1, 2, 3, 0, 0};
+    const char *kept[] = {"10", "10 20", "10 20 30", "10 30 40", "40 50", "50 60"};
+    for (int s = 1; s <= 6; s++) {
+        mt_ckpt_state st = {s * 10, 1, 0.5, s * 10, 3, NULL};
+        st.in_a_row = in_a_row[s - 1];
+        save_ok(&m, out, &st, NULL, NULL, 2);
+        char want[64] = "", name[32];
+        for (int k = 1; k <= 6; k++) {
+            snprintf(name, sizeof name, "step_%08d", k * 10);
+            if (exists(ckdir, name)) snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", want[0] ? " " : "", k * 10);
+        }
+        if (strcmp(want, kept[s - 1]) != 0) fail_msg("after step %d: kept %s, want %s", s * 10, want, kept[s - 1]);
+    }
+    mt_ckpt_state st = {70, 1, 0.5, 67, 3, NULL};
+    st.in_a_row = 3;
+    save_ok(&m, out, &st, NULL, NULL, 0);
+    snprintf(dir, sizeof dir, "%s/step_00000070", ckdir);
+    load_ok(&m, dir, &st);
+    assert_int_equal(st.in_a_row, 3);
+    mt_ckpt_state_free(&st);
+    json_t *o = mt_test_ckpt_load_state(dir);
+    json_object_del(o, "nonfinite_in_a_row");
+    mt_test_ckpt_store_state(dir, o);
+    load_ok(&m, dir, &st);
+    assert_int_equal(st.in_a_row, 0);
+    mt_ckpt_state_free(&st);
+    const char *bad[] = {"-1", "4", "1.5", "\"2\""};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        o = mt_test_ckpt_load_state(dir);
+        json_object_set_new(o, "nonfinite_in_a_row", json_loads(bad[i], JSON_DECODE_ANY, NULL));
+        mt_test_ckpt_store_state(dir, o);
+        expect_load_error(&m, &m.t, dir, "\"nonfinite_in_a_row\" must be an integer from 0 to \"skipped\"");
+    }
+    mt_test_rmtree(out);
+    free(out);
+    model_free(&m);
+}
+
 static void test_nonfinite_file_refused(void **state) {
     model m;
     model_init(&m, "llama_gqa", 23);
@@ -1133,6 +1181,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_roundtrip_qwen2_tied),
         cmocka_unit_test(test_roundtrip_qwen3),
         cmocka_unit_test(test_keep_last),
+        cmocka_unit_test(test_in_a_row_and_keep),
         cmocka_unit_test(test_stale_tmp),
         cmocka_unit_test(test_latest_empty),
         cmocka_unit_test(test_save_errors),

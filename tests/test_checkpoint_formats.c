@@ -483,6 +483,59 @@ static void test_scale_nonfinite(void **state) {
     model_free(&m);
 }
 
+/* Finite but absurd block scales, each written into the file with its checksum re-recorded:
+ * negative, or past the moment's bound (1e8 for exp_avg's, 1e16 for exp_avg_sq's). The load names
+ * the tensor and the value, and leaves the state untouched; the bounds themselves still load.
+ * (Before: all of them loaded.) */
+static void test_scale_out_of_range(void **state) {
+    model m;
+    model_init(&m, "llama_gqa", MT_STATE_COMPACT, 61);
+    char *out = subdir("scale_range");
+    char dir[4200], want[512], tensor[256];
+    save_ok(&m, out, 1);
+    ckpt_dir(dir, sizeof dir, out, 1);
+    const mt_param *p = &m.t.params[3];
+    struct {
+        const char *part;
+        float value;
+        int ok;
+    } cases[] = {{"exp_avg_scale", -0.5f, 0}, {"exp_avg_scale", 1e9f, 0},   {"exp_avg_sq_scale", -1e-20f, 0},
+                 {"exp_avg_sq_scale", 1e17f, 0}, {"exp_avg_scale", 1e8f, 1}, {"exp_avg_sq_scale", 1e16f, 1},
+                 {"exp_avg_scale", -0.0f, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        snprintf(tensor, sizeof tensor, "%s.%s", cases[c].part, p->name);
+        long at = data_offset(dir, "optimizer.safetensors", tensor);
+        float keep;
+        char file[4400];
+        snprintf(file, sizeof file, "%s/optimizer.safetensors", dir);
+        FILE *f = fopen(file, "rb");
+        assert_non_null(f);
+        assert_int_equal(fseek(f, at, SEEK_SET), 0);
+        assert_int_equal(fread(&keep, 4, 1, f), 1);
+        fclose(f);
+        write_at(dir, "optimizer.safetensors", at, &cases[c].value, sizeof(float));
+        mt_test_ckpt_restamp(dir, "optimizer.safetensors");
+        if (cases[c].ok) {
+            mt_ckpt_state st;
+            load_ok(&m, dir, &st);
+            mt_ckpt_state_free(&st);
+        } else {
+            snprintf(want, sizeof want, "optimizer.safetensors: tensor %s: element 0 is %g, outside ", tensor,
+                     (double)cases[c].value);
+            expect_load_error(&m, m.dst, dir, want);
+        }
+        write_at(dir, "optimizer.safetensors", at, &keep, sizeof keep);
+        mt_test_ckpt_restamp(dir, "optimizer.safetensors");
+    }
+    mt_ckpt_state st;
+    load_ok(&m, dir, &st);
+    assert_true(mt_test_state_equal(m.src, m.dst, &m.t));
+    mt_ckpt_state_free(&st);
+    mt_test_rmtree(out);
+    free(out);
+    model_free(&m);
+}
+
 /* ---- tight's seed ---- */
 
 static void test_tight_sr_seed(void **state) {
@@ -552,6 +605,7 @@ int main(void) {
         cmocka_unit_test(test_format2_full_loads),
         cmocka_unit_test(test_u8_flip_checksum),
         cmocka_unit_test(test_scale_nonfinite),
+        cmocka_unit_test(test_scale_out_of_range),
         cmocka_unit_test(test_tight_sr_seed),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -3,7 +3,9 @@
  * train_llama fixture is started with fork+exec, signalled once metrics.jsonl holds at least 2
  * step lines, and waited for (bounded: SIGKILL and fail after 60 s). Then the newest checkpoint's
  * trainer_state.json step must equal the number of step lines in metrics.jsonl, and --resume must
- * continue from it: one more step (--stop-at step+1) appends exactly that step. */
+ * continue from it: one more step (--stop-at step+1) appends exactly that step.
+ * What ends a save: a file-size limit is a write error naming the file (exit 1); another signal
+ * that kills the process during a save says so; --resume removes what a killed save left. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -215,10 +217,125 @@ static void signal_case(int sig, const char *name) {
 static void test_sigint(void **state) { signal_case(SIGINT, "SIGINT"); }
 static void test_sigterm(void **state) { signal_case(SIGTERM, "SIGTERM"); }
 
+/* ---- what ends a save ---- */
+
+/* Under a file-size limit (ulimit -f 100: 50 KB in sh's 512-byte blocks, 100 KB in bash's; the
+ * model file is 100 KB + header) the save's write fails with EFBIG: exit 1 and one error naming the
+ * file, no temporary directory left behind. (Before: SIGXFSZ killed the process, exit 153 and no
+ * word, and .tmp-step_00000002.* stayed.) */
+static void test_file_size_limit(void **state) {
+    static char out[OUT_SIZE];
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && ulimit -f 100 && '%s' train --model '%s' --data '%s/data.bin' --batch 2 --seq 16 "
+             "--device cpu --out fsize --steps 2",
+             g_tmp, g_bin, g_fixture, g_fixture);
+    int rc = mt_test_run(cmd, out, sizeof out);
+    check_clean_output("ulimit -f", out);
+    if (rc != 1) fail_msg("exit %d, want 1:\n%s", rc, out);
+    char first[8192];
+    if (mt_cli_error_lines(out, first, sizeof first) != 1) fail_msg("want one error line:\n%s", out);
+    if (!strstr(first, "fsize/checkpoints/.tmp-step_00000002.") || !strstr(first, ".safetensors") ||
+        !strstr(first, "File too large (the file-size limit, ulimit -f)"))
+        fail_msg("the error should name the file and EFBIG: %s", first);
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/fsize/checkpoints", g_tmp);
+    assert_int_equal(mt_test_count_prefix(dir, ".tmp-"), 0);
+    assert_int_equal(mt_test_count_prefix(dir, "step_"), 0);
+}
+
+/* A signal that kills the process in the middle of a save says so on stderr. The save is held in
+ * place deterministically: the model directory's generation_config.json, which a checkpoint copies
+ * last, is a FIFO that nobody writes, so the save waits in its open(). SIGHUP then ends the process
+ * (its default), after the line. The next --resume removes the dead save's temporary directory. */
+static void test_signal_during_save(void **state) {
+    char model[4096], log_path[4200], out_dir[4200], ckdir[4300];
+    snprintf(model, sizeof model, "%s/fifo_model", g_tmp);
+    snprintf(log_path, sizeof log_path, "%s/fifo.log", g_tmp);
+    snprintf(out_dir, sizeof out_dir, "%s/fifo_run", g_tmp);
+    snprintf(ckdir, sizeof ckdir, "%s/checkpoints", out_dir);
+    mt_test_sh("mkdir -p '%s' && cp '%s/config.json' '%s/model.safetensors' '%s/' && mkfifo '%s/generation_config.json'",
+               model, g_fixture, g_fixture, model, model);
+    char data[4200];
+    snprintf(data, sizeof data, "%s/data.bin", g_fixture);
+    char *const argv[] = {(char *)g_bin, "train", "--model", model, "--data", data, "--steps", "1", "--batch", "2",
+                          "--seq", "16", "--device", "cpu", "--out", out_dir, NULL};
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0) _exit(126);
+        dup2(fd, STDOUT_FILENO);
+        dup2(fd, STDERR_FILENO);
+        close(fd);
+        execv(g_bin, argv);
+        _exit(127);
+    }
+    static char log[OUT_SIZE];
+    int status = 0, exited = 0;
+    double t0 = now_s();
+    /* the save has begun once its temporary directory holds the optimizer file */
+    while (now_s() - t0 < WAIT_S && !exited) {
+        if (waitpid(pid, &status, WNOHANG) == pid) exited = 1;
+        else if (mt_test_count_prefix(ckdir, ".tmp-step_00000001.") == 1) break;
+        else sleep_ms(10);
+    }
+    sleep_ms(200); /* into the open() of the FIFO */
+    if (exited) {
+        read_file(log_path, log, OUT_SIZE);
+        fail_msg("the run exited (%d) before its save was signalled:\n%s", status_exit_code(status), log);
+    }
+    assert_int_equal(kill(pid, SIGHUP), 0);
+    t0 = now_s();
+    while (!exited && now_s() - t0 < WAIT_S) {
+        if (waitpid(pid, &status, WNOHANG) == pid) exited = 1;
+        else sleep_ms(10);
+    }
+    read_file(log_path, log, OUT_SIZE);
+    if (!exited) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        fail_msg("no exit within %.0f s of SIGHUP:\n%s", WAIT_S, log);
+    }
+    if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGHUP)
+        fail_msg("want death by SIGHUP, got exit %d:\n%s", status_exit_code(status), log);
+    if (!strstr(log, "megatrain: SIGHUP while writing the checkpoint of step 1 into ") ||
+        !strstr(log, "fifo_run/checkpoints: it was not written"))
+        fail_msg("no word of the save it ended:\n%s", log);
+    assert_int_equal(mt_test_count_prefix(ckdir, ".tmp-step_00000001."), 1);
+}
+
+/* --resume removes the temporary checkpoint directories no live save holds (a killed save's), even
+ * when its own save fails (here under ulimit -f: no prune runs). (Before: they stayed until a save
+ * succeeded.) */
+static void test_resume_removes_stale_temps(void **state) {
+    static char out[OUT_SIZE];
+    char cmd[16384], ckdir[4200];
+    const char *common = "--batch 2 --seq 16 --device cpu --out stale --steps 4";
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' train --model '%s' --data '%s/data.bin' %s --stop-at 1", g_tmp, g_bin,
+             g_fixture, g_fixture, common);
+    if (mt_test_run(cmd, out, sizeof out) != 0) fail_msg("%s\n%s", cmd, out);
+    snprintf(ckdir, sizeof ckdir, "%s/stale/checkpoints", g_tmp);
+    mt_test_sh("mkdir '%s/.tmp-step_00000002.Ab12Cd' && echo x > '%s/.tmp-step_00000002.Ab12Cd/model.safetensors.tmp.Zz9Yy8'",
+               ckdir, ckdir);
+    snprintf(cmd, sizeof cmd, "cd '%s' && ulimit -f 100 && '%s' train --model '%s' --data '%s/data.bin' %s --resume --stop-at 2",
+             g_tmp, g_bin, g_fixture, g_fixture, common);
+    int rc = mt_test_run(cmd, out, sizeof out);
+    check_clean_output(cmd, out);
+    if (rc != 1 || !strstr(out, "File too large")) fail_msg("exit %d, want 1 (File too large): %s\n%s", rc, cmd, out);
+    if (!strstr(out, "--resume: removed 1 temporary checkpoint directory in stale/checkpoints (a save that was killed)"))
+        fail_msg("no note of the removal:\n%s", out);
+    assert_int_equal(mt_test_count_prefix(ckdir, ".tmp-"), 0);
+    assert_int_equal(mt_test_count_prefix(ckdir, "step_00000001"), 1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sigint),
         cmocka_unit_test(test_sigterm),
+        cmocka_unit_test(test_file_size_limit),
+        cmocka_unit_test(test_signal_during_save),
+        cmocka_unit_test(test_resume_removes_stale_temps),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

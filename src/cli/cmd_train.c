@@ -36,6 +36,39 @@ static volatile sig_atomic_t stop_requested;
 
 static void on_signal(int sig) { stop_requested = sig; }
 
+/* A signal that kills the process while it writes a checkpoint says so (the save cannot finish;
+ * its temporary directory stays until the next save or --resume removes it). saving_note is
+ * written before each save; the handler only write()s it and dies of the signal as before. */
+static volatile sig_atomic_t saving;
+static char saving_note[4400];
+
+static const char *signal_name(int sig) {
+    switch (sig) {
+    case SIGHUP: return "SIGHUP";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGALRM: return "SIGALRM";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGXCPU: return "SIGXCPU (the CPU-time limit, ulimit -t)";
+    case SIGVTALRM: return "SIGVTALRM";
+    case SIGPROF: return "SIGPROF";
+    default: return "a signal";
+    }
+}
+
+static void on_fatal(int sig) {
+    if (saving) {
+        const char *name = signal_name(sig);
+        ssize_t ignored = write(STDERR_FILENO, "megatrain: ", 11);
+        ignored = write(STDERR_FILENO, name, strlen(name));
+        ignored = write(STDERR_FILENO, saving_note, strlen(saving_note));
+        (void)ignored;
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 static void install_signals(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -43,6 +76,15 @@ static void install_signals(void) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    /* the signals whose default is to end the process; one the caller ignores (nohup's SIGHUP)
+     * stays ignored */
+    static const int fatal[] = {SIGHUP, SIGQUIT, SIGPIPE, SIGALRM, SIGUSR1, SIGUSR2, SIGXCPU, SIGVTALRM, SIGPROF};
+    sa.sa_handler = on_fatal;
+    sa.sa_flags = SA_RESETHAND;
+    for (size_t i = 0; i < sizeof fatal / sizeof *fatal; i++) {
+        struct sigaction old;
+        if (sigaction(fatal[i], NULL, &old) == 0 && old.sa_handler == SIG_DFL) sigaction(fatal[i], &sa, NULL);
+    }
 }
 
 /* The process's resident set now, in GiB (-1 when /proc is not there). */
@@ -124,12 +166,19 @@ static int save_checkpoint(train_run *r) {
     mt_engine_finish(r->e);
     if (r->o.no_save) return MT_OK;
     mt_ckpt_state st = {.step = r->step, .seed = (uint64_t)r->o.seed, .loss = r->last_loss,
-                        .updates = r->updates, .skipped = r->skipped};
+                        .updates = r->updates, .skipped = r->skipped, .in_a_row = r->in_a_row};
     double t0 = now_ms();
     const mt_state_io *io = mt_engine_state_io(r->e);
-    MT_TRY(r->ranks > 1 ? save_by_ranks(r, io, &st)
-                        : mt_checkpoint_save(r->o.out_dir, &r->model.table, io, &st, r->args_json, r->o.model_dir,
-                                             (int)r->o.keep));
+    snprintf(saving_note, sizeof saving_note,
+             " while writing the checkpoint of step %lld into %s/checkpoints: it was not written (the "
+             "older checkpoints are intact; --resume removes its temporary directory)\n",
+             (long long)r->step, r->o.out_dir);
+    saving = 1;
+    int rc = r->ranks > 1 ? save_by_ranks(r, io, &st)
+                          : mt_checkpoint_save(r->o.out_dir, &r->model.table, io, &st, r->args_json, r->o.model_dir,
+                                               (int)r->o.keep);
+    saving = 0;
+    MT_TRY(rc);
     snprintf(r->last_ckpt, sizeof r->last_ckpt, "%s/checkpoints/step_%08lld", r->o.out_dir,
              (long long)r->step);
     return mt_train_log_note(&r->log, "saved %s (%.1f s)", r->last_ckpt, (now_ms() - t0) / 1e3);
@@ -296,6 +345,14 @@ static int train_loop(train_run *r) {
     if (stopping(r))
         MT_TRY(mt_train_log_note(&r->log, "%s: stopping after step %lld",
                                  stopping(r) == SIGINT ? "SIGINT" : "SIGTERM", (long long)r->step));
+    /* reached only by a run resumed with that many skipped steps in a row (a lower --max-nonfinite
+     * than its checkpoint's run, or no step left): it has diverged, whatever process skipped them */
+    if (r->in_a_row > 0 && r->in_a_row >= o->max_nonfinite)
+        return mt_error_set("the last %lld steps up to step %lld were all non-finite and skipped (--max-nonfinite "
+                            "%lld): the run has diverged; no checkpoint was written; the last one, %s, holds "
+                            "the weights from before them; try a lower --lr or a longer --warmup, or check the data",
+                            (long long)r->in_a_row, (long long)r->step, (long long)o->max_nonfinite,
+                            r->last_ckpt[0] ? r->last_ckpt : "(none)");
     if (o->eval_data && (!o->eval_every || r->step % o->eval_every != 0)) MT_TRY(evaluate(r));
     return save_checkpoint(r);
 }
@@ -329,9 +386,13 @@ static void print_summary(train_run *r, double wall_ms) {
     else if (!r->last_ckpt[0]) mt_train_log_note(lg, "no checkpoint was written");
     else if (r->step < o->steps)
         mt_train_log_note(lg, "last checkpoint: %s; continue with the same command and --resume", r->last_ckpt);
-    else
+    else if (r->in_a_row == 0)
         mt_train_log_note(lg, "last checkpoint: %s (a Hugging Face model directory: use it with --model)",
                           r->last_ckpt);
+    else /* fewer than --max-nonfinite, but the run did not end on a healthy step */
+        mt_train_log_note(lg, "last checkpoint: %s (a Hugging Face model directory: use it with --model); "
+                          "the last %lld steps were non-finite and skipped: its weights are from before them",
+                          r->last_ckpt, (long long)r->in_a_row);
 }
 
 static void train_run_free(train_run *r) {
@@ -394,6 +455,12 @@ static int check_resume_settings(const train_run *r, const mt_ckpt_state *st) {
 static int resume(train_run *r, int *resumed) {
     const mt_train_opts *o = &r->o;
     mt_ckpt_state st = {0};
+    /* rank 0 holds OUT's lock: no other run saves there, and a save of this run would hold its
+     * temporary directory locked; what is left is a killed save's */
+    int stale = r->lead ? mt_checkpoint_clean_temps(o->out_dir) : 0;
+    if (stale)
+        printf("--resume: removed %d temporary checkpoint director%s in %s/checkpoints (a save that "
+               "was killed)\n", stale, stale == 1 ? "y" : "ies", o->out_dir);
     MT_TRY(load_resume_checkpoint(r, &st, resumed));
     if (!*resumed) {
         char what[512];
@@ -411,10 +478,12 @@ static int resume(train_run *r, int *resumed) {
         r->step = st.step;
         r->updates = st.updates;
         r->skipped = st.skipped;
+        r->in_a_row = st.in_a_row; /* a run of skipped steps goes on across processes */
         r->last_loss = st.loss;
-        if (isfinite(st.loss)) r->good_loss = st.loss, r->good_step = st.step;
+        if (isfinite(st.loss) && !st.in_a_row) r->good_loss = st.loss, r->good_step = st.step;
         printf("resuming from %s (step %lld", r->last_ckpt, (long long)st.step);
         if (st.skipped) printf(", %lld of them skipped", (long long)st.skipped);
+        if (st.in_a_row) printf(", the last %lld in a row", (long long)st.in_a_row);
         if (dropped) printf("; %lld later lines of metrics.jsonl dropped", (long long)dropped);
         printf(")\n");
     }

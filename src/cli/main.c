@@ -1,4 +1,5 @@
 /* megatrain: train Llama-family models far larger than GPU memory on one GPU. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -58,6 +59,9 @@ int mt_cli_fail(void) {
 
 int main(int argc, char **argv) {
     mt_process_env_init(argv);
+    /* a write past the file-size limit (ulimit -f) fails with EFBIG, which every writer reports with
+     * the file's name, instead of killing the process silently in the middle of a save */
+    signal(SIGXFSZ, SIG_IGN);
     if (argc < 2) {
         usage(stderr);
         return 1;

@@ -153,12 +153,13 @@ int mt_run_dir_prepare_fresh(const char *out_dir, int overwrite) {
 
 /* ---- metrics.jsonl on resume ---- */
 
-/* The "step" of a metrics line; 0 when the line has none (kept as it is). */
+/* The "step" of a metrics line; 0 when the line has none (kept as it is), -1 when it is no JSON
+ * object at all (kept too, with a warning: the run's lines are never dropped on a guess). */
 static int64_t line_step(const char *line) {
     json_error_t err;
     json_t *j = json_loads(line, 0, &err);
     json_t *s = json_object_get(j, "step");
-    int64_t step = json_is_integer(s) ? (int64_t)json_integer_value(s) : 0;
+    int64_t step = !json_is_object(j) ? -1 : json_is_integer(s) ? (int64_t)json_integer_value(s) : 0;
     json_decref(j);
     return step;
 }
@@ -166,6 +167,15 @@ static int64_t line_step(const char *line) {
 /* A line that goes: torn (no newline) or of a later step. */
 static int goes(const char *line, ssize_t n, int64_t step) {
     return line[n - 1] != '\n' || line_step(line) > step;
+}
+
+/* One warning for a whole line that is not a JSON object (what a hand edit or another program
+ * left): it stays, but a plot or a reader of the file would stumble on it. */
+static void warn_garbage(const char *path, int64_t number, const char *line, ssize_t n) {
+    if (line[n - 1] != '\n' || line_step(line) >= 0) return;
+    int shown = n - 1 > 60 ? 60 : (int)(n - 1);
+    fprintf(stderr, "megatrain: warning: %s line %lld is not a JSON object (kept as it is): %.*s%s\n", path,
+            (long long)number, shown, line, n - 1 > 60 ? "..." : "");
 }
 
 /* Copies the lines that stay from f (at its start) into af. */
@@ -190,7 +200,11 @@ int mt_run_dir_cut_metrics(const char *out_dir, int64_t step, int64_t *dropped) 
     char *line = NULL;
     size_t cap = 0;
     ssize_t n;
-    while ((n = getline(&line, &cap, f)) > 0) *dropped += goes(line, n, step);
+    int64_t number = 0;
+    while ((n = getline(&line, &cap, f)) > 0) {
+        *dropped += goes(line, n, step);
+        warn_garbage(path, ++number, line, n);
+    }
     free(line);
     int rc = ferror(f) ? mt_error_set("%s: read failed: %s", path, strerror(errno)) : MT_OK;
     if (rc == MT_OK && *dropped) {

@@ -109,18 +109,24 @@ static void add(char *buf, size_t n, size_t *len, const char *fmt, ...) {
     if (k > 0) *len = *len + (size_t)k < n ? *len + (size_t)k : n - 1;
 }
 
+/* Values this large are printed in exponent form: a fixed-point loss of 6e30 is 31 digits that
+ * nobody reads as a number (a diverged run shows them). */
+#define EXP_FORM_AT 1e6
+#define EXP_FORM_JSON_AT 1e15
+
 /* The TensorBoard scalars of one metrics line (tags: string literals). */
 typedef struct {
     mt_tb_scalar v[24];
     int n;
 } tb_line;
 
-/* A JSON number, or null when it is not finite (JSON has no NaN); with tag, also the float32 of
- * exactly that text (as a reader of the JSON gets it) into tb. */
+/* A JSON number, or null when it is not finite (JSON has no NaN), a huge one as %.9e; with tag,
+ * also the float32 of exactly that text (as a reader of the JSON gets it) into tb. */
 static void add_num(char *buf, size_t n, size_t *len, const char *key, const char *fmt, double x,
                     tb_line *tb, const char *tag) {
     char text[400]; /* %.1f of the largest double */
-    snprintf(text, sizeof text, fmt, x);
+    if (fabs(x) >= EXP_FORM_JSON_AT) snprintf(text, sizeof text, "%.9e", x);
+    else snprintf(text, sizeof text, fmt, x);
     add(buf, n, len, ", \"%s\": %s", key, isfinite(x) ? text : "null");
     if (!tag || tb->n == (int)(sizeof tb->v / sizeof tb->v[0])) return;
     tb->v[tb->n++] = (mt_tb_scalar){.tag = tag, .value = isfinite(x) ? (float)strtod(text, NULL) : (float)x};
@@ -140,10 +146,12 @@ static void format_eta(char *buf, size_t n, double s) {
     else snprintf(buf, n, "%llds", t);
 }
 
-/* x with printf's fmt, or "nan" / "inf" (printf may write -nan). */
+/* x with printf's fmt (from 1e6 on in exponent form, %.4e), or "nan" / "inf" (printf may write
+ * -nan). */
 static const char *num(char *buf, size_t n, const char *fmt, double x) {
     if (isnan(x)) snprintf(buf, n, "nan");
     else if (isinf(x)) snprintf(buf, n, "%sinf", x < 0 ? "-" : "");
+    else if (fabs(x) >= EXP_FORM_AT) snprintf(buf, n, "%.4e", x);
     else snprintf(buf, n, fmt, x);
     return buf;
 }

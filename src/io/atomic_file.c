@@ -24,7 +24,7 @@ static const char SUFFIX_CHARS[] =
 const char *mt_io_errtext(int e) {
     static _Thread_local char buf[192];
     snprintf(buf, sizeof buf, "%s%s", strerror(e),
-             e == ENOSPC || e == EDQUOT ? " (disk full)" : "");
+             e == ENOSPC || e == EDQUOT ? " (disk full)" : e == EFBIG ? " (the file-size limit, ulimit -f)" : "");
     return buf;
 }
 

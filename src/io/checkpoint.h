@@ -15,7 +15,9 @@
  *   trainer_state.json       {"format": 3, "state": "full"|"compact"|"tight", "sr_seed": "DIGITS"
  *                             (tight only: its rounding seed, a u64 as a decimal string),
  *                             "step": S, "seed": N, "loss": X, "updates": U, "skipped": K,
- *                             "args": {...},
+ *                             "nonfinite_in_a_row": R (the last R of the K skipped steps came in
+ *                             a row, up to S: 0 when step S was healthy; absent in older
+ *                             checkpoints: 0), "args": {...},
  *                             "files": {"model.safetensors": {"bytes": B, "xxh3_64": "16 hex"},
  *                                       ... every other file of the directory}}
  *   tokenizer.json, tokenizer_config.json, special_tokens_map.json, generation_config.json
@@ -36,6 +38,26 @@
  * recorded in trainer_state.json (which is itself validated by parsing); a load checks every one
  * before it trusts the bytes. Format 1 (no "files") still loads, with a warning that it cannot be
  * verified. NaN/inf (in weights, fp32 moments, scales) is never written and never loaded.
+ *
+ * Sanity at load: a checksum only proves the bytes are the ones written; a broken writer or a hand
+ * edit can record absurd values that are finite. Refused, naming the tensor and the file:
+ *   weights            |w| > MT_CKPT_MAX_WEIGHT (1e8)
+ *   exp_avg, its scale |m| > MT_CKPT_MAX_MOMENT (1e8); a scale < 0
+ *   exp_avg_sq, scale  v < 0 or v > MT_CKPT_MAX_MOMENT^2 (1e16)
+ * Why these: trained LLM weights stay small (the largest ones known are norm weights of some
+ * models, in the hundreds), so 1e8 leaves five orders of magnitude of headroom, and a model whose
+ * weights come near it has already overflowed its activations (a 2-layer model drawn at 1e6 has:
+ * loss ln(vocab), gradient norm 0, nothing learnt). The first moment is an average of (clipped, by default to norm 1) gradients: a gradient element of
+ * 1e8 means a diverged run. The second moment is an average of squared gradients: never negative,
+ * at most the square of the first's bound. 8-bit moments decode to code x scale with codes in
+ * [-1, 1] (exp_avg) and [0, 1] (exp_avg_sq), so their block scales take the same bounds and are
+ * never negative (0: an all-zero block). One pass of integer compares on the float bits, as fast
+ * as the finiteness check it replaces.
+ *
+ * A run that skips steps (--max-nonfinite) never loses its last healthy checkpoint to --keep: a
+ * save whose nonfinite_in_a_row > 0 keeps, besides the keep_last newest, the newest checkpoint
+ * whose trainer_state.json records nonfinite_in_a_row 0 (written after a healthy step), until a
+ * later healthy one is saved.
  */
 #ifndef MT_CHECKPOINT_H
 #define MT_CHECKPOINT_H
@@ -51,6 +73,9 @@
 /* mt_checkpoint_resume: OUT has no checkpoint at all (not an error: the run starts fresh). */
 #define MT_CKPT_NONE 1
 
+#define MT_CKPT_MAX_WEIGHT 1e8f /* load: |weight| beyond this is refused (see above) */
+#define MT_CKPT_MAX_MOMENT 1e8f /* load: |exp_avg| beyond this, exp_avg_sq beyond its square */
+
 typedef struct {
     int64_t step;  /* optimizer steps completed (training resumes at this step index) */
     uint64_t seed; /* the run's seed (data order and init are functions of seed and step) */
@@ -64,6 +89,8 @@ typedef struct {
                               save: ignored (io->format is saved) */
     uint64_t sr_seed;      /* load: tight's rounding seed (0 for the others); save: ignored
                               (io->sr_seed) */
+    int64_t in_a_row;      /* of the skipped steps, the last ones in a row up to step (0: step
+                              was healthy); from 0 to skipped. Absent in older checkpoints: 0 */
 } mt_ckpt_state;
 
 /* CKPT/trainer_state.json alone into *st (args_json malloc'd): what a run recorded, read before
@@ -80,7 +107,8 @@ void mt_ckpt_state_free(mt_ckpt_state *st);
  * tokenizer_dir (may be NULL) must be a directory; the tokenizer files it holds are copied,
  * absent ones skipped. A checkpoint of the same step is replaced atomically (renameat2 exchange).
  * Afterwards only the keep_last highest step_ directories are kept (keep_last <= 0: all; the one
- * just written is never removed) and stale .tmp-* directories are removed (not one that a save in
+ * just written is never removed, nor, while st->in_a_row > 0, the newest one saved after a
+ * healthy step) and stale .tmp-* directories are removed (not one that a save in
  * progress holds locked: the temporary directory is flock'd while it is filled); each removal
  * renames first, so it too is crash safe.
  * Weights and fp32 parts must be finite: each tensor is checked as it is written, and a NaN/inf is
@@ -119,6 +147,11 @@ int mt_checkpoint_finish(mt_ckpt_writer *w, const mt_state_io *io, const mt_ckpt
                          int keep_last);
 void mt_checkpoint_abort(mt_ckpt_writer *w);
 
+/* Removes OUT/checkpoints/.tmp-* directories that no save holds (each save flocks its own): the
+ * leftovers of a save that was killed. The caller holds OUT's lock, so no other run is saving
+ * there. Returns how many were removed; failures only warn. */
+int mt_checkpoint_clean_temps(const char *out_dir);
+
 /* The newest checkpoint (highest step_ number) in OUT/checkpoints → path
  * (OUT/checkpoints/step_N).
  * MT_ERR "OUT: no checkpoint to resume from ..." when there is none. */
@@ -136,7 +169,8 @@ int mt_checkpoint_latest(const char *out_dir, char *path, size_t path_size);
  * warning line on stderr that it cannot be verified; config.json describes the same model as
  * t->cfg (every field that shapes the table; the error names the field); model and optimizer
  * tensors all present, of the right dtypes and shapes, nothing extra; every weight, fp32 moment
- * and scale finite (the error names the tensor). What lies outside the table's tensors (padding)
+ * and scale finite and within the bounds above (the error names the tensor, the element and its
+ * value). What lies outside the table's tensors (padding)
  * is not written. An error of io itself (a device copy failing) comes back as MT_ERR after some
  * tensors were set. */
 int mt_checkpoint_load(const char *ckpt_dir, const mt_param_table *t, const mt_state_io *io,

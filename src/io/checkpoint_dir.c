@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,6 +155,49 @@ int ckpt_any_nonfinite(const void *x, int64_t n) {
         bad |= block_nonfinite(p + 4 * begin, k);
     }
     return bad;
+}
+
+/* 1 when any of the n floats at p is out of range. As float bits, |x| <= max_abs <=> (bits &
+ * 0x7fffffff) <= bits(max_abs) (NaN and inf are above every finite value's bits); a negative
+ * value has the sign bit and a non-zero rest, i.e. bits > 0x80000000. Both as signed compares,
+ * which SSE2 has: bits > 0x80000000 unsigned <=> (int32)bits in (INT32_MIN, 0). */
+static int block_out_of_range(const unsigned char *p, int64_t n, int32_t max_bits, int nonneg) {
+    int bad = 0;
+    if (!nonneg) { /* the weights: one compare, as the finiteness check */
+#pragma omp simd reduction(| : bad)
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, p + 4 * i, 4);
+            bad |= (int32_t)(u & 0x7fffffffu) > max_bits;
+        }
+        return bad;
+    }
+#pragma omp simd reduction(| : bad)
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, p + 4 * i, 4);
+        int32_t s = (int32_t)u;
+        bad |= ((int32_t)(u & 0x7fffffffu) > max_bits) | ((s < 0) & (s != INT32_MIN));
+    }
+    return bad;
+}
+
+int64_t ckpt_first_out_of_range(const void *x, int64_t n, float max_abs, int nonneg) {
+    const unsigned char *p = x;
+    int32_t max_bits;
+    memcpy(&max_bits, &max_abs, 4);
+    nonneg = nonneg != 0;
+    int64_t blocks = (n + FINITE_BLOCK - 1) / FINITE_BLOCK;
+    int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad) if (blocks > 4)
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t begin = b * FINITE_BLOCK, k = n - begin < FINITE_BLOCK ? n - begin : FINITE_BLOCK;
+        bad |= block_out_of_range(p + 4 * begin, k, max_bits, nonneg);
+    }
+    if (!bad) return -1;
+    for (int64_t i = 0; i < n; i++) /* the failure path only: which one */
+        if (block_out_of_range(p + 4 * i, 1, max_bits, nonneg)) return i;
+    return -1;
 }
 
 /* ---- the files' tensor lists ---- */

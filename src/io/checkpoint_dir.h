@@ -107,9 +107,10 @@ typedef struct {
  * tokenizer_dir, then makes the temporary directory. */
 int ckpt_tmp_open(const char *out_dir, int64_t step, const char *args_json, const char *tokenizer_dir,
                   struct json_t **args, ckpt_tmp_dir *d);
-/* Renames it to step_N (atomically exchanged with an existing step_N), then prunes to keep_last;
- * on MT_ERR the directory is removed. Frees d either way. */
-int ckpt_tmp_publish(ckpt_tmp_dir *d, int keep_last);
+/* Renames it to step_N (atomically exchanged with an existing step_N), then prunes to keep_last
+ * (in_a_row: the new one's nonfinite_in_a_row; > 0 keeps the last healthy one too); on MT_ERR the
+ * directory is removed. Frees d either way. */
+int ckpt_tmp_publish(ckpt_tmp_dir *d, int keep_last, int64_t in_a_row);
 /* Removes the directory (a failed save), keeping the error message; frees d. */
 void ckpt_tmp_abort(ckpt_tmp_dir *d);
 /* DIR/config.json, its digest into files. */
@@ -121,5 +122,10 @@ int ckpt_save_last(const char *dir, const mt_ckpt_state *st, const mt_state_io *
 
 /* 1 when any of the n floats at x (possibly unaligned: a mapped file) is NaN or inf; threaded. */
 int ckpt_any_nonfinite(const void *x, int64_t n);
+
+/* The first of the n floats at x (possibly unaligned) that is NaN, inf, |x| > max_abs or (nonneg)
+ * negative (-0 is fine); -1 when none. One threaded pass of integer compares; only a failure scans
+ * again for the index. */
+int64_t ckpt_first_out_of_range(const void *x, int64_t n, float max_abs, int nonneg);
 
 #endif

@@ -161,9 +161,10 @@ static int read_state(const char *path, int64_t dir_step_num, mt_ckpt_state *out
     json_t *fmt = json_object_get(o, "format"), *step = json_object_get(o, "step");
     json_t *seed = json_object_get(o, "seed"), *loss = json_object_get(o, "loss");
     json_t *updates = json_object_get(o, "updates"), *skipped = json_object_get(o, "skipped");
+    json_t *in_a_row = json_object_get(o, "nonfinite_in_a_row");
     json_t *args = json_object_get(o, "args");
     json_t *state = json_object_get(o, "state"), *sr_seed = json_object_get(o, "sr_seed");
-    mt_ckpt_state s = {0, 0, NAN, 0, 0, NULL, MT_STATE_FULL, 0};
+    mt_ckpt_state s = {0, 0, NAN, 0, 0, NULL, MT_STATE_FULL, 0, 0};
     files->n = 0;
     if (!json_is_integer(fmt) || json_integer_value(fmt) < 1 ||
         json_integer_value(fmt) > MT_CKPT_FORMAT)
@@ -192,6 +193,11 @@ static int read_state(const char *path, int64_t dir_step_num, mt_ckpt_state *out
         if ((updates && !json_is_integer(updates)) || (skipped && !json_is_integer(skipped)) ||
             s.updates < 0 || s.skipped < 0 || s.updates > s.step || s.skipped > s.step)
             rc = mt_error_set("%s: \"updates\" and \"skipped\" must be integers from 0 to \"step\"", path);
+    }
+    if (rc == MT_OK && in_a_row) { /* absent before it was recorded: 0 */
+        s.in_a_row = json_integer_value(in_a_row);
+        if (!json_is_integer(in_a_row) || s.in_a_row < 0 || s.in_a_row > s.skipped)
+            rc = mt_error_set("%s: \"nonfinite_in_a_row\" must be an integer from 0 to \"skipped\"", path);
     }
     if (rc == MT_OK && state) { /* absent before format 3: full */
         const char *name = json_string_value(state);
@@ -328,16 +334,49 @@ static int check_optimizer(const mt_safetensors *ost, const char *path, const mt
     return MT_OK;
 }
 
-/* Every weight and every fp32 part (moments, scales) finite. U8 codes all decode to finite
- * values: nothing to check. */
-static int check_finite(const mt_safetensors *mst, const mt_safetensors *ost,
-                        const mt_param_table *t, ckpt_tensor_buf *b) {
+/* What a tensor may hold (checkpoint.h, "Sanity at load"): |x| <= max_abs, and nonneg. */
+typedef struct {
+    float max_abs;
+    int nonneg;
+    const char *what; /* for the message */
+} value_bound;
+
+static value_bound bound_of_part(const char *part) {
+    const float m = MT_CKPT_MAX_MOMENT;
+    if (strcmp(part, "exp_avg") == 0)
+        return (value_bound){m, 0, "|exp_avg| <= 1e8 (Adam's first moment: an average of gradients)"};
+    if (strcmp(part, "exp_avg_scale") == 0)
+        return (value_bound){m, 1, "0 <= exp_avg_scale <= 1e8 (a block's largest |exp_avg|)"};
+    if (strcmp(part, "exp_avg_sq") == 0)
+        return (value_bound){m * m, 1, "0 <= exp_avg_sq <= 1e16 (Adam's second moment: an average of "
+                                       "squared gradients)"};
+    if (strcmp(part, "exp_avg_sq_scale") == 0)
+        return (value_bound){m * m, 1, "0 <= exp_avg_sq_scale <= 1e16 (a block's largest exp_avg_sq)"};
+    return (value_bound){m, 0, "|x| <= 1e8"};
+}
+
+/* The n floats at x within b; else MT_ERR naming FILE's tensor NAME, the element and its value. */
+static int check_values(const char *file, const char *name, const void *x, int64_t n, value_bound b) {
+    int64_t i = ckpt_first_out_of_range(x, n, b.max_abs, b.nonneg);
+    if (i < 0) return MT_OK;
+    float v;
+    memcpy(&v, (const unsigned char *)x + 4 * i, 4);
+    if (!isfinite(v))
+        return mt_error_set("%s: tensor %s holds NaN or inf; a checkpoint must be finite (this one "
+                            "is damaged)", file, name);
+    return mt_error_set("%s: tensor %s: element %lld is %g, outside %s: a finite but absurd value "
+                        "(this checkpoint is damaged)", file, name, (long long)i, (double)v, b.what);
+}
+
+/* Every weight and every fp32 part (moments, scales) finite and within its bound. U8 codes decode
+ * to [-1, 1] x scale: bounding the scale bounds them. */
+static int check_sane(const mt_safetensors *mst, const mt_safetensors *ost,
+                      const mt_param_table *t, ckpt_tensor_buf *b) {
     char name[CKPT_PART_NAME];
+    value_bound w = {MT_CKPT_MAX_WEIGHT, 0, "|w| <= 1e8 (trained weights stay within the hundreds)"};
     for (int i = 0; i < t->n_params; i++) {
         const mt_st_tensor *x = mt_safetensors_find(mst, t->params[i].name);
-        if (ckpt_any_nonfinite(x->data, x->numel))
-            return mt_error_set("%s: tensor %s holds NaN or inf; a checkpoint must be finite "
-                                "(this one is damaged)", x->path, x->name);
+        MT_TRY(check_values(x->path, x->name, x->data, x->numel, w));
     }
     for (int i = 0; i < t->n_params; i++) {
         ckpt_buf_layout(b, &t->params[i]);
@@ -345,9 +384,7 @@ static int check_finite(const mt_safetensors *mst, const mt_safetensors *ost,
             if (b->part[k].dtype != MT_F32) continue;
             ckpt_part_name(name, sizeof name, &b->part[k], &t->params[i]);
             const mt_st_tensor *x = mt_safetensors_find(ost, name);
-            if (ckpt_any_nonfinite(x->data, x->numel))
-                return mt_error_set("%s: tensor %s holds NaN or inf; a checkpoint must be finite "
-                                    "(this one is damaged)", x->path, name);
+            MT_TRY(check_values(x->path, name, x->data, x->numel, bound_of_part(b->part[k].name)));
         }
     }
     return MT_OK;
@@ -429,7 +466,7 @@ static int load_dir(const char *ckpt_dir, const mt_param_table *t, const mt_stat
     ckpt_tensor_buf b;
     ckpt_buf_init(&b, t, io->format);
     if (rc == MT_OK) rc = check_optimizer(ost, opt_path, t, &b);
-    if (rc == MT_OK) rc = check_finite(mst, ost, t, &b);
+    if (rc == MT_OK) rc = check_sane(mst, ost, t, &b);
     /* Only now is the state written: a bad checkpoint never leaves it half loaded. */
     if (rc == MT_OK) rc = apply(mst, ost, t, io, &b);
     if (rc == MT_OK && s.state == MT_STATE_TIGHT && io->set_sr_seed)

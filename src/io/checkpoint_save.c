@@ -205,6 +205,7 @@ static int save_state(const char *dir, const mt_ckpt_state *st, const mt_state_i
     json_object_set_new(o, "loss", isfinite(st->loss) ? json_real(st->loss) : json_null());
     json_object_set_new(o, "updates", json_integer((json_int_t)st->updates));
     json_object_set_new(o, "skipped", json_integer((json_int_t)st->skipped));
+    json_object_set_new(o, "nonfinite_in_a_row", json_integer((json_int_t)st->in_a_row));
     json_object_set(o, "args", args ? args : json_null());
     json_t *fo = json_object();
     for (int i = 0; i < files->n; i++) {
@@ -334,17 +335,65 @@ static int lock_dir(const char *path, int flags) {
     return fd;
 }
 
-/* Keeps the keep_last highest steps (and `keep`, the one just written), then removes every
- * .tmp-* entry. Directories are renamed to .tmp-* before removal, so a crash mid-removal never
- * leaves a partial step_ directory. Failures here only warn: the new checkpoint is in place. */
-static void prune(const char *ckdir, int keep_last, int64_t keep) {
+/* CKDIR/step_N's trainer_state.json "nonfinite_in_a_row" (absent: 0); -1 when it cannot be read
+ * (a damaged checkpoint is no healthy one). */
+static int64_t saved_in_a_row(const char *ckdir, int64_t step) {
+    char rel[128];
+    ckpt_step_name(rel, sizeof rel, "", step);
+    snprintf(rel + strlen(rel), sizeof rel - strlen(rel), "/trainer_state.json");
+    char *path = ckpt_path_join(ckdir, rel);
+    json_t *o = json_load_file(path, 0, NULL);
+    free(path);
+    json_t *v = json_object_get(o, "nonfinite_in_a_row");
+    int64_t n = !json_is_object(o) ? -1 : !v ? 0 : json_is_integer(v) ? (int64_t)json_integer_value(v) : -1;
+    json_decref(o);
+    return n;
+}
+
+/* Removes every .tmp-* directory of CKDIR that no save holds locked; their count. */
+static int remove_stale_temps(const char *ckdir) {
+    DIR *d = opendir(ckdir);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, TMP_PREFIX, strlen(TMP_PREFIX)) != 0) continue;
+        char *p = ckpt_path_join(ckdir, e->d_name);
+        int fd = lock_dir(p, LOCK_NB);
+        if (fd >= 0 || errno != EWOULDBLOCK) { /* not a live save's */
+            int err = rmtree(p);
+            if (err) fprintf(stderr, "megatrain: warning: %s: could not remove: %s\n", p, strerror(err));
+            else n++;
+        }
+        if (fd >= 0) close(fd);
+        free(p);
+    }
+    closedir(d);
+    return n;
+}
+
+int mt_checkpoint_clean_temps(const char *out_dir) {
+    char *ckdir = ckpt_path_join(out_dir, CKPT_SUBDIR);
+    int n = remove_stale_temps(ckdir);
+    free(ckdir);
+    return n;
+}
+
+/* Keeps the keep_last highest steps (and `keep`, the one just written; and while keep's
+ * in_a_row > 0, the newest one saved after a healthy step), then removes every .tmp-* entry.
+ * Directories are renamed to .tmp-* before removal, so a crash mid-removal never leaves a partial
+ * step_ directory. Failures here only warn: the new checkpoint is in place. */
+static void prune(const char *ckdir, int keep_last, int64_t keep, int64_t in_a_row) {
     int err;
     char name[64], tmp_name[80];
     if (keep_last > 0) {
         ckpt_step_list l = ckpt_list_steps(ckdir, &err);
         int renamed = 0;
+        int64_t healthy = -1; /* the step kept for the healthy state a run of skipped steps left */
+        for (int i = 0; in_a_row > 0 && healthy < 0 && i < l.n; i++)
+            if (l.steps[i] < keep && saved_in_a_row(ckdir, l.steps[i]) == 0) healthy = l.steps[i];
         for (int i = keep_last; i < l.n; i++) {
-            if (l.steps[i] == keep) continue;
+            if (l.steps[i] == keep || l.steps[i] == healthy) continue;
             ckpt_step_name(name, sizeof name, "", l.steps[i]);
             ckpt_step_name(tmp_name, sizeof tmp_name, TMP_PREFIX "del-", l.steps[i]);
             char *src = ckpt_path_join(ckdir, name), *dst = ckpt_path_join(ckdir, tmp_name);
@@ -359,18 +408,7 @@ static void prune(const char *ckdir, int keep_last, int64_t keep) {
         if (renamed && fsync_dir(ckdir) != MT_OK)
             fprintf(stderr, "megatrain: warning: %s\n", mt_error_message());
     }
-    DIR *d = opendir(ckdir);
-    if (!d) return;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (strncmp(e->d_name, TMP_PREFIX, strlen(TMP_PREFIX)) != 0) continue;
-        char *p = ckpt_path_join(ckdir, e->d_name);
-        int fd = lock_dir(p, LOCK_NB);
-        if (fd >= 0 || errno != EWOULDBLOCK) warn_rmtree(p); /* not a live save's */
-        if (fd >= 0) close(fd);
-        free(p);
-    }
-    closedir(d);
+    remove_stale_temps(ckdir);
 }
 
 int ckpt_tmp_open(const char *out_dir, int64_t step, const char *args_json, const char *tokenizer_dir,
@@ -425,7 +463,7 @@ void ckpt_tmp_abort(ckpt_tmp_dir *d) {
     tmp_free(d);
 }
 
-int ckpt_tmp_publish(ckpt_tmp_dir *d, int keep_last) {
+int ckpt_tmp_publish(ckpt_tmp_dir *d, int keep_last, int64_t in_a_row) {
     int rc = publish(d->ckdir, d->tmp, d->name);
     if (rc != MT_OK) {
         ckpt_tmp_abort(d);
@@ -434,7 +472,7 @@ int ckpt_tmp_publish(ckpt_tmp_dir *d, int keep_last) {
     char *ckdir = mt_strdup(d->ckdir);
     int64_t step = d->step;
     tmp_free(d); /* the lock goes before the prune, which skips locked directories */
-    prune(ckdir, keep_last, step);
+    prune(ckdir, keep_last, step, in_a_row);
     free(ckdir);
     return MT_OK;
 }
@@ -448,7 +486,7 @@ int mt_checkpoint_save(const char *out_dir, const mt_param_table *t, const mt_st
     ckpt_tmp_dir d;
     MT_TRY(ckpt_tmp_open(out_dir, st->step, args_json, tokenizer_dir, &args, &d));
     int rc = save_contents(d.tmp, t, io, st, args, tokenizer_dir, out_dir);
-    if (rc == MT_OK) rc = ckpt_tmp_publish(&d, keep_last);
+    if (rc == MT_OK) rc = ckpt_tmp_publish(&d, keep_last, st->in_a_row);
     else ckpt_tmp_abort(&d);
     json_decref(args);
     return rc;

@@ -257,7 +257,7 @@ int mt_checkpoint_finish(mt_ckpt_writer *w, const mt_state_io *io, const mt_ckpt
         free(path);
     }
     if (rc == MT_OK) rc = ckpt_save_last(w->d.tmp, st, io, w->args, w->tok_dir, &w->files);
-    if (rc == MT_OK) rc = ckpt_tmp_publish(&w->d, keep_last);
+    if (rc == MT_OK) rc = ckpt_tmp_publish(&w->d, keep_last, st->in_a_row);
     else ckpt_tmp_abort(&w->d);
     writer_free(w);
     return rc;

@@ -12,4 +12,11 @@ void mt_test_ckpt_store_state(const char *dir, json_t *o);
 /* Records DIR/FILE's current length and XXH3-64 in DIR/trainer_state.json. */
 void mt_test_ckpt_restamp(const char *dir, const char *file);
 
+/* Sets elements [first, first + count) (count < 0: to the end) of every F32 tensor of DIR/FILE (a
+ * safetensors file) whose name contains name_part to value, in place, and re-records the file's
+ * checksum: a finite but absurd value "as a broken writer or a hand edit would" leave. Returns the
+ * number of tensors changed (fails the test when none matches). */
+int mt_test_ckpt_fill_f32(const char *dir, const char *file, const char *name_part, long first, long count,
+                          float value);
+
 #endif
