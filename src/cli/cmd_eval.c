@@ -10,12 +10,12 @@
 
 #include "../backend/backend.h"
 #include "../core/error.h"
-#include "../io/tokens.h"
+#include "data/tokens.h"
 #include "../model/runner.h"
 #include "args.h"
 #include "commands.h"
 #include "model_source.h"
-#include "run_data.h"
+#include "data/run_data.h"
 #include "run_setup.h"
 
 static void print_usage(FILE *out) {

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "../core/error.h"
-#include "../io/chat_pack.h"
+#include "data/chat_pack.h"
 #include "../optim/state.h"
 #include "args.h"
 

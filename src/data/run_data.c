@@ -1,5 +1,5 @@
 /* --data: token files, packed rows, and the text / chat data turned into them (see run_data.h). */
-#include "run_data.h"
+#include "data/run_data.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -10,11 +10,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../core/error.h"
-#include "../io/byte_text.h"
-#include "../io/map_guard.h"
-#include "../io/text_data.h"
-#include "../tokenizer/tokenizer.h"
+#include "core/error.h"
+#include "data/byte_text.h"
+#include "data/map_guard.h"
+#include "data/text_data.h"
+#include "tokenizer/tokenizer.h"
 
 #define BYTE_EOS 256
 

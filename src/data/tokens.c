@@ -1,5 +1,5 @@
 /* Token files: mmap + validation at open, then batch reads that cannot fail (see tokens.h). */
-#include "io/tokens.h"
+#include "data/tokens.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "io/map_guard.h"
+#include "data/map_guard.h"
 
 int mt_tokens_elem_size_for_vocab(int vocab) { return vocab <= 65536 ? 2 : 4; }
 

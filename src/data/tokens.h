@@ -3,7 +3,7 @@
  * A token file is a flat array of little-endian token ids, uint16 (elem_size 2, the default) or
  * uint32 (elem_size 4, for vocabularies over 65536), as nanoGPT's train.bin. It is mmapped read-only
  * and validated once at open, so batch reads never fail -- unless the file is truncated under the
- * mapping: io/map_guard.h notices that (mt_map_guard_check(f->data) before a batch, and a SIGBUS
+ * mapping: data/map_guard.h notices that (mt_map_guard_check(f->data) before a batch, and a SIGBUS
  * handler).
  *
  * Rows. A row is T+1 consecutive tokens from a start position; inputs are its first T tokens and

@@ -1,14 +1,14 @@
 /* What --data (and --eval-data) names, opened as something batches are read from.
  *
  * By content, not by name alone:
- *   - a file starting with the packed-rows magic (io/packed.h), or named *.packed: used as is
+ *   - a file starting with the packed-rows magic (data/packed.h), or named *.packed: used as is
  *     (validated; its T must be --seq);
- *   - *.bin / *.tokens: a token file (io/tokens.h);
+ *   - *.bin / *.tokens: a token file (data/tokens.h);
  *   - *.jsonl whose first JSON object has "messages": chat data, packed with the model's
  *     tokenizer.json into OUT/<name>.packed (flags: chat_format, loss_on, long_policy, pack);
  *   - anything else: text / JSONL ("text" field) tokenized into OUT/<name>.tokens.bin with the
  *     model's tokenizer.json, or as bytes for a model without one.
- * Opening installs the SIGBUS guard of io/map_guard.h, and each batch read first checks that the
+ * Opening installs the SIGBUS guard of data/map_guard.h, and each batch read first checks that the
  * file has not shrunk: a data file truncated under a running command ends it with one line naming
  * the file and exit 1 (never a SIGBUS), before that batch is used.
  * A derived file is re-used while its sidecar OUT/<file>.json says it was made from the same source
@@ -20,10 +20,10 @@
 
 #include <stdint.h>
 
-#include "../io/chat_pack.h"
-#include "../io/packed.h"
-#include "../io/tokens.h"
-#include "../model/config.h"
+#include "data/chat_pack.h"
+#include "data/packed.h"
+#include "data/tokens.h"
+#include "model/config.h"
 
 typedef struct {
     const char *out_dir;   /* where derived files go */
