@@ -104,6 +104,7 @@ int mt_cmd_eval(int argc, char **argv) {
     dopts.model_dir = model_dir;
     dopts.T = (int)T;
     int rc = mt_run_check_seq(cfg, (int)T, "--seq");
+    if (rc == MT_OK) rc = mt_run_data_check_file("--data", data);
     if (rc == MT_OK) rc = mt_run_data_open(&f, data, &dopts, cfg);
     remove_dir(scratch); /* what was opened stays mapped */
     if (rc != MT_OK) {

@@ -345,13 +345,6 @@ static void train_run_free(train_run *r) {
     mt_run_unlock(&r->lock);
 }
 
-static int readable_file(const char *flag, const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return mt_error_set("%s %s: cannot open: %s", flag, path, strerror(errno));
-    fclose(f);
-    return MT_OK;
-}
-
 /* The newest intact checkpoint of OUT into the engine's arenas and *st; *found = 0 when OUT has none.
  * (The one place that picks and loads the checkpoint to resume from.) */
 static int load_resume_checkpoint(train_run *r, mt_ckpt_state *st, int *found) {
@@ -492,8 +485,8 @@ static int open_model(train_run *r) {
     if (!o->have_seq) o->seq = mt_plan_default_seq(cfg);
     MT_TRY(mt_run_check_seq(cfg, (int)o->seq, "--seq"));
     /* a missing data file is refused before --out is created, so a typo leaves nothing behind */
-    MT_TRY(readable_file("--data", o->data));
-    if (o->eval_data) MT_TRY(readable_file("--eval-data", o->eval_data));
+    MT_TRY(mt_run_data_check_file("--data", o->data));
+    if (o->eval_data) MT_TRY(mt_run_data_check_file("--eval-data", o->eval_data));
     return MT_OK;
 }
 

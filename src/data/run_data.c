@@ -183,11 +183,32 @@ static int refuse_chat_flags(const char *path, const char *what) {
                         "%s is %s", path, what);
 }
 
+static const char *file_kind(mode_t m) {
+    if (S_ISFIFO(m)) return "a FIFO (named pipe)";
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISSOCK(m)) return "a socket";
+    return "not a plain file";
+}
+
+int mt_run_data_check_file(const char *flag, const char *path) {
+    const char *f = flag ? flag : "", *sp = flag ? " " : "";
+    struct stat st;
+    /* stat, never open, first: opening a FIFO that has no writer blocks until one comes */
+    if (stat(path, &st) != 0) return mt_error_set("%s%s%s: cannot open: %s", f, sp, path, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return mt_error_set("%s%s%s: is %s, not a regular file", f, sp, path, file_kind(st.st_mode));
+    FILE *fp = fopen(path, "rb"); /* a regular file: does not block */
+    if (!fp) return mt_error_set("%s%s%s: cannot open: %s", f, sp, path, strerror(errno));
+    fclose(fp);
+    return MT_OK;
+}
+
 int mt_run_data_open(mt_run_data *d, const char *path, const mt_run_data_opts *o, const mt_config *cfg) {
     memset(d, 0, sizeof *d);
     mt_map_guard_install(); /* every command that reads data from here on reads mappings */
-    struct stat st;
-    if (stat(path, &st) != 0) return mt_error_set("%s: cannot open: %s", path, strerror(errno));
+    MT_TRY(mt_run_data_check_file(NULL, path));
     size_t len = strlen(path);
     if (mt_packed_is_packed(path) || (len > 7 && !strcmp(path + len - 7, ".packed"))) {
         if (o->chat_flags) return refuse_chat_flags(path, "already packed");

@@ -44,6 +44,12 @@ typedef struct {
     int doc_cap;
 } mt_run_data;
 
+/* MT_OK when PATH is a readable regular file. Anything else is refused before it is opened (a FIFO
+ * with no writer would block the open forever): MT_ERR "FLAG PATH: is a FIFO (named pipe), not a
+ * regular file" (a directory, a device, a socket likewise), or "FLAG PATH: cannot open: ...".
+ * flag may be NULL (the message then starts with PATH). */
+int mt_run_data_check_file(const char *flag, const char *path);
+
 /* MT_ERR with one line naming the file or flag at fault. */
 int mt_run_data_open(mt_run_data *d, const char *path, const mt_run_data_opts *o, const mt_config *cfg);
 void mt_run_data_close(mt_run_data *d);
