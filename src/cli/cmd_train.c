@@ -148,16 +148,20 @@ static const int32_t *my_docs(const train_run *r, const int32_t *doc_start) {
     return doc_start ? doc_start + my_rows(r) : NULL;
 }
 
+/* An eval set: --eval-data, or the part of --data that --eval-split holds out. */
+static int has_eval(const mt_train_opts *o) { return o->eval_data || o->eval_split > 0; }
+
 static int evaluate(train_run *r) {
     int B = (int)r->o.batch, T = (int)r->o.seq;
-    int64_t rows = mt_run_data_eval_rows(&r->eval, T);
+    mt_run_data *ev = r->o.eval_split > 0 ? &r->data : &r->eval;
+    int64_t rows = mt_run_data_eval_rows(ev, T);
     int64_t batches = (rows + B - 1) / B;
     if (batches > r->o.eval_batches) batches = r->o.eval_batches;
     int32_t *in = mt_malloc((size_t)B * T * sizeof(int32_t)), *tg = mt_malloc((size_t)B * T * sizeof(int32_t));
     double sum = 0;
     int64_t count = 0;
     for (int64_t i = 0; i < batches; i++) {
-        use_documents(r, my_docs(r, mt_run_data_eval_batch(&r->eval, i * B, B, T, in, tg)));
+        use_documents(r, my_docs(r, mt_run_data_eval_batch(ev, i * B, B, T, in, tg)));
         int64_t c;
         sum += mt_engine_eval(r->e, in + my_rows(r), tg + my_rows(r), (int)r->rows, &c);
         count += c;
@@ -279,7 +283,7 @@ static int train_loop(train_run *r) {
                              .host_gib = resident_gib()};
         rc = mt_train_log_step(&r->log, &line);
         if (rc == MT_OK && res.skipped) rc = on_nonfinite(r, &res);
-        if (rc == MT_OK && o->eval_data && o->eval_every && r->step % o->eval_every == 0) rc = evaluate(r);
+        if (rc == MT_OK && has_eval(o) && o->eval_every && r->step % o->eval_every == 0) rc = evaluate(r);
         if (rc == MT_OK && o->save_every && r->step % o->save_every == 0 && r->step < o->steps)
             rc = save_checkpoint(r);
         /* the ranks go on, or stop, together: a failure on one (its log, say) or a signal that
@@ -295,7 +299,7 @@ static int train_loop(train_run *r) {
     if (stopping(r))
         MT_TRY(mt_train_log_note(&r->log, "%s: stopping after step %lld",
                                  stopping(r) == SIGINT ? "SIGINT" : "SIGTERM", (long long)r->step));
-    if (o->eval_data && (!o->eval_every || r->step % o->eval_every != 0)) MT_TRY(evaluate(r));
+    if (has_eval(o) && (!o->eval_every || r->step % o->eval_every != 0)) MT_TRY(evaluate(r));
     return save_checkpoint(r);
 }
 
@@ -512,6 +516,7 @@ static int open_data(train_run *r) {
                               .chat_flags = o->have_chat_flags};
     MT_TRY(mt_run_data_open(&r->data, o->data, &dopts, cfg));
     if (o->eval_data) MT_TRY(mt_run_data_open(&r->eval, o->eval_data, &dopts, cfg));
+    if (o->eval_split > 0) MT_TRY(mt_run_data_split(&r->data, o->data, o->eval_split, (uint64_t)o->seed, (int)o->seq));
     return MT_OK;
 }
 
@@ -660,6 +665,10 @@ static int train(train_run *r) {
            "data %s (%s)\n",
            r->model.table.n_real / 1e6, r->be->name, (long long)o->steps, (long long)o->batch,
            (long long)o->seq, (long long)o->micro_batch, o->data, data_desc);
+    if (o->eval_split > 0)
+        printf("--eval-split %g: %lld of %lld %s held out as the eval set (never trained on), %lld trained\n",
+               o->eval_split, (long long)r->data.split.n_eval, (long long)r->data.split.units,
+               r->data.packed.data ? "rows" : "sequences", (long long)r->data.split.n_train);
     if (r->ranks > 1)
         printf("data parallel: %d ranks (%s), %lld rows of each batch per rank; host state %.0f bytes "
                "on each rank (its shard of every group)\n",

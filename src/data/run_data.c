@@ -233,7 +233,23 @@ int mt_run_data_open(mt_run_data *d, const char *path, const mt_run_data_opts *o
     return bytes_to_tokens(&d->tokens, path, derived, o, cfg);
 }
 
+int mt_run_data_split(mt_run_data *d, const char *name, double fraction, uint64_t seed, int T) {
+    char what[PATH_MAX + 96];
+    int64_t units;
+    if (d->packed.data) {
+        units = d->packed.rows;
+        snprintf(what, sizeof what, "%s (%lld packed rows)", name, (long long)units);
+    } else {
+        MT_CHECK(T > 0, "T %d", T);
+        units = d->tokens.n_tokens / T > 1 ? d->tokens.n_tokens / T : 1;
+        snprintf(what, sizeof what, "%s (%lld tokens: %lld sequences of --seq %d)", name,
+                 (long long)d->tokens.n_tokens, (long long)units, T);
+    }
+    return mt_data_split_make(&d->split, units, fraction, seed, what);
+}
+
 void mt_run_data_close(mt_run_data *d) {
+    mt_data_split_free(&d->split);
     mt_tokens_close(&d->tokens);
     mt_packed_close(&d->packed);
     free(d->doc_start);
@@ -267,9 +283,34 @@ static void data_still_whole(const mt_run_data *d) {
     exit(1);
 }
 
+/* B rows of a split: training rows of `step` (o != NULL), or eval rows from first_row (past the
+ * held-out units: padding, inputs 0 and targets -1, as the eval batches without a split). */
+static const int32_t *split_rows(mt_run_data *d, const mt_batch_order *o, int64_t step, int64_t first_row, int B,
+                                 int T, int32_t *inputs, int32_t *targets) {
+    const mt_data_split *s = &d->split;
+    if (d->packed.data) MT_CHECK(T == d->packed.T, "T %d, packed rows of %d", T, d->packed.T);
+    int32_t *ds = d->packed.data ? doc_buffer(d, B * T) : NULL;
+    for (int r = 0; r < B; r++) {
+        size_t off = (size_t)r * T;
+        int64_t unit = -1;
+        if (o) unit = mt_data_split_train_unit(s, o, step * (int64_t)B + r);
+        else if (first_row + r < s->n_eval) unit = s->eval[first_row + r];
+        if (unit < 0) {
+            for (int t = 0; t < T; t++) inputs[off + t] = 0, targets[off + t] = -1;
+            if (ds) memset(ds + off, 0, (size_t)T * sizeof(int32_t));
+        } else if (ds) {
+            mt_packed_row(&d->packed, unit, inputs + off, targets + off, ds + off);
+        } else {
+            mt_tokens_window(&d->tokens, unit, T, inputs + off, targets + off);
+        }
+    }
+    return ds;
+}
+
 const int32_t *mt_run_data_batch(mt_run_data *d, const mt_batch_order *o, int64_t step, int B, int T,
                                  int32_t *inputs, int32_t *targets) {
     data_still_whole(d);
+    if (d->split.units) return split_rows(d, o, step, 0, B, T, inputs, targets);
     if (!d->packed.data) {
         mt_tokens_batch(&d->tokens, o, step, B, T, inputs, targets);
         return NULL;
@@ -281,12 +322,14 @@ const int32_t *mt_run_data_batch(mt_run_data *d, const mt_batch_order *o, int64_
 }
 
 int64_t mt_run_data_eval_rows(const mt_run_data *d, int T) {
+    if (d->split.units) return d->split.n_eval;
     return d->packed.data ? d->packed.rows : mt_tokens_eval_rows(&d->tokens, T);
 }
 
 const int32_t *mt_run_data_eval_batch(mt_run_data *d, int64_t first_row, int B, int T, int32_t *inputs,
                                       int32_t *targets) {
     data_still_whole(d);
+    if (d->split.units) return split_rows(d, NULL, 0, first_row, B, T, inputs, targets);
     if (!d->packed.data) {
         mt_tokens_eval_batch(&d->tokens, first_row, B, T, inputs, targets);
         return NULL;

@@ -22,6 +22,7 @@
 
 #include "data/chat_pack.h"
 #include "data/packed.h"
+#include "data/split.h"
 #include "data/tokens.h"
 #include "model/config.h"
 
@@ -42,6 +43,7 @@ typedef struct {
     mt_packed_file packed; /* packed.data != NULL: packed rows */
     int32_t *doc_start;    /* packed rows: the document starts of the last batch read */
     int doc_cap;
+    mt_data_split split;   /* split.units > 0: --eval-split (training and eval rows both from here) */
 } mt_run_data;
 
 /* MT_OK when PATH is a readable regular file. Anything else is refused before it is opened (a FIFO
@@ -53,6 +55,11 @@ int mt_run_data_check_file(const char *flag, const char *path);
 /* MT_ERR with one line naming the file or flag at fault. */
 int mt_run_data_open(mt_run_data *d, const char *path, const mt_run_data_opts *o, const mt_config *cfg);
 void mt_run_data_close(mt_run_data *d);
+
+/* --eval-split fraction (data/split.h): from here on the training batches read the train units only
+ * and the eval rows are the held-out units. T: --seq (a token file's windows). MT_ERR naming the
+ * data (name: the path the user gave) when a side would be empty. */
+int mt_run_data_split(mt_run_data *d, const char *name, double fraction, uint64_t seed, int T);
 
 /* Human summary: "123456 tokens" or "40 packed rows of 1024 tokens". */
 void mt_run_data_describe(const mt_run_data *d, char *buf, int size);

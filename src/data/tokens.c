@@ -201,6 +201,11 @@ void mt_tokens_batch(const mt_token_file *f, const mt_batch_order *o, int64_t st
     }
 }
 
+void mt_tokens_window(const mt_token_file *f, int64_t k, int T, int32_t *inputs, int32_t *targets) {
+    MT_CHECK(f->data && k >= 0 && T > 0, "window %lld T %d", (long long)k, T);
+    fill_row(f, mulmod(k, T, f->n_tokens), T, inputs, targets);
+}
+
 int64_t mt_tokens_eval_rows(const mt_token_file *f, int T) {
     MT_CHECK(T > 0, "T %d", T);
     int64_t rows = (f->n_tokens - 1) / T;

@@ -67,6 +67,9 @@ int64_t mt_tokens_perm(uint64_t seed, int64_t epoch, int64_t W, int64_t i);
 void mt_tokens_batch(const mt_token_file *f, const mt_batch_order *o, int64_t step, int B, int T,
                      int32_t *inputs, int32_t *targets);
 
+/* Window k's row (the T+1 tokens from k*T, wrapping as above) into inputs and targets (T each). */
+void mt_tokens_window(const mt_token_file *f, int64_t k, int T, int32_t *inputs, int32_t *targets);
+
 /* Number of non-overlapping eval rows of length T+1: (n_tokens - 1) / T, at least 1 (a file shorter
  * than T+1 gives one row that wraps). */
 int64_t mt_tokens_eval_rows(const mt_token_file *f, int T);
