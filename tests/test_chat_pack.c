@@ -1,4 +1,4 @@
-/* Chat JSONL -> packed rows (src/io/chat_pack.h), end to end:
+/* Chat JSONL -> packed rows (src/data/chat_pack.h), end to end:
  *  - the reference conversations of tests/fixtures/chat (rendered by jinja2, encoded by tokenizers)
  *    come out of the packed file with exactly their ids, and a target exactly where the next token
  *    is an assistant token of the same conversation (every token with --loss-on all), for every
@@ -23,8 +23,8 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
-#include "io/chat_pack.h"
-#include "io/packed.h"
+#include "data/chat_pack.h"
+#include "data/packed.h"
 #include "model/runner.h"
 #include "util/testutil.h"
 #include "util/tiny_config.h"

@@ -1,6 +1,7 @@
 /* The `megatrain` binary (env MT_BIN) when its data file is truncated under a running `train`
  * (rewritten in place): one line naming the file and exit 1 -- not a SIGBUS (exit 135) -- and the
- * last checkpoint saved before stays whole (eval loads it). */
+ * last checkpoint saved before stays whole (eval loads it). And data that is not a regular file (a
+ * FIFO, a directory, a device): refused by name before it is opened. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,9 +107,56 @@ static void test_truncated_under_train(void **state) {
     mt_cli_expect(rc, 0, out, "loss");
 }
 
+/* `cd tmp && timeout 10 megatrain ARGS`: a command that blocks (opening a FIFO that has no writer)
+ * is killed and fails the test (exit 124) instead of hanging it. */
+static int run_bounded(char *out, size_t size, const char *args) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "cd '%s' && timeout 10 '%s' %s 2>&1", g.tmp, g.bin, args);
+    int rc = mt_test_run(cmd, out, size);
+    if (rc == 124) fail_msg("still running after 10 s (blocked on the FIFO?): %s\n%s", args, out);
+    return rc;
+}
+
+static void expect_refused(const char *args, const char *needle) {
+    static char out[OUT_SIZE];
+    int rc = run_bounded(out, OUT_SIZE, args);
+    char first[2048];
+    int n_err = mt_cli_error_lines(out, first, sizeof first);
+    printf("%s -> exit %d: %s\n", args, rc, first);
+    assert_int_equal(rc, 1);
+    assert_int_equal(n_err, 1);
+    if (!strstr(first, needle)) fail_msg("'%s' not in the error: %s", needle, first);
+}
+
+/* --data / --eval-data / eval --data naming a FIFO with no writer, a directory or a device: refused
+ * at once with one line naming the flag, the path and what it is -- never opened (which blocks). */
+static void test_not_regular_file(void **state) {
+    char args[4096];
+    mt_test_sh("cd '%s' && rm -f pipe.bin && mkfifo pipe.bin && mkdir -p dir.bin", g.tmp);
+    snprintf(args, sizeof args, "train --model '%s' --data pipe.bin --out run_fifo --steps 1 --batch 2 --seq 16",
+             g.fixture);
+    expect_refused(args, "megatrain: --data pipe.bin: is a FIFO (named pipe), not a regular file");
+    snprintf(args, sizeof args, "train --model '%s' --data '%s/data.bin' --eval-data pipe.bin --out run_fifo "
+             "--steps 1 --batch 2 --seq 16", g.fixture, g.fixture);
+    expect_refused(args, "megatrain: --eval-data pipe.bin: is a FIFO (named pipe), not a regular file");
+    snprintf(args, sizeof args, "eval --model '%s' --data pipe.bin --batch 2 --seq 16 --batches 1", g.fixture);
+    expect_refused(args, "megatrain: --data pipe.bin: is a FIFO (named pipe), not a regular file");
+    snprintf(args, sizeof args, "train --model '%s' --data dir.bin --out run_dir --steps 1 --batch 2 --seq 16",
+             g.fixture);
+    expect_refused(args, "megatrain: --data dir.bin: is a directory, not a regular file");
+    snprintf(args, sizeof args, "train --model '%s' --data /dev/null --out run_dev --steps 1 --batch 2 --seq 16",
+             g.fixture);
+    expect_refused(args, "megatrain: --data /dev/null: is a character device, not a regular file");
+    /* refused before --out is made: nothing left behind */
+    char path[4096];
+    snprintf(path, sizeof path, "%s/run_fifo", g.tmp);
+    assert_int_not_equal(access(path, F_OK), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_truncated_under_train),
+        cmocka_unit_test(test_not_regular_file),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,4 +1,4 @@
-/* io/map_guard.h: a token file or packed file truncated while mapped.
+/* data/map_guard.h: a token file or packed file truncated while mapped.
  *  - mt_map_guard_check passes while the file is whole and, once it shrank, is MT_ERR naming the
  *    file and both sizes; unguarded or closed mappings pass;
  *  - the SIGBUS backstop (a read of a lost page, bypassing the check) in a child process: one line
@@ -13,9 +13,9 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "io/map_guard.h"
-#include "io/packed.h"
-#include "io/tokens.h"
+#include "data/map_guard.h"
+#include "data/packed.h"
+#include "data/tokens.h"
 #include "util/testutil.h"
 
 static char *g_tmp;

@@ -1,4 +1,4 @@
-/* The packed-rows file (src/io/packed.h): what the writer lays out is checked against the format's
+/* The packed-rows file (src/data/packed.h): what the writer lays out is checked against the format's
  * definition computed here, for several T, random documents and both id sizes: split, from the
  * plain stream (row r = stream tokens r*T .. r*T+T, targets only inside a document and on trained
  * tokens, document starts restarting at each row; documents one token long to several rows long);
@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "io/packed.h"
+#include "data/packed.h"
 #include "util/testutil.h"
 
 typedef struct {

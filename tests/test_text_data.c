@@ -1,4 +1,4 @@
-/* mt_text_to_tokens (src/io/text_data.h) against the tokenizer fixtures:
+/* mt_text_to_tokens (src/data/text_data.h) against the tokenizer fixtures:
  *  - JSONL: tokenizing the fixture's own cases.jsonl (355 texts, each a {"text": ...} object) gives
  *    exactly the ids Python's tokenizers gave for each text with add_special_tokens=True
  *    ("ids_special"), each followed by the eos id; whitespace-only texts are encoded too (as
@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "io/text_data.h"
+#include "data/text_data.h"
 #include "tokenizer/tokenizer.h"
 #include "util/testutil.h"
 

@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "io/byte_text.h"
-#include "io/tokens.h"
+#include "data/byte_text.h"
+#include "data/tokens.h"
 #include "util/testutil.h"
 
 static char *tmpdir;

@@ -11,12 +11,12 @@
 #include "../backend/backend.h"
 #include "../core/error.h"
 #include "../model/layer.h"
-#include "../io/tokens.h"
+#include "data/tokens.h"
 #include "../model/runner.h"
 #include "args.h"
 #include "commands.h"
 #include "model_source.h"
-#include "run_data.h"
+#include "data/run_data.h"
 #include "run_setup.h"
 
 static void print_usage(FILE *out) {
@@ -116,6 +116,7 @@ int mt_cmd_eval(int argc, char **argv) {
     dopts.model_dir = model_dir;
     dopts.T = (int)T;
     int rc = mt_run_check_seq(cfg, (int)T, "--seq");
+    if (rc == MT_OK) rc = mt_run_data_check_file("--data", data);
     if (rc == MT_OK) rc = mt_run_data_open(&f, data, &dopts, cfg);
     remove_dir(scratch); /* what was opened stays mapped */
     if (rc != MT_OK) {

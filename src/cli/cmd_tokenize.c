@@ -1,13 +1,13 @@
 /* megatrain tokenize: text or JSONL in, a token file (docs/DESIGN.md "Data") out, via a tokenizer.json
- * (--tokenizer) or byte-level (--bytes); with --chat, chat JSONL in, packed rows (io/packed.h) out. */
+ * (--tokenizer) or byte-level (--bytes); with --chat, chat JSONL in, packed rows (data/packed.h) out. */
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "../core/error.h"
-#include "../io/byte_text.h"
-#include "../io/chat_pack.h"
-#include "../io/text_data.h"
+#include "data/byte_text.h"
+#include "data/chat_pack.h"
+#include "data/text_data.h"
 #include "../tokenizer/tokenizer.h"
 #include "args.h"
 #include "commands.h"

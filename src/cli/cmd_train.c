@@ -17,15 +17,15 @@
 #include "../engine/engine.h"
 #include "../engine/flops.h"
 #include "../engine/lr.h"
-#include "../io/byte_text.h"
+#include "data/byte_text.h"
 #include "../io/checkpoint.h"
 #include "../io/model_io.h"
-#include "../io/tokens.h"
+#include "data/tokens.h"
 #include "../model/moe.h"
 #include "commands.h"
 #include "model_source.h"
 #include "process_env.h"
-#include "run_data.h"
+#include "data/run_data.h"
 #include "run_dir.h"
 #include "run_ranks.h"
 #include "run_setup.h"
@@ -198,16 +198,20 @@ static const int32_t *my_docs(const train_run *r, const int32_t *doc_start) {
     return doc_start ? doc_start + my_rows(r) : NULL;
 }
 
+/* An eval set: --eval-data, or the part of --data that --eval-split holds out. */
+static int has_eval(const mt_train_opts *o) { return o->eval_data || o->eval_split > 0; }
+
 static int evaluate(train_run *r) {
     int B = (int)r->o.batch, T = (int)r->o.seq;
-    int64_t rows = mt_run_data_eval_rows(&r->eval, T);
+    mt_run_data *ev = r->o.eval_split > 0 ? &r->data : &r->eval;
+    int64_t rows = mt_run_data_eval_rows(ev, T);
     int64_t batches = (rows + B - 1) / B;
     if (batches > r->o.eval_batches) batches = r->o.eval_batches;
     int32_t *in = mt_malloc((size_t)B * T * sizeof(int32_t)), *tg = mt_malloc((size_t)B * T * sizeof(int32_t));
     double sum = 0;
     int64_t count = 0;
     for (int64_t i = 0; i < batches; i++) {
-        use_documents(r, my_docs(r, mt_run_data_eval_batch(&r->eval, i * B, B, T, in, tg)));
+        use_documents(r, my_docs(r, mt_run_data_eval_batch(ev, i * B, B, T, in, tg)));
         int64_t c;
         sum += mt_engine_eval(r->e, in + my_rows(r), tg + my_rows(r), (int)r->rows, &c);
         count += c;
@@ -329,7 +333,7 @@ static int train_loop(train_run *r) {
                              .host_gib = resident_gib()};
         rc = mt_train_log_step(&r->log, &line);
         if (rc == MT_OK && res.skipped) rc = on_nonfinite(r, &res);
-        if (rc == MT_OK && o->eval_data && o->eval_every && r->step % o->eval_every == 0) rc = evaluate(r);
+        if (rc == MT_OK && has_eval(o) && o->eval_every && r->step % o->eval_every == 0) rc = evaluate(r);
         if (rc == MT_OK && o->save_every && r->step % o->save_every == 0 && r->step < o->steps)
             rc = save_checkpoint(r);
         /* the ranks go on, or stop, together: a failure on one (its log, say) or a signal that
@@ -353,7 +357,7 @@ static int train_loop(train_run *r) {
                             "the weights from before them; try a lower --lr or a longer --warmup, or check the data",
                             (long long)r->in_a_row, (long long)r->step, (long long)o->max_nonfinite,
                             r->last_ckpt[0] ? r->last_ckpt : "(none)");
-    if (o->eval_data && (!o->eval_every || r->step % o->eval_every != 0)) MT_TRY(evaluate(r));
+    if (has_eval(o) && (!o->eval_every || r->step % o->eval_every != 0)) MT_TRY(evaluate(r));
     return save_checkpoint(r);
 }
 
@@ -405,13 +409,6 @@ static void train_run_free(train_run *r) {
     mt_host_model_free(&r->model);
     free(r->args_json);
     mt_run_unlock(&r->lock);
-}
-
-static int readable_file(const char *flag, const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return mt_error_set("%s %s: cannot open: %s", flag, path, strerror(errno));
-    fclose(f);
-    return MT_OK;
 }
 
 /* The newest intact checkpoint of OUT into the engine's arenas and *st; *found = 0 when OUT has none.
@@ -563,8 +560,8 @@ static int open_model(train_run *r) {
     if (!o->have_seq) o->seq = mt_plan_default_seq(cfg);
     MT_TRY(mt_run_check_seq(cfg, (int)o->seq, "--seq"));
     /* a missing data file is refused before --out is created, so a typo leaves nothing behind */
-    MT_TRY(readable_file("--data", o->data));
-    if (o->eval_data) MT_TRY(readable_file("--eval-data", o->eval_data));
+    MT_TRY(mt_run_data_check_file("--data", o->data));
+    if (o->eval_data) MT_TRY(mt_run_data_check_file("--eval-data", o->eval_data));
     return MT_OK;
 }
 
@@ -590,6 +587,7 @@ static int open_data(train_run *r) {
                               .chat_flags = o->have_chat_flags};
     MT_TRY(mt_run_data_open(&r->data, o->data, &dopts, cfg));
     if (o->eval_data) MT_TRY(mt_run_data_open(&r->eval, o->eval_data, &dopts, cfg));
+    if (o->eval_split > 0) MT_TRY(mt_run_data_split(&r->data, o->data, o->eval_split, (uint64_t)o->seed, (int)o->seq));
     return MT_OK;
 }
 
@@ -740,6 +738,10 @@ static int train(train_run *r) {
            "data %s (%s)\n",
            r->model.table.n_real / 1e6, r->be->name, (long long)o->steps, (long long)o->batch,
            (long long)o->seq, (long long)o->micro_batch, o->data, data_desc);
+    if (o->eval_split > 0)
+        printf("--eval-split %g: %lld of %lld %s held out as the eval set (never trained on), %lld trained\n",
+               o->eval_split, (long long)r->data.split.n_eval, (long long)r->data.split.units,
+               r->data.packed.data ? "rows" : "sequences", (long long)r->data.split.n_train);
     if (r->ranks > 1)
         printf("data parallel: %d ranks (%s), %lld rows of each batch per rank; host state %.0f bytes "
                "on each rank (its shard of every group)\n",

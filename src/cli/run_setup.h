@@ -1,12 +1,12 @@
 /* What train, eval and generate set up the same way: directories, the backend, the memory check
- * (the data: run_data.h). Each returns MT_OK or MT_ERR with a message naming the flag or file. */
+ * (the data: data/run_data.h). Each returns MT_OK or MT_ERR with a message naming the flag or file. */
 #ifndef MT_RUN_SETUP_H
 #define MT_RUN_SETUP_H
 
 #include "../backend/backend.h"
 #include "../engine/engine.h"
 #include "../engine/planner.h"
-#include "../io/tokens.h"
+#include "data/tokens.h"
 #include "../model/config.h"
 
 int mt_run_make_dir(const char *path);

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "../core/error.h"
-#include "../io/chat_pack.h"
+#include "data/chat_pack.h"
 #include "../optim/state.h"
 #include "args.h"
 #include "model_source.h"
@@ -45,7 +45,10 @@ void mt_train_opts_usage(FILE *out) {
 "                         into rows: nothing padded but the last row, but a conversation cut by a\n"
 "                         row's end goes on at the next row's start without its beginning)\n"
 "  --eval-data PATH       held-out tokens, evaluated every --eval-every steps\n"
-"  --eval-every K         (default 0: only at the end when --eval-data is given)\n"
+"  --eval-split F         hold out the fraction F (0 < F < 1) of --data as the eval set instead,\n"
+"                         never trained on: sequences of --seq tokens of token/text data, rows of\n"
+"                         packed/chat data, picked by --seed (the same on every run and resume)\n"
+"  --eval-every K         (default 0: only at the end when --eval-data or --eval-split is given)\n"
 "  --eval-batches N       batches per evaluation (default 8)\n"
 "  --out DIR              run directory (created); one train at a time (OUT/.lock)\n"
 "shape of a step\n"
@@ -148,7 +151,7 @@ enum { O_LOSS_ON = 900, O_CHAT_FORMAT, O_LONG, O_PACK }; /* chat data */
 enum {
     O_MODEL = 1000, O_INIT, O_DATA, O_OUT, O_STEPS, O_BATCH, O_SEQ, O_MICRO, O_LR, O_MIN_LR,
     O_WARMUP, O_SCHEDULE, O_BETA1, O_BETA2, O_EPS, O_WD, O_CLIP, O_SEED, O_NO_SHUFFLE, O_DEVICE,
-    O_GPU_MEM, O_SAVE_EVERY, O_KEEP, O_RESUME, O_EVAL_DATA, O_EVAL_EVERY, O_EVAL_BATCHES, O_LOG,
+    O_GPU_MEM, O_SAVE_EVERY, O_KEEP, O_RESUME, O_EVAL_DATA, O_EVAL_SPLIT, O_EVAL_EVERY, O_EVAL_BATCHES, O_LOG,
     O_TRACE, O_THREADS, O_DOC_SEP, O_MAX_TIME, O_STOP_AT, O_NO_SAVE, O_OFFLOAD, O_SAVED_LAYERS, O_RESIDENT, O_HELP,
     O_ON_NONFINITE, O_MAX_NONFINITE, O_OVERWRITE, O_RESUME_CHANGED, O_STATE, O_GPU_LAYERS,
     O_NO_TENSORBOARD, O_REVISION,
@@ -170,6 +173,7 @@ static const struct option long_opts[] = {
     {"gpu-mem", required_argument, 0, O_GPU_MEM},   {"save-every", required_argument, 0, O_SAVE_EVERY},
     {"keep", required_argument, 0, O_KEEP},         {"resume", no_argument, 0, O_RESUME},
     {"eval-data", required_argument, 0, O_EVAL_DATA}, {"eval-every", required_argument, 0, O_EVAL_EVERY},
+    {"eval-split", required_argument, 0, O_EVAL_SPLIT},
     {"eval-batches", required_argument, 0, O_EVAL_BATCHES}, {"log", required_argument, 0, O_LOG},
     {"trace", required_argument, 0, O_TRACE},       {"threads", required_argument, 0, O_THREADS},
     {"doc-sep", required_argument, 0, O_DOC_SEP},   {"max-time", required_argument, 0, O_MAX_TIME},
@@ -215,6 +219,12 @@ static int parse_one(mt_train_opts *o, int c, const char *arg) {
     case O_DATA: o->data = arg; return MT_OK;
     case O_OUT: o->out_dir = arg; return MT_OK;
     case O_EVAL_DATA: o->eval_data = arg; return MT_OK;
+    case O_EVAL_SPLIT:
+        MT_TRY(mt_arg_float("--eval-split", arg, 0, 1, &o->eval_split));
+        if (o->eval_split <= 0 || o->eval_split >= 1)
+            return mt_error_set("--eval-split %s: must be more than 0 and less than 1 (the fraction of --data "
+                                "held out, e.g. 0.01)", arg);
+        return MT_OK;
     case O_LOG: o->log_path = arg; return MT_OK;
     case O_TRACE: o->trace_path = arg; return MT_OK;
     case O_DOC_SEP: o->doc_sep = arg; return MT_OK;
@@ -298,7 +308,11 @@ int mt_train_opts_parse(mt_train_opts *o, int argc, char **argv, int *exit_now) 
     if (!o->have_min_lr) o->min_lr = o->lr / 10;
     if (!o->have_warmup) o->warmup = o->steps / 20 < 100 ? o->steps / 20 : 100;
     if (o->warmup > o->steps) return mt_error_set("--warmup: %lld is more than --steps %lld", (long long)o->warmup, (long long)o->steps);
-    if (o->eval_every && !o->eval_data) return mt_error_set("--eval-every needs --eval-data");
+    if (o->eval_split && o->eval_data)
+        return mt_error_set("--eval-split and --eval-data: give one (the eval set held out of --data, or a file "
+                            "of its own)");
+    if (o->eval_every && !o->eval_data && !o->eval_split)
+        return mt_error_set("--eval-every needs --eval-data or --eval-split");
     if (o->no_save && (o->save_every || o->resume)) return mt_error_set("--no-save contradicts --save-every and --resume");
     if (o->overwrite && o->resume) return mt_error_set("--overwrite starts the run in --out again; it contradicts --resume");
     if (o->resume_changed && !o->resume) return mt_error_set("--resume-changed needs --resume");
@@ -327,6 +341,7 @@ char *mt_train_opts_json(const mt_train_opts *o) {
     json_object_set_new(j, "clip", json_real(o->clip));
     json_object_set_new(j, "seed", json_integer(o->seed));
     json_object_set_new(j, "shuffle", json_boolean(!o->no_shuffle));
+    json_object_set_new(j, "eval_split", o->eval_split > 0 ? json_real(o->eval_split) : json_null());
     json_object_set_new(j, "device", json_string(devices[o->device]));
     json_object_set_new(j, "state", json_string(mt_state_format_name((mt_state_format)o->state)));
     json_object_set_new(j, "doc_sep", o->doc_sep ? json_string(o->doc_sep) : json_null());
@@ -377,13 +392,13 @@ static int same_value(const json_t *a, const json_t *b, int is_path) {
 }
 
 int mt_train_opts_changes(const mt_train_opts *o, const char *stored_json, char **list) {
-    /* the math of the remaining steps: what is read and in which order, the batch shape, the
-     * schedule (its length and warmup shape every lr) and AdamW's hyper-parameters (each update's
-     * step; a changed beta mixes two averages in one moment). Not compared: --micro-batch (the
+    /* the math of the remaining steps: what is read (--eval-split: which part of --data) and in
+     * which order, the batch shape, the schedule (its length and warmup shape every lr) and AdamW's
+     * hyper-parameters (each update's step; a changed beta mixes two averages in one moment). Not compared: --micro-batch (the
      * summation order only), the device and memory flags, threads, logging, saving, stopping. */
     static const struct { const char *key, *flag; int is_path; } keys[] = {
         {"data", "--data", 1}, {"model", "--model", 1}, {"seed", "--seed"}, {"shuffle", "--no-shuffle"},
-        {"doc_sep", "--doc-sep"}, {"loss_on", "--loss-on"}, {"chat_format", "--chat-format"},
+        {"eval_split", "--eval-split"}, {"doc_sep", "--doc-sep"}, {"loss_on", "--loss-on"}, {"chat_format", "--chat-format"},
         {"long", "--long"}, {"pack", "--pack"}, {"batch", "--batch"}, {"seq", "--seq"},
         {"steps", "--steps"}, {"schedule", "--schedule"}, {"warmup", "--warmup"}, {"lr", "--lr"},
         {"min_lr", "--min-lr"}, {"beta1", "--beta1"}, {"beta2", "--beta2"}, {"eps", "--eps"},

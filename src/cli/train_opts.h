@@ -27,6 +27,7 @@ typedef struct {
     int state;                  /* --state: mt_state_format (0 full) */
     int64_t gpu_layers;         /* --gpu-layers: the GPU tier's layers; -1 = auto */
     int64_t eval_every, eval_batches;
+    double eval_split;          /* --eval-split: the fraction of --data held out (0: none) */
     int64_t threads;            /* optimizer threads; 0 = all cores */
     const char *doc_sep;        /* byte-level text data: document separator line */
     int chat_format;            /* chat data: mt_chat_format (0 = auto) */

@@ -10,8 +10,8 @@
 
 #include "core/error.h"
 #include "fz_util.h"
-#include "io/chat_pack.h"
-#include "io/packed.h"
+#include "data/chat_pack.h"
+#include "data/packed.h"
 
 static mt_tokenizer *toks[FZ_N_TOKENIZERS];
 static const int TS[8] = {1, 4, 8, 16, 32, 64, 256, 1024};

@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "fz_util.h"
-#include "io/packed.h"
+#include "data/packed.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *path = fz_write(0, "data.packed", data, size);

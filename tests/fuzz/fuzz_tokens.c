@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "fz_util.h"
-#include "io/tokens.h"
+#include "data/tokens.h"
 
 static const int VOCABS[8] = {1, 2, 96, 256, 1000, 65535, 65536, 1 << 20};
 

@@ -12,10 +12,10 @@
 
 #include "core/error.h"
 #include "fz_util.h"
-#include "io/chat_pack.h"
+#include "data/chat_pack.h"
 #include "io/checkpoint.h"
 #include "io/model_io.h"
-#include "io/packed.h"
+#include "data/packed.h"
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/params.h"

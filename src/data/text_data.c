@@ -1,6 +1,6 @@
 /* Text / JSONL -> token file through a tokenizer (see text_data.h). Reads documents in batches of
  * about MT_TEXT_BATCH_BYTES, encodes a batch in parallel and writes it in input order. */
-#include "io/text_data.h"
+#include "data/text_data.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -10,7 +10,7 @@
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/lines.h"
-#include "io/tokens.h"
+#include "data/tokens.h"
 
 #define TD_MAX_BATCH_DOCS 65536
 #define TD_OUT_TOKENS 65536

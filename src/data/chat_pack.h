@@ -1,11 +1,11 @@
-/* Chat JSONL -> packed rows (io/packed.h), through a tokenizer.json tokenizer and a chat format
+/* Chat JSONL -> packed rows (data/packed.h), through a tokenizer.json tokenizer and a chat format
  * (tokenizer/chat.h).
  *
  * Input: one JSON object per line, {"messages": [{"role": "system"|"user"|"assistant",
  * "content": "..."}, ...]} (other fields ignored); lines that are empty or only whitespace are not
  * data and are passed over. Each kept line is one conversation: rendered in the chat format with
  * its loss mask (assistant replies, or every token with loss_on all) and packed, in file order, as
- * one document into rows of T input positions (T+1 ids, io/packed.h) by opts.pack:
+ * one document into rows of T input positions (T+1 ids, data/packed.h) by opts.pack:
  *   whole (default)  a conversation never straddles rows: when it does not fit what is left of the
  *                    current row, the rest of that row is padding and it starts the next row
  *                    (greedy next-fit, no reordering). Every conversation is trained with all of
@@ -43,7 +43,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "io/packed.h"
+#include "data/packed.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 

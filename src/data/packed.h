@@ -10,7 +10,7 @@
  *          reordering). A document of at most T+1 tokens always fits an empty row. Rows do not
  *          overlap.
  *   split  the stream: documents are concatenated and cut into rows exactly as a token file is
- *          (io/tokens.h): row r holds the T+1 stream tokens from r*T, so consecutive
+ *          (data/tokens.h): row r holds the T+1 stream tokens from r*T, so consecutive
  *          rows overlap by one token, and nothing is padded but the tail of the last row. A
  *          document that crosses a row boundary continues at the start of the next row as a
  *          document of its own there (its positions restart, it sees only that row's part: the
@@ -53,7 +53,7 @@
 #include <stdint.h>
 
 #include "io/atomic_file.h"
-#include "io/tokens.h"
+#include "data/tokens.h"
 
 #define MT_PACKED_MAGIC "MTPACKED"
 #define MT_PACKED_VERSION 1

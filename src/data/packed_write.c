@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "io/packed.h"
+#include "data/packed.h"
 
 static void put_u32(unsigned char *p, uint32_t v) {
     p[0] = (unsigned char)v, p[1] = (unsigned char)(v >> 8), p[2] = (unsigned char)(v >> 16), p[3] = (unsigned char)(v >> 24);

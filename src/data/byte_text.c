@@ -1,6 +1,6 @@
 /* Byte-level text -> uint16 token file (see byte_text.h): the text / JSONL reader of text_data.c
  * with byte ids, so that `tokenize --bytes` and `train --data` read every input alike. */
-#include "io/byte_text.h"
+#include "data/byte_text.h"
 
 #include <string.h>
 

@@ -1,6 +1,6 @@
 /* Guards for the read-only mappings of data files (token files, packed rows).
  *
- * Data is read through mmap (io/tokens.c, io/packed.c). When a mapped file is truncated under a
+ * Data is read through mmap (data/tokens.c, data/packed.c). When a mapped file is truncated under a
  * running command (rewritten in place: `> file`, `truncate`, a tool that does not write a new file
  * and rename it), reading a page past the new end raises SIGBUS, which by default kills the
  * process without a word (exit 135). This module turns that into the tool's one-line error:

@@ -1,5 +1,5 @@
 /* SIGBUS on a truncated data mapping -> one line and exit 1 (see map_guard.h). */
-#include "io/map_guard.h"
+#include "data/map_guard.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -1,6 +1,6 @@
 /* Chat JSONL -> packed rows (see chat_pack.h). Lines are parsed and checked in order, rendered in
  * parallel batches, and packed in order. */
-#include "io/chat_pack.h"
+#include "data/chat_pack.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -9,9 +9,9 @@
 
 #include "core/error.h"
 #include "io/lines.h"
-#include "io/packed.h"
-#include "io/text_data.h"
-#include "io/tokens.h"
+#include "data/packed.h"
+#include "data/text_data.h"
+#include "data/tokens.h"
 
 #define CP_MAX_BATCH 16384 /* conversations rendered per parallel batch (or MT_TEXT_BATCH_BYTES) */
 #define CP_DETECT_LINES 10000

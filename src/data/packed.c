@@ -1,5 +1,5 @@
 /* Packed rows: open + validation, then row and batch reads that cannot fail (see packed.h). */
-#include "io/packed.h"
+#include "data/packed.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "io/map_guard.h"
+#include "data/map_guard.h"
 
 static uint32_t get_u32(const unsigned char *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;

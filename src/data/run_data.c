@@ -1,5 +1,5 @@
 /* --data: token files, packed rows, and the text / chat data turned into them (see run_data.h). */
-#include "run_data.h"
+#include "data/run_data.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -10,11 +10,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../core/error.h"
-#include "../io/byte_text.h"
-#include "../io/map_guard.h"
-#include "../io/text_data.h"
-#include "../tokenizer/tokenizer.h"
+#include "core/error.h"
+#include "data/byte_text.h"
+#include "data/map_guard.h"
+#include "data/text_data.h"
+#include "tokenizer/tokenizer.h"
 
 #define BYTE_EOS 256
 
@@ -183,11 +183,32 @@ static int refuse_chat_flags(const char *path, const char *what) {
                         "%s is %s", path, what);
 }
 
+static const char *file_kind(mode_t m) {
+    if (S_ISFIFO(m)) return "a FIFO (named pipe)";
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISSOCK(m)) return "a socket";
+    return "not a plain file";
+}
+
+int mt_run_data_check_file(const char *flag, const char *path) {
+    const char *f = flag ? flag : "", *sp = flag ? " " : "";
+    struct stat st;
+    /* stat, never open, first: opening a FIFO that has no writer blocks until one comes */
+    if (stat(path, &st) != 0) return mt_error_set("%s%s%s: cannot open: %s", f, sp, path, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return mt_error_set("%s%s%s: is %s, not a regular file", f, sp, path, file_kind(st.st_mode));
+    FILE *fp = fopen(path, "rb"); /* a regular file: does not block */
+    if (!fp) return mt_error_set("%s%s%s: cannot open: %s", f, sp, path, strerror(errno));
+    fclose(fp);
+    return MT_OK;
+}
+
 int mt_run_data_open(mt_run_data *d, const char *path, const mt_run_data_opts *o, const mt_config *cfg) {
     memset(d, 0, sizeof *d);
     mt_map_guard_install(); /* every command that reads data from here on reads mappings */
-    struct stat st;
-    if (stat(path, &st) != 0) return mt_error_set("%s: cannot open: %s", path, strerror(errno));
+    MT_TRY(mt_run_data_check_file(NULL, path));
     size_t len = strlen(path);
     if (mt_packed_is_packed(path) || (len > 7 && !strcmp(path + len - 7, ".packed"))) {
         if (o->chat_flags) return refuse_chat_flags(path, "already packed");
@@ -212,7 +233,23 @@ int mt_run_data_open(mt_run_data *d, const char *path, const mt_run_data_opts *o
     return bytes_to_tokens(&d->tokens, path, derived, o, cfg);
 }
 
+int mt_run_data_split(mt_run_data *d, const char *name, double fraction, uint64_t seed, int T) {
+    char what[PATH_MAX + 96];
+    int64_t units;
+    if (d->packed.data) {
+        units = d->packed.rows;
+        snprintf(what, sizeof what, "%s (%lld packed rows)", name, (long long)units);
+    } else {
+        MT_CHECK(T > 0, "T %d", T);
+        units = d->tokens.n_tokens / T > 1 ? d->tokens.n_tokens / T : 1;
+        snprintf(what, sizeof what, "%s (%lld tokens: %lld sequences of --seq %d)", name,
+                 (long long)d->tokens.n_tokens, (long long)units, T);
+    }
+    return mt_data_split_make(&d->split, units, fraction, seed, what);
+}
+
 void mt_run_data_close(mt_run_data *d) {
+    mt_data_split_free(&d->split);
     mt_tokens_close(&d->tokens);
     mt_packed_close(&d->packed);
     free(d->doc_start);
@@ -246,9 +283,34 @@ static void data_still_whole(const mt_run_data *d) {
     exit(1);
 }
 
+/* B rows of a split: training rows of `step` (o != NULL), or eval rows from first_row (past the
+ * held-out units: padding, inputs 0 and targets -1, as the eval batches without a split). */
+static const int32_t *split_rows(mt_run_data *d, const mt_batch_order *o, int64_t step, int64_t first_row, int B,
+                                 int T, int32_t *inputs, int32_t *targets) {
+    const mt_data_split *s = &d->split;
+    if (d->packed.data) MT_CHECK(T == d->packed.T, "T %d, packed rows of %d", T, d->packed.T);
+    int32_t *ds = d->packed.data ? doc_buffer(d, B * T) : NULL;
+    for (int r = 0; r < B; r++) {
+        size_t off = (size_t)r * T;
+        int64_t unit = -1;
+        if (o) unit = mt_data_split_train_unit(s, o, step * (int64_t)B + r);
+        else if (first_row + r < s->n_eval) unit = s->eval[first_row + r];
+        if (unit < 0) {
+            for (int t = 0; t < T; t++) inputs[off + t] = 0, targets[off + t] = -1;
+            if (ds) memset(ds + off, 0, (size_t)T * sizeof(int32_t));
+        } else if (ds) {
+            mt_packed_row(&d->packed, unit, inputs + off, targets + off, ds + off);
+        } else {
+            mt_tokens_window(&d->tokens, unit, T, inputs + off, targets + off);
+        }
+    }
+    return ds;
+}
+
 const int32_t *mt_run_data_batch(mt_run_data *d, const mt_batch_order *o, int64_t step, int B, int T,
                                  int32_t *inputs, int32_t *targets) {
     data_still_whole(d);
+    if (d->split.units) return split_rows(d, o, step, 0, B, T, inputs, targets);
     if (!d->packed.data) {
         mt_tokens_batch(&d->tokens, o, step, B, T, inputs, targets);
         return NULL;
@@ -260,12 +322,14 @@ const int32_t *mt_run_data_batch(mt_run_data *d, const mt_batch_order *o, int64_
 }
 
 int64_t mt_run_data_eval_rows(const mt_run_data *d, int T) {
+    if (d->split.units) return d->split.n_eval;
     return d->packed.data ? d->packed.rows : mt_tokens_eval_rows(&d->tokens, T);
 }
 
 const int32_t *mt_run_data_eval_batch(mt_run_data *d, int64_t first_row, int B, int T, int32_t *inputs,
                                       int32_t *targets) {
     data_still_whole(d);
+    if (d->split.units) return split_rows(d, NULL, 0, first_row, B, T, inputs, targets);
     if (!d->packed.data) {
         mt_tokens_eval_batch(&d->tokens, first_row, B, T, inputs, targets);
         return NULL;

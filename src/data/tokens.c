@@ -1,5 +1,5 @@
 /* Token files: mmap + validation at open, then batch reads that cannot fail (see tokens.h). */
-#include "io/tokens.h"
+#include "data/tokens.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "io/map_guard.h"
+#include "data/map_guard.h"
 
 int mt_tokens_elem_size_for_vocab(int vocab) { return vocab <= 65536 ? 2 : 4; }
 
@@ -199,6 +199,11 @@ void mt_tokens_batch(const mt_token_file *f, const mt_batch_order *o, int64_t st
         }
         fill_row(f, start, T, inputs + (size_t)r * T, targets + (size_t)r * T);
     }
+}
+
+void mt_tokens_window(const mt_token_file *f, int64_t k, int T, int32_t *inputs, int32_t *targets) {
+    MT_CHECK(f->data && k >= 0 && T > 0, "window %lld T %d", (long long)k, T);
+    fill_row(f, mulmod(k, T, f->n_tokens), T, inputs, targets);
 }
 
 int64_t mt_tokens_eval_rows(const mt_token_file *f, int T) {

@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "io/text_data.h"
+#include "data/text_data.h"
 
 /* Writes the uint16 token file out_path atomically (out_path.tmp, flush, fsync, rename): on MT_ERR
  * nothing is left under out_path. eos_id must be in [256, 65535]. Errors name the file at fault

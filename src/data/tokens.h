@@ -3,7 +3,7 @@
  * A token file is a flat array of little-endian token ids, uint16 (elem_size 2, the default) or
  * uint32 (elem_size 4, for vocabularies over 65536), as nanoGPT's train.bin. It is mmapped read-only
  * and validated once at open, so batch reads never fail -- unless the file is truncated under the
- * mapping: io/map_guard.h notices that (mt_map_guard_check(f->data) before a batch, and a SIGBUS
+ * mapping: data/map_guard.h notices that (mt_map_guard_check(f->data) before a batch, and a SIGBUS
  * handler).
  *
  * Rows. A row is T+1 consecutive tokens from a start position; inputs are its first T tokens and
@@ -66,6 +66,9 @@ int64_t mt_tokens_perm(uint64_t seed, int64_t epoch, int64_t W, int64_t i);
 /* Training batch of step `step` (>= 0): inputs and targets are (B, T), row-major. */
 void mt_tokens_batch(const mt_token_file *f, const mt_batch_order *o, int64_t step, int B, int T,
                      int32_t *inputs, int32_t *targets);
+
+/* Window k's row (the T+1 tokens from k*T, wrapping as above) into inputs and targets (T each). */
+void mt_tokens_window(const mt_token_file *f, int64_t k, int T, int32_t *inputs, int32_t *targets);
 
 /* Number of non-overlapping eval rows of length T+1: (n_tokens - 1) / T, at least 1 (a file shorter
  * than T+1 gives one row that wraps). */

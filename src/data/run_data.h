@@ -1,14 +1,14 @@
 /* What --data (and --eval-data) names, opened as something batches are read from.
  *
  * By content, not by name alone:
- *   - a file starting with the packed-rows magic (io/packed.h), or named *.packed: used as is
+ *   - a file starting with the packed-rows magic (data/packed.h), or named *.packed: used as is
  *     (validated; its T must be --seq);
- *   - *.bin / *.tokens: a token file (io/tokens.h);
+ *   - *.bin / *.tokens: a token file (data/tokens.h);
  *   - *.jsonl whose first JSON object has "messages": chat data, packed with the model's
  *     tokenizer.json into OUT/<name>.packed (flags: chat_format, loss_on, long_policy, pack);
  *   - anything else: text / JSONL ("text" field) tokenized into OUT/<name>.tokens.bin with the
  *     model's tokenizer.json, or as bytes for a model without one.
- * Opening installs the SIGBUS guard of io/map_guard.h, and each batch read first checks that the
+ * Opening installs the SIGBUS guard of data/map_guard.h, and each batch read first checks that the
  * file has not shrunk: a data file truncated under a running command ends it with one line naming
  * the file and exit 1 (never a SIGBUS), before that batch is used.
  * A derived file is re-used while its sidecar OUT/<file>.json says it was made from the same source
@@ -20,10 +20,11 @@
 
 #include <stdint.h>
 
-#include "../io/chat_pack.h"
-#include "../io/packed.h"
-#include "../io/tokens.h"
-#include "../model/config.h"
+#include "data/chat_pack.h"
+#include "data/packed.h"
+#include "data/split.h"
+#include "data/tokens.h"
+#include "model/config.h"
 
 typedef struct {
     const char *out_dir;   /* where derived files go */
@@ -42,11 +43,23 @@ typedef struct {
     mt_packed_file packed; /* packed.data != NULL: packed rows */
     int32_t *doc_start;    /* packed rows: the document starts of the last batch read */
     int doc_cap;
+    mt_data_split split;   /* split.units > 0: --eval-split (training and eval rows both from here) */
 } mt_run_data;
+
+/* MT_OK when PATH is a readable regular file. Anything else is refused before it is opened (a FIFO
+ * with no writer would block the open forever): MT_ERR "FLAG PATH: is a FIFO (named pipe), not a
+ * regular file" (a directory, a device, a socket likewise), or "FLAG PATH: cannot open: ...".
+ * flag may be NULL (the message then starts with PATH). */
+int mt_run_data_check_file(const char *flag, const char *path);
 
 /* MT_ERR with one line naming the file or flag at fault. */
 int mt_run_data_open(mt_run_data *d, const char *path, const mt_run_data_opts *o, const mt_config *cfg);
 void mt_run_data_close(mt_run_data *d);
+
+/* --eval-split fraction (data/split.h): from here on the training batches read the train units only
+ * and the eval rows are the held-out units. T: --seq (a token file's windows). MT_ERR naming the
+ * data (name: the path the user gave) when a side would be empty. */
+int mt_run_data_split(mt_run_data *d, const char *name, double fraction, uint64_t seed, int T);
 
 /* Human summary: "123456 tokens" or "40 packed rows of 1024 tokens". */
 void mt_run_data_describe(const mt_run_data *d, char *buf, int size);
