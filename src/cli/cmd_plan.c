@@ -19,7 +19,7 @@ static void print_usage(FILE *out) {
             "  layer's token chunk, the LM head's row chunk) and which layers' checkpoints wait in\n"
             "  pinned host memory, and exits 0 when it fits this machine, 1 when it does not (with\n"
             "  what to change, and what would fit: the GPU memory, the longest --seq, a lighter\n"
-            "  --state). Long context: README.md, \"Long context\". Defaults as in\n"
+            "  --state). Long context: docs/USER_GUIDE.md, \"Long context\". Defaults as in\n"
             "  train: --batch %d, --seq min(1024, max_position_embeddings), --micro-batch auto (the\n"
             "  largest dividing B that fits). Sizes are GiB (2^30 bytes): --gpu-mem 24G = 24 GiB.\n"
             "  Without a CUDA device here, --device cuda or --gpu-mem plans the GPU side for one.\n"

@@ -75,7 +75,7 @@ void mt_train_opts_usage(FILE *out) {
 "  --gpu-layers N|auto    the first N layers keep their whole state on the GPU and are updated\n"
 "                         there (no PCIe traffic for them); auto: the fewest that let the host\n"
 "                         hold the rest (default auto)\n"
-"long context (README.md, \"Long context\"; `megatrain plan --seq T` shows the plan first)\n"
+"long context (docs/USER_GUIDE.md, \"Long context\"; `megatrain plan --seq T` shows the plan first)\n"
 "  --seq T --batch 1      one long row a step (--micro-batch auto is 1 then). The planner tiles\n"
 "                         the layer over token chunks (the largest of 32k..1k tokens that fits;\n"
 "                         the LM head and loss always run over row chunks), keeps the layer\n"
