@@ -534,6 +534,47 @@ static void swiglu_case(size_t n, size_t offset, uint64_t seed) {
     free(g), free(u), free(d), free(out), free(rg), free(ru), free(sum);
 }
 
+/* ---------------- sigmoid gates, column split and join (qwen3_5) ---------------- */
+
+static void gate_case(int R, int C, int Cg, uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    char what[96];
+    size_t n = (size_t)R * C, ng = (size_t)R * Cg;
+    float *x = rnd_bf(&rng, n, 1.0f), *g = rnd_bf(&rng, ng, 3.0f), *d = rnd_bf(&rng, n, 1.0f);
+    void *dx_ = up_bf(x, n), *dg_ = up_bf(g, ng), *dd_ = up_bf(d, n);
+    float *out = fnew(n), *rx = fnew(n), *rg = fnew(ng);
+    cpu->sigmoid_gate_forward(cpu, out, x, g, R, C, Cg);
+    void *d_out = poison_bf(n);
+    gpu->sigmoid_gate_forward(gpu, d_out, dx_, dg_, R, C, Cg);
+    snprintf(what, sizeof what, "sigmoid_gate_fwd R=%d C=%d Cg=%d", R, C, Cg);
+    assert_true(check_bf(what, d_out, out, n, BF_ATOL, BF_RTOL));
+    cpu->sigmoid_gate_backward(cpu, rx, rg, d, x, g, R, C, Cg);
+    void *d_dx = poison_bf(n), *d_dg = poison_bf(ng);
+    gpu->sigmoid_gate_backward(gpu, d_dx, d_dg, dd_, dx_, dg_, R, C, Cg);
+    snprintf(what, sizeof what, "sigmoid_gate_bwd R=%d C=%d Cg=%d dx", R, C, Cg);
+    assert_true(check_bf(what, d_dx, rx, n, BF_ATOL, BF_RTOL));
+    snprintf(what, sizeof what, "sigmoid_gate_bwd R=%d C=%d Cg=%d dg", R, C, Cg);
+    assert_true(check_bf(what, d_dg, rg, ng, BF_ATOL, BF_RTOL));
+    /* split then join: the exact bytes back */
+    int wa = C / 3 + 1, wb = C - wa;
+    void *a = poison_bf((size_t)R * wa), *b = poison_bf((size_t)R * wb), *back = poison_bf(n);
+    gpu->cols_split(gpu, a, b, dx_, R, wa, wb);
+    gpu->cols_join(gpu, back, a, b, R, wa, wb);
+    float *got = down_bf(back, n), *xa = down_bf(a, (size_t)R * wa);
+    assert_memory_equal(got, x, n * sizeof(float));
+    for (int r = 0; r < R; r++) assert_memory_equal(xa + (size_t)r * wa, x + (size_t)r * C, wa * sizeof(float));
+    gpu->free(gpu, dx_), gpu->free(gpu, dg_), gpu->free(gpu, dd_), gpu->free(gpu, d_out);
+    gpu->free(gpu, d_dx), gpu->free(gpu, d_dg), gpu->free(gpu, a), gpu->free(gpu, b), gpu->free(gpu, back);
+    free(x), free(g), free(d), free(out), free(rx), free(rg), free(got), free(xa);
+}
+
+static void test_gates_split(void **state) {
+    gate_case(64, 256, 256, 41); /* the attention gate: one an element */
+    gate_case(333, 2048, 1, 42); /* the shared expert's: one a row */
+    gate_case(7, 5, 1, 43);
+}
+
 static void test_swiglu_add(void **state) {
     swiglu_case(1000, 0, 41);
     swiglu_case(1001, 0, 42);
@@ -820,6 +861,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_matmul_plan_cache),
         cmocka_unit_test(test_rope),      cmocka_unit_test(test_swiglu_add),
+        cmocka_unit_test(test_gates_split),
         cmocka_unit_test(test_sumsq_from_f32), cmocka_unit_test(test_attention),
         cmocka_unit_test(test_lm_head),   cmocka_unit_test(test_streams),
         cmocka_unit_test(test_budget),
