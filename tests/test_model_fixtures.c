@@ -21,13 +21,31 @@
 static const char *const fixtures[] = {
     "llama_gqa",     "llama3_rope_tied", "llama_bias",         "qwen2_bias_tied",
     "qwen3_qknorm",  "mistral_gqa",      "llama_bf16_sharded", "mixtral_moe",
-    "qwen3_moe_norm", "qwen3_moe_step",   "qwen3_5_layers_tied", "qwen3_5_moe",
+    "qwen3_moe_norm", "qwen3_moe_step",   "qwen3_5_dense",      "qwen3_5_layers_tied",
+    "qwen3_5_moe",
 };
-/* Not compared here, and why: qwen3_5_dense and qwen3_5_moe_noaux have fp64 references (as all the
- * qwen3_5 fixtures) but are ill-conditioned in fp32 at these tiny shapes: transformers' own fp32
- * run is 4.4e-4 from its fp64 one on qwen3_5_dense's layer-2 in_proj_qkv gradient (ours 5.8e-4),
- * so no fp32 implementation meets 1e-4 on them. Their logits and loss do (1.2e-5, 4.4e-7). A bound
- * from each tensor's own fp32-vs-fp64 distance is the planned metric for them. */
+/* qwen3_5_moe_noaux is not compared: at its ill-conditioned layer 2 our gradients are as far from
+ * fp64 as transformers' fp32 ones (in_proj_qkv 3.0e-4 against 3.2e-4), but below it the two fp32
+ * errors propagate differently: ours reach 6.3e-4 in layer 0's experts, where transformers' fp32
+ * happens to be 1e-4 from fp64, past the bound below. Open: a bound for gradients downstream of an
+ * ill-conditioned layer, or a better-conditioned fixture of the same shape. */
+
+/* The qwen3_5 fixtures' references are fp64 runs of the fp32 weights, and each gradient carries
+ * "fp32dist.grad.X": how far transformers' own fp32 run is from that fp64 one (relative to the
+ * tensor's max). At these tiny shapes the chunked gated delta rule is ill-conditioned in fp32 in
+ * places (qwen3_5_dense's layer-2 in_proj_qkv: transformers' fp32 4.4e-4 from fp64; ours 5.8e-4),
+ * where no fp32 implementation meets 1e-4. There a gradient may be at most 2x transformers' own
+ * fp32 distance (the bound printed as tol); everywhere else, and for every other fixture, 1e-4.
+ * Changed after the first comparison failed (session 9); the evidence is in the fixture. */
+static double grad_tol(const mt_safetensors *ref, const char *gname) {
+    char dname[160];
+    snprintf(dname, sizeof dname, "fp32dist.%s", gname);
+    const mt_st_tensor *t = mt_safetensors_find(ref, dname);
+    if (!t) return FIXTURE_TOL;
+    float d;
+    assert_int_equal(mt_st_tensor_to_f32(t, &d), MT_OK);
+    return 2.0 * d > FIXTURE_TOL ? 2.0 * d : FIXTURE_TOL;
+}
 
 static float *ref_f32(const mt_safetensors *st, const char *name, int64_t numel) {
     const mt_st_tensor *t = mt_safetensors_find(st, name);
@@ -105,7 +123,7 @@ static void check_fixture(const char *name) {
         char gname[128];
         snprintf(gname, sizeof gname, "grad.%s", p->name);
         float *g_ref = ref_f32(ref, gname, p->numel);
-        ok &= mt_check_rel(gname, grads + p->offset, g_ref, (size_t)p->numel, FIXTURE_TOL);
+        ok &= mt_check_rel(gname, grads + p->offset, g_ref, (size_t)p->numel, grad_tol(ref, gname));
         int ref_zero = 1, got_zero = 1; /* an expert no token chose: exactly 0, as in torch */
         for (int64_t j = 0; j < p->numel; j++) {
             ref_zero &= g_ref[j] == 0;
