@@ -22,13 +22,8 @@ static const char *const fixtures[] = {
     "llama_gqa",     "llama3_rope_tied", "llama_bias",         "qwen2_bias_tied",
     "qwen3_qknorm",  "mistral_gqa",      "llama_bf16_sharded", "mixtral_moe",
     "qwen3_moe_norm", "qwen3_moe_step",   "qwen3_5_dense",      "qwen3_5_layers_tied",
-    "qwen3_5_moe",
+    "qwen3_5_moe",    "qwen3_5_moe_noaux",
 };
-/* qwen3_5_moe_noaux is not compared: at its ill-conditioned layer 2 our gradients are as far from
- * fp64 as transformers' fp32 ones (in_proj_qkv 3.0e-4 against 3.2e-4), but below it the two fp32
- * errors propagate differently: ours reach 6.3e-4 in layer 0's experts, where transformers' fp32
- * happens to be 1e-4 from fp64, past the bound below. Open: a bound for gradients downstream of an
- * ill-conditioned layer, or a better-conditioned fixture of the same shape. */
 
 /* The qwen3_5 fixtures' references are fp64 runs of the fp32 weights, and each gradient carries
  * "fp32dist.grad.X": how far transformers' own fp32 run is from that fp64 one (relative to the

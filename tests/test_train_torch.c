@@ -129,12 +129,18 @@ static void test_train_llama(void **state) { run_fixture("train_llama"); }
 static void test_train_qwen2_tied(void **state) { run_fixture("train_qwen2_tied"); }
 /* a mixture of experts (make_moe_train_fixture.py): the load-balancing loss in the loss */
 static void test_train_qwen3_moe(void **state) { run_fixture("train_qwen3_moe"); }
+/* Qwen3.5 (make_qwen3_5_train_fixture.py): Gated DeltaNet and gated attention layers, (1 + w)
+ * norms; the MoE variant with its shared expert and the load-balancing loss */
+static void test_train_qwen3_5(void **state) { run_fixture("train_qwen3_5"); }
+static void test_train_qwen3_5_moe(void **state) { run_fixture("train_qwen3_5_moe"); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_train_llama),
         cmocka_unit_test(test_train_qwen2_tied),
         cmocka_unit_test(test_train_qwen3_moe),
+        cmocka_unit_test(test_train_qwen3_5),
+        cmocka_unit_test(test_train_qwen3_5_moe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
