@@ -481,7 +481,8 @@ static void test_doc_index(void **st) {
         int32_t *ids;
         size_t ni;
         mt_tokenizer_encode(t, text, strlen(text), 1, &ids, &ni);
-        if (ends[i] - start != (int64_t)ni + 1) fail_msg("document %d: %lld tokens, want %zu + eos", i, (long long)(ends[i] - start), ni);
+        if (ends[i] - start != (int64_t)ni + 1)
+            fail_msg("document %d: %lld tokens, want %zu + eos", i, (long long)(ends[i] - start), ni);
         assert_memory_equal(tok + start, ids, ni * sizeof(int32_t));
         assert_int_equal(tok[ends[i] - 1], eos);
         free(ids);

@@ -77,7 +77,8 @@ static int derived_commit(const char *file, const char *index, json_t *key) {
     char sidecar[PATH_MAX + 8], tmp[PATH_MAX + 16];
     if (!put_sizes(key, file, index)) {
         del_sizes(key);
-        return mt_error_set("%s: cannot stat: %s", file, strerror(errno));
+        return mt_error_set("%s%s%s: cannot stat: %s", file, index ? " or " : "", index ? index : "",
+                            strerror(errno));
     }
     sidecar_of(file, sidecar, sizeof sidecar);
     snprintf(tmp, sizeof tmp, "%s.tmp", sidecar);
