@@ -3,7 +3,12 @@
  * the file): the held-out units are disjoint from every training row over several epochs, shuffled
  * and in order; one epoch visits every train unit exactly once; the split and the training rows are
  * the same after re-opening (a new run, a resume: nothing but the seed and the step), another seed
- * holds out other units; a split that leaves a side empty, and F outside (0, 1), are refused. */
+ * holds out other units; a split that leaves a side empty, and F outside (0, 1), are refused.
+ * Text and JSONL data (byte-level tokens), each document one marker byte repeated: whole documents
+ * are held out (src/data/doc_split.h): the eval rows hold every token of the held-out documents
+ * exactly once and nothing else, no training row over three epochs holds a held-out marker, and one
+ * epoch reads every train document; a text file without --doc-sep (one document) is refused, and
+ * so is a document index that does not fit its token file. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +23,7 @@
 #define N_DOCS 600
 
 static char *g_dir;
+static const char *g_doc_sep; /* text data read by open_data */
 
 static int setup(void **state) {
     g_dir = mt_test_tmpdir();
@@ -63,7 +69,7 @@ static void open_data(mt_run_data *d, const char *name, int T) {
     path_of(name, path, sizeof path);
     mt_config cfg = {0};
     cfg.V = VOCAB;
-    mt_run_data_opts o = {.out_dir = g_dir, .T = T};
+    mt_run_data_opts o = {.out_dir = g_dir, .T = T, .doc_sep = g_doc_sep};
     if (mt_run_data_open(d, path, &o, &cfg) != MT_OK) fail_msg("%s", mt_error_message());
 }
 
@@ -171,6 +177,179 @@ static void test_packed_file(void **state) {
     check_stable("rows.packed", 8, 3, 0.2, 1337);
 }
 
+/* ---- text data: whole documents ---- */
+
+#define TEXT_DOCS 90
+#define BYTE_EOS 256
+
+/* Document i's marker byte: printable ASCII but '%' (the separator), '"' and '\\' (JSON escapes). */
+static int marker(int i) {
+    int c = 33;
+    for (int k = 0;; c++)
+        if (c != '%' && c != '"' && c != '\\' && k++ == i) return c;
+}
+
+static int doc_len(int i) { return 2 + (i * 7) % 13; }
+
+/* TEXT_DOCS documents, document i = marker(i) repeated doc_len(i) times: as text lines ending in
+ * "\n", separated by "%" lines (jsonl 0), or as JSONL "text" fields (jsonl 1). Returns the tokens
+ * of each document, eos included. */
+static int write_docs(const char *name, int jsonl, int *tokens) {
+    char path[4096];
+    path_of(name, path, sizeof path);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < TEXT_DOCS; i++) {
+        if (jsonl) fputs("{\"text\": \"", f);
+        for (int k = 0; k < doc_len(i); k++) fputc(marker(i), f);
+        fputs(jsonl ? "\"}\n" : "\n%\n", f);
+        tokens[i] = doc_len(i) + (jsonl ? 1 : 2); /* the "\n" of a text line; eos */
+    }
+    assert_int_equal(fclose(f), 0);
+    return 0;
+}
+
+/* Counts of each token id (0..256) in a row's tokens that eval or training reads. */
+static void count_row(const int32_t *in, const int32_t *tg, int T, int first, int64_t *count) {
+    if (first) count[in[0]]++; /* the stream's first token is read as an input only */
+    for (int t = 0; t < T; t++)
+        if (tg[t] >= 0) count[tg[t]]++;
+}
+
+static void check_documents(const char *name, int jsonl, double F, uint64_t seed, int T, int B) {
+    int tokens[TEXT_DOCS];
+    write_docs(name, jsonl, tokens);
+    mt_run_data d;
+    open_data(&d, name, T);
+    assert_int_equal(mt_run_data_split(&d, name, F, seed, T), MT_OK);
+    const mt_data_split *s = &d.split;
+    assert_int_equal(s->units, TEXT_DOCS); /* the units are the documents */
+    assert_string_equal(mt_run_data_split_units(&d), "documents");
+    int held[TEXT_DOCS], n_eval = 0;
+    int64_t eval_tokens = 0, train_tokens = 0;
+    for (int i = 0; i < TEXT_DOCS; i++) {
+        held[i] = mt_data_split_held_out(seed, F, i);
+        n_eval += held[i];
+        *(held[i] ? &eval_tokens : &train_tokens) += tokens[i];
+    }
+    assert_int_equal(s->n_eval, n_eval);
+    assert_true(n_eval >= 1 && n_eval < TEXT_DOCS);
+
+    /* eval: every token of every held-out document exactly once, nothing of a trained one */
+    int32_t *in = malloc((size_t)B * T * sizeof(int32_t)), *tg = malloc((size_t)B * T * sizeof(int32_t));
+    int64_t count[BYTE_EOS + 1] = {0}, rows = mt_run_data_eval_rows(&d, T);
+    assert_int_equal(rows, (eval_tokens - 1 + T - 1) / T);
+    for (int64_t first = 0; first < rows + B; first += B) { /* and a batch of padding past the end */
+        mt_run_data_eval_batch(&d, first, B, T, in, tg);
+        for (int r = 0; r < B; r++) {
+            if (first + r >= rows) {
+                for (int t = 0; t < T; t++) assert_int_equal(tg[r * T + t], -1);
+                continue;
+            }
+            count_row(in + r * T, tg + r * T, T, first + r == 0, count);
+        }
+    }
+    for (int i = 0; i < TEXT_DOCS; i++)
+        if (count[marker(i)] != (held[i] ? doc_len(i) : 0))
+            fail_msg("%s: document %d (%s, marker '%c', %d long): %lld of its tokens in the eval rows", name, i,
+                     held[i] ? "held out" : "trained", marker(i), doc_len(i), (long long)count[marker(i)]);
+    assert_int_equal(count[BYTE_EOS], n_eval);
+    assert_int_equal(count['\n'], jsonl ? 0 : n_eval);
+
+    /* training: the train documents' stream in windows of T; no held-out marker in 3 epochs, and
+     * one epoch reads every document that starts before the windows' end (W*T; past it, fewer than
+     * T tokens, only as the wrapped tail of the last window) */
+    int64_t W = train_tokens / T > 1 ? train_tokens / T : 1;
+    for (int shuffle = 0; shuffle <= 1; shuffle++) {
+        mt_batch_order o = {.shuffle = shuffle, .seed = seed};
+        int64_t seen[BYTE_EOS + 1] = {0};
+        for (int64_t step = 0; step < (3 * W + B - 1) / B; step++) {
+            mt_run_data_batch(&d, &o, step, B, T, in, tg);
+            for (int r = 0; r < B; r++) {
+                for (int t = 0; t < T; t++) {
+                    int32_t v[2] = {in[r * T + t], tg[r * T + t]};
+                    for (int k = 0; k < 2; k++)
+                        for (int i = 0; i < TEXT_DOCS; i++)
+                            if (held[i] && v[k] == marker(i))
+                                fail_msg("%s: shuffle %d step %lld row %d holds '%c' of held-out document %d", name,
+                                         shuffle, (long long)step, r, v[k], i);
+                }
+                if (step * B + r < W) count_row(in + r * T, tg + r * T, T, 1, seen);
+            }
+        }
+        int64_t at = 0;
+        for (int i = 0; i < TEXT_DOCS; i++) {
+            if (held[i]) continue;
+            if (at < W * T && !seen[marker(i)])
+                fail_msg("%s: shuffle %d: one epoch never reads train document %d", name, shuffle, i);
+            at += tokens[i];
+        }
+    }
+    free(in), free(tg);
+    mt_run_data_close(&d);
+}
+
+static void test_text_documents(void **state) {
+    g_doc_sep = "%";
+    for (uint64_t seed = 1; seed <= 3; seed++) check_documents("docs.txt", 0, 0.2, seed, 8, 3);
+    check_documents("docs.txt", 0, 0.5, 7, 16, 4);
+    check_stable("docs.txt", 8, 3, 0.2, 1337);
+    g_doc_sep = NULL;
+}
+
+static void test_jsonl_documents(void **state) {
+    for (uint64_t seed = 1; seed <= 3; seed++) check_documents("docs.jsonl", 1, 0.2, seed, 8, 3);
+    check_documents("docs.jsonl", 1, 0.1, 9, 5, 2);
+    check_stable("docs.jsonl", 8, 3, 0.2, 1337);
+}
+
+/* A text file without --doc-sep is one document: one side is always empty. */
+static void test_one_document_refused(void **state) {
+    char path[4096];
+    path_of("one.txt", path, sizeof path);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 200; i++) fputs("a line of text\n%\n", f);
+    assert_int_equal(fclose(f), 0);
+    mt_run_data d;
+    open_data(&d, "one.txt", 8);
+    assert_int_equal(mt_run_data_split(&d, "one.txt", 0.5, 1337, 8), MT_ERR);
+    const char *msg = mt_error_message();
+    if (!strstr(msg, "of one.txt (1 document: without --doc-sep a text file is one)")) fail_msg("%s", msg);
+    assert_int_equal(d.split.units, 0);
+    mt_run_data_close(&d);
+}
+
+/* An index that does not fit its token file: one line naming both. */
+static void test_bad_index(void **state) {
+    write_tokens("ix.bin", 100);
+    mt_run_data d;
+    open_data(&d, "ix.bin", 8);
+    char path[4096];
+    path_of("ix.bin.docs", path, sizeof path);
+    int64_t ends[3][3] = {{40, 30, 100}, {40, 70, 99}, {40, 70, 101}}, *got, n;
+    for (int c = 0; c < 4; c++) {
+        FILE *f = fopen(path, "wb");
+        assert_non_null(f);
+        if (c < 3) assert_int_equal(fwrite(ends[c], 8, 3, f), 3);
+        else assert_int_equal(fwrite(ends[0], 1, 7, f), 7); /* not whole int64s */
+        assert_int_equal(fclose(f), 0);
+        assert_int_equal(mt_doc_index_load(path, &d.tokens, &got, &n), MT_ERR);
+        const char *msg = mt_error_message();
+        if (!strstr(msg, "ix.bin.docs: ") || !strstr(msg, "ix.bin") || !strstr(msg, "remove both")) fail_msg("%s", msg);
+    }
+    int64_t good[3] = {40, 70, 100};
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(good, 8, 3, f), 3);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(mt_doc_index_load(path, &d.tokens, &got, &n), MT_OK);
+    assert_int_equal(n, 3);
+    assert_memory_equal(got, good, sizeof good);
+    free(got);
+    mt_run_data_close(&d);
+}
+
 static void expect_refused(mt_run_data *d, double F, int T, const char *needle) {
     assert_int_equal(mt_run_data_split(d, "small.bin", F, 1337, T), MT_ERR);
     const char *msg = mt_error_message();
@@ -196,6 +375,10 @@ int main(void) {
         cmocka_unit_test(test_token_file),
         cmocka_unit_test(test_packed_file),
         cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_text_documents),
+        cmocka_unit_test(test_jsonl_documents),
+        cmocka_unit_test(test_one_document_refused),
+        cmocka_unit_test(test_bad_index),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -9,7 +9,9 @@
  *  - bad input: lines that are not JSON, objects without a string "text", empty documents are
  *    counted with the first line number; invalid UTF-8 is counted and round-trips through decode;
  *  - uint32 output (forced) holds the same ids; the thread count and batch boundaries (more
- *    documents than one parallel batch holds) do not change the output; errors leave no file. */
+ *    documents than one parallel batch holds) do not change the output; errors leave no file;
+ *  - the document index (opts.doc_index): one end per kept document (skipped lines have none), each
+ *    just past that document's eos, the last the token count; none left on an error. */
 #include <jansson.h>
 #include <omp.h>
 #include <stdio.h>
@@ -425,6 +427,77 @@ static void test_errors(void **st) {
     mt_tokenizer_free(t);
 }
 
+/* The index ends of PATH. */
+static int64_t *read_index(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    assert_true(size >= 0 && size % 8 == 0);
+    *n = (size_t)size / 8;
+    int64_t *e = malloc((size_t)size + 8);
+    for (size_t i = 0; i < *n; i++) {
+        unsigned char b[8];
+        assert_int_equal(fread(b, 1, 8, f), 8);
+        uint64_t u = 0;
+        for (int k = 7; k >= 0; k--) u = u << 8 | b[k];
+        e[i] = (int64_t)u;
+    }
+    fclose(f);
+    return e;
+}
+
+static void test_doc_index(void **st) {
+    (void)st;
+    mt_tokenizer *t = load_tok("gpt2");
+    char *in = tmp_path("ix.jsonl"), *out = tmp_path("ix.bin"), *index = tmp_path("ix.bin.docs");
+    /* more documents than one index buffer (8192), with lines that are no document among them */
+    enum { N = 20000 };
+    FILE *f = fopen(in, "w");
+    assert_non_null(f);
+    for (int i = 0; i < N; i++) {
+        if (i % 1000 == 7) fputs("not json\n{\"text\": \"\"}\n{\"other\": 1}\n\n", f);
+        fprintf(f, "{\"text\": \"doc %d%s\"}\n", i, i % 3 ? " and some more words" : "");
+    }
+    assert_int_equal(fclose(f), 0);
+    const char *paths[1] = {in};
+    mt_text_opts o = mt_text_opts_default();
+    o.doc_index = index;
+    mt_text_stats s;
+    run_ok(t, paths, 1, out, &o, &s);
+    assert_int_equal(s.documents, N);
+    assert_true(s.bad_json > 0 && s.empty_docs > 0 && s.missing_text > 0);
+    size_t n, nt;
+    int64_t *ends = read_index(index, &n);
+    int32_t *tok = read_tokens(out, 2, &nt);
+    assert_int_equal(n, N);
+    assert_int_equal(ends[N - 1], (int64_t)nt);
+    int eos = mt_tokenizer_eos(t);
+    for (int i = 0; i < N; i++) {
+        int64_t start = i ? ends[i - 1] : 0;
+        char text[64];
+        snprintf(text, sizeof text, "doc %d%s", i, i % 3 ? " and some more words" : "");
+        int32_t *ids;
+        size_t ni;
+        mt_tokenizer_encode(t, text, strlen(text), 1, &ids, &ni);
+        if (ends[i] - start != (int64_t)ni + 1)
+            fail_msg("document %d: %lld tokens, want %zu + eos", i, (long long)(ends[i] - start), ni);
+        assert_memory_equal(tok + start, ids, ni * sizeof(int32_t));
+        assert_int_equal(tok[ends[i] - 1], eos);
+        free(ids);
+    }
+    free(ends), free(tok);
+    /* an error (no document at all) leaves neither file */
+    unlink(out), unlink(index);
+    write_file(in, "{\"text\": \"\"}\n", 13);
+    assert_int_equal(mt_text_to_tokens(t, paths, 1, out, &o, &s), MT_ERR);
+    assert_int_equal(access(out, F_OK), -1);
+    assert_int_equal(access(index, F_OK), -1);
+    free(in), free(out), free(index);
+    mt_tokenizer_free(t);
+}
+
 static int setup(void **st) {
     (void)st;
     g_tmp = mt_test_tmpdir();
@@ -444,7 +517,7 @@ int main(void) {
         cmocka_unit_test(test_qwen2),        cmocka_unit_test(test_llama2),
         cmocka_unit_test(test_mistral),      cmocka_unit_test(test_bad_jsonl),
         cmocka_unit_test(test_invalid_utf8), cmocka_unit_test(test_batches_threads),
-        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_errors),       cmocka_unit_test(test_doc_index),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -741,7 +741,7 @@ static int train(train_run *r) {
     if (o->eval_split > 0)
         printf("--eval-split %g: %lld of %lld %s held out as the eval set (never trained on), %lld trained\n",
                o->eval_split, (long long)r->data.split.n_eval, (long long)r->data.split.units,
-               r->data.packed.data ? "rows" : "sequences", (long long)r->data.split.n_train);
+               mt_run_data_split_units(&r->data), (long long)r->data.split.n_train);
     if (r->ranks > 1)
         printf("data parallel: %d ranks (%s), %lld rows of each batch per rank; host state %.0f bytes "
                "on each rank (its shard of every group)\n",

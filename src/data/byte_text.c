@@ -8,6 +8,12 @@
 
 int mt_byte_text_to_tokens(const char *const *paths, int n_paths, const char *out_path,
                            const char *doc_sep_line, int eos_id, mt_text_stats *stats) {
+    return mt_byte_text_to_tokens_indexed(paths, n_paths, out_path, doc_sep_line, eos_id, NULL, stats);
+}
+
+int mt_byte_text_to_tokens_indexed(const char *const *paths, int n_paths, const char *out_path,
+                                   const char *doc_sep_line, int eos_id, const char *doc_index,
+                                   mt_text_stats *stats) {
     mt_text_stats local;
     mt_text_stats *s = stats ? stats : &local;
     memset(s, 0, sizeof *s);
@@ -18,6 +24,7 @@ int mt_byte_text_to_tokens(const char *const *paths, int n_paths, const char *ou
     o.doc_sep = doc_sep_line;
     o.elem_size = 2;
     o.eos_id = eos_id;
+    o.doc_index = doc_index;
     return mt_text_to_tokens(NULL, paths, n_paths, out_path, &o, s);
 }
 

@@ -27,6 +27,11 @@
  * mt_text_to_tokens fills it (report skipped lines with mt_text_stats_report). */
 int mt_byte_text_to_tokens(const char *const *paths, int n_paths, const char *out_path,
                            const char *doc_sep_line, int eos_id, mt_text_stats *stats);
+/* As mt_byte_text_to_tokens, and the document index (text_data.h, mt_text_opts.doc_index) into
+ * doc_index (NULL: none). */
+int mt_byte_text_to_tokens_indexed(const char *const *paths, int n_paths, const char *out_path,
+                                   const char *doc_sep_line, int eos_id, const char *doc_index,
+                                   mt_text_stats *stats);
 
 /* Text of n token ids into out (always NUL-terminated when out_size > 0, truncated to fit): ids
  * 0..255 are their byte, ids >= 256 (eos and any other special) are shown as "\n", negative ids

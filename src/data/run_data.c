@@ -37,16 +37,30 @@ static json_t *file_id(const char *path) {
 
 static void sidecar_of(const char *file, char *out, size_t size) { snprintf(out, size, "%s.json", file); }
 
-/* 1 when FILE exists and its sidecar holds exactly key plus FILE's current size. */
-static int derived_fresh(const char *file, json_t *key) {
+/* Puts FILE's size (and INDEX's, when not NULL) into key; 0 when one is missing. */
+static int put_sizes(json_t *key, const char *file, const char *index) {
     struct stat st;
-    char sidecar[PATH_MAX + 8];
     if (stat(file, &st) != 0) return 0;
+    json_object_set_new(key, "file_size", json_integer((json_int_t)st.st_size));
+    if (!index) return 1;
+    if (stat(index, &st) != 0) return 0;
+    json_object_set_new(key, "index_size", json_integer((json_int_t)st.st_size));
+    return 1;
+}
+
+static void del_sizes(json_t *key) {
+    json_object_del(key, "file_size");
+    json_object_del(key, "index_size");
+}
+
+/* 1 when FILE (and its document INDEX, when not NULL) exists and its sidecar holds exactly key plus
+ * their current sizes. */
+static int derived_fresh(const char *file, const char *index, json_t *key) {
+    char sidecar[PATH_MAX + 8];
     sidecar_of(file, sidecar, sizeof sidecar);
     json_t *have = json_load_file(sidecar, 0, NULL);
-    json_object_set_new(key, "file_size", json_integer((json_int_t)st.st_size));
-    int same = have && json_equal(have, key);
-    json_object_del(key, "file_size");
+    int same = have && put_sizes(key, file, index) && json_equal(have, key);
+    del_sizes(key);
     json_decref(have);
     return same;
 }
@@ -58,16 +72,18 @@ static void derived_forget(const char *file) {
     unlink(sidecar);
 }
 
-/* After FILE was made: its sidecar, written to a temporary and renamed (last of all). */
-static int derived_commit(const char *file, json_t *key) {
-    struct stat st;
+/* After FILE (and INDEX) was made: its sidecar, written to a temporary and renamed (last of all). */
+static int derived_commit(const char *file, const char *index, json_t *key) {
     char sidecar[PATH_MAX + 8], tmp[PATH_MAX + 16];
-    if (stat(file, &st) != 0) return mt_error_set("%s: cannot stat: %s", file, strerror(errno));
+    if (!put_sizes(key, file, index)) {
+        del_sizes(key);
+        return mt_error_set("%s%s%s: cannot stat: %s", file, index ? " or " : "", index ? index : "",
+                            strerror(errno));
+    }
     sidecar_of(file, sidecar, sizeof sidecar);
     snprintf(tmp, sizeof tmp, "%s.tmp", sidecar);
-    json_object_set_new(key, "file_size", json_integer((json_int_t)st.st_size));
     int ok = json_dump_file(key, tmp, JSON_INDENT(2)) == 0 && rename(tmp, sidecar) == 0;
-    json_object_del(key, "file_size");
+    del_sizes(key);
     if (ok) return MT_OK;
     unlink(tmp);
     return mt_error_set("%s: cannot write: %s", sidecar, strerror(errno));
@@ -85,15 +101,15 @@ static int load_model_tokenizer(mt_tokenizer **tok, const char *tok_json, const 
 
 /* ---- text -> token file ---- */
 
-static int text_cached(mt_token_file *f, const char *path, const char *cache, const char *tok_json,
-                       const mt_run_data_opts *o, const mt_config *cfg) {
+static int text_cached(mt_token_file *f, const char *path, const char *cache, const char *index,
+                       const char *tok_json, const mt_run_data_opts *o, const mt_config *cfg) {
     int elem_size = mt_tokens_elem_size_for_vocab(cfg->V);
     json_t *key = json_pack("{s:s, s:o, s:o, s:o, s:i, s:i, s:b}", "kind", "tokens", "source", file_id(path),
                             "tokenizer", file_id(tok_json), "doc_sep",
                             o->doc_sep ? json_string(o->doc_sep) : json_null(), "elem_size", elem_size,
                             "model_vocab", cfg->V, "add_special", 1);
     int rc = MT_OK;
-    if (derived_fresh(cache, key)) {
+    if (derived_fresh(cache, index, key)) {
         printf("%s: using the tokenized cache %s\n", path, cache);
     } else {
         mt_tokenizer *tok = NULL;
@@ -105,6 +121,7 @@ static int text_cached(mt_token_file *f, const char *path, const char *cache, co
             to.doc_sep = o->doc_sep;
             to.elem_size = elem_size;
             to.progress = mt_text_progress_stderr;
+            to.doc_index = index;
             rc = mt_text_to_tokens(tok, &path, 1, cache, &to, &s);
             mt_text_stats_report(&s, "megatrain: warning: ", stderr);
         }
@@ -112,15 +129,15 @@ static int text_cached(mt_token_file *f, const char *path, const char *cache, co
         if (rc == MT_OK) {
             printf("%s: %lld tokens from %lld documents (%s, %.0f tokens/s) -> %s\n", path, (long long)s.tokens,
                    (long long)s.documents, tok_json, s.seconds > 0 ? s.tokens / s.seconds : 0.0, cache);
-            rc = derived_commit(cache, key);
+            rc = derived_commit(cache, index, key);
         }
     }
     json_decref(key);
     return rc == MT_OK ? mt_tokens_open(f, cache, elem_size, cfg->V) : MT_ERR;
 }
 
-static int bytes_to_tokens(mt_token_file *f, const char *path, const char *cache, const mt_run_data_opts *o,
-                           const mt_config *cfg) {
+static int bytes_to_tokens(mt_token_file *f, const char *path, const char *cache, const char *index,
+                           const mt_run_data_opts *o, const mt_config *cfg) {
     if (cfg->V <= BYTE_EOS)
         return mt_error_set("%s: text data needs a tokenizer; this model's vocabulary (%d) is too small "
                             "for byte-level tokens (257) and %s has no tokenizer.json; give a token file "
@@ -128,7 +145,8 @@ static int bytes_to_tokens(mt_token_file *f, const char *path, const char *cache
     derived_forget(cache); /* the byte-level file replaces any tokenizer cache of the same name */
     const char *paths[1] = {path};
     mt_text_stats s;
-    int rc = mt_byte_text_to_tokens(paths, 1, cache, o->doc_sep, BYTE_EOS, &s); /* = tokenize --bytes */
+    /* = tokenize --bytes, and the document index */
+    int rc = mt_byte_text_to_tokens_indexed(paths, 1, cache, o->doc_sep, BYTE_EOS, index, &s);
     mt_text_stats_report(&s, "megatrain: warning: ", stderr);
     MT_TRY(rc);
     printf("%s: %lld byte-level tokens -> %s\n", path, (long long)s.tokens, cache);
@@ -159,7 +177,7 @@ static int chat_cached(mt_packed_file *f, const char *path, const char *packed, 
                             mt_long_policy_name(o->long_policy), "pack", mt_pack_policy_name(o->pack), "seq", o->T,
                             "model_vocab", cfg->V);
     int rc = MT_OK;
-    if (derived_fresh(packed, key)) {
+    if (derived_fresh(packed, NULL, key)) {
         printf("%s: using the packed cache %s\n", path, packed);
     } else {
         derived_forget(packed);
@@ -168,7 +186,7 @@ static int chat_cached(mt_packed_file *f, const char *path, const char *packed, 
         mt_chat_pack_report(&s, "megatrain: warning: ", stderr);
         if (rc == MT_OK) {
             mt_chat_pack_summary(&s, &po, path, packed, stdout);
-            rc = derived_commit(packed, key);
+            rc = derived_commit(packed, NULL, key);
         }
     }
     json_decref(key);
@@ -229,13 +247,37 @@ int mt_run_data_open(mt_run_data *d, const char *path, const mt_run_data_opts *o
         return mt_error_set("%s: chat data (\"messages\") is rendered with the model's tokenizer.json, and %s has "
                             "none", path, o->model_dir ? o->model_dir : "--init");
     if (chat) return chat_cached(&d->packed, path, derived, tok_json, o, cfg);
-    if (have_tok) return text_cached(&d->tokens, path, derived, tok_json, o, cfg);
-    return bytes_to_tokens(&d->tokens, path, derived, o, cfg);
+    char index[PATH_MAX + 8];
+    snprintf(index, sizeof index, "%s.docs", derived);
+    int rc = have_tok ? text_cached(&d->tokens, path, derived, index, tok_json, o, cfg)
+                      : bytes_to_tokens(&d->tokens, path, derived, index, o, cfg);
+    if (rc != MT_OK) return rc;
+    d->doc_index = strdup(index);
+    MT_CHECK(d->doc_index, "out of memory");
+    d->one_doc_per_file = !o->doc_sep && !mt_text_is_jsonl(path);
+    return MT_OK;
+}
+
+/* Text data: whole documents on each side (data/doc_split.h). */
+static int split_documents(mt_run_data *d, const char *name, double fraction, uint64_t seed) {
+    char what[PATH_MAX + 96];
+    int64_t *ends, n;
+    MT_TRY(mt_doc_index_load(d->doc_index, &d->tokens, &ends, &n));
+    snprintf(what, sizeof what, "%s (%lld document%s%s)", name, (long long)n, n == 1 ? "" : "s",
+             d->one_doc_per_file ? ": without --doc-sep a text file is one" : "");
+    int rc = mt_data_split_make(&d->split, n, fraction, seed, what);
+    if (rc == MT_OK) {
+        mt_doc_stream_make(&d->train_docs, ends, d->split.train, d->split.n_train);
+        mt_doc_stream_make(&d->eval_docs, ends, d->split.eval, d->split.n_eval);
+    }
+    free(ends);
+    return rc;
 }
 
 int mt_run_data_split(mt_run_data *d, const char *name, double fraction, uint64_t seed, int T) {
     char what[PATH_MAX + 96];
     int64_t units;
+    if (d->doc_index) return split_documents(d, name, fraction, seed);
     if (d->packed.data) {
         units = d->packed.rows;
         snprintf(what, sizeof what, "%s (%lld packed rows)", name, (long long)units);
@@ -248,8 +290,15 @@ int mt_run_data_split(mt_run_data *d, const char *name, double fraction, uint64_
     return mt_data_split_make(&d->split, units, fraction, seed, what);
 }
 
+const char *mt_run_data_split_units(const mt_run_data *d) {
+    return d->packed.data ? "rows" : d->doc_index ? "documents" : "sequences";
+}
+
 void mt_run_data_close(mt_run_data *d) {
     mt_data_split_free(&d->split);
+    mt_doc_stream_free(&d->train_docs);
+    mt_doc_stream_free(&d->eval_docs);
+    free(d->doc_index);
     mt_tokens_close(&d->tokens);
     mt_packed_close(&d->packed);
     free(d->doc_start);
@@ -284,7 +333,8 @@ static void data_still_whole(const mt_run_data *d) {
 }
 
 /* B rows of a split: training rows of `step` (o != NULL), or eval rows from first_row (past the
- * held-out units: padding, inputs 0 and targets -1, as the eval batches without a split). */
+ * held-out units: padding, inputs 0 and targets -1, as the eval batches without a split). Text data
+ * reads each side's documents as a stream (data/doc_split.h). */
 static const int32_t *split_rows(mt_run_data *d, const mt_batch_order *o, int64_t step, int64_t first_row, int B,
                                  int T, int32_t *inputs, int32_t *targets) {
     const mt_data_split *s = &d->split;
@@ -292,6 +342,15 @@ static const int32_t *split_rows(mt_run_data *d, const mt_batch_order *o, int64_
     int32_t *ds = d->packed.data ? doc_buffer(d, B * T) : NULL;
     for (int r = 0; r < B; r++) {
         size_t off = (size_t)r * T;
+        if (d->doc_index && o) {
+            mt_doc_stream_train_row(&d->train_docs, &d->tokens, o, step * (int64_t)B + r, T, inputs + off,
+                                    targets + off);
+            continue;
+        }
+        if (d->doc_index) {
+            mt_doc_stream_eval_row(&d->eval_docs, &d->tokens, first_row + r, T, inputs + off, targets + off);
+            continue;
+        }
         int64_t unit = -1;
         if (o) unit = mt_data_split_train_unit(s, o, step * (int64_t)B + r);
         else if (first_row + r < s->n_eval) unit = s->eval[first_row + r];
@@ -322,7 +381,7 @@ const int32_t *mt_run_data_batch(mt_run_data *d, const mt_batch_order *o, int64_
 }
 
 int64_t mt_run_data_eval_rows(const mt_run_data *d, int T) {
-    if (d->split.units) return d->split.n_eval;
+    if (d->split.units) return d->doc_index ? mt_doc_stream_eval_rows(&d->eval_docs, T) : d->split.n_eval;
     return d->packed.data ? d->packed.rows : mt_tokens_eval_rows(&d->tokens, T);
 }
 

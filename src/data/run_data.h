@@ -7,7 +7,8 @@
  *   - *.jsonl whose first JSON object has "messages": chat data, packed with the model's
  *     tokenizer.json into OUT/<name>.packed (flags: chat_format, loss_on, long_policy, pack);
  *   - anything else: text / JSONL ("text" field) tokenized into OUT/<name>.tokens.bin with the
- *     model's tokenizer.json, or as bytes for a model without one.
+ *     model's tokenizer.json, or as bytes for a model without one, and its document index
+ *     (text_data.h) into OUT/<name>.tokens.bin.docs: --eval-split holds out whole documents.
  * Opening installs the SIGBUS guard of data/map_guard.h, and each batch read first checks that the
  * file has not shrunk: a data file truncated under a running command ends it with one line naming
  * the file and exit 1 (never a SIGBUS), before that batch is used.
@@ -21,6 +22,7 @@
 #include <stdint.h>
 
 #include "data/chat_pack.h"
+#include "data/doc_split.h"
 #include "data/packed.h"
 #include "data/split.h"
 #include "data/tokens.h"
@@ -44,6 +46,9 @@ typedef struct {
     int32_t *doc_start;    /* packed rows: the document starts of the last batch read */
     int doc_cap;
     mt_data_split split;   /* split.units > 0: --eval-split (training and eval rows both from here) */
+    char *doc_index;       /* text data: its document index (the split's units are then documents) */
+    int one_doc_per_file;  /* text data without --doc-sep (for the message of a split refused) */
+    mt_doc_stream train_docs, eval_docs; /* split.units > 0 and doc_index: each side's documents */
 } mt_run_data;
 
 /* MT_OK when PATH is a readable regular file. Anything else is refused before it is opened (a FIFO
@@ -57,9 +62,12 @@ int mt_run_data_open(mt_run_data *d, const char *path, const mt_run_data_opts *o
 void mt_run_data_close(mt_run_data *d);
 
 /* --eval-split fraction (data/split.h): from here on the training batches read the train units only
- * and the eval rows are the held-out units. T: --seq (a token file's windows). MT_ERR naming the
- * data (name: the path the user gave) when a side would be empty. */
+ * and the eval rows are the held-out units: a packed file's rows, text data's documents
+ * (data/doc_split.h), a token file's windows of T (--seq) tokens. MT_ERR naming the data (name: the
+ * path the user gave) when a side would be empty. */
 int mt_run_data_split(mt_run_data *d, const char *name, double fraction, uint64_t seed, int T);
+/* What the split's units are: "rows", "documents" or "sequences". */
+const char *mt_run_data_split_units(const mt_run_data *d);
 
 /* Human summary: "123456 tokens" or "40 packed rows of 1024 tokens". */
 void mt_run_data_describe(const mt_run_data *d, char *buf, int size);

@@ -14,6 +14,7 @@
 
 #define TD_MAX_BATCH_DOCS 65536
 #define TD_OUT_TOKENS 65536
+#define TD_INDEX_DOCS 8192
 
 /* What became of a document, decided in the parallel phase. */
 typedef enum { TD_KEEP = 0, TD_EMPTY, TD_BAD_JSON, TD_NO_TEXT } td_kind;
@@ -47,6 +48,9 @@ typedef struct {
     int n_docs;
     size_t batch_bytes;
     int utf8_noted; /* the document in pieces being written was counted as invalid UTF-8 */
+    mt_atomic_file ix; /* o->doc_index: the document ends */
+    unsigned char *ix_out;
+    int n_ix;
 } td_run;
 
 static double now_s(void) {
@@ -114,6 +118,17 @@ static int put_token(td_run *r, int32_t id) {
     return mt_atomic_write(&r->af, r->out, (size_t)TD_OUT_TOKENS * r->elem_size);
 }
 
+/* The end of the document just written (o->doc_index only). */
+static int put_doc_end(td_run *r) {
+    if (!r->ix_out) return MT_OK;
+    uint64_t u = (uint64_t)r->s->tokens;
+    unsigned char *p = r->ix_out + (size_t)r->n_ix * 8;
+    for (int b = 0; b < 8; b++) p[b] = (unsigned char)(u >> (8 * b));
+    if (++r->n_ix < TD_INDEX_DOCS) return MT_OK;
+    r->n_ix = 0;
+    return mt_atomic_write(&r->ix, r->ix_out, (size_t)TD_INDEX_DOCS * 8);
+}
+
 /* A JSONL line -> its "text" (replacing d->text), or the kind of problem. */
 static td_kind parse_json(td_doc *d) {
     json_error_t err;
@@ -174,7 +189,7 @@ static int write_doc(td_run *r, const td_doc *d) {
     if (d->more) return MT_OK;
     MT_TRY(put_token(r, r->eos));
     s->documents++;
-    return MT_OK;
+    return put_doc_end(r);
 }
 
 /* Parses (JSONL) and encodes the pending documents in parallel, writes them in order, frees them. */
@@ -320,6 +335,11 @@ int mt_text_to_tokens(const mt_tokenizer *tok, const char *const *paths, int n, 
     memset(r.s, 0, sizeof *r.s);
     MT_TRY(setup(&r, paths, n, out_path));
     MT_TRY(mt_atomic_open(&r.af, out_path));
+    if (r.o->doc_index && mt_atomic_open(&r.ix, r.o->doc_index) != MT_OK) {
+        mt_atomic_abort(&r.af);
+        return MT_ERR;
+    }
+    if (r.o->doc_index) r.ix_out = mt_malloc((size_t)TD_INDEX_DOCS * 8);
     r.out = mt_malloc((size_t)TD_OUT_TOKENS * r.elem_size);
     r.docs = mt_malloc(TD_MAX_BATCH_DOCS * sizeof(td_doc));
     int rc = MT_OK;
@@ -337,11 +357,17 @@ int mt_text_to_tokens(const mt_tokenizer *tok, const char *const *paths, int n, 
                           out_path, n, paths[0], (long long)r.s->empty_docs, (long long)r.s->bad_json,
                           (long long)r.s->missing_text);
     if (rc == MT_OK && r.n_out) rc = mt_atomic_write(&r.af, r.out, (size_t)r.n_out * r.elem_size);
+    if (r.ix_out) { /* the index first: a token file is never newer than its index */
+        if (rc == MT_OK && r.n_ix) rc = mt_atomic_write(&r.ix, r.ix_out, (size_t)r.n_ix * 8);
+        if (rc == MT_OK) rc = mt_atomic_commit(&r.ix);
+        else mt_atomic_abort(&r.ix);
+    }
     if (rc == MT_OK) rc = mt_atomic_commit(&r.af);
     else mt_atomic_abort(&r.af);
     r.s->seconds = now_s() - r.t0;
     if (rc == MT_OK && r.o->progress) r.o->progress(r.s, r.total_bytes, 1, r.o->progress_user);
     free(r.out);
+    free(r.ix_out);
     free(r.docs);
     return rc;
 }

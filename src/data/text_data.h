@@ -64,9 +64,13 @@ typedef struct {
     int add_special;       /* apply the post-processor (bos prefix); 1 = as tokenizer(text) */
     mt_text_progress_fn progress;  /* NULL: none */
     void *progress_user;
+    /* NULL: none. Else also written (atomically, before out_path): the document index, one
+     * little-endian int64 per kept document, the token offset where it ends (just past its eos),
+     * ascending, the last one the file's token count. --eval-split holds out whole documents by it. */
+    const char *doc_index;
 } mt_text_opts;
 
-/* Default options: doc_sep NULL, elem_size 0, eos_id -1, add_special 1, no progress. */
+/* Default options: doc_sep NULL, elem_size 0, eos_id -1, add_special 1, no progress, no doc_index. */
 mt_text_opts mt_text_opts_default(void);
 
 /* Writes out_path atomically (out_path.tmp, fsync, rename): on MT_ERR nothing is left under it.
