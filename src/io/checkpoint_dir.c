@@ -123,7 +123,7 @@ void ckpt_part_name(char *buf, size_t size, const mt_optim_tensor *x, const mt_p
     snprintf(buf, size, "%s.%s", x->name, p->name);
 }
 
-int ckpt_part_shape(const mt_optim_tensor *x, const mt_param *p, int64_t shape[2]) {
+int ckpt_part_shape(const mt_optim_tensor *x, const mt_param *p, int64_t shape[3]) {
     if ((int64_t)x->numel != p->numel) {
         shape[0] = (int64_t)x->numel;
         return 1;

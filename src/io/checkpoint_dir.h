@@ -71,7 +71,7 @@ void ckpt_buf_layout(ckpt_tensor_buf *b, const mt_param *p);
 /* The file's name of part x of tensor p: "<part>.<HF name>". */
 void ckpt_part_name(char *buf, size_t size, const mt_optim_tensor *x, const mt_param *p);
 /* Its shape: p's when it has p's numel (the moments), else 1-D [numel] (the scales). */
-int ckpt_part_shape(const mt_optim_tensor *x, const mt_param *p, int64_t shape[2]);
+int ckpt_part_shape(const mt_optim_tensor *x, const mt_param *p, int64_t shape[3]);
 
 /* The tensors of model.safetensors (ckpt_weight_list: F32, mt_hf_plan's items) or
  * optimizer.safetensors (ckpt_part_list, format f) in file order: names, dtypes and shapes, data

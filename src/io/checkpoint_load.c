@@ -300,7 +300,7 @@ static int check_optimizer(const mt_safetensors *ost, const char *path, const mt
                 return mt_error_set("%s: tensor %s: dtype %s, %s optimizer state stores %s", path,
                                     name, mt_dtype_name(x->dtype), mt_state_format_name(b->f),
                                     mt_dtype_name(part->dtype));
-            int64_t shape[2];
+            int64_t shape[3]; /* a conv1d weight has 3 dims */
             int ndim = ckpt_part_shape(part, p, shape);
             if (!same_shape(x, ndim, shape))
                 return mt_error_set("%s: tensor %s: shape differs from the model's", path, name);
