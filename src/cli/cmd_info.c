@@ -5,6 +5,7 @@
 
 #include "../core/error.h"
 #include "../engine/planner.h"
+#include "../io/hf_layout.h"
 #include "commands.h"
 #include "model_source.h"
 
@@ -14,7 +15,8 @@ static void print_usage(FILE *out) {
             "usage: megatrain info (--model DIR|ORG/NAME | --init CONFIG.json) [--tensors]\n"
             "  Prints the model's shape, parameter count and the host memory training needs.\n"
             "  --model DIR         Hugging Face directory (config.json + safetensors); weights are\n"
-            "                      validated but not kept\n"
+            "                      validated but not kept; a multimodal checkpoint's tensors outside\n"
+            "                      the language model (vision, mtp) are counted as carried\n"
             "  --init CONFIG.json  a config.json alone\n"
             "  --tensors           list every tensor: name, shape, owning layer\n"
             "  --model ORG/NAME [--revision R]: a model in the Hugging Face hub cache, offline\n"
@@ -109,6 +111,11 @@ int mt_cmd_info(int argc, char **argv) {
     printf("\n  (checkpoints offloaded by a short --gpu-mem add L x B x T x hidden x 2 bytes; on\n"
            "  --device cpu the upload copy is fp32 and the compute side is host RAM too)\n");
     if (model_dir) printf("weights: all %d tensors present and valid\n", m.table.n_params);
+    if (m.hf && m.hf->n_carried > 0) /* a multimodal checkpoint's vision tower, mtp layer, ... */
+        printf("carried: %d tensors not trained, copied unchanged into every save (%d vision, %d mtp, %d "
+               "other)\n", m.hf->n_carried, m.hf->n_visual, m.hf->n_mtp,
+               m.hf->n_carried - m.hf->n_visual - m.hf->n_mtp);
+    if (m.hf && m.hf->fused_experts) printf("experts: fused on disk (mlp.experts.gate_up_proj, down_proj); saved so\n");
     if (tensors) {
         for (int i = 0; i < m.table.n_params; i++) {
             const mt_param *p = &m.table.params[i];

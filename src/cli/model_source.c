@@ -8,7 +8,15 @@
 #include <sys/stat.h>
 
 #include "../core/error.h"
+#include "../io/hf_layout.h"
 #include "../io/model_io.h"
+
+/* DIR/config.json (static storage: one at a time). */
+static const char *path_of(const char *dir) {
+    static char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    return path;
+}
 
 int mt_host_model_open(mt_host_model *m, const char *model_dir, const char *init_config,
                        uint64_t seed, int load_weights) {
@@ -24,6 +32,14 @@ int mt_host_model_open(mt_host_model *m, const char *model_dir, const char *init
         MT_TRY(mt_config_load(&cfg, init_config));
     }
     mt_param_table_init(&m->table, &cfg);
+    /* what a save writes back besides the weights: the config's text, the carried tensors, the
+     * experts' layout. Without load_weights a bad checkpoint is reported by whoever loads it. */
+    int rc = model_dir ? mt_hf_source_open(&m->hf, &m->table, model_dir) : mt_hf_source_config(&m->hf, init_config);
+    if (rc != MT_OK && (load_weights || !model_dir || mt_hf_source_config(&m->hf, path_of(model_dir)) != MT_OK)) {
+        mt_host_model_free(m);
+        return MT_ERR;
+    }
+    m->table.hf = m->hf;
     if (!load_weights) return MT_OK;
     m->weights = mt_aligned_alloc((size_t)m->table.total * sizeof(float));
     if (model_dir) {
@@ -39,6 +55,7 @@ int mt_host_model_open(mt_host_model *m, const char *model_dir, const char *init
 
 void mt_host_model_free(mt_host_model *m) {
     free(m->weights);
+    mt_hf_source_free(m->hf);
     if (m->table.params) mt_param_table_free(&m->table);
     memset(m, 0, sizeof *m);
 }

@@ -11,10 +11,13 @@
 typedef struct {
     mt_param_table table;
     float *weights; /* fp32 arena in table layout; NULL when not loaded */
+    struct mt_hf_source *hf; /* the source's config text, carried tensors, experts' layout
+                                (io/hf_layout.h); table.hf points here */
 } mt_host_model;
 
 /* Exactly one of model_dir / init_config is set. With load_weights the fp32 arena is filled from
- * the checkpoint or by mt_param_init(std = initializer_range, seed). */
+ * the checkpoint or by mt_param_init(std = initializer_range, seed). A multimodal checkpoint's
+ * language model is loaded; its other tensors are listed in hf, to be carried into saves. */
 int mt_host_model_open(mt_host_model *m, const char *model_dir, const char *init_config,
                        uint64_t seed, int load_weights);
 void mt_host_model_free(mt_host_model *m);

@@ -123,7 +123,7 @@ void ckpt_part_name(char *buf, size_t size, const mt_optim_tensor *x, const mt_p
     snprintf(buf, size, "%s.%s", x->name, p->name);
 }
 
-int ckpt_part_shape(const mt_optim_tensor *x, const mt_param *p, int64_t shape[2]) {
+int ckpt_part_shape(const mt_optim_tensor *x, const mt_param *p, int64_t shape[3]) {
     if ((int64_t)x->numel != p->numel) {
         shape[0] = (int64_t)x->numel;
         return 1;
@@ -208,16 +208,15 @@ static void list_alloc(ckpt_tensor_list *l, int n) {
     l->names = mt_calloc((size_t)n + 1, sizeof *l->names);
     l->param_of = mt_calloc((size_t)n + 1, sizeof(int));
     l->part_of = mt_calloc((size_t)n + 1, sizeof(int));
+    l->hf = NULL;
 }
 
 void ckpt_weight_list(const mt_param_table *t, ckpt_tensor_list *l) {
-    list_alloc(l, t->n_params);
-    for (int i = 0; i < t->n_params; i++) {
-        const mt_param *p = &t->params[i];
-        l->w[i] = (mt_st_write_tensor){.name = p->name, .dtype = MT_F32, .ndim = p->ndim};
-        for (int d = 0; d < p->ndim; d++) l->w[i].shape[d] = p->shape[d];
-        l->param_of[i] = i;
-    }
+    mt_hf_plan *pl = mt_calloc(1, sizeof *pl);
+    mt_hf_plan_init(pl, t, MT_F32);
+    list_alloc(l, pl->n);
+    for (int j = 0; j < pl->n; j++) l->w[j] = pl->items[j].w;
+    l->hf = pl;
 }
 
 void ckpt_part_list(const mt_param_table *t, mt_state_format f, ckpt_tensor_list *l) {
@@ -243,6 +242,8 @@ void ckpt_tensor_list_free(ckpt_tensor_list *l) {
     free(l->names);
     free(l->param_of);
     free(l->part_of);
+    if (l->hf) mt_hf_plan_free(l->hf);
+    free(l->hf);
     memset(l, 0, sizeof *l);
 }
 

@@ -8,6 +8,7 @@
 
 #include "io/checkpoint.h"
 #include "io/digest.h"
+#include "io/hf_layout.h"
 #include "io/safetensors.h"
 #include "model/params.h"
 #include "optim/state.h"
@@ -70,17 +71,19 @@ void ckpt_buf_layout(ckpt_tensor_buf *b, const mt_param *p);
 /* The file's name of part x of tensor p: "<part>.<HF name>". */
 void ckpt_part_name(char *buf, size_t size, const mt_optim_tensor *x, const mt_param *p);
 /* Its shape: p's when it has p's numel (the moments), else 1-D [numel] (the scales). */
-int ckpt_part_shape(const mt_optim_tensor *x, const mt_param *p, int64_t shape[2]);
+int ckpt_part_shape(const mt_optim_tensor *x, const mt_param *p, int64_t shape[3]);
 
-/* The tensors of model.safetensors (ckpt_weight_list) or optimizer.safetensors (ckpt_part_list,
- * format f) in file order: names, dtypes and shapes, data NULL; param_of[j] and part_of[j] say
- * whose (part of) tensor file tensor j is. Every writer of a checkpoint builds its files from these,
+/* The tensors of model.safetensors (ckpt_weight_list: F32, mt_hf_plan's items) or
+ * optimizer.safetensors (ckpt_part_list, format f) in file order: names, dtypes and shapes, data
+ * NULL; for the optimizer's, param_of[j] and part_of[j] say whose part file tensor j is. Every writer of a checkpoint builds its files from these,
  * so the one-writer and the per-rank saves make the same header. */
 typedef struct {
     mt_st_write_tensor *w;
     char (*names)[CKPT_PART_NAME];
-    int *param_of, *part_of;
+    int *param_of, *part_of; /* the optimizer's list only */
     int n;
+    mt_hf_plan *hf; /* the weights' list: model.safetensors as a model directory has it (io/hf_layout.h:
+                       names, fused experts, carried tensors); w[j] is hf->items[j].w */
 } ckpt_tensor_list;
 
 void ckpt_weight_list(const mt_param_table *t, ckpt_tensor_list *l);

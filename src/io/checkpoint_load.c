@@ -20,6 +20,7 @@
 #include "io/atomic_file.h"
 #include "io/checkpoint_dir.h"
 #include "io/digest.h"
+#include "io/hf_layout.h"
 #include "io/safetensors.h"
 #include "model/config.h"
 
@@ -250,10 +251,14 @@ static int verify_files(const char *dir, const ckpt_file_list *l) {
 
 /* A training checkpoint holds the fp32 master; an exported (converted) model in its place is
  * refused with what happened, before the checksum (which would only say "replaced"). */
-static int check_weights_f32(const mt_safetensors *mst, const char *ckpt_dir) {
+static int check_weights_f32(const mt_safetensors *mst, const char *ckpt_dir, const mt_param_table *t) {
     for (int i = 0; i < mt_safetensors_count(mst); i++) {
         const mt_st_tensor *x = mt_safetensors_at(mst, i);
         if (x->dtype == MT_F32) continue;
+        /* a multimodal model's carried tensors keep their dtypes: only the language model's count */
+        if (t->cfg.nested && strncmp(x->name, MT_HF_LM_PREFIX, strlen(MT_HF_LM_PREFIX)) != 0 &&
+            strcmp(x->name, "lm_head.weight") != 0)
+            continue;
         char dt[16];
         snprintf(dt, sizeof dt, "%s", mt_dtype_name(x->dtype));
         for (char *c = dt; *c; c++) *c = (char)tolower((unsigned char)*c);
@@ -270,34 +275,11 @@ static int same_shape(const mt_st_tensor *x, int ndim, const int64_t *shape) {
     return same;
 }
 
-static int ends_with(const char *s, const char *suffix) {
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && strcmp(s + a - b, suffix) == 0;
-}
-
-/* The weights (all F32 by now): every tensor of the table with its shape, nothing else but what
- * mt_model_load also passes over (a rotary inv_freq; lm_head.weight of a tied model, warned). */
-static int check_model(const mt_safetensors *mst, const mt_param_table *t) {
-    const char *src = mt_safetensors_source(mst);
-    for (int i = 0; i < t->n_params; i++) {
-        const mt_param *p = &t->params[i];
-        const mt_st_tensor *x = mt_safetensors_find(mst, p->name);
-        if (!x) return mt_error_set("%s: tensor %s is missing", src, p->name);
-        if (!same_shape(x, p->ndim, p->shape))
-            return mt_error_set("%s: tensor %s: shape differs from the model's", src, p->name);
-    }
-    for (int i = 0; i < mt_safetensors_count(mst); i++) {
-        const mt_st_tensor *x = mt_safetensors_at(mst, i);
-        if (mt_param_find(t, x->name) || ends_with(x->name, "rotary_emb.inv_freq")) continue;
-        if (t->cfg.tie_word_embeddings && strcmp(x->name, "lm_head.weight") == 0) {
-            fprintf(stderr, "megatrain: warning: %s: ignoring lm_head.weight: the model ties it to "
-                    "model.embed_tokens.weight (tie_word_embeddings)\n", x->path);
-            continue;
-        }
-        return mt_error_set("%s: tensor %s is not part of this %s model", x->path, x->name,
-                            t->cfg.model_type);
-    }
-    return MT_OK;
+/* The weights (all F32 by now): every tensor of the table with its shape, found as
+ * mt_model_load finds them (io/hf_layout.h: a nested model's prefix, fused experts, the carried
+ * tensors), nothing else but what mt_model_load also passes over. */
+static int check_model(const mt_safetensors *mst, const mt_param_table *t, mt_hf_ref *refs) {
+    return mt_hf_resolve(t, mst, refs, NULL);
 }
 
 /* The optimizer file holds exactly the parts of format b->f of every tensor, with their dtypes
@@ -318,7 +300,7 @@ static int check_optimizer(const mt_safetensors *ost, const char *path, const mt
                 return mt_error_set("%s: tensor %s: dtype %s, %s optimizer state stores %s", path,
                                     name, mt_dtype_name(x->dtype), mt_state_format_name(b->f),
                                     mt_dtype_name(part->dtype));
-            int64_t shape[2];
+            int64_t shape[3]; /* a conv1d weight has 3 dims */
             int ndim = ckpt_part_shape(part, p, shape);
             if (!same_shape(x, ndim, shape))
                 return mt_error_set("%s: tensor %s: shape differs from the model's", path, name);
@@ -370,13 +352,14 @@ static int check_values(const char *file, const char *name, const void *x, int64
 
 /* Every weight and every fp32 part (moments, scales) finite and within its bound. U8 codes decode
  * to [-1, 1] x scale: bounding the scale bounds them. */
-static int check_sane(const mt_safetensors *mst, const mt_safetensors *ost,
-                      const mt_param_table *t, ckpt_tensor_buf *b) {
+static int check_sane(const mt_hf_ref *refs, const mt_safetensors *ost, const mt_param_table *t,
+                      ckpt_tensor_buf *b) {
     char name[CKPT_PART_NAME];
     value_bound w = {MT_CKPT_MAX_WEIGHT, 0, "|w| <= 1e8 (trained weights stay within the hundreds)"};
     for (int i = 0; i < t->n_params; i++) {
-        const mt_st_tensor *x = mt_safetensors_find(mst, t->params[i].name);
-        MT_TRY(check_values(x->path, x->name, x->data, x->numel, w));
+        mt_st_tensor x = mt_hf_ref_view(&refs[i], t->params[i].numel);
+        mt_hf_name(t, &t->params[i], name, sizeof name);
+        MT_TRY(check_values(x.path, name, x.data, x.numel, w));
     }
     for (int i = 0; i < t->n_params; i++) {
         ckpt_buf_layout(b, &t->params[i]);
@@ -392,13 +375,13 @@ static int check_sane(const mt_safetensors *mst, const mt_safetensors *ost,
 
 /* The validated tensors into the state, one at a time through b (the mapping's bytes may be
  * unaligned; io gets aligned buffers). */
-static int apply(const mt_safetensors *mst, const mt_safetensors *ost, const mt_param_table *t,
+static int apply(const mt_hf_ref *refs, const mt_safetensors *ost, const mt_param_table *t,
                  const mt_state_io *io, ckpt_tensor_buf *b) {
     char name[CKPT_PART_NAME];
     for (int i = 0; i < t->n_params; i++) {
         const mt_param *p = &t->params[i];
-        MT_CHECK(mt_st_tensor_to_f32(mt_safetensors_find(mst, p->name), b->w) == MT_OK, "%s",
-                 mt_error_message());
+        mt_st_tensor v = mt_hf_ref_view(&refs[i], p->numel);
+        MT_CHECK(mt_st_tensor_to_f32(&v, b->w) == MT_OK, "%s", mt_error_message());
         MT_TRY(io->set_weights(io->ctx, p, b->w));
         ckpt_buf_layout(b, p);
         for (int k = 0; k < b->n_parts; k++) {
@@ -451,7 +434,7 @@ static int load_dir(const char *ckpt_dir, const mt_param_table *t, const mt_stat
         *other_format = 1;
     }
     if (rc == MT_OK) { /* an exported model in place of the master: say so first */
-        if (mt_safetensors_open_dir(&mst, ckpt_dir) == MT_OK) rc = check_weights_f32(mst, ckpt_dir);
+        if (mt_safetensors_open_dir(&mst, ckpt_dir) == MT_OK) rc = check_weights_f32(mst, ckpt_dir, t);
         else snprintf(open_err, sizeof open_err, "%s", mt_error_message());
     }
     if (rc == MT_OK && format >= 2) rc = verify_files(ckpt_dir, &files);
@@ -461,14 +444,16 @@ static int load_dir(const char *ckpt_dir, const mt_param_table *t, const mt_stat
     if (rc == MT_OK && !mst) rc = mt_error_set("%s", open_err);
     if (rc == MT_OK) rc = mt_config_load(&cfg, cfg_path);
     if (rc == MT_OK) rc = check_config(&cfg, &t->cfg, cfg_path);
-    if (rc == MT_OK) rc = check_model(mst, t);
+    mt_hf_ref *refs = mt_calloc((size_t)t->n_params + 1, sizeof *refs);
+    if (rc == MT_OK) rc = check_model(mst, t, refs);
     if (rc == MT_OK) rc = mt_safetensors_open_file(&ost, opt_path);
     ckpt_tensor_buf b;
     ckpt_buf_init(&b, t, io->format);
     if (rc == MT_OK) rc = check_optimizer(ost, opt_path, t, &b);
-    if (rc == MT_OK) rc = check_sane(mst, ost, t, &b);
+    if (rc == MT_OK) rc = check_sane(refs, ost, t, &b);
     /* Only now is the state written: a bad checkpoint never leaves it half loaded. */
-    if (rc == MT_OK) rc = apply(mst, ost, t, io, &b);
+    if (rc == MT_OK) rc = apply(refs, ost, t, io, &b);
+    free(refs);
     if (rc == MT_OK && s.state == MT_STATE_TIGHT && io->set_sr_seed)
         io->set_sr_seed(io->ctx, s.sr_seed);
     if (rc == MT_OK) *st = s;

@@ -90,6 +90,8 @@ typedef struct {
     int cur;             /* the param whose state is in b, -1 none */
     const int *param_of; /* optimizer file: tensor -> its param, and which of its parts */
     const int *part_of;
+    const mt_hf_plan *pl; /* model file: its tensors */
+    mt_hf_reader rd;      /* a carried tensor's source file */
 } fill_ctx;
 
 static int nonfinite(const fill_ctx *c, const char *what, const mt_param *p) {
@@ -98,7 +100,7 @@ static int nonfinite(const fill_ctx *c, const char *what, const mt_param *p) {
                         (long long)c->step, what, p->name);
 }
 
-static int fill_weights(void *ctx, int i, int64_t begin, int64_t n, void *dst) {
+static int weight_piece(void *ctx, int i, int64_t begin, int64_t n, void *dst) {
     fill_ctx *c = ctx;
     const mt_param *p = &c->t->params[i];
     if (c->cur != i) {
@@ -109,6 +111,11 @@ static int fill_weights(void *ctx, int i, int64_t begin, int64_t n, void *dst) {
     }
     memcpy(dst, c->b->w + begin, sizeof(float) * (size_t)n);
     return MT_OK;
+}
+
+static int fill_weights(void *ctx, int i, int64_t begin, int64_t n, void *dst) {
+    fill_ctx *c = ctx;
+    return mt_hf_fill(c->pl, i, begin, n, dst, weight_piece, c, &c->rd);
 }
 
 static int fill_parts(void *ctx, int i, int64_t begin, int64_t n, void *dst) {
@@ -144,12 +151,16 @@ static int write_file(const char *dir, const char *name, const mt_st_write_tenso
     return rc;
 }
 
-/* DIR/model.safetensors: every tensor's fp32 weights under its Hugging Face name, table order
- * (what mt_model_save writes for F32: with config.json, a model directory). */
+/* DIR/model.safetensors: every tensor's fp32 weights under its Hugging Face name, table order,
+ * then the carried tensors (what mt_model_save writes for F32: with config.json, a model
+ * directory). */
 static int save_weights(const char *dir, fill_ctx *c, ckpt_file_list *files) {
     ckpt_tensor_list l;
     ckpt_weight_list(c->t, &l);
+    c->pl = l.hf;
+    mt_hf_reader_init(&c->rd);
     int rc = write_file(dir, "model.safetensors", l.w, l.n, fill_weights, c, files);
+    mt_hf_reader_close(&c->rd);
     ckpt_tensor_list_free(&l);
     return rc;
 }
@@ -171,7 +182,7 @@ static int save_parts(const char *dir, fill_ctx *c, ckpt_file_list *files) {
  * reading it back costs nothing. */
 int ckpt_save_config(const char *dir, const mt_param_table *t, ckpt_file_list *files) {
     char *path = ckpt_path_join(dir, "config.json");
-    int rc = mt_config_save(&t->cfg, path);
+    int rc = mt_hf_config_save(t, path);
     mt_file_digest d;
     if (rc == MT_OK) {
         int e = mt_digest_file(path, &d);

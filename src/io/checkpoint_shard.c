@@ -46,7 +46,8 @@ static int plan_file(file_plan *f, const mt_param_table *t, mt_state_format fmt,
     else ckpt_part_list(t, fmt, &f->l);
     f->begin = mt_calloc((size_t)f->l.n + 1, sizeof *f->begin);
     f->first = mt_calloc((size_t)t->n_params + 1, sizeof *f->first);
-    for (int j = f->l.n - 1; j >= 0; j--) f->first[f->l.param_of[j]] = j;
+    if (which == 1) /* the weights go by f->l.hf's item_of and elem_of */
+        for (int j = f->l.n - 1; j >= 0; j--) f->first[f->l.param_of[j]] = j;
     const mt_st_meta meta[] = {{"format", "pt"}}; /* what mt_checkpoint_save writes */
     return mt_safetensors_layout(path, f->l.w, f->l.n, meta, 1, &f->head, &f->head_bytes, f->begin,
                                  &f->bytes);
@@ -87,6 +88,37 @@ static int make_file(const char *dir, const char *name, const file_plan *f) {
     return rc;
 }
 
+/* The carried tensors (io/hf_layout.h) into DIR/model.safetensors at their places, from their
+ * source files: no rank holds them. */
+static int copy_carried(const char *dir, const file_plan *f) {
+    const mt_hf_plan *pl = f->l.hf;
+    int n = 0;
+    for (int j = 0; j < pl->n; j++) n += pl->items[j].carried != NULL;
+    if (n == 0) return MT_OK;
+    char *path = ckpt_path_join(dir, FILES[0]);
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    int rc = fd < 0 ? mt_error_set("%s: cannot open: %s", path, mt_io_errtext(errno)) : MT_OK;
+    unsigned char *buf = mt_aligned_alloc((size_t)CHUNK_FLOATS * sizeof(float));
+    mt_hf_reader rd;
+    mt_hf_reader_init(&rd);
+    for (int j = 0; j < pl->n && rc == MT_OK; j++) {
+        const mt_hf_carried *c = pl->items[j].carried;
+        if (!c) continue;
+        size_t es = mt_dtype_size(c->dtype), step = (size_t)CHUNK_FLOATS * sizeof(float) / es;
+        int64_t numel = (int64_t)(c->nbytes / es);
+        for (int64_t e = 0; e < numel && rc == MT_OK; e += (int64_t)step) {
+            int64_t k = numel - e < (int64_t)step ? numel - e : (int64_t)step;
+            rc = mt_hf_fill(pl, j, e, k, buf, NULL, NULL, &rd);
+            if (rc == MT_OK) rc = write_at(fd, path, buf, (size_t)k * es, f->begin[j] + (uint64_t)e * es);
+        }
+    }
+    mt_hf_reader_close(&rd);
+    free(buf);
+    if (fd >= 0 && close(fd) != 0 && rc == MT_OK) rc = mt_error_set("%s: close failed: %s", path, mt_io_errtext(errno));
+    free(path);
+    return rc;
+}
+
 int mt_checkpoint_begin(const char *out_dir, const mt_param_table *t, mt_state_format format,
                         int64_t step, const char *args_json, const char *tokenizer_dir,
                         mt_ckpt_writer **out) {
@@ -102,6 +134,7 @@ int mt_checkpoint_begin(const char *out_dir, const mt_param_table *t, mt_state_f
         file_plan f;
         rc = plan_file(&f, t, format, i, FILES[i]);
         if (rc == MT_OK) rc = make_file(w->d.tmp, FILES[i], &f);
+        if (rc == MT_OK && i == 0) rc = copy_carried(w->d.tmp, &f);
         plan_free(&f);
     }
     if (rc != MT_OK) {
@@ -137,8 +170,8 @@ static int write_weights(shard_ctx *c, const file_plan *f, const mt_param *p, in
         int64_t n = hi - e < CHUNK_FLOATS ? hi - e : CHUNK_FLOATS;
         MT_TRY(c->io->get_weights_range(c->io->ctx, p, e, n, c->buf));
         if (ckpt_any_nonfinite(c->buf, n)) return nonfinite(c, "the master weights hold", p);
-        MT_TRY(write_at(c->fd, c->path, c->buf, (size_t)n * sizeof(float),
-                        f->begin[f->first[i]] + (uint64_t)e * sizeof(float)));
+        uint64_t at = f->begin[f->l.hf->item_of[i]] + (uint64_t)(f->l.hf->elem_of[i] + e) * sizeof(float);
+        MT_TRY(write_at(c->fd, c->path, c->buf, (size_t)n * sizeof(float), at));
     }
     return MT_OK;
 }

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/hf_layout.h"
 #include "io/safetensors.h"
 #include "model/config.h"
 
@@ -22,80 +23,47 @@ static char *path_join(const char *dir, const char *name) {
     return p;
 }
 
-static const char *fmt_shape(char *buf, size_t size, int ndim, const int64_t *shape) {
-    size_t k = (size_t)snprintf(buf, size, "[");
-    for (int i = 0; i < ndim && k < size; i++)
-        k += (size_t)snprintf(buf + k, size - k, "%s%lld", i ? ", " : "", (long long)shape[i]);
-    if (k < size) snprintf(buf + k, size - k, "]");
-    return buf;
-}
-
-static int ends_with(const char *s, const char *suffix) {
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && strcmp(s + a - b, suffix) == 0;
-}
-
 /* ---- load ---- */
-
-static int check_one(const mt_param *p, const mt_st_tensor *st, const char *source) {
-    char want[96], got[160];
-    fmt_shape(want, sizeof want, p->ndim, p->shape);
-    if (!st)
-        return mt_error_set("%s: tensor %s is missing (the model needs shape %s); the "
-                            "checkpoint does not match its config.json",
-                            source, p->name, want);
-    int same = st->ndim == p->ndim;
-    for (int d = 0; same && d < p->ndim; d++) same = st->shape[d] == p->shape[d];
-    if (!same)
-        return mt_error_set("%s: tensor %s: shape %s on disk, the model needs %s (check "
-                            "config.json's sizes)",
-                            st->path, p->name, fmt_shape(got, sizeof got, st->ndim, st->shape),
-                            want);
-    if (st->dtype != MT_F32 && st->dtype != MT_BF16 && st->dtype != MT_F16)
-        return mt_error_set("%s: tensor %s: dtype %s; weights must be F32, BF16 or F16", st->path,
-                            p->name, mt_dtype_name(st->dtype));
-    return MT_OK;
-}
-
-/* Every tensor on disk must belong to the model, except a few that are safe to drop. */
-static int check_extra(const mt_param_table *t, const mt_safetensors *st) {
-    for (int i = 0; i < mt_safetensors_count(st); i++) {
-        const mt_st_tensor *x = mt_safetensors_at(st, i);
-        if (mt_param_find(t, x->name) || ends_with(x->name, "rotary_emb.inv_freq")) continue;
-        if (t->cfg.tie_word_embeddings && strcmp(x->name, "lm_head.weight") == 0) {
-            fprintf(stderr, "megatrain: warning: %s: ignoring lm_head.weight: the model ties it to "
-                    "model.embed_tokens.weight (tie_word_embeddings)\n", x->path);
-            continue;
-        }
-        return mt_error_set("%s: tensor %s is not part of this %s model (check config.json: "
-                            "model_type, biases, qk norm, layer count)",
-                            x->path, x->name, t->cfg.model_type);
-    }
-    return MT_OK;
-}
 
 static void zero_floats(float *arena, int64_t begin, int64_t end) {
     if (end > begin) memset(arena + begin, 0, sizeof(float) * (size_t)(end - begin));
 }
 
+/* Opens DIR and finds every tensor of t there (io/hf_layout.h); *refs malloc'd. */
+static int open_resolved(const mt_param_table *t, const char *dir, mt_safetensors **st, mt_hf_ref **refs) {
+    MT_TRY(mt_safetensors_open_dir(st, dir));
+    *refs = mt_calloc((size_t)t->n_params + 1, sizeof **refs);
+    int rc = mt_hf_resolve(t, *st, *refs, NULL);
+    if (rc != MT_OK) {
+        free(*refs);
+        mt_safetensors_close(*st);
+        *refs = NULL;
+        *st = NULL;
+    }
+    return rc;
+}
+
+static int ref_to_f32(const mt_hf_ref *r, const mt_param *p, float *dst) {
+    mt_st_tensor v = mt_hf_ref_view(r, p->numel);
+    return mt_st_tensor_to_f32(&v, dst);
+}
+
 int mt_model_load(const mt_param_table *t, float *arena, const char *dir) {
     mt_safetensors *st;
-    MT_TRY(mt_safetensors_open_dir(&st, dir));
+    mt_hf_ref *refs;
+    MT_TRY(open_resolved(t, dir, &st, &refs));
     int rc = MT_OK;
-    for (int i = 0; i < t->n_params && rc == MT_OK; i++)
-        rc = check_one(&t->params[i], mt_safetensors_find(st, t->params[i].name),
-                       mt_safetensors_source(st));
-    if (rc == MT_OK) rc = check_extra(t, st);
     /* Only now is the arena written: a bad checkpoint never leaves it half loaded. */
     int64_t cursor = 0;
     for (int i = 0; i < t->n_params && rc == MT_OK; i++) {
         const mt_param *p = &t->params[i];
         MT_CHECK(p->offset >= cursor, "parameter table not in arena order at %s", p->name);
         zero_floats(arena, cursor, p->offset);
-        rc = mt_st_tensor_to_f32(mt_safetensors_find(st, p->name), arena + p->offset);
+        rc = ref_to_f32(&refs[i], p, arena + p->offset);
         cursor = p->offset + p->numel;
     }
     if (rc == MT_OK) zero_floats(arena, cursor, t->total);
+    free(refs);
     mt_safetensors_close(st);
     return rc;
 }
@@ -103,23 +71,21 @@ int mt_model_load(const mt_param_table *t, float *arena, const char *dir) {
 int mt_model_load_tensors(const mt_param_table *t, const char *dir,
                           int (*sink)(void *ctx, const mt_param *p, const float *w), void *ctx) {
     mt_safetensors *st;
-    MT_TRY(mt_safetensors_open_dir(&st, dir));
+    mt_hf_ref *refs;
+    MT_TRY(open_resolved(t, dir, &st, &refs));
     int rc = MT_OK;
     int64_t biggest = 1;
-    for (int i = 0; i < t->n_params && rc == MT_OK; i++) {
-        rc = check_one(&t->params[i], mt_safetensors_find(st, t->params[i].name),
-                       mt_safetensors_source(st));
+    for (int i = 0; i < t->n_params; i++)
         if (t->params[i].numel > biggest) biggest = t->params[i].numel;
-    }
-    if (rc == MT_OK) rc = check_extra(t, st);
     /* Only now does anything reach the sink: a bad checkpoint never leaves it half loaded. */
-    float *buf = rc == MT_OK ? mt_aligned_alloc((size_t)biggest * sizeof(float)) : NULL;
+    float *buf = mt_aligned_alloc((size_t)biggest * sizeof(float));
     for (int i = 0; i < t->n_params && rc == MT_OK; i++) {
         const mt_param *p = &t->params[i];
-        rc = mt_st_tensor_to_f32(mt_safetensors_find(st, p->name), buf);
+        rc = ref_to_f32(&refs[i], p, buf);
         if (rc == MT_OK) rc = sink(ctx, p, buf);
     }
     free(buf);
+    free(refs);
     mt_safetensors_close(st);
     return rc;
 }
@@ -148,54 +114,62 @@ static int make_dirs(const char *dir) {
 }
 
 typedef struct {
+    const mt_param_table *t;
     const float *arena;
-    const mt_param *const *params; /* the shard's tensors, in write order */
+    const mt_hf_plan *pl;
+    int first;       /* the shard's first item */
+    mt_hf_reader rd; /* a carried tensor's source file */
 } fill_ctx;
 
-static int fill_bf16(void *ctx, int i, int64_t elem_begin, int64_t n, void *dst) {
+/* Param p's elements as the file's dtype: F32 as they are, BF16 rounded to nearest even. */
+static int fill_piece(void *ctx, int p, int64_t begin, int64_t n, void *dst) {
     const fill_ctx *c = ctx;
-    mt_convert_f32_to_bf16(dst, c->arena + c->params[i]->offset + elem_begin, (size_t)n);
+    const float *src = c->arena + c->t->params[p].offset + begin;
+    if (c->pl->items[c->pl->item_of[p]].w.dtype == MT_F32) memcpy(dst, src, sizeof(float) * (size_t)n);
+    else mt_convert_f32_to_bf16(dst, src, (size_t)n);
     return MT_OK;
 }
 
-/* Writes params [first, first + n) of the table into one file. */
-static int write_shard(const mt_param_table *t, const float *arena, const char *path,
-                       mt_dtype dtype, int first, int n) {
+static int fill_item(void *ctx, int i, int64_t begin, int64_t n, void *dst) {
+    fill_ctx *c = ctx;
+    return mt_hf_fill(c->pl, c->first + i, begin, n, dst, fill_piece, c, &c->rd);
+}
+
+/* Writes items [first, first + n) of the plan into one file. */
+static int write_shard(const mt_param_table *t, const float *arena, const mt_hf_plan *pl, const char *path,
+                       int first, int n) {
     mt_st_write_tensor *w = mt_calloc((size_t)(n ? n : 1), sizeof *w);
-    const mt_param **ps = mt_calloc((size_t)(n ? n : 1), sizeof *ps);
-    for (int i = 0; i < n; i++) {
-        const mt_param *p = &t->params[first + i];
-        ps[i] = p;
-        w[i].name = p->name;
-        w[i].dtype = dtype;
-        w[i].ndim = p->ndim;
-        for (int d = 0; d < p->ndim; d++) w[i].shape[d] = p->shape[d];
-        w[i].data = dtype == MT_F32 ? (const void *)(arena + p->offset) : NULL;
-    }
+    for (int i = 0; i < n; i++) w[i] = pl->items[first + i].w;
     const mt_st_meta meta[] = {{"format", "pt"}};
-    fill_ctx ctx = {arena, ps};
-    int rc = mt_safetensors_write_fill(path, w, n, meta, 1, fill_bf16, &ctx);
+    fill_ctx ctx = {t, arena, pl, first, {-1, NULL}};
+    int rc = mt_safetensors_write_fill(path, w, n, meta, 1, fill_item, &ctx);
+    mt_hf_reader_close(&ctx.rd);
     free(w);
-    free((void *)ps);
     return rc;
 }
 
-/* Greedy split in table order, as transformers does: a new shard starts when the next tensor
+static int64_t item_bytes(const mt_hf_item *it) {
+    int64_t b = (int64_t)mt_dtype_size(it->w.dtype);
+    for (int d = 0; d < it->w.ndim; d++) b *= it->w.shape[d];
+    return b;
+}
+
+/* Greedy split in write order, as transformers does: a new shard starts when the next tensor
  * would overflow the current one; a tensor larger than the limit gets a shard of its own.
- * first[k] is the first param of shard k; returns the number of shards. */
-static int plan_shards(const mt_param_table *t, size_t esize, int64_t max_bytes, int *first) {
+ * first[k] is the first item of shard k; returns the number of shards. */
+static int plan_shards(const mt_hf_plan *pl, int64_t max_bytes, int *first) {
     int k = 0;
     int64_t cur = 0;
     first[0] = 0;
-    for (int i = 0; i < t->n_params; i++) {
-        int64_t b = t->params[i].numel * (int64_t)esize;
+    for (int i = 0; i < pl->n; i++) {
+        int64_t b = item_bytes(&pl->items[i]);
         if (max_bytes > 0 && cur > 0 && cur + b > max_bytes) {
             first[++k] = i;
             cur = 0;
         }
         cur += b;
     }
-    first[k + 1] = t->n_params;
+    first[k + 1] = pl->n;
     return k + 1;
 }
 
@@ -203,16 +177,15 @@ static void shard_name(char *buf, size_t size, int k, int n_shards) {
     snprintf(buf, size, "model-%05d-of-%05d.safetensors", k + 1, n_shards);
 }
 
-static int write_index(const mt_param_table *t, const char *dir, size_t esize, const int *first,
-                       int n_shards) {
+static int write_index(const mt_hf_plan *pl, const char *dir, const int *first, int n_shards) {
     json_t *wmap = json_object();
     int64_t total = 0;
     char name[64];
     for (int k = 0; k < n_shards; k++) {
         shard_name(name, sizeof name, k, n_shards);
         for (int i = first[k]; i < first[k + 1]; i++) {
-            json_object_set_new(wmap, t->params[i].name, json_string(name));
-            total += t->params[i].numel * (int64_t)esize;
+            json_object_set_new(wmap, pl->items[i].name, json_string(name));
+            total += item_bytes(&pl->items[i]);
         }
     }
     json_t *root = json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)total,
@@ -259,21 +232,23 @@ static void remove_stale(const char *dir, int n_shards) {
 
 static int save_weights(const mt_param_table *t, const float *arena, const char *dir,
                         mt_dtype dtype, int64_t max_shard_bytes) {
-    size_t esize = mt_dtype_size(dtype);
-    int *first = mt_malloc(sizeof(int) * (size_t)(t->n_params + 2));
-    int n_shards = plan_shards(t, esize, max_shard_bytes, first);
+    mt_hf_plan pl;
+    mt_hf_plan_init(&pl, t, dtype);
+    int *first = mt_malloc(sizeof(int) * (size_t)(pl.n + 2));
+    int n_shards = plan_shards(&pl, max_shard_bytes, first);
     int rc = MT_OK;
     char name[64];
     for (int k = 0; k < n_shards && rc == MT_OK; k++) {
         if (n_shards == 1) snprintf(name, sizeof name, "model.safetensors");
         else shard_name(name, sizeof name, k, n_shards);
         char *path = path_join(dir, name);
-        rc = write_shard(t, arena, path, dtype, first[k], first[k + 1] - first[k]);
+        rc = write_shard(t, arena, &pl, path, first[k], first[k + 1] - first[k]);
         free(path);
     }
-    if (rc == MT_OK && n_shards > 1) rc = write_index(t, dir, esize, first, n_shards);
+    if (rc == MT_OK && n_shards > 1) rc = write_index(&pl, dir, first, n_shards);
     if (rc == MT_OK) remove_stale(dir, n_shards);
     free(first);
+    mt_hf_plan_free(&pl);
     return rc;
 }
 
@@ -287,7 +262,7 @@ int mt_model_save(const mt_param_table *t, const float *arena, const char *dir, 
                             (long long)max_shard_bytes);
     MT_TRY(make_dirs(dir));
     char *cfg = path_join(dir, "config.json");
-    int rc = mt_config_save(&t->cfg, cfg);
+    int rc = mt_hf_config_save(t, cfg);
     free(cfg);
     MT_TRY(rc);
     return save_weights(t, arena, dir, dtype, max_shard_bytes);

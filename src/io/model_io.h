@@ -11,16 +11,20 @@
 /* Loads DIR's safetensors (model.safetensors or an index + shards) into arena (t->total floats).
  * Every tensor the table expects must be present with exactly its shape (F32, BF16 or F16 on disk);
  * any other tensor is refused by name, except "*rotary_emb.inv_freq" (ignored) and, for a tied
- * model, "lm_head.weight" (ignored with a warning on stderr). All checks run before the arena is
- * written, so on MT_ERR it is untouched. Padding between tensors is zeroed. */
+ * model, "lm_head.weight" (ignored with a warning on stderr). A multimodal checkpoint (nested
+ * config) has the language model under "model.language_model." and carries the rest (vision
+ * tower, mtp.*: not loaded); MoE experts may be fused (io/hf_layout.h). All checks run before the
+ * arena is written, so on MT_ERR it is untouched. Padding between tensors is zeroed. */
 int mt_model_load(const mt_param_table *t, float *arena, const char *dir);
 /* The same checks, then each tensor as fp32 (a buffer of the largest tensor) handed to sink in
  * table order: loading without a copy of the whole model. A sink error stops the load. */
 int mt_model_load_tensors(const mt_param_table *t, const char *dir,
                           int (*sink)(void *ctx, const mt_param *p, const float *w), void *ctx);
 
-/* Writes DIR/config.json (mt_config_save) and the weights in table order, as dtype (MT_F32 or
- * MT_BF16, round-to-nearest-even), with metadata {"format": "pt"}: DIR/model.safetensors, or, when
+/* Writes DIR/config.json (mt_hf_config_save: a nested config is t->hf's original text) and the
+ * weights in table order, as dtype (MT_F32 or MT_BF16, round-to-nearest-even), named and laid out
+ * as t->hf's source had them (language-model prefix, fused experts), then t->hf's carried tensors
+ * byte for byte, with metadata {"format": "pt"}: DIR/model.safetensors, or, when
  * max_shard_bytes > 0 and the tensors exceed it, model-0000i-of-0000K.safetensors shards plus
  * model.safetensors.index.json. Creates DIR (and parents) when missing. Each file is replaced
  * atomically; files of an earlier save in the other layout are removed after the new one is

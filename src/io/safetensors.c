@@ -172,6 +172,7 @@ static int parse_entry(const st_file *f, const char *name, const json_t *e, size
                             f->path, name, (long long)(end - begin), mt_dtype_name(t->dtype),
                             (long long)t->numel, t->nbytes);
     t->data = f->map + data_start + begin;
+    t->file_offset = (uint64_t)data_start + (uint64_t)begin;
     t->path = f->path;
     return MT_OK;
 }
@@ -306,6 +307,11 @@ int mt_safetensors_count(const mt_safetensors *st) { return st->n; }
 const mt_st_tensor *mt_safetensors_at(const mt_safetensors *st, int i) {
     MT_CHECK(i >= 0 && i < st->n, "tensor index %d of %d", i, st->n);
     return &st->tensors[i];
+}
+
+int mt_safetensors_index(const mt_safetensors *st, const mt_st_tensor *t) {
+    MT_CHECK(t >= st->tensors && t < st->tensors + st->n, "tensor %s is not of this handle", t->name);
+    return (int)(t - st->tensors);
 }
 
 const char *mt_safetensors_source(const mt_safetensors *st) { return st->source; }

@@ -30,6 +30,7 @@ typedef struct {
     const void *data;                /* inside the read-only mapping; may be unaligned */
     size_t nbytes;
     const char *path;                /* the file it lives in */
+    uint64_t file_offset;            /* of data in that file */
 } mt_st_tensor;
 
 typedef struct mt_safetensors mt_safetensors; /* opaque */
@@ -50,6 +51,8 @@ const mt_st_tensor *mt_safetensors_find(const mt_safetensors *st, const char *na
 /* Iteration in file order (shard by shard, by data offset): for i in 0..count-1. */
 int mt_safetensors_count(const mt_safetensors *st);
 const mt_st_tensor *mt_safetensors_at(const mt_safetensors *st, int i);
+/* The i of a tensor this handle handed out (find or at). */
+int mt_safetensors_index(const mt_safetensors *st, const mt_st_tensor *t);
 
 /* What was opened: the file, or DIR/model.safetensors.index.json for a sharded checkpoint. */
 const char *mt_safetensors_source(const mt_safetensors *st);

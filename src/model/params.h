@@ -99,6 +99,9 @@ typedef struct {
     int64_t kind_offset[MT_LAYER_TYPES][MT_LAYER_KINDS];
     int64_t expert_stride;
     int *layer_first;    /* (L + 1) index in params of each layer's first tensor; [L]: the head's */
+    const struct mt_hf_source *hf; /* how the checkpoint it came from lays tensors out and what it
+                                      carries (io/hf_layout.h); NULL: none. Not owned: the host
+                                      model holds it */
 } mt_param_table;
 
 void mt_param_table_init(mt_param_table *t, const mt_config *cfg);
