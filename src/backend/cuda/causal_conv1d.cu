@@ -9,7 +9,8 @@
 #include "ops.cuh"
 
 #define CONV_MAX_K 8
-#define CONV_ROWS 128      /* tokens a part of the backward */
+#define CONV_ROWS 128      /* tokens a part of the backward (at least) */
+#define CONV_MAX_PARTS 1024
 #define CONV_THREADS 128   /* channels a block of the backward */
 
 static __device__ __forceinline__ float sigmoid_(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -47,10 +48,10 @@ static __global__ void conv_forward_kernel(bf16 *out, const bf16 *inp, const bf1
 static __global__ void __launch_bounds__(CONV_THREADS)
     conv_backward_kernel(bf16 *dinp, float *dw_part, const bf16 *dout, const bf16 *inp,
                          const bf16 *weight, const int32_t *doc_start, int T, int C, int K,
-                         size_t N) {
+                         size_t N, size_t rows_per_part) {
     int c = blockIdx.x * CONV_THREADS + threadIdx.x;
     if (c >= C) return;
-    size_t r0 = (size_t)blockIdx.y * CONV_ROWS, r1 = min(N, r0 + CONV_ROWS);
+    size_t r0 = (size_t)blockIdx.y * rows_per_part, r1 = min(N, r0 + rows_per_part);
     float dw[CONV_MAX_K];
     for (int j = 0; j < CONV_MAX_K; j++) dw[j] = 0.0f;
     for (size_t s = r0; s < r1; s++) {
@@ -110,12 +111,14 @@ void mt_cuda_causal_conv1d_backward(bf16 *dinp, float *dweight, const bf16 *dout
     size_t N = (size_t)B * T;
     if (!N) return;
     MT_CHECK(dinp && dweight && dout && inp && weight, "causal_conv1d_backward: NULL tensor");
-    int parts = (int)((N + CONV_ROWS - 1) / CONV_ROWS);
+    size_t rows = (N + CONV_MAX_PARTS - 1) / CONV_MAX_PARTS;
+    if (rows < CONV_ROWS) rows = CONV_ROWS;
+    int parts = (int)((N + rows - 1) / rows);
     float *part = NULL;
     CUDA_CHECK(cudaMallocAsync((void **)&part, (size_t)parts * C * K * sizeof(float), s));
     dim3 grid((unsigned)((C + CONV_THREADS - 1) / CONV_THREADS), (unsigned)parts);
     conv_backward_kernel<<<grid, CONV_THREADS, 0, s>>>(dinp, part, dout, inp, weight, doc_start, T,
-                                                       C, K, N);
+                                                       C, K, N, rows);
     CUDA_LAUNCH_CHECK();
     conv_dw_finish_kernel<<<(C * K + 255) / 256, 256, 0, s>>>(dweight, part, parts, C * K);
     CUDA_LAUNCH_CHECK();

@@ -10,7 +10,8 @@
 
 #define GRMS_WARPS 8 /* rows a block of the row kernels */
 #define GRMS_TY 8
-#define GRMS_ROWS 128
+#define GRMS_ROWS 128 /* rows a part of the weight gradient (at least) */
+#define GRMS_MAX_PARTS 1024
 
 static __device__ __forceinline__ float sigmoid_(float x) { return 1.0f / (1.0f + expf(-x)); }
 static __device__ __forceinline__ float warp_sum_(float v) {
@@ -64,10 +65,10 @@ static __global__ void __launch_bounds__(32 * GRMS_WARPS)
 /* part (parts, C) = each part's sum over its rows of dy n a. */
 static __global__ void __launch_bounds__(32 * GRMS_TY)
     grms_dweight_part_kernel(float *part, const bf16 *dout, const bf16 *inp, const bf16 *gate,
-                             const float *rstd, int R, int C) {
+                             const float *rstd, int R, int C, int rows_per_part) {
     __shared__ float red[GRMS_TY][32];
     int tx = threadIdx.x, ty = threadIdx.y, c = blockIdx.x * 32 + tx;
-    int r0 = blockIdx.y * GRMS_ROWS, r1 = min(R, r0 + GRMS_ROWS);
+    int r0 = blockIdx.y * rows_per_part, r1 = min(R, r0 + rows_per_part);
     float acc = 0.0f;
     if (c < C)
         for (int r = r0 + ty; r < r1; r += GRMS_TY) {
@@ -104,11 +105,13 @@ void mt_cuda_gated_rmsnorm_backward(bf16 *dinp, bf16 *dgate, float *dweight, con
     grms_backward_kernel<<<(unsigned)((R + GRMS_WARPS - 1) / GRMS_WARPS), 32 * GRMS_WARPS, 0, s>>>(
         dinp, dgate, dout, inp, gate, weight, rstd, R, C);
     CUDA_LAUNCH_CHECK();
-    int parts = (R + GRMS_ROWS - 1) / GRMS_ROWS;
+    int rows = (R + GRMS_MAX_PARTS - 1) / GRMS_MAX_PARTS;
+    if (rows < GRMS_ROWS) rows = GRMS_ROWS;
+    int parts = (R + rows - 1) / rows;
     float *part = NULL;
     CUDA_CHECK(cudaMallocAsync((void **)&part, (size_t)parts * C * sizeof(float), s));
     dim3 grid((unsigned)((C + 31) / 32), (unsigned)parts), block(32, GRMS_TY);
-    grms_dweight_part_kernel<<<grid, block, 0, s>>>(part, dout, inp, gate, rstd, R, C);
+    grms_dweight_part_kernel<<<grid, block, 0, s>>>(part, dout, inp, gate, rstd, R, C, rows);
     CUDA_LAUNCH_CHECK();
     colsum_finish_kernel<<<(C + 255) / 256, 256, 0, s>>>(dweight, part, parts, C);
     CUDA_LAUNCH_CHECK();

@@ -8,7 +8,8 @@
 #include "ops.cuh"
 
 #define GATES_TY 8
-#define GATES_ROWS 256
+#define GATES_ROWS 256 /* rows a part (at least) */
+#define GATES_MAX_PARTS 1024
 
 static __device__ __forceinline__ double softplus_(double x) { return x > 20.0 ? x : log1p(exp(x)); }
 static __device__ __forceinline__ double sigmoid_d(double x) { return 1.0 / (1.0 + exp(-x)); }
@@ -29,10 +30,10 @@ static __global__ void gates_forward_kernel(float *g, float *beta, const bf16 *a
 static __global__ void __launch_bounds__(32 * GATES_TY)
     gates_backward_kernel(bf16 *da, bf16 *db, float *part, const float *dg, const float *dbeta,
                           const bf16 *a, const bf16 *b, const bf16 *A_log, const bf16 *dt_bias,
-                          int N, int H) {
+                          int N, int H, int rows_per_part) {
     __shared__ double red[2][GATES_TY][32];
     int tx = threadIdx.x, ty = threadIdx.y, h = blockIdx.x * 32 + tx;
-    int r0 = blockIdx.y * GATES_ROWS, r1 = min(N, r0 + GATES_ROWS);
+    int r0 = blockIdx.y * rows_per_part, r1 = min(N, r0 + rows_per_part);
     double sA = 0.0, sdt = 0.0;
     if (h < H) {
         double eA = exp((double)__bfloat162float(A_log[h])), bias = __bfloat162float(dt_bias[h]);
@@ -91,12 +92,14 @@ void mt_cuda_gdn_gates_backward(bf16 *da, bf16 *db, float *dA_log, float *ddt_bi
     if (N == 0) return;
     MT_CHECK(da && db && dA_log && ddt_bias && dg && dbeta && a && b && A_log && dt_bias,
              "gdn_gates_backward: NULL tensor");
-    int parts = (N + GATES_ROWS - 1) / GATES_ROWS;
+    int rows = (N + GATES_MAX_PARTS - 1) / GATES_MAX_PARTS;
+    if (rows < GATES_ROWS) rows = GATES_ROWS;
+    int parts = (N + rows - 1) / rows;
     float *part = NULL;
     CUDA_CHECK(cudaMallocAsync((void **)&part, (size_t)parts * 2 * Hv * sizeof(float), s));
     dim3 grid((unsigned)((Hv + 31) / 32), (unsigned)parts), block(32, GATES_TY);
     gates_backward_kernel<<<grid, block, 0, s>>>(da, db, part, dg, dbeta, a, b, A_log, dt_bias, N,
-                                                 Hv);
+                                                 Hv, rows);
     CUDA_LAUNCH_CHECK();
     gates_finish_kernel<<<(Hv + 255) / 256, 256, 0, s>>>(dA_log, ddt_bias, part, parts, Hv);
     CUDA_LAUNCH_CHECK();
