@@ -14,7 +14,17 @@
  * (m16n16k8, fp32 accumulate): 10 mantissa bits per operand against bf16's 7 for the inputs, the
  * state and every sum kept in fp32. Rows (tokens) are padded to L = 64 with zeros and Dk to a
  * multiple of 16, so a short last chunk or an odd head size needs no special case: a padded token
- * has q = k = v = 0, beta = 0 and lies in no document, which makes every mask zero on it. */
+ * has q = k = v = 0, beta = 0 and lies in no document, which makes every mask zero on it.
+ *
+ * Expected rate (not yet measured when written; test_cuda_gated_delta --bench measures it): a
+ * block's chunk is ~15 barrier-separated steps, the 64-step triangular solve on two warps the
+ * longest (~2-4 us), the products ~4.2 MFLOP a block and chunk (1.6x the counted FLOPs of
+ * mt_gated_delta_flops, for the recomputed (L, L) products). At ~8-10 us a chunk forward and
+ * ~2x that backward with B*Hv*ceil(Dv/32) = 128 blocks (B = 1, Qwen3.6-35B-A3B) on 132 SMs:
+ * about 20-40 TFLOP/s of counted FLOPs, flat in T (the chunks of a head are sequential; more rows
+ * or heads fill the GPU, not longer rows). Next steps, as flash-linear-attention does: the (L, L)
+ * intra-chunk work of all chunks in parallel in a first kernel, only the state scan sequential;
+ * the backward's dq/dk parts reduced across a thread-block cluster (DSMEM) instead of scratch. */
 #ifndef MT_CUDA_GATED_DELTA_CHUNK_CUH
 #define MT_CUDA_GATED_DELTA_CHUNK_CUH
 
