@@ -173,7 +173,8 @@ struct mt_backend {
      * Letters: Hk key heads of Dk, Hv value heads of Dv (Hv a multiple of Hk: value head h uses key
      * head h / (Hv/Hk)), Ch = 2*Hk*Dk + Hv*Dv conv channels, K taps. g, beta and every statistic
      * are fp32 (N, Hv). doc_start as attention's: packed documents never see each other.
-     * Optional: NULL on a backend without them (cuda, today). */
+     * Optional: NULL on a backend without them. The cuda backend's (src/backend/cuda/ops.cuh) take
+     * K <= 8 taps and Dk <= 128, TF32 tensor-core products in the gated delta rule. */
     /* out (N, Ch) = silu(causal depthwise conv over each row's time of inp (N, Ch) with weight
      * (Ch, K), no bias): out[t, c] = silu(sum_j weight[c, j] * inp[t - (K-1) + j, c]), the taps
      * before the token's document (or row) start reading zero. */

@@ -390,6 +390,67 @@ static void cu_cols_join(mt_backend *be, void *out, const void *a, const void *b
                          int wb) {
     mt_cuda_cols_join((bf16 *)out, (const bf16 *)a, (const bf16 *)b, R, wa, wb, S(be));
 }
+static void cu_causal_conv1d_forward(mt_backend *be, void *out, const void *inp, const void *weight,
+                                     const int32_t *doc_start, int B, int T, int C, int K) {
+    mt_cuda_causal_conv1d_forward((bf16 *)out, (const bf16 *)inp, (const bf16 *)weight, doc_start, B,
+                                  T, C, K, S(be));
+}
+static void cu_causal_conv1d_backward(mt_backend *be, void *dinp, float *dweight, const void *dout,
+                                      const void *inp, const void *weight,
+                                      const int32_t *doc_start, int B, int T, int C, int K) {
+    mt_cuda_causal_conv1d_backward((bf16 *)dinp, dweight, (const bf16 *)dout, (const bf16 *)inp,
+                                   (const bf16 *)weight, doc_start, B, T, C, K, S(be));
+}
+static void cu_l2norm_forward(mt_backend *be, void *out, float *rinv, const void *inp, int R, int D,
+                              float eps) {
+    mt_cuda_l2norm_forward((bf16 *)out, rinv, (const bf16 *)inp, R, D, eps, S(be));
+}
+static void cu_l2norm_backward(mt_backend *be, void *dinp, const void *dout, const void *inp,
+                               const float *rinv, int R, int D) {
+    mt_cuda_l2norm_backward((bf16 *)dinp, (const bf16 *)dout, (const bf16 *)inp, rinv, R, D, S(be));
+}
+static void cu_gdn_gates_forward(mt_backend *be, float *g, float *beta, const void *a, const void *b,
+                                 const void *A_log, const void *dt_bias, int N, int Hv) {
+    mt_cuda_gdn_gates_forward(g, beta, (const bf16 *)a, (const bf16 *)b, (const bf16 *)A_log,
+                              (const bf16 *)dt_bias, N, Hv, S(be));
+}
+static void cu_gdn_gates_backward(mt_backend *be, void *da, void *db, float *dA_log, float *ddt_bias,
+                                  const float *dg, const float *dbeta, const void *a, const void *b,
+                                  const void *A_log, const void *dt_bias, int N, int Hv) {
+    mt_cuda_gdn_gates_backward((bf16 *)da, (bf16 *)db, dA_log, ddt_bias, dg, dbeta, (const bf16 *)a,
+                               (const bf16 *)b, (const bf16 *)A_log, (const bf16 *)dt_bias, N, Hv,
+                               S(be));
+}
+static void cu_gated_delta_forward(mt_backend *be, void *out, float *chunk_states, const void *q,
+                                   const void *k, const void *v, const float *g, const float *beta,
+                                   const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk,
+                                   int Dv, float scale) {
+    mt_cuda_gated_delta_forward((bf16 *)out, chunk_states, (const bf16 *)q, (const bf16 *)k,
+                                (const bf16 *)v, g, beta, doc_start, B, T, Hk, Hv, Dk, Dv, scale,
+                                S(be));
+}
+static void cu_gated_delta_backward(mt_backend *be, void *dq, void *dk, void *dv, float *dg,
+                                    float *dbeta, const void *dout, const float *chunk_states,
+                                    const void *q, const void *k, const void *v, const float *g,
+                                    const float *beta, const int32_t *doc_start, int B, int T,
+                                    int Hk, int Hv, int Dk, int Dv, float scale) {
+    mt_cuda_gated_delta_backward(be, (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, dg, dbeta,
+                                 (const bf16 *)dout, chunk_states, (const bf16 *)q, (const bf16 *)k,
+                                 (const bf16 *)v, g, beta, doc_start, B, T, Hk, Hv, Dk, Dv, scale,
+                                 S(be));
+}
+static void cu_gated_rmsnorm_forward(mt_backend *be, void *out, float *rstd, const void *inp,
+                                     const void *gate, const void *weight, int R, int C, float eps) {
+    mt_cuda_gated_rmsnorm_forward((bf16 *)out, rstd, (const bf16 *)inp, (const bf16 *)gate,
+                                  (const bf16 *)weight, R, C, eps, S(be));
+}
+static void cu_gated_rmsnorm_backward(mt_backend *be, void *dinp, void *dgate, float *dweight,
+                                      const void *dout, const void *inp, const void *gate,
+                                      const void *weight, const float *rstd, int R, int C) {
+    mt_cuda_gated_rmsnorm_backward((bf16 *)dinp, (bf16 *)dgate, dweight, (const bf16 *)dout,
+                                   (const bf16 *)inp, (const bf16 *)gate, (const bf16 *)weight, rstd,
+                                   R, C, S(be));
+}
 static void cu_swiglu_forward(mt_backend *be, void *out, const void *gate, const void *up,
                               size_t n) {
     mt_cuda_swiglu_forward((bf16 *)out, (const bf16 *)gate, (const bf16 *)up, n, S(be));
@@ -533,6 +594,16 @@ mt_backend *mt_backend_cuda_create(int64_t mem_budget_bytes) {
     be->sigmoid_gate_backward = cu_sigmoid_gate_backward;
     be->cols_split = cu_cols_split;
     be->cols_join = cu_cols_join;
+    be->causal_conv1d_forward = cu_causal_conv1d_forward;
+    be->causal_conv1d_backward = cu_causal_conv1d_backward;
+    be->l2norm_forward = cu_l2norm_forward;
+    be->l2norm_backward = cu_l2norm_backward;
+    be->gdn_gates_forward = cu_gdn_gates_forward;
+    be->gdn_gates_backward = cu_gdn_gates_backward;
+    be->gated_delta_forward = cu_gated_delta_forward;
+    be->gated_delta_backward = cu_gated_delta_backward;
+    be->gated_rmsnorm_forward = cu_gated_rmsnorm_forward;
+    be->gated_rmsnorm_backward = cu_gated_rmsnorm_backward;
     be->swiglu_forward = cu_swiglu_forward;
     be->swiglu_backward = cu_swiglu_backward;
     be->add = cu_add;

@@ -51,6 +51,47 @@ void mt_cuda_cols_split(bf16 *a, bf16 *b, const bf16 *in, int R, int wa, int wb,
 void mt_cuda_cols_join(bf16 *out, const bf16 *a, const bf16 *b, int R, int wa, int wb,
                        cudaStream_t s);
 
+/* The Gated DeltaNet (qwen3_5's linear-attention layers): causal_conv1d.cu, l2norm.cu,
+ * gdn_gates.cu, gated_rmsnorm.cu, and the chunked gated delta rule in gated_delta.cu (forward) and
+ * gated_delta_backward.cu (gated_delta_chunk.cuh: one block per (row, value head, 32 value
+ * columns), TF32 tensor-core products, fp32 state). Limits the CPU ops do not have: K <= 8 taps,
+ * Dk <= 128; the backward takes 2 N Hv ceil(Dv/32) (Dk + 1) floats of mt_cuda_scratch (128 KiB a
+ * token at Qwen3.5's Hv 32, Dk = Dv = 128). doc_start is not re-validated on the device. */
+void mt_cuda_causal_conv1d_forward(bf16 *out, const bf16 *inp, const bf16 *weight,
+                                   const int32_t *doc_start, int B, int T, int C, int K,
+                                   cudaStream_t s);
+void mt_cuda_causal_conv1d_backward(bf16 *dinp, float *dweight, const bf16 *dout, const bf16 *inp,
+                                    const bf16 *weight, const int32_t *doc_start, int B, int T,
+                                    int C, int K, cudaStream_t s);
+void mt_cuda_l2norm_forward(bf16 *out, float *rinv, const bf16 *inp, int R, int D, float eps,
+                            cudaStream_t s);
+void mt_cuda_l2norm_backward(bf16 *dinp, const bf16 *dout, const bf16 *inp, const float *rinv,
+                             int R, int D, cudaStream_t s);
+void mt_cuda_gdn_gates_forward(float *g, float *beta, const bf16 *a, const bf16 *b,
+                               const bf16 *A_log, const bf16 *dt_bias, int N, int Hv,
+                               cudaStream_t s);
+void mt_cuda_gdn_gates_backward(bf16 *da, bf16 *db, float *dA_log, float *ddt_bias,
+                                const float *dg, const float *dbeta, const bf16 *a, const bf16 *b,
+                                const bf16 *A_log, const bf16 *dt_bias, int N, int Hv,
+                                cudaStream_t s);
+void mt_cuda_gated_rmsnorm_forward(bf16 *out, float *rstd, const bf16 *inp, const bf16 *gate,
+                                   const bf16 *weight, int R, int C, float eps, cudaStream_t s);
+void mt_cuda_gated_rmsnorm_backward(bf16 *dinp, bf16 *dgate, float *dweight, const bf16 *dout,
+                                    const bf16 *inp, const bf16 *gate, const bf16 *weight,
+                                    const float *rstd, int R, int C, cudaStream_t s);
+void mt_cuda_gated_delta_forward(bf16 *out, float *chunk_states, const bf16 *q, const bf16 *k,
+                                 const bf16 *v, const float *g, const float *beta,
+                                 const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk,
+                                 int Dv, float scale, cudaStream_t s);
+void mt_cuda_gated_delta_backward(mt_backend *be, bf16 *dq, bf16 *dk, bf16 *dv, float *dg,
+                                  float *dbeta, const bf16 *dout, const float *chunk_states,
+                                  const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
+                                  const float *beta, const int32_t *doc_start, int B, int T,
+                                  int Hk, int Hv, int Dk, int Dv, float scale, cudaStream_t s);
+/* Shared by the two: the shape checks, and the dynamic shared memory a block takes. */
+void mt_cuda_gated_delta_check(const char *op, int B, int T, int Hk, int Hv, int Dk, int Dv);
+size_t mt_cuda_gated_delta_smem(int Dk, int backward);
+
 /* swiglu.cu */
 void mt_cuda_swiglu_forward(bf16 *out, const bf16 *gate, const bf16 *up, size_t n, cudaStream_t s);
 void mt_cuda_swiglu_backward(bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gate,

@@ -1,0 +1,527 @@
+/* The CUDA backend's Gated DeltaNet ops (bf16 storage) against the fp32 CPU reference backend, op
+ * by op, forward and backward. Exits 77 (ctest: skipped) when no CUDA device is usable.
+ * `test_cuda_gated_delta --bench` instead times the chunked gated delta rule, forward + backward,
+ * at the Qwen3.6-35B-A3B layer shape (Hk 16, Hv 32, Dk = Dv = 128) for B = 1 and T = 4096, 32768,
+ * 131072, and prints the TFLOP/s of mt_gated_delta_flops.
+ *
+ * Inputs are drawn in fp32, rounded to bf16 (g and beta, fp32 in the ops, are not), and the CPU is
+ * fed the rounded values, so the comparison measures the op. Tolerances, |gpu - cpu| <= atol +
+ * rtol*|cpu| with atol relative to `scale` = the RMS of the reference tensor:
+ *   bf16 outputs (one rounding to bf16 = 2^-9 relative):           atol 1e-2*scale, rtol 2e-2
+ *   fp32 outputs from the same bf16 inputs (summation order only):  atol 1e-4*scale, rtol 1e-3
+ *   the gated delta rule, every output (out, dq, dk, dv in bf16; chunk_states, dg, dbeta in fp32):
+ *     the bf16 bound, atol 1e-2*scale, rtol 2e-2: its products run on TF32 tensor cores (2^-11
+ *     relative an operand, 2^-9 on the bf16 outputs' own rounding), through up to 5 chunks of
+ *     state; and the tensor metric max|err|/max|ref| <= 1e-2.
+ * Outputs written (=) are poisoned first (bf16 NaN, fp32 NaN) so an unwritten element fails;
+ * outputs accumulated (+=) are pre-filled and the fill is part of the reference. The weight
+ * gradients and the gated delta backward are run twice and must give the same bits.
+ * Cases: documents packed in rows (starts inside a chunk and on a chunk boundary), T not a multiple
+ * of 64 and T < 64, Hv = 2*Hk, Dk = Dv = 128, Dv > 32 not a multiple of 32, and a small odd case
+ * (Dk 13, Dv 7). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "core/dtype.h"
+#include "util/testutil.h"
+
+#define BF_ATOL 1e-2
+#define BF_RTOL 2e-2
+#define F32_ATOL 1e-4
+#define F32_RTOL 1e-3
+#define GD_ATOL 1e-2
+#define GD_RTOL 2e-2
+#define GD_TENSOR 1e-2
+
+static mt_backend *cpu, *gpu;
+
+/* ---------------- host <-> device helpers ---------------- */
+
+static float *fnew(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
+
+static double rms(const float *x, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return n ? sqrt(s / n) : 0.0;
+}
+static float *rnd_bf(mt_test_rng *rng, size_t n, float std) {
+    float *x = fnew(n);
+    mt_test_fill_normal(rng, x, n, std);
+    for (size_t i = 0; i < n; i++) x[i] = mt_bf16_to_f32(mt_f32_to_bf16(x[i]));
+    return x;
+}
+static float *rnd_f32(mt_test_rng *rng, size_t n, float std) {
+    float *x = fnew(n);
+    mt_test_fill_normal(rng, x, n, std);
+    return x;
+}
+static float *copyf(const float *x, size_t n) {
+    float *y = fnew(n);
+    memcpy(y, x, n * sizeof(float));
+    return y;
+}
+static void *up_bf(const float *x, size_t n) {
+    mt_bf16 *h = malloc((n ? n : 1) * sizeof(mt_bf16));
+    for (size_t i = 0; i < n; i++) h[i] = mt_f32_to_bf16(x[i]);
+    void *d = gpu->alloc(gpu, n * sizeof(mt_bf16));
+    gpu->upload(gpu, d, h, n * sizeof(mt_bf16));
+    free(h);
+    return d;
+}
+static void *up_raw(const void *x, size_t bytes) {
+    void *d = gpu->alloc(gpu, bytes);
+    gpu->upload(gpu, d, x, bytes);
+    return d;
+}
+static float *down_bf(const void *d, size_t n) {
+    mt_bf16 *h = malloc((n ? n : 1) * sizeof(mt_bf16));
+    gpu->download(gpu, h, d, n * sizeof(mt_bf16));
+    float *x = fnew(n);
+    for (size_t i = 0; i < n; i++) x[i] = mt_bf16_to_f32(h[i]);
+    free(h);
+    return x;
+}
+static float *down_f32(const void *d, size_t n) {
+    float *x = fnew(n);
+    gpu->download(gpu, x, d, n * sizeof(float));
+    return x;
+}
+static void *poison_bf(size_t n) {
+    mt_bf16 *h = malloc((n ? n : 1) * sizeof(mt_bf16));
+    for (size_t i = 0; i < n; i++) h[i] = 0x7fc0;
+    void *d = up_raw(h, n * sizeof(mt_bf16));
+    free(h);
+    return d;
+}
+static float *poison_f32(size_t n) {
+    float *h = fnew(n);
+    for (size_t i = 0; i < n; i++) h[i] = NAN;
+    float *d = up_raw(h, n * sizeof(float));
+    free(h);
+    return d;
+}
+static void poison_fill(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = NAN;
+}
+
+static int check(const char *what, const float *got, const float *ref, size_t n, double atol_rel,
+                 double rtol) {
+    double scale = rms(ref, n);
+    if (scale == 0) scale = 1;
+    return mt_allclose(what, got, ref, n, atol_rel * scale, rtol);
+}
+static int check_bf(const char *what, const void *d, const float *ref, size_t n, double atol_rel,
+                    double rtol) {
+    float *g = down_bf(d, n);
+    int ok = check(what, g, ref, n, atol_rel, rtol);
+    free(g);
+    return ok;
+}
+static int check_f32(const char *what, const void *d, const float *ref, size_t n,
+                     double atol_rel, double rtol) {
+    float *g = down_f32(d, n);
+    int ok = check(what, g, ref, n, atol_rel, rtol);
+    free(g);
+    return ok;
+}
+/* The gated delta rule's outputs: the bf16 bound and the tensor metric. */
+static int check_gd(const char *what, const void *d, int is_bf, const float *ref, size_t n) {
+    float *g = is_bf ? down_bf(d, n) : down_f32(d, n);
+    int ok = check(what, g, ref, n, GD_ATOL, GD_RTOL);
+    double t = mt_max_rel_err(g, ref, n);
+    fprintf(stderr, "%-40s max|err|/max|ref| %.3g (tol %.0e)%s\n", what, t, GD_TENSOR,
+            t <= GD_TENSOR ? "" : "  FAIL");
+    free(g);
+    return ok && t <= GD_TENSOR;
+}
+static int same_bits(const char *what, const void *a, const void *b, size_t bytes) {
+    int ok = memcmp(a, b, bytes) == 0;
+    fprintf(stderr, "%-40s %s\n", what, ok ? "bit-identical on rerun" : "DIFFERS on rerun  FAIL");
+    return ok;
+}
+static void gfree(void *p) { gpu->free(gpu, p); }
+
+/* doc_start (B*T) from each row's list of starts (ending with T); NULL for none. */
+static int32_t *docs_from(const int starts[][6], int B, int T) {
+    if (!starts) return NULL;
+    int32_t *ds = malloc((size_t)B * T * sizeof *ds);
+    for (int b = 0; b < B; b++)
+        for (int d = 0; d < 6 && starts[b][d] < T; d++)
+            for (int t = starts[b][d]; t < T && (d == 5 || t < starts[b][d + 1]); t++)
+                ds[(size_t)b * T + t] = starts[b][d];
+    return ds;
+}
+
+/* ---------------- the ops are there ---------------- */
+
+static void test_ops_present(void **state) {
+    assert_non_null(gpu->causal_conv1d_forward);
+    assert_non_null(gpu->causal_conv1d_backward);
+    assert_non_null(gpu->l2norm_forward);
+    assert_non_null(gpu->l2norm_backward);
+    assert_non_null(gpu->gdn_gates_forward);
+    assert_non_null(gpu->gdn_gates_backward);
+    assert_non_null(gpu->gated_delta_forward);
+    assert_non_null(gpu->gated_delta_backward);
+    assert_non_null(gpu->gated_rmsnorm_forward);
+    assert_non_null(gpu->gated_rmsnorm_backward);
+}
+
+/* ---------------- causal conv1d ---------------- */
+
+static void conv_case(int B, int T, int C, int K, const int starts[][6], uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    char what[128];
+    size_t n = (size_t)B * T * C, nw = (size_t)C * K;
+    float *x = rnd_bf(&rng, n, 1.0f), *w = rnd_bf(&rng, nw, 0.5f), *dy = rnd_bf(&rng, n, 1.0f);
+    float *fill = rnd_f32(&rng, nw, 1.0f);
+    int32_t *ds = docs_from(starts, B, T);
+    int32_t *d_ds = ds ? up_raw(ds, (size_t)B * T * sizeof(int32_t)) : NULL;
+    void *d_x = up_bf(x, n), *d_w = up_bf(w, nw), *d_dy = up_bf(dy, n);
+    float *out = fnew(n), *dx = fnew(n), *dw = copyf(fill, nw);
+    cpu->causal_conv1d_forward(cpu, out, x, w, ds, B, T, C, K);
+    poison_fill(dx, n);
+    cpu->causal_conv1d_backward(cpu, dx, dw, dy, x, w, ds, B, T, C, K);
+    void *d_out = poison_bf(n), *d_dx = poison_bf(n);
+    float *d_dw = up_raw(fill, nw * sizeof(float));
+    gpu->causal_conv1d_forward(gpu, d_out, d_x, d_w, d_ds, B, T, C, K);
+    gpu->causal_conv1d_backward(gpu, d_dx, d_dw, d_dy, d_x, d_w, d_ds, B, T, C, K);
+    const char *tag = ds ? " docs" : "";
+    snprintf(what, sizeof what, "conv1d_fwd B=%d T=%d C=%d K=%d%s", B, T, C, K, tag);
+    assert_true(check_bf(what, d_out, out, n, BF_ATOL, BF_RTOL));
+    snprintf(what, sizeof what, "conv1d_bwd dinp B=%d T=%d C=%d%s", B, T, C, tag);
+    assert_true(check_bf(what, d_dx, dx, n, BF_ATOL, BF_RTOL));
+    snprintf(what, sizeof what, "conv1d_bwd dweight (+=) B=%d T=%d C=%d%s", B, T, C, tag);
+    assert_true(check_f32(what, d_dw, dw, nw, F32_ATOL, F32_RTOL));
+    float *g1 = down_f32(d_dw, nw);
+    gpu->upload(gpu, d_dw, fill, nw * sizeof(float));
+    gpu->causal_conv1d_backward(gpu, d_dx, d_dw, d_dy, d_x, d_w, d_ds, B, T, C, K);
+    float *g2 = down_f32(d_dw, nw);
+    assert_true(same_bits(what, g1, g2, nw * sizeof(float)));
+    free(g1), free(g2);
+    free(x), free(w), free(dy), free(fill), free(ds), free(out), free(dx), free(dw);
+    gfree(d_x), gfree(d_w), gfree(d_dy), gfree(d_out), gfree(d_dx), gfree(d_dw);
+    if (d_ds) gfree(d_ds);
+}
+
+static void test_causal_conv1d(void **state) {
+    static const int docs[2][6] = {{0, 2, 40, 41, 77, 77}, {0, 77, 77, 77, 77, 77}};
+    conv_case(2, 77, 200, 4, NULL, 31);
+    conv_case(2, 77, 200, 4, docs, 32);
+    conv_case(1, 300, 1024, 4, NULL, 33); /* several parts */
+    conv_case(1, 9, 5, 3, NULL, 34);
+}
+
+/* ---------------- l2norm ---------------- */
+
+static void l2_case(int R, int D, uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    char what[128];
+    size_t n = (size_t)R * D;
+    float *x = rnd_bf(&rng, n, 1.0f), *dy = rnd_bf(&rng, n, 1.0f);
+    float *y = fnew(n), *rinv = fnew(R), *dx = fnew(n);
+    cpu->l2norm_forward(cpu, y, rinv, x, R, D, 1e-6f);
+    cpu->l2norm_backward(cpu, dx, dy, x, rinv, R, D);
+    void *d_x = up_bf(x, n), *d_dy = up_bf(dy, n), *d_y = poison_bf(n), *d_dx = poison_bf(n);
+    float *d_rinv = poison_f32(R);
+    gpu->l2norm_forward(gpu, d_y, d_rinv, d_x, R, D, 1e-6f);
+    gpu->l2norm_backward(gpu, d_dx, d_dy, d_x, d_rinv, R, D);
+    snprintf(what, sizeof what, "l2norm_fwd R=%d D=%d", R, D);
+    assert_true(check_bf(what, d_y, y, n, BF_ATOL, BF_RTOL));
+    snprintf(what, sizeof what, "l2norm_fwd rinv R=%d D=%d", R, D);
+    assert_true(check_f32(what, d_rinv, rinv, R, F32_ATOL, F32_RTOL));
+    snprintf(what, sizeof what, "l2norm_bwd R=%d D=%d", R, D);
+    assert_true(check_bf(what, d_dx, dx, n, BF_ATOL, BF_RTOL));
+    free(x), free(dy), free(y), free(rinv), free(dx);
+    gfree(d_x), gfree(d_dy), gfree(d_y), gfree(d_dx), gfree(d_rinv);
+}
+
+static void test_l2norm(void **state) {
+    l2_case(300, 128, 41);
+    l2_case(37, 13, 42);
+}
+
+/* ---------------- gdn gates ---------------- */
+
+static void gates_case(int N, int H, uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    char what[128];
+    size_t n = (size_t)N * H;
+    float *a = rnd_bf(&rng, n, 2.0f), *b = rnd_bf(&rng, n, 2.0f);
+    float *A = rnd_bf(&rng, H, 1.0f), *dt = rnd_bf(&rng, H, 1.0f);
+    a[0] = 25.0f; /* past softplus's threshold */
+    float *dg = rnd_f32(&rng, n, 1.0f), *db_in = rnd_f32(&rng, n, 1.0f);
+    float *fillA = rnd_f32(&rng, H, 1.0f), *fillT = rnd_f32(&rng, H, 1.0f);
+    float *g = fnew(n), *beta = fnew(n), *da = fnew(n), *db = fnew(n);
+    float *dA = copyf(fillA, H), *ddt = copyf(fillT, H);
+    cpu->gdn_gates_forward(cpu, g, beta, a, b, A, dt, N, H);
+    cpu->gdn_gates_backward(cpu, da, db, dA, ddt, dg, db_in, a, b, A, dt, N, H);
+    void *d_a = up_bf(a, n), *d_b = up_bf(b, n), *d_A = up_bf(A, H), *d_dt = up_bf(dt, H);
+    float *d_dg = up_raw(dg, n * sizeof(float)), *d_dbi = up_raw(db_in, n * sizeof(float));
+    float *d_g = poison_f32(n), *d_beta = poison_f32(n);
+    void *d_da = poison_bf(n), *d_db = poison_bf(n);
+    float *d_dA = up_raw(fillA, H * sizeof(float)), *d_ddt = up_raw(fillT, H * sizeof(float));
+    gpu->gdn_gates_forward(gpu, d_g, d_beta, d_a, d_b, d_A, d_dt, N, H);
+    gpu->gdn_gates_backward(gpu, d_da, d_db, d_dA, d_ddt, d_dg, d_dbi, d_a, d_b, d_A, d_dt, N, H);
+    snprintf(what, sizeof what, "gdn_gates g N=%d H=%d", N, H);
+    assert_true(check_f32(what, d_g, g, n, F32_ATOL, F32_RTOL));
+    snprintf(what, sizeof what, "gdn_gates beta N=%d H=%d", N, H);
+    assert_true(check_f32(what, d_beta, beta, n, F32_ATOL, F32_RTOL));
+    snprintf(what, sizeof what, "gdn_gates da N=%d H=%d", N, H);
+    assert_true(check_bf(what, d_da, da, n, BF_ATOL, BF_RTOL));
+    snprintf(what, sizeof what, "gdn_gates db N=%d H=%d", N, H);
+    assert_true(check_bf(what, d_db, db, n, BF_ATOL, BF_RTOL));
+    snprintf(what, sizeof what, "gdn_gates dA_log (+=) N=%d H=%d", N, H);
+    assert_true(check_f32(what, d_dA, dA, H, F32_ATOL, F32_RTOL));
+    snprintf(what, sizeof what, "gdn_gates ddt_bias (+=) N=%d H=%d", N, H);
+    assert_true(check_f32(what, d_ddt, ddt, H, F32_ATOL, F32_RTOL));
+    float *g1 = down_f32(d_dA, H), *t1 = down_f32(d_ddt, H);
+    gpu->upload(gpu, d_dA, fillA, H * sizeof(float));
+    gpu->upload(gpu, d_ddt, fillT, H * sizeof(float));
+    gpu->gdn_gates_backward(gpu, d_da, d_db, d_dA, d_ddt, d_dg, d_dbi, d_a, d_b, d_A, d_dt, N, H);
+    float *g2 = down_f32(d_dA, H), *t2 = down_f32(d_ddt, H);
+    assert_true(same_bits("gdn_gates dA_log", g1, g2, H * sizeof(float)));
+    assert_true(same_bits("gdn_gates ddt_bias", t1, t2, H * sizeof(float)));
+    free(g1), free(g2), free(t1), free(t2);
+    free(a), free(b), free(A), free(dt), free(dg), free(db_in), free(fillA), free(fillT);
+    free(g), free(beta), free(da), free(db), free(dA), free(ddt);
+    gfree(d_a), gfree(d_b), gfree(d_A), gfree(d_dt), gfree(d_dg), gfree(d_dbi), gfree(d_g);
+    gfree(d_beta), gfree(d_da), gfree(d_db), gfree(d_dA), gfree(d_ddt);
+}
+
+static void test_gdn_gates(void **state) {
+    gates_case(333, 32, 51);
+    gates_case(1000, 3, 52);
+}
+
+/* ---------------- gated rmsnorm ---------------- */
+
+static void grms_case(int R, int C, uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    char what[128];
+    size_t n = (size_t)R * C;
+    float *x = rnd_bf(&rng, n, 1.0f), *z = rnd_bf(&rng, n, 2.0f), *w = rnd_bf(&rng, C, 1.0f);
+    float *dy = rnd_bf(&rng, n, 1.0f), *fill = rnd_f32(&rng, C, 1.0f);
+    float *y = fnew(n), *rstd = fnew(R), *dx = fnew(n), *dz = fnew(n), *dw = copyf(fill, C);
+    cpu->gated_rmsnorm_forward(cpu, y, rstd, x, z, w, R, C, 1e-6f);
+    cpu->gated_rmsnorm_backward(cpu, dx, dz, dw, dy, x, z, w, rstd, R, C);
+    void *d_x = up_bf(x, n), *d_z = up_bf(z, n), *d_w = up_bf(w, C), *d_dy = up_bf(dy, n);
+    void *d_y = poison_bf(n), *d_dx = poison_bf(n), *d_dz = poison_bf(n);
+    float *d_rstd = poison_f32(R), *d_dw = up_raw(fill, C * sizeof(float));
+    gpu->gated_rmsnorm_forward(gpu, d_y, d_rstd, d_x, d_z, d_w, R, C, 1e-6f);
+    gpu->gated_rmsnorm_backward(gpu, d_dx, d_dz, d_dw, d_dy, d_x, d_z, d_w, d_rstd, R, C);
+    snprintf(what, sizeof what, "gated_rmsnorm_fwd R=%d C=%d", R, C);
+    assert_true(check_bf(what, d_y, y, n, BF_ATOL, BF_RTOL));
+    snprintf(what, sizeof what, "gated_rmsnorm_fwd rstd R=%d C=%d", R, C);
+    assert_true(check_f32(what, d_rstd, rstd, R, F32_ATOL, F32_RTOL));
+    snprintf(what, sizeof what, "gated_rmsnorm_bwd dinp R=%d C=%d", R, C);
+    assert_true(check_bf(what, d_dx, dx, n, BF_ATOL, BF_RTOL));
+    snprintf(what, sizeof what, "gated_rmsnorm_bwd dgate R=%d C=%d", R, C);
+    assert_true(check_bf(what, d_dz, dz, n, BF_ATOL, BF_RTOL));
+    snprintf(what, sizeof what, "gated_rmsnorm_bwd dweight (+=) R=%d C=%d", R, C);
+    assert_true(check_f32(what, d_dw, dw, C, F32_ATOL, F32_RTOL));
+    float *g1 = down_f32(d_dw, C);
+    gpu->upload(gpu, d_dw, fill, C * sizeof(float));
+    gpu->gated_rmsnorm_backward(gpu, d_dx, d_dz, d_dw, d_dy, d_x, d_z, d_w, d_rstd, R, C);
+    float *g2 = down_f32(d_dw, C);
+    assert_true(same_bits(what, g1, g2, C * sizeof(float)));
+    free(g1), free(g2);
+    free(x), free(z), free(w), free(dy), free(fill), free(y), free(rstd), free(dx), free(dz), free(dw);
+    gfree(d_x), gfree(d_z), gfree(d_w), gfree(d_dy), gfree(d_y), gfree(d_dx), gfree(d_dz);
+    gfree(d_rstd), gfree(d_dw);
+}
+
+static void test_gated_rmsnorm(void **state) {
+    grms_case(300, 128, 61);
+    grms_case(1000, 20, 62);
+}
+
+/* ---------------- the gated delta rule ---------------- */
+
+typedef struct {
+    size_t nk, nv, ng, ns;
+    float *q, *k, *v, *g, *beta, *dout;
+    int32_t *ds;
+    void *d_q, *d_k, *d_v, *d_dout;
+    float *d_g, *d_beta;
+    int32_t *d_ds;
+} gd_inputs;
+
+/* q, k unit rows (then bf16), v, dout normal (bf16), beta = sigmoid, g = -softplus * gscale. */
+static void gd_make(gd_inputs *in, int B, int T, int Hk, int Hv, int Dk, int Dv, float gscale,
+                    const int starts[][6], uint64_t seed, int with_cpu_copy) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    int nc = (T + MT_GATED_DELTA_CHUNK - 1) / MT_GATED_DELTA_CHUNK;
+    in->nk = (size_t)B * T * Hk * Dk, in->nv = (size_t)B * T * Hv * Dv, in->ng = (size_t)B * T * Hv;
+    in->ns = (size_t)B * Hv * nc * Dk * Dv;
+    in->q = rnd_f32(&rng, in->nk, 1.0f), in->k = rnd_f32(&rng, in->nk, 1.0f);
+    for (int t = 0; t < 2; t++) {
+        float *x = t ? in->k : in->q;
+        for (size_t r = 0; r < in->nk / Dk; r++) {
+            double ss = 0;
+            for (int d = 0; d < Dk; d++) ss += (double)x[r * Dk + d] * x[r * Dk + d];
+            for (int d = 0; d < Dk; d++)
+                x[r * Dk + d] = mt_bf16_to_f32(mt_f32_to_bf16((float)(x[r * Dk + d] / sqrt(ss))));
+        }
+    }
+    in->v = rnd_bf(&rng, in->nv, 1.0f), in->dout = rnd_bf(&rng, in->nv, 1.0f);
+    in->g = rnd_f32(&rng, in->ng, 1.0f), in->beta = rnd_f32(&rng, in->ng, 1.0f);
+    for (size_t i = 0; i < in->ng; i++) {
+        in->beta[i] = 1.0f / (1.0f + expf(-in->beta[i]));
+        in->g[i] = -gscale * log1pf(expf(in->g[i]));
+    }
+    in->ds = docs_from(starts, B, T);
+    in->d_q = up_bf(in->q, in->nk), in->d_k = up_bf(in->k, in->nk), in->d_v = up_bf(in->v, in->nv);
+    in->d_dout = up_bf(in->dout, in->nv);
+    in->d_g = up_raw(in->g, in->ng * sizeof(float));
+    in->d_beta = up_raw(in->beta, in->ng * sizeof(float));
+    in->d_ds = in->ds ? up_raw(in->ds, (size_t)B * T * sizeof(int32_t)) : NULL;
+    if (!with_cpu_copy) free(in->q), free(in->k), free(in->v), free(in->dout), free(in->g),
+        free(in->beta), in->q = in->k = in->v = in->dout = in->g = in->beta = NULL;
+}
+
+static void gd_free(gd_inputs *in) {
+    free(in->q), free(in->k), free(in->v), free(in->dout), free(in->g), free(in->beta), free(in->ds);
+    gfree(in->d_q), gfree(in->d_k), gfree(in->d_v), gfree(in->d_dout), gfree(in->d_g);
+    gfree(in->d_beta);
+    if (in->d_ds) gfree(in->d_ds);
+}
+
+static void gd_case(int B, int T, int Hk, int Hv, int Dk, int Dv, float gscale,
+                    const int starts[][6], uint64_t seed) {
+    gd_inputs in;
+    gd_make(&in, B, T, Hk, Hv, Dk, Dv, gscale, starts, seed, 1);
+    float scale = 1.0f / sqrtf((float)Dk);
+    char what[160], tag[96];
+    snprintf(tag, sizeof tag, "B=%d T=%d Hk=%d Hv=%d Dk=%d Dv=%d%s", B, T, Hk, Hv, Dk, Dv,
+             in.ds ? " docs" : "");
+    float *out = fnew(in.nv), *cs = fnew(in.ns), *dq = fnew(in.nk), *dk = fnew(in.nk);
+    float *dv = fnew(in.nv), *dg = fnew(in.ng), *db = fnew(in.ng);
+    cpu->gated_delta_forward(cpu, out, cs, in.q, in.k, in.v, in.g, in.beta, in.ds, B, T, Hk, Hv,
+                             Dk, Dv, scale);
+    cpu->gated_delta_backward(cpu, dq, dk, dv, dg, db, in.dout, cs, in.q, in.k, in.v, in.g, in.beta,
+                              in.ds, B, T, Hk, Hv, Dk, Dv, scale);
+    void *d_out = poison_bf(in.nv), *d_dq = poison_bf(in.nk), *d_dk = poison_bf(in.nk);
+    void *d_dv = poison_bf(in.nv);
+    float *d_cs = poison_f32(in.ns), *d_dg = poison_f32(in.ng), *d_db = poison_f32(in.ng);
+    gpu->gated_delta_forward(gpu, d_out, d_cs, in.d_q, in.d_k, in.d_v, in.d_g, in.d_beta, in.d_ds,
+                             B, T, Hk, Hv, Dk, Dv, scale);
+    gpu->gated_delta_backward(gpu, d_dq, d_dk, d_dv, d_dg, d_db, in.d_dout, d_cs, in.d_q, in.d_k,
+                              in.d_v, in.d_g, in.d_beta, in.d_ds, B, T, Hk, Hv, Dk, Dv, scale);
+    int ok = 1;
+    snprintf(what, sizeof what, "gd_fwd out %s", tag);
+    ok &= check_gd(what, d_out, 1, out, in.nv);
+    snprintf(what, sizeof what, "gd_fwd chunk_states %s", tag);
+    ok &= check_gd(what, d_cs, 0, cs, in.ns);
+    snprintf(what, sizeof what, "gd_bwd dq %s", tag);
+    ok &= check_gd(what, d_dq, 1, dq, in.nk);
+    snprintf(what, sizeof what, "gd_bwd dk %s", tag);
+    ok &= check_gd(what, d_dk, 1, dk, in.nk);
+    snprintf(what, sizeof what, "gd_bwd dv %s", tag);
+    ok &= check_gd(what, d_dv, 1, dv, in.nv);
+    snprintf(what, sizeof what, "gd_bwd dg %s", tag);
+    ok &= check_gd(what, d_dg, 0, dg, in.ng);
+    snprintf(what, sizeof what, "gd_bwd dbeta %s", tag);
+    ok &= check_gd(what, d_db, 0, db, in.ng);
+    /* the backward again: the same bits */
+    float *q1 = down_bf(d_dq, in.nk), *g1 = down_f32(d_dg, in.ng);
+    gpu->gated_delta_backward(gpu, d_dq, d_dk, d_dv, d_dg, d_db, in.d_dout, d_cs, in.d_q, in.d_k,
+                              in.d_v, in.d_g, in.d_beta, in.d_ds, B, T, Hk, Hv, Dk, Dv, scale);
+    float *q2 = down_bf(d_dq, in.nk), *g2 = down_f32(d_dg, in.ng);
+    snprintf(what, sizeof what, "gd_bwd dq, dg %s", tag);
+    ok &= same_bits(what, q1, q2, in.nk * sizeof(float)) && same_bits(what, g1, g2, in.ng * sizeof(float));
+    free(q1), free(q2), free(g1), free(g2);
+    free(out), free(cs), free(dq), free(dk), free(dv), free(dg), free(db);
+    gfree(d_out), gfree(d_dq), gfree(d_dk), gfree(d_dv), gfree(d_cs), gfree(d_dg), gfree(d_db);
+    gd_free(&in);
+    assert_true(ok);
+}
+
+static void test_gated_delta(void **state) {
+    /* row 0: documents starting inside a chunk and on a chunk boundary (64); row 1 one document */
+    static const int docs[2][6] = {{0, 37, 64, 100, 101, 150}, {0, 150, 150, 150, 150, 150}};
+    static const int docs_odd[1][6] = {{0, 5, 66, 70, 70, 70}};
+    gd_case(2, 150, 2, 4, 128, 128, 1.0f, docs, 71);     /* Qwen3.5's head sizes, Hv = 2 Hk */
+    gd_case(1, 300, 1, 2, 128, 128, 0.02f, NULL, 72);    /* slow decay: state through 5 chunks */
+    gd_case(1, 17, 1, 2, 32, 48, 1.0f, NULL, 73);        /* T < 64; Dv 48: a partial column block */
+    gd_case(1, 70, 1, 1, 13, 7, 1.0f, docs_odd, 74);     /* small odd */
+    gd_case(2, 64, 2, 2, 64, 64, 5.0f, NULL, 75);        /* strong decay, T = one chunk */
+}
+
+/* ---------------- timing ---------------- */
+
+static int bench(void) {
+    const int Hk = 16, Hv = 32, Dk = 128, Dv = 128, iters = 3;
+    const int Ts[3] = {4096, 32768, 131072};
+    float scale = 1.0f / sqrtf((float)Dk);
+    printf("gated_delta bench: B=1 Hk=%d Hv=%d Dk=%d Dv=%d, chunk %d, %d timed runs each "
+           "(after one warm-up)\n", Hk, Hv, Dk, Dv, MT_GATED_DELTA_CHUNK, iters);
+    mt_event *e0 = gpu->event_create(gpu), *e1 = gpu->event_create(gpu), *e2 = gpu->event_create(gpu);
+    for (int ti = 0; ti < 3; ti++) {
+        int T = Ts[ti];
+        gd_inputs in;
+        gd_make(&in, 1, T, Hk, Hv, Dk, Dv, 1.0f, NULL, 90 + ti, 0);
+        void *d_out = gpu->alloc(gpu, in.nv * 2), *d_dq = gpu->alloc(gpu, in.nk * 2);
+        void *d_dk = gpu->alloc(gpu, in.nk * 2), *d_dv = gpu->alloc(gpu, in.nv * 2);
+        float *d_cs = gpu->alloc(gpu, in.ns * 4), *d_dg = gpu->alloc(gpu, in.ng * 4);
+        float *d_db = gpu->alloc(gpu, in.ng * 4);
+        double fwd_ms = 0, bwd_ms = 0;
+        for (int it = 0; it <= iters; it++) {
+            gpu->event_record(gpu, e0, MT_STREAM_COMPUTE);
+            gpu->gated_delta_forward(gpu, d_out, d_cs, in.d_q, in.d_k, in.d_v, in.d_g, in.d_beta,
+                                     NULL, 1, T, Hk, Hv, Dk, Dv, scale);
+            gpu->event_record(gpu, e1, MT_STREAM_COMPUTE);
+            gpu->gated_delta_backward(gpu, d_dq, d_dk, d_dv, d_dg, d_db, in.d_dout, d_cs, in.d_q,
+                                      in.d_k, in.d_v, in.d_g, in.d_beta, NULL, 1, T, Hk, Hv, Dk,
+                                      Dv, scale);
+            gpu->event_record(gpu, e2, MT_STREAM_COMPUTE);
+            gpu->event_sync(gpu, e2);
+            if (it) {
+                fwd_ms += gpu->event_elapsed_ms(gpu, e0, e1) / iters;
+                bwd_ms += gpu->event_elapsed_ms(gpu, e1, e2) / iters;
+            }
+        }
+        double ff, fb;
+        mt_gated_delta_flops(1, T, Hv, Dk, Dv, &ff, &fb);
+        printf("T=%-7d forward %8.3f ms %6.1f TFLOP/s | backward %8.3f ms %6.1f TFLOP/s | "
+               "forward + backward %8.3f ms %6.1f TFLOP/s\n",
+               T, fwd_ms, ff / fwd_ms * 1e-9, bwd_ms, fb / bwd_ms * 1e-9, fwd_ms + bwd_ms,
+               (ff + fb) / (fwd_ms + bwd_ms) * 1e-9);
+        fflush(stdout);
+        gfree(d_out), gfree(d_dq), gfree(d_dk), gfree(d_dv), gfree(d_cs), gfree(d_dg), gfree(d_db);
+        gd_free(&in);
+    }
+    gpu->event_destroy(gpu, e0), gpu->event_destroy(gpu, e1), gpu->event_destroy(gpu, e2);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (!mt_backend_cuda_available()) {
+        fprintf(stderr, "test_cuda_gated_delta: no usable CUDA device, skipped\n");
+        return 77;
+    }
+    cpu = mt_backend_cpu_create();
+    gpu = mt_backend_cuda_create(0);
+    int failed;
+    if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
+        failed = bench();
+    } else {
+        const struct CMUnitTest tests[] = {
+            cmocka_unit_test(test_ops_present), cmocka_unit_test(test_causal_conv1d),
+            cmocka_unit_test(test_l2norm),      cmocka_unit_test(test_gdn_gates),
+            cmocka_unit_test(test_gated_rmsnorm), cmocka_unit_test(test_gated_delta),
+        };
+        failed = cmocka_run_group_tests(tests, NULL, NULL);
+    }
+    gpu->destroy(gpu);
+    cpu->destroy(cpu);
+    return failed ? 1 : 0;
+}
