@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
-# device call 1: build, the GPU suite, qwen3_5 refused on cuda by name
+# On the GPU machine, from the repository root, in one device call (carry third_party/debs and
+# third_party/cudnn-frontend): the Gated DeltaNet's CUDA ops against the CPU and their timing
+# (scripts/gpu-deltanet-check.sh, which builds build-gpu/), then test_cuda_model's qwen3_5 whole
+# models (CUDA against the CPU: logits, loss, every gradient) and test_cuda_ops. Logs in $OUT.
 set -uo pipefail
-OUT=${OUT:-/tmp/o}; mkdir -p $OUT
-log=$OUT/dev1.log
-echo "== $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null)" > $log
-OUT=/tmp/gt timeout 560 bash scripts/gpu-test.sh gpu > /dev/null 2>&1; echo "gpu-test rc=$?" >> $log
-cp /tmp/gt/gpu-test.log $OUT/ 2>/dev/null; cp /tmp/gt/ctest-gpu.log $OUT/ 2>/dev/null
-tail -40 /tmp/gt/gpu-test.log >> $log
-grep -E "Passed|Failed|\*\*\*|tests passed" /tmp/gt/ctest-gpu.log >> $log 2>/dev/null
-cat $log | tail -60
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/mt-out}
+mkdir -p "$OUT"
+MT_CHECK_BUDGET_S=${MT_CHECK_BUDGET_S:-330} bash scripts/gpu-deltanet-check.sh
+status=$?
+multi=$(ls -d /tmp/mtdeps/usr/lib/*-linux-gnu | head -1)
+export LD_LIBRARY_PATH="$multi:$multi/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export OMP_NUM_THREADS=16
+log=$OUT/qwen35-check.log
+echo "== test_cuda_model (qwen3_5 models only)" | tee "$log"
+MT_TEST_FILTER='test_qwen3_5*' timeout 150 build-gpu/test_cuda_model > "$OUT/qwen35-model.log" 2>&1
+echo "test_cuda_model rc=$?" | tee -a "$log"
+grep -E "^---|logits|loss  |FAIL|OK \]|FAILED|PASSED|ERROR" "$OUT/qwen35-model.log" | head -60 | tee -a "$log"
+exit $status

@@ -108,6 +108,29 @@ static void test_tiny_variants(void **state) {
     for (int i = 0; i < 6; i++) compare_model(mt_test_tiny_config(variants[i]), 2, 16, variants[i]);
 }
 
+/* Qwen3.5: Gated DeltaNet and gated attention layers with partial RoPE and (1 + w) norms, and the
+ * MoE with its gated shared expert; the fixtures' shapes (T 80: two chunks of the delta rule, the
+ * second partial) and one with the real head sizes (Dk = Dv = 128, D 256). */
+static mt_config fixture_config(const char *name) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "%s/config.json", name);
+    char *path = mt_fixture_path(rel);
+    mt_config c;
+    if (mt_config_load(&c, path) != MT_OK) fail_msg("%s", mt_error_message());
+    free(path);
+    return c;
+}
+
+static void test_qwen3_5_models(void **state) {
+    compare_model(fixture_config("qwen3_5_dense"), 2, 80, "qwen3_5_dense");
+    compare_model(fixture_config("qwen3_5_layers_tied"), 2, 80, "qwen3_5_layers_tied");
+    compare_model(fixture_config("qwen3_5_moe"), 2, 80, "qwen3_5_moe");
+    mt_config c = fixture_config("qwen3_5_dense");
+    c.C = 512; c.F = 1024; c.H = 4; c.G = 1; c.D = 256; c.rotary_dim = 64; c.V = 1000;
+    c.lin_Hk = 2; c.lin_Hv = 4; c.lin_Dk = 128; c.lin_Dv = 128;
+    compare_model(c, 1, 300, "qwen3_5 head sizes of the real models");
+}
+
 /* A small model with realistic head dims (D 64 and 128 reach the fast attention kernels). */
 static mt_config small_config(int D) {
     mt_config c = mt_test_tiny_config("qwen2_bias_tied");
@@ -626,6 +649,7 @@ int main(void) {
     cpu = mt_backend_cpu_create();
     gpu = mt_backend_cuda_create(0);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_qwen3_5_models),
         cmocka_unit_test(test_tiny_variants),
         cmocka_unit_test(test_small_models),
         cmocka_unit_test(test_memory_modes_agree),
@@ -635,6 +659,10 @@ int main(void) {
         cmocka_unit_test(test_docs_cudnn_tracks_own),
         cmocka_unit_test(test_docs_cudnn_lockstep),
     };
+    /* MT_TEST_FILTER: run the tests whose names match it (cmocka's pattern), e.g. a device check
+     * that has no time for the whole file */
+    const char *filter = getenv("MT_TEST_FILTER");
+    if (filter && *filter) cmocka_set_test_filter(filter);
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     gpu->destroy(gpu);
     cpu->destroy(cpu);
