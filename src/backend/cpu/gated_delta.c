@@ -1,6 +1,7 @@
 /* The gated delta rule (Gated DeltaNet's core), chunked forward; the chunk algebra is in
- * gated_delta_chunk.h. One task per (row, value head) scans its chunks in order, keeping the fp32
- * state; every product is an sgemm (single-threaded inside our OpenMP region, as attention.c). */
+ * gated_delta_chunk.h. One task per (row, value head) scans its chunks in order, keeping the state
+ * in double (rounded to fp32 only where chunk_states saves it); every product is a dgemm
+ * (single-threaded inside our OpenMP region, as attention.c). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +13,7 @@
 #include "gated_delta_chunk.h"
 
 void mt_gd_chunk_alloc(mt_gd_chunk *c, int Dk, int Dv) {
-    const size_t L = MT_GD_CHUNK, f = sizeof(float);
+    const size_t L = MT_GD_CHUNK, f = sizeof(double);
     memset(c, 0, sizeof *c);
     c->Dk = Dk, c->Dv = Dv;
     c->Qs = mt_aligned_alloc(L * Dk * f), c->Kc = mt_aligned_alloc(L * Dk * f);
@@ -20,7 +21,7 @@ void mt_gd_chunk_alloc(mt_gd_chunk *c, int Dk, int Dv) {
     c->beta = mt_aligned_alloc(L * f), c->fe = mt_aligned_alloc(L * f);
     c->lam = mt_aligned_alloc(L * f);
     c->ds = mt_aligned_alloc(L * sizeof(int32_t));
-    c->G = mt_aligned_alloc(L * sizeof(double));
+    c->G = mt_aligned_alloc(L * f);
     c->Dm = mt_aligned_alloc(L * L * f), c->KD = mt_aligned_alloc(L * L * f);
     c->P = mt_aligned_alloc(L * L * f), c->Tm = mt_aligned_alloc(L * L * f);
     c->X = mt_aligned_alloc(L * Dv * f), c->R = mt_aligned_alloc(L * Dv * f);
@@ -42,9 +43,11 @@ void mt_gd_chunk_load(mt_gd_chunk *c, const float *q, const float *k, const floa
         size_t n = (size_t)b * T + c0 + i;
         const float *qi = q + (n * Hk + kh) * Dk, *ki = k + (n * Hk + kh) * Dk;
         const float *vi = v + (n * Hv + vh) * Dv;
-        for (int d = 0; d < Dk; d++) c->Qs[(size_t)i * Dk + d] = qi[d] * scale;
-        memcpy(c->Kc + (size_t)i * Dk, ki, (size_t)Dk * sizeof(float));
-        memcpy(c->Vc + (size_t)i * Dv, vi, (size_t)Dv * sizeof(float));
+        for (int d = 0; d < Dk; d++) {
+            c->Qs[(size_t)i * Dk + d] = (double)qi[d] * scale;
+            c->Kc[(size_t)i * Dk + d] = ki[d];
+        }
+        for (int d = 0; d < Dv; d++) c->Vc[(size_t)i * Dv + d] = vi[d];
         c->beta[i] = beta[n * Hv + vh];
         c->G[i] = (i ? c->G[i - 1] : 0.0) + (double)g[n * Hv + vh];
         int t = c0 + i, s = doc_start ? doc_start[n] : 0;
@@ -55,46 +58,47 @@ void mt_gd_chunk_load(mt_gd_chunk *c, const float *q, const float *k, const floa
     }
     double Gl = c->G[L - 1];
     for (int i = 0; i < L; i++) {
-        c->fe[i] = c->ds[i] < c0 ? (float)exp(c->G[i]) : 0.0f;
-        c->lam[i] = c->ds[i] == c->ds[L - 1] ? (float)exp(Gl - c->G[i]) : 0.0f;
-        float *row = c->Dm + (size_t)i * L;
+        c->fe[i] = c->ds[i] < c0 ? exp(c->G[i]) : 0.0;
+        c->lam[i] = c->ds[i] == c->ds[L - 1] ? exp(Gl - c->G[i]) : 0.0;
+        double *row = c->Dm + (size_t)i * L;
         for (int j = 0; j < L; j++)
-            row[j] = j <= i && c->ds[j] == c->ds[i] ? (float)exp(c->G[i] - c->G[j]) : 0.0f;
+            row[j] = j <= i && c->ds[j] == c->ds[i] ? exp(c->G[i] - c->G[j]) : 0.0;
     }
-    c->eL = c->ds[L - 1] < c0 ? (float)exp(Gl) : 0.0f;
+    c->eL = c->ds[L - 1] < c0 ? exp(Gl) : 0.0;
 }
 
-void mt_gd_chunk_solve(mt_gd_chunk *c, const float *S0) {
+void mt_gd_chunk_solve(mt_gd_chunk *c, const double *S0) {
     int L = c->L, Dk = c->Dk, Dv = c->Dv;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, L, L, Dk, 1.0f, c->Kc, Dk, c->Kc, Dk,
-                0.0f, c->KD, L);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, L, L, Dk, 1.0f, c->Qs, Dk, c->Kc, Dk,
-                0.0f, c->P, L);
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, L, L, Dk, 1.0, c->Kc, Dk, c->Kc, Dk, 0.0,
+                c->KD, L);
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, L, L, Dk, 1.0, c->Qs, Dk, c->Kc, Dk, 0.0,
+                c->P, L);
     for (int i = 0; i < L; i++)
         for (int j = 0; j < L; j++) {
             size_t ij = (size_t)i * L + j;
             c->P[ij] *= c->Dm[ij];
-            c->KD[ij] = j < i ? c->KD[ij] * c->Dm[ij] : 0.0f;
+            c->KD[ij] = j < i ? c->KD[ij] * c->Dm[ij] : 0.0;
         }
     /* Tm = (I + A)^-1 by forward substitution, A_im = beta_i KD_im (unit lower triangular) */
     for (int i = 0; i < L; i++) {
-        float *Ti = c->Tm + (size_t)i * L;
+        double *Ti = c->Tm + (size_t)i * L;
+        const double *KDi = c->KD + (size_t)i * L;
         for (int j = 0; j < i; j++) {
             double s = 0.0;
-            for (int m = j; m < i; m++) s += (double)c->KD[(size_t)i * L + m] * c->Tm[(size_t)m * L + j];
-            Ti[j] = (float)(-c->beta[i] * s);
+            for (int m = j; m < i; m++) s += KDi[m] * c->Tm[(size_t)m * L + j];
+            Ti[j] = -c->beta[i] * s;
         }
-        Ti[i] = 1.0f;
-        for (int j = i + 1; j < L; j++) Ti[j] = 0.0f;
+        Ti[i] = 1.0;
+        for (int j = i + 1; j < L; j++) Ti[j] = 0.0;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, Dv, Dk, 1.0f, c->Kc, Dk, S0, Dv, 0.0f,
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, Dv, Dk, 1.0, c->Kc, Dk, S0, Dv, 0.0,
                 c->X, Dv);
     for (int i = 0; i < L; i++)
         for (int d = 0; d < Dv; d++) {
             size_t id = (size_t)i * Dv + d;
             c->R[id] = c->beta[i] * (c->Vc[id] - c->fe[i] * c->X[id]);
         }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, Dv, L, 1.0f, c->Tm, L, c->R, Dv, 0.0f,
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, Dv, L, 1.0, c->Tm, L, c->R, Dv, 0.0,
                 c->U, Dv);
 }
 
@@ -110,32 +114,34 @@ void mt_cpu_gated_delta_forward(float *out, float *chunk_states, const float *q,
     {
         mt_gd_chunk c;
         mt_gd_chunk_alloc(&c, Dk, Dv);
-        float *S = mt_aligned_alloc(SS * sizeof(float));
-        float *Y = mt_aligned_alloc((size_t)MT_GD_CHUNK * Dv * sizeof(float));
+        double *S = mt_aligned_alloc(SS * sizeof(double));
+        double *Y = mt_aligned_alloc((size_t)MT_GD_CHUNK * Dv * sizeof(double));
 #pragma omp for schedule(dynamic, 1)
         for (int task = 0; task < B * Hv; task++) {
             int b = task / Hv, vh = task % Hv, kh = vh / rep;
-            memset(S, 0, SS * sizeof(float));
+            memset(S, 0, SS * sizeof(double));
             for (int ci = 0; ci < nc; ci++) {
                 int c0 = ci * MT_GD_CHUNK, L = T - c0 < MT_GD_CHUNK ? T - c0 : MT_GD_CHUNK;
-                memcpy(chunk_states + (((size_t)b * Hv + vh) * nc + ci) * SS, S, SS * sizeof(float));
+                float *Ssave = chunk_states + (((size_t)b * Hv + vh) * nc + ci) * SS;
+                for (size_t e = 0; e < SS; e++) Ssave[e] = (float)S[e];
                 mt_gd_chunk_load(&c, q, k, v, g, beta, doc_start, b, c0, L, kh, vh, T, Hk, Hv, scale);
                 mt_gd_chunk_solve(&c, S);
-                /* O = diag(fe) Q S0 + P U, straight into out's rows */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, Dv, Dk, 1.0f, c.Qs, Dk, S,
-                            Dv, 0.0f, Y, Dv);
+                /* O = diag(fe) Q S0 + P U */
+                cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, Dv, Dk, 1.0, c.Qs, Dk, S,
+                            Dv, 0.0, Y, Dv);
+                for (int i = 0; i < L; i++)
+                    for (int d = 0; d < Dv; d++) Y[(size_t)i * Dv + d] *= c.fe[i];
+                cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, Dv, L, 1.0, c.P, L, c.U,
+                            Dv, 1.0, Y, Dv);
                 float *O = out + (((size_t)b * T + c0) * Hv + vh) * Dv;
                 for (int i = 0; i < L; i++)
-                    for (int d = 0; d < Dv; d++)
-                        O[(size_t)i * Hv * Dv + d] = c.fe[i] * Y[(size_t)i * Dv + d];
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, Dv, L, 1.0f, c.P, L, c.U,
-                            Dv, 1.0f, O, Hv * Dv);
+                    for (int d = 0; d < Dv; d++) O[(size_t)i * Hv * Dv + d] = (float)Y[(size_t)i * Dv + d];
                 /* S = eL S + K^T diag(lam) U (K's rows scaled in place: the chunk is done with K) */
                 for (size_t e = 0; e < SS; e++) S[e] *= c.eL;
                 for (int i = 0; i < L; i++)
                     for (int d = 0; d < Dk; d++) c.Kc[(size_t)i * Dk + d] *= c.lam[i];
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Dk, Dv, L, 1.0f, c.Kc, Dk, c.U,
-                            Dv, 1.0f, S, Dv);
+                cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Dk, Dv, L, 1.0, c.Kc, Dk, c.U,
+                            Dv, 1.0, S, Dv);
             }
         }
         free(S), free(Y);

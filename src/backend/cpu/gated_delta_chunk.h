@@ -12,6 +12,9 @@
  *           document, eL = f_last exp(G_last)
  * which is the token recurrence S_t = exp(g_t) S_{t-1} + k_t (beta_t (v_t - exp(g_t) S_{t-1}^T k_t))^T
  * with S zeroed at each document start (an inner document start splits the masks above).
+ * Everything here is double (the inputs converted on load): Tm's entries grow when keys are
+ * correlated (I + A is ill-conditioned), and fp32 chunk algebra then loses digits the fp32
+ * interface keeps; the CPU backend is the reference, so it pays the dgemm.
  */
 #ifndef MT_CPU_GATED_DELTA_CHUNK_H
 #define MT_CPU_GATED_DELTA_CHUNK_H
@@ -24,13 +27,13 @@
 
 typedef struct {
     int L, Dk, Dv;
-    float *Qs, *Kc, *Vc;          /* (L, Dk), (L, Dk), (L, Dv): contiguous copies, Q scaled */
-    float *beta, *fe, *lam;       /* (L) */
+    double *Qs, *Kc, *Vc;         /* (L, Dk), (L, Dk), (L, Dv): contiguous copies, Q scaled */
+    double *beta, *fe, *lam;      /* (L) */
     int32_t *ds;                  /* (L) document start of each token (0 without documents) */
     double *G;                    /* (L) cumulative g from the chunk's start */
-    float eL;
-    float *Dm, *KD, *P, *Tm;      /* (L, L) */
-    float *X, *R, *U;             /* (L, Dv): X = K S0 */
+    double eL;
+    double *Dm, *KD, *P, *Tm;     /* (L, L) */
+    double *X, *R, *U;            /* (L, Dv): X = K S0 */
 } mt_gd_chunk;
 
 /* Allocates the scratch of one chunk (freed by mt_gd_chunk_free). */
@@ -44,6 +47,6 @@ void mt_gd_chunk_load(mt_gd_chunk *c, const float *q, const float *k, const floa
                       int L, int kh, int vh, int T, int Hk, int Hv, float scale);
 
 /* KD, P, Tm, X, R and U from the loaded chunk and its incoming state S0 (Dk, Dv). */
-void mt_gd_chunk_solve(mt_gd_chunk *c, const float *S0);
+void mt_gd_chunk_solve(mt_gd_chunk *c, const double *S0);
 
 #endif
