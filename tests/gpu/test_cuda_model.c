@@ -48,7 +48,8 @@ static void *to_device_bf16(const float *w, size_t n) {
     return d;
 }
 
-static void compare_model(mt_config cfg, int B, int T, const char *label) {
+/* 1 when CUDA matches the CPU on cfg (the bounds above), 0 after printing what differs. */
+static int compare_model_ok(mt_config cfg, int B, int T, const char *label) {
     fprintf(stderr, "--- %s (C %d, L %d, V %d, B %d, T %d)\n", label, cfg.C, cfg.L, cfg.V, B, T);
     mt_param_table t;
     mt_param_table_init(&t, &cfg);
@@ -100,7 +101,11 @@ static void compare_model(mt_config cfg, int B, int T, const char *label) {
     gpu->free(gpu, gd);
     free(w), free(ids), free(tg), free(logits_ref), free(logits), free(g_ref), free(g);
     mt_param_table_free(&t);
-    if (!ok) fail_msg("%s: CUDA differs from the CPU reference (see above)", label);
+    return ok;
+}
+
+static void compare_model(mt_config cfg, int B, int T, const char *label) {
+    if (!compare_model_ok(cfg, B, T, label)) fail_msg("%s: CUDA differs from the CPU reference (see above)", label);
 }
 
 static void test_tiny_variants(void **state) {
@@ -122,13 +127,15 @@ static mt_config fixture_config(const char *name) {
 }
 
 static void test_qwen3_5_models(void **state) {
-    compare_model(fixture_config("qwen3_5_dense"), 2, 80, "qwen3_5_dense");
-    compare_model(fixture_config("qwen3_5_layers_tied"), 2, 80, "qwen3_5_layers_tied");
-    compare_model(fixture_config("qwen3_5_moe"), 2, 80, "qwen3_5_moe");
+    int ok = 1; /* every case runs and prints, then the test fails if one differed */
+    ok &= compare_model_ok(fixture_config("qwen3_5_dense"), 2, 80, "qwen3_5_dense");
+    ok &= compare_model_ok(fixture_config("qwen3_5_layers_tied"), 2, 80, "qwen3_5_layers_tied");
+    ok &= compare_model_ok(fixture_config("qwen3_5_moe"), 2, 80, "qwen3_5_moe");
     mt_config c = fixture_config("qwen3_5_dense");
     c.C = 512; c.F = 1024; c.H = 4; c.G = 1; c.D = 256; c.rotary_dim = 64; c.V = 1000;
     c.lin_Hk = 2; c.lin_Hv = 4; c.lin_Dk = 128; c.lin_Dv = 128;
-    compare_model(c, 1, 300, "qwen3_5 head sizes of the real models");
+    ok &= compare_model_ok(c, 1, 300, "qwen3_5 head sizes of the real models");
+    if (!ok) fail_msg("a qwen3_5 model differs between CUDA and the CPU (see above)");
 }
 
 /* A small model with realistic head dims (D 64 and 128 reach the fast attention kernels). */
