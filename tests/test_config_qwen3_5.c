@@ -171,6 +171,18 @@ static void test_layer_types_explicit(void **state) {
     mt_backend none = {.name = "test"};
     assert_int_equal(mt_layer_backend_check(&c, &none), MT_ERR);
     assert_non_null(strstr(mt_error_message(), "2 of the 4 layers are Gated DeltaNets"));
+    /* a bf16 backend with the ops: refused until whole models are verified, unless asked for */
+    mt_backend *cpu = mt_backend_cpu_create(); /* the reference runs them */
+    mt_backend bf = *cpu; /* a copy that says bf16, as the cuda backend does: for the check only */
+    bf.dtype = MT_BF16;
+    unsetenv("MT_EXPERIMENTAL_DELTANET_CUDA");
+    assert_int_equal(mt_layer_backend_check(&c, &bf), MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "not yet verified on whole models"));
+    setenv("MT_EXPERIMENTAL_DELTANET_CUDA", "1", 1);
+    assert_int_equal(mt_layer_backend_check(&c, &bf), MT_OK);
+    unsetenv("MT_EXPERIMENTAL_DELTANET_CUDA");
+    assert_int_equal(mt_layer_backend_check(&c, cpu), MT_OK);
+    cpu->destroy(cpu);
 }
 
 static void test_moe_tensors(void **state) {

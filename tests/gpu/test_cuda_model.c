@@ -127,6 +127,7 @@ static mt_config fixture_config(const char *name) {
 }
 
 static void test_qwen3_5_models(void **state) {
+    setenv("MT_EXPERIMENTAL_DELTANET_CUDA", "1", 1); /* what this test verifies */
     int ok = 1; /* every case runs and prints, then the test fails if one differed */
     ok &= compare_model_ok(fixture_config("qwen3_5_dense"), 2, 80, "qwen3_5_dense");
     ok &= compare_model_ok(fixture_config("qwen3_5_layers_tied"), 2, 80, "qwen3_5_layers_tied");
