@@ -136,6 +136,14 @@ static void test_qwen3_5_models(void **state) {
     c.C = 512; c.F = 1024; c.H = 4; c.G = 1; c.D = 256; c.rotary_dim = 64; c.V = 1000;
     c.lin_Hk = 2; c.lin_Hv = 4; c.lin_Dk = 128; c.lin_Dv = 128;
     ok &= compare_model_ok(c, 1, 300, "qwen3_5 head sizes of the real models");
+    /* the same with one kind of mixer: which one differs */
+    mt_config only_attn = c, only_delta = c, tiny_attn = fixture_config("qwen3_5_dense");
+    memset(only_attn.deltanet, 0, sizeof only_attn.deltanet);
+    memset(only_delta.deltanet, 0xff, sizeof only_delta.deltanet);
+    memset(tiny_attn.deltanet, 0, sizeof tiny_attn.deltanet);
+    ok &= compare_model_ok(only_attn, 1, 300, "qwen3_5 real head sizes, gated attention only");
+    ok &= compare_model_ok(only_delta, 1, 300, "qwen3_5 real head sizes, Gated DeltaNet only");
+    ok &= compare_model_ok(tiny_attn, 2, 80, "qwen3_5_dense's shape, gated attention only");
     if (!ok) fail_msg("a qwen3_5 model differs between CUDA and the CPU (see above)");
 }
 
