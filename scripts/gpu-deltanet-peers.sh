@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# On the GPU machine, in one device call (carry third_party/debs, third_party/cudnn-frontend and
+# third_party/wheels: flash-linear-attention, fla-core and einops wheels from PyPI): megatrain's
+# chunked gated delta rule (test_cuda_gated_delta --bench) and its peers (bench/fla_gated_delta_bench.py:
+# flash-linear-attention's Triton kernel, transformers' PyTorch chunked rule) at the same shape.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/mt-out}
+mkdir -p "$OUT"
+log=$OUT/peers.log
+say() { echo "$*" | tee -a "$log"; }
+: > "$log"
+export PATH=/usr/local/cuda/bin:$PATH
+. scripts/gpu-build-step.sh
+gpu_build_step peers
+say "== megatrain (test_cuda_gated_delta --bench)"
+timeout 120 build-gpu/test_cuda_gated_delta --bench 2>&1 | grep -E "gated_delta|T=" | tee -a "$log"
+say "== peers (bench/fla_gated_delta_bench.py)"
+site=/tmp/peer-site; rm -rf $site; mkdir -p $site
+for w in third_party/wheels/*.whl; do python3 -m zipfile -e "$w" $site; done
+PYTHONPATH=$site timeout 300 python3 bench/fla_gated_delta_bench.py 2>&1 | grep -v Warning | tail -20 | tee -a "$log"
