@@ -17,6 +17,15 @@
 
 typedef struct mt_moe_stats mt_moe_stats; /* model/moe.h */
 
+/* The gated delta rule's chunk states (B, Hv, chunks, Dk, Dv) fp32 on the compute side, which the
+ * forward writes and the backward reads: one buffer for every copy of a workspace (a copy with
+ * saved fields shares it), taken on the first call that needs more (its size depends on B and T,
+ * not on N alone). */
+typedef struct mt_lin_states {
+    float *p;
+    size_t bytes;
+} mt_lin_states;
+
 /* What every layer call shares. inv_freq (D/2 fp32) lives on the compute side. */
 typedef struct {
     const mt_config *cfg;
@@ -107,8 +116,8 @@ typedef struct {
     float *lin_rstd;                            /* (N, Hv) the gated norm's */
     void *lin_a, *lin_b, *lin_da, *lin_db;      /* (N, Hv) */
     float *lin_g, *lin_beta, *lin_dg, *lin_dbeta; /* (N, Hv) */
-    float *lin_states;                          /* (B, Hv, chunks, Dk, Dv): see lin_states_bytes */
-    size_t lin_states_bytes;                    /* taken on the first call that needs more */
+    mt_lin_states *lin_states;                  /* the delta rule's chunk states: shared by every
+                                                   copy of ws, as moe_stats */
     void *shared_y, *shared_g;       /* (n, C) the shared expert's output, then gated (qwen3_5_moe) */
     void *shared_logit, *d_shared_logit; /* (n, 1) its gate's logit and the logit's gradient */
     int32_t *moe_offsets;            /* (E + 1) compute side: each expert's first grouped row */

@@ -1,5 +1,6 @@
 /* The layer's workspace: one table of fields drives its allocation, its byte counts and the
  * saved-internals views (model/layer.h). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -204,6 +205,8 @@ void mt_layer_ws_init_tiled(mt_layer_ws *ws, const mt_layer_ctx *lc, int max_N, 
         *slot = lc->be->alloc(lc->be, field_bytes(&f[i], lc->be->dtype, rows));
     }
     mt_moe_ws_init(ws, lc);
+    if (mt_config_mixer_layers(lc->cfg, MT_MIXER_GATED_DELTANET) > 0)
+        ws->lin_states = mt_calloc(1, sizeof *ws->lin_states);
 }
 
 void mt_layer_ws_init(mt_layer_ws *ws, const mt_layer_ctx *lc, int max_N) {
@@ -219,7 +222,9 @@ void mt_layer_ws_free(mt_layer_ws *ws, const mt_layer_ctx *lc) {
         *slot = NULL;
     }
     mt_moe_ws_free(ws, lc);
-    if (ws->lin_states) lc->be->free(lc->be, ws->lin_states);
+    if (ws->lin_states) {
+        if (ws->lin_states->p) lc->be->free(lc->be, ws->lin_states->p);
+        free(ws->lin_states);
+    }
     ws->lin_states = NULL;
-    ws->lin_states_bytes = 0;
 }

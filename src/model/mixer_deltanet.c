@@ -30,12 +30,14 @@ static float *chunk_states(const mt_layer_ctx *lc, mt_layer_ws *ws, int B, int T
     const mt_config *c = lc->cfg;
     size_t chunks = (size_t)B * (size_t)((T + MT_GATED_DELTA_CHUNK - 1) / MT_GATED_DELTA_CHUNK);
     size_t bytes = chunks * (size_t)c->lin_Hv * c->lin_Dk * c->lin_Dv * sizeof(float);
-    if (bytes > ws->lin_states_bytes) {
-        if (ws->lin_states) lc->be->free(lc->be, ws->lin_states);
-        ws->lin_states = lc->be->alloc(lc->be, bytes);
-        ws->lin_states_bytes = bytes;
+    mt_lin_states *st = ws->lin_states;
+    MT_CHECK(st, "layer workspace without the Gated DeltaNet's chunk states");
+    if (bytes > st->bytes) {
+        if (st->p) lc->be->free(lc->be, st->p);
+        st->p = lc->be->alloc(lc->be, bytes);
+        st->bytes = bytes;
     }
-    return ws->lin_states;
+    return st->p;
 }
 
 void mt_deltanet_mixer_forward(const mt_layer_ctx *lc, const mt_tokens *tok,
@@ -79,7 +81,7 @@ void mt_deltanet_mixer_backward(const mt_layer_ctx *lc, const mt_tokens *tok,
     be->gated_rmsnorm_backward(be, ws->lin_d_o, ws->lin_d_z, mt_f32(g->lin_norm), ws->lin_d_on,
                                ws->lin_o, ws->lin_z, w->lin_norm, ws->lin_rstd, d.N * d.Hv, d.Dv);
     be->gated_delta_backward(be, ws->lin_dq, ws->lin_dk, ws->lin_dv, ws->lin_dg, ws->lin_dbeta,
-                             ws->lin_d_o, ws->lin_states, ws->lin_q, ws->lin_k, ws->lin_v,
+                             ws->lin_d_o, ws->lin_states->p, ws->lin_q, ws->lin_k, ws->lin_v,
                              ws->lin_g, ws->lin_beta, tok->doc_start, tok->B, tok->T, d.Hk, d.Hv,
                              d.Dk, d.Dv, 1.0f / sqrtf((float)d.Dk));
     be->gdn_gates_backward(be, ws->lin_da, ws->lin_db, mt_f32(g->lin_a_log),
