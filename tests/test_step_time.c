@@ -344,6 +344,35 @@ static void test_moe_extra_by_hand(void **state) {
     mt_param_table_free(&t);
 }
 
+/* Qwen3.6-35B-A3B at 16 x 4096: its 30 Gated DeltaNet layers' recurrence at delta_rule_rate, by
+ * hand. Per layer the chunked rule's forward is N * Hv * (4 n Dk + n (Dv + Dk) + 2 n Dv + 6 Dk Dv)
+ * with n = 64, Hv 32, Dk = Dv = 128: 65536 * 32 * 163840 = 3.4360e11 FLOPs; beyond the GEMMs' rate
+ * it costs that x (1/5e12 - 1/6e14) each pass: forward, recompute (nothing saved), and 2.5x in the
+ * backward; the 10 attention layers none. */
+static void test_deltanet_extra_by_hand(void **state) {
+    (void)state;
+    mt_param_table t;
+    load(&t, "../../configs/qwen3.6-35b-a3b.json");
+    mt_backend_memory m = mt_backend_cuda_memory();
+    m.delta_rule_rate = 5e12;
+    mt_engine_opts o = opts_7b(MT_STATE_TIGHT, 0);
+    mt_step_time st;
+    mt_step_time_of(&t, MT_BF16, &o, &m, 3.4e9, &st);
+    const double core = 65536.0 * 32 * 163840, per = core * (1 / 5e12 - 1 / 6e14);
+    assert_true(core == mt_flops_deltanet_core_forward(&t.cfg, 65536));
+    double want = 30 * per * (1 + 1 + 2.5);
+    fprintf(stderr, "Qwen3.6-35B-A3B 16 x 4096: DeltaNet extra %.4f s (by hand %.4f)\n", st.delta_s, want);
+    assert_true(fabs(st.delta_s - want) <= 1e-9 * want);
+    assert_int_equal(st.mixer_layers[MT_MIXER_GATED_DELTANET], 30);
+    assert_int_equal(st.mixer_layers[MT_MIXER_ATTENTION], 10);
+    assert_true(st.mixer_forward_s[MT_MIXER_GATED_DELTANET] > st.mixer_forward_s[MT_MIXER_ATTENTION]);
+    /* without a rate of its own the rule runs at flops_rate: no extra */
+    m.delta_rule_rate = 0;
+    mt_step_time_of(&t, MT_BF16, &o, &m, 3.4e9, &st);
+    assert_true(st.delta_s == 0);
+    mt_param_table_free(&t);
+}
+
 /* `plan` for Qwen3-30B-A3B at 16 x 4096 on the H200 (139 GiB, 125 GiB host; MT_HOST_ADAMW=3.8):
  * full does not fit the host and names a --state that does; compact fits, and its lines say by
  * hand: a layer 623,120,896 params = 1.16 GiB in bf16, 97% of it experts (603,979,776), its
@@ -404,7 +433,7 @@ int main(void) {
         cmocka_unit_test(test_wait_by_hand),       cmocka_unit_test(test_auto_tier_for_speed),
         cmocka_unit_test(test_capped_explicit_cpu), cmocka_unit_test(test_pieces_by_hand),
         cmocka_unit_test(test_moe_flops),          cmocka_unit_test(test_plan_moe_cli),
-        cmocka_unit_test(test_moe_extra_by_hand),
+        cmocka_unit_test(test_moe_extra_by_hand), cmocka_unit_test(test_deltanet_extra_by_hand),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -68,6 +68,9 @@ typedef struct {
     double moe_grouped_rate; /* FLOP/s of the grouped GEMM's data products (0: none) */
     int moe_grouped_below;   /* rows an expert under which the data products run grouped (0: never) */
     double moe_route_rate;   /* bytes/s of the routing kernels (gather, SwiGLU, combine) */
+    /* FLOP/s of the Gated DeltaNet's chunked rule (engine/flops.h's count of it), forward and
+     * backward alike (0: flops_rate) */
+    double delta_rule_rate;
 } mt_backend_memory;
 
 struct mt_backend {

@@ -61,5 +61,9 @@ mt_backend_memory mt_backend_cuda_memory(void) {
                                   step could not have paid (not understood). With 3 us tight's
                                   estimate (4.5 s) is 27% under its trace's 6.14 s busy. */
                                .moe_call_s = 3e-6, .moe_grouped_rate = 250e12,
-                               .moe_grouped_below = moe_grouped_below(), .moe_route_rate = 1.1e12};
+                               .moe_grouped_below = moe_grouped_below(), .moe_route_rate = 1.1e12,
+                               /* the chunked gated delta rule's first CUDA version on the H200:
+                                  5.0 TFLOP/s forward, 5.3 backward at Qwen3.6-35B-A3B's layer,
+                                  4k-32k tokens (bench/RESULTS.md, session 9) */
+                               .delta_rule_rate = 5.0e12};
 }

@@ -558,10 +558,13 @@ static void print_step_time(const mt_plan *p, FILE *out) {
     const mt_step_time *s = &p->time;
     const mt_config *c = &p->cfg;
     double est = s->compute_s + s->start_s + s->wait_s;
-    char moe[128] = "";
+    char moe[256] = "";
     if (c->n_experts)
         snprintf(moe, sizeof moe, ", active experts only; + %.2f s for the MoE layers' GEMM calls and routing",
                  s->moe_s);
+    if (s->delta_s > 0) /* the delta rule's kernel runs far below the GEMMs' rate */
+        snprintf(moe + strlen(moe), sizeof moe - strlen(moe), "; + %.2f s for the Gated DeltaNet's chunked "
+                 "rule at %.0f TFLOP/s", s->delta_s, p->backend.delta_rule_rate / 1e12);
     fprintf(out, "step time:   ~%.2f s: compute %.2f s (%.3g PFLOP at %.0f TFLOP/s%s), PCIe %.2f s (up %.2f "
             "GiB, down %.2f GiB), host AdamW %.2f s (%.2f Gparam at %.1f Gparam/s: %s)\n",
             est > s->pcie_s ? est : s->pcie_s, s->compute_s, s->flops / 1e15, p->backend.flops_rate / 1e12,
@@ -587,6 +590,15 @@ static void print_step_time(const mt_plan *p, FILE *out) {
         fprintf(out, "; an MoE layer's experts are %.0f%% of its bytes, a token computes with %d of %d",
                 100.0 * p->expert_share, c->top_k, c->n_experts);
     fputc('\n', out);
+    if (s->mixer_layers[MT_MIXER_GATED_DELTANET] > 0) { /* a hybrid: each kind of layer on its own */
+        fprintf(out, "layer types:");
+        for (int mx = 0; mx < 2; mx++)
+            if (s->mixer_layers[mx] > 0)
+                fprintf(out, "%s %d %s layers of %.0fM parameters, forward %.1f ms each", mx ? ";" : "",
+                        s->mixer_layers[mx], mt_mixer_name((mt_mixer)mx), s->mixer_params[mx] / 1e6,
+                        s->mixer_forward_s[mx] * 1e3);
+        fputc('\n', out);
+    }
 }
 
 void mt_plan_print(const mt_plan *p, FILE *out) {

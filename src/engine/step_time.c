@@ -44,12 +44,20 @@ static double moe_pass_extra_s(const mt_config *c, int l, double N, double n, co
     return t * N / n;
 }
 
-/* Layer l's forward in seconds (projections, MLP or experts, attention; an MoE layer's extra). */
+/* A Gated DeltaNet layer's recurrence, forward, in seconds beyond its FLOPs at flops_rate: the
+ * chunked rule runs at its own rate (delta_rule_rate), far below the GEMMs'. 0 for attention. */
+static double delta_extra_s(const mt_config *c, int l, double N, const mt_backend_memory *m) {
+    if (mt_config_layer_mixer(c, l) != MT_MIXER_GATED_DELTANET || !(m->delta_rule_rate > 0)) return 0;
+    return mt_flops_deltanet_core_forward(c, N) * (1 / m->delta_rule_rate - 1 / m->flops_rate);
+}
+
+/* Layer l's forward in seconds (projections, MLP or experts, attention or the delta rule; an MoE
+ * layer's extra). */
 static double layer_forward_s(const mt_config *c, int l, const mt_engine_opts *eo, double N,
                               const mt_backend_memory *m) {
     return (mt_flops_layer_projections(c, l, N, 1) + mt_flops_layer_attention_forward(c, l, N, eo->T)) /
                m->flops_rate +
-           moe_pass_extra_s(c, l, N, call_tokens(eo, N), m, 0);
+           moe_pass_extra_s(c, l, N, call_tokens(eo, N), m, 0) + delta_extra_s(c, l, N, m);
 }
 
 /* The next forward after the backward (step_time.h), simulated layer by layer: when it ends with
@@ -89,7 +97,9 @@ void mt_step_time_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_op
         double f = moe_pass_extra_s(c, l, N, call, m, 0), recompute = l < L - eo->saved_layers;
         st->moe_s += f * (1 + recompute) + moe_pass_extra_s(c, l, N, call, m, 1);
     }
-    st->compute_s = st->flops / m->flops_rate + st->moe_s;
+    /* DeltaNet layers: the recurrence's forward, its recompute unless saved, the backward (2.5x) */
+    for (int l = 0; l < L; l++) st->delta_s += delta_extra_s(c, l, N, m) * (1 + (l < L - eo->saved_layers) + 2.5);
+    st->compute_s = st->flops / m->flops_rate + st->moe_s + st->delta_s;
 
     /* the host groups: embed, the streamed layers, head */
     double embed = (double)mt_group_size(t, MT_GROUP_EMBED), head = (double)mt_group_size(t, L), layers = 0;
@@ -104,6 +114,14 @@ void mt_step_time_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_op
            both = (st->h2d_bytes + st->d2h_bytes) / (2 * m->duplex_rate);
     st->pcie_s = up > down ? up : down;
     if (both > st->pcie_s) st->pcie_s = both;
+
+    /* each mixer's first layer (hybrid models: their layers differ in size and cost) */
+    for (int l = 0; l < L; l++) {
+        int mx = (int)mt_config_layer_mixer(c, l);
+        if (st->mixer_layers[mx]++) continue;
+        for (int i = t->layer_first[l]; i < t->layer_first[l + 1]; i++) st->mixer_params[mx] += (double)t->params[i].numel;
+        st->mixer_forward_s[mx] = layer_forward_s(c, l, eo, N, m);
+    }
 
     /* the largest layer's numbers (MoE models may mix dense and expert layers) */
     for (int l = 0; l < L; l++) {

@@ -41,6 +41,8 @@ typedef enum { MT_BOUND_COMPUTE = 0, MT_BOUND_PCIE = 1, MT_BOUND_HOST = 2 } mt_s
 typedef struct {
     double flops, compute_s;       /* executed matmul FLOPs; at the backend's rate, + moe_s */
     double moe_s;                  /* the MoE layers' time beyond their FLOPs (step_time.c) */
+    double delta_s;                /* the Gated DeltaNet layers' recurrence beyond its FLOPs at the
+                                      GEMMs' rate (delta_rule_rate) */
     double forward_s;              /* of which the forward (layers and the LM head's product) */
     double h2d_bytes, d2h_bytes, pcie_s;
     double host_params, host_s;    /* parameters the host updates; at host_rate */
@@ -48,6 +50,10 @@ typedef struct {
     double wait_s;                 /* and then waits this long for the host update in all */
     double layer_bytes;            /* the largest layer's weights as uploaded */
     double layer_forward_s, layer_host_s; /* its forward, its host update */
+    /* per token mixer (model/config.h mt_mixer), for models that mix them: its layers, the first
+     * such layer's parameters (unpadded) and forward */
+    int mixer_layers[2];
+    double mixer_params[2], mixer_forward_s[2];
     mt_step_bound bound;           /* what bounds the step (mt_step_time_of says how) */
 } mt_step_time;
 
