@@ -124,6 +124,13 @@ size_t mt_layer_ws_bytes_tiled(const mt_config *cfg, mt_dtype dtype, int max_N, 
     size_t total = 0;
     for (int i = 0; i < n; i++)
         total += field_bytes(&f[i], dtype, ws_rows(&f[i], max_N, mlp_chunk));
+    /* the delta rule's chunk states (mt_lin_states), taken at the first call: one Dk x Dv state
+     * per chunk of 64 tokens and value head, counted for rows of at least 64 tokens (a row's last
+     * chunk may be partial: one more chunk a row, bounded by rows of 64) */
+    if (mt_config_mixer_layers(cfg, MT_MIXER_GATED_DELTANET) > 0) {
+        size_t chunks = 2 * (((size_t)max_N + MT_GATED_DELTA_CHUNK - 1) / MT_GATED_DELTA_CHUNK);
+        total += chunks * (size_t)cfg->lin_Hv * cfg->lin_Dk * cfg->lin_Dv * sizeof(float);
+    }
     return total;
 }
 
