@@ -20,4 +20,8 @@ int mt_cfg_bool(const mt_cfg_src *s, const char *key, int *out);
 /* A required positive size of s->root: MT_OK or MT_ERR (missing, wrong type, not positive). */
 int mt_cfg_size(const mt_cfg_src *s, const char *key, int *out);
 
+/* The model type's config.json names: "qwen3_5" and "Qwen3_5ForCausalLM", ... (config.c's table). */
+#include "model/config.h"
+void mt_config_arch_names(mt_arch a, const char **model_type, const char **architecture);
+
 #endif
