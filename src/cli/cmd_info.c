@@ -6,6 +6,8 @@
 #include "../core/error.h"
 #include "../engine/planner.h"
 #include "../io/hf_layout.h"
+#include "../model/lora_count.h"
+#include "args.h"
 #include "commands.h"
 #include "model_source.h"
 
@@ -13,12 +15,19 @@
 static void print_usage(FILE *out) {
     fprintf(out,
             "usage: megatrain info (--model DIR|ORG/NAME | --init CONFIG.json) [--tensors]\n"
+            "                      [--lora R [--lora-targets NAMES]]\n"
             "  Prints the model's shape, parameter count and the host memory training needs.\n"
             "  --model DIR         Hugging Face directory (config.json + safetensors); weights are\n"
             "                      validated but not kept; a multimodal checkpoint's tensors outside\n"
             "                      the language model (vision, mtp) are counted as carried\n"
             "  --init CONFIG.json  a config.json alone\n"
             "  --tensors           list every tensor: name, shape, owning layer\n"
+            "  --lora R            count the parameters rank-R LoRA adapters train, as PEFT counts\n"
+            "                      them (r x (in + out) a module; megatrain does not train adapters\n"
+            "                      yet)\n"
+            "  --lora-targets L    PEFT's target_modules, comma-separated (default: every linear\n"
+            "                      projection of attention, the Gated DeltaNet and the MLPs, shared\n"
+            "                      experts included; not the router, the experts or the LM head)\n"
             "  --model ORG/NAME [--revision R]: a model in the Hugging Face hub cache, offline\n"
             "  ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub; R: ref or commit,\n"
             "  default main)\n");
@@ -49,11 +58,14 @@ static void print_layer_types(const mt_config *cfg) {
 int mt_cmd_info(int argc, char **argv) {
     const char *model_dir = NULL, *init = NULL;
     const char *revision = NULL;
-    int tensors = 0;
+    int tensors = 0, lora = 0;
+    const char *lora_targets = NULL;
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"revision", required_argument, 0, 'R'},
                                          {"init", required_argument, 0, 'i'},
                                          {"tensors", no_argument, 0, 't'},
+                                         {"lora", required_argument, 0, 'l'},
+                                         {"lora-targets", required_argument, 0, 'L'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c;
@@ -64,9 +76,20 @@ int mt_cmd_info(int argc, char **argv) {
         case 'R': revision = optarg; break;
         case 'i': init = optarg; break;
         case 't': tensors = 1; break;
+        case 'l': {
+            int64_t r;
+            if (mt_arg_int("--lora", optarg, 1, 1 << 16, &r) != MT_OK) return mt_cli_fail();
+            lora = (int)r;
+            break;
+        }
+        case 'L': lora_targets = optarg; break;
         case 'h': print_usage(stdout); return 0;
         default: print_usage(stderr); return 1;
         }
+    }
+    if (lora_targets && !lora) {
+        fprintf(stderr, "megatrain info: --lora-targets needs --lora R\n");
+        return 1;
     }
     if (optind < argc) {
         fprintf(stderr, "megatrain info: unexpected argument '%s'\n", argv[optind]);
@@ -77,6 +100,11 @@ int mt_cmd_info(int argc, char **argv) {
     if (mt_host_model_open(&m, model_dir, init, 0, model_dir != NULL) != MT_OK) return mt_cli_fail();
     const mt_config *cfg = &m.table.cfg;
     double n = (double)m.table.n_real;
+    int64_t lp = 0, lm = 0; /* bad --lora values fail before anything is printed */
+    if (lora && mt_lora_count(&m.table, lora, lora_targets, &lp, &lm) != MT_OK) {
+        mt_host_model_free(&m);
+        return mt_cli_fail();
+    }
     printf("%s: %d layers, hidden %d, MLP %d, heads %d (kv %d, head dim %d), vocab %d%s\n",
            cfg->model_type, cfg->L, cfg->C, cfg->F, cfg->H, cfg->G, cfg->D, cfg->V,
            cfg->tie_word_embeddings ? ", tied head" : "");
@@ -111,6 +139,11 @@ int mt_cmd_info(int argc, char **argv) {
     printf("\n  (checkpoints offloaded by a short --gpu-mem add L x B x T x hidden x 2 bytes; on\n"
            "  --device cpu the upload copy is fp32 and the compute side is host RAM too)\n");
     if (model_dir) printf("weights: all %d tensors present and valid\n", m.table.n_params);
+    if (lora) {
+        printf("lora: rank %d on %lld modules (%s): %lld trainable parameters (%.3f%% of %.0f), as PEFT "
+               "counts them\n", lora, (long long)lm, lora_targets ? lora_targets : "every linear projection",
+               (long long)lp, 100.0 * (double)lp / n, n);
+    }
     if (m.hf && m.hf->n_carried > 0) /* a multimodal checkpoint's vision tower, mtp layer, ... */
         printf("carried: %d tensors not trained, copied unchanged into every save (%d vision, %d mtp, %d "
                "other)\n", m.hf->n_carried, m.hf->n_visual, m.hf->n_mtp,
