@@ -13,6 +13,7 @@
 
 #include "../backend/backend.h"
 #include "../core/error.h"
+#include "../io/hf_layout.h"
 #include "../model/layer.h"
 #include "../engine/engine.h"
 #include "../engine/flops.h"
@@ -557,6 +558,13 @@ static int open_model(train_run *r) {
     MT_TRY(mt_host_model_open(&r->model, o->model_dir, o->init_config, (uint64_t)o->seed, 0));
     const mt_config *cfg = &r->model.table.cfg;
     MT_TRY(mt_layer_check_runnable(cfg));
+    const mt_hf_source *hf = r->model.hf;
+    if (hf && hf->n_carried > 0) /* a multimodal checkpoint: say what is not trained, and why */
+        printf("carried, not trained: %d tensors of %s, copied unchanged into every checkpoint: %d "
+               "vision (model.visual.*: image and video inputs are not supported), %d multi-token "
+               "prediction (mtp.*: not trained, so it will not follow the fine-tuned model), %d other\n",
+               hf->n_carried, o->model_dir, hf->n_visual, hf->n_mtp,
+               hf->n_carried - hf->n_visual - hf->n_mtp);
     if (!o->have_seq) o->seq = mt_plan_default_seq(cfg);
     MT_TRY(mt_run_check_seq(cfg, (int)o->seq, "--seq"));
     /* a missing data file is refused before --out is created, so a typo leaves nothing behind */
