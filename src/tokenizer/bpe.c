@@ -127,8 +127,9 @@ int tok_bpe_load(tok_bpe *m, void *json_model, int byte_level, const char *path)
     const char *key;
     json_t *val;
     json_object_foreach(vocab, key, val) {
-        if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) > (1 << 30))
-            return mt_error_set("%s: model.vocab[\"%s\"] must be an id in 0..2^30", path, key);
+        if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= MT_TOK_MAX_ID)
+            return mt_error_set("%s: model.vocab[\"%s\"] must be an id in 0..2^24 (tables are sized by "
+                                "the largest id)", path, key);
         if (json_integer_value(val) > max_id) max_id = (int)json_integer_value(val);
     }
     m->n_vocab = max_id + 1;

@@ -10,6 +10,10 @@
 
 #include "tokenizer/tokenizer.h"
 
+/* Ids run below 2^24 (megatrain's vocabulary limit, model/config.h): tables are sized by the
+ * largest id, so a stray id of 2^30 would take gigabytes (found by fuzz_tokenizer_load). */
+#define MT_TOK_MAX_ID (1 << 24)
+
 /* ---- byte buffers and small helpers (tok_util.c) ---- */
 
 typedef struct {

@@ -376,7 +376,7 @@ static int load_added(ld *L, json_t *root) {
     for (size_t i = 0; i < n; i++) {
         json_t *e = json_array_get(list, i);
         json_t *id = json_object_get(e, "id"), *content = json_object_get(e, "content");
-        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) > (1 << 30) ||
+        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= MT_TOK_MAX_ID ||
             !json_is_string(content))
             return mt_error_set("%s: added_tokens[%zu] needs an integer id and a string content", L->path, i);
         tok_added *a = &t->added[t->n_added++];
