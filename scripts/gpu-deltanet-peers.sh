@@ -14,8 +14,10 @@ export PATH=/usr/local/cuda/bin:$PATH
 . scripts/gpu-build-step.sh
 gpu_build_step peers
 say "== megatrain (test_cuda_gated_delta --bench)"
-timeout 120 build-gpu/test_cuda_gated_delta --bench 2>&1 | grep -E "gated_delta|T=" | tee -a "$log"
+timeout 150 build-gpu/test_cuda_gated_delta --bench 2>&1 | grep -E "gated_delta|T=" | tee -a "$log"
 say "== peers (bench/fla_gated_delta_bench.py)"
 site=/tmp/peer-site; rm -rf $site; mkdir -p $site
 for w in third_party/wheels/*.whl; do python3 -m zipfile -e "$w" $site; done
-PYTHONPATH=$site timeout 300 python3 bench/fla_gated_delta_bench.py 2>&1 | grep -v Warning | tail -20 | tee -a "$log"
+PYTHONPATH=$site timeout 200 python3 bench/fla_gated_delta_bench.py 2>&1 | grep -v Warning | tail -20 | tee -a "$log"
+say "== transformers' torch_chunk_gated_delta_rule (without fla on the path)"
+timeout 120 python3 bench/fla_gated_delta_bench.py --transformers 2>&1 | grep -v Warning | tail -5 | tee -a "$log"

@@ -2,7 +2,7 @@
  * by op, forward and backward. Exits 77 (ctest: skipped) when no CUDA device is usable.
  * `test_cuda_gated_delta --bench` instead times the chunked gated delta rule, forward + backward,
  * at the Qwen3.6-35B-A3B layer shape (Hk 16, Hv 32, Dk = Dv = 128) for B = 1 and T = 4096, 32768,
- * 131072, and prints the TFLOP/s of mt_gated_delta_flops.
+ * 131072 and for B = 16, T = 4096, and prints the TFLOP/s of mt_gated_delta_flops.
  *
  * Inputs are drawn in fp32, rounded to bf16 (g and beta, fp32 in the ops, are not), and the CPU is
  * fed the rounded values, so the comparison measures the op. Tolerances, |gpu - cpu| <= atol +
@@ -17,8 +17,10 @@
  * outputs accumulated (+=) are pre-filled and the fill is part of the reference. The weight
  * gradients and the gated delta backward are run twice and must give the same bits.
  * Cases: documents packed in rows (starts inside a chunk and on a chunk boundary), T not a multiple
- * of 64 and T < 64, Hv = 2*Hk, Dk = Dv = 128, Dv > 32 not a multiple of 32, and a small odd case
- * (Dk 13, Dv 7). */
+ * of 64 and T < 64, Hv = 2*Hk, Dk = Dv = 128, Dv > 32 not a multiple of 32, a small odd case
+ * (Dk 13, Dv 7), correlated keys (an ill-conditioned triangular solve, as in trained models) at
+ * the tiny fixtures' heads and at Qwen3.5's, and ranges of 1 and 2 chunks forced
+ * (MT_GATED_DELTA_RANGE) so that the state and its gradient cross range boundaries. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -354,15 +356,24 @@ typedef struct {
     int32_t *d_ds;
 } gd_inputs;
 
-/* q, k unit rows (then bf16), v, dout normal (bf16), beta = sigmoid, g = -softplus * gscale. */
+/* q, k unit rows (then bf16), v, dout normal (bf16), beta = sigmoid, g = -softplus * gscale.
+ * kcorr > 0 makes the keys of a head correlated, as a trained model's are (each key leans on one
+ * direction a head by kcorr against unit noise): I + A is then ill-conditioned and Tm's entries
+ * grow, the case the split TF32 products are for. */
 static void gd_make(gd_inputs *in, int B, int T, int Hk, int Hv, int Dk, int Dv, float gscale,
-                    const int starts[][6], uint64_t seed, int with_cpu_copy) {
+                    float kcorr, const int starts[][6], uint64_t seed, int with_cpu_copy) {
     mt_test_rng rng;
     mt_test_rng_seed(&rng, seed);
     int nc = (T + MT_GATED_DELTA_CHUNK - 1) / MT_GATED_DELTA_CHUNK;
     in->nk = (size_t)B * T * Hk * Dk, in->nv = (size_t)B * T * Hv * Dv, in->ng = (size_t)B * T * Hv;
     in->ns = (size_t)B * Hv * nc * Dk * Dv;
     in->q = rnd_f32(&rng, in->nk, 1.0f), in->k = rnd_f32(&rng, in->nk, 1.0f);
+    if (kcorr > 0) {
+        float *dir = rnd_f32(&rng, (size_t)Hk * Dk, 1.0f);
+        for (size_t r = 0; r < in->nk / Dk; r++)
+            for (int d = 0; d < Dk; d++) in->k[r * Dk + d] += kcorr * dir[r % Hk * Dk + d];
+        free(dir);
+    }
     for (int t = 0; t < 2; t++) {
         float *x = t ? in->k : in->q;
         for (size_t r = 0; r < in->nk / Dk; r++) {
@@ -395,14 +406,16 @@ static void gd_free(gd_inputs *in) {
     if (in->d_ds) gfree(in->d_ds);
 }
 
-static void gd_case(int B, int T, int Hk, int Hv, int Dk, int Dv, float gscale,
+static void gd_case(int B, int T, int Hk, int Hv, int Dk, int Dv, float gscale, float kcorr,
                     const int starts[][6], uint64_t seed) {
     gd_inputs in;
-    gd_make(&in, B, T, Hk, Hv, Dk, Dv, gscale, starts, seed, 1);
+    gd_make(&in, B, T, Hk, Hv, Dk, Dv, gscale, kcorr, starts, seed, 1);
     float scale = 1.0f / sqrtf((float)Dk);
-    char what[160], tag[96];
-    snprintf(tag, sizeof tag, "B=%d T=%d Hk=%d Hv=%d Dk=%d Dv=%d%s", B, T, Hk, Hv, Dk, Dv,
-             in.ds ? " docs" : "");
+    char what[200], tag[128];
+    const char *range = getenv("MT_GATED_DELTA_RANGE");
+    snprintf(tag, sizeof tag, "B=%d T=%d Hk=%d Hv=%d Dk=%d Dv=%d%s%s%s%s", B, T, Hk, Hv, Dk, Dv,
+             in.ds ? " docs" : "", kcorr > 0 ? " correlated keys" : "",
+             range ? " ranges of " : "", range ? range : "");
     float *out = fnew(in.nv), *cs = fnew(in.ns), *dq = fnew(in.nk), *dk = fnew(in.nk);
     float *dv = fnew(in.nv), *dg = fnew(in.ng), *db = fnew(in.ng);
     cpu->gated_delta_forward(cpu, out, cs, in.q, in.k, in.v, in.g, in.beta, in.ds, B, T, Hk, Hv,
@@ -448,58 +461,80 @@ static void gd_case(int B, int T, int Hk, int Hv, int Dk, int Dv, float gscale,
 static void test_gated_delta(void **state) {
     /* row 0: documents starting inside a chunk and on a chunk boundary (64); row 1 one document */
     static const int docs[2][6] = {{0, 37, 64, 100, 101, 150}, {0, 150, 150, 150, 150, 150}};
+    /* the 300-token row of the correlated case: documents at 37, 64 and 200 */
+    static const int docs300[1][6] = {{0, 37, 64, 200, 300, 300}};
     static const int docs_odd[1][6] = {{0, 5, 66, 70, 70, 70}};
-    gd_case(2, 150, 2, 4, 128, 128, 1.0f, docs, 71);     /* Qwen3.5's head sizes, Hv = 2 Hk */
-    gd_case(1, 300, 1, 2, 128, 128, 0.02f, NULL, 72);    /* slow decay: state through 5 chunks */
-    gd_case(1, 17, 1, 2, 32, 48, 1.0f, NULL, 73);        /* T < 64; Dv 48: a partial column block */
-    gd_case(1, 70, 1, 1, 13, 7, 1.0f, docs_odd, 74);     /* small odd */
-    gd_case(2, 64, 2, 2, 64, 64, 5.0f, NULL, 75);        /* strong decay, T = one chunk */
+    gd_case(2, 150, 2, 4, 128, 128, 1.0f, 0, docs, 71);  /* Qwen3.5's head sizes, Hv = 2 Hk */
+    gd_case(1, 300, 1, 2, 128, 128, 0.02f, 0, NULL, 72); /* slow decay: state through 5 chunks */
+    gd_case(1, 17, 1, 2, 32, 48, 1.0f, 0, NULL, 73);     /* T < 64; Dv 48: a partial column block */
+    gd_case(1, 70, 1, 1, 13, 7, 1.0f, 0, docs_odd, 74);  /* small odd */
+    gd_case(2, 64, 2, 2, 64, 64, 5.0f, 0, NULL, 75);     /* strong decay, T = one chunk */
+    gd_case(2, 200, 2, 4, 32, 16, 0.1f, 0.5f, NULL, 76); /* the tiny models' heads, keys correlated */
+    gd_case(1, 300, 2, 4, 128, 128, 0.1f, 0.5f, docs300, 77);
+    /* long inputs run in ranges of chunks, the state and its gradient carried between them: force
+       ranges of 1 and 2 chunks (5 chunks: 2 + 2 + 1) */
+    setenv("MT_GATED_DELTA_RANGE", "2", 1);
+    gd_case(1, 300, 1, 2, 128, 128, 0.02f, 0, NULL, 72);
+    gd_case(2, 150, 2, 4, 128, 128, 1.0f, 0, docs, 71);
+    setenv("MT_GATED_DELTA_RANGE", "1", 1);
+    gd_case(2, 150, 2, 4, 128, 128, 1.0f, 0, docs, 71);
+    gd_case(1, 70, 1, 1, 13, 7, 1.0f, 0, docs_odd, 74);
+    unsetenv("MT_GATED_DELTA_RANGE");
 }
 
 /* ---------------- timing ---------------- */
 
+static void bench_one(int B, int T, int Hk, int Hv, int Dk, int Dv, int iters, int seed) {
+    float scale = 1.0f / sqrtf((float)Dk);
+    mt_event *e0 = gpu->event_create(gpu), *e1 = gpu->event_create(gpu), *e2 = gpu->event_create(gpu);
+    gd_inputs in;
+    gd_make(&in, B, T, Hk, Hv, Dk, Dv, 1.0f, 0, NULL, seed, 0);
+    void *d_out = gpu->alloc(gpu, in.nv * 2), *d_dq = gpu->alloc(gpu, in.nk * 2);
+    void *d_dk = gpu->alloc(gpu, in.nk * 2), *d_dv = gpu->alloc(gpu, in.nv * 2);
+    float *d_cs = gpu->alloc(gpu, in.ns * 4), *d_dg = gpu->alloc(gpu, in.ng * 4);
+    float *d_db = gpu->alloc(gpu, in.ng * 4);
+    double fwd_ms = 0, bwd_ms = 0;
+    for (int it = 0; it <= iters; it++) {
+        gpu->event_record(gpu, e0, MT_STREAM_COMPUTE);
+        gpu->gated_delta_forward(gpu, d_out, d_cs, in.d_q, in.d_k, in.d_v, in.d_g, in.d_beta, NULL,
+                                 B, T, Hk, Hv, Dk, Dv, scale);
+        gpu->event_record(gpu, e1, MT_STREAM_COMPUTE);
+        gpu->gated_delta_backward(gpu, d_dq, d_dk, d_dv, d_dg, d_db, in.d_dout, d_cs, in.d_q,
+                                  in.d_k, in.d_v, in.d_g, in.d_beta, NULL, B, T, Hk, Hv, Dk, Dv,
+                                  scale);
+        gpu->event_record(gpu, e2, MT_STREAM_COMPUTE);
+        gpu->event_sync(gpu, e2);
+        if (it) {
+            fwd_ms += gpu->event_elapsed_ms(gpu, e0, e1) / iters;
+            bwd_ms += gpu->event_elapsed_ms(gpu, e1, e2) / iters;
+        }
+    }
+    double ff, fb;
+    mt_gated_delta_flops(B, T, Hv, Dk, Dv, &ff, &fb);
+    printf("B=%-2d T=%-7d forward %8.3f ms %6.1f TFLOP/s | backward %8.3f ms %6.1f TFLOP/s | "
+           "forward + backward %8.3f ms %6.1f TFLOP/s\n",
+           B, T, fwd_ms, ff / fwd_ms * 1e-9, bwd_ms, fb / bwd_ms * 1e-9, fwd_ms + bwd_ms,
+           (ff + fb) / (fwd_ms + bwd_ms) * 1e-9);
+    fflush(stdout);
+    gfree(d_out), gfree(d_dq), gfree(d_dk), gfree(d_dv), gfree(d_cs), gfree(d_dg), gfree(d_db);
+    gd_free(&in);
+    gpu->event_destroy(gpu, e0), gpu->event_destroy(gpu, e1), gpu->event_destroy(gpu, e2);
+}
+
+/* The Qwen3.6-35B-A3B layer at B = 1 (the peers' shape) and at the training batch 16 x 4096; with
+ * the split TF32 products (the default) and, for what they cost, plain TF32. */
 static int bench(void) {
     const int Hk = 16, Hv = 32, Dk = 128, Dv = 128, iters = 3;
     const int Ts[3] = {4096, 32768, 131072};
-    float scale = 1.0f / sqrtf((float)Dk);
-    printf("gated_delta bench: B=1 Hk=%d Hv=%d Dk=%d Dv=%d, chunk %d, %d timed runs each "
-           "(after one warm-up)\n", Hk, Hv, Dk, Dv, MT_GATED_DELTA_CHUNK, iters);
-    mt_event *e0 = gpu->event_create(gpu), *e1 = gpu->event_create(gpu), *e2 = gpu->event_create(gpu);
-    for (int ti = 0; ti < 3; ti++) {
-        int T = Ts[ti];
-        gd_inputs in;
-        gd_make(&in, 1, T, Hk, Hv, Dk, Dv, 1.0f, NULL, 90 + ti, 0);
-        void *d_out = gpu->alloc(gpu, in.nv * 2), *d_dq = gpu->alloc(gpu, in.nk * 2);
-        void *d_dk = gpu->alloc(gpu, in.nk * 2), *d_dv = gpu->alloc(gpu, in.nv * 2);
-        float *d_cs = gpu->alloc(gpu, in.ns * 4), *d_dg = gpu->alloc(gpu, in.ng * 4);
-        float *d_db = gpu->alloc(gpu, in.ng * 4);
-        double fwd_ms = 0, bwd_ms = 0;
-        for (int it = 0; it <= iters; it++) {
-            gpu->event_record(gpu, e0, MT_STREAM_COMPUTE);
-            gpu->gated_delta_forward(gpu, d_out, d_cs, in.d_q, in.d_k, in.d_v, in.d_g, in.d_beta,
-                                     NULL, 1, T, Hk, Hv, Dk, Dv, scale);
-            gpu->event_record(gpu, e1, MT_STREAM_COMPUTE);
-            gpu->gated_delta_backward(gpu, d_dq, d_dk, d_dv, d_dg, d_db, in.d_dout, d_cs, in.d_q,
-                                      in.d_k, in.d_v, in.d_g, in.d_beta, NULL, 1, T, Hk, Hv, Dk,
-                                      Dv, scale);
-            gpu->event_record(gpu, e2, MT_STREAM_COMPUTE);
-            gpu->event_sync(gpu, e2);
-            if (it) {
-                fwd_ms += gpu->event_elapsed_ms(gpu, e0, e1) / iters;
-                bwd_ms += gpu->event_elapsed_ms(gpu, e1, e2) / iters;
-            }
-        }
-        double ff, fb;
-        mt_gated_delta_flops(1, T, Hv, Dk, Dv, &ff, &fb);
-        printf("T=%-7d forward %8.3f ms %6.1f TFLOP/s | backward %8.3f ms %6.1f TFLOP/s | "
-               "forward + backward %8.3f ms %6.1f TFLOP/s\n",
-               T, fwd_ms, ff / fwd_ms * 1e-9, bwd_ms, fb / bwd_ms * 1e-9, fwd_ms + bwd_ms,
-               (ff + fb) / (fwd_ms + bwd_ms) * 1e-9);
-        fflush(stdout);
-        gfree(d_out), gfree(d_dq), gfree(d_dk), gfree(d_dv), gfree(d_cs), gfree(d_dg), gfree(d_db);
-        gd_free(&in);
+    for (int mode = 0; mode < 2; mode++) {
+        if (mode) setenv("MT_GATED_DELTA_TF32", "1", 1);
+        printf("gated_delta bench (%s): Hk=%d Hv=%d Dk=%d Dv=%d, chunk %d, %d timed runs each "
+               "(after one warm-up)\n", mode ? "plain TF32" : "split TF32, the default", Hk, Hv,
+               Dk, Dv, MT_GATED_DELTA_CHUNK, iters);
+        for (int ti = 0; ti < 3; ti++) bench_one(1, Ts[ti], Hk, Hv, Dk, Dv, iters, 90 + ti);
+        bench_one(16, 4096, Hk, Hv, Dk, Dv, iters, 95);
     }
-    gpu->event_destroy(gpu, e0), gpu->event_destroy(gpu, e1), gpu->event_destroy(gpu, e2);
+    unsetenv("MT_GATED_DELTA_TF32");
     return 0;
 }
 

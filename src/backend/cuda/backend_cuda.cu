@@ -425,7 +425,7 @@ static void cu_gated_delta_forward(mt_backend *be, void *out, float *chunk_state
                                    const void *k, const void *v, const float *g, const float *beta,
                                    const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk,
                                    int Dv, float scale) {
-    mt_cuda_gated_delta_forward((bf16 *)out, chunk_states, (const bf16 *)q, (const bf16 *)k,
+    mt_cuda_gated_delta_forward(be, (bf16 *)out, chunk_states, (const bf16 *)q, (const bf16 *)k,
                                 (const bf16 *)v, g, beta, doc_start, B, T, Hk, Hv, Dk, Dv, scale,
                                 S(be));
 }

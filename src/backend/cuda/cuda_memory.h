@@ -17,6 +17,11 @@
 #endif
 #define MT_CUDA_LM_HEAD_SCRATCH (MT_CUDA_LM_HEAD_LOGITS_BYTES + MT_CUDA_LM_HEAD_LOGITS_BYTES / 2)
 
+/* The gated delta rule's fp32 scratch between its kernels stays under this (gated_delta_chunk.cuh:
+ * long inputs run in ranges of chunks): the LM head's, as both take the one op scratch buffer at
+ * different times, so the planner's count of that buffer holds for both. */
+#define MT_CUDA_GATED_DELTA_SCRATCH MT_CUDA_LM_HEAD_SCRATCH
+
 /* Rows per chunk of the LM head over N rows: the fp32 logits chunk fits
  * MT_CUDA_LM_HEAD_LOGITS_BYTES, rounded down to a multiple of 64 (GEMM tiles; keeps chunk offsets
  * n0 * C aligned), at least 16, at most N. Here so that the planner prints what the kernel runs. */

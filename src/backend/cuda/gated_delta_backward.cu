@@ -1,10 +1,18 @@
 /* The gated delta rule's chunked backward (backend.h's gated_delta_backward): the CPU op's algebra
- * (src/backend/cpu/gated_delta_backward.c) on one block per (row, value head, 32 value columns),
- * chunks in reverse, each recomputed from its saved incoming state, the block's slice dS (Dk x 32)
- * of the state's gradient carried. dv is column-local and written directly; dq, dk, dg and dbeta
- * sum over value columns (and dq, dk over the value heads of a key head), so each block writes its
- * part to fp32 scratch and gd_reduce_kernel adds the parts in a fixed order (deterministic).
- * Scratch: 2 N (Hv ceil(Dv/32)) (Dk + 1) floats (at Hv = 32, Dk = Dv = 128: 128 KiB a token). */
+ * (src/backend/cpu/gated_delta_backward.c) in four kernels a range of chunks, taken from the last
+ * range to the first (gated_delta_chunk.cuh has the split, the precision and the ranges). With
+ * dSn the gradient of the state after a chunk and dU that of the chunk's values Vn (= U):
+ *   prep  (a block a chunk, row and value head):  W = Tm diag(beta fe) K and the chunk-local part
+ *         of dU, P^T dO with P = (Q K^T) o Dm
+ *   scan  (a block a row, value head and GD_BV value columns; chunks in reverse): stores dSn, then
+ *         dU = P^T dO + diag(lam) K dSn,  dS0 = eL dSn + Q^T diag(fe) dO - W^T dU
+ *   chunk (a block a chunk, row, value head and GD_BV value columns): the whole chunk backward
+ *         from S0 (chunk_states) and dSn (the scan's), recomputed, as the CPU op does it; dv is
+ *         column-local and written directly; dq, dk, dg and dbeta sum over value columns (and dq,
+ *         dk over the value heads of a key head), so each block writes its part to fp32 scratch
+ *   reduce: adds the parts in a fixed order (deterministic: no atomics, the same bits every run).
+ */
+#include "cuda_memory.h"
 #include "gated_delta_chunk.cuh"
 #include "ops.cuh"
 
@@ -14,234 +22,380 @@ static __device__ __forceinline__ float gd_warp_sum(float v) {
     return v;
 }
 
-/* Parts (N, P, Dk) for dq and dk and (N, P) for dg and dbeta, P = Hv * nvb, part index
- * vh * nvb + vb. */
+template <bool SPLIT>
 static __global__ void __launch_bounds__(GD_THREADS)
-    gated_delta_backward_kernel(bf16 *dv, float *dq_part, float *dk_part, float *dg_part,
-                                float *dbeta_part, const bf16 *dout, const float *chunk_states,
-                                const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
-                                const float *beta, const int32_t *doc_start, int T, int Hk,
-                                int Hv, int Dk, int Dv, int Dkp, float scale) {
+    gd_bwd_prep_kernel(float *W, float *DUL, const bf16 *dout, const bf16 *q, const bf16 *k,
+                       const float *g, const float *beta, const int32_t *doc_start, int T, int Hk,
+                       int Hv, int Dk, int Dv, int Dkp, int Dvp, float scale, int c_begin, int R) {
     extern __shared__ __align__(128) float sm[];
-    const int L = GD_L, BV = GD_BV, tid = threadIdx.x, nt = blockDim.x;
-    const int lane = tid % 32, warp = tid / 32, nw = nt / 32;
-    int b = blockIdx.x / Hv, vh = blockIdx.x % Hv, kh = vh / (Hv / Hk), v0 = blockIdx.y * BV;
-    int P = Hv * gridDim.y, part = vh * gridDim.y + blockIdx.y;
-    float *Qs = sm, *Kc = Qs + L * Dkp, *S0 = Kc + L * Dkp, *dS = S0 + Dkp * BV;
-    float *KD = dS + Dkp * BV, *Tm = KD + L * L, *Pm = Tm + L * L, *dP = Pm + L * L;
-    float *X = dP + L * L, *DO = X + L * BV, *U = DO + L * BV, *DR = U + L * BV, *DU = DR + L * BV;
-    float *dG = DU + L * BV, *dB = dG + L, *tv = dB + L, *red = tv + L;
-    float *LK = Tm; /* (L, Dkp) over Tm and Pm once both are dead */
-    gd_stats *st = (gd_stats *)(red + 8);
-    int nc = (T + L - 1) / L;
-    for (int e = tid; e < Dkp * BV; e += nt) dS[e] = 0.0f;
-    for (int ci = nc - 1; ci >= 0; ci--) {
-        int c0 = ci * L, Lc = min(L, T - c0);
-        size_t n0 = (size_t)b * T + c0;
-        const float *cs = chunk_states + (((size_t)b * Hv + vh) * nc + ci) * Dk * Dv;
-        float sd = 0.0f; /* <S0, dSn> for eL's dG */
-        for (int e = tid; e < Dkp * BV; e += nt) {
+    const int L = GD_L, LDL = GD_LDL, tid = threadIdx.x, nt = blockDim.x;
+    const int ldk = gd_ld(Dkp), ldv = gd_ld(Dvp), ldm = max(ldk, ldv);
+    int lc = blockIdx.x, bh = blockIdx.y, b = bh / Hv, vh = bh % Hv, kh = vh / (Hv / Hk);
+    int c0 = (c_begin + lc) * L, Lc = min(L, T - c0);
+    float *Qs = sm, *Kc = Qs + L * ldm, *KD = Kc + L * ldk, *Tm = KD + L * LDL, *P = Tm + L * LDL;
+    float *DO = Qs; /* once P is made */
+    gd_stats *st = (gd_stats *)(P + L * LDL);
+    gd_load_chunk(Qs, Kc, ldk, st, q, k, g, beta, doc_start, b, c0, Lc, kh, vh, T, Hk, Hv, Dk, Dkp,
+                  scale);
+    __syncthreads();
+    gd_kd(KD, Kc, ldk, Dkp, st);
+    gd_mm<false, true, SPLIT>(P, LDL, Qs, ldk, Kc, ldk, L, L, Dkp, false, 0, 8);
+    __syncthreads();
+    gd_solve(Tm, KD, st, tid);
+    if (tid >= L) { /* while threads 0-63 solve */
+        for (int e = tid - L; e < L * L; e += nt - L) P[e / L * LDL + e % L] *= gd_dm(st, e / L, e % L);
+        for (int e = tid - L; e < L * Dkp; e += nt - L) {
+            int i = e / Dkp;
+            Kc[i * ldk + e % Dkp] *= st->beta[i] * st->fe[i];
+        }
+        for (int e = tid - L; e < L * Dvp; e += nt - L) {
+            int i = e / Dvp, d = e % Dvp;
+            DO[i * ldv + d] =
+                i < Lc && d < Dv
+                    ? __bfloat162float(dout[(((size_t)b * T + c0 + i) * Hv + vh) * Dv + d])
+                    : 0.0f;
+        }
+    }
+    __syncthreads();
+    size_t row = gd_row(bh, R, lc, 0);
+    gd_mm<false, false, SPLIT>(W + row * Dkp, Dkp, Tm, LDL, Kc, ldk, L, Dkp, L, false, 0, 8);
+    gd_mm<true, false, SPLIT>(DUL + row * Dvp, Dvp, P, LDL, DO, ldv, L, Dvp, L, false, 0, 8);
+}
+
+template <bool SPLIT>
+static __global__ void __launch_bounds__(GD_THREADS)
+    gd_bwd_scan_kernel(float *dstates, float *carry, const float *W, const float *DUL,
+                       const bf16 *dout, const bf16 *q, const bf16 *k, const float *g,
+                       const float *beta, const int32_t *doc_start, int T, int Hk, int Hv, int Dk,
+                       int Dv, int Dkp, int Dvp, float scale, int c_begin, int R, int nc) {
+    extern __shared__ __align__(128) float sm[];
+    const int L = GD_L, BV = GD_BV, LDB = GD_LDB, tid = threadIdx.x, nt = blockDim.x;
+    const int ldk = gd_ld(Dkp);
+    int v0 = blockIdx.x * BV, bh = blockIdx.y, b = bh / Hv, vh = bh % Hv, kh = vh / (Hv / Hk);
+    float *dS = sm, *Qs = dS + Dkp * LDB, *Kc = Qs + L * ldk, *Ws = Kc + L * ldk;
+    float *DU = Ws + L * ldk, *DO = DU + L * LDB, *X = DO + L * LDB;
+    gd_stats *st = (gd_stats *)(X + L * LDB);
+    float *cr = carry + (size_t)bh * Dk * Dv;
+    for (int e = tid; e < Dkp * BV; e += nt) {
+        int r = e / BV, j = e % BV;
+        dS[r * LDB + j] = c_begin + R < nc && r < Dk && v0 + j < Dv ? cr[(size_t)r * Dv + v0 + j] : 0.0f;
+    }
+    for (int lc = R - 1; lc >= 0; lc--) {
+        int c0 = (c_begin + lc) * L, Lc = min(L, T - c0);
+        float *dsn = dstates + ((size_t)bh * R + lc) * Dk * Dv;
+        for (int e = tid; e < Dk * BV; e += nt) {
             int r = e / BV, j = e % BV;
-            float x = r < Dk && v0 + j < Dv ? cs[(size_t)r * Dv + v0 + j] : 0.0f;
-            S0[e] = x;
-            sd += x * dS[e];
+            if (v0 + j < Dv) dsn[(size_t)r * Dv + v0 + j] = dS[r * LDB + j];
         }
-        sd = gd_warp_sum(sd);
-        if (lane == 0) red[warp] = sd;
-        gd_load_chunk(Qs, Kc, st, q, k, g, beta, doc_start, b, c0, Lc, kh, vh, T, Hk, Hv, Dk, Dkp,
-                      scale);
-        __syncthreads();
-        gd_mm<false, true>(KD, L, Kc, Dkp, Kc, Dkp, L, L, Dkp, false, 0, 4);
-        gd_mm<false, false>(X, BV, Kc, Dkp, S0, BV, L, BV, Dkp, false, 4, 4);
-        __syncthreads();
-        for (int e = tid; e < L * L; e += nt) {
-            int i = e / L, j = e % L;
-            KD[e] = j < i ? KD[e] * gd_dm(st, i, j) : 0.0f;
-        }
-        __syncthreads();
-        gd_solve(Tm, KD, st, tid);
-        gd_mm<false, true>(Pm, L, Qs, Dkp, Kc, Dkp, L, L, Dkp, false, 2, 6);
-        __syncthreads();
-        for (int e = tid; e < L * BV; e += nt) { /* R = diag(beta)(V - diag(fe) X), in DO's place */
-            int i = e / BV, j = e % BV;
-            float vv = 0.0f;
-            if (i < Lc && v0 + j < Dv)
-                vv = __bfloat162float(v[((n0 + i) * Hv + vh) * Dv + v0 + j]);
-            DO[e] = st->beta[i] * (vv - st->fe[i] * X[e]);
-        }
-        for (int e = tid; e < L * L; e += nt) Pm[e] *= gd_dm(st, e / L, e % L);
-        __syncthreads();
-        gd_mm<false, false>(U, BV, Tm, L, DO, BV, L, BV, L, false, 0, 4);   /* U = Tm R */
-        gd_mm<false, false>(DR, BV, Kc, Dkp, dS, BV, L, BV, Dkp, false, 4, 4); /* Z = K dSn */
-        __syncthreads();
+        size_t row = gd_row(bh, R, lc, 0);
+        const float *Wg = W + row * Dkp, *Dg = DUL + row * Dvp;
+        for (int e = tid; e < L * Dkp; e += nt) Ws[e / Dkp * ldk + e % Dkp] = Wg[e];
         for (int e = tid; e < L * BV; e += nt) {
             int i = e / BV, j = e % BV;
-            DO[e] = i < Lc && v0 + j < Dv
-                        ? __bfloat162float(dout[((n0 + i) * Hv + vh) * Dv + v0 + j])
-                        : 0.0f;
+            DU[i * LDB + j] = v0 + j < Dvp ? Dg[(size_t)i * Dvp + v0 + j] : 0.0f;
         }
+        gd_load_chunk(Qs, Kc, ldk, st, q, k, g, beta, doc_start, b, c0, Lc, kh, vh, T, Hk, Hv, Dk,
+                      Dkp, scale);
         __syncthreads();
-        gd_mm<true, false>(DU, BV, Pm, L, DO, BV, L, BV, L, false, 0, 8); /* dU = P^T dO */
-        __syncthreads();
-        for (int e = tid; e < L * BV; e += nt) DU[e] += st->lam[e / BV] * DR[e];
-        __syncthreads();
-        gd_mm<true, false>(DR, BV, Tm, L, DU, BV, L, BV, L, false, 0, 8); /* dR = Tm^T dU */
-        __syncthreads();
-        /* dA = -(dR U^T) in Tm's place (stored un-negated), dP = dO U^T */
-        gd_mm<false, true>(Tm, L, DR, BV, U, BV, L, L, BV, false, 0, 4);
-        gd_mm<false, true>(dP, L, DO, BV, U, BV, L, L, BV, false, 4, 4);
-        __syncthreads();
-        /* the rows' dG (+ at G_i) and dbeta; w_ij kept in Pm for the columns' (- at G_j) */
-        if (tid < L) {
-            int i = tid;
-            float rs = 0.0f, db = 0.0f, bi = st->beta[i];
-            for (int j = 0; j < L; j++) {
-                float w = 0.0f;
-                if (j < i) {
-                    float dA = -Tm[i * L + j];
-                    w = dP[i * L + j] * Pm[i * L + j] + dA * bi * KD[i * L + j];
-                    db += dA * KD[i * L + j];
-                }
-                rs += w;
-                Pm[i * L + j] = w;
-            }
-            float fe = st->fe[i];
-            for (int j = 0; j < BV; j++) {
-                float vv = 0.0f;
-                if (i < Lc && v0 + j < Dv)
-                    vv = __bfloat162float(v[((n0 + i) * Hv + vh) * Dv + v0 + j]);
-                db += (vv - fe * X[i * BV + j]) * DR[i * BV + j];
-            }
-            dG[i] = rs;
-            dB[i] = db;
-        }
-        __syncthreads();
-        if (tid < L) {
-            int j = tid;
-            float cs_ = 0.0f;
-            for (int i = j + 1; i < L; i++) cs_ += Pm[i * L + j];
-            dG[j] -= cs_;
-        }
-        /* M + M^T (M = diag(beta) dA o Dm, strict lower) in KD's place; dP o Dm in place */
-        for (int e = tid; e < L * L; e += nt) {
-            int i = e / L, j = e % L;
-            float m = 0.0f;
-            if (j < i) m = -Tm[i * L + j] * st->beta[i] * gd_dm(st, i, j);
-            else if (i < j) m = -Tm[j * L + i] * st->beta[j] * gd_dm(st, j, i);
-            KD[e] = m;
-            dP[e] *= gd_dm(st, i, j);
-        }
-        __syncthreads();
-        /* dQ = diag(fe) dO S0^T + (dP o Dm) K; its dG_i = fe_i Q_i . (S0 dO_i) */
-        gd_mm<false, true>(LK, Dkp, DO, BV, S0, BV, L, Dkp, BV, false, 0, 8);
-        __syncthreads();
-        for (int i = warp; i < L; i += nw) {
-            float d = 0.0f, fe = st->fe[i];
-            for (int c = lane; c < Dkp; c += 32) {
-                d += Qs[i * Dkp + c] * LK[i * Dkp + c];
-                LK[i * Dkp + c] *= fe;
-            }
-            d = gd_warp_sum(d);
-            if (lane == 0) dG[i] += fe * d;
-        }
-        __syncthreads();
-        gd_mm<false, false>(LK, Dkp, dP, L, Kc, Dkp, L, Dkp, L, true, 0, 8);
-        __syncthreads();
-        for (int e = tid; e < L * Dkp; e += nt) {
-            int i = e / Dkp, d = e % Dkp;
-            if (i < Lc && d < Dk) dq_part[((n0 + i) * P + part) * Dk + d] = scale * LK[e];
-        }
-        /* dX = -diag(beta fe) dR (in dU's place), dv = diag(beta) dR */
-        for (int e = tid; e < L * BV; e += nt) {
+        for (int e = tid; e < L * BV; e += nt) { /* dO with its rows by fe */
             int i = e / BV, j = e % BV;
-            float r = DR[e], bi = st->beta[i];
-            DU[e] = -bi * st->fe[i] * r;
-            if (i < Lc && v0 + j < Dv)
-                dv[((n0 + i) * Hv + vh) * Dv + v0 + j] = __float2bfloat16_rn(bi * r);
+            DO[i * LDB + j] =
+                i < Lc && v0 + j < Dv
+                    ? st->fe[i] * __bfloat162float(dout[(((size_t)b * T + c0 + i) * Hv + vh) * Dv + v0 + j])
+                    : 0.0f;
         }
+        gd_mm<false, false, SPLIT>(X, LDB, Kc, ldk, dS, LDB, L, BV, Dkp, false, 0, 8); /* K dSn */
         __syncthreads();
-        for (int i = warp; i < L; i += nw) { /* BV == 32: a lane a column */
-            float d = gd_warp_sum(X[i * BV + lane] * DU[i * BV + lane]);
-            if (lane == 0) dG[i] += d;
+        for (int e = tid; e < L * BV; e += nt) { /* -dU */
+            int i = e / BV, j = e % BV;
+            DU[i * LDB + j] = -(DU[i * LDB + j] + st->lam[i] * X[i * LDB + j]);
         }
-        /* dK = diag(lam) U dSn^T + dX S0^T + (dP o Dm)^T Q + (M + M^T) K */
-        gd_mm<false, true>(LK, Dkp, U, BV, dS, BV, L, Dkp, BV, false, 0, 8);
-        __syncthreads();
-        for (int j = warp; j < L; j += nw) {
-            float d = 0.0f, lam = st->lam[j];
-            for (int c = lane; c < Dkp; c += 32) {
-                d += Kc[j * Dkp + c] * LK[j * Dkp + c];
-                LK[j * Dkp + c] *= lam;
-            }
-            d = gd_warp_sum(d);
-            if (lane == 0) {
-                dG[j] -= lam * d;
-                tv[j] = lam * d;
-            }
-        }
-        __syncthreads();
-        gd_mm<false, true>(LK, Dkp, DU, BV, S0, BV, L, Dkp, BV, true, 0, 8);
-        gd_mm<true, false>(LK, Dkp, dP, L, Qs, Dkp, L, Dkp, L, true, 0, 8);
-        gd_mm<false, false>(LK, Dkp, KD, L, Kc, Dkp, L, Dkp, L, true, 0, 8);
-        __syncthreads();
-        for (int e = tid; e < L * Dkp; e += nt) {
-            int i = e / Dkp, d = e % Dkp;
-            if (i < Lc && d < Dk) dk_part[((n0 + i) * P + part) * Dk + d] = LK[e];
-        }
-        /* dS0 = eL dSn + Q^T diag(fe) dO + K^T dX */
         float eL = st->eL;
-        for (int e = tid; e < Dkp * BV; e += nt) dS[e] *= eL;
-        for (int e = tid; e < L * BV; e += nt) DO[e] *= st->fe[e / BV];
-        if (tid == 0) {
-            float last = 0.0f;
-            for (int w = 0; w < nw; w++) last += red[w];
-            last *= eL;
-            for (int j = 0; j < L; j++) last += tv[j];
-            dG[Lc - 1] += last;
-            float acc = 0.0f; /* dg_m = sum over i >= m of dG_i */
-            for (int i = Lc - 1; i >= 0; i--) {
-                acc += dG[i];
-                dg_part[(n0 + i) * P + part] = acc;
-                dbeta_part[(n0 + i) * P + part] = dB[i];
-            }
+        for (int e = tid; e < Dkp * BV; e += nt) dS[e / BV * LDB + e % BV] *= eL;
+        __syncthreads();
+        gd_mm<true, false, SPLIT>(dS, LDB, Qs, ldk, DO, LDB, Dkp, BV, L, true, 0, 8);
+        gd_mm<true, false, SPLIT>(dS, LDB, Ws, ldk, DU, LDB, Dkp, BV, L, true, 0, 8);
+        __syncthreads();
+    }
+    if (c_begin > 0) { /* the range before starts from it */
+        for (int e = tid; e < Dk * BV; e += nt) {
+            int r = e / BV, j = e % BV;
+            if (v0 + j < Dv) cr[(size_t)r * Dv + v0 + j] = dS[r * LDB + j];
         }
-        __syncthreads();
-        gd_mm<true, false>(dS, BV, Qs, Dkp, DO, BV, Dkp, BV, L, true, 0, 8);
-        gd_mm<true, false>(dS, BV, Kc, Dkp, DU, BV, Dkp, BV, L, true, 0, 8);
-        __syncthreads();
+    }
+}
+
+/* Parts (N_r, P, Dk) for dq and dk and (N_r, P) for dg and dbeta, N_r = B R L the range's tokens
+ * (local index (b R + lc) L + i), P = Hv * nvb, part index vh * nvb + vb. */
+template <bool SPLIT>
+static __global__ void __launch_bounds__(GD_THREADS)
+    gd_bwd_chunk_kernel(bf16 *dv, float *dq_part, float *dk_part, float *dg_part,
+                        float *dbeta_part, const float *dstates, const bf16 *dout,
+                        const float *chunk_states, const bf16 *q, const bf16 *k, const bf16 *v,
+                        const float *g, const float *beta, const int32_t *doc_start, int T, int Hk,
+                        int Hv, int Dk, int Dv, int Dkp, float scale, int c_begin, int R, int nc) {
+    extern __shared__ __align__(128) float sm[];
+    const int L = GD_L, BV = GD_BV, LDB = GD_LDB, LDL = GD_LDL, tid = threadIdx.x, nt = blockDim.x;
+    const int lane = tid % 32, warp = tid / 32, nw = nt / 32, ldk = gd_ld(Dkp);
+    int lc = blockIdx.x, bh = blockIdx.y, b = bh / Hv, vh = bh % Hv, kh = vh / (Hv / Hk);
+    int v0 = blockIdx.z * BV, P = Hv * gridDim.z, part = vh * gridDim.z + blockIdx.z;
+    float *Qs = sm, *Kc = Qs + L * ldk, *S0 = Kc + L * ldk, *dS = S0 + Dkp * LDB;
+    float *KD = dS + Dkp * LDB, *Tm = KD + L * LDL, *Pm = Tm + L * LDL, *dP = Pm + L * LDL;
+    float *X = dP + L * LDL, *DO = X + L * LDB, *U = DO + L * LDB, *DR = U + L * LDB;
+    float *DU = DR + L * LDB;
+    float *dG = DU + L * LDB, *dB = dG + L, *tv = dB + L, *red = tv + L;
+    float *LK = Tm; /* (L, ldk) over Tm and Pm once both are dead */
+    gd_stats *st = (gd_stats *)(red + 8);
+    int ci = c_begin + lc, c0 = ci * L, Lc = min(L, T - c0);
+    size_t n0 = (size_t)b * T + c0, p0 = ((size_t)b * R + lc) * L;
+    const float *cs = chunk_states + ((size_t)bh * nc + ci) * Dk * Dv;
+    const float *dsn = dstates + ((size_t)bh * R + lc) * Dk * Dv;
+    float sd = 0.0f; /* <S0, dSn> for eL's dG */
+    for (int e = tid; e < Dkp * BV; e += nt) {
+        int r = e / BV, j = e % BV;
+        bool in = r < Dk && v0 + j < Dv;
+        float x = in ? cs[(size_t)r * Dv + v0 + j] : 0.0f, y = in ? dsn[(size_t)r * Dv + v0 + j] : 0.0f;
+        S0[r * LDB + j] = x;
+        dS[r * LDB + j] = y;
+        sd += x * y;
+    }
+    sd = gd_warp_sum(sd);
+    if (lane == 0) red[warp] = sd;
+    gd_load_chunk(Qs, Kc, ldk, st, q, k, g, beta, doc_start, b, c0, Lc, kh, vh, T, Hk, Hv, Dk, Dkp,
+                  scale);
+    __syncthreads();
+    gd_mm<false, true, SPLIT>(KD, LDL, Kc, ldk, Kc, ldk, L, L, Dkp, false, 0, 4);
+    gd_mm<false, false, SPLIT>(X, LDB, Kc, ldk, S0, LDB, L, BV, Dkp, false, 4, 4);
+    __syncthreads();
+    for (int e = tid; e < L * L; e += nt) {
+        int i = e / L, j = e % L;
+        KD[i * LDL + j] = j < i ? KD[i * LDL + j] * gd_dm(st, i, j) : 0.0f;
+    }
+    __syncthreads();
+    gd_solve(Tm, KD, st, tid);
+    gd_mm<false, true, SPLIT>(Pm, LDL, Qs, ldk, Kc, ldk, L, L, Dkp, false, 2, 6);
+    __syncthreads();
+    for (int e = tid; e < L * BV; e += nt) { /* R = diag(beta)(V - diag(fe) X), in DO's place */
+        int i = e / BV, j = e % BV;
+        float vv = 0.0f;
+        if (i < Lc && v0 + j < Dv) vv = __bfloat162float(v[((n0 + i) * Hv + vh) * Dv + v0 + j]);
+        DO[i * LDB + j] = st->beta[i] * (vv - st->fe[i] * X[i * LDB + j]);
+    }
+    for (int e = tid; e < L * L; e += nt) Pm[e / L * LDL + e % L] *= gd_dm(st, e / L, e % L);
+    __syncthreads();
+    gd_mm<false, false, SPLIT>(U, LDB, Tm, LDL, DO, LDB, L, BV, L, false, 0, 4);    /* U = Tm R */
+    gd_mm<false, false, SPLIT>(DR, LDB, Kc, ldk, dS, LDB, L, BV, Dkp, false, 4, 4); /* K dSn */
+    __syncthreads();
+    for (int e = tid; e < L * BV; e += nt) {
+        int i = e / BV, j = e % BV;
+        DO[i * LDB + j] = i < Lc && v0 + j < Dv
+                              ? __bfloat162float(dout[((n0 + i) * Hv + vh) * Dv + v0 + j])
+                              : 0.0f;
+    }
+    __syncthreads();
+    gd_mm<true, false, SPLIT>(DU, LDB, Pm, LDL, DO, LDB, L, BV, L, false, 0, 8); /* dU = P^T dO */
+    __syncthreads();
+    for (int e = tid; e < L * BV; e += nt) DU[e / BV * LDB + e % BV] += st->lam[e / BV] * DR[e / BV * LDB + e % BV];
+    __syncthreads();
+    gd_mm<true, false, SPLIT>(DR, LDB, Tm, LDL, DU, LDB, L, BV, L, false, 0, 8); /* dR = Tm^T dU */
+    __syncthreads();
+    /* dA = -(dR U^T) in Tm's place (stored un-negated), dP = dO U^T */
+    gd_mm<false, true, SPLIT>(Tm, LDL, DR, LDB, U, LDB, L, L, BV, false, 0, 4);
+    gd_mm<false, true, SPLIT>(dP, LDL, DO, LDB, U, LDB, L, L, BV, false, 4, 4);
+    __syncthreads();
+    /* the rows' dG (+ at G_i) and dbeta; w_ij kept in Pm for the columns' (- at G_j) */
+    if (tid < L) {
+        int i = tid;
+        float rs = 0.0f, db = 0.0f, bi = st->beta[i];
+        for (int j = 0; j < L; j++) {
+            float w = 0.0f;
+            if (j < i) {
+                float dA = -Tm[i * LDL + j];
+                w = dP[i * LDL + j] * Pm[i * LDL + j] + dA * bi * KD[i * LDL + j];
+                db += dA * KD[i * LDL + j];
+            }
+            rs += w;
+            Pm[i * LDL + j] = w;
+        }
+        float fe = st->fe[i];
+        for (int j = 0; j < BV; j++) {
+            float vv = 0.0f;
+            if (i < Lc && v0 + j < Dv) vv = __bfloat162float(v[((n0 + i) * Hv + vh) * Dv + v0 + j]);
+            db += (vv - fe * X[i * LDB + j]) * DR[i * LDB + j];
+        }
+        dG[i] = rs;
+        dB[i] = db;
+    }
+    __syncthreads();
+    if (tid < L) {
+        int j = tid;
+        float cs_ = 0.0f;
+        for (int i = j + 1; i < L; i++) cs_ += Pm[i * LDL + j];
+        dG[j] -= cs_;
+    }
+    /* M + M^T (M = diag(beta) dA o Dm, strict lower) in KD's place; dP o Dm in place */
+    for (int e = tid; e < L * L; e += nt) {
+        int i = e / L, j = e % L;
+        float m = 0.0f;
+        if (j < i) m = -Tm[i * LDL + j] * st->beta[i] * gd_dm(st, i, j);
+        else if (i < j) m = -Tm[j * LDL + i] * st->beta[j] * gd_dm(st, j, i);
+        KD[i * LDL + j] = m;
+        dP[i * LDL + j] *= gd_dm(st, i, j);
+    }
+    __syncthreads();
+    /* dQ = diag(fe) dO S0^T + (dP o Dm) K; its dG_i = fe_i Q_i . (S0 dO_i) */
+    gd_mm<false, true, SPLIT>(LK, ldk, DO, LDB, S0, LDB, L, Dkp, BV, false, 0, 8);
+    __syncthreads();
+    for (int i = warp; i < L; i += nw) {
+        float d = 0.0f, fe = st->fe[i];
+        for (int c = lane; c < Dkp; c += 32) {
+            d += Qs[i * ldk + c] * LK[i * ldk + c];
+            LK[i * ldk + c] *= fe;
+        }
+        d = gd_warp_sum(d);
+        if (lane == 0) dG[i] += fe * d;
+    }
+    __syncthreads();
+    gd_mm<false, false, SPLIT>(LK, ldk, dP, LDL, Kc, ldk, L, Dkp, L, true, 0, 8);
+    __syncthreads();
+    for (int e = tid; e < L * Dkp; e += nt) {
+        int i = e / Dkp, d = e % Dkp;
+        if (i < Lc && d < Dk) dq_part[((p0 + i) * P + part) * Dk + d] = scale * LK[i * ldk + d];
+    }
+    /* dX = -diag(beta fe) dR (in dU's place), dv = diag(beta) dR */
+    for (int e = tid; e < L * BV; e += nt) {
+        int i = e / BV, j = e % BV;
+        float r = DR[i * LDB + j], bi = st->beta[i];
+        DU[i * LDB + j] = -bi * st->fe[i] * r;
+        if (i < Lc && v0 + j < Dv) dv[((n0 + i) * Hv + vh) * Dv + v0 + j] = __float2bfloat16_rn(bi * r);
+    }
+    __syncthreads();
+    for (int i = warp; i < L; i += nw) { /* BV == 32: a lane a column */
+        float d = gd_warp_sum(X[i * LDB + lane] * DU[i * LDB + lane]);
+        if (lane == 0) dG[i] += d;
+    }
+    /* dK = diag(lam) U dSn^T + dX S0^T + (dP o Dm)^T Q + (M + M^T) K */
+    gd_mm<false, true, SPLIT>(LK, ldk, U, LDB, dS, LDB, L, Dkp, BV, false, 0, 8);
+    __syncthreads();
+    for (int j = warp; j < L; j += nw) {
+        float d = 0.0f, lam = st->lam[j];
+        for (int c = lane; c < Dkp; c += 32) {
+            d += Kc[j * ldk + c] * LK[j * ldk + c];
+            LK[j * ldk + c] *= lam;
+        }
+        d = gd_warp_sum(d);
+        if (lane == 0) {
+            dG[j] -= lam * d;
+            tv[j] = lam * d;
+        }
+    }
+    __syncthreads();
+    gd_mm<false, true, SPLIT>(LK, ldk, DU, LDB, S0, LDB, L, Dkp, BV, true, 0, 8);
+    gd_mm<true, false, SPLIT>(LK, ldk, dP, LDL, Qs, ldk, L, Dkp, L, true, 0, 8);
+    gd_mm<false, false, SPLIT>(LK, ldk, KD, LDL, Kc, ldk, L, Dkp, L, true, 0, 8);
+    __syncthreads();
+    for (int e = tid; e < L * Dkp; e += nt) {
+        int i = e / Dkp, d = e % Dkp;
+        if (i < Lc && d < Dk) dk_part[((p0 + i) * P + part) * Dk + d] = LK[i * ldk + d];
+    }
+    if (tid == 0) {
+        float last = 0.0f;
+        for (int w = 0; w < nw; w++) last += red[w];
+        last *= st->eL;
+        for (int j = 0; j < L; j++) last += tv[j];
+        dG[Lc - 1] += last;
+        float acc = 0.0f; /* dg_m = sum over i >= m of dG_i */
+        for (int i = Lc - 1; i >= 0; i--) {
+            acc += dG[i];
+            dg_part[(p0 + i) * P + part] = acc;
+            dbeta_part[(p0 + i) * P + part] = dB[i];
+        }
     }
 }
 
 /* dq, dk (N, Hk, Dk) bf16 = the sums of their rep * nvb parts in order; dg, dbeta (N, Hv) fp32 =
- * the sums of their nvb parts. */
+ * the sums of their nvb parts; for the tokens of the range [c_begin L, (c_begin + R) L) of each
+ * row that lie before T. */
 static __global__ void gd_reduce_kernel(bf16 *dq, bf16 *dk, float *dg, float *dbeta,
                                         const float *dq_part, const float *dk_part,
-                                        const float *dg_part, const float *dbeta_part, size_t N,
-                                        int Hk, int Hv, int Dk, int nvb) {
-    int P = Hv * nvb, per = P / Hk;
-    size_t nq = N * Hk * Dk, total = nq + N * Hv;
+                                        const float *dg_part, const float *dbeta_part, int B,
+                                        int T, int Hk, int Hv, int Dk, int nvb, int c_begin, int R) {
+    int P = Hv * nvb, per = P / Hk, Rt = R * GD_L;
+    size_t Nr = (size_t)B * Rt, nq = Nr * Hk * Dk, total = nq + Nr * Hv;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total;
          e += (size_t)gridDim.x * blockDim.x) {
+        size_t r = e < nq ? e / ((size_t)Hk * Dk) : (e - nq) / Hv; /* local token */
+        int b = (int)(r / Rt), t = c_begin * GD_L + (int)(r % Rt);
+        if (t >= T) continue;
+        size_t n = (size_t)b * T + t;
         if (e < nq) {
-            size_t n = e / ((size_t)Hk * Dk);
             int kh = (int)(e / Dk % Hk), d = (int)(e % Dk);
-            const float *a = dq_part + (n * P + (size_t)kh * per) * Dk + d;
-            const float *c = dk_part + (n * P + (size_t)kh * per) * Dk + d;
+            const float *a = dq_part + (r * P + (size_t)kh * per) * Dk + d;
+            const float *c = dk_part + (r * P + (size_t)kh * per) * Dk + d;
             float sa = 0.0f, sc = 0.0f;
             for (int p = 0; p < per; p++) sa += a[(size_t)p * Dk], sc += c[(size_t)p * Dk];
-            dq[e] = __float2bfloat16_rn(sa);
-            dk[e] = __float2bfloat16_rn(sc);
+            size_t o = (n * Hk + kh) * Dk + d;
+            dq[o] = __float2bfloat16_rn(sa);
+            dk[o] = __float2bfloat16_rn(sc);
         } else {
-            size_t r = e - nq, n = r / Hv;
-            int vh = (int)(r % Hv);
+            int vh = (int)((e - nq) % Hv);
             float sa = 0.0f, sc = 0.0f;
             for (int p = 0; p < nvb; p++) {
-                sa += dg_part[n * P + vh * nvb + p];
-                sc += dbeta_part[n * P + vh * nvb + p];
+                sa += dg_part[r * P + vh * nvb + p];
+                sc += dbeta_part[r * P + vh * nvb + p];
             }
-            dg[r] = sa;
-            dbeta[r] = sc;
+            dg[n * Hv + vh] = sa;
+            dbeta[n * Hv + vh] = sc;
         }
+    }
+}
+
+template <bool SPLIT>
+static void backward_ranges(mt_backend *be, bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *dbeta,
+                            const bf16 *dout, const float *chunk_states, const bf16 *q,
+                            const bf16 *k, const bf16 *v, const float *g, const float *beta,
+                            const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk, int Dv,
+                            float scale, cudaStream_t s) {
+    int L = GD_L, nc = (T + L - 1) / L, Dkp = gd_round16(Dk), Dvp = gd_round16(Dv);
+    int BH = B * Hv, nvb = (Dv + GD_BV - 1) / GD_BV, P = Hv * nvb;
+    size_t sdkv = (size_t)Dk * Dv;
+    /* a chunk of all rows: W and P^T dO, the scan's dSn, and the parts */
+    size_t per_chunk = ((size_t)BH * L * (Dkp + Dvp) + BH * sdkv +
+                        (size_t)B * L * P * (2 * (size_t)Dk + 2)) * sizeof(float);
+    size_t carry_bytes = BH * sdkv * sizeof(float);
+    int R = mt_cuda_gd_range_chunks(per_chunk, nc);
+    float *carry = (float *)mt_cuda_scratch(be, carry_bytes + per_chunk * R);
+    size_t sp = mt_cuda_gated_delta_smem_of(MT_GD_BWD_PREP, Dk, Dv);
+    size_t ss = mt_cuda_gated_delta_smem_of(MT_GD_BWD_SCAN, Dk, Dv);
+    size_t sc = mt_cuda_gated_delta_smem_of(MT_GD_BWD_CHUNK, Dk, Dv);
+    mt_cuda_gd_set_smem((const void *)gd_bwd_prep_kernel<SPLIT>, sp);
+    mt_cuda_gd_set_smem((const void *)gd_bwd_scan_kernel<SPLIT>, ss);
+    mt_cuda_gd_set_smem((const void *)gd_bwd_chunk_kernel<SPLIT>, sc);
+    for (int end = nc; end > 0;) {
+        int Rr = min(R, end), c = end - Rr;
+        size_t Nr = (size_t)B * Rr * L;
+        float *W = carry + BH * sdkv, *DUL = W + (size_t)BH * Rr * L * Dkp;
+        float *dstates = DUL + (size_t)BH * Rr * L * Dvp, *dq_part = dstates + BH * Rr * sdkv;
+        float *dk_part = dq_part + Nr * P * Dk, *dg_part = dk_part + Nr * P * Dk;
+        float *dbeta_part = dg_part + Nr * P;
+        gd_bwd_prep_kernel<SPLIT><<<dim3(Rr, BH), GD_THREADS, sp, s>>>(
+            W, DUL, dout, q, k, g, beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, Dvp, scale, c, Rr);
+        CUDA_LAUNCH_CHECK();
+        gd_bwd_scan_kernel<SPLIT><<<dim3(nvb, BH), GD_THREADS, ss, s>>>(
+            dstates, carry, W, DUL, dout, q, k, g, beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, Dvp,
+            scale, c, Rr, nc);
+        CUDA_LAUNCH_CHECK();
+        gd_bwd_chunk_kernel<SPLIT><<<dim3(Rr, BH, nvb), GD_THREADS, sc, s>>>(
+            dv, dq_part, dk_part, dg_part, dbeta_part, dstates, dout, chunk_states, q, k, v, g,
+            beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, scale, c, Rr, nc);
+        CUDA_LAUNCH_CHECK();
+        size_t total = Nr * Hk * Dk + Nr * Hv, blocks = (total + 255) / 256;
+        if (blocks > 8192) blocks = 8192;
+        gd_reduce_kernel<<<(unsigned)blocks, 256, 0, s>>>(dq, dk, dg, dbeta, dq_part, dk_part,
+                                                          dg_part, dbeta_part, B, T, Hk, Hv, Dk,
+                                                          nvb, c, Rr);
+        CUDA_LAUNCH_CHECK();
+        end = c;
     }
 }
 
@@ -254,24 +408,10 @@ void mt_cuda_gated_delta_backward(mt_backend *be, bf16 *dq, bf16 *dk, bf16 *dv, 
     if (B == 0 || T == 0) return;
     MT_CHECK(dq && dk && dv && dg && dbeta && dout && chunk_states && q && k && v && g && beta,
              "gated_delta_backward: NULL tensor");
-    int nvb = (Dv + GD_BV - 1) / GD_BV;
-    size_t N = (size_t)B * T, P = (size_t)Hv * nvb;
-    size_t nkd = N * P * Dk, nsc = N * P;
-    float *scratch = (float *)mt_cuda_scratch(be, (2 * nkd + 2 * nsc) * sizeof(float));
-    float *dq_part = scratch, *dk_part = dq_part + nkd, *dg_part = dk_part + nkd;
-    float *dbeta_part = dg_part + nsc;
-    size_t smem = mt_cuda_gated_delta_smem(Dk, 1);
-    CUDA_CHECK(cudaFuncSetAttribute(gated_delta_backward_kernel,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    dim3 grid((unsigned)(B * Hv), (unsigned)nvb);
-    gated_delta_backward_kernel<<<grid, GD_THREADS, smem, s>>>(
-        dv, dq_part, dk_part, dg_part, dbeta_part, dout, chunk_states, q, k, v, g, beta, doc_start,
-        T, Hk, Hv, Dk, Dv, gd_round16(Dk), scale);
-    CUDA_LAUNCH_CHECK();
-    size_t total = N * Hk * Dk + N * Hv;
-    size_t blocks = (total + 255) / 256;
-    if (blocks > 8192) blocks = 8192;
-    gd_reduce_kernel<<<(unsigned)blocks, 256, 0, s>>>(dq, dk, dg, dbeta, dq_part, dk_part, dg_part,
-                                                      dbeta_part, N, Hk, Hv, Dk, nvb);
-    CUDA_LAUNCH_CHECK();
+    if (mt_cuda_gd_split())
+        backward_ranges<true>(be, dq, dk, dv, dg, dbeta, dout, chunk_states, q, k, v, g, beta,
+                              doc_start, B, T, Hk, Hv, Dk, Dv, scale, s);
+    else
+        backward_ranges<false>(be, dq, dk, dv, dg, dbeta, dout, chunk_states, q, k, v, g, beta,
+                               doc_start, B, T, Hk, Hv, Dk, Dv, scale, s);
 }

@@ -1,30 +1,28 @@
 /* What the gated delta rule's forward (gated_delta.cu) and backward (gated_delta_backward.cu)
- * kernels share: the chunk algebra of src/backend/cpu/gated_delta_chunk.h on one thread block.
+ * kernels share: the chunk algebra of src/backend/cpu/gated_delta_chunk.h on thread blocks.
  *
- * Work split: one block per (row b, value head h, block of GD_BV = 32 value columns). The state's
- * columns are independent in the recurrence (S[:, d] only ever meets v[:, d]), so a block scans
- * its Dk x 32 slice of S over the chunks alone; the (L, L) chunk matrices (K K^T, Q K^T, the
- * triangular inverse) depend on no column and are recomputed by each of the ceil(Dv/32) blocks of
- * a head (a quarter of the work at Dk = Dv = 128, for four times the blocks). In the backward,
- * everything that sums over value columns (dq, dk, dg, dbeta) is a sum of per-block parts, written
- * to fp32 scratch and added in a fixed order by a second kernel: no atomics, the same bits every
- * run.
+ * Work split, as flash-linear-attention splits chunk_gated_delta_rule: what a chunk needs from
+ * itself alone (the (L, L) products K K^T and Q K^T, the triangular inverse Tm, the WY products
+ * W = Tm diag(beta fe) K and U = Tm diag(beta) V) runs in kernels with one block per (chunk, row,
+ * value head), all chunks at once; only the state recurrence is sequential, in a scan kernel with
+ * one block per (row, value head, GD_BV value columns) that carries its Dk x GD_BV slice of the
+ * state (forward) or of its gradient (backward) over the chunks. The state's columns are
+ * independent in the recurrence (S[:, d] only ever meets v[:, d]), so the scan needs no (L, L)
+ * work: per chunk Vn = U - W S and S = eL S + K^T diag(lam) Vn, two small products.
  *
- * Every matrix lives in shared memory in fp32; products run on the tensor cores as TF32 wmma
- * (m16n16k8, fp32 accumulate): 10 mantissa bits per operand against bf16's 7 for the inputs, the
- * state and every sum kept in fp32. Rows (tokens) are padded to L = 64 with zeros and Dk to a
- * multiple of 16, so a short last chunk or an odd head size needs no special case: a padded token
- * has q = k = v = 0, beta = 0 and lies in no document, which makes every mask zero on it.
+ * Every matrix lives in shared memory in fp32 with rows padded by 4 floats (a row's first bank
+ * moves by 4, so the fragment loads of wmma meet no bank conflicts). Products run on the tensor
+ * cores as TF32 wmma (m16n16k8, fp32 accumulate); those through Tm and W are ill-conditioned when
+ * keys are correlated (Tm's entries grow: see the CPU header), so they run as split TF32 (each
+ * operand a + a_lo, three products: about fp32's 2^-22 against TF32's 2^-11). The state and every
+ * sum stay in fp32. Rows (tokens) are padded to L = 64 with zeros and Dk, Dv to multiples of 16, so
+ * a short last chunk or an odd head size needs no special case: a padded token has q = k = v = 0,
+ * beta = 0 and lies in no document, which makes every mask zero on it.
  *
- * Expected rate (not yet measured when written; test_cuda_gated_delta --bench measures it): a
- * block's chunk is ~15 barrier-separated steps, the 64-step triangular solve on two warps the
- * longest (~2-4 us), the products ~4.2 MFLOP a block and chunk (1.6x the counted FLOPs of
- * mt_gated_delta_flops, for the recomputed (L, L) products). At ~8-10 us a chunk forward and
- * ~2x that backward with B*Hv*ceil(Dv/32) = 128 blocks (B = 1, Qwen3.6-35B-A3B) on 132 SMs:
- * about 20-40 TFLOP/s of counted FLOPs, flat in T (the chunks of a head are sequential; more rows
- * or heads fill the GPU, not longer rows). Next steps, as flash-linear-attention does: the (L, L)
- * intra-chunk work of all chunks in parallel in a first kernel, only the state scan sequential;
- * the backward's dq/dk parts reduced across a thread-block cluster (DSMEM) instead of scratch. */
+ * Long inputs run in ranges of chunks (gd_range_chunks) so that the fp32 scratch between the
+ * kernels (W, U or dU, the backward's state gradients and per-column-block parts) stays under
+ * MT_CUDA_GATED_DELTA_SCRATCH, which the planner counts (cuda_memory.h); the scans carry the
+ * state (in chunk_states) and its gradient (in a carry buffer) from range to range. */
 #ifndef MT_CUDA_GATED_DELTA_CHUNK_CUH
 #define MT_CUDA_GATED_DELTA_CHUNK_CUH
 
@@ -34,11 +32,15 @@
 #include "cuda_common.cuh"
 
 #define GD_L MT_GATED_DELTA_CHUNK /* tokens a chunk (64) */
-#define GD_BV 32                  /* value columns a block */
+#define GD_BV 32                  /* value columns a scan block */
 #define GD_THREADS 256
 #define GD_MAX_DK 128
+#define GD_LDL (GD_L + 4)         /* row stride of (L, L) matrices */
+#define GD_LDB (GD_BV + 4)        /* row stride of (., GD_BV) matrices */
 
 static inline int gd_round16(int x) { return (x + 15) / 16 * 16; }
+/* Row stride of a matrix of width Dp (a multiple of 16) in shared memory. */
+static inline __host__ __device__ int gd_ld(int Dp) { return Dp + 4; }
 
 /* The per-token scalars of the chunk being processed. */
 struct gd_stats {
@@ -50,11 +52,13 @@ struct gd_stats {
 };
 
 /* C (M x N, ldc) = (or += when acc) op(A) op(B), op(A) (M x K), op(B) (K x N); TA: A is stored
- * K x M (lda), TB: B stored N x K (ldb). M, N multiples of 16, K of 8. Warps w0 .. w0+nw-1 of the
- * block take the 16x16 tiles round-robin, so two calls with the same shape and warps give each
- * tile to the same warp (accumulating calls need no barrier between them). C aliases neither A
- * nor B. The caller synchronises after. */
-template <bool TA, bool TB>
+ * K x M (lda), TB: B stored N x K (ldb). M, N multiples of 16, K of 8; C may be global memory
+ * (fp32, 32-byte aligned tiles). Warps w0 .. w0+nw-1 of the block take the 16x16 tiles
+ * round-robin, so two calls with the same shape and warps give each tile to the same warp
+ * (accumulating calls need no barrier between them). C aliases neither A nor B. The caller
+ * synchronises after. SPLIT: split TF32 (a = hi + lo, hi lo' + lo hi' + hi hi'), ~fp32 accuracy
+ * at three times the tensor work. */
+template <bool TA, bool TB, bool SPLIT = false>
 static __device__ __forceinline__ void gd_mm(float *C, int ldc, const float *A, int lda,
                                              const float *B, int ldb, int M, int N, int K,
                                              bool acc, int w0, int nw) {
@@ -70,25 +74,43 @@ static __device__ __forceinline__ void gd_mm(float *C, int ldc, const float *A, 
         if (acc) wmma::load_matrix_sync(c, C + (size_t)i0 * ldc + j0, ldc, wmma::mem_row_major);
         else wmma::fill_fragment(c, 0.0f);
         for (int k0 = 0; k0 < K; k0 += 8) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LA> a;
-            wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LB> b;
+            wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LA> a, alo;
+            wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LB> b, blo;
             wmma::load_matrix_sync(a, TA ? A + (size_t)k0 * lda + i0 : A + (size_t)i0 * lda + k0, lda);
             wmma::load_matrix_sync(b, TB ? B + (size_t)j0 * ldb + k0 : B + (size_t)k0 * ldb + j0, ldb);
+            if (SPLIT) {
 #pragma unroll
-            for (int e = 0; e < a.num_elements; e++) a.x[e] = wmma::__float_to_tf32(a.x[e]);
+                for (int e = 0; e < a.num_elements; e++) {
+                    float x = a.x[e], hi = wmma::__float_to_tf32(x);
+                    a.x[e] = hi;
+                    alo.x[e] = wmma::__float_to_tf32(x - hi);
+                }
 #pragma unroll
-            for (int e = 0; e < b.num_elements; e++) b.x[e] = wmma::__float_to_tf32(b.x[e]);
+                for (int e = 0; e < b.num_elements; e++) {
+                    float x = b.x[e], hi = wmma::__float_to_tf32(x);
+                    b.x[e] = hi;
+                    blo.x[e] = wmma::__float_to_tf32(x - hi);
+                }
+                wmma::mma_sync(c, alo, b, c);
+                wmma::mma_sync(c, a, blo, c);
+            } else {
+#pragma unroll
+                for (int e = 0; e < a.num_elements; e++) a.x[e] = wmma::__float_to_tf32(a.x[e]);
+#pragma unroll
+                for (int e = 0; e < b.num_elements; e++) b.x[e] = wmma::__float_to_tf32(b.x[e]);
+            }
             wmma::mma_sync(c, a, b, c);
         }
         wmma::store_matrix_sync(C + (size_t)i0 * ldc + j0, c, ldc, wmma::mem_row_major);
     }
 }
 
-/* Loads the chunk [c0, c0+Lc) of row b: Qs = scale q and K (L x Dkp, zero-padded) for key head
- * kh, and the scalars of value head vh (as gated_delta_chunk.h's mt_gd_chunk_load), these by
- * warp 0: two tokens a lane, G by a shuffle scan in double. doc_start is trusted to be a run of
- * documents (the CPU op checks it; the layer hands both backends the same array). */
-static __device__ void gd_load_chunk(float *Qs, float *Kc, gd_stats *st, const bf16 *q,
+/* Loads the chunk [c0, c0+Lc) of row b: Qs = scale q (unless Qs is NULL) and K, (L x Dkp, row
+ * stride ldk, zero-padded) for key head kh, and the scalars of value head vh (as
+ * gated_delta_chunk.h's mt_gd_chunk_load), these by warp 0: two tokens a lane, G by a shuffle scan
+ * in double. doc_start is trusted to be a run of documents (the CPU op checks it; the layer hands
+ * both backends the same array). The caller synchronises after. */
+static __device__ void gd_load_chunk(float *Qs, float *Kc, int ldk, gd_stats *st, const bf16 *q,
                                      const bf16 *k, const float *g, const float *beta,
                                      const int32_t *doc_start, int b, int c0, int Lc, int kh,
                                      int vh, int T, int Hk, int Hv, int Dk, int Dkp, float scale) {
@@ -97,11 +119,11 @@ static __device__ void gd_load_chunk(float *Qs, float *Kc, gd_stats *st, const b
         float qv = 0.0f, kv = 0.0f;
         if (i < Lc && d < Dk) {
             size_t off = (((size_t)b * T + c0 + i) * Hk + kh) * Dk + d;
-            qv = __bfloat162float(q[off]) * scale;
+            if (Qs) qv = __bfloat162float(q[off]) * scale;
             kv = __bfloat162float(k[off]);
         }
-        Qs[e] = qv;
-        Kc[e] = kv;
+        if (Qs) Qs[i * ldk + d] = qv;
+        Kc[i * ldk + d] = kv;
     }
     if (threadIdx.x >= 32) return;
     int lane = threadIdx.x;
@@ -145,9 +167,22 @@ static __device__ __forceinline__ float gd_dm(const gd_stats *st, int i, int j) 
                                                                : 0.0f;
 }
 
-/* Tm = (I + diag(beta) KD)^-1 (unit lower triangular) from KD (strict lower, L x L): one thread
- * a column j (threads 0..63 of the warps given), forward substitution with the column in
- * registers (fully unrolled: the 64 values never leave them). */
+/* KD = strict lower part of (K K^T) o Dm, (L x L, stride GD_LDL), by all warps. Kc and st loaded
+ * and synchronised; ends synchronised. */
+static __device__ __forceinline__ void gd_kd(float *KD, const float *Kc, int ldk, int Dkp,
+                                             const gd_stats *st) {
+    gd_mm<false, true>(KD, GD_LDL, Kc, ldk, Kc, ldk, GD_L, GD_L, Dkp, false, 0, GD_THREADS / 32);
+    __syncthreads();
+    for (int e = threadIdx.x; e < GD_L * GD_L; e += blockDim.x) {
+        int i = e / GD_L, j = e % GD_L;
+        KD[i * GD_LDL + j] = j < i ? KD[i * GD_LDL + j] * gd_dm(st, i, j) : 0.0f;
+    }
+    __syncthreads();
+}
+
+/* Tm = (I + diag(beta) KD)^-1 (unit lower triangular) from KD (strict lower, L x L, stride
+ * GD_LDL): one thread a column j (threads 0..63 of the warps given), forward substitution with the
+ * column in registers (fully unrolled: the 64 values never leave them). */
 static __device__ __forceinline__ void gd_solve(float *Tm, const float *KD, const gd_stats *st,
                                                 int tid) {
     if (tid >= GD_L) return;
@@ -157,11 +192,29 @@ static __device__ __forceinline__ void gd_solve(float *Tm, const float *KD, cons
     for (int m = 0; m < GD_L; m++) {
         float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* four chains: a quarter of the FMA latency */
 #pragma unroll
-        for (int p = 0; p < m; p++) s[p % 4] += KD[m * GD_L + p] * t[p];
+        for (int p = 0; p < m; p++) s[p % 4] += KD[m * GD_LDL + p] * t[p];
         t[m] = m == j ? 1.0f : (m < j ? 0.0f : -st->beta[m] * ((s[0] + s[1]) + (s[2] + s[3])));
     }
 #pragma unroll
-    for (int m = 0; m < GD_L; m++) Tm[m * GD_L + j] = t[m];
+    for (int m = 0; m < GD_L; m++) Tm[m * GD_LDL + j] = t[m];
 }
+
+/* The scratch of one range of chunks: W (B Hv, R L, Dkp) then (B Hv, R L, Dvp) fp32, R chunks
+ * a range, as both directions lay them out. Index of token i of local chunk lc of (b, vh). */
+static __device__ __forceinline__ size_t gd_row(int bh, int R, int lc, int i) {
+    return ((size_t)bh * R + lc) * GD_L + i;
+}
+
+/* The kernels, for mt_cuda_gated_delta_smem_of. */
+enum { MT_GD_FWD_PREP, MT_GD_FWD_SCAN, MT_GD_FWD_OUT, MT_GD_BWD_PREP, MT_GD_BWD_SCAN, MT_GD_BWD_CHUNK };
+size_t mt_cuda_gated_delta_smem_of(int kernel, int Dk, int Dv);
+/* Whether the products through Tm and W run as split TF32 (the default) or plain TF32
+ * (MT_GATED_DELTA_TF32=1: a diagnostic, to measure what the split costs and buys). */
+int mt_cuda_gd_split(void);
+void mt_cuda_gd_set_smem(const void *kernel, size_t smem);
+
+/* Chunks a range so that `per_chunk` bytes of scratch a chunk (all rows and heads) stay under
+ * MT_CUDA_GATED_DELTA_SCRATCH; MT_GATED_DELTA_RANGE (a test's knob) sets it. */
+int mt_cuda_gd_range_chunks(size_t per_chunk, int nc);
 
 #endif

@@ -53,10 +53,12 @@ void mt_cuda_cols_join(bf16 *out, const bf16 *a, const bf16 *b, int R, int wa, i
 
 /* The Gated DeltaNet (qwen3_5's linear-attention layers): causal_conv1d.cu, l2norm.cu,
  * gdn_gates.cu, gated_rmsnorm.cu, and the chunked gated delta rule in gated_delta.cu (forward) and
- * gated_delta_backward.cu (gated_delta_chunk.cuh: one block per (row, value head, 32 value
- * columns), TF32 tensor-core products, fp32 state). Limits the CPU ops do not have: K <= 8 taps,
- * Dk <= 128; the backward takes 2 N Hv ceil(Dv/32) (Dk + 1) floats of mt_cuda_scratch (128 KiB a
- * token at Qwen3.5's Hv 32, Dk = Dv = 128). doc_start is not re-validated on the device. */
+ * gated_delta_backward.cu (gated_delta_chunk.cuh: chunk-local work in parallel over chunks, the
+ * state recurrence in a scan a (row, value head, 32 value columns), TF32 tensor-core products,
+ * split TF32 where they meet the triangular inverse, fp32 state). Limits the CPU ops do not have:
+ * K <= 8 taps, Dk, Dv <= 128; both directions take mt_cuda_scratch, at most
+ * MT_CUDA_GATED_DELTA_SCRATCH (long inputs run in ranges of chunks). doc_start is not
+ * re-validated on the device. */
 void mt_cuda_causal_conv1d_forward(bf16 *out, const bf16 *inp, const bf16 *weight,
                                    const int32_t *doc_start, int B, int T, int C, int K,
                                    cudaStream_t s);
@@ -79,7 +81,7 @@ void mt_cuda_gated_rmsnorm_forward(bf16 *out, float *rstd, const bf16 *inp, cons
 void mt_cuda_gated_rmsnorm_backward(bf16 *dinp, bf16 *dgate, float *dweight, const bf16 *dout,
                                     const bf16 *inp, const bf16 *gate, const bf16 *weight,
                                     const float *rstd, int R, int C, cudaStream_t s);
-void mt_cuda_gated_delta_forward(bf16 *out, float *chunk_states, const bf16 *q, const bf16 *k,
+void mt_cuda_gated_delta_forward(mt_backend *be, bf16 *out, float *chunk_states, const bf16 *q, const bf16 *k,
                                  const bf16 *v, const float *g, const float *beta,
                                  const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk,
                                  int Dv, float scale, cudaStream_t s);
@@ -88,9 +90,8 @@ void mt_cuda_gated_delta_backward(mt_backend *be, bf16 *dq, bf16 *dk, bf16 *dv, 
                                   const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
                                   const float *beta, const int32_t *doc_start, int B, int T,
                                   int Hk, int Hv, int Dk, int Dv, float scale, cudaStream_t s);
-/* Shared by the two: the shape checks, and the dynamic shared memory a block takes. */
+/* Shared by the two: the shape checks. */
 void mt_cuda_gated_delta_check(const char *op, int B, int T, int Hk, int Hv, int Dk, int Dv);
-size_t mt_cuda_gated_delta_smem(int Dk, int backward);
 
 /* swiglu.cu */
 void mt_cuda_swiglu_forward(bf16 *out, const bf16 *gate, const bf16 *up, size_t n, cudaStream_t s);
