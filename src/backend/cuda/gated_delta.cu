@@ -8,7 +8,9 @@
  *   out  (a block a chunk, row and value head):  O = diag(fe) Q S + ((Q K^T) o Dm) Vn
  * which is the CPU op's U = Tm R with R = diag(beta)(V - diag(fe) K S), split into its parts that
  * do not depend on the state (U, W) and the one that does. */
+#include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "cuda_memory.h"
 #include "gated_delta_chunk.cuh"
@@ -27,12 +29,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
     gd_stats *st = (gd_stats *)(Tm + L * GD_LDL);
     gd_load_chunk(NULL, Kc, ldk, st, NULL, k, g, beta, doc_start, b, c0, Lc, kh, vh, T, Hk, Hv, Dk,
                   Dkp, 1.0f);
-    for (int e = tid; e < L * Dvp; e += nt) {
-        int i = e / Dvp, d = e % Dvp;
-        Vs[i * ldv + d] = i < Lc && d < Dv
-                              ? __bfloat162float(v[(((size_t)b * T + c0 + i) * Hv + vh) * Dv + d])
-                              : 0.0f;
-    }
+    gd_tile(Vs, ldv, v + (((size_t)b * T + c0) * Hv + vh) * Dv, (size_t)Hv * Dv, Lc, Dv, L, Dvp);
     __syncthreads();
     gd_kd(KD, Kc, ldk, Dkp, st);
     gd_solve(Tm, KD, st, tid);
@@ -61,8 +58,8 @@ static __global__ void __launch_bounds__(GD_THREADS)
     const int L = GD_L, BV = GD_BV, LDB = GD_LDB, tid = threadIdx.x, nt = blockDim.x;
     const int ldk = gd_ld(Dkp);
     int v0 = blockIdx.x * BV, bh = blockIdx.y, b = bh / Hv, vh = bh % Hv, kh = vh / (Hv / Hk);
-    float *S = sm, *Ws = S + Dkp * LDB, *Kc = Ws + L * ldk, *X = Kc + L * ldk;
-    gd_stats *st = (gd_stats *)(X + L * LDB);
+    float *S = sm, *Ws = S + Dkp * LDB, *Kc = Ws + L * ldk, *X = Kc + L * ldk, *Us = X + L * LDB;
+    gd_stats *st = (gd_stats *)(Us + L * LDB);
     const float *start = chunk_states + ((size_t)bh * nc + c_begin) * Dk * Dv;
     for (int e = tid; e < Dkp * BV; e += nt) {
         int r = e / BV, j = e % BV;
@@ -75,19 +72,19 @@ static __global__ void __launch_bounds__(GD_THREADS)
             int r = e / BV, j = e % BV;
             if (v0 + j < Dv) cs[(size_t)r * Dv + v0 + j] = S[r * LDB + j];
         }
-        const float *Wg = W + gd_row(bh, R, lc, 0) * Dkp;
-        for (int e = tid; e < L * Dkp; e += nt) Ws[e / Dkp * ldk + e % Dkp] = Wg[e];
+        float *Ug = U + gd_row(bh, R, lc, 0) * Dvp;
+        gd_tile(Ws, ldk, W + gd_row(bh, R, lc, 0) * Dkp, Dkp, L, Dkp, L, Dkp);
+        gd_tile(Us, LDB, Ug + v0, Dvp, L, min(BV, Dvp - v0), L, BV);
         gd_load_chunk(NULL, Kc, ldk, st, NULL, k, g, beta, doc_start, b, c0, Lc, kh, vh, T, Hk, Hv,
                       Dk, Dkp, 1.0f);
         __syncthreads();
         gd_mm<false, false, SPLIT>(X, LDB, Ws, ldk, S, LDB, L, BV, Dkp, false, 0, 8); /* W S */
         __syncthreads();
-        float *Ug = U + gd_row(bh, R, lc, 0) * Dvp;
         for (int e = tid; e < L * BV; e += nt) { /* Vn = U - W S over U; X = diag(lam) Vn */
             int i = e / BV, j = e % BV;
             float vn = 0.0f;
             if (v0 + j < Dvp) {
-                vn = Ug[(size_t)i * Dvp + v0 + j] - X[i * LDB + j];
+                vn = Us[i * LDB + j] - X[i * LDB + j];
                 if (v0 + j < Dv) Ug[(size_t)i * Dvp + v0 + j] = vn;
             }
             X[i * LDB + j] = st->lam[i] * vn;
@@ -122,19 +119,14 @@ static __global__ void __launch_bounds__(GD_THREADS)
     gd_stats *st = (gd_stats *)(X + L * ldv);
     gd_load_chunk(Qs, Kc, ldk, st, q, k, g, beta, doc_start, b, c0, Lc, kh, vh, T, Hk, Hv, Dk, Dkp,
                   scale);
-    const float *cs = chunk_states + ((size_t)bh * nc + c_begin + lc) * Dk * Dv;
-    for (int e = tid; e < Dkp * Dvp; e += nt) {
-        int r = e / Dvp, d = e % Dvp;
-        Ss[r * ldv + d] = r < Dk && d < Dv ? cs[(size_t)r * Dv + d] : 0.0f;
-    }
+    gd_tile(Ss, ldv, chunk_states + ((size_t)bh * nc + c_begin + lc) * Dk * Dv, Dv, Dk, Dv, Dkp, Dvp);
     __syncthreads();
     gd_mm<false, true>(P, GD_LDL, Qs, ldk, Kc, ldk, L, L, Dkp, false, 0, 4);
     gd_mm<false, false>(X, ldv, Qs, ldk, Ss, ldv, L, Dvp, Dkp, false, 4, 4);
     __syncthreads();
     for (int e = tid; e < L * L; e += nt) P[e / L * GD_LDL + e % L] *= gd_dm(st, e / L, e % L);
     for (int e = tid; e < L * Dvp; e += nt) X[e / Dvp * ldv + e % Dvp] *= st->fe[e / Dvp];
-    const float *Vg = Vn + gd_row(bh, R, lc, 0) * Dvp;
-    for (int e = tid; e < L * Dvp; e += nt) Vs[e / Dvp * ldv + e % Dvp] = Vg[e];
+    gd_tile(Vs, ldv, Vn + gd_row(bh, R, lc, 0) * Dvp, Dvp, L, Dvp, L, Dvp);
     __syncthreads();
     gd_mm<false, false>(X, ldv, P, GD_LDL, Vs, ldv, L, Dvp, L, true, 0, 8);
     __syncthreads();
@@ -151,12 +143,12 @@ size_t mt_cuda_gated_delta_smem_of(int kernel, int Dk, int Dv) {
     size_t ldk = gd_ld((int)Dkp), ldv = gd_ld((int)Dvp), ldm = ldk > ldv ? ldk : ldv, f = 0;
     switch (kernel) {
     case MT_GD_FWD_PREP: f = L * ldk + L * ldv + 2 * L * LDL; break;
-    case MT_GD_FWD_SCAN: f = Dkp * LDB + 2 * L * ldk + L * LDB; break;
+    case MT_GD_FWD_SCAN: f = Dkp * LDB + 2 * L * ldk + 2 * L * LDB; break;
     case MT_GD_FWD_OUT: f = L * ldk + L * ldm + Dkp * ldv + L * LDL + L * ldv; break;
     case MT_GD_BWD_PREP: f = L * ldm + L * ldk + 3 * L * LDL; break;
     case MT_GD_BWD_SCAN: f = Dkp * LDB + 3 * L * ldk + 3 * L * LDB; break;
     case MT_GD_BWD_CHUNK:
-        f = 2 * L * ldk + 2 * Dkp * LDB + 4 * L * LDL + 5 * L * LDB + 4 * L + 8;
+        f = 2 * L * ldk + 2 * Dkp * LDB + 4 * L * LDL + 6 * L * LDB + 4 * L + 8;
         break;
     }
     return f * sizeof(float) + sizeof(gd_stats);
@@ -183,6 +175,44 @@ int mt_cuda_gd_split(void) {
     return !(e && e[0] == '1');
 }
 
+static int gd_prof_on = -1;
+static double gd_prof_ms[MT_GD_NKERNELS], gd_prof_t;
+
+static double gd_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+void mt_cuda_gd_prof_start(cudaStream_t s) {
+    if (gd_prof_on < 0) {
+        const char *e = getenv("MT_GATED_DELTA_PROFILE");
+        gd_prof_on = e && e[0] == '1';
+    }
+    if (!gd_prof_on) return;
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    for (int i = 0; i < MT_GD_NKERNELS; i++) gd_prof_ms[i] = 0;
+    gd_prof_t = gd_now_ms();
+}
+
+void mt_cuda_gd_prof_mark(cudaStream_t s, int kernel) {
+    if (gd_prof_on != 1) return;
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    double t = gd_now_ms();
+    gd_prof_ms[kernel] += t - gd_prof_t;
+    gd_prof_t = t;
+}
+
+void mt_cuda_gd_prof_print(const char *what) {
+    if (gd_prof_on != 1) return;
+    static const char *names[MT_GD_NKERNELS] = {"fwd_prep", "fwd_scan", "fwd_out", "bwd_prep",
+                                                "bwd_scan", "bwd_chunk", "reduce"};
+    fprintf(stderr, "gated_delta profile %s:", what);
+    for (int i = 0; i < MT_GD_NKERNELS; i++)
+        if (gd_prof_ms[i] > 0) fprintf(stderr, " %s %.3f ms", names[i], gd_prof_ms[i]);
+    fprintf(stderr, "\n");
+}
+
 void mt_cuda_gd_set_smem(const void *kernel, size_t smem) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 }
@@ -203,20 +233,25 @@ static void forward_ranges(mt_backend *be, bf16 *out, float *chunk_states, const
     mt_cuda_gd_set_smem((const void *)gd_fwd_prep_kernel<SPLIT>, sp);
     mt_cuda_gd_set_smem((const void *)gd_fwd_scan_kernel<SPLIT>, ss);
     mt_cuda_gd_set_smem((const void *)gd_fwd_out_kernel, so);
+    mt_cuda_gd_prof_start(s);
     for (int c = 0; c < nc; c += R) {
         int Rr = min(R, nc - c);
         float *U = W + (size_t)BH * Rr * L * Dkp;
         gd_fwd_prep_kernel<SPLIT><<<dim3(Rr, BH), GD_THREADS, sp, s>>>(
             W, U, k, v, g, beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, Dvp, c, Rr);
         CUDA_LAUNCH_CHECK();
+        mt_cuda_gd_prof_mark(s, MT_GD_FWD_PREP);
         gd_fwd_scan_kernel<SPLIT><<<dim3(nvb, BH), GD_THREADS, ss, s>>>(
             chunk_states, U, W, k, g, beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, Dvp, c, Rr, nc);
         CUDA_LAUNCH_CHECK();
+        mt_cuda_gd_prof_mark(s, MT_GD_FWD_SCAN);
         gd_fwd_out_kernel<<<dim3(Rr, BH), GD_THREADS, so, s>>>(out, chunk_states, U, q, k, g, beta,
                                                                 doc_start, T, Hk, Hv, Dk, Dv, Dkp,
                                                                 Dvp, scale, c, Rr, nc);
         CUDA_LAUNCH_CHECK();
+        mt_cuda_gd_prof_mark(s, MT_GD_FWD_OUT);
     }
+    mt_cuda_gd_prof_print("forward");
 }
 
 void mt_cuda_gated_delta_forward(mt_backend *be, bf16 *out, float *chunk_states, const bf16 *q,

@@ -48,14 +48,9 @@ static __global__ void __launch_bounds__(GD_THREADS)
             int i = e / Dkp;
             Kc[i * ldk + e % Dkp] *= st->beta[i] * st->fe[i];
         }
-        for (int e = tid - L; e < L * Dvp; e += nt - L) {
-            int i = e / Dvp, d = e % Dvp;
-            DO[i * ldv + d] =
-                i < Lc && d < Dv
-                    ? __bfloat162float(dout[(((size_t)b * T + c0 + i) * Hv + vh) * Dv + d])
-                    : 0.0f;
-        }
     }
+    gd_tile(DO, ldv, dout + (((size_t)b * T + c0) * Hv + vh) * Dv, (size_t)Hv * Dv, Lc, Dv, L, Dvp,
+            1.0f, NULL, L, nt - L);
     __syncthreads();
     size_t row = gd_row(bh, R, lc, 0);
     gd_mm<false, false, SPLIT>(W + row * Dkp, Dkp, Tm, LDL, Kc, ldk, L, Dkp, L, false, 0, 8);
@@ -88,22 +83,13 @@ static __global__ void __launch_bounds__(GD_THREADS)
             if (v0 + j < Dv) dsn[(size_t)r * Dv + v0 + j] = dS[r * LDB + j];
         }
         size_t row = gd_row(bh, R, lc, 0);
-        const float *Wg = W + row * Dkp, *Dg = DUL + row * Dvp;
-        for (int e = tid; e < L * Dkp; e += nt) Ws[e / Dkp * ldk + e % Dkp] = Wg[e];
-        for (int e = tid; e < L * BV; e += nt) {
-            int i = e / BV, j = e % BV;
-            DU[i * LDB + j] = v0 + j < Dvp ? Dg[(size_t)i * Dvp + v0 + j] : 0.0f;
-        }
+        gd_tile(Ws, ldk, W + row * Dkp, Dkp, L, Dkp, L, Dkp);
+        gd_tile(DU, LDB, DUL + row * Dvp + v0, Dvp, L, min(BV, Dvp - v0), L, BV);
         gd_load_chunk(Qs, Kc, ldk, st, q, k, g, beta, doc_start, b, c0, Lc, kh, vh, T, Hk, Hv, Dk,
                       Dkp, scale);
         __syncthreads();
-        for (int e = tid; e < L * BV; e += nt) { /* dO with its rows by fe */
-            int i = e / BV, j = e % BV;
-            DO[i * LDB + j] =
-                i < Lc && v0 + j < Dv
-                    ? st->fe[i] * __bfloat162float(dout[(((size_t)b * T + c0 + i) * Hv + vh) * Dv + v0 + j])
-                    : 0.0f;
-        }
+        gd_tile(DO, LDB, dout + (((size_t)b * T + c0) * Hv + vh) * Dv + v0, (size_t)Hv * Dv, Lc,
+                min(BV, Dv - v0), L, BV, 1.0f, st->fe); /* dO with its rows by fe */
         gd_mm<false, false, SPLIT>(X, LDB, Kc, ldk, dS, LDB, L, BV, Dkp, false, 0, 8); /* K dSn */
         __syncthreads();
         for (int e = tid; e < L * BV; e += nt) { /* -dU */
@@ -142,28 +128,25 @@ static __global__ void __launch_bounds__(GD_THREADS)
     float *Qs = sm, *Kc = Qs + L * ldk, *S0 = Kc + L * ldk, *dS = S0 + Dkp * LDB;
     float *KD = dS + Dkp * LDB, *Tm = KD + L * LDL, *Pm = Tm + L * LDL, *dP = Pm + L * LDL;
     float *X = dP + L * LDL, *DO = X + L * LDB, *U = DO + L * LDB, *DR = U + L * LDB;
-    float *DU = DR + L * LDB;
-    float *dG = DU + L * LDB, *dB = dG + L, *tv = dB + L, *red = tv + L;
+    float *DU = DR + L * LDB, *Vt = DU + L * LDB;
+    float *dG = Vt + L * LDB, *dB = dG + L, *tv = dB + L, *red = tv + L;
     float *LK = Tm; /* (L, ldk) over Tm and Pm once both are dead */
     gd_stats *st = (gd_stats *)(red + 8);
     int ci = c_begin + lc, c0 = ci * L, Lc = min(L, T - c0);
     size_t n0 = (size_t)b * T + c0, p0 = ((size_t)b * R + lc) * L;
     const float *cs = chunk_states + ((size_t)bh * nc + ci) * Dk * Dv;
     const float *dsn = dstates + ((size_t)bh * R + lc) * Dk * Dv;
-    float sd = 0.0f; /* <S0, dSn> for eL's dG */
-    for (int e = tid; e < Dkp * BV; e += nt) {
-        int r = e / BV, j = e % BV;
-        bool in = r < Dk && v0 + j < Dv;
-        float x = in ? cs[(size_t)r * Dv + v0 + j] : 0.0f, y = in ? dsn[(size_t)r * Dv + v0 + j] : 0.0f;
-        S0[r * LDB + j] = x;
-        dS[r * LDB + j] = y;
-        sd += x * y;
-    }
-    sd = gd_warp_sum(sd);
-    if (lane == 0) red[warp] = sd;
+    int bv = min(BV, Dv - v0);
+    gd_tile(S0, LDB, cs + v0, Dv, Dk, bv, Dkp, BV);
+    gd_tile(dS, LDB, dsn + v0, Dv, Dk, bv, Dkp, BV);
+    gd_tile(Vt, LDB, v + (n0 * Hv + vh) * Dv + v0, (size_t)Hv * Dv, Lc, bv, L, BV);
     gd_load_chunk(Qs, Kc, ldk, st, q, k, g, beta, doc_start, b, c0, Lc, kh, vh, T, Hk, Hv, Dk, Dkp,
                   scale);
     __syncthreads();
+    float sd = 0.0f; /* <S0, dSn> for eL's dG */
+    for (int e = tid; e < Dkp * BV; e += nt) sd += S0[e / BV * LDB + e % BV] * dS[e / BV * LDB + e % BV];
+    sd = gd_warp_sum(sd);
+    if (lane == 0) red[warp] = sd;
     gd_mm<false, true, SPLIT>(KD, LDL, Kc, ldk, Kc, ldk, L, L, Dkp, false, 0, 4);
     gd_mm<false, false, SPLIT>(X, LDB, Kc, ldk, S0, LDB, L, BV, Dkp, false, 4, 4);
     __syncthreads();
@@ -177,21 +160,14 @@ static __global__ void __launch_bounds__(GD_THREADS)
     __syncthreads();
     for (int e = tid; e < L * BV; e += nt) { /* R = diag(beta)(V - diag(fe) X), in DO's place */
         int i = e / BV, j = e % BV;
-        float vv = 0.0f;
-        if (i < Lc && v0 + j < Dv) vv = __bfloat162float(v[((n0 + i) * Hv + vh) * Dv + v0 + j]);
-        DO[i * LDB + j] = st->beta[i] * (vv - st->fe[i] * X[i * LDB + j]);
+        DO[i * LDB + j] = st->beta[i] * (Vt[i * LDB + j] - st->fe[i] * X[i * LDB + j]);
     }
     for (int e = tid; e < L * L; e += nt) Pm[e / L * LDL + e % L] *= gd_dm(st, e / L, e % L);
     __syncthreads();
     gd_mm<false, false, SPLIT>(U, LDB, Tm, LDL, DO, LDB, L, BV, L, false, 0, 4);    /* U = Tm R */
     gd_mm<false, false, SPLIT>(DR, LDB, Kc, ldk, dS, LDB, L, BV, Dkp, false, 4, 4); /* K dSn */
     __syncthreads();
-    for (int e = tid; e < L * BV; e += nt) {
-        int i = e / BV, j = e % BV;
-        DO[i * LDB + j] = i < Lc && v0 + j < Dv
-                              ? __bfloat162float(dout[((n0 + i) * Hv + vh) * Dv + v0 + j])
-                              : 0.0f;
-    }
+    gd_tile(DO, LDB, dout + (n0 * Hv + vh) * Dv + v0, (size_t)Hv * Dv, Lc, bv, L, BV);
     __syncthreads();
     gd_mm<true, false, SPLIT>(DU, LDB, Pm, LDL, DO, LDB, L, BV, L, false, 0, 8); /* dU = P^T dO */
     __syncthreads();
@@ -218,11 +194,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
             Pm[i * LDL + j] = w;
         }
         float fe = st->fe[i];
-        for (int j = 0; j < BV; j++) {
-            float vv = 0.0f;
-            if (i < Lc && v0 + j < Dv) vv = __bfloat162float(v[((n0 + i) * Hv + vh) * Dv + v0 + j]);
-            db += (vv - fe * X[i * LDB + j]) * DR[i * LDB + j];
-        }
+        for (int j = 0; j < BV; j++) db += (Vt[i * LDB + j] - fe * X[i * LDB + j]) * DR[i * LDB + j];
         dG[i] = rs;
         dB[i] = db;
     }
@@ -362,7 +334,8 @@ static void backward_ranges(mt_backend *be, bf16 *dq, bf16 *dk, bf16 *dv, float 
     /* a chunk of all rows: W and P^T dO, the scan's dSn, and the parts */
     size_t per_chunk = ((size_t)BH * L * (Dkp + Dvp) + BH * sdkv +
                         (size_t)B * L * P * (2 * (size_t)Dk + 2)) * sizeof(float);
-    size_t carry_bytes = BH * sdkv * sizeof(float);
+    /* W and DUL after the carry are written by wmma tiles (32-byte aligned): pad the carry */
+    size_t carry_floats = ((size_t)BH * sdkv + 63) / 64 * 64, carry_bytes = carry_floats * sizeof(float);
     int R = mt_cuda_gd_range_chunks(per_chunk, nc);
     float *carry = (float *)mt_cuda_scratch(be, carry_bytes + per_chunk * R);
     size_t sp = mt_cuda_gated_delta_smem_of(MT_GD_BWD_PREP, Dk, Dv);
@@ -371,32 +344,38 @@ static void backward_ranges(mt_backend *be, bf16 *dq, bf16 *dk, bf16 *dv, float 
     mt_cuda_gd_set_smem((const void *)gd_bwd_prep_kernel<SPLIT>, sp);
     mt_cuda_gd_set_smem((const void *)gd_bwd_scan_kernel<SPLIT>, ss);
     mt_cuda_gd_set_smem((const void *)gd_bwd_chunk_kernel<SPLIT>, sc);
+    mt_cuda_gd_prof_start(s);
     for (int end = nc; end > 0;) {
         int Rr = min(R, end), c = end - Rr;
         size_t Nr = (size_t)B * Rr * L;
-        float *W = carry + BH * sdkv, *DUL = W + (size_t)BH * Rr * L * Dkp;
+        float *W = carry + carry_floats, *DUL = W + (size_t)BH * Rr * L * Dkp;
         float *dstates = DUL + (size_t)BH * Rr * L * Dvp, *dq_part = dstates + BH * Rr * sdkv;
         float *dk_part = dq_part + Nr * P * Dk, *dg_part = dk_part + Nr * P * Dk;
         float *dbeta_part = dg_part + Nr * P;
         gd_bwd_prep_kernel<SPLIT><<<dim3(Rr, BH), GD_THREADS, sp, s>>>(
             W, DUL, dout, q, k, g, beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, Dvp, scale, c, Rr);
         CUDA_LAUNCH_CHECK();
+        mt_cuda_gd_prof_mark(s, MT_GD_BWD_PREP);
         gd_bwd_scan_kernel<SPLIT><<<dim3(nvb, BH), GD_THREADS, ss, s>>>(
             dstates, carry, W, DUL, dout, q, k, g, beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, Dvp,
             scale, c, Rr, nc);
         CUDA_LAUNCH_CHECK();
+        mt_cuda_gd_prof_mark(s, MT_GD_BWD_SCAN);
         gd_bwd_chunk_kernel<SPLIT><<<dim3(Rr, BH, nvb), GD_THREADS, sc, s>>>(
             dv, dq_part, dk_part, dg_part, dbeta_part, dstates, dout, chunk_states, q, k, v, g,
             beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, scale, c, Rr, nc);
         CUDA_LAUNCH_CHECK();
+        mt_cuda_gd_prof_mark(s, MT_GD_BWD_CHUNK);
         size_t total = Nr * Hk * Dk + Nr * Hv, blocks = (total + 255) / 256;
         if (blocks > 8192) blocks = 8192;
         gd_reduce_kernel<<<(unsigned)blocks, 256, 0, s>>>(dq, dk, dg, dbeta, dq_part, dk_part,
                                                           dg_part, dbeta_part, B, T, Hk, Hv, Dk,
                                                           nvb, c, Rr);
         CUDA_LAUNCH_CHECK();
+        mt_cuda_gd_prof_mark(s, MT_GD_REDUCE);
         end = c;
     }
+    mt_cuda_gd_prof_print("backward");
 }
 
 void mt_cuda_gated_delta_backward(mt_backend *be, bf16 *dq, bf16 *dk, bf16 *dv, float *dg,

@@ -105,6 +105,75 @@ static __device__ __forceinline__ void gd_mm(float *C, int ldc, const float *A, 
     }
 }
 
+/* Loads a tile of a row-major global matrix into shared memory as fp32: dst[i ldd + c] =
+ * src[i srow + c] * mul (* rowmul[i] when given) for i < rows, c < cols, and 0 elsewhere up to
+ * rowsp x colsp (colsp a multiple of 16), by threads tid0 .. tid0+nt-1. A thread issues GD_BATCH
+ * loads, 16 bytes each where the rows allow it, before it stores any: these tiles are small and
+ * the kernels latency-bound, and with one load in flight a thread (the element loops this
+ * replaced) MT_GATED_DELTA_PROFILE showed the scans waiting ~35 us a chunk on global memory.
+ * The caller synchronises after. */
+#define GD_BATCH 4
+template <int V> static __device__ __forceinline__ void gd_ld(float *r, const bf16 *p) {
+    if (V == 8) {
+        uint4 raw = *(const uint4 *)p;
+        const __nv_bfloat162 *h = (const __nv_bfloat162 *)&raw;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float2 f = __bfloat1622float2(h[k]);
+            r[2 * k] = f.x, r[2 * k + 1] = f.y;
+        }
+    } else {
+        r[0] = __bfloat162float(*p);
+    }
+}
+template <int V> static __device__ __forceinline__ void gd_ld(float *r, const float *p) {
+    if (V == 4) {
+        float4 f = *(const float4 *)p;
+        r[0] = f.x, r[1] = f.y, r[2] = f.z, r[3] = f.w;
+    } else {
+        r[0] = *p;
+    }
+}
+
+template <int V, typename T>
+static __device__ __forceinline__ void gd_tile_v(float *dst, int ldd, const T *src, size_t srow,
+                                                 int rows, int cols, int rowsp, int colsp,
+                                                 float mul, const float *rowmul, int tid0, int nt) {
+    const int per_row = colsp / V, n = rowsp * per_row;
+    for (int base = threadIdx.x - tid0; base < n; base += GD_BATCH * nt) {
+        float r[GD_BATCH][V];
+#pragma unroll
+        for (int u = 0; u < GD_BATCH; u++) {
+            int e = base + u * nt, i = e / per_row, c = e % per_row * V;
+            if (e < n && i < rows && c < cols) gd_ld<V>(r[u], src + (size_t)i * srow + c);
+            else
+#pragma unroll
+                for (int x = 0; x < V; x++) r[u][x] = 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < GD_BATCH; u++) {
+            int e = base + u * nt, i = e / per_row, c = e % per_row * V;
+            if (e >= n) break;
+            float m = rowmul && i < rows ? mul * rowmul[i] : mul;
+#pragma unroll
+            for (int x = 0; x < V; x++) dst[i * ldd + c + x] = r[u][x] * m;
+        }
+    }
+}
+
+template <typename T>
+static __device__ __forceinline__ void gd_tile(float *dst, int ldd, const T *src, size_t srow,
+                                               int rows, int cols, int rowsp, int colsp,
+                                               float mul = 1.0f, const float *rowmul = NULL,
+                                               int tid0 = 0, int nt = GD_THREADS) {
+    if (threadIdx.x < tid0 || threadIdx.x >= tid0 + nt) return;
+    constexpr int V = 16 / sizeof(T); /* 8 bf16 or 4 fp32 a load */
+    if (cols % V == 0 && srow % V == 0 && ((size_t)src & 15) == 0)
+        gd_tile_v<V>(dst, ldd, src, srow, rows, cols, rowsp, colsp, mul, rowmul, tid0, nt);
+    else
+        gd_tile_v<1>(dst, ldd, src, srow, rows, cols, rowsp, colsp, mul, rowmul, tid0, nt);
+}
+
 /* Loads the chunk [c0, c0+Lc) of row b: Qs = scale q (unless Qs is NULL) and K, (L x Dkp, row
  * stride ldk, zero-padded) for key head kh, and the scalars of value head vh (as
  * gated_delta_chunk.h's mt_gd_chunk_load), these by warp 0: two tokens a lane, G by a shuffle scan
@@ -114,17 +183,9 @@ static __device__ void gd_load_chunk(float *Qs, float *Kc, int ldk, gd_stats *st
                                      const bf16 *k, const float *g, const float *beta,
                                      const int32_t *doc_start, int b, int c0, int Lc, int kh,
                                      int vh, int T, int Hk, int Hv, int Dk, int Dkp, float scale) {
-    for (int e = threadIdx.x; e < GD_L * Dkp; e += blockDim.x) {
-        int i = e / Dkp, d = e % Dkp;
-        float qv = 0.0f, kv = 0.0f;
-        if (i < Lc && d < Dk) {
-            size_t off = (((size_t)b * T + c0 + i) * Hk + kh) * Dk + d;
-            if (Qs) qv = __bfloat162float(q[off]) * scale;
-            kv = __bfloat162float(k[off]);
-        }
-        if (Qs) Qs[i * ldk + d] = qv;
-        Kc[i * ldk + d] = kv;
-    }
+    size_t off = ((size_t)b * T + c0) * Hk * Dk + (size_t)kh * Dk, srow = (size_t)Hk * Dk;
+    if (Qs) gd_tile(Qs, ldk, q + off, srow, Lc, Dk, GD_L, Dkp, scale);
+    gd_tile(Kc, ldk, k + off, srow, Lc, Dk, GD_L, Dkp);
     if (threadIdx.x >= 32) return;
     int lane = threadIdx.x;
     double gi[2], part = 0.0;
@@ -216,5 +277,14 @@ void mt_cuda_gd_set_smem(const void *kernel, size_t smem);
 /* Chunks a range so that `per_chunk` bytes of scratch a chunk (all rows and heads) stay under
  * MT_CUDA_GATED_DELTA_SCRATCH; MT_GATED_DELTA_RANGE (a test's knob) sets it. */
 int mt_cuda_gd_range_chunks(size_t per_chunk, int nc);
+
+/* MT_GATED_DELTA_PROFILE=1 (a diagnostic, to see where the time goes): after each kernel the
+ * stream is waited for and the kernel's wall time summed (mt_cuda_gd_prof_mark, kernel one of
+ * MT_GD_* or MT_GD_REDUCE); mt_cuda_gd_prof_print writes one line a call to stderr. Off, both
+ * cost nothing. */
+enum { MT_GD_REDUCE = MT_GD_BWD_CHUNK + 1, MT_GD_NKERNELS };
+void mt_cuda_gd_prof_start(cudaStream_t s);
+void mt_cuda_gd_prof_mark(cudaStream_t s, int kernel);
+void mt_cuda_gd_prof_print(const char *what);
 
 #endif
