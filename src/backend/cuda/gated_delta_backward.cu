@@ -3,11 +3,12 @@
  * range to the first (gated_delta_chunk.cuh has the split, the precision and the ranges). With
  * dSn the gradient of the state after a chunk and dU that of the chunk's values Vn (= U):
  *   prep  (a block a chunk, row and value head):  W = Tm diag(beta fe) K and the chunk-local part
- *         of dU, P^T dO with P = (Q K^T) o Dm
+ *         of dU, P^T dO with P = (Q K^T) o Dm; stores KD, Tm and P (L x L fp32 each) for the
+ *         chunk kernel, whose GD_BV column blocks would otherwise each redo them
  *   scan  (a block a row, value head and GD_BV value columns; chunks in reverse): stores dSn, then
  *         dU = P^T dO + diag(lam) K dSn,  dS0 = eL dSn + Q^T diag(fe) dO - W^T dU
  *   chunk (a block a chunk, row, value head and GD_BV value columns): the whole chunk backward
- *         from S0 (chunk_states) and dSn (the scan's), recomputed, as the CPU op does it; dv is
+ *         from S0 (chunk_states), dSn (the scan's) and the prep's KD, Tm, P, as the CPU op does it; dv is
  *         column-local and written directly; dq, dk, dg and dbeta sum over value columns (and dq,
  *         dk over the value heads of a key head), so each block writes its part to fp32 scratch
  *   reduce: adds the parts in a fixed order (deterministic: no atomics, the same bits every run).
@@ -24,7 +25,7 @@ static __device__ __forceinline__ float gd_warp_sum(float v) {
 
 template <bool SPLIT>
 static __global__ void __launch_bounds__(GD_THREADS)
-    gd_bwd_prep_kernel(float *W, float *DUL, const bf16 *dout, const bf16 *q, const bf16 *k,
+    gd_bwd_prep_kernel(float *W, float *DUL, float *TKP, const bf16 *dout, const bf16 *q, const bf16 *k,
                        const float *g, const float *beta, const int32_t *doc_start, int T, int Hk,
                        int Hv, int Dk, int Dv, int Dkp, int Dvp, float scale, int c_begin, int R) {
     extern __shared__ __align__(128) float sm[];
@@ -55,6 +56,11 @@ static __global__ void __launch_bounds__(GD_THREADS)
     size_t row = gd_row(bh, R, lc, 0);
     gd_mm<false, false, SPLIT>(W + row * Dkp, Dkp, Tm, LDL, Kc, ldk, L, Dkp, L, false, 0, 8);
     gd_mm<true, false, SPLIT>(DUL + row * Dvp, Dvp, P, LDL, DO, ldv, L, Dvp, L, false, 0, 8);
+    float *tkp = TKP + gd_row(bh, R, lc, 0) * 3 * L; /* KD, Tm, P for the chunk kernel's blocks */
+    for (int e = tid; e < L * L; e += nt) {
+        int i = e / L, j = e % L;
+        tkp[e] = KD[i * LDL + j], tkp[L * L + e] = Tm[i * LDL + j], tkp[2 * L * L + e] = P[i * LDL + j];
+    }
 }
 
 template <bool SPLIT>
@@ -116,7 +122,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
 template <bool SPLIT>
 static __global__ void __launch_bounds__(GD_THREADS)
     gd_bwd_chunk_kernel(bf16 *dv, float *dq_part, float *dk_part, float *dg_part,
-                        float *dbeta_part, const float *dstates, const bf16 *dout,
+                        float *dbeta_part, const float *dstates, const float *TKP, const bf16 *dout,
                         const float *chunk_states, const bf16 *q, const bf16 *k, const bf16 *v,
                         const float *g, const float *beta, const int32_t *doc_start, int T, int Hk,
                         int Hv, int Dk, int Dv, int Dkp, float scale, int c_begin, int R, int nc) {
@@ -140,6 +146,10 @@ static __global__ void __launch_bounds__(GD_THREADS)
     gd_tile(S0, LDB, cs + v0, Dv, Dk, bv, Dkp, BV);
     gd_tile(dS, LDB, dsn + v0, Dv, Dk, bv, Dkp, BV);
     gd_tile(Vt, LDB, v + (n0 * Hv + vh) * Dv + v0, (size_t)Hv * Dv, Lc, bv, L, BV);
+    const float *tkp = TKP + gd_row(bh, R, lc, 0) * 3 * L; /* the prep kernel's KD, Tm, P */
+    gd_tile(KD, LDL, tkp, L, L, L, L, L);
+    gd_tile(Tm, LDL, tkp + L * L, L, L, L, L, L);
+    gd_tile(Pm, LDL, tkp + 2 * L * L, L, L, L, L, L);
     gd_load_chunk(Qs, Kc, ldk, st, q, k, g, beta, doc_start, b, c0, Lc, kh, vh, T, Hk, Hv, Dk, Dkp,
                   scale);
     __syncthreads();
@@ -147,22 +157,12 @@ static __global__ void __launch_bounds__(GD_THREADS)
     for (int e = tid; e < Dkp * BV; e += nt) sd += S0[e / BV * LDB + e % BV] * dS[e / BV * LDB + e % BV];
     sd = gd_warp_sum(sd);
     if (lane == 0) red[warp] = sd;
-    gd_mm<false, true, SPLIT>(KD, LDL, Kc, ldk, Kc, ldk, L, L, Dkp, false, 0, 4);
-    gd_mm<false, false, SPLIT>(X, LDB, Kc, ldk, S0, LDB, L, BV, Dkp, false, 4, 4);
-    __syncthreads();
-    for (int e = tid; e < L * L; e += nt) {
-        int i = e / L, j = e % L;
-        KD[i * LDL + j] = j < i ? KD[i * LDL + j] * gd_dm(st, i, j) : 0.0f;
-    }
-    __syncthreads();
-    gd_solve(Tm, KD, st, tid);
-    gd_mm<false, true, SPLIT>(Pm, LDL, Qs, ldk, Kc, ldk, L, L, Dkp, false, 2, 6);
+    gd_mm<false, false, SPLIT>(X, LDB, Kc, ldk, S0, LDB, L, BV, Dkp, false, 0, 8);
     __syncthreads();
     for (int e = tid; e < L * BV; e += nt) { /* R = diag(beta)(V - diag(fe) X), in DO's place */
         int i = e / BV, j = e % BV;
         DO[i * LDB + j] = st->beta[i] * (Vt[i * LDB + j] - st->fe[i] * X[i * LDB + j]);
     }
-    for (int e = tid; e < L * L; e += nt) Pm[e / L * LDL + e % L] *= gd_dm(st, e / L, e % L);
     __syncthreads();
     gd_mm<false, false, SPLIT>(U, LDB, Tm, LDL, DO, LDB, L, BV, L, false, 0, 4);    /* U = Tm R */
     gd_mm<false, false, SPLIT>(DR, LDB, Kc, ldk, dS, LDB, L, BV, Dkp, false, 4, 4); /* K dSn */
@@ -332,7 +332,7 @@ static void backward_ranges(mt_backend *be, bf16 *dq, bf16 *dk, bf16 *dv, float 
     int BH = B * Hv, nvb = (Dv + GD_BV - 1) / GD_BV, P = Hv * nvb;
     size_t sdkv = (size_t)Dk * Dv;
     /* a chunk of all rows: W and P^T dO, the scan's dSn, and the parts */
-    size_t per_chunk = ((size_t)BH * L * (Dkp + Dvp) + BH * sdkv +
+    size_t per_chunk = ((size_t)BH * L * (Dkp + Dvp + 3 * L) + BH * sdkv +
                         (size_t)B * L * P * (2 * (size_t)Dk + 2)) * sizeof(float);
     /* W and DUL after the carry are written by wmma tiles (32-byte aligned): pad the carry */
     size_t carry_floats = ((size_t)BH * sdkv + 63) / 64 * 64, carry_bytes = carry_floats * sizeof(float);
@@ -351,9 +351,9 @@ static void backward_ranges(mt_backend *be, bf16 *dq, bf16 *dk, bf16 *dv, float 
         float *W = carry + carry_floats, *DUL = W + (size_t)BH * Rr * L * Dkp;
         float *dstates = DUL + (size_t)BH * Rr * L * Dvp, *dq_part = dstates + BH * Rr * sdkv;
         float *dk_part = dq_part + Nr * P * Dk, *dg_part = dk_part + Nr * P * Dk;
-        float *dbeta_part = dg_part + Nr * P;
+        float *dbeta_part = dg_part + Nr * P, *TKP = dbeta_part + Nr * P;
         gd_bwd_prep_kernel<SPLIT><<<dim3(Rr, BH), GD_THREADS, sp, s>>>(
-            W, DUL, dout, q, k, g, beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, Dvp, scale, c, Rr);
+            W, DUL, TKP, dout, q, k, g, beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, Dvp, scale, c, Rr);
         CUDA_LAUNCH_CHECK();
         mt_cuda_gd_prof_mark(s, MT_GD_BWD_PREP);
         gd_bwd_scan_kernel<SPLIT><<<dim3(nvb, BH), GD_THREADS, ss, s>>>(
@@ -362,7 +362,7 @@ static void backward_ranges(mt_backend *be, bf16 *dq, bf16 *dk, bf16 *dv, float 
         CUDA_LAUNCH_CHECK();
         mt_cuda_gd_prof_mark(s, MT_GD_BWD_SCAN);
         gd_bwd_chunk_kernel<SPLIT><<<dim3(Rr, BH, nvb), GD_THREADS, sc, s>>>(
-            dv, dq_part, dk_part, dg_part, dbeta_part, dstates, dout, chunk_states, q, k, v, g,
+            dv, dq_part, dk_part, dg_part, dbeta_part, dstates, TKP, dout, chunk_states, q, k, v, g,
             beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, scale, c, Rr, nc);
         CUDA_LAUNCH_CHECK();
         mt_cuda_gd_prof_mark(s, MT_GD_BWD_CHUNK);
