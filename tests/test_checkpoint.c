@@ -1,9 +1,10 @@
 /* checkpoint: save -> latest -> load bitwise round trips, keep_last pruning, stale temporaries,
  * load errors that leave the state untouched (io never called), checksums (a flipped byte in any
  * file is refused), resume falling back past damaged checkpoints, exported (bf16) weights, NaN/inf
- * refused at save and at load, format-1 checkpoints, and crash safety: a child saving a few-M-parameter
- * model in a loop is SIGKILLed at random moments; every step_ directory left behind must load
- * completely and hold the data of the step its trainer_state.json names.
+ * refused at save and at load, format-1 checkpoints, a frozen state (a LoRA base) refused at save,
+ * and crash safety: a child saving a few-M-parameter model in a loop is SIGKILLed at random
+ * moments; every step_ directory left behind must load completely and hold the data of the step
+ * its trainer_state.json names.
  * The child is this executable re-executed with --crash-child (no fork-after-OpenMP hazards). */
 #include <dirent.h>
 #include <errno.h>
@@ -474,6 +475,11 @@ static void test_save_errors(void **state) {
     assert_int_equal(mt_checkpoint_save(out, &m.t, &m.src->io, &neg, NULL, NULL, 0),
                      MT_ERR);
     assert_msg_has("step");
+    /* a frozen state (a LoRA base: weights, no optimizer state) is not a training state */
+    mt_test_state *fz = mt_test_state_create(MT_STATE_FROZEN, &m.t, 0);
+    assert_int_equal(mt_checkpoint_save(out, &m.t, &fz->io, &st, NULL, NULL, 0), MT_ERR);
+    assert_msg_has("frozen");
+    mt_test_state_free(fz);
     assert_int_equal(mt_test_count_prefix(ck, "step_"), 0);
     assert_int_equal(mt_test_count_prefix(ck, ".tmp-"), 0);
     /* a save failing mid-way (a tokenizer file that cannot be read) leaves no directory */

@@ -9,7 +9,8 @@
  *  - until finish, OUT holds no step_ directory (a crash leaves none); abort removes the
  *    temporary directory;
  *  - a NaN in rank 1's part of a tensor fails rank 1's write naming the tensor;
- *  - a rank that cannot see the temporary directory fails naming the shared file system. */
+ *  - a rank that cannot see the temporary directory fails naming the shared file system;
+ *  - a frozen state (a LoRA base) is refused at finish, leaving no directory. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -228,6 +229,16 @@ static void test_failures(void **state) {
     assert_non_null(strstr(mt_error_message(), "not valid JSON"));
     assert_int_equal(mt_test_count_prefix(ck, ".tmp-"), 0);
     (void)st;
+
+    /* a frozen state (a LoRA base): finish refuses it by name and leaves nothing */
+    mt_test_state *fz = mt_test_state_create(MT_STATE_FROZEN, &t, 0);
+    assert_int_equal(mt_checkpoint_begin(out, &t, MT_STATE_FROZEN, 9, NULL, NULL, &w), MT_OK);
+    assert_int_equal(mt_checkpoint_finish(w, &fz->io, &st, 0), MT_ERR);
+    printf("  frozen: %s\n", mt_error_message());
+    assert_non_null(strstr(mt_error_message(), "frozen"));
+    assert_int_equal(mt_test_count_prefix(ck, "step_"), 0);
+    assert_int_equal(mt_test_count_prefix(ck, ".tmp-"), 0);
+    mt_test_state_free(fz);
 
     mt_test_rmtree(out);
     free(out);

@@ -20,6 +20,7 @@
  *  - what N ranks do not do is refused by name, printed once: a --batch that N x --micro-batch
  *    does not divide, the GPU tier;
  *  - a mixture of experts with its load-balancing loss trains on N ranks as on one (test_moe);
+ *  - LoRA adapters train on N ranks as on one, and resume bit for bit (test_lora);
  *  - each of N ranks on this host plans with 1/N of its available RAM (printed: "host RAM: ...");
  *  - the ranks write the checkpoint, each its shard: a one-rank checkpoint saved again by 2 and 3
  *    ranks is the one-rank files byte for byte, and verifies.
@@ -469,6 +470,48 @@ static void test_qwen3_5_moe(void **state) {
     }
 }
 
+/* LoRA (the lora_llama fixture: PEFT's rank-4 adapters on the frozen train_llama base): N ranks =
+ * one process within 1e-5 (the adapters' gradient is summed over the ranks before its norm, and
+ * every rank applies the same update); resumed at step 3 of 6 = uninterrupted, the adapter and
+ * its moments byte for byte, on one process and on 2 ranks. */
+static void test_lora(void **state) {
+    char extra[4400], more[4600];
+    snprintf(extra, sizeof extra, "--model '%s/../lora_llama/base' --adapter '%s/../lora_llama/adapter_init'",
+             g_env.fixture, g_env.fixture);
+    run_ok(0, "one_lora", extra);
+    assert_non_null(strstr(g_out, "LoRA: rank 4"));
+    for (int np = 2; np <= 3; np++) {
+        char dp[64], pa[4200], pb[4200];
+        snprintf(dp, sizeof dp, "np%d_lora", np);
+        run_ok(np, dp, extra);
+        compare_runs("one_lora", dp, 1e-5, STEPS);
+        ckpt_file(pa, sizeof pa, "one_lora", STEPS, "adapter_model.safetensors");
+        ckpt_file(pb, sizeof pb, dp, STEPS, "adapter_model.safetensors");
+        mt_test_weights_close(pa, pb, dp, 1e-5);
+    }
+    for (int np = 0; np <= 2; np += 2) {
+        char a[64], b[64];
+        snprintf(a, sizeof a, "whole_lora_np%d", np);
+        snprintf(b, sizeof b, "resumed_lora_np%d", np);
+        snprintf(more, sizeof more, "%s --save-every 3", extra);
+        run_ok(np, a, more);
+        snprintf(more, sizeof more, "%s --save-every 3 --stop-at 3", extra);
+        run_ok(np, b, more);
+        snprintf(more, sizeof more, "%s --save-every 3 --resume", extra);
+        run_ok(np, b, more);
+        assert_non_null(strstr(g_out, "resuming from "));
+        static const char *const files[] = {"adapter_model.safetensors", "adapter_optimizer.safetensors"};
+        for (int i = 0; i < 2; i++) {
+            char pa[4200], pb[4200];
+            ckpt_file(pa, sizeof pa, a, STEPS, files[i]);
+            ckpt_file(pb, sizeof pb, b, STEPS, files[i]);
+            mt_test_same_bytes(pa, pb);
+        }
+        printf("  LoRA on %d process%s: resumed at step 3 = uninterrupted (adapter and moments byte for byte)\n",
+               np ? np : 1, np ? "es" : "");
+    }
+}
+
 int main(void) {
     g_mpirun = getenv("MT_MPIRUN");
     if (!g_mpirun || !*g_mpirun) {
@@ -486,6 +529,7 @@ int main(void) {
         cmocka_unit_test(test_killed_rank),
         cmocka_unit_test(test_moe),
         cmocka_unit_test(test_qwen3_5_moe),
+        cmocka_unit_test(test_lora),
         cmocka_unit_test(test_signal_one_rank),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_host_share),

@@ -10,7 +10,13 @@
  *    up to the padding of each group's shard to a multiple of 256 elements;
  *  - the per-layer overlap stays: with the optimizer slowed down, the next step's forward of
  *    layer l starts after this rank's update of layer l (and so after every rank's: its
- *    all-gather needs their shards) but before the update of the head.
+ *    all-gather needs their shards) but before the update of the head;
+ *  - the frozen state (a LoRA base, train_state.h): on one rank with a GPU tier (the cpu
+ *    backend: its compute side is host memory) exactly the weights are allocated, fp32 (no
+ *    gradient place, grads_on_device ignored), as mt_train_state_bytes_of counts; weights set
+ *    through the io read back exactly, tensors have no parts, and the update, the tier's update
+ *    and the restore leave every weight bit for bit; sharded over the ranks, the same, the
+ *    collective read gathering the weights and no parts.
  * Not bitwise: a rank sums its micro-batches' gradients, the comm then sums the ranks' parts,
  * where one rank sums all micro-batches in one sequence (embedding rows hit by several
  * micro-batches, the per-shard squared norms), so the fp32 results differ in the last bits.
@@ -175,6 +181,134 @@ static void test_host_bytes(void **state) {
     mt_param_table_free(&t);
 }
 
+/* ---- the frozen state ---- */
+
+/* The cpu backend's allocators, counting the bytes a train state asks of them. */
+static void *(*real_alloc)(mt_backend *, size_t), *(*real_host_alloc)(mt_backend *, size_t);
+static double dev_bytes, host_bytes;
+static void *count_alloc(mt_backend *be, size_t bytes) {
+    dev_bytes += (double)bytes;
+    return real_alloc(be, bytes);
+}
+static void *count_host_alloc(mt_backend *be, size_t bytes) {
+    host_bytes += (double)bytes;
+    return real_host_alloc(be, bytes);
+}
+
+/* Every tensor's fp32 weights through the io into arena (the table's layout). */
+static void io_weights(const mt_state_io *io, const mt_param_table *t, float *arena) {
+    for (int i = 0; i < t->n_params; i++)
+        assert_int_equal(io->get_weights(io->ctx, &t->params[i], arena + t->params[i].offset), MT_OK);
+}
+
+/* Random weights set through io (each rank the same: it keeps its shard), read back exactly;
+ * no tensor has optimizer parts. */
+static void frozen_io(mt_train_state *s, const mt_param_table *t, float *set, float *got) {
+    const mt_state_io *io = mt_train_state_io(s);
+    assert_int_equal(io->format, MT_STATE_FROZEN);
+    mt_test_rng r;
+    mt_test_rng_seed(&r, 5);
+    mt_test_fill_normal(&r, set, (size_t)t->total, 0.5f);
+    for (int i = 0; i < t->n_params; i++)
+        assert_int_equal(io->set_weights(io->ctx, &t->params[i], set + t->params[i].offset), MT_OK);
+    io = mt_train_state_io(s); /* a read starts over */
+    io_weights(io, t, got);
+    for (int i = 0; i < t->n_params; i++) {
+        const mt_param *p = &t->params[i];
+        assert_memory_equal(got + p->offset, set + p->offset, (size_t)p->numel * sizeof(float));
+    }
+    mt_optim_tensor parts[MT_OPTIM_MAX_TENSORS];
+    for (int i = 0; i < t->n_params; i++) {
+        assert_int_equal(mt_optim_parts_layout(MT_STATE_FROZEN, (size_t)t->params[i].numel, parts), 0);
+        assert_int_equal(io->get_parts(io->ctx, &t->params[i], parts), MT_OK);
+        assert_int_equal(io->set_parts(io->ctx, &t->params[i], parts), MT_OK);
+    }
+}
+
+/* A step's updates and a skipped step's restore: no weight moves. */
+static void frozen_step(mt_train_state *s, const mt_param_table *t, const float *want, float *got) {
+    mt_train_state_begin_update(s);
+    mt_train_state_update_tier(s, &hp, 1, 0.5f);
+    for (int g = MT_GROUP_EMBED; g <= t->cfg.L; g++) mt_train_state_update_group(s, g, &hp, 1, 0.5f);
+    for (int g = MT_GROUP_EMBED; g <= t->cfg.L; g++) mt_train_state_restore_group(s, g);
+    io_weights(mt_train_state_io(s), t, got);
+    for (int i = 0; i < t->n_params; i++) {
+        const mt_param *p = &t->params[i];
+        assert_memory_equal(got + p->offset, want + p->offset, (size_t)p->numel * sizeof(float));
+    }
+}
+
+static void test_frozen_state(void **state) {
+    mt_config cfg = mt_test_tiny_config("llama_gqa");
+    cfg.C = 64, cfg.F = 256, cfg.H = 8, cfg.G = 4, cfg.D = 8, cfg.V = 1024, cfg.L = 3;
+    mt_param_table t;
+    mt_param_table_init(&t, &cfg);
+    float *set = mt_aligned_alloc((size_t)t.total * sizeof(float));
+    float *got = mt_aligned_alloc((size_t)t.total * sizeof(float));
+    mt_backend *be = mt_backend_cpu_create();
+    assert_int_equal(be->dtype, MT_F32);
+    real_alloc = be->alloc, real_host_alloc = be->host_alloc;
+    be->alloc = count_alloc, be->host_alloc = count_host_alloc;
+
+    /* one rank, layers 0 and 1 in the GPU tier; grads_on_device would put compact's gradients
+     * on the compute side: frozen has none to put anywhere */
+    const int k = 2;
+    double n_tier = (double)k * (double)t.layer_size, n_host = (double)t.total - n_tier;
+    mt_train_state_opts o = {.format = MT_STATE_FROZEN, .gpu_layers = k, .grads_on_device = 1};
+    mt_train_state_bytes b;
+    mt_train_state_bytes_of(&t, be->dtype, &o, &b);
+    assert_true(b.host_weights == 4 * n_host && b.host_total == 4 * n_host);
+    assert_true(b.host_moments == 0 && b.host_upload == 0 && b.host_grads == 0);
+    assert_true(b.dev_tier == 4 * n_tier && b.dev_grads == 0 && b.dev_total == 4 * n_tier);
+    dev_bytes = host_bytes = 0;
+    mt_train_state *s = mt_train_state_create(&t, be, &o);
+    printf("frozen, %d of %d layers in the tier: host %.0f bytes (planned %.0f), compute side %.0f "
+           "(planned %.0f)\n", k, cfg.L, host_bytes, b.host_total, dev_bytes, b.dev_total);
+    assert_true(dev_bytes == 4 * n_tier); /* the tier's weights, no tier_grads */
+    assert_true(host_bytes == 4 * n_host); /* the upload copies, no grad buffer or fetch buffers */
+    assert_true(mt_train_state_host_bytes(s) == b.host_total);
+    assert_int_equal(mt_train_state_upload_dtype(s), MT_F32);
+    for (int g = MT_GROUP_EMBED; g <= cfg.L; g++) {
+        assert_null(mt_train_state_grad_dev(s, g));
+        assert_null(mt_train_state_grad_host(s, g));
+        if (mt_train_state_in_tier(s, g)) assert_non_null(mt_train_state_tier_weights(s, g));
+        else assert_non_null(mt_train_state_upload(s, g));
+    }
+    frozen_io(s, &t, set, got);
+    frozen_step(s, &t, set, got);
+    mt_train_state_free(s);
+    /* the counting sees gradients where a format has them: tight's tier allocates its own */
+    mt_train_state_opts ot = o;
+    ot.format = MT_STATE_TIGHT;
+    dev_bytes = 0;
+    s = mt_train_state_create(&t, be, &ot);
+    assert_true(dev_bytes > 4 * n_tier + 4 * n_host); /* tier arenas, widened copy, gradients */
+    mt_train_state_free(s);
+
+    /* sharded over the ranks: this rank's shard of every group, weights only */
+    mt_train_state_opts on = {.format = MT_STATE_FROZEN, .ranks = g_size, .comm = g_comm};
+    mt_train_state_bytes_of(&t, be->dtype, &on, &b);
+    dev_bytes = host_bytes = 0;
+    s = mt_train_state_create(&t, be, &on);
+    double shards = 0;
+    for (int g = MT_GROUP_EMBED; g <= cfg.L; g++) shards += (double)mt_train_state_shard(s, g);
+    assert_true(dev_bytes == 0);
+    assert_true(host_bytes == 4 * shards && mt_train_state_host_bytes(s) == 4 * shards);
+    assert_true(b.host_total == 4 * shards && b.dev_total == 0);
+    for (int g = MT_GROUP_EMBED; g <= cfg.L; g++) {
+        assert_null(mt_train_state_grad_dev(s, g));
+        assert_null(mt_train_state_grad_host(s, g));
+    }
+    frozen_io(s, &t, set, got); /* the reads are collective: every rank makes them */
+    frozen_step(s, &t, set, got);
+    mt_train_state_free(s);
+
+    be->alloc = real_alloc, be->host_alloc = real_host_alloc;
+    be->destroy(be);
+    free(set), free(got);
+    mt_param_table_free(&t);
+}
+
 static const mt_span *find_span(const mt_span *sp, int n, mt_span_kind kind, int step, int group) {
     mt_trace_lane lane = kind == MT_SPAN_OPTIMIZER ? MT_LANE_OPT : MT_LANE_MAIN;
     for (int i = 0; i < n; i++)
@@ -240,6 +374,7 @@ int main(void) {
         cmocka_unit_test(test_tight),
         cmocka_unit_test(test_host_bytes),
         cmocka_unit_test(test_overlap),
+        cmocka_unit_test(test_frozen_state),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     /* a rank that failed an assertion may have left the others in a collective: end them all */

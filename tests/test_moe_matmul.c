@@ -2,7 +2,8 @@
  * backend: bit for bit the per-expert be->matmul_forward / matmul_backward loop moe.c ran before
  * the op existed (the same calls), and within fp32 rounding (1e-5 relative of max) of a naive
  * double-precision product; an expert without rows keeps its gradient untouched; the weight
- * stride is honoured (experts' weights spaced wider than M x K); dinp's accumulate flag adds.
+ * stride is honoured (experts' weights spaced wider than M x K); dinp's accumulate flag adds; a
+ * NULL dweight (frozen experts) leaves dinp bit for bit the full call's.
  * (tests/gpu/test_cuda_moe.c compares the CUDA backend's grouped mode with its loop.) */
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,6 +106,8 @@ static void check_backward(int accumulate) {
                              accumulate);
     assert_memory_equal(dw_only, dw, (size_t)E * STRIDE * sizeof(float));
     assert_memory_equal(dinp_only, dinp, (size_t)R * K * sizeof(float));
+    /* both NULL (frozen experts, no data gradient wanted): nothing is touched */
+    cpu->moe_matmul_backward(cpu, NULL, NULL, dout, inp, w, STRIDE, OFF, OFF, E, K, M, accumulate);
     void *ps[] = {inp, w, dout, dinp0, dw0, dinp, dw, ldinp, ldw, dw_only, dinp_only};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) free(ps[i]);
 }

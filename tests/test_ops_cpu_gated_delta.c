@@ -13,7 +13,9 @@
  * The other ops (causal conv1d + SiLU, per-head L2 norm, gated RMSNorm, the decay/beta maps):
  * forward vs the direct formula in double (atol 1e-6, rtol 1e-5), backward vs central differences
  * of the double formula (h = 1e-4, 1e-6 for the L2 norm's short row; atol 1e-5, rtol 1e-4),
- * weight gradients accumulating.
+ * weight gradients accumulating. A NULL weight gradient (conv weight, norm weight, A_log, dt_bias:
+ * frozen) is skipped and leaves the other gradients bit for bit those of the full call, at the
+ * small sizes and at sizes that run the threaded paths.
  * transformers' torch_chunk_gated_delta_rule (tests/fixtures/gated_delta, make_gated_delta_fixture.py):
  * out and the gradients of sum(out * R), tensor-relative 1e-5.
  */
@@ -470,6 +472,11 @@ static void check_conv(int B, int T, int C, int K, const int starts[][6], uint64
     be->causal_conv1d_backward(be, dx, dw, R, x, w, ds, B, T, C, K);
     assert_true(mt_allclose("causal_conv1d_backward dinp", dx, gx, n, BWD_ATOL, BWD_RTOL));
     assert_true(mt_allclose("causal_conv1d_backward dweight (+= 1)", dw, gw, nw, BWD_ATOL, BWD_RTOL));
+    float *dx_frozen = fnew(n); /* dweight NULL: dinp the same bits */
+    poison(dx_frozen, n);
+    be->causal_conv1d_backward(be, dx_frozen, NULL, R, x, w, ds, B, T, C, K);
+    assert_memory_equal(dx_frozen, dx, n * sizeof(float));
+    free(dx_frozen);
     free(x), free(w), free(R), free(ds), free(c.x), free(c.w), free(c.R), free(c.out), free(out);
     free(ref), free(gx), free(gw), free(dx), free(dw);
 }
@@ -573,6 +580,12 @@ static void test_gated_rmsnorm(void **state) {
     assert_true(mt_allclose("gated_rmsnorm_backward dinp", dx, gx, Rows * C, BWD_ATOL, BWD_RTOL));
     assert_true(mt_allclose("gated_rmsnorm_backward dgate", dz, gz, Rows * C, BWD_ATOL, BWD_RTOL));
     assert_true(mt_allclose("gated_rmsnorm_backward dweight (+= 0.5)", dw, gw, C, BWD_ATOL, BWD_RTOL));
+    float *dx2 = fnew(Rows * C), *dz2 = fnew(Rows * C); /* dweight NULL: the same bits */
+    poison(dx2, Rows * C), poison(dz2, Rows * C);
+    be->gated_rmsnorm_backward(be, dx2, dz2, NULL, R, x, z, w, rstd, Rows, C);
+    assert_memory_equal(dx2, dx, Rows * C * sizeof(float));
+    assert_memory_equal(dz2, dz, Rows * C * sizeof(float));
+    free(dx2), free(dz2);
     free(x), free(z), free(w), free(R), free(c.x), free(c.z), free(c.w), free(c.R), free(c.out);
     free(out), free(rstd), free(ref), free(gx), free(gz), free(gw), free(dx), free(dz), free(dw);
 }
@@ -624,9 +637,78 @@ static void test_gdn_gates(void **state) {
     assert_true(mt_allclose("gdn_gates_backward db", db, gb, N * H, BWD_ATOL, BWD_RTOL));
     assert_true(mt_allclose("gdn_gates_backward dA_log (+= 2)", dA, gA, H, BWD_ATOL, BWD_RTOL));
     assert_true(mt_allclose("gdn_gates_backward ddt_bias (+= -1)", ddt, gdt, H, BWD_ATOL, BWD_RTOL));
+    /* dA_log, ddt_bias or both NULL: da, db and the other sum the same bits */
+    float *da2 = fnew(N * H), *db2 = fnew(N * H), *dA2 = fnew(H), *ddt2 = fnew(H);
+    for (int mode = 0; mode < 3; mode++) {
+        poison(da2, N * H), poison(db2, N * H);
+        for (int h = 0; h < H; h++) dA2[h] = 2.0f, ddt2[h] = -1.0f;
+        be->gdn_gates_backward(be, da2, db2, mode == 1 ? dA2 : NULL, mode == 0 ? ddt2 : NULL, Rg,
+                               Rb, a, b, A, dt, N, H);
+        assert_memory_equal(da2, da, N * H * sizeof(float));
+        assert_memory_equal(db2, db, N * H * sizeof(float));
+        if (mode == 0) assert_memory_equal(ddt2, ddt, H * sizeof(float));
+        if (mode == 1) assert_memory_equal(dA2, dA, H * sizeof(float));
+        for (int h = 0; h < H; h++) { /* the NULL one's buffer: untouched */
+            if (mode != 1) assert_true(dA2[h] == 2.0f);
+            if (mode != 0) assert_true(ddt2[h] == -1.0f);
+        }
+    }
+    free(da2), free(db2), free(dA2), free(ddt2);
     free(a), free(b), free(A), free(dt), free(Rg), free(Rb), free(c.a), free(c.b), free(c.A);
     free(c.dt), free(c.Rg), free(c.Rb), free(c.g), free(c.beta), free(g), free(beta), free(rg);
     free(rb), free(ga), free(gb), free(gA), free(gdt), free(da), free(db), free(dA), free(ddt);
+}
+
+/* ---------------- frozen weights at threaded sizes ---------------- */
+
+/* The full call and the one with NULL weight gradients, compared bit for bit, at sizes past the
+ * ops' parallel thresholds (per-thread partials in the norm, many channel blocks in the conv). */
+static void test_frozen_weights_large(void **state) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 70);
+    { /* conv: 3 channel blocks, packed documents */
+        enum { B = 2, T = 70, C = 150, K = 4 };
+        static const int st[2][6] = {{0, 5, 33, 70, 70, 70}, {0, 64, 70, 70, 70, 70}};
+        size_t n = (size_t)B * T * C;
+        float *x = randn(&rng, n, 1), *w = randn(&rng, C * K, 0.5f), *R = randn(&rng, n, 1);
+        float *dw = fnew(C * K), *dx = fnew(n), *dx2 = fnew(n);
+        int32_t *ds = docs_from(st, B, T);
+        for (int i = 0; i < C * K; i++) dw[i] = 0.0f;
+        poison(dx, n), poison(dx2, n);
+        be->causal_conv1d_backward(be, dx, dw, R, x, w, ds, B, T, C, K);
+        be->causal_conv1d_backward(be, dx2, NULL, R, x, w, ds, B, T, C, K);
+        assert_memory_equal(dx2, dx, n * sizeof(float));
+        free(x), free(w), free(R), free(dw), free(dx), free(dx2), free(ds);
+    }
+    { /* gated RMSNorm: 38400 elements, threaded with partials */
+        enum { Rows = 300, C = 128 };
+        size_t n = (size_t)Rows * C;
+        float *x = randn(&rng, n, 1), *z = randn(&rng, n, 2), *w = randn(&rng, C, 1);
+        float *R = randn(&rng, n, 1), *y = fnew(n), *rstd = fnew(Rows), *dw = fnew(C);
+        float *dx = fnew(n), *dz = fnew(n), *dx2 = fnew(n), *dz2 = fnew(n);
+        be->gated_rmsnorm_forward(be, y, rstd, x, z, w, Rows, C, 1e-6f);
+        for (int i = 0; i < C; i++) dw[i] = 0.0f;
+        be->gated_rmsnorm_backward(be, dx, dz, dw, R, x, z, w, rstd, Rows, C);
+        be->gated_rmsnorm_backward(be, dx2, dz2, NULL, R, x, z, w, rstd, Rows, C);
+        assert_memory_equal(dx2, dx, n * sizeof(float));
+        assert_memory_equal(dz2, dz, n * sizeof(float));
+        free(x), free(z), free(w), free(R), free(y), free(rstd), free(dw), free(dx), free(dz);
+        free(dx2), free(dz2);
+    }
+    { /* gates: 40000 elements, threaded */
+        enum { N = 5000, H = 8 };
+        size_t n = (size_t)N * H;
+        float *a = randn(&rng, n, 2), *b = randn(&rng, n, 2), *A = randn(&rng, H, 1);
+        float *dt = randn(&rng, H, 1), *Rg = randn(&rng, n, 1), *Rb = randn(&rng, n, 1);
+        float *da = fnew(n), *db = fnew(n), *da2 = fnew(n), *db2 = fnew(n), dA[H], ddt[H];
+        for (int h = 0; h < H; h++) dA[h] = 0.0f, ddt[h] = 0.0f;
+        be->gdn_gates_backward(be, da, db, dA, ddt, Rg, Rb, a, b, A, dt, N, H);
+        be->gdn_gates_backward(be, da2, db2, NULL, NULL, Rg, Rb, a, b, A, dt, N, H);
+        assert_memory_equal(da2, da, n * sizeof(float));
+        assert_memory_equal(db2, db, n * sizeof(float));
+        free(a), free(b), free(A), free(dt), free(Rg), free(Rb), free(da), free(db), free(da2);
+        free(db2);
+    }
 }
 
 int main(void) {
@@ -642,6 +724,7 @@ int main(void) {
         cmocka_unit_test(test_l2norm),
         cmocka_unit_test(test_gated_rmsnorm),
         cmocka_unit_test(test_gdn_gates),
+        cmocka_unit_test(test_frozen_weights_large),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     be->destroy(be);

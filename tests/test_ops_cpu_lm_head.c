@@ -5,6 +5,7 @@
  * loss_scale * sum(losses) of the double reference (small shapes), or against the exact double
  * gradient loss_scale * (softmax - onehot) (the large shape). N is not a multiple of the chunk, so
  * the last chunk is ragged; ignored targets (< 0) must give loss 0 and exactly zero dinp rows.
+ * dweight NULL (a frozen head): dinp bit for bit the full call's.
  */
 #include <math.h>
 #include <stdint.h>
@@ -178,10 +179,13 @@ static void check_lm_head(int N, int C, int V, int chunk, float scale, int fd, u
     assert_true(mt_allclose("lm_head losses (no backward)", losses, ref_loss, N, FWD_ATOL, FWD_RTOL));
     assert_memory_equal(dw, dw_before, nw * sizeof(float));
 
-    /* dinp without dweight (a frozen head) */
+    /* dinp without dweight (a frozen head): the same bits as with it */
+    float *dx_full = copyf(dx, nx); /* the second call's dinp, dweight given */
     poison(dx, nx);
     lm_call(losses, dx, NULL, x, w, tg, N, C, V, scale, chunk);
     assert_true(mt_allclose("lm_head dinp (dweight NULL)", dx, gx, nx, BWD_ATOL, BWD_RTOL));
+    assert_memory_equal(dx, dx_full, nx * sizeof(float));
+    free(dx_full);
 
     free(x), free(w), free(tg), free(c.x), free(c.w), free(c.losses), free(c.dlogits);
     free(ref_loss), free(gx), free(gw), free(losses), free(dx), free(pre_w), free(dw);

@@ -3,7 +3,8 @@
  * kernels, every ISA path and thread count bitwise equal to the plain C one, full as adamw.h's
  * update (either upload dtype, the gradient in the upload copy), the checkpoint tensor list and a
  * tensor's parts round-tripping bit for bit (resume), the arenas' update, bytes per parameter,
- * and the errors. */
+ * the errors, and the frozen format (weights only: bytes, rounding, a no-op update, no parts,
+ * not a --state). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -828,6 +829,134 @@ static void test_bytes_and_errors(void **state) {
     mt_optim_state_free(s);
 }
 
+/* ---- (f2) frozen: the upload copy alone ---- */
+
+/* Bits of a float, and the float of bits. */
+static uint32_t bits_of(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+static float float_of(uint32_t u) {
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+static void test_frozen(void **state) {
+    (void)state;
+    /* bytes: the upload dtype's size and nothing else; a bf16 upload when the dtype is not said */
+    assert_string_equal(mt_state_format_name(MT_STATE_FROZEN), "frozen");
+    assert_true(mt_optim_bytes_per_param(MT_STATE_FROZEN) == 2.0);
+    assert_true(mt_optim_bytes_per_param_up(MT_STATE_FROZEN, MT_BF16) == 2.0);
+    assert_true(mt_optim_bytes_per_param_up(MT_STATE_FROZEN, MT_F32) == 4.0);
+    assert_int_equal(mt_optim_state_bytes(MT_STATE_FROZEN, 1000), 2000);
+    assert_int_equal(mt_optim_state_bytes_up(MT_STATE_FROZEN, 1000, MT_F32), 4000);
+    assert_int_equal(mt_optim_state_bytes_up(MT_STATE_FROZEN, 1000, MT_BF16), 2000);
+    /* the others as before; full's fp32 upload copy is 2 B more */
+    assert_true(mt_optim_bytes_per_param_up(MT_STATE_FULL, MT_F32) == 16.0);
+    assert_true(mt_optim_bytes_per_param_up(MT_STATE_FULL, MT_BF16) == 14.0);
+    assert_int_equal(mt_optim_state_bytes_up(MT_STATE_FULL, 1000, MT_F32), 16000);
+    assert_int_equal(mt_optim_state_bytes_up(MT_STATE_TIGHT, 1024, MT_BF16), 4096 + 2 * 4 * 4);
+    /* --state cannot choose it: the error still lists what it can */
+    mt_state_format f = MT_STATE_TIGHT;
+    assert_int_equal(mt_state_format_parse("frozen", &f), MT_ERR);
+    assert_int_equal(f, MT_STATE_TIGHT);
+    assert_non_null(strstr(mt_error_message(), "'frozen'"));
+    assert_non_null(strstr(mt_error_message(), "full, compact or tight"));
+
+    const size_t n = 4099;
+    const mt_dtype ups[] = {MT_F32, MT_BF16};
+    for (int u = 0; u < 2; u++) {
+        mt_dtype up = ups[u];
+        mt_optim_alloc al = {.upload_dtype = up};
+        mt_optim_state *s = mt_optim_state_create(MT_STATE_FROZEN, n, 9, &al);
+        assert_int_equal(mt_optim_state_format(s), MT_STATE_FROZEN);
+        assert_int_equal(mt_optim_state_upload_dtype(s), up);
+        mt_optim_arenas ar = mt_optim_state_arenas(s);
+        assert_ptr_equal(ar.w, mt_optim_state_upload(s));
+        assert_int_equal(ar.w_dtype, up);
+        assert_null(ar.master); assert_null(ar.m); assert_null(ar.v); assert_null(ar.comp);
+        assert_null(ar.mq); assert_null(ar.vq); assert_null(ar.ms); assert_null(ar.vs);
+        /* set / get: fp32 exact on an F32 upload; bf16 rounds to nearest even (ties at the
+         * front: 1 + 2^-8 is a tie that goes down to 1, 1 + 3 * 2^-8 one that goes up) */
+        mt_test_rng r;
+        mt_test_rng_seed(&r, 17);
+        float *w = malloc(n * 4), *got = malloc(n * 4);
+        mt_test_fill_normal(&r, w, n, 0.5f);
+        w[0] = float_of(0x3f808000u);
+        w[1] = float_of(0x3f818000u);
+        w[2] = float_of(0xbf808000u);
+        mt_optim_state_set_weights(s, 0, w, n);
+        mt_optim_state_get_weights(s, 0, got, n);
+        if (up == MT_F32) {
+            assert_memory_equal(got, w, n * 4);
+            assert_memory_equal(ar.w, w, n * 4);
+        } else {
+            const mt_bf16 *wh = ar.w;
+            for (size_t i = 0; i < n; i++) {
+                assert_int_equal(wh[i], mt_f32_to_bf16(w[i]));
+                assert_int_equal(bits_of(got[i]), (uint32_t)wh[i] << 16);
+                assert_true(fabsf(got[i] - w[i]) <= fabsf(w[i]) * 0x1p-8f);
+            }
+            assert_int_equal(wh[0], 0x3f80);
+            assert_int_equal(wh[1], 0x3f82);
+            assert_int_equal(wh[2], 0xbf80);
+        }
+        /* a range in the middle, at an offset off any 256 boundary */
+        float part[50];
+        for (int i = 0; i < 50; i++) part[i] = (float)i * 0.25f - 3.0f; /* exact in bf16 */
+        mt_optim_state_set_weights(s, 1000, part, 50);
+        mt_optim_state_get_weights(s, 1000, got, 50);
+        assert_memory_equal(got, part, sizeof part);
+        mt_optim_state_get_weights(s, 1050, got, 1);
+        mt_optim_state_get_weights(s, 999, got + 1, 1);
+        if (up == MT_F32) {
+            assert_int_equal(bits_of(got[0]), bits_of(w[1050]));
+            assert_int_equal(bits_of(got[1]), bits_of(w[999]));
+        }
+        /* the update is a no-op: the weights bit for bit, whatever the gradient (none too) */
+        size_t wbytes = n * mt_dtype_size(up);
+        unsigned char *before = malloc(wbytes);
+        memcpy(before, ar.w, wbytes);
+        float *g = malloc(n * 4);
+        mt_test_fill_grad(&r, g, n);
+        for (int step = 1; step <= 3; step++) {
+            mt_optim_step sa = step_args(0.1, step, 0.7f);
+            assert_int_equal(mt_optim_state_update(s, &sa, 0, n, g, MT_F32, 1), MT_OK);
+            assert_int_equal(mt_optim_state_update(s, &sa, 100, 256, NULL, MT_BF16, 2), MT_OK);
+            assert_int_equal(mt_optim_arenas_update(&ar, &sa, 0, n, g, MT_F32, 0), MT_OK);
+        }
+        assert_memory_equal(ar.w, before, wbytes);
+        /* checkpoint tensors: the weights as uploaded; no optimizer parts, at any offset */
+        mt_optim_tensor t[MT_OPTIM_MAX_TENSORS];
+        assert_int_equal(mt_optim_state_tensors(s, t), 1);
+        assert_string_equal(t[0].name, "weights");
+        assert_int_equal(t[0].dtype, up);
+        assert_int_equal(t[0].numel, n);
+        assert_int_equal(t[0].bytes, mt_optim_state_bytes_up(MT_STATE_FROZEN, n, up));
+        assert_ptr_equal(t[0].data, ar.w);
+        assert_int_equal(mt_optim_parts_layout(MT_STATE_FROZEN, 700, t), 0);
+        assert_int_equal(mt_optim_arenas_parts(&ar, 100, 300, t), 0);
+        assert_int_equal(mt_optim_arenas_parts(&ar, n - 10, 11, t), -1);
+        assert_non_null(strstr(mt_error_message(), "outside"));
+        /* restoring the listed bytes into a fresh state reproduces it */
+        mt_optim_state *b = mt_optim_state_create(MT_STATE_FROZEN, n, 1, &al);
+        mt_optim_tensor tb[MT_OPTIM_MAX_TENSORS];
+        assert_int_equal(mt_optim_state_tensors(b, tb), 1);
+        memcpy(tb[0].data, t[0].data, t[0].bytes);
+        float *gb = malloc(n * 4);
+        mt_optim_state_get_weights(s, 0, got, n);
+        mt_optim_state_get_weights(b, 0, gb, n);
+        assert_memory_equal(got, gb, n * 4);
+        printf("frozen, %s upload: %zu bytes, set/get %s, 9 updates left them bit for bit\n",
+               mt_dtype_name(up), wbytes, up == MT_F32 ? "exact" : "rounded to nearest even");
+        mt_optim_state_free(b);
+        mt_optim_state_free(s);
+        free(before); free(w); free(got); free(g); free(gb);
+    }
+}
+
 /* ---- (g) megatrain bench adamw --state ---- */
 
 static void test_bench_cli(void **state) {
@@ -925,6 +1054,7 @@ int main(void) {
         cmocka_unit_test(test_parts_layout_and_errors),
         cmocka_unit_test(test_upload_dtype_f32_refused),
         cmocka_unit_test(test_bytes_and_errors),
+        cmocka_unit_test(test_frozen),
         cmocka_unit_test(test_bench_cli),
         cmocka_unit_test(test_bench_training_pattern),
     };

@@ -2,7 +2,8 @@
  * transformers model trained on a token file in the --no-shuffle order (warmup + cosine/linear
  * schedule, clipping, weight decay on >= 2-D parameters, micro-batches). The CLI runs the same
  * and every step's loss, lr and grad norm, and every final weight, are compared.
- * Metrics: per step |got - ref| / |ref| <= 1e-4; per weight tensor max|got-ref|/max|ref| <= 1e-4. */
+ * Metrics: per step |got - ref| / |ref| <= 1e-4; per weight tensor max|got-ref|/max|ref| <= 1e-4.
+ * The LoRA fixtures (PEFT 0.21 adapters) are held to the same bounds. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -74,9 +75,13 @@ static int check_metrics(const char *metrics_path, const mt_safetensors *ref, in
     return ok;
 }
 
+/* ckpt: a model directory, or one safetensors file (a LoRA checkpoint's adapter_model.safetensors) */
 static int check_weights(const char *ckpt, const mt_safetensors *ref) {
     mt_safetensors *got = NULL;
-    if (mt_safetensors_open_dir(&got, ckpt) != MT_OK) fail_msg("%s", mt_error_message());
+    size_t n = strlen(ckpt);
+    int file = n > 12 && strcmp(ckpt + n - 12, ".safetensors") == 0;
+    if ((file ? mt_safetensors_open_file(&got, ckpt) : mt_safetensors_open_dir(&got, ckpt)) != MT_OK)
+        fail_msg("%s", mt_error_message());
     int ok = 1, compared = 0;
     for (int i = 0; i < mt_safetensors_count(ref); i++) {
         const mt_st_tensor *r = mt_safetensors_at(ref, i);
@@ -96,8 +101,11 @@ static int check_weights(const char *ckpt, const mt_safetensors *ref) {
     return ok;
 }
 
-/* upto: compare the first `upto` steps only (0: every step and the final weights). */
-static void run_fixture_upto(const char *name, int64_t upto) {
+/* upto: compare the first `upto` steps only (0: every step and the final weights). model: the
+ * flags that give the model ("--model ." for a fixture that is its own model directory); lora:
+ * the checkpoint is a PEFT adapter directory, whose adapter_model.safetensors holds the tensors
+ * compared. */
+static void run_fixture_with(const char *name, int64_t upto, const char *model, int lora) {
     char *dir = mt_fixture_path(name);
     char path[4096], args[1024], cmd[8192], out_buf[65536];
     snprintf(path, sizeof path, "%s/args.txt", dir);
@@ -109,7 +117,7 @@ static void run_fixture_upto(const char *name, int64_t upto) {
     char *tmp = mt_test_tmpdir();
     const char *bin = getenv("MT_BIN");
     assert_non_null(bin);
-    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' train --model . --out '%s/run' --device cpu %s", dir, bin,
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' train %s --out '%s/run' --device cpu %s", dir, bin, model,
              tmp, args);
     int rc = mt_test_run(cmd, out_buf, sizeof out_buf);
     if (rc != 0) fail_msg("%s exited %d:\n%s", cmd, rc, out_buf);
@@ -123,15 +131,27 @@ static void run_fixture_upto(const char *name, int64_t upto) {
     int ok = check_metrics(path, ref, upto);
     int64_t steps;
     free(ref_vector(ref, "loss", &steps));
-    snprintf(path, sizeof path, "%s/run/checkpoints/step_%08lld", tmp, (long long)steps);
+    snprintf(path, sizeof path, "%s/run/checkpoints/step_%08lld%s", tmp, (long long)steps,
+             lora ? "/adapter_model.safetensors" : "");
     if (!upto) ok &= check_weights(path, ref);
     mt_safetensors_close(ref);
     mt_test_rmtree(tmp);
     free(tmp), free(dir);
-    if (!ok) fail_msg("%s: training diverges from torch (see above)", name);
+    if (!ok) fail_msg("%s: training diverges from %s (see above)", name, lora ? "PEFT + torch" : "torch");
 }
 
+static void run_fixture_upto(const char *name, int64_t upto) { run_fixture_with(name, upto, "--model .", 0); }
 static void run_fixture(const char *name) { run_fixture_upto(name, 0); }
+
+/* LoRA (make_lora_fixtures.py): PEFT's adapters on the frozen base, from the adapter PEFT saved
+ * (adapter_init, its lora_B made non-zero so that every gradient is) through 10 AdamW steps of
+ * torch over the adapters alone; the adapters after the 10 steps compared as the weights above. */
+static void run_lora_fixture(const char *name) {
+    run_fixture_with(name, 0, "--model base --adapter adapter_init", 1);
+}
+
+static void test_lora_llama(void **state) { run_lora_fixture("lora_llama"); }
+static void test_lora_qwen3_moe(void **state) { run_lora_fixture("lora_qwen3_moe"); }
 
 static void test_train_llama(void **state) { run_fixture("train_llama"); }
 static void test_train_qwen2_tied(void **state) { run_fixture("train_qwen2_tied"); }
@@ -155,6 +175,8 @@ int main(void) {
         cmocka_unit_test(test_train_qwen3_moe),
         cmocka_unit_test(test_train_qwen3_5),
         cmocka_unit_test(test_train_qwen3_5_moe),
+        cmocka_unit_test(test_lora_llama),
+        cmocka_unit_test(test_lora_qwen3_moe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

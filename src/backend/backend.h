@@ -10,6 +10,9 @@
  *  - `float *` tensors are fp32 always: statistics (rstd, lse, losses) and weight gradients.
  *  - Weight gradients ACCUMULATE (+=) so that micro-batches sum; activation gradients are
  *    written (=) unless the op's `accumulate` flag says +=.
+ *  - A NULL weight-gradient pointer (dweight, dbias, dA_log, ddt_bias) means that weight is
+ *    frozen (LoRA): its gradient is skipped, work included (no GEMM, no reduction), and the
+ *    activation gradients are the same bits as with it.
  *  - Shapes are row-major; letters as in config.h; N = B*T tokens, token-major (b, t).
  *  - Ops are enqueued in order on the backend's compute stream; be->sync waits for them.
  */
@@ -136,7 +139,8 @@ struct mt_backend {
      * sum taken in fp32, so a small w keeps its bits). */
     void (*rmsnorm_forward)(mt_backend *be, void *out, float *rstd, const void *inp,
                             const void *weight, int R, int C, float eps, float w_offset);
-    /* dinp (=, or += when accumulate) and dweight (+=) from dout; rstd from the forward. */
+    /* dinp (=, or += when accumulate) and dweight (+=) from dout; rstd from the forward. Either
+     * may be NULL (skipped). */
     void (*rmsnorm_backward)(mt_backend *be, void *dinp, float *dweight, const void *dout,
                              const void *inp, const void *weight, const float *rstd, int R, int C,
                              int accumulate, float w_offset);
@@ -149,6 +153,10 @@ struct mt_backend {
     void (*matmul_backward)(mt_backend *be, void *dinp, float *dweight, float *dbias,
                             const void *dout, const void *inp, const void *weight, int R, int K,
                             int M, int accumulate);
+    /* out (R, M) += inp (R, K) @ weight (M, K)^T: a product added onto what out holds (LoRA's
+     * low-rank term, model/linear.h). */
+    void (*matmul_forward_add)(mt_backend *be, void *out, const void *inp, const void *weight,
+                               int R, int K, int M);
 
     /* In place on x (N, nh, D): the first rd dims of each head vector (rd even, <= D; rd < D is
      * partial RoPE) have their pairs (i, i + rd/2), i < rd/2, rotated by the angle pos[n] *
@@ -183,7 +191,8 @@ struct mt_backend {
      * before the token's document (or row) start reading zero. */
     void (*causal_conv1d_forward)(mt_backend *be, void *out, const void *inp, const void *weight,
                                   const int32_t *doc_start, int B, int T, int C, int K);
-    /* dinp (N, Ch) written (=), dweight (Ch, K) += , from dout; the pre-activation recomputed. */
+    /* dinp (N, Ch) written (=), dweight (Ch, K) += (NULL: skipped), from dout; the pre-activation
+     * recomputed. */
     void (*causal_conv1d_backward)(mt_backend *be, void *dinp, float *dweight, const void *dout,
                                    const void *inp, const void *weight, const int32_t *doc_start,
                                    int B, int T, int C, int K);
@@ -198,7 +207,8 @@ struct mt_backend {
      * beta (N, Hv) = sigmoid(b); a, b (N, Hv) and A_log, dt_bias (Hv) in the compute dtype. */
     void (*gdn_gates_forward)(mt_backend *be, float *g, float *beta, const void *a, const void *b,
                               const void *A_log, const void *dt_bias, int N, int Hv);
-    /* da, db (N, Hv, compute dtype) written (=); dA_log, ddt_bias (Hv) += ; from dg, dbeta. */
+    /* da, db (N, Hv, compute dtype) written (=); dA_log, ddt_bias (Hv) += (each may be NULL:
+     * skipped); from dg, dbeta. */
     void (*gdn_gates_backward)(mt_backend *be, void *da, void *db, float *dA_log, float *ddt_bias,
                                const float *dg, const float *dbeta, const void *a, const void *b,
                                const void *A_log, const void *dt_bias, int N, int Hv);
@@ -229,7 +239,7 @@ struct mt_backend {
      * out = weight * inp * rstd * silu(gate). */
     void (*gated_rmsnorm_forward)(mt_backend *be, void *out, float *rstd, const void *inp,
                                   const void *gate, const void *weight, int R, int C, float eps);
-    /* dinp, dgate (R, C) written (=), dweight (C) += ; rstd from the forward. */
+    /* dinp, dgate (R, C) written (=), dweight (C) += (NULL: skipped); rstd from the forward. */
     void (*gated_rmsnorm_backward)(mt_backend *be, void *dinp, void *dgate, float *dweight,
                                    const void *dout, const void *inp, const void *gate,
                                    const void *weight, const float *rstd, int R, int C);
@@ -255,6 +265,8 @@ struct mt_backend {
 
     /* out = a + b over n elements (out may alias a or b). */
     void (*add)(mt_backend *be, void *out, const void *a, const void *b, size_t n);
+    /* x[i] *= s over n elements of the compute dtype (in fp32, rounded once). */
+    void (*scale)(mt_backend *be, void *x, float s, size_t n);
 
     /* out[0] += sum of x[i]^2 over n fp32 elements (accumulated in fp32 or better). */
     void (*sumsq)(mt_backend *be, float *out, const float *x, size_t n);
@@ -305,11 +317,12 @@ struct mt_backend {
     /* The experts' linear layers over grouped rows (no bias): for every expert e with rows
      * offsets[e] .. offsets[e+1]-1 (none: skipped, its gradient untouched), what matmul_forward /
      * matmul_backward compute on those rows with weight (M, K) = weight + e * w_stride elements
-     * (dweight's the same offset of dweight). offsets_host is the host's copy of the compute
-     * side's offsets (sizes come from it); both must hold the same values. The cpu backend runs the
-     * per-expert loop (mt_backend_moe_matmul_loop_*); cuda runs it too, or one cuBLAS grouped GEMM
-     * per product (moe_gemm.cu), as MT_MOE_GEMM says (auto, the default: grouped with few rows an
-     * expert; moe_gemm_choice.h). */
+     * (dweight's the same offset of dweight; dinp or dweight NULL: skipped, never offset).
+     * offsets_host is the host's copy of the compute side's offsets (sizes come from it); both
+     * must hold the same values. The cpu backend runs the per-expert loop
+     * (mt_backend_moe_matmul_loop_*); cuda runs it too, or one cuBLAS grouped GEMM per product
+     * (moe_gemm.cu), as MT_MOE_GEMM says (auto, the default: grouped with few rows an expert;
+     * moe_gemm_choice.h). */
     void (*moe_matmul_forward)(mt_backend *be, void *out, const void *inp, const void *weight,
                                size_t w_stride, const int32_t *offsets,
                                const int32_t *offsets_host, int E, int K, int M);
@@ -321,8 +334,9 @@ struct mt_backend {
     /* LM head fused with cross-entropy, in chunks of rows so that (N, V) logits never exist:
      * logits = inp (N, C) @ weight (V, C)^T; losses[n] = logsumexp(logits[n]) - logits[n][targets[n]],
      * and 0 where targets[n] < 0 (ignored). When dinp is not NULL, also the backward of
-     * loss_scale * sum(losses): dinp (N, C) = dlogits @ weight (=), dweight (V, C) += dlogits^T @ inp,
-     * dlogits = loss_scale * (softmax(logits) - onehot(target)), zero rows where ignored. */
+     * loss_scale * sum(losses): dinp (N, C) = dlogits @ weight (=), dweight (V, C) += dlogits^T @ inp
+     * (NULL: skipped, a frozen head), dlogits = loss_scale * (softmax(logits) - onehot(target)),
+     * zero rows where ignored. */
     void (*lm_head_loss)(mt_backend *be, float *losses, void *dinp, float *dweight, const void *inp,
                          const void *weight, const int32_t *targets, int N, int C, int V,
                          float loss_scale);

@@ -25,9 +25,11 @@ void mt_backend_moe_matmul_loop_backward(mt_backend *be, void *dinp, float *dwei
                                          const int32_t *offsets_host, int E, int K, int M,
                                          int accumulate) {
     size_t wsz = mt_dtype_size(be->dtype);
+    if (!dinp && !dweight) return;
     for (int e = 0; e < E; e++) {
         int r0 = offsets_host[e], m = offsets_host[e + 1] - r0;
         if (m == 0) continue; /* no token: no contribution to this expert's gradient */
+        /* a NULL dinp or dweight (frozen experts) stays NULL: never offset */
         be->matmul_backward(be, dinp ? rows_at(be, dinp, r0, K) : NULL,
                             dweight ? dweight + (size_t)e * w_stride : NULL, NULL,
                             rows_at(be, dout, r0, M), rows_at(be, inp, r0, K),

@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 #include "../core/error.h"
+#include "../model/lora.h"
 #include "args.h"
 #include "commands.h"
 #include "model_source.h"
@@ -14,7 +15,7 @@ static void print_usage(FILE *out) {
             "usage: megatrain plan (--model DIR|ORG/NAME | --init CONFIG.json) [--batch B] [--seq T]\n"
             "                      [--micro-batch auto|b] [--device auto|cpu|cuda] [--gpu-mem SIZE]\n"
             "                      [--state full|compact|tight] [--gpu-layers auto|N] [--host-mem SIZE]\n"
-            "                      [--packed]\n"
+            "                      [--packed] [--lora R [--lora-targets L]]\n"
             "  Prints what training would hold in host RAM and on the compute device, the tiles (the\n"
             "  layer's token chunk, the LM head's row chunk) and which layers' checkpoints wait in\n"
             "  pinned host memory, and exits 0 when it fits this machine, 1 when it does not (with\n"
@@ -32,6 +33,9 @@ static void print_usage(FILE *out) {
             "  On a GPU it also estimates the step: compute, PCIe and host AdamW time, what bounds\n"
             "  it, the smallest compute-bound --batch; MT_HOST_ADAMW=G sets the host AdamW rate in\n"
             "  Gparam/s (default: the format's, measured in training on the H200 host).\n"
+            "  --lora R plans LoRA training (train --lora): the frozen base's weights alone on the\n"
+            "  host (2 B/param in bf16), the adapters' weights, master, moments and gradient on the\n"
+            "  GPU, no base gradient; --lora-targets as in train.\n"
             "  --model ORG/NAME [--revision R]: a model in the Hugging Face hub cache, offline\n"
             "  ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub; R: ref or commit,\n"
             "  default main)\n",
@@ -51,7 +55,8 @@ int mt_cmd_plan(int argc, char **argv) {
     const char *revision = NULL;
     int64_t B = MT_PLAN_DEFAULT_BATCH, T = 0, b = MT_AUTO, gpu_mem = 0;
     int device = 0, state = 0, packed = 0;
-    int64_t gpu_layers = MT_AUTO, host_mem = 0;
+    int64_t gpu_layers = MT_AUTO, host_mem = 0, lora = 0;
+    const char *lora_targets = NULL;
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"revision", required_argument, 0, 'R'},
                                          {"init", required_argument, 0, 'i'},
@@ -64,6 +69,8 @@ int mt_cmd_plan(int argc, char **argv) {
                                          {"gpu-layers", required_argument, 0, 'l'},
                                          {"host-mem", required_argument, 0, 'H'},
                                          {"packed", no_argument, 0, 'p'},
+                                         {"lora", required_argument, 0, 'r'},
+                                         {"lora-targets", required_argument, 0, 'T'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c;
@@ -83,6 +90,8 @@ int mt_cmd_plan(int argc, char **argv) {
         case 'l': rc = mt_arg_int_or_auto("--gpu-layers", optarg, 0, 1 << 20, &gpu_layers); break;
         case 'H': rc = mt_arg_size("--host-mem", optarg, &host_mem); break;
         case 'p': packed = 1; break;
+        case 'r': rc = mt_arg_int("--lora", optarg, 1, MT_LORA_MAX_RANK, &lora); break;
+        case 'T': lora_targets = optarg; break;
         case 'h': print_usage(stdout); return 0;
         default: print_usage(stderr); return 1;
         }
@@ -96,6 +105,20 @@ int mt_cmd_plan(int argc, char **argv) {
     if (mt_model_resolve(model_dir, revision, &model_dir) != MT_OK) return mt_cli_fail();
     if (mt_host_model_open(&m, model_dir, init, 0, 0) != MT_OK) return mt_cli_fail();
     if (!T) T = mt_plan_default_seq(&m.table.cfg);
+    mt_lora_table lt = {0};
+    if (lora_targets && !lora) {
+        mt_error_set("--lora-targets needs --lora R");
+        mt_host_model_free(&m);
+        return mt_cli_fail();
+    }
+    if (lora) {
+        mt_lora_opts lo = {.rank = (int)lora, .targets = lora_targets};
+        if (mt_lora_table_init(&lt, &m.table, &lo) != MT_OK) {
+            mt_host_model_free(&m);
+            return mt_cli_fail();
+        }
+        m.table.cfg.lora_rank = lt.rank;
+    }
     mt_backend *be = NULL, planned = {.name = "cuda", .dtype = MT_BF16, .mem_budget = gpu_mem,
                                       .memory = mt_backend_cuda_memory()};
     int rc = mt_run_check_seq(&m.table.cfg, (int)T, "--seq");
@@ -115,7 +138,7 @@ int mt_cmd_plan(int argc, char **argv) {
                               .host_available = host_mem ? (double)host_mem
                                                 : be == &planned ? 0 : mt_run_host_available(),
                               .state = (mt_state_format)state, .gpu_layers = (int)gpu_layers,
-                              .documents = packed};
+                              .documents = packed, .lora = lora ? &lt : NULL};
         mt_engine_opts eo;
         printf("%.1fM parameters, %lld x %lld tokens per step%s, %s backend%s\n", m.table.n_real / 1e6,
                (long long)B, (long long)T, packed ? " (packed rows)" : "", be->name,
@@ -124,6 +147,7 @@ int mt_cmd_plan(int argc, char **argv) {
         if (rc == MT_OK) printf("fits\n");
         if (be != &planned) be->destroy(be);
     }
+    if (lora) mt_lora_table_free(&lt);
     mt_host_model_free(&m);
     return rc == MT_OK ? 0 : mt_cli_fail();
 }

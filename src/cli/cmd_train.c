@@ -20,6 +20,8 @@
 #include "../engine/lr.h"
 #include "data/byte_text.h"
 #include "../io/checkpoint.h"
+#include "../io/lora_checkpoint.h"
+#include "../io/lora_io.h"
 #include "../io/model_io.h"
 #include "data/tokens.h"
 #include "../model/moe.h"
@@ -115,6 +117,9 @@ typedef struct {
     int quiet;             /* ranks: another rank prints the error that ends this one */
     int64_t rows;          /* this rank's rows of each global batch: --batch / ranks */
     mt_host_model model;   /* the table (weights live in the engine) */
+    mt_lora_table lora;    /* --lora / --adapter: the adapters (have_lora); the base is frozen */
+    int have_lora;
+    float *lora_init;      /* --adapter: its weights (lora.total fp32), NULL: the adapters' init */
     mt_backend *be;
     mt_engine *e;
     mt_run_data data, eval;
@@ -163,11 +168,47 @@ static int save_by_ranks(train_run *r, const mt_state_io *io, const mt_ckpt_stat
     return mt_checkpoint_finish(w, io, st, (int)r->o.keep);
 }
 
+/* The adapters' fp32 weights and moments on the host (lora.total floats each; free all three). */
+static void lora_arenas(const train_run *r, float **w, float **m, float **v) {
+    size_t bytes = (size_t)(r->lora.total ? r->lora.total : 1) * sizeof(float);
+    *w = mt_aligned_alloc(bytes);
+    *m = mt_aligned_alloc(bytes);
+    *v = mt_aligned_alloc(bytes);
+}
+
+/* LoRA: the checkpoint is a PEFT adapter directory, OUT/checkpoints/step_N, with the adapters'
+ * moments and the trainer's position beside it (io/lora_checkpoint.h: --resume goes on bit for
+ * bit; --adapter starts a new run from it). Every rank holds the same adapters: rank 0 writes. */
+static int save_adapter(train_run *r, const mt_ckpt_state *st) {
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/checkpoints/step_%08lld", r->o.out_dir, (long long)r->step);
+    int rc = MT_OK;
+    double t0 = now_ms();
+    if (r->lead) {
+        float *w, *m, *v;
+        lora_arenas(r, &w, &m, &v);
+        mt_lora_state_get(mt_engine_lora(r->e), w, m, v);
+        snprintf(saving_note, sizeof saving_note,
+                 " while writing the adapter checkpoint of step %lld into %s/checkpoints: it was not "
+                 "written (the older checkpoints are intact; --resume removes its temporary directory)\n",
+                 (long long)r->step, r->o.out_dir);
+        saving = 1;
+        rc = mt_lora_checkpoint_save(r->o.out_dir, &r->lora, w, m, v, st, r->args_json, r->o.model_dir,
+                                     (int)r->o.keep);
+        saving = 0;
+        free(w), free(m), free(v);
+    }
+    MT_TRY(phase(r, rc));
+    snprintf(r->last_ckpt, sizeof r->last_ckpt, "%s", dir);
+    return mt_train_log_note(&r->log, "saved the adapter %s (PEFT; %.1f s)", dir, (now_ms() - t0) / 1e3);
+}
+
 static int save_checkpoint(train_run *r) {
     mt_engine_finish(r->e);
     if (r->o.no_save) return MT_OK;
     mt_ckpt_state st = {.step = r->step, .seed = (uint64_t)r->o.seed, .loss = r->last_loss,
                         .updates = r->updates, .skipped = r->skipped, .in_a_row = r->in_a_row};
+    if (r->have_lora) return save_adapter(r, &st);
     double t0 = now_ms();
     const mt_state_io *io = mt_engine_state_io(r->e);
     snprintf(saving_note, sizeof saving_note,
@@ -389,6 +430,11 @@ static void print_summary(train_run *r, double wall_ms) {
     }
     if (o->no_save) mt_train_log_note(lg, "no checkpoint (--no-save)");
     else if (!r->last_ckpt[0]) mt_train_log_note(lg, "no checkpoint was written");
+    else if (r->have_lora)
+        mt_train_log_note(lg, "last checkpoint: %s (a PEFT adapter: PeftModel.from_pretrained loads it; "
+                          "go on from it with --adapter; `megatrain merge --model %s --adapter %s --out DIR` "
+                          "folds it into the model)", r->last_ckpt, o->model_dir ? o->model_dir : "BASE",
+                          r->last_ckpt);
     else if (r->step < o->steps)
         mt_train_log_note(lg, "last checkpoint: %s; continue with the same command and --resume", r->last_ckpt);
     else if (r->in_a_row == 0)
@@ -408,6 +454,8 @@ static void train_run_free(train_run *r) {
     mt_run_data_close(&r->eval);
     mt_train_log_close(&r->log);
     mt_host_model_free(&r->model);
+    if (r->have_lora) mt_lora_table_free(&r->lora);
+    free(r->lora_init);
     free(r->args_json);
     mt_run_unlock(&r->lock);
 }
@@ -417,9 +465,20 @@ static void train_run_free(train_run *r) {
 static int load_resume_checkpoint(train_run *r, mt_ckpt_state *st, int *found) {
     char path[4096];
     /* the newest checkpoint that verifies (checksums, dtypes, finite values); a damaged newer one
-     * is named in a warning */
-    int rc = mt_checkpoint_resume(r->o.out_dir, &r->model.table, mt_engine_state_io(r->e), st, path,
+     * is named in a warning. LoRA: the adapters' weights and moments (the frozen base is the
+     * model's, loaded as for a fresh run) */
+    int rc;
+    if (r->have_lora) {
+        float *w, *m, *v;
+        lora_arenas(r, &w, &m, &v);
+        rc = mt_lora_checkpoint_resume(r->o.out_dir, &r->model.table, &r->lora, w, m, v, st, path,
+                                       sizeof path);
+        if (rc == MT_OK) mt_lora_state_set(mt_engine_lora(r->e), w, m, v);
+        free(w), free(m), free(v);
+    } else {
+        rc = mt_checkpoint_resume(r->o.out_dir, &r->model.table, mt_engine_state_io(r->e), st, path,
                                   sizeof path);
+    }
     *found = rc == MT_OK;
     if (rc == MT_CKPT_NONE) return MT_OK;
     MT_TRY(rc);
@@ -553,11 +612,44 @@ static int phase(train_run *r, int rc) {
     return rc == MT_OK ? MT_OK : MT_ERR;
 }
 
+/* --lora / --adapter: the adapter table over the model (and, from --adapter, the weights the
+ * adapters start from); the layer's workspace is sized for the rank. */
+static int open_lora(train_run *r) {
+    mt_train_opts *o = &r->o;
+    mt_param_table *t = &r->model.table;
+    if (!o->lora && !o->adapter) return MT_OK;
+    if (o->adapter) {
+        MT_TRY(mt_lora_load_dir(o->adapter, t, &r->lora, &r->lora_init));
+        r->have_lora = 1;
+        if (o->lora && o->lora != r->lora.rank)
+            return mt_error_set("--lora %lld: the adapter %s has rank %d (leave --lora out to take it)",
+                                (long long)o->lora, o->adapter, r->lora.rank);
+        if (o->lora_alpha && o->lora_alpha != r->lora.alpha)
+            return mt_error_set("--lora-alpha %g: the adapter %s has lora_alpha %g", o->lora_alpha,
+                                o->adapter, r->lora.alpha);
+        if (o->lora_targets && strcmp(o->lora_targets, r->lora.targets) != 0)
+            return mt_error_set("--lora-targets %s: the adapter %s targets %s", o->lora_targets,
+                                o->adapter, r->lora.targets);
+    } else {
+        mt_lora_opts lo = {.rank = (int)o->lora, .alpha = o->lora_alpha, .targets = o->lora_targets};
+        MT_TRY(mt_lora_table_init(&r->lora, t, &lo));
+        r->have_lora = 1;
+    }
+    t->cfg.lora_rank = r->lora.rank;
+    printf("LoRA: rank %d, alpha %g on %d modules (%s), %.3fM trainable parameters of %.1fM; the "
+           "base is frozen%s%s\n",
+           r->lora.rank, r->lora.alpha, r->lora.n_modules, r->lora.targets, r->lora.n_real / 1e6,
+           (t->n_real + r->lora.n_real) / 1e6, o->adapter ? "; starting from the adapter " : "",
+           o->adapter ? o->adapter : "");
+    return MT_OK;
+}
+
 static int open_model(train_run *r) {
     mt_train_opts *o = &r->o;
     MT_TRY(mt_host_model_open(&r->model, o->model_dir, o->init_config, (uint64_t)o->seed, 0));
     const mt_config *cfg = &r->model.table.cfg;
     MT_TRY(mt_layer_check_runnable(cfg));
+    MT_TRY(open_lora(r));
     const mt_hf_source *hf = r->model.hf;
     if (hf && hf->n_carried > 0) /* a multimodal checkpoint: say what is not trained, and why */
         printf("carried, not trained: %d tensors of %s, copied unchanged into every checkpoint: %d "
@@ -704,7 +796,8 @@ static int train(train_run *r) {
                           .ranks = r->ranks,
                           /* packed training rows: their attention backward's pool need (the eval
                              rows only run forwards, whose workspace is none) */
-                          .documents = r->data.packed.data != NULL};
+                          .documents = r->data.packed.data != NULL,
+                          .lora = r->have_lora ? &r->lora : NULL};
     mt_engine_opts eo;
     MT_TRY(phase(r, mt_run_check_memory(&r->model.table, r->be, &rq, &eo)));
     eo.opt_threads = (int)o->threads;
@@ -734,7 +827,9 @@ static int train(train_run *r) {
     if (o->resume) MT_TRY(phase(r, resume(r, &resumed)));
     if (r->ranks > 1)
         MT_TRY(phase(r, mt_ranks_check_same(r->comm, &r->step, sizeof r->step, "the checkpoint step resumed from")));
-    if (!resumed) MT_TRY(phase(r, initial_weights(r)));
+    /* LoRA: the frozen base is never in a checkpoint, so it is loaded on a resume too */
+    if (!resumed || r->have_lora) MT_TRY(phase(r, initial_weights(r)));
+    if (r->lora_init && !resumed) mt_lora_state_set(mt_engine_lora(r->e), r->lora_init, NULL, NULL);
     printf("set up in %.1f s: the engine's memory %.1f s, %s %.1f s\n", (now_ms() - t_setup) / 1e3,
            (t_engine - t_setup) / 1e3, resumed ? "the checkpoint" : o->model_dir ? "the model's weights" : "random weights",
            (now_ms() - t_engine) / 1e3);

@@ -4,6 +4,7 @@
 
 int mt_cmd_info(int argc, char **argv);
 int mt_cmd_convert(int argc, char **argv);
+int mt_cmd_merge(int argc, char **argv);
 int mt_cmd_bench(int argc, char **argv);
 int mt_bench_adamw(int argc, char **argv); /* megatrain bench adamw */
 int mt_cmd_train(int argc, char **argv);

@@ -22,6 +22,7 @@ static const command commands[] = {
     {"tokenize", mt_cmd_tokenize, "text or JSONL to a token file (tokenizer.json or bytes)"},
     {"info", mt_cmd_info, "describe a model: config, parameters, tensors, memory"},
     {"convert", mt_cmd_convert, "load a Hugging Face checkpoint and write it again (bf16/fp32, shards)"},
+    {"merge", mt_cmd_merge, "fold a PEFT LoRA adapter into its base model and write the merged model"},
     {"bench", mt_cmd_bench, "benchmarks: fwdbwd (CPU forward+backward), adamw (optimizer Gparam/s)"},
     {"plot", mt_cmd_plot, "draw a run's metrics.jsonl (loss, eval loss, lr, tokens/s) as SVG"},
     {"version", mt_cmd_version, "the version, commit, build date, backends and compiler"},

@@ -7,6 +7,7 @@
 
 #include "../core/error.h"
 #include "data/chat_pack.h"
+#include "../model/lora.h"
 #include "../optim/state.h"
 #include "args.h"
 #include "model_source.h"
@@ -77,6 +78,17 @@ void mt_train_opts_usage(FILE *out) {
 "  --gpu-layers N|auto    the first N layers keep their whole state on the GPU and are updated\n"
 "                         there (no PCIe traffic for them); auto: the fewest that let the host\n"
 "                         hold the rest (default auto)\n"
+"LoRA (docs/USER_GUIDE.md, \"LoRA\"): adapters train, the base stays frozen (its weights alone\n"
+"cross to the GPU: no master, moments or gradient for it; the adapters' state lives on the GPU)\n"
+"  --lora R               rank-R adapters on every linear projection of attention, the Gated\n"
+"                         DeltaNet and the MLPs (not the experts, router, embedding or LM head)\n"
+"  --lora-alpha A         scale A / R (default 2R: scale 2)\n"
+"  --lora-dropout P       only 0 (the default) yet\n"
+"  --lora-targets L       PEFT's target_modules, comma-separated (q_proj,v_proj, ...)\n"
+"  --adapter DIR          start from a PEFT adapter (adapter_config.json + adapter_model.safetensors;\n"
+"                         its r, lora_alpha and target_modules, unless the --lora flags say the same)\n"
+"                         Each checkpoint is a PEFT adapter directory (PeftModel.from_pretrained\n"
+"                         loads it); `megatrain merge` folds one into the model\n"
 "long context (docs/USER_GUIDE.md, \"Long context\"; `megatrain plan --seq T` shows the plan first)\n"
 "  --seq T --batch 1      one long row a step (--micro-batch auto is 1 then). The planner tiles\n"
 "                         the layer over token chunks (the largest of 32k..1k tokens that fits;\n"
@@ -156,7 +168,7 @@ enum {
     O_GPU_MEM, O_SAVE_EVERY, O_KEEP, O_RESUME, O_EVAL_DATA, O_EVAL_SPLIT, O_EVAL_EVERY, O_EVAL_BATCHES, O_LOG,
     O_TRACE, O_THREADS, O_DOC_SEP, O_MAX_TIME, O_STOP_AT, O_NO_SAVE, O_OFFLOAD, O_SAVED_LAYERS, O_RESIDENT, O_HELP,
     O_ON_NONFINITE, O_MAX_NONFINITE, O_OVERWRITE, O_RESUME_CHANGED, O_STATE, O_GPU_LAYERS,
-    O_NO_TENSORBOARD, O_REVISION,
+    O_NO_TENSORBOARD, O_REVISION, O_LORA, O_LORA_ALPHA, O_LORA_DROPOUT, O_LORA_TARGETS, O_ADAPTER,
 };
 
 static const struct option long_opts[] = {
@@ -186,6 +198,9 @@ static const struct option long_opts[] = {
     {"on-nonfinite", required_argument, 0, O_ON_NONFINITE}, {"max-nonfinite", required_argument, 0, O_MAX_NONFINITE},
     {"overwrite", no_argument, 0, O_OVERWRITE},     {"resume-changed", no_argument, 0, O_RESUME_CHANGED},
     {"state", required_argument, 0, O_STATE},       {"gpu-layers", required_argument, 0, O_GPU_LAYERS},
+    {"lora", required_argument, 0, O_LORA},         {"lora-alpha", required_argument, 0, O_LORA_ALPHA},
+    {"lora-dropout", required_argument, 0, O_LORA_DROPOUT},
+    {"lora-targets", required_argument, 0, O_LORA_TARGETS}, {"adapter", required_argument, 0, O_ADAPTER},
     {0, 0, 0, 0},
 };
 
@@ -263,6 +278,16 @@ static int parse_one(mt_train_opts *o, int c, const char *arg) {
     case O_NO_SAVE: o->no_save = 1; return MT_OK;
     case O_NO_TENSORBOARD: o->no_tensorboard = 1; return MT_OK;
     case O_REVISION: o->revision = arg; return MT_OK;
+    case O_LORA: return mt_arg_int("--lora", arg, 1, MT_LORA_MAX_RANK, &o->lora);
+    case O_LORA_ALPHA: return mt_arg_float("--lora-alpha", arg, 1e-6, 1e6, &o->lora_alpha);
+    case O_LORA_DROPOUT:
+        MT_TRY(mt_arg_float("--lora-dropout", arg, 0, 1, &o->lora_dropout));
+        if (o->lora_dropout != 0)
+            return mt_error_set("--lora-dropout %s: only 0 is supported yet (PEFT's dropout on the "
+                                "adapters' input needs a mask kept for the backward, not built)", arg);
+        return MT_OK;
+    case O_LORA_TARGETS: o->lora_targets = arg; return MT_OK;
+    case O_ADAPTER: o->adapter = arg; return MT_OK;
     case O_OFFLOAD: o->offload = 1; return MT_OK;
     case O_RESIDENT: return mt_arg_choice("--resident-weights", arg, "auto|yes|no", &o->resident);
     case O_SAVED_LAYERS:
@@ -318,6 +343,11 @@ int mt_train_opts_parse(mt_train_opts *o, int argc, char **argv, int *exit_now) 
     if (o->no_save && (o->save_every || o->resume)) return mt_error_set("--no-save contradicts --save-every and --resume");
     if (o->overwrite && o->resume) return mt_error_set("--overwrite starts the run in --out again; it contradicts --resume");
     if (o->resume_changed && !o->resume) return mt_error_set("--resume-changed needs --resume");
+    if ((o->lora_alpha || o->lora_targets) && !o->lora && !o->adapter)
+        return mt_error_set("--lora-alpha and --lora-targets need --lora R (or --adapter DIR)");
+    if ((o->lora || o->adapter) && o->have_state)
+        return mt_error_set("--state with LoRA: the frozen base keeps its weights alone and the adapters "
+                            "their fp32 state; there is no optimizer format to choose");
     return MT_OK;
 }
 
@@ -352,6 +382,12 @@ char *mt_train_opts_json(const mt_train_opts *o) {
     json_object_set_new(j, "chat_format", json_string(mt_chat_format_name((mt_chat_format)o->chat_format)));
     json_object_set_new(j, "long", json_string(mt_long_policy_name((mt_long_policy)o->long_policy)));
     json_object_set_new(j, "pack", json_string(mt_pack_policy_name((mt_pack_policy)o->pack_policy)));
+    if (o->lora || o->adapter) { /* only then: a full-parameter run's arguments stay as they were */
+        json_object_set_new(j, "lora", json_integer(o->lora));
+        json_object_set_new(j, "lora_alpha", json_real(o->lora_alpha));
+        json_object_set_new(j, "lora_targets", o->lora_targets ? json_string(o->lora_targets) : json_null());
+        json_object_set_new(j, "adapter", o->adapter ? json_string(o->adapter) : json_null());
+    }
     char *s = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(j);
     return s;

@@ -41,6 +41,11 @@ typedef struct {
     int64_t max_nonfinite;      /* skip: stop after this many non-finite steps in a row */
     int overwrite;              /* a fresh run may replace the run already in --out */
     int resume_changed;         /* --resume may go on with settings that differ from the checkpoint's */
+    int64_t lora;               /* --lora R: rank-R adapters train on a frozen base (0: every parameter) */
+    double lora_alpha;          /* --lora-alpha (0: 2R, PEFT's scale alpha / R = 2) */
+    double lora_dropout;        /* --lora-dropout (only 0 yet) */
+    const char *lora_targets;   /* --lora-targets: PEFT's target_modules (NULL: model/lora.h's default) */
+    const char *adapter;        /* --adapter DIR: the adapters start from this PEFT adapter */
     /* set when the user gave the flag (defaults that depend on others are filled afterwards) */
     int have_min_lr, have_warmup, have_micro_batch, have_seq, have_state;
 } mt_train_opts;

@@ -68,6 +68,8 @@ struct mt_engine {
     float *g_shard;                  /* (largest shard) fp32; NULL with nccl, which sums in place */
     mt_event *shard_in;              /* this rank's shard of a group is in its slot */
 
+    mt_lora_state *lora;             /* the adapters (o->lora), NULL: full-parameter training */
+
     mt_optimizer *opt;
     mt_trace *trace;
     mt_dev_trace *dtrace;            /* the streams' own timeline (with trace) */
@@ -183,7 +185,7 @@ static mt_model_view ends_view(const mt_param_table *t, void *embed, void *head,
 }
 
 static mt_train_state_opts state_opts(const mt_engine_opts *o) {
-    mt_train_state_opts so = {.format = o->state, .gpu_layers = o->gpu_layers,
+    mt_train_state_opts so = {.format = o->lora ? MT_STATE_FROZEN : o->state, .gpu_layers = o->gpu_layers,
                               .grads_on_device = o->grads_on_device, .seed = o->seed,
                               .n_threads = o->opt_threads, .ranks = o->ranks, .comm = o->comm};
     return so;
@@ -210,7 +212,11 @@ void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_
     p->dev_slots = (double)(o->resident ? (streamed > 2 ? streamed : 2) : o->n_slots) * layer * el;
     p->dev_embed_head = (embed + head) * el;
     p->dev_grads = 4.0 * (layer + embed + head) + 2.0 * mt_group_max_size(t) * el + sb.dev_grads;
-    if (o->ranks > 1) p->dev_grads += 4.0 * (double)mt_shard_size(mt_group_max_size(t), o->ranks); /* g_shard (cpu) */
+    if (o->lora) { /* no base gradient; the adapters' whole state instead */
+        p->dev_grads = 0;
+        p->dev_lora = mt_lora_state_bytes(o->lora, dtype);
+    }
+    if (o->ranks > 1 && !o->lora) p->dev_grads += 4.0 * (double)mt_shard_size(mt_group_max_size(t), o->ranks); /* g_shard (cpu) */
     if (dtype != MT_BF16 && o->state != MT_STATE_FULL) p->dev_grads += 2.0 * mt_group_max_size(t); /* widen */
     /* the layer inputs (L + 1 sets, fewer when offloaded: act_sets) and the gradient dx */
     p->dev_checkpoints = (act_sets(t->cfg.L, o->offload) + 1) * N * t->cfg.C * el;
@@ -224,7 +230,7 @@ void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_
     p->dev_work = (double)mt_layer_ws_bytes_tiled(&t->cfg, dtype, (int)bN, o->mlp_chunk) + 2 * bN * t->cfg.C * el +
                   N * 4 * 5; /* ids, targets, losses, positions, document starts */
     p->dev_total = p->dev_slots + p->dev_embed_head + p->dev_grads + p->dev_checkpoints + p->dev_saved +
-                   p->dev_work + p->dev_tier;
+                   p->dev_work + p->dev_tier + p->dev_lora;
 }
 
 /* ---- the collectives (data parallel) ---- */
@@ -361,9 +367,15 @@ static void prefetch_layers(mt_engine *e, int upto, int backward, int wait_optim
 }
 
 /* Layer l's weights on the compute side: its slot s, or its own place in the GPU tier. */
-static mt_layer_weights layer_weights(const mt_engine *e, int l, int s) {
-    if (l < e->k) return mt_layer_view_at(e->t, l, mt_train_state_tier_weights(e->ts, l), e->elem);
-    return mt_layer_view_at(e->t, l, e->slots[s], e->elem);
+/* Layer l's weights (slot s, or the tier's), with its adapters in *lv when training LoRA. */
+static mt_layer_weights layer_weights(const mt_engine *e, int l, int s, mt_lora_view *lv) {
+    void *base = l < e->k ? mt_train_state_tier_weights(e->ts, l) : e->slots[s];
+    mt_layer_weights w = mt_layer_view_at(e->t, l, base, e->elem);
+    if (e->lora) {
+        *lv = mt_lora_view_at(e->o.lora, l, mt_lora_state_weights(e->lora), e->elem);
+        w.lora = lv;
+    }
+    return w;
 }
 
 /* ---- gradients out ---- */
@@ -496,7 +508,8 @@ static void forward(mt_engine *e, const mt_model_view *w, int save) {
         /* a rotating output set held layer l - 1's input: its copy to the host must be done */
         if (rotating(e, l + 1)) be->stream_wait(be, MT_STREAM_COMPUTE, e->ckpt_saved[(l + 1) % 2]);
         if (!tier) be->stream_wait(be, MT_STREAM_COMPUTE, e->slot_loaded[s]);
-        mt_layer_weights lw = layer_weights(e, l, s);
+        mt_lora_view lv;
+        mt_layer_weights lw = layer_weights(e, l, s, &lv);
         double t0 = mt_trace_now(e->trace);
         int h = busy_begin(e);
         for (int m = 0; m < e->M; m++) {
@@ -534,11 +547,19 @@ static void backward(mt_engine *e, const mt_model_view *g) {
         if (offloaded(e, l) && l < e->o.offload - 1)
             be->stream_wait(be, MT_STREAM_COMPUTE, e->ckpt_loaded[l % 2]);
         if (!tier) be->stream_wait(be, MT_STREAM_COMPUTE, e->slot_loaded[s]);
-        mt_layer_weights lw = layer_weights(e, l, s);
-        mt_layer_weights lg = mt_layer_view_at(e->t, l, e->g_layer, sizeof(float));
+        mt_lora_view lv, lgv;
+        mt_layer_weights lw = layer_weights(e, l, s, &lv);
+        mt_layer_weights lg;
+        if (e->lora) { /* the base is frozen: no gradient of its own; the adapters' accumulate */
+            memset(&lg, 0, sizeof lg);
+            lgv = mt_lora_view_at(e->o.lora, l, mt_lora_state_grads(e->lora), sizeof(float));
+            lg.lora = &lgv;
+        } else {
+            lg = mt_layer_view_at(e->t, l, e->g_layer, sizeof(float));
+        }
         double t0 = mt_trace_now(e->trace);
         int h = busy_begin(e);
-        be->zero(be, e->g_layer, padded_size(e->t, 0, e->ranks) * sizeof(float));
+        if (!e->lora) be->zero(be, e->g_layer, padded_size(e->t, 0, e->ranks) * sizeof(float));
         for (int m = 0; m < e->M; m++) {
             mt_tokens tok = tokens_of(e, m);
             mt_layer_ws ws = ws_for(e, l, m);
@@ -553,11 +574,23 @@ static void backward(mt_engine *e, const mt_model_view *g) {
             if (l >= 1) load_checkpoint(e, l - 1);
         }
         if (!tier) prefetch_layers(e, i + ahead(e), 1, 0);
-        grads_out(e, l, e->g_layer);
+        if (!e->lora) grads_out(e, l, e->g_layer);
     }
+    if (e->lora) return; /* the embedding is frozen */
     for (int m = 0; m < e->M; m++)
         mt_embed_backward(&e->lc, g, e->ids + (size_t)m * e->bN, e->bN, dx_at(e, m));
     grads_out(e, MT_GROUP_EMBED, e->g_embed);
+}
+
+/* LoRA: the adapters' gradient is final once the backward ends; with ranks it is summed over
+ * them first (every rank holds the whole adapter state and applies the same update); its squared
+ * norm is the whole gradient's. */
+static void lora_grads_final(mt_engine *e) {
+    float *g = mt_lora_state_grads(e->lora);
+    if (e->comm)
+        comm_check(e, mt_comm_all_reduce(e->comm, g, (size_t)e->o.lora->total, MT_F32,
+                                         comm_stream(e, MT_STREAM_COMPUTE)));
+    mt_lora_state_sumsq(e->lora, e->norms);
 }
 
 static double download_losses(mt_engine *e, int n) {
@@ -587,7 +620,8 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
 
     upload_batch(e, inputs, targets);
     mt_model_view w = ends_view(t, e->embed_w, e->head_w, e->elem);
-    mt_model_view g = ends_view(t, e->g_embed, e->g_head, sizeof(float));
+    mt_model_view g = {NULL, NULL, NULL}; /* LoRA: the embedding, final norm and head are frozen */
+    if (!e->lora) g = ends_view(t, e->g_embed, e->g_head, sizeof(float));
     mt_moe_stats_reset(&e->lc, e->ws.moe_stats); /* MoE: the step's router statistics */
     forward(e, &w, 1);
     /* MoE: coef * load-balancing loss, from every rank's router statistics */
@@ -597,8 +631,12 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
 
     /* head: loss, and the gradient flowing into the last layer */
     be->zero(be, e->norms, (size_t)(L + 2) * sizeof(float));
-    be->zero(be, e->g_embed, padded_size(t, MT_GROUP_EMBED, e->ranks) * sizeof(float));
-    be->zero(be, e->g_head, padded_size(t, L, e->ranks) * sizeof(float));
+    if (e->lora) {
+        mt_lora_state_zero_grads(e->lora);
+    } else {
+        be->zero(be, e->g_embed, padded_size(t, MT_GROUP_EMBED, e->ranks) * sizeof(float));
+        be->zero(be, e->g_head, padded_size(t, L, e->ranks) * sizeof(float));
+    }
     double t0 = mt_trace_now(e->trace);
     int h = busy_begin(e);
     for (int m = 0; m < e->M; m++)
@@ -610,9 +648,10 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
     /* the set the first reload fills (layer offload - 2's) has no reader after this */
     if (e->o.offload) be->event_record(be, e->set_free[e->o.offload % 2], MT_STREAM_COMPUTE);
     mt_trace_add(e->trace, MT_SPAN_HEAD, MT_LANE_MAIN, e->step, L, t0, mt_trace_now(e->trace));
-    grads_out(e, L, e->g_head);
+    if (!e->lora) grads_out(e, L, e->g_head);
 
     backward(e, &g);
+    if (e->lora) lora_grads_final(e);
     /* every gradient is out: copied to the host (D2H) or written on the compute side */
     be->event_record(be, e->compute_done, MT_STREAM_COMPUTE);
     be->stream_wait(be, MT_STREAM_D2H, e->compute_done);
@@ -620,7 +659,7 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
 
     /* the global norm is exact now: every group's squared norm is in (with ranks: the sums of
      * each rank's shards, added over the ranks) */
-    if (e->comm) /* on the compute stream, before the download there reads the sums */
+    if (e->comm && !e->lora) /* on the compute stream, before the download there reads the sums */
         comm_check(e, mt_comm_all_reduce(e->comm, e->norms, (size_t)L + 2, MT_F32,
                                          comm_stream(e, MT_STREAM_COMPUTE)));
     float *norms = mt_malloc((size_t)(L + 2) * sizeof(float));
@@ -645,6 +684,7 @@ void mt_engine_step(mt_engine *e, const int32_t *inputs, const int32_t *targets,
         mt_optimizer_skip(e->opt, adam_step, e->grads_out);
     } else {
         mt_train_state_update_tier(e->ts, hp, adam_step, res->clip_coef); /* compute stream */
+        if (e->lora) mt_lora_state_update(e->lora, hp, adam_step, res->clip_coef);
         mt_optimizer_start(e->opt, hp, adam_step, res->clip_coef, e->grads_out);
     }
 }
@@ -733,14 +773,24 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
     e->embed_free = new_event(e);
     e->head_loaded = new_event(e);
     e->head_free = new_event(e);
-    e->g_layer = be->alloc(be, padded_size(t, 0, ranks) * sizeof(float));
-    e->g_embed = be->alloc(be, padded_size(t, MT_GROUP_EMBED, ranks) * sizeof(float));
-    e->g_head = be->alloc(be, padded_size(t, L, ranks) * sizeof(float));
-    if (o->comm && !be->native_stream) {
-        e->g_shard = be->alloc(be, (size_t)mt_shard_size(mt_group_max_size(t), ranks) * sizeof(float));
+    if (o->lora) { /* the adapters' state instead of the base's gradient buffers */
+        MT_CHECK(cfg->lora_rank >= o->lora->rank, "LoRA rank %d: the layer workspace is sized for "
+                 "rank %d (set the table's cfg.lora_rank)", o->lora->rank, cfg->lora_rank);
+        float *init = mt_malloc((size_t)(o->lora->total ? o->lora->total : 1) * sizeof(float));
+        mt_lora_init(o->lora, init, o->seed);
+        e->lora = mt_lora_state_create(o->lora, be, init);
+        free(init);
+    } else {
+        e->g_layer = be->alloc(be, padded_size(t, 0, ranks) * sizeof(float));
+        e->g_embed = be->alloc(be, padded_size(t, MT_GROUP_EMBED, ranks) * sizeof(float));
+        e->g_head = be->alloc(be, padded_size(t, L, ranks) * sizeof(float));
+    }
+    if (o->comm && !be->native_stream) { /* the loads' all-gather; the gradients' reduce-scatter */
+        if (!o->lora)
+            e->g_shard = be->alloc(be, (size_t)mt_shard_size(mt_group_max_size(t), ranks) * sizeof(float));
         e->shard_in = new_event(e);
     }
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2 && !o->lora; i++) { /* gradients on their way out */
         e->staging[i] = be->alloc(be, (size_t)mt_group_max_size(t) * e->elem);
         e->staging_ready[i] = new_event(e);
         e->staging_free[i] = new_event(e);
@@ -811,11 +861,12 @@ void mt_engine_destroy(mt_engine *e) {
         be->event_destroy(be, e->slot_free[s]);
     }
     free(e->slots), free(e->slot_loaded), free(e->slot_free);
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2 && e->staging[i]; i++) {
         be->free(be, e->staging[i]);
         be->event_destroy(be, e->staging_ready[i]);
         be->event_destroy(be, e->staging_free[i]);
     }
+    mt_lora_state_free(e->lora);
     if (e->saved) be->free(be, e->saved);
     if (e->saved_att) be->free(be, e->saved_att);
     void *dev[] = {e->embed_w, e->head_w, e->g_layer, e->g_embed, e->g_head, e->norms, e->acts,
@@ -887,6 +938,8 @@ void mt_engine_get_weights(mt_engine *e, float *arena) {
 
 const int *mt_engine_loads(const mt_engine *e) { return e->loads; }
 double mt_engine_host_state_bytes(const mt_engine *e) { return mt_train_state_host_bytes(e->ts); }
+mt_lora_state *mt_engine_lora(mt_engine *e) { return e->lora; }
+
 mt_trace *mt_engine_trace(mt_engine *e) {
     mt_dev_trace_flush(e->dtrace);
     return e->trace;

@@ -45,6 +45,7 @@
 #include "../comm/comm.h"
 #include "../model/params.h"
 #include "../optim/state_io.h"
+#include "lora_state.h"
 #include "optimizer.h"
 #include "train_state.h"
 #include "trace.h"
@@ -77,6 +78,11 @@ typedef struct {
                          (model/layer.h; a few ulp from untiled on BLAS: row blocking) */
     int ranks;        /* data-parallel ranks sharing the host state (<= 1: one); batch is then
                          this rank's rows. Sizes (mt_engine_plan_of) follow it */
+    const mt_lora_table *lora; /* LoRA: these adapters train and the base is frozen (its state
+                                  MT_STATE_FROZEN whatever `state` says: the weights alone; no
+                                  base gradient is made or leaves the compute side; the adapters'
+                                  state lives there, engine/lora_state.h); t->cfg.lora_rank must
+                                  be at least its rank. NULL: every parameter trains */
     mt_comm *comm;    /* ranks > 1: their comm (mt_engine_create); one rank: NULL, or the nccl
                          comm of one GPU, whose collectives then run (the same bits as NULL).
                          nccl with the cuda backend, mpi (or local) with the cpu one */
@@ -101,6 +107,7 @@ typedef struct {
         dev_total; /* dev_tier: the GPU tier's weights and moments (its gradients in dev_grads) */
     double dev_saved_per_layer; /* what one more saved layer would cost */
     double dev_saved_attention_per_layer; /* and one more layer's saved attention (in dev_saved) */
+    double dev_lora;      /* LoRA: the adapters' weights, master, moments and gradient */
 } mt_engine_plan;
 
 void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_opts *o,
@@ -159,5 +166,8 @@ double mt_engine_host_state_bytes(const mt_engine *e);
 const int *mt_engine_loads(const mt_engine *e);
 mt_trace *mt_engine_trace(mt_engine *e);
 mt_optimizer *mt_engine_optimizer(mt_engine *e);
+/* The adapters' state (o->lora), NULL without adapters. It starts from mt_lora_init(o->seed);
+ * mt_lora_state_set replaces that (waits for the running step first: mt_engine_finish). */
+mt_lora_state *mt_engine_lora(mt_engine *e);
 
 #endif

@@ -329,8 +329,11 @@ int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan
     p->host_short = 0;
     p->eo = (mt_engine_opts){.batch = B, .T = rq->T, .n_slots = rq->n_slots,
                              .saved_layers = rq->saved_layers > 0 ? rq->saved_layers : 0,
-                             .resident = rq->resident == 1, .state = rq->state, .ranks = rq->ranks};
-    p->timed = mt_step_time_known(&p->backend);
+                             .resident = rq->resident == 1, .state = rq->state, .ranks = rq->ranks,
+                             .lora = rq->lora};
+    /* LoRA: the step-time model counts a host update the frozen base does not have (not yet
+     * modelled for adapters: no estimate, and the tier is not chosen by time) */
+    p->timed = mt_step_time_known(&p->backend) && !rq->lora;
     if (p->timed && rq->host_adamw > 0) {
         p->host_rate = rq->host_adamw;
         snprintf(p->host_rate_source, sizeof p->host_rate_source, "as asked");
@@ -362,7 +365,7 @@ int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan
         auto_saved_layers(p);
         measure(t, be->dtype, p);
     }
-    if (!rq->no_suggest && (!host_fits(p) || !fits_budget(p))) {
+    if (!rq->no_suggest && !rq->lora && (!host_fits(p) || !fits_budget(p))) {
         /* what would fit instead, each with one thing changed (mt_plan_check names them) */
         suggest_state(t, be, rq, p);
         if (!p->backend.host_ram && p->budget > 0) p->fit_gpu_mem = smallest_gpu_mem(t, be, rq);
@@ -463,8 +466,12 @@ void mt_plan_print_host(const mt_plan *p, FILE *out) {
     const mt_engine_plan *m = &p->mem;
     /* the rest: the host's token arrays, and the layer checkpoints when offloaded */
     double rest = m->host_total - m->host_master - m->host_moments - m->host_upload - m->host_grads;
-    fprintf(out, "host %.2f GiB (%.2f B/param: master %.2f, moments %.2f", p->host_bytes / g,
-            m->host_total / p->n_params, m->host_master / g, m->host_moments / g);
+    if (p->eo.lora) /* a frozen base: its weights alone */
+        fprintf(out, "host %.2f GiB (%.2f B/param: frozen base weights %.2f", p->host_bytes / g,
+                m->host_total / p->n_params, m->host_master / g);
+    else
+        fprintf(out, "host %.2f GiB (%.2f B/param: master %.2f, moments %.2f", p->host_bytes / g,
+                m->host_total / p->n_params, m->host_master / g, m->host_moments / g);
     if (m->host_upload > 0) fprintf(out, ", upload copy %.2f", m->host_upload / g);
     if (m->host_grads > 0) fprintf(out, ", gradients %.2f", m->host_grads / g);
     if (p->eo.offload) fprintf(out, ", layer checkpoints %.2f", rest / g);
@@ -601,19 +608,24 @@ static void print_step_time(const mt_plan *p, FILE *out) {
     }
 }
 
-void mt_plan_print(const mt_plan *p, FILE *out) {
+/* The plan's state line: the optimizer format and the GPU tier, or LoRA's adapters and base. */
+static void print_state(const mt_plan *p, FILE *out) {
     const double g = MT_GIB;
     const mt_engine_plan *m = &p->mem;
     const mt_engine_opts *eo = &p->eo;
-    fprintf(out, "micro-batch %d of --batch %d", eo->micro_batch, eo->batch);
-    if (p->micro_auto)
-        fprintf(out, " (auto: %s)",
-                p->backend.host_ram ? (p->host_available > 0 ? "the largest that host RAM holds"
-                                                               : "the whole batch")
-                : p->budget <= 0 ? "the whole batch; no GPU budget to fit"
-                : eo->offload ? "no micro-batch fits with the checkpoints on the GPU; the largest "
-                                "that fits with some of them in host memory"
-                              : "the largest that fits the budget with the checkpoints on the GPU");
+    if (eo->lora) {
+        const mt_lora_table *lt = eo->lora;
+        fprintf(out, "\nLoRA: rank %d, alpha %g (scale %g) on %d modules (%s): %.4gM adapter "
+                     "parameters, their state %.1f MiB on the %s (fp32 master, moments, gradient); "
+                     "the base frozen: its weights alone, %d B/param, no gradient",
+                lt->rank, lt->alpha, (double)lt->scale, lt->n_modules, lt->targets,
+                (double)lt->n_real / 1e6, m->dev_lora / 1048576.0,
+                p->backend.host_ram ? "compute side (host RAM)" : "GPU", (int)mt_dtype_size(p->dtype));
+        if (eo->gpu_layers)
+            fprintf(out, "; layers 0-%d of %d resident on the GPU (%.2f GiB)", eo->gpu_layers - 1,
+                    p->L, m->dev_tier / g);
+        return;
+    }
     fprintf(out, "\noptimizer state: %s, %.2f B/param", mt_state_format_name(eo->state),
             eo->state == MT_STATE_FULL ? 12.0 + (double)mt_dtype_size(p->dtype)
                                        : mt_optim_bytes_per_param(eo->state));
@@ -629,6 +641,22 @@ void mt_plan_print(const mt_plan *p, FILE *out) {
                 !p->tier_auto ? "" : p->timed && !p->host_short ? "; auto: below" : "; auto: the fewest that let the host hold the rest");
     if (eo->state != MT_STATE_FULL)
         fprintf(out, "; gradients wait %s", eo->grads_on_device ? "on the GPU" : "in host memory");
+}
+
+void mt_plan_print(const mt_plan *p, FILE *out) {
+    const double g = MT_GIB;
+    const mt_engine_plan *m = &p->mem;
+    const mt_engine_opts *eo = &p->eo;
+    fprintf(out, "micro-batch %d of --batch %d", eo->micro_batch, eo->batch);
+    if (p->micro_auto)
+        fprintf(out, " (auto: %s)",
+                p->backend.host_ram ? (p->host_available > 0 ? "the largest that host RAM holds"
+                                                               : "the whole batch")
+                : p->budget <= 0 ? "the whole batch; no GPU budget to fit"
+                : eo->offload ? "no micro-batch fits with the checkpoints on the GPU; the largest "
+                                "that fits with some of them in host memory"
+                              : "the largest that fits the budget with the checkpoints on the GPU");
+    print_state(p, out);
     fprintf(out, "\nmemory plan: ");
     mt_plan_print_host(p, out);
     fprintf(out, "\n             %s %.2f GiB", p->backend.host_ram ? "compute (in host RAM)" : "GPU",

@@ -79,6 +79,7 @@ typedef struct {
     int documents;        /* 1: the rows pack several documents (packed data: doc_start), whose
                              attention backward takes be->memory.attention_pool_docs of the pool;
                              0: rows of one token stream, attention_pool */
+    const mt_lora_table *lora; /* LoRA: these adapters train on a frozen base (engine.h); NULL */
 } mt_plan_request;
 
 typedef struct {

@@ -27,7 +27,8 @@ typedef struct {
     int64_t base, n;
     mt_optim_state *st;
     void *grads; /* compact/tight: the gradients (compute dtype), on the compute side when
-                    grads_dev, else pinned host memory; full: NULL (the upload copy holds them) */
+                    grads_dev, else pinned host memory; full: NULL (the upload copy holds them);
+                    frozen: NULL (none) */
     int grads_dev;
 } host_piece;
 
@@ -51,7 +52,7 @@ struct mt_train_state {
     int64_t tier_base, tier_n;
     mt_optim_arenas tier;  /* compute-side arenas */
     void *tier_weights;    /* compute dtype: tier.w itself, or a widened copy (cpu, 8-bit formats) */
-    void *tier_grads;      /* compute side, compute dtype */
+    void *tier_grads;      /* compute side, compute dtype (frozen: NULL) */
     mt_optim_state *mirror;/* one layer on the host: converts the tier's weights for io */
 
     update_piece *pieces;  /* every group's update calls, in update order */
@@ -69,6 +70,10 @@ struct mt_train_state {
 };
 
 /* ---- places ---- */
+
+/* The 8-bit formats: their gradients wait in a place of their own (full's wait in the upload
+ * copy; frozen has none). */
+static int grads_apart(mt_state_format f) { return f == MT_STATE_COMPACT || f == MT_STATE_TIGHT; }
 
 int mt_train_state_in_tier(const mt_train_state *s, int layer) {
     return layer >= 0 && layer < s->o.gpu_layers;
@@ -118,6 +123,7 @@ void *mt_train_state_tier_weights(const mt_train_state *s, int layer) {
 
 void *mt_train_state_grad_dev(const mt_train_state *s, int layer) {
     int64_t off = group_start(s, layer);
+    if (s->o.format == MT_STATE_FROZEN) return NULL; /* no gradient anywhere */
     if (mt_train_state_in_tier(s, layer))
         return (char *)s->tier_grads + (size_t)(off - s->tier_base) * s->elem;
     const host_piece *p = piece_of(s, layer);
@@ -127,7 +133,7 @@ void *mt_train_state_grad_dev(const mt_train_state *s, int layer) {
 void *mt_train_state_grad_host(const mt_train_state *s, int layer) {
     if (mt_train_state_in_tier(s, layer)) return NULL;
     const host_piece *p = piece_of(s, layer);
-    if (p->grads_dev) return NULL;
+    if (p->grads_dev || s->o.format == MT_STATE_FROZEN) return NULL; /* frozen: no gradient */
     if (!p->grads) return mt_train_state_upload(s, layer); /* full: the dead upload copy */
     return (char *)p->grads + (size_t)(group_start(s, layer) - p->base) * s->elem;
 }
@@ -147,6 +153,14 @@ void mt_train_state_bytes_of(const mt_param_table *t, mt_dtype compute, const mt
     }
     memset(b, 0, sizeof *b);
     double per = mt_optim_bytes_per_param(o->format);
+    if (o->format == MT_STATE_FROZEN) {
+        /* the weights in the compute dtype, which is what the forward uploads; no gradients */
+        b->host_weights = mt_optim_bytes_per_param_up(o->format, compute) * n_host;
+        b->dev_tier = el * n_tier;
+        b->host_total = b->host_weights;
+        b->dev_total = b->dev_tier;
+        return;
+    }
     if (o->format == MT_STATE_FULL) {
         b->host_weights = 4 * n_host;
         b->host_moments = 8 * n_host;
@@ -161,7 +175,7 @@ void mt_train_state_bytes_of(const mt_param_table *t, mt_dtype compute, const mt
         else b->host_grads = el * n_host;
     }
     b->dev_grads += el * n_tier;
-    if (o->grads_on_device && o->format != MT_STATE_FULL)
+    if (o->grads_on_device && grads_apart(o->format))
         b->host_grads += 2.0 * el * (double)(mt_group_max_size(t) < FETCH_PIECE ? mt_group_max_size(t) : FETCH_PIECE);
     b->host_total = b->host_weights + b->host_moments + b->host_upload + b->host_grads;
     b->dev_total = b->dev_tier + b->dev_grads;
@@ -186,7 +200,7 @@ static void host_piece_init(mt_train_state *s, host_piece *p, int64_t base, int6
                         .upload_dtype = s->up_dtype};
     p->st = mt_optim_state_create(s->o.format, (size_t)n, s->o.seed, &a);
     mt_optim_state_set_index_base(p->st, (uint64_t)base);
-    if (s->o.format == MT_STATE_FULL) return;
+    if (!grads_apart(s->o.format)) return; /* full: in the upload copy; frozen: none */
     size_t bytes = (size_t)n * s->elem;
     p->grads_dev = s->o.grads_on_device;
     p->grads = p->grads_dev ? be->alloc(be, bytes) : be->host_alloc(be, bytes);
@@ -237,7 +251,8 @@ static void tier_init(mt_train_state *s) {
     }
     s->tier_weights = m.w_dtype == be->dtype ? d->w : dev_alloc(be, n * s->elem);
     if (s->tier_weights != d->w) be->from_bf16(be, s->tier_weights, d->w, n);
-    s->tier_grads = dev_alloc(be, n * s->elem);
+    /* frozen: the LoRA engine never writes the base's gradients */
+    s->tier_grads = s->o.format == MT_STATE_FROZEN ? NULL : dev_alloc(be, n * s->elem);
 }
 
 static void init_io(mt_train_state *s);
@@ -297,7 +312,8 @@ mt_train_state *mt_train_state_create(const mt_param_table *t, mt_backend *be,
     s->ranks = ranks;
     s->rank = ranks > 1 ? mt_comm_rank(o->comm) : 0;
     s->elem = mt_dtype_size(be->dtype);
-    s->up_dtype = o->format == MT_STATE_FULL ? be->dtype : MT_BF16;
+    /* full, frozen: an upload copy in the compute dtype; compact, tight: their bf16 master */
+    s->up_dtype = grads_apart(o->format) ? MT_BF16 : be->dtype;
     make_pieces(s);
     tier_init(s);
     s->group_piece = mt_calloc((size_t)L + 2, sizeof(int));
@@ -317,7 +333,7 @@ mt_train_state *mt_train_state_create(const mt_param_table *t, mt_backend *be,
             s->group_piece[g + 1] = g + 1;
         }
     }
-    if (o->grads_on_device && o->format != MT_STATE_FULL) {
+    if (o->grads_on_device && grads_apart(o->format)) {
         for (int i = 0; i < 2; i++) {
             int64_t n = mt_group_max_size(t) < FETCH_PIECE ? mt_group_max_size(t) : FETCH_PIECE;
             s->fetch_buf[i] = be->host_alloc(be, (size_t)n * s->elem);
@@ -430,12 +446,13 @@ static void update_pieces(mt_train_state *s, int layer, const mt_adamw_hparams *
 
 void mt_train_state_update_group(mt_train_state *s, int layer, const mt_adamw_hparams *hp,
                                  int64_t step, float grad_scale) {
-    if (mt_train_state_in_tier(s, layer)) return;
+    if (mt_train_state_in_tier(s, layer) || s->o.format == MT_STATE_FROZEN) return;
     update_pieces(s, layer, hp, step, grad_scale, 0);
 }
 
 void mt_train_state_restore_group(mt_train_state *s, int layer) {
-    if (mt_train_state_in_tier(s, layer)) return;
+    /* frozen: no update ever touched the weights */
+    if (mt_train_state_in_tier(s, layer) || s->o.format == MT_STATE_FROZEN) return;
     host_piece *pc = piece_of(s, layer);
     if (pc->grads) {
         /* compact/tight: the gradient never touched the weights; a pending fetch is dropped */
@@ -460,7 +477,7 @@ void mt_train_state_restore_group(mt_train_state *s, int layer) {
 
 void mt_train_state_update_tier(mt_train_state *s, const mt_adamw_hparams *hp, int64_t step,
                                 float grad_scale) {
-    if (!s->o.gpu_layers) return;
+    if (!s->o.gpu_layers || s->o.format == MT_STATE_FROZEN) return;
     mt_backend *be = s->be;
     for (int k = s->group_first[1]; k < s->group_first[s->o.gpu_layers + 1]; k++) {
         const update_piece *pc = &s->pieces[k];
@@ -538,6 +555,7 @@ static int gather_step(mt_train_state *s, int q) {
         return rc;
     }
     mt_optim_arenas a = mt_optim_state_arenas(pc->st);
+    if (a.f == MT_STATE_FROZEN) return MT_OK; /* no optimizer parts to gather */
     if (a.f == MT_STATE_FULL) {
         MT_TRY(gather_into(s, (void **)&s->g_m, a.m, S, MT_F32));
         return gather_into(s, (void **)&s->g_v, a.v, S, MT_F32);

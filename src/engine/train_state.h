@@ -2,8 +2,8 @@
  * the per-group work on them (the update, the restore after a skipped step, tensor-by-tensor
  * access for checkpoints and initial weights).
  *
- * The state is one optimizer format (optim/state.h: full, compact, tight) over three pieces of the
- * parameter arena:
+ * The state is one optimizer format (optim/state.h: full, compact, tight, frozen) over three pieces
+ * of the parameter arena:
  *   host A    the embed group                       host RAM, updated by the optimizer thread
  *   GPU tier  layers 0 .. k-1 (k = gpu_layers)      compute side, updated there (optim_update)
  *   host B    layers k .. L-1 and the head group    host RAM, updated by the optimizer thread
@@ -20,8 +20,14 @@
  *   GPU tier               on the compute side, always
  * Gradients are in the compute dtype (bf16 on cuda, as the upload copy held them before).
  *
+ * frozen (a LoRA base: the LoRA engine never writes the base's gradients): the weights alone, in
+ * the compute dtype (the upload copy on the host, the tier's weights on the compute side); no
+ * gradient place anywhere (grad_dev and grad_host NULL, grads_on_device ignored, no fetch
+ * buffers), the update and the restore do nothing, and a tensor has no optimizer parts
+ * (get_parts / set_parts handle none; a checkpoint save refuses the state).
+ *
  * Weights for the forward: host groups are copied from mt_train_state_upload (the upload dtype:
- * the compute dtype for full, bf16 for compact/tight — the cpu backend widens those with
+ * the compute dtype for full and frozen, bf16 for compact/tight — the cpu backend widens those with
  * from_bf16); tier layers are used in place (mt_train_state_tier_weights).
  *
  * Data parallel (ranks > 1, issue 12): every host group is cut into `ranks` shards of
@@ -67,7 +73,8 @@ typedef struct {
  * ranks) rounded up to a multiple of MT_OPTIM_BLOCK; n itself for one rank. */
 int64_t mt_shard_size(int64_t n, int ranks);
 
-/* Bytes the state takes on each side (for the planner), gradients included. */
+/* Bytes the state takes on each side (for the planner), gradients included (frozen: the weights
+ * in the compute dtype, host_weights and dev_tier, nothing else). */
 typedef struct {
     double host_weights, host_moments, host_upload, host_grads, host_total;
     double dev_tier, dev_grads, dev_total;
@@ -100,7 +107,8 @@ mt_dtype mt_train_state_upload_dtype(const mt_train_state *s);
 void *mt_train_state_tier_weights(const mt_train_state *s, int layer);
 
 /* Where group `layer`'s gradient (compute dtype, the group's size) goes at the end of its
- * backward: on the compute side (non-NULL), else into the host buffer mt_train_state_grad_host. */
+ * backward: on the compute side (non-NULL), else into the host buffer mt_train_state_grad_host.
+ * frozen: both NULL (there is no gradient). */
 void *mt_train_state_grad_dev(const mt_train_state *s, int layer);
 void *mt_train_state_grad_host(const mt_train_state *s, int layer);
 

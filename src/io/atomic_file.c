@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -257,4 +258,79 @@ int mt_atomic_write_file_digest(const char *path, const void *data, size_t n,
 
 int mt_atomic_write_file(const char *path, const void *data, size_t n) {
     return mt_atomic_write_file_digest(path, data, n, NULL);
+}
+
+int mt_fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return mt_error_set("%s: cannot open directory to fsync: %s", dir, mt_io_errtext(errno));
+    int rc = fsync(fd) == 0 ? MT_OK : mt_error_set("%s: fsync failed: %s", dir, mt_io_errtext(errno));
+    close(fd);
+    return rc;
+}
+
+/* mkdir -p of every directory above path (not path itself). */
+static int make_parents(const char *path) {
+    char *p = mt_strdup(path);
+    int rc = MT_OK;
+    for (char *s = p + 1; *s && rc == MT_OK; s++) {
+        if (*s != '/') continue;
+        *s = '\0';
+        struct stat sb;
+        if (mkdir(p, 0777) != 0 && errno != EEXIST)
+            rc = mt_error_set("%s: cannot create directory: %s", p, mt_io_errtext(errno));
+        else if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode))
+            rc = mt_error_set("%s: exists and is not a directory", p);
+        *s = '/';
+    }
+    free(p);
+    return rc;
+}
+
+/* Removes a flat directory and its files (a failed write's temporary one). */
+static void remove_flat_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            char *p = mt_malloc(strlen(dir) + strlen(e->d_name) + 2);
+            sprintf(p, "%s/%s", dir, e->d_name);
+            unlink(p);
+            free(p);
+        }
+        closedir(d);
+    }
+    if (rmdir(dir) != 0)
+        fprintf(stderr, "megatrain: warning: %s: could not remove: %s\n", dir, strerror(errno));
+}
+
+int mt_atomic_dir_write(const char *dir, int (*fill)(const char *tmp, void *ctx), void *ctx) {
+    char *clean = mt_strdup(dir);
+    for (size_t n = strlen(clean); n > 1 && clean[n - 1] == '/'; n--) clean[n - 1] = '\0';
+    char *tmp = NULL, *prefix = mt_malloc(strlen(clean) + 8);
+    sprintf(prefix, "%s.tmp", clean);
+    int rc = make_parents(clean);
+    if (rc == MT_OK) rc = mt_make_temp_dir(prefix, &tmp);
+    if (rc == MT_OK) rc = fill(tmp, ctx);
+    if (rc == MT_OK) rc = mt_fsync_dir(tmp);
+    if (rc == MT_OK && rename(tmp, clean) != 0)
+        rc = mt_error_set("%s: cannot rename %s to it: %s", clean, tmp,
+                          errno == ENOTEMPTY || errno == EEXIST ? "it is no longer empty"
+                                                                : mt_io_errtext(errno));
+    if (rc == MT_OK) {
+        char *slash = strrchr(clean, '/');
+        if (slash == clean) slash[1] = '\0';
+        else if (slash) *slash = '\0';
+        if (mt_fsync_dir(slash ? clean : ".") != MT_OK)
+            fprintf(stderr, "megatrain: warning: %s\n", mt_error_message());
+    } else if (tmp) {
+        char msg[1024]; /* the cleanup must not overwrite the message */
+        snprintf(msg, sizeof msg, "%s", mt_error_message());
+        remove_flat_dir(tmp);
+        mt_error_set("%s", msg);
+    }
+    free(tmp);
+    free(prefix);
+    free(clean);
+    return rc;
 }

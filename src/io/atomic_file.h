@@ -50,6 +50,16 @@ int mt_atomic_write_file_digest(const char *path, const void *data, size_t n,
  * (malloc'd). MT_ERR names it and the system error. */
 int mt_make_temp_dir(const char *prefix, char **path);
 
+/* fsync of a directory (its entries made durable). MT_ERR names it. */
+int mt_fsync_dir(const char *dir);
+
+/* A new flat directory DIR that appears whole: fill(tmp, ctx) writes its files into a fresh
+ * DIR.tmp.XXXXXX beside it (DIR's parents are made), which is fsync'd and renamed to DIR (an
+ * existing empty DIR is replaced, as rename(2) does), then DIR's parent fsync'd (a failure there
+ * only warns: DIR is complete). On MT_ERR (fill's, or naming the rename) the temporary directory
+ * and its files are removed and DIR is as it was. */
+int mt_atomic_dir_write(const char *dir, int (*fill)(const char *tmp, void *ctx), void *ctx);
+
 /* The system error text, with " (disk full)" for ENOSPC and EDQUOT. */
 const char *mt_io_errtext(int e);
 

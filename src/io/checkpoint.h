@@ -54,6 +54,11 @@
  * never negative (0: an all-zero block). One pass of integer compares on the float bits, as fast
  * as the finiteness check it replaces.
  *
+ * A LoRA run's checkpoints (io/lora_checkpoint.h) share OUT/checkpoints, the trainer_state.json
+ * format and the rules above (publish, --keep, checksums, bounds); theirs records "lora" and lists
+ * the adapter's three files instead of config.json and the two safetensors. Neither kind resumes
+ * the other: each refuses it by name (not damage: no fallback past it).
+ *
  * A run that skips steps (--max-nonfinite) never loses its last healthy checkpoint to --keep: a
  * save whose nonfinite_in_a_row > 0 keeps, besides the keep_last newest, the newest checkpoint
  * whose trainer_state.json records nonfinite_in_a_row 0 (written after a healthy step), until a
@@ -91,6 +96,8 @@ typedef struct {
                               (io->sr_seed) */
     int64_t in_a_row;      /* of the skipped steps, the last ones in a row up to step (0: step
                               was healthy); from 0 to skipped. Absent in older checkpoints: 0 */
+    int lora;              /* load: 1 for a LoRA run's checkpoint (trainer_state.json has "lora":
+                              io/lora_checkpoint.h), 0 for a full-parameter one; save: ignored */
 } mt_ckpt_state;
 
 /* CKPT/trainer_state.json alone into *st (args_json malloc'd): what a run recorded, read before
@@ -181,7 +188,9 @@ int mt_checkpoint_load(const char *ckpt_dir, const mt_param_table *t, const mt_s
  * directory into path. Each newer one that failed gets one line on stderr:
  *   megatrain: warning: OUT/checkpoints/step_X is damaged (REASON); resuming from step_Y instead
  * A checkpoint of another state format is not damage: MT_ERR with its message (above), no
- * fallback to an older one, the state untouched.
+ * fallback to an older one, the state untouched; nor is a LoRA run's: MT_ERR "CK: a LoRA
+ * checkpoint (an adapter of rank R): resume it with the same --lora flags" (mt_checkpoint_load
+ * refuses it likewise).
  * Returns MT_OK; MT_CKPT_NONE when there is no step_ directory at all (the message says so; the
  * caller starts fresh); MT_ERR when none loads (the message names the newest and its damage), when
  * OUT/checkpoints cannot be listed, or when a path does not fit path_size. */

@@ -18,6 +18,10 @@
 #define TMP_PREFIX ".tmp-"
 #define MAX_FILES 16 /* entries of trainer_state.json's "files" */
 #define CKPT_PART_NAME 128 /* "<part>.<HF name>" (HF names are < 96) */
+/* A LoRA run's checkpoint (io/lora_checkpoint.h): its files, all three required in "files" */
+#define CKPT_LORA_CONFIG "adapter_config.json"
+#define CKPT_LORA_WEIGHTS "adapter_model.safetensors"
+#define CKPT_LORA_OPTIM "adapter_optimizer.safetensors"
 
 /* ---- small file-system helpers ---- */
 
@@ -93,6 +97,44 @@ void ckpt_tensor_list_free(ckpt_tensor_list *l);
 /* What a NaN/inf is reported in: "the master weights hold", or part `part`'s description. */
 const char *ckpt_part_what(const char *part);
 
+/* ---- the steps of a load (checkpoint_load.c), shared by the LoRA checkpoint ---- */
+
+/* trainer_state.json's "lora" (the checkpoint of a LoRA run): the adapter it holds. */
+typedef struct {
+    int r;
+    double alpha;      /* lora_alpha */
+    char targets[512]; /* target_modules as the run listed them, comma-separated */
+} ckpt_lora_info;
+
+/* CKPT/trainer_state.json validated into *st (args_json malloc'd; st->lora set), *format and
+ * (format >= 2) the recorded files: with "lora", the three LoRA files are the required ones and
+ * *lora (may be NULL) gets the adapter. */
+int ckpt_read_state(const char *ckpt_dir, mt_ckpt_state *st, int *format, ckpt_file_list *files,
+                    ckpt_lora_info *lora);
+/* Every file of l has its recorded length and XXH3-64 (else MT_ERR "DIR/FILE: checksum mismatch"). */
+int ckpt_verify_files(const char *dir, const ckpt_file_list *l);
+
+/* What a tensor may hold (checkpoint.h, "Sanity at load"): |x| <= max_abs, and nonneg. */
+typedef struct {
+    float max_abs;
+    int nonneg;
+    const char *what; /* for the message */
+} ckpt_value_bound;
+
+/* The bound of "weight" or of an optimizer part by name (exp_avg, exp_avg_sq, their scales). */
+ckpt_value_bound ckpt_bound_of(const char *part);
+/* The n floats at x (possibly unaligned) within b; else MT_ERR naming FILE's tensor NAME, the
+ * element and its value. */
+int ckpt_check_values(const char *file, const char *name, const void *x, int64_t n, ckpt_value_bound b);
+
+/* Resume's walk: load(ctx, DIR, &stop) on OUT's step_ directories, newest first, until one loads
+ * (it alone writes the caller's state); path gets its directory. A failure with stop set (not
+ * damage: another kind of checkpoint) ends the walk with its message; the others are damage,
+ * warned about as checkpoint.h's mt_checkpoint_resume says. Returns what that one returns. */
+typedef int (*ckpt_load_fn)(void *ctx, const char *dir, int *stop);
+int ckpt_resume_newest(const char *out_dir, ckpt_load_fn load, void *ctx, char *path,
+                       size_t path_size);
+
 /* ---- the steps of a save (checkpoint_save.c), shared by the per-rank save ---- */
 
 struct json_t;
@@ -122,6 +164,9 @@ int ckpt_save_config(const char *dir, const mt_param_table *t, ckpt_file_list *f
  * fsync of DIR. */
 int ckpt_save_last(const char *dir, const mt_ckpt_state *st, const mt_state_io *io,
                    struct json_t *args, const char *tok_dir, ckpt_file_list *files);
+/* ckpt_save_last with trainer_state.json's "lora" (an object, not NULL) after "files". */
+int ckpt_save_last_lora(const char *dir, const mt_ckpt_state *st, const mt_state_io *io,
+                        struct json_t *args, struct json_t *lora, ckpt_file_list *files);
 
 /* 1 when any of the n floats at x (possibly unaligned: a mapped file) is NaN or inf; threaded. */
 int ckpt_any_nonfinite(const void *x, int64_t n);

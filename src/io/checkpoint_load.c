@@ -23,8 +23,7 @@
 #include "io/hf_layout.h"
 #include "io/safetensors.h"
 #include "model/config.h"
-
-
+#include "model/lora.h"
 
 /* ---- latest ---- */
 
@@ -108,8 +107,9 @@ static int plain_file_name(const char *s) {
            strcmp(s, ".") != 0 && strcmp(s, "..") != 0 && strcmp(s, "trainer_state.json") != 0;
 }
 
-/* "files": {NAME: {"bytes": N, "xxh3_64": "16 hex"}, ...} -> l. */
-static int read_files(const char *path, const json_t *fo, ckpt_file_list *l) {
+/* "files": {NAME: {"bytes": N, "xxh3_64": "16 hex"}, ...} -> l; a LoRA checkpoint's required
+ * files are its three. */
+static int read_files(const char *path, const json_t *fo, int lora, ckpt_file_list *l) {
     if (!json_is_object(fo))
         return mt_error_set("%s: \"files\" must be an object of file checksums (format >= 2)", path);
     const char *name;
@@ -127,9 +127,11 @@ static int read_files(const char *path, const json_t *fo, ckpt_file_list *l) {
         d.bytes = (uint64_t)json_integer_value(bytes);
         ckpt_add_file(l, name, &d);
     }
-    static const char *const required[] = {"config.json", "model.safetensors",
-                                           "optimizer.safetensors"};
-    for (size_t r = 0; r < sizeof required / sizeof *required; r++) {
+    static const char *const full_files[] = {"config.json", "model.safetensors",
+                                             "optimizer.safetensors"};
+    static const char *const lora_files[] = {CKPT_LORA_CONFIG, CKPT_LORA_WEIGHTS, CKPT_LORA_OPTIM};
+    const char *const *required = lora ? lora_files : full_files;
+    for (size_t r = 0; r < 3; r++) {
         int found = 0;
         for (int k = 0; k < l->n; k++) found |= strcmp(l->e[k].name, required[r]) == 0;
         if (!found)
@@ -151,9 +153,24 @@ static int64_t dir_step(const char *dir) {
     return ckpt_parse_step_name(name);
 }
 
-/* trainer_state.json -> *out, *format and (format >= 2) the recorded files. */
+/* "lora": {"r": R, "lora_alpha": A, "target_modules": "NAME,..."} -> *out. */
+static int read_lora(const char *path, const json_t *lo, ckpt_lora_info *out) {
+    json_t *r = json_object_get(lo, "r"), *alpha = json_object_get(lo, "lora_alpha");
+    const char *targets = json_string_value(json_object_get(lo, "target_modules"));
+    if (!json_is_integer(r) || json_integer_value(r) < 1 || json_integer_value(r) > MT_LORA_MAX_RANK ||
+        !json_is_number(alpha) || !(json_number_value(alpha) > 0) || !targets || !*targets ||
+        strlen(targets) >= sizeof out->targets)
+        return mt_error_set("%s: \"lora\" must be {\"r\": 1 to %d, \"lora_alpha\": a number > 0, "
+                            "\"target_modules\": \"NAME,...\"}", path, MT_LORA_MAX_RANK);
+    out->r = (int)json_integer_value(r);
+    out->alpha = json_number_value(alpha);
+    snprintf(out->targets, sizeof out->targets, "%s", targets);
+    return MT_OK;
+}
+
+/* trainer_state.json -> *out, *format, (format >= 2) the recorded files and (with "lora") *lora. */
 static int read_state(const char *path, int64_t dir_step_num, mt_ckpt_state *out, int *format,
-                      ckpt_file_list *files) {
+                      ckpt_file_list *files, ckpt_lora_info *lora) {
     if (access(path, R_OK) != 0) return mt_error_set("%s: cannot open: %s", path, strerror(errno));
     json_error_t je;
     json_t *o = json_load_file(path, 0, &je);
@@ -208,7 +225,15 @@ static int read_state(const char *path, int64_t dir_step_num, mt_ckpt_state *out
     if (rc == MT_OK && s.state == MT_STATE_TIGHT && parse_seed(sr_seed, &s.sr_seed) != MT_OK)
         rc = mt_error_set("%s: \"sr_seed\" (tight's rounding seed) must be the decimal digits of "
                           "an integer from 0 to 2^64 - 1", path);
-    if (rc == MT_OK && *format >= 2) rc = read_files(path, json_object_get(o, "files"), files);
+    json_t *lo = json_object_get(o, "lora");
+    s.lora = lo != NULL;
+    if (rc == MT_OK && lo) { /* written since format 3, its moments full */
+        if (*format < 3 || s.state != MT_STATE_FULL)
+            rc = mt_error_set("%s: a LoRA checkpoint (\"lora\") must be format 3 with \"state\": "
+                              "\"full\"", path);
+        else rc = read_lora(path, lo, lora);
+    }
+    if (rc == MT_OK && *format >= 2) rc = read_files(path, json_object_get(o, "files"), s.lora, files);
     if (rc == MT_OK && args && !json_is_null(args))
         s.args_json = json_dumps(args, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
     json_decref(o);
@@ -218,7 +243,7 @@ static int read_state(const char *path, int64_t dir_step_num, mt_ckpt_state *out
 
 /* Every recorded file has its recorded length and XXH3-64; files hashed in parallel (a 7B
  * checkpoint is ~100 GB), the first failure in list order reported. */
-static int verify_files(const char *dir, const ckpt_file_list *l) {
+int ckpt_verify_files(const char *dir, const ckpt_file_list *l) {
     int err[MAX_FILES];
     mt_file_digest got[MAX_FILES];
 #pragma omp parallel for schedule(dynamic, 1) if (l->n > 1)
@@ -316,29 +341,24 @@ static int check_optimizer(const mt_safetensors *ost, const char *path, const mt
     return MT_OK;
 }
 
-/* What a tensor may hold (checkpoint.h, "Sanity at load"): |x| <= max_abs, and nonneg. */
-typedef struct {
-    float max_abs;
-    int nonneg;
-    const char *what; /* for the message */
-} value_bound;
-
-static value_bound bound_of_part(const char *part) {
+ckpt_value_bound ckpt_bound_of(const char *part) {
     const float m = MT_CKPT_MAX_MOMENT;
+    if (strcmp(part, "weight") == 0)
+        return (ckpt_value_bound){MT_CKPT_MAX_WEIGHT, 0, "|w| <= 1e8 (trained weights stay within "
+                                                         "the hundreds)"};
     if (strcmp(part, "exp_avg") == 0)
-        return (value_bound){m, 0, "|exp_avg| <= 1e8 (Adam's first moment: an average of gradients)"};
+        return (ckpt_value_bound){m, 0, "|exp_avg| <= 1e8 (Adam's first moment: an average of gradients)"};
     if (strcmp(part, "exp_avg_scale") == 0)
-        return (value_bound){m, 1, "0 <= exp_avg_scale <= 1e8 (a block's largest |exp_avg|)"};
+        return (ckpt_value_bound){m, 1, "0 <= exp_avg_scale <= 1e8 (a block's largest |exp_avg|)"};
     if (strcmp(part, "exp_avg_sq") == 0)
-        return (value_bound){m * m, 1, "0 <= exp_avg_sq <= 1e16 (Adam's second moment: an average of "
-                                       "squared gradients)"};
+        return (ckpt_value_bound){m * m, 1, "0 <= exp_avg_sq <= 1e16 (Adam's second moment: an average of "
+                                            "squared gradients)"};
     if (strcmp(part, "exp_avg_sq_scale") == 0)
-        return (value_bound){m * m, 1, "0 <= exp_avg_sq_scale <= 1e16 (a block's largest exp_avg_sq)"};
-    return (value_bound){m, 0, "|x| <= 1e8"};
+        return (ckpt_value_bound){m * m, 1, "0 <= exp_avg_sq_scale <= 1e16 (a block's largest exp_avg_sq)"};
+    return (ckpt_value_bound){m, 0, "|x| <= 1e8"};
 }
 
-/* The n floats at x within b; else MT_ERR naming FILE's tensor NAME, the element and its value. */
-static int check_values(const char *file, const char *name, const void *x, int64_t n, value_bound b) {
+int ckpt_check_values(const char *file, const char *name, const void *x, int64_t n, ckpt_value_bound b) {
     int64_t i = ckpt_first_out_of_range(x, n, b.max_abs, b.nonneg);
     if (i < 0) return MT_OK;
     float v;
@@ -355,11 +375,11 @@ static int check_values(const char *file, const char *name, const void *x, int64
 static int check_sane(const mt_hf_ref *refs, const mt_safetensors *ost, const mt_param_table *t,
                       ckpt_tensor_buf *b) {
     char name[CKPT_PART_NAME];
-    value_bound w = {MT_CKPT_MAX_WEIGHT, 0, "|w| <= 1e8 (trained weights stay within the hundreds)"};
+    ckpt_value_bound w = ckpt_bound_of("weight");
     for (int i = 0; i < t->n_params; i++) {
         mt_st_tensor x = mt_hf_ref_view(&refs[i], t->params[i].numel);
         mt_hf_name(t, &t->params[i], name, sizeof name);
-        MT_TRY(check_values(x.path, name, x.data, x.numel, w));
+        MT_TRY(ckpt_check_values(x.path, name, x.data, x.numel, w));
     }
     for (int i = 0; i < t->n_params; i++) {
         ckpt_buf_layout(b, &t->params[i]);
@@ -367,7 +387,7 @@ static int check_sane(const mt_hf_ref *refs, const mt_safetensors *ost, const mt
             if (b->part[k].dtype != MT_F32) continue;
             ckpt_part_name(name, sizeof name, &b->part[k], &t->params[i]);
             const mt_st_tensor *x = mt_safetensors_find(ost, name);
-            MT_TRY(check_values(x->path, name, x->data, x->numel, bound_of_part(b->part[k].name)));
+            MT_TRY(ckpt_check_values(x->path, name, x->data, x->numel, ckpt_bound_of(b->part[k].name)));
         }
     }
     return MT_OK;
@@ -394,13 +414,19 @@ static int apply(const mt_hf_ref *refs, const mt_safetensors *ost, const mt_para
     return MT_OK;
 }
 
-int mt_checkpoint_read_state(const char *ckpt_dir, mt_ckpt_state *st) {
+int ckpt_read_state(const char *ckpt_dir, mt_ckpt_state *st, int *format, ckpt_file_list *files,
+                    ckpt_lora_info *lora) {
     char *path = ckpt_path_join(ckpt_dir, "trainer_state.json");
-    ckpt_file_list files;
-    int format;
-    int rc = read_state(path, dir_step(ckpt_dir), st, &format, &files);
+    ckpt_lora_info unused;
+    int rc = read_state(path, dir_step(ckpt_dir), st, format, files, lora ? lora : &unused);
     free(path);
     return rc;
+}
+
+int mt_checkpoint_read_state(const char *ckpt_dir, mt_ckpt_state *st) {
+    ckpt_file_list files;
+    int format;
+    return ckpt_read_state(ckpt_dir, st, &format, &files, NULL);
 }
 
 void mt_ckpt_state_free(mt_ckpt_state *st) {
@@ -409,7 +435,8 @@ void mt_ckpt_state_free(mt_ckpt_state *st) {
 }
 
 /* mt_checkpoint_load; *other_format = 1 when the checkpoint is refused for holding another
- * state format than io's (not damage: resume does not fall back past it). */
+ * state format than io's, or for being a LoRA run's (not damage: resume does not fall back past
+ * it). */
 static int load_dir(const char *ckpt_dir, const mt_param_table *t, const mt_state_io *io,
                     mt_ckpt_state *st, int *other_format) {
     MT_CHECK(io && io->set_weights && io->set_parts && io->format >= MT_STATE_FULL &&
@@ -425,7 +452,13 @@ static int load_dir(const char *ckpt_dir, const mt_param_table *t, const mt_stat
     ckpt_file_list files;
     int format = 0;
     char open_err[1024] = "";
-    int rc = read_state(state_path, dir_step(ckpt_dir), &s, &format, &files);
+    ckpt_lora_info lora;
+    int rc = read_state(state_path, dir_step(ckpt_dir), &s, &format, &files, &lora);
+    if (rc == MT_OK && s.lora) { /* first: its "full" state would be a misleading mismatch */
+        rc = mt_error_set("%s: a LoRA checkpoint (an adapter of rank %d): resume it with the same "
+                          "--lora flags", ckpt_dir, lora.r);
+        *other_format = 1;
+    }
     if (rc == MT_OK && s.state != io->format) {
         const char *has = mt_state_format_name(s.state);
         rc = mt_error_set("%s: holds %s optimizer state, this run uses --state %s: resume with "
@@ -437,7 +470,7 @@ static int load_dir(const char *ckpt_dir, const mt_param_table *t, const mt_stat
         if (mt_safetensors_open_dir(&mst, ckpt_dir) == MT_OK) rc = check_weights_f32(mst, ckpt_dir, t);
         else snprintf(open_err, sizeof open_err, "%s", mt_error_message());
     }
-    if (rc == MT_OK && format >= 2) rc = verify_files(ckpt_dir, &files);
+    if (rc == MT_OK && format >= 2) rc = ckpt_verify_files(ckpt_dir, &files);
     if (rc == MT_OK && format < 2)
         fprintf(stderr, "megatrain: warning: %s: a format-%d checkpoint has no checksums; it cannot "
                 "be verified\n", ckpt_dir, format);
@@ -481,8 +514,8 @@ static const char *relative_to(const char *msg, const char *dir) {
     return strncmp(msg, dir, n) == 0 && msg[n] == '/' ? msg + n + 1 : msg;
 }
 
-int mt_checkpoint_resume(const char *out_dir, const mt_param_table *t, const mt_state_io *io,
-                         mt_ckpt_state *st, char *path, size_t path_size) {
+int ckpt_resume_newest(const char *out_dir, ckpt_load_fn load, void *ctx, char *path,
+                       size_t path_size) {
     char *ckdir = ckpt_path_join(out_dir, CKPT_SUBDIR);
     int err;
     ckpt_step_list l = ckpt_list_steps(ckdir, &err);
@@ -495,8 +528,8 @@ int mt_checkpoint_resume(const char *out_dir, const mt_param_table *t, const mt_
                      out_dir, ckdir);
         rc = MT_CKPT_NONE;
     }
-    int too_long = 0, other_format = 0;
-    for (int i = 0; i < l.n && found < 0 && !too_long && !other_format; i++) {
+    int too_long = 0, stop = 0;
+    for (int i = 0; i < l.n && found < 0 && !too_long && !stop; i++) {
         char name[64];
         ckpt_step_name(name, sizeof name, "", l.steps[i]);
         int k = snprintf(path, path_size, "%s/%s", ckdir, name); /* before the arenas change */
@@ -505,8 +538,8 @@ int mt_checkpoint_resume(const char *out_dir, const mt_param_table *t, const mt_
             mt_error_set("%s/%s: path longer than %zu bytes", ckdir, name, path_size);
             break;
         }
-        if (load_dir(path, t, io, st, &other_format) == MT_OK) found = i;
-        else if (!other_format) why[i] = mt_strdup(relative_to(mt_error_message(), path));
+        if (load(ctx, path, &stop) == MT_OK) found = i;
+        else if (!stop) why[i] = mt_strdup(relative_to(mt_error_message(), path));
     }
     if (found >= 0) {
         char name[64];
@@ -518,7 +551,7 @@ int mt_checkpoint_resume(const char *out_dir, const mt_param_table *t, const mt_
                     ckdir, bad, why[i], name);
         }
         rc = MT_OK;
-    } else if (l.n > 0 && !too_long && !other_format) {
+    } else if (l.n > 0 && !too_long && !stop) {
         char name[64];
         ckpt_step_name(name, sizeof name, "", l.steps[0]);
         if (l.n == 1)
@@ -533,4 +566,21 @@ int mt_checkpoint_resume(const char *out_dir, const mt_param_table *t, const mt_
     free(l.steps);
     free(ckdir);
     return rc;
+}
+
+typedef struct {
+    const mt_param_table *t;
+    const mt_state_io *io;
+    mt_ckpt_state *st;
+} full_resume;
+
+static int load_full(void *ctx, const char *dir, int *stop) {
+    full_resume *c = ctx;
+    return load_dir(dir, c->t, c->io, c->st, stop);
+}
+
+int mt_checkpoint_resume(const char *out_dir, const mt_param_table *t, const mt_state_io *io,
+                         mt_ckpt_state *st, char *path, size_t path_size) {
+    full_resume c = {t, io, st};
+    return ckpt_resume_newest(out_dir, load_full, &c, path, path_size);
 }

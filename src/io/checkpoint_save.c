@@ -201,8 +201,17 @@ static json_t *seed_json(uint64_t seed) {
     return json_string(buf);
 }
 
+/* A frozen state (a LoRA base) is weights without optimizer state: a checkpoint of it would
+ * claim a resumable run that it is not. */
+static int refuse_frozen(const mt_state_io *io) {
+    if (io->format != MT_STATE_FROZEN) return MT_OK;
+    return mt_error_set("checkpoint save: the state is frozen (a LoRA base model's weights, no "
+                        "optimizer state): there is no training state to checkpoint");
+}
+
 static int save_state(const char *dir, const mt_ckpt_state *st, const mt_state_io *io,
-                      json_t *args, const ckpt_file_list *files) {
+                      json_t *args, json_t *lora, const ckpt_file_list *files) {
+    MT_TRY(refuse_frozen(io)); /* the per-rank save reaches here (mt_checkpoint_finish) */
     json_t *o = json_object();
     json_object_set_new(o, "format", json_integer(MT_CKPT_FORMAT));
     json_object_set_new(o, "state", json_string(mt_state_format_name(io->format)));
@@ -228,6 +237,7 @@ static int save_state(const char *dir, const mt_ckpt_state *st, const mt_state_i
         json_object_set_new(fo, files->e[i].name, e);
     }
     json_object_set_new(o, "files", fo);
+    if (lora) json_object_set(o, "lora", lora);
     char *s = json_dumps(o, JSON_INDENT(2));
     json_decref(o);
     MT_CHECK(s, "json_dumps failed (out of memory?)");
@@ -290,8 +300,14 @@ static int save_tokenizer(const char *dir, const char *tok_dir, ckpt_file_list *
 int ckpt_save_last(const char *dir, const mt_ckpt_state *st, const mt_state_io *io,
                    struct json_t *args, const char *tok_dir, ckpt_file_list *files) {
     if (tok_dir) MT_TRY(save_tokenizer(dir, tok_dir, files));
-    MT_TRY(save_state(dir, st, io, args, files)); /* last: it records the digests */
+    MT_TRY(save_state(dir, st, io, args, NULL, files)); /* last: it records the digests */
     return fsync_dir(dir); /* each file was fsync'd (and renamed by its writer) */
+}
+
+int ckpt_save_last_lora(const char *dir, const mt_ckpt_state *st, const mt_state_io *io,
+                        struct json_t *args, struct json_t *lora, ckpt_file_list *files) {
+    MT_TRY(save_state(dir, st, io, args, lora, files));
+    return fsync_dir(dir);
 }
 
 static int save_contents(const char *dir, const mt_param_table *t, const mt_state_io *io,
@@ -491,6 +507,7 @@ int ckpt_tmp_publish(ckpt_tmp_dir *d, int keep_last, int64_t in_a_row) {
 int mt_checkpoint_save(const char *out_dir, const mt_param_table *t, const mt_state_io *io,
                        const mt_ckpt_state *st, const char *args_json, const char *tokenizer_dir,
                        int keep_last) {
+    if (io) MT_TRY(refuse_frozen(io)); /* before anything is written */
     MT_CHECK(io && io->get_weights && io->get_parts && io->format >= MT_STATE_FULL &&
              io->format <= MT_STATE_TIGHT, "checkpoint save: incomplete mt_state_io");
     json_t *args;

@@ -89,6 +89,9 @@ typedef struct {
      * them), value heads Hv of width Dv (Hv a multiple of Hk), causal conv kernel K */
     int lin_Hk, lin_Hv, lin_Dk, lin_Dv, lin_K;
     uint8_t deltanet[MT_CONFIG_LAYER_BITS]; /* bit l set: layer l's mixer is a Gated DeltaNet */
+    /* Not the checkpoint's: set by the trainer when LoRA adapters of this rank train (model/lora.h;
+     * 0: none), so that the layer's workspace and the planner count the adapters' scratch */
+    int lora_rank;
 } mt_config;
 
 /* Layer l's token mixer (transformers' layer_types[l]). */

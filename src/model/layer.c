@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "model/layer_internal.h"
+#include "model/linear.h"
 #include "model/moe.h"
 
 int mt_layer_check_runnable(const mt_config *cfg) {
@@ -46,8 +47,9 @@ static void mlp_up_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, co
     mt_backend *be = lc->be;
     const mt_config *cfg = lc->cfg;
     post_norm_forward(lc, w, h_rows, n, ws);
-    be->matmul_forward(be, ws->gate, ws->hn, w->gate, w->gate_bias, n, cfg->C, cfg->F);
-    be->matmul_forward(be, ws->up, ws->hn, w->up, w->up_bias, n, cfg->C, cfg->F);
+    mt_linear_forward(lc, w, MT_W_GATE, ws->gate, ws->hn, w->gate, w->gate_bias, n, cfg->C, cfg->F,
+                      ws);
+    mt_linear_forward(lc, w, MT_W_UP, ws->up, ws->hn, w->up, w->up_bias, n, cfg->C, cfg->F, ws);
     be->swiglu_forward(be, ws->act, ws->gate, ws->up, (size_t)n * cfg->F);
 }
 
@@ -68,7 +70,8 @@ void mt_layer_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_lay
             mt_moe_forward(lc, w, ws->hn, out_c, n, ws, 1);
         } else {
             mlp_up_forward(lc, w, mt_layer_row(lc, ws->h, r0, C), n, ws);
-            be->matmul_forward(be, out_c, ws->act, w->down, w->down_bias, n, lc->cfg->F, C);
+            mt_linear_forward(lc, w, MT_W_DOWN, out_c, ws->act, w->down, w->down_bias, n,
+                              lc->cfg->F, C, ws);
         }
         be->add(be, out_c, out_c, mt_layer_row(lc, ws->h, r0, C), (size_t)n * C);
     }
@@ -89,13 +92,13 @@ static void mlp_backward(const mt_layer_ctx *lc, const mt_layer_weights *w,
     int C = cfg->C, F = cfg->F;
     const void *dout_c = mt_layer_row(lc, dout, r0, C);
     void *d_h_c = mt_layer_row(lc, d_h, r0, C);
-    be->matmul_backward(be, ws->d_act, mt_f32(g->down), mt_f32(g->down_bias), dout_c, ws->act,
-                        w->down, n, F, C, 0);
+    mt_linear_backward(lc, w, g, MT_W_DOWN, ws->d_act, mt_f32(g->down), mt_f32(g->down_bias),
+                       dout_c, ws->act, w->down, n, F, C, 0, ws);
     be->swiglu_backward(be, ws->d_gate, ws->d_up, ws->d_act, ws->gate, ws->up, (size_t)n * F);
-    be->matmul_backward(be, ws->d_hn, mt_f32(g->gate), mt_f32(g->gate_bias), ws->d_gate, ws->hn,
-                        w->gate, n, C, F, 0);
-    be->matmul_backward(be, ws->d_hn, mt_f32(g->up), mt_f32(g->up_bias), ws->d_up, ws->hn, w->up, n,
-                        C, F, 1);
+    mt_linear_backward(lc, w, g, MT_W_GATE, ws->d_hn, mt_f32(g->gate), mt_f32(g->gate_bias),
+                       ws->d_gate, ws->hn, w->gate, n, C, F, 0, ws);
+    mt_linear_backward(lc, w, g, MT_W_UP, ws->d_hn, mt_f32(g->up), mt_f32(g->up_bias), ws->d_up,
+                       ws->hn, w->up, n, C, F, 1, ws);
     post_norm_backward(lc, w, g, dout_c, d_h_c, r0, n, ws);
 }
 

@@ -123,6 +123,9 @@ typedef struct {
     int32_t *moe_offsets;            /* (E + 1) compute side: each expert's first grouped row */
     int32_t *moe_offsets_host;       /* (E + 1) host copy the per-expert GEMMs are sized from */
     mt_moe_stats *moe_stats;         /* the step's router statistics, shared by every copy of ws */
+    /* LoRA (cfg->lora_rank > 0): scale * x A^T of the adapter being applied, and its gradient;
+     * (N, rank), remade per projection in the backward (model/linear.h) */
+    void *lora_u, *lora_du;
 } mt_layer_ws;
 
 /* The untiled workspace (mlp_chunk 0), and one whose chunk rows hold mlp_chunk (>= 0) tokens. */

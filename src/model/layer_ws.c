@@ -79,6 +79,10 @@ static int ws_fields(const mt_config *cfg, ws_field *f) {
         };
         ws_append(f, &n, lin, sizeof lin / sizeof lin[0]);
     }
+    if (cfg->lora_rank > 0) { /* one adapter's x A^T and its gradient at a time (model/linear.h) */
+        ws_field lora[] = {{WS(lora_u), cfg->lora_rank, 0, 0, 0}, {WS(lora_du), cfg->lora_rank, 0, 0, 0}};
+        ws_append(f, &n, lora, sizeof lora / sizeof lora[0]);
+    }
     if (cfg->n_experts > 0) { /* int32 fields count as 4-byte (is_f32) */
         int E = cfg->n_experts, k = cfg->top_k, kC = k * C, kF = k * cfg->moe_F;
         ws_field moe[] = {

@@ -4,6 +4,7 @@
  * token chunks around the attention itself (model/layer.h says how). */
 #include "core/error.h"
 #include "model/layer_internal.h"
+#include "model/linear.h"
 
 /* xn1, rstd1 (chunk rows) = rmsnorm(x) of the n tokens of inp from row r0. */
 static void input_norm_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, const void *inp,
@@ -22,13 +23,14 @@ static void qk_norm_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, i
     const mt_config *cfg = lc->cfg;
     mt_layer_dims d = mt_layer_dims_of(cfg, n);
     if (cfg->attn_gate) {
-        be->matmul_forward(be, ws->q_gate, ws->xn1, w->q, w->q_bias, n, d.C, 2 * d.HD);
+        mt_linear_forward(lc, w, MT_W_Q, ws->q_gate, ws->xn1, w->q, w->q_bias, n, d.C, 2 * d.HD,
+                          ws);
         be->cols_split(be, ws->q_raw, mt_layer_row(lc, ws->gate_att, r0, d.HD), ws->q_gate, n * d.H,
                        d.D, d.D);
     } else {
-        be->matmul_forward(be, ws->q_raw, ws->xn1, w->q, w->q_bias, n, d.C, d.HD);
+        mt_linear_forward(lc, w, MT_W_Q, ws->q_raw, ws->xn1, w->q, w->q_bias, n, d.C, d.HD, ws);
     }
-    be->matmul_forward(be, ws->k_raw, ws->xn1, w->k, w->k_bias, n, d.C, d.GD);
+    mt_linear_forward(lc, w, MT_W_K, ws->k_raw, ws->xn1, w->k, w->k_bias, n, d.C, d.GD, ws);
     be->rmsnorm_forward(be, q_out, ws->q_rstd, ws->q_raw, w->q_norm, n * d.H, d.D,
                         cfg->rms_norm_eps, mt_layer_norm_offset(lc));
     be->rmsnorm_forward(be, k_out, ws->k_rstd, ws->k_raw, w->k_norm, n * d.G, d.D,
@@ -46,11 +48,11 @@ static void qkv_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_l
     if (lc->cfg->qk_norm) {
         qk_norm_forward(lc, w, r0, n, q, k, ws);
     } else {
-        be->matmul_forward(be, q, ws->xn1, w->q, w->q_bias, n, d.C, d.HD);
-        be->matmul_forward(be, k, ws->xn1, w->k, w->k_bias, n, d.C, d.GD);
+        mt_linear_forward(lc, w, MT_W_Q, q, ws->xn1, w->q, w->q_bias, n, d.C, d.HD, ws);
+        mt_linear_forward(lc, w, MT_W_K, k, ws->xn1, w->k, w->k_bias, n, d.C, d.GD, ws);
     }
-    be->matmul_forward(be, mt_layer_row(lc, ws->v, r0, d.GD), ws->xn1, w->v, w->v_bias, n, d.C,
-                       d.GD);
+    mt_linear_forward(lc, w, MT_W_V, mt_layer_row(lc, ws->v, r0, d.GD), ws->xn1, w->v, w->v_bias, n,
+                      d.C, d.GD, ws);
     be->rope_forward(be, q, tok->pos + r0, lc->inv_freq, n, d.H, d.D,
                      mt_config_rotary_dim(lc->cfg));
     be->rope_forward(be, k, tok->pos + r0, lc->inv_freq, n, d.G, d.D,
@@ -86,7 +88,8 @@ void mt_attention_mixer_forward(const mt_layer_ctx *lc, const mt_tokens *tok,
     for (int r0 = 0; r0 < d.N; r0 += chunk) {
         int n = mt_min_int(chunk, d.N - r0);
         void *h = mt_layer_row(lc, ws->h, r0, d.C);
-        be->matmul_forward(be, h, o_input(lc, ws, r0, n), w->o, w->o_bias, n, d.HD, d.C);
+        mt_linear_forward(lc, w, MT_W_O, h, o_input(lc, ws, r0, n), w->o, w->o_bias, n, d.HD, d.C,
+                          ws);
         be->add(be, h, h, mt_layer_row(lc, inp, r0, d.C), (size_t)n * d.C);
     }
 }
@@ -121,12 +124,12 @@ static void qkv_backward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_
         dq = ws->d_q_gate;
         q_rows = 2 * d.HD;
     }
-    be->matmul_backward(be, ws->d_xn1, mt_f32(g->q), mt_f32(g->q_bias), dq, ws->xn1, w->q, n, d.C,
-                        q_rows, 0);
-    be->matmul_backward(be, ws->d_xn1, mt_f32(g->k), mt_f32(g->k_bias), dk, ws->xn1, w->k, n, d.C,
-                        d.GD, 1);
-    be->matmul_backward(be, ws->d_xn1, mt_f32(g->v), mt_f32(g->v_bias),
-                        mt_layer_row(lc, ws->dv, r0, d.GD), ws->xn1, w->v, n, d.C, d.GD, 1);
+    mt_linear_backward(lc, w, g, MT_W_Q, ws->d_xn1, mt_f32(g->q), mt_f32(g->q_bias), dq, ws->xn1,
+                       w->q, n, d.C, q_rows, 0, ws);
+    mt_linear_backward(lc, w, g, MT_W_K, ws->d_xn1, mt_f32(g->k), mt_f32(g->k_bias), dk, ws->xn1,
+                       w->k, n, d.C, d.GD, 1, ws);
+    mt_linear_backward(lc, w, g, MT_W_V, ws->d_xn1, mt_f32(g->v), mt_f32(g->v_bias),
+                       mt_layer_row(lc, ws->dv, r0, d.GD), ws->xn1, w->v, n, d.C, d.GD, 1, ws);
     /* rmsnorm1' into the idle d_hn, then onto d_h: dinp = rmsnorm1'(d_xn1) + d_h */
     void *dinp_c = mt_layer_row(lc, dinp, r0, d.C);
     be->rmsnorm_backward(be, ws->d_hn, mt_f32(g->input_norm), ws->d_xn1,
@@ -147,9 +150,9 @@ void mt_attention_mixer_backward(const mt_layer_ctx *lc, const mt_tokens *tok,
     for (int r0 = 0; r0 < d.N; r0 += chunk) {
         int n = mt_min_int(chunk, d.N - r0);
         void *d_att = mt_layer_row(lc, ws->d_att, r0, d.HD);
-        be->matmul_backward(be, d_att, mt_f32(g->o), mt_f32(g->o_bias),
-                            mt_layer_row(lc, dinp, r0, d.C), o_input(lc, ws, r0, n), w->o, n, d.HD,
-                            d.C, 0);
+        mt_linear_backward(lc, w, g, MT_W_O, d_att, mt_f32(g->o), mt_f32(g->o_bias),
+                           mt_layer_row(lc, dinp, r0, d.C), o_input(lc, ws, r0, n), w->o, n, d.HD,
+                           d.C, 0, ws);
         if (cfg->attn_gate) /* d_att held the gated output's gradient: now the attention's */
             be->sigmoid_gate_backward(be, d_att, mt_layer_row(lc, ws->d_gate_att, r0, d.HD), d_att,
                                       mt_layer_row(lc, ws->att, r0, d.HD),

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "model/layer_internal.h"
+#include "model/linear.h"
 
 typedef struct {
     int N, C, Hk, Hv, Dk, Dv, KD, VD, Ch, K;
@@ -48,10 +49,11 @@ void mt_deltanet_mixer_forward(const mt_layer_ctx *lc, const mt_tokens *tok,
     MT_CHECK(be->gated_delta_forward, "the %s backend has no Gated DeltaNet ops", be->name);
     be->rmsnorm_forward(be, ws->lin_xn, ws->lin_rstd1, inp, w->input_norm, d.N, d.C,
                         cfg->rms_norm_eps, mt_layer_norm_offset(lc));
-    be->matmul_forward(be, ws->lin_qkv_pre, ws->lin_xn, w->lin_qkv, NULL, d.N, d.C, d.Ch);
-    be->matmul_forward(be, ws->lin_z, ws->lin_xn, w->lin_z, NULL, d.N, d.C, d.VD);
-    be->matmul_forward(be, ws->lin_b, ws->lin_xn, w->lin_b, NULL, d.N, d.C, d.Hv);
-    be->matmul_forward(be, ws->lin_a, ws->lin_xn, w->lin_a, NULL, d.N, d.C, d.Hv);
+    mt_linear_forward(lc, w, MT_W_LIN_QKV, ws->lin_qkv_pre, ws->lin_xn, w->lin_qkv, NULL, d.N, d.C,
+                      d.Ch, ws);
+    mt_linear_forward(lc, w, MT_W_LIN_Z, ws->lin_z, ws->lin_xn, w->lin_z, NULL, d.N, d.C, d.VD, ws);
+    mt_linear_forward(lc, w, MT_W_LIN_B, ws->lin_b, ws->lin_xn, w->lin_b, NULL, d.N, d.C, d.Hv, ws);
+    mt_linear_forward(lc, w, MT_W_LIN_A, ws->lin_a, ws->lin_xn, w->lin_a, NULL, d.N, d.C, d.Hv, ws);
     be->causal_conv1d_forward(be, ws->lin_qkv, ws->lin_qkv_pre, w->lin_conv, tok->doc_start,
                               tok->B, tok->T, d.Ch, d.K);
     be->cols_split(be, ws->lin_q_raw, ws->lin_rest, ws->lin_qkv, d.N, d.KD, d.KD + d.VD);
@@ -65,7 +67,7 @@ void mt_deltanet_mixer_forward(const mt_layer_ctx *lc, const mt_tokens *tok,
                             tok->T, d.Hk, d.Hv, d.Dk, d.Dv, 1.0f / sqrtf((float)d.Dk));
     be->gated_rmsnorm_forward(be, ws->lin_on, ws->lin_rstd, ws->lin_o, ws->lin_z, w->lin_norm,
                               d.N * d.Hv, d.Dv, cfg->rms_norm_eps);
-    be->matmul_forward(be, ws->h, ws->lin_on, w->lin_out, NULL, d.N, d.VD, d.C);
+    mt_linear_forward(lc, w, MT_W_LIN_OUT, ws->h, ws->lin_on, w->lin_out, NULL, d.N, d.VD, d.C, ws);
     be->add(be, ws->h, ws->h, inp, (size_t)d.N * d.C);
 }
 
@@ -76,8 +78,8 @@ void mt_deltanet_mixer_backward(const mt_layer_ctx *lc, const mt_tokens *tok,
     const mt_config *cfg = lc->cfg;
     lin_dims d = lin_dims_of(cfg, tok->B * tok->T);
     /* h = x + out_proj(on): d_on from d_h (in dinp's rows) */
-    be->matmul_backward(be, ws->lin_d_on, mt_f32(g->lin_out), NULL, dinp, ws->lin_on, w->lin_out,
-                        d.N, d.VD, d.C, 0);
+    mt_linear_backward(lc, w, g, MT_W_LIN_OUT, ws->lin_d_on, mt_f32(g->lin_out), NULL, dinp,
+                       ws->lin_on, w->lin_out, d.N, d.VD, d.C, 0, ws);
     be->gated_rmsnorm_backward(be, ws->lin_d_o, ws->lin_d_z, mt_f32(g->lin_norm), ws->lin_d_on,
                                ws->lin_o, ws->lin_z, w->lin_norm, ws->lin_rstd, d.N * d.Hv, d.Dv);
     be->gated_delta_backward(be, ws->lin_dq, ws->lin_dk, ws->lin_dv, ws->lin_dg, ws->lin_dbeta,
@@ -97,14 +99,14 @@ void mt_deltanet_mixer_backward(const mt_layer_ctx *lc, const mt_tokens *tok,
                                ws->lin_qkv_pre, w->lin_conv, tok->doc_start, tok->B, tok->T, d.Ch,
                                d.K);
     /* the four projections of xn */
-    be->matmul_backward(be, ws->lin_d_xn, mt_f32(g->lin_qkv), NULL, ws->lin_d_qkv_pre, ws->lin_xn,
-                        w->lin_qkv, d.N, d.C, d.Ch, 0);
-    be->matmul_backward(be, ws->lin_d_xn, mt_f32(g->lin_z), NULL, ws->lin_d_z, ws->lin_xn,
-                        w->lin_z, d.N, d.C, d.VD, 1);
-    be->matmul_backward(be, ws->lin_d_xn, mt_f32(g->lin_b), NULL, ws->lin_db, ws->lin_xn, w->lin_b,
-                        d.N, d.C, d.Hv, 1);
-    be->matmul_backward(be, ws->lin_d_xn, mt_f32(g->lin_a), NULL, ws->lin_da, ws->lin_xn, w->lin_a,
-                        d.N, d.C, d.Hv, 1);
+    mt_linear_backward(lc, w, g, MT_W_LIN_QKV, ws->lin_d_xn, mt_f32(g->lin_qkv), NULL,
+                       ws->lin_d_qkv_pre, ws->lin_xn, w->lin_qkv, d.N, d.C, d.Ch, 0, ws);
+    mt_linear_backward(lc, w, g, MT_W_LIN_Z, ws->lin_d_xn, mt_f32(g->lin_z), NULL, ws->lin_d_z,
+                       ws->lin_xn, w->lin_z, d.N, d.C, d.VD, 1, ws);
+    mt_linear_backward(lc, w, g, MT_W_LIN_B, ws->lin_d_xn, mt_f32(g->lin_b), NULL, ws->lin_db,
+                       ws->lin_xn, w->lin_b, d.N, d.C, d.Hv, 1, ws);
+    mt_linear_backward(lc, w, g, MT_W_LIN_A, ws->lin_d_xn, mt_f32(g->lin_a), NULL, ws->lin_da,
+                       ws->lin_xn, w->lin_a, d.N, d.C, d.Hv, 1, ws);
     /* dinp = d_h + rmsnorm1'(d_xn) */
     be->rmsnorm_backward(be, ws->lin_d_x, mt_f32(g->input_norm), ws->lin_d_xn, inp, w->input_norm,
                          ws->lin_rstd1, d.N, d.C, 0, mt_layer_norm_offset(lc));

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "../core/error.h"
+#include "linear.h"
 
 static float *f32(void *p) { return (float *)p; }
 
@@ -105,11 +106,12 @@ static void shared_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, co
                            void *out, int n, mt_layer_ws *ws) {
     mt_backend *be = lc->be;
     int C = lc->cfg->C, F = lc->cfg->F;
-    be->matmul_forward(be, ws->gate, x, w->gate, NULL, n, C, F);
-    be->matmul_forward(be, ws->up, x, w->up, NULL, n, C, F);
+    mt_linear_forward(lc, w, MT_W_GATE, ws->gate, x, w->gate, NULL, n, C, F, ws);
+    mt_linear_forward(lc, w, MT_W_UP, ws->up, x, w->up, NULL, n, C, F, ws);
     be->swiglu_forward(be, ws->act, ws->gate, ws->up, (size_t)n * F);
-    be->matmul_forward(be, ws->shared_y, ws->act, w->down, NULL, n, F, C);
-    be->matmul_forward(be, ws->shared_logit, x, w->shared_gate, NULL, n, C, 1);
+    mt_linear_forward(lc, w, MT_W_DOWN, ws->shared_y, ws->act, w->down, NULL, n, F, C, ws);
+    mt_linear_forward(lc, w, MT_W_SHARED_GATE, ws->shared_logit, x, w->shared_gate, NULL, n, C, 1,
+                      ws);
     if (!out) return;
     be->sigmoid_gate_forward(be, ws->shared_g, ws->shared_y, ws->shared_logit, n, C, 1);
     be->add(be, out, out, ws->shared_g, (size_t)n * C);
@@ -125,13 +127,14 @@ static void shared_backward(const mt_layer_ctx *lc, const mt_layer_weights *w,
     /* shared_g as the scratch of the gated output's gradient with respect to shared_y */
     be->sigmoid_gate_backward(be, ws->shared_g, ws->d_shared_logit, dout, ws->shared_y,
                               ws->shared_logit, n, C, 1);
-    be->matmul_backward(be, dx, f32(g->shared_gate), NULL, ws->d_shared_logit, x, w->shared_gate,
-                        n, C, 1, 1);
-    be->matmul_backward(be, ws->d_act, f32(g->down), NULL, ws->shared_g, ws->act, w->down, n, F, C,
-                        0);
+    mt_linear_backward(lc, w, g, MT_W_SHARED_GATE, dx, f32(g->shared_gate), NULL,
+                       ws->d_shared_logit, x, w->shared_gate, n, C, 1, 1, ws);
+    mt_linear_backward(lc, w, g, MT_W_DOWN, ws->d_act, f32(g->down), NULL, ws->shared_g, ws->act,
+                       w->down, n, F, C, 0, ws);
     be->swiglu_backward(be, ws->d_gate, ws->d_up, ws->d_act, ws->gate, ws->up, (size_t)n * F);
-    be->matmul_backward(be, dx, f32(g->gate), NULL, ws->d_gate, x, w->gate, n, C, F, 1);
-    be->matmul_backward(be, dx, f32(g->up), NULL, ws->d_up, x, w->up, n, C, F, 1);
+    mt_linear_backward(lc, w, g, MT_W_GATE, dx, f32(g->gate), NULL, ws->d_gate, x, w->gate, n, C, F,
+                       1, ws);
+    mt_linear_backward(lc, w, g, MT_W_UP, dx, f32(g->up), NULL, ws->d_up, x, w->up, n, C, F, 1, ws);
 }
 
 void mt_moe_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, const void *x, void *out,

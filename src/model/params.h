@@ -130,6 +130,9 @@ typedef struct {
     void *lin_qkv, *lin_z, *lin_b, *lin_a, *lin_conv, *lin_dt_bias, *lin_a_log, *lin_norm, *lin_out;
     void *exp_gate, *exp_up, *exp_down; /* expert 0's; expert e's is e * exp_stride bytes further */
     size_t exp_stride;
+    /* the layer's LoRA adapters (model/lora.h; their weights, or their fp32 gradients in a
+     * gradient view), NULL: none. Set by the caller; mt_layer_view_at leaves it NULL */
+    const struct mt_lora_view *lora;
 } mt_layer_view;
 
 /* Layer l's view (its type decides the layout; mixer and mlp say what it holds). */

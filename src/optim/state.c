@@ -43,11 +43,13 @@ const char *mt_state_format_name(mt_state_format f) {
     switch (f) {
     case MT_STATE_COMPACT: return "compact";
     case MT_STATE_TIGHT: return "tight";
+    case MT_STATE_FROZEN: return "frozen";
     default: return "full";
     }
 }
 
 int mt_state_format_parse(const char *text, mt_state_format *out) {
+    /* up to tight only: frozen is the engine's choice for a LoRA base, never --state's */
     for (int f = MT_STATE_FULL; f <= MT_STATE_TIGHT; f++)
         if (!strcmp(text, mt_state_format_name((mt_state_format)f))) {
             *out = (mt_state_format)f;
@@ -58,22 +60,33 @@ int mt_state_format_parse(const char *text, mt_state_format *out) {
 
 static size_t nblocks_of(size_t n) { return (n + MT_OPTIM_BLOCK - 1) / MT_OPTIM_BLOCK; }
 
-size_t mt_optim_state_bytes(mt_state_format f, size_t n) {
-    size_t scales = 2 * nblocks_of(n) * sizeof(float);
+size_t mt_optim_state_bytes_up(mt_state_format f, size_t n, mt_dtype upload_dtype) {
+    size_t scales = 2 * nblocks_of(n) * sizeof(float), up = mt_dtype_size(upload_dtype);
     switch (f) {
     case MT_STATE_COMPACT: return n * 6 + scales;
     case MT_STATE_TIGHT: return n * 4 + scales;
-    default: return n * 14;
+    case MT_STATE_FROZEN: return n * up;
+    default: return n * (12 + up);
     }
 }
 
-double mt_optim_bytes_per_param(mt_state_format f) {
-    double scales = 2.0 * sizeof(float) / MT_OPTIM_BLOCK;
+double mt_optim_bytes_per_param_up(mt_state_format f, mt_dtype upload_dtype) {
+    double scales = 2.0 * sizeof(float) / MT_OPTIM_BLOCK, up = (double)mt_dtype_size(upload_dtype);
     switch (f) {
     case MT_STATE_COMPACT: return 6.0 + scales;
     case MT_STATE_TIGHT: return 4.0 + scales;
-    default: return 14.0;
+    case MT_STATE_FROZEN: return up;
+    default: return 12.0 + up;
     }
+}
+
+/* bf16 upload: the cuda backend's, and what the planner has always counted */
+size_t mt_optim_state_bytes(mt_state_format f, size_t n) {
+    return mt_optim_state_bytes_up(f, n, MT_BF16);
+}
+
+double mt_optim_bytes_per_param(mt_state_format f) {
+    return mt_optim_bytes_per_param_up(f, MT_BF16);
 }
 
 /* ---- create, free, weights ---- */
@@ -102,9 +115,10 @@ mt_optim_state *mt_optim_state_create(mt_state_format f, size_t n, uint64_t seed
         s->alloc = *alloc;
         up = alloc->upload_dtype;
     }
-    MT_CHECK(up == MT_BF16 || (up == MT_F32 && f == MT_STATE_FULL),
-             "optimizer state %s: upload_dtype %s (full takes BF16 or F32; compact and tight "
-             "upload their bf16 master, so BF16 only)", mt_state_format_name(f),
+    MT_CHECK(f >= MT_STATE_FULL && f <= MT_STATE_FROZEN, "optimizer state: format %d", (int)f);
+    MT_CHECK(up == MT_BF16 || (up == MT_F32 && (f == MT_STATE_FULL || f == MT_STATE_FROZEN)),
+             "optimizer state %s: upload_dtype %s (full and frozen take BF16 or F32; compact and "
+             "tight upload their bf16 master, so BF16 only)", mt_state_format_name(f),
              mt_dtype_name(up));
     mt_optim_arenas *a = &s->a;
     a->f = f;
@@ -115,6 +129,7 @@ mt_optim_state *mt_optim_state_create(mt_state_format f, size_t n, uint64_t seed
     size_t wbytes = n * mt_dtype_size(up);
     a->w = w_alloc(&s->alloc, wbytes);
     memset(a->w, 0, wbytes);
+    if (f == MT_STATE_FROZEN) return s; /* the upload copy is all it has */
     if (f == MT_STATE_FULL) {
         a->master = zeroed(n * 4);
         a->m = zeroed(n * 4);
@@ -161,8 +176,8 @@ void mt_optim_state_set_weights(mt_optim_state *s, size_t offset, const float *w
 #pragma omp parallel for schedule(static) if (n >= MT_STATE_PARALLEL_MIN)
     for (size_t i = 0; i < n; i++) {
         size_t k = offset + i;
-        if (a->f == MT_STATE_FULL) {
-            a->master[k] = w[i];
+        if (a->f == MT_STATE_FULL || a->f == MT_STATE_FROZEN) { /* frozen: the copy alone */
+            if (a->f == MT_STATE_FULL) a->master[k] = w[i];
             if (a->w_dtype == MT_F32) wf[k] = w[i];
             else wh[k] = mt_f32_to_bf16(w[i]);
         } else if (a->f == MT_STATE_COMPACT) {
@@ -178,10 +193,12 @@ void mt_optim_state_get_weights(const mt_optim_state *s, size_t offset, float *w
     MT_CHECK(n <= a->n && offset <= a->n - n, "get_weights [%zu, +%zu) outside %zu", offset, n,
              a->n);
     const mt_bf16 *wh = a->w;
+    const float *wf = a->w;
 #pragma omp parallel for schedule(static) if (n >= MT_STATE_PARALLEL_MIN)
     for (size_t i = 0; i < n; i++) {
         size_t k = offset + i;
         if (a->f == MT_STATE_FULL) w[i] = a->master[k];
+        else if (a->f == MT_STATE_FROZEN) w[i] = a->w_dtype == MT_F32 ? wf[k] : mt_bf16_to_f32(wh[k]);
         else if (a->f == MT_STATE_COMPACT) w[i] = mt_bf16c_join(wh[k], a->comp[k]);
         else w[i] = mt_bf16_to_f32(wh[k]);
     }
@@ -198,6 +215,10 @@ int mt_optim_state_tensors(const mt_optim_state *s, mt_optim_tensor *out) {
     mt_optim_state *w = (mt_optim_state *)s; /* the list hands out writable pointers for restore */
     const mt_optim_arenas *a = &w->a;
     int k = 0;
+    if (a->f == MT_STATE_FROZEN) { /* the weights as uploaded: restoring them is bit for bit */
+        out[k++] = tensor("weights", a->w_dtype, a->n, a->w);
+        return k;
+    }
     if (a->f == MT_STATE_FULL) {
         out[k++] = tensor("master", MT_F32, a->n, a->master);
         out[k++] = tensor("exp_avg", MT_F32, a->n, a->m);
@@ -218,6 +239,7 @@ int mt_optim_state_tensors(const mt_optim_state *s, mt_optim_tensor *out) {
 static int parts(mt_state_format f, const mt_optim_arenas *s, size_t offset, size_t numel,
                  mt_optim_tensor *out) {
     int k = 0;
+    if (f == MT_STATE_FROZEN) return 0; /* weights only: no optimizer parts */
     if (f == MT_STATE_FULL) {
         out[k++] = tensor("exp_avg", MT_F32, numel, s ? s->m + offset : NULL);
         out[k++] = tensor("exp_avg_sq", MT_F32, numel, s ? s->v + offset : NULL);
@@ -238,7 +260,7 @@ int mt_optim_arenas_parts(const mt_optim_arenas *s, size_t offset, size_t numel,
                      offset, offset + numel, s->n);
         return -1;
     }
-    if (s->f != MT_STATE_FULL && offset % MT_OPTIM_BLOCK) {
+    if (s->f != MT_STATE_FULL && s->f != MT_STATE_FROZEN && offset % MT_OPTIM_BLOCK) {
         mt_error_set("optimizer parts at offset %zu: %s tensors start at multiples of %d", offset,
                      mt_state_format_name(s->f), MT_OPTIM_BLOCK);
         return -1;
@@ -374,6 +396,7 @@ static int check_grad(const mt_optim_arenas *s, size_t offset, size_t n, const v
 
 int mt_optim_arenas_update(const mt_optim_arenas *s, const mt_optim_step *a, size_t offset,
                            size_t n, const void *grad, mt_dtype grad_dtype, int n_threads) {
+    if (s->f == MT_STATE_FROZEN) return MT_OK; /* a frozen model does not train */
     if (s->f < MT_STATE_FULL || s->f > MT_STATE_TIGHT)
         return mt_error_set("optimizer update: unknown state format %d", (int)s->f);
     const char *miss = missing_arena(s);

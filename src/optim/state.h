@@ -8,6 +8,9 @@
  *   compact  bf16 master 2 + 16-bit compensation 2 + exp_avg 1 + exp_avg_sq 1
  *            + 2 fp32 scales per 256 (8/256 = 0.03125)                                 = 6.03125
  *   tight    bf16 master 2 + exp_avg 1 + exp_avg_sq 1 + 8/256                          = 4.03125
+ *   frozen   the upload copy only: bf16 2 (the cuda backend) or fp32 4 (the cpu backend)   = 2
+ *            (a LoRA base model: weights that the forward uploads and nothing else, no master, no
+ *            moments, no update; the engine picks it, --state cannot: see mt_state_format_parse)
  * The scales put both 8-bit formats 1/32 B over the issue's round 6 and 4 (a 7B model: +0.2 GB);
  * blocks of 256 are the paper's choice and keep the per-block error small. In compact and tight
  * the bf16 master IS the upload copy: no separate one.
@@ -52,16 +55,31 @@ extern "C" {
 
 #define MT_OPTIM_BLOCK 256
 
-typedef enum { MT_STATE_FULL = 0, MT_STATE_COMPACT = 1, MT_STATE_TIGHT = 2 } mt_state_format;
+/* FROZEN: the weights of a model that does not train (LoRA's base), stored as the upload arena
+ * itself in the alloc's upload dtype. Its update is a no-op, it has no optimizer parts, and a
+ * checkpoint refuses it (io/checkpoint.h). */
+typedef enum {
+    MT_STATE_FULL = 0,
+    MT_STATE_COMPACT = 1,
+    MT_STATE_TIGHT = 2,
+    MT_STATE_FROZEN = 3
+} mt_state_format;
 
+/* "full" | "compact" | "tight" | "frozen". */
 const char *mt_state_format_name(mt_state_format f);
-/* "full" | "compact" | "tight"; MT_ERR with a message naming the value otherwise. */
+/* "full" | "compact" | "tight" (what --state takes); MT_ERR with a message naming the value
+ * otherwise. "frozen" is refused too: the engine chooses it for a LoRA base, a user cannot. */
 int mt_state_format_parse(const char *text, mt_state_format *out);
 
-/* Host bytes of a state of n parameters (arenas and scales), for the planner. */
+/* Host bytes of a state of n parameters (arenas and scales), for the planner, with a bf16 upload
+ * copy (the cuda backend): full 14 B, frozen 2 B per parameter. */
 size_t mt_optim_state_bytes(mt_state_format f, size_t n);
-/* The same per parameter, for large n (14, 6.03125, 4.03125). */
+/* The same per parameter, for large n (14, 6.03125, 4.03125, 2). */
 double mt_optim_bytes_per_param(mt_state_format f);
+/* Both with the upload copy in upload_dtype (MT_BF16 or MT_F32: the cpu backend): full 14 or
+ * 16, frozen 2 or 4; compact and tight upload their bf16 master whatever upload_dtype says. */
+size_t mt_optim_state_bytes_up(mt_state_format f, size_t n, mt_dtype upload_dtype);
+double mt_optim_bytes_per_param_up(mt_state_format f, mt_dtype upload_dtype);
 
 typedef struct mt_optim_state mt_optim_state;
 
@@ -72,10 +90,10 @@ typedef struct {
     float grad_scale;             /* fp32 clip coefficient, 1 = none */
 } mt_optim_step;
 
-/* Where the upload-able arena (the bf16 master, or full's upload copy) is allocated: pinned
- * memory in the engine. alloc NULL: mt_aligned_alloc / free. upload_dtype: full's upload copy,
- * MT_BF16 (the cuda backend) or MT_F32 (the cpu backend, which computes in fp32); compact and
- * tight require MT_BF16 (their master is the upload copy; F32 is fatal, naming it). alloc NULL
+/* Where the upload-able arena (the bf16 master, or full's and frozen's upload copy) is
+ * allocated: pinned memory in the engine. alloc NULL: mt_aligned_alloc / free. upload_dtype:
+ * full's and frozen's upload copy, MT_BF16 (the cuda backend) or MT_F32 (the cpu backend, which
+ * computes in fp32); compact and tight require MT_BF16 (their master is the upload copy; F32 is fatal, naming it). alloc NULL
  * means BF16; in a struct upload_dtype is taken as set, and MT_F32 is 0: a zeroed struct means
  * F32, so set it. */
 typedef struct {
@@ -109,12 +127,14 @@ void mt_optim_state_set_index_base(mt_optim_state *s, uint64_t base);
 /* tight: the rounding seed (a resumed run takes the saved one). */
 void mt_optim_state_set_seed(mt_optim_state *s, uint64_t seed);
 
-/* Sets weights [offset, offset+n) from fp32 values (the upload copy follows); moments stay. */
+/* Sets weights [offset, offset+n) from fp32 values (the upload copy follows); moments stay.
+ * frozen: stored in the upload dtype (bf16: rounded to nearest even, as full's upload copy). */
 void mt_optim_state_set_weights(mt_optim_state *s, size_t offset, const float *w, size_t n);
-/* The master weights [offset, offset+n) as fp32 (compact: exact; tight: the bf16 value). */
+/* The master weights [offset, offset+n) as fp32 (compact: exact; tight: the bf16 value; frozen:
+ * the upload copy widened). */
 void mt_optim_state_get_weights(const mt_optim_state *s, size_t offset, float *w, size_t n);
-/* The arena the forward uploads: the bf16 master itself (compact, tight), the copy (full, in
- * the alloc's upload_dtype). */
+/* The arena the forward uploads: the bf16 master itself (compact, tight), the copy (full,
+ * frozen: in the alloc's upload_dtype). */
 void *mt_optim_state_upload(const mt_optim_state *s);
 mt_dtype mt_optim_state_upload_dtype(const mt_optim_state *s);
 
@@ -124,19 +144,21 @@ mt_dtype mt_optim_state_upload_dtype(const mt_optim_state *s);
  * its upload element is written — the engine's full path keeps the gradient there). Also
  * writes the upload copy. n_threads <= 0: all of OpenMP's; threads take chunks of 1024 blocks
  * (full: of 256K elements). MT_ERR (with a message) for a range outside the state, an offset of
- * compact/tight off a 256 boundary, a bad grad dtype or step, or a forbidden overlap. */
+ * compact/tight off a 256 boundary, a bad grad dtype or step, or a forbidden overlap.
+ * frozen: nothing, MT_OK, no checks (a frozen model has no gradient: grad may be NULL). */
 int mt_optim_state_update(mt_optim_state *s, const mt_optim_step *a, size_t offset, size_t n,
                           const void *grad, mt_dtype grad_dtype, int n_threads);
 
 /* The tensors to checkpoint, in a fixed order; returns their count (<= MT_OPTIM_MAX_TENSORS).
- * The upload copy of full is not listed (it is the master in the upload dtype). */
+ * The upload copy of full is not listed (it is the master in the upload dtype). frozen: one,
+ * "weights", the upload copy in its dtype (no moments). */
 int mt_optim_state_tensors(const mt_optim_state *s, mt_optim_tensor *out);
 
 /* The arenas of a state as plain pointers (NULL where the format has none), for what works on
  * them outside this module: a backend updating a state that lives in its own memory (the GPU
  * tier: the same arenas allocated there, mt_backend.optim_update), and copies to and from it.
  * Sizes: master, m, v: n floats (full); w: n elements of w_dtype; comp: n uint16; mq, vq: n
- * bytes; ms, vs: nblocks floats (compact, tight). */
+ * bytes; ms, vs: nblocks floats (compact, tight). frozen: w only. */
 typedef struct {
     mt_state_format f;
     size_t n, nblocks;
@@ -152,7 +174,7 @@ typedef struct {
 mt_optim_arenas mt_optim_state_arenas(const mt_optim_state *s);
 
 /* mt_optim_state_update on arenas in host memory (the cpu backend's optim_update; the state's
- * own update is this on its arenas). Same checks and errors. */
+ * own update is this on its arenas). Same checks and errors (frozen: a no-op, MT_OK). */
 int mt_optim_arenas_update(const mt_optim_arenas *s, const mt_optim_step *a, size_t offset,
                            size_t n, const void *grad, mt_dtype grad_dtype, int n_threads);
 
@@ -163,6 +185,7 @@ int mt_optim_arenas_update(const mt_optim_arenas *s, const mt_optim_step *a, siz
  *   full:           exp_avg F32 [numel], exp_avg_sq F32 [numel]
  *   compact, tight: exp_avg U8 [numel], exp_avg_scale F32 [nb], exp_avg_sq U8 [numel],
  *                   exp_avg_sq_scale F32 [nb]            (nb = ceil(numel / 256))
+ *   frozen:         none (count 0: a frozen tensor is its weights only; any offset)
  * plus, for tight, the rounding seed, which is the state's (mt_optim_arenas.seed), not a part.
  * data points into the arenas (offset must be a multiple of 256 for compact and tight). Returns
  * the count (<= MT_OPTIM_MAX_TENSORS), or -1 with an error set for a bad range. Writing the same

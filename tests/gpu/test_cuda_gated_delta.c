@@ -15,7 +15,9 @@
  *     state; and the tensor metric max|err|/max|ref| <= 1e-2.
  * Outputs written (=) are poisoned first (bf16 NaN, fp32 NaN) so an unwritten element fails;
  * outputs accumulated (+=) are pre-filled and the fill is part of the reference. The weight
- * gradients and the gated delta backward are run twice and must give the same bits.
+ * gradients and the gated delta backward are run twice and must give the same bits. A NULL weight
+ * gradient (conv weight, norm weight, A_log, dt_bias: frozen) is skipped and leaves the data
+ * gradients bit for bit those of the full call.
  * Cases: documents packed in rows (starts inside a chunk and on a chunk boundary), T not a multiple
  * of 64 and T < 64, Hv = 2*Hk, Dk = Dv = 128, Dv > 32 not a multiple of 32, a small odd case
  * (Dk 13, Dv 7), correlated keys (an ill-conditioned triangular solve, as in trained models) at
@@ -145,6 +147,16 @@ static int same_bits(const char *what, const void *a, const void *b, size_t byte
     return ok;
 }
 static void gfree(void *p) { gpu->free(gpu, p); }
+/* Two device tensors of n bf16 (or fp32 with elem 4) hold the same bits. */
+static int same_dev(const char *what, const void *d1, const void *d2, size_t n, size_t elem) {
+    void *h1 = malloc(n * elem), *h2 = malloc(n * elem);
+    gpu->download(gpu, h1, d1, n * elem);
+    gpu->download(gpu, h2, d2, n * elem);
+    int ok = memcmp(h1, h2, n * elem) == 0;
+    fprintf(stderr, "%-40s %s\n", what, ok ? "the same bits as the full call" : "DIFFERS  FAIL");
+    free(h1), free(h2);
+    return ok;
+}
 
 /* doc_start (B*T) from each row's list of starts (ending with T); NULL for none. */
 static int32_t *docs_from(const int starts[][6], int B, int T) {
@@ -205,6 +217,11 @@ static void conv_case(int B, int T, int C, int K, const int starts[][6], uint64_
     float *g2 = down_f32(d_dw, nw);
     assert_true(same_bits(what, g1, g2, nw * sizeof(float)));
     free(g1), free(g2);
+    void *d_dx2 = poison_bf(n); /* dweight NULL (a frozen conv) */
+    gpu->causal_conv1d_backward(gpu, d_dx2, NULL, d_dy, d_x, d_w, d_ds, B, T, C, K);
+    snprintf(what, sizeof what, "conv1d_bwd dinp, dweight NULL B=%d T=%d C=%d%s", B, T, C, tag);
+    assert_true(same_dev(what, d_dx2, d_dx, n, sizeof(mt_bf16)));
+    gfree(d_dx2);
     free(x), free(w), free(dy), free(fill), free(ds), free(out), free(dx), free(dw);
     gfree(d_x), gfree(d_w), gfree(d_dy), gfree(d_out), gfree(d_dx), gfree(d_dw);
     if (d_ds) gfree(d_ds);
@@ -291,6 +308,29 @@ static void gates_case(int N, int H, uint64_t seed) {
     assert_true(same_bits("gdn_gates dA_log", g1, g2, H * sizeof(float)));
     assert_true(same_bits("gdn_gates ddt_bias", t1, t2, H * sizeof(float)));
     free(g1), free(g2), free(t1), free(t2);
+    /* dA_log NULL, ddt_bias NULL, both: da, db and the other sum the same bits; the NULL one's
+     * buffer untouched */
+    void *d_da2 = poison_bf(n), *d_db2 = poison_bf(n);
+    float *d_dA2 = up_raw(fillA, H * sizeof(float)), *d_ddt2 = up_raw(fillT, H * sizeof(float));
+    for (int mode = 0; mode < 3; mode++) {
+        gpu->upload(gpu, d_dA2, fillA, H * sizeof(float));
+        gpu->upload(gpu, d_ddt2, fillT, H * sizeof(float));
+        gpu->gdn_gates_backward(gpu, d_da2, d_db2, mode == 1 ? d_dA2 : NULL,
+                                mode == 0 ? d_ddt2 : NULL, d_dg, d_dbi, d_a, d_b, d_A, d_dt, N, H);
+        const char *null = mode == 0 ? "dA_log" : mode == 1 ? "ddt_bias" : "both";
+        snprintf(what, sizeof what, "gdn_gates da, %s NULL", null);
+        assert_true(same_dev(what, d_da2, d_da, n, sizeof(mt_bf16)));
+        snprintf(what, sizeof what, "gdn_gates db, %s NULL", null);
+        assert_true(same_dev(what, d_db2, d_db, n, sizeof(mt_bf16)));
+        /* the sum given: the full call's bits (d_dA, d_ddt hold it from the fill); the NULL one:
+         * its fill */
+        float *hA = down_f32(d_dA2, H), *hT = down_f32(d_ddt2, H);
+        float *fullA = down_f32(d_dA, H), *fullT = down_f32(d_ddt, H);
+        assert_memory_equal(hA, mode == 1 ? fullA : fillA, H * sizeof(float));
+        assert_memory_equal(hT, mode == 0 ? fullT : fillT, H * sizeof(float));
+        free(hA), free(hT), free(fullA), free(fullT);
+    }
+    gfree(d_da2), gfree(d_db2), gfree(d_dA2), gfree(d_ddt2);
     free(a), free(b), free(A), free(dt), free(dg), free(db_in), free(fillA), free(fillT);
     free(g), free(beta), free(da), free(db), free(dA), free(ddt);
     gfree(d_a), gfree(d_b), gfree(d_A), gfree(d_dt), gfree(d_dg), gfree(d_dbi), gfree(d_g);
@@ -335,6 +375,13 @@ static void grms_case(int R, int C, uint64_t seed) {
     float *g2 = down_f32(d_dw, C);
     assert_true(same_bits(what, g1, g2, C * sizeof(float)));
     free(g1), free(g2);
+    void *d_dx2 = poison_bf(n), *d_dz2 = poison_bf(n); /* dweight NULL (a frozen norm) */
+    gpu->gated_rmsnorm_backward(gpu, d_dx2, d_dz2, NULL, d_dy, d_x, d_z, d_w, d_rstd, R, C);
+    snprintf(what, sizeof what, "gated_rmsnorm_bwd dinp, dweight NULL R=%d C=%d", R, C);
+    assert_true(same_dev(what, d_dx2, d_dx, n, sizeof(mt_bf16)));
+    snprintf(what, sizeof what, "gated_rmsnorm_bwd dgate, dweight NULL R=%d C=%d", R, C);
+    assert_true(same_dev(what, d_dz2, d_dz, n, sizeof(mt_bf16)));
+    gfree(d_dx2), gfree(d_dz2);
     free(x), free(z), free(w), free(dy), free(fill), free(y), free(rstd), free(dx), free(dz), free(dw);
     gfree(d_x), gfree(d_z), gfree(d_w), gfree(d_dy), gfree(d_y), gfree(d_dx), gfree(d_dz);
     gfree(d_rstd), gfree(d_dw);

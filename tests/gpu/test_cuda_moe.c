@@ -1,7 +1,8 @@
 /* The CUDA mixture-of-experts ops against the CPU ones (src/backend/cpu/moe.c), op by op on the
  * same inputs, then whole MoE models (the committed fixtures' shapes and weights, rounded to bf16)
  * through the runner. Exits 77 (skipped) without a GPU.
- * The experts' GEMMs: MT_MOE_GEMM=grouped against the loop and the CPU (test_expert_gemms).
+ * The experts' GEMMs: MT_MOE_GEMM=grouped against the loop and the CPU (test_expert_gemms); in
+ * each mode a NULL dweight (frozen experts) leaves dinp bit for bit the full call's.
  * Op metrics: routing choices, the grouping (perm, inv, offsets) and the selection counts exactly
  * equal; probabilities, gates, gathers and combines within 1e-5 relative of max (fp32 math on
  * bf16 inputs; bf16 outputs within 1e-2). Whole models: relative L2 <= 2e-2 for the loss and, per
@@ -214,6 +215,28 @@ static expert_results run_experts(mt_backend *be, const int32_t *off, int R, con
             mt_convert_bf16_to_f32(outs[i], h, ns[i]);
             free(h);
         }
+    }
+    /* dweight NULL (frozen experts): dinp the same bits as the call with it */
+    {
+        void *d_frozen = is_cpu ? malloc(nin * 4) : be->alloc(be, nin * 2);
+        be->moe_matmul_backward(be, d_frozen, NULL, d_dout, d_inp, d_w, XSTRIDE, d_off, off, XE,
+                                XK, XM, 0);
+        float *frozen = malloc(nin * 4);
+        if (is_cpu) {
+            memcpy(frozen, d_frozen, nin * 4);
+            free(d_frozen);
+        } else {
+            mt_bf16 *h = malloc(nin * 2);
+            be->download(be, h, d_frozen, nin * 2);
+            mt_convert_bf16_to_f32(frozen, h, nin);
+            free(h);
+            be->free(be, d_frozen);
+        }
+        int same = memcmp(frozen, res.dinp, nin * 4) == 0;
+        fprintf(stderr, "%s moe_matmul_backward dinp, dweight NULL: %s\n", is_cpu ? "cpu" : "cuda",
+                same ? "the same bits" : "DIFFERS  FAIL");
+        assert_true(same);
+        free(frozen);
     }
     /* dinp += the same product again (accumulate 1) */
     be->moe_matmul_backward(be, d_dinp, NULL, d_dout, d_inp, d_w, XSTRIDE, d_off, off, XE, XK, XM,

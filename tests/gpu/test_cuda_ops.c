@@ -22,7 +22,10 @@
  * Outputs written (=) are poisoned first (bf16 NaN 0x7fc0, fp32 NaN) so an unwritten element
  * fails; outputs accumulated (+=) are pre-filled and the fill is part of the reference.
  * The deterministic ops (embedding backward, rmsnorm dweight, dbias, sumsq) are also run twice and
- * must give the same bits. Each check prints its max error and the percent of tolerance used. */
+ * must give the same bits. Each check prints its max error and the percent of tolerance used.
+ * A NULL weight gradient (a frozen weight: rmsnorm dweight, the LM head's dweight) leaves dinp bit
+ * for bit the full call's. matmul_forward_add (out += inp @ W^T onto a bf16 out) against the CPU's
+ * at the bf16 tolerance; scale bit for bit the bf16 rounding of the CPU's fp32 product. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -310,6 +313,18 @@ static void rmsnorm_case(int R, int C, float eps, uint64_t seed, float offset) {
             assert_true(same_bits(what, g1, g2, C * sizeof(float)));
             free(g1), free(g2);
         }
+        { /* dweight NULL (a frozen norm): dinp the same bits as with it */
+            void *d_frozen = acc ? up_bf(fill_x, n) : poison_bf(n);
+            gpu->rmsnorm_backward(gpu, d_frozen, NULL, d_dout, d_inp, d_w, d_rstd, R, C, acc, offset);
+            mt_bf16 *h1 = malloc(n * sizeof(mt_bf16)), *h2 = malloc(n * sizeof(mt_bf16));
+            gpu->download(gpu, h1, d_dinp, n * sizeof(mt_bf16));
+            gpu->download(gpu, h2, d_frozen, n * sizeof(mt_bf16));
+            snprintf(what, sizeof what, "rmsnorm_bwd R=%d C=%d dinp, dweight NULL (%s)", R, C,
+                     acc ? "+=" : "=");
+            assert_true(same_bits(what, h1, h2, n * sizeof(mt_bf16)));
+            free(h1), free(h2);
+            gpu->free(gpu, d_frozen);
+        }
         gpu->free(gpu, d_dinp), gpu->free(gpu, d_dw);
         free(fill_x), free(fill_w), free(dinp), free(dw);
     }
@@ -406,6 +421,78 @@ static void test_matmul(void **state) {
     matmul_case(512, 4096, 11008, 0, 26); /* a 7B MLP up projection */
     matmul_case(512, 11008, 4096, 0, 27); /* and its down projection */
     matmul_case(256, 4096, 4096, 1, 28);
+}
+
+/* out += inp @ W^T onto a bf16 out (LoRA's B @ (A @ x) added onto the base product): the CPU's
+ * op from the same bf16 values of out, inp and W; one bf16 rounding. K = 0 and R = 0 leave out
+ * as it was. */
+static void matmul_forward_add_case(int R, int K, int M, size_t offset, uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    char what[128];
+    size_t nin = (size_t)R * K, nw = (size_t)M * K, nout = (size_t)R * M;
+    float *inp = rnd_bf(&rng, nin, 1.0f), *w = rnd_bf(&rng, nw, 1.0f / sqrtf((float)K));
+    float *base = rnd_bf(&rng, nout + offset, 1.0f); /* offset: out not 16-byte aligned */
+    void *d_inp = up_bf(inp, nin), *d_w = up_bf(w, nw), *d_mem = up_bf(base, nout + offset);
+    void *d_out = (char *)d_mem + offset * sizeof(mt_bf16);
+    float *ref = copyf(base + offset, nout);
+    cpu->matmul_forward_add(cpu, ref, inp, w, R, K, M);
+    gpu->matmul_forward_add(gpu, d_out, d_inp, d_w, R, K, M);
+    float *got = down_bf(d_mem, nout + offset);
+    snprintf(what, sizeof what, "matmul_fwd_add R=%d K=%d M=%d off=%zu", R, K, M, offset);
+    assert_true(check(what, got + offset, ref, nout, BF_ATOL, BF_RTOL));
+    free(got);
+    /* nothing to add: out keeps its bits */
+    void *d_keep = up_bf(base, nout + offset);
+    mt_bf16 *h0 = malloc((nout + offset) * sizeof(mt_bf16)), *h1 = malloc((nout + offset) * sizeof(mt_bf16));
+    gpu->download(gpu, h0, d_keep, (nout + offset) * sizeof(mt_bf16));
+    gpu->matmul_forward_add(gpu, (char *)d_keep + offset * sizeof(mt_bf16), d_inp, d_w, R, 0, M);
+    gpu->matmul_forward_add(gpu, (char *)d_keep + offset * sizeof(mt_bf16), d_inp, d_w, 0, K, M);
+    gpu->download(gpu, h1, d_keep, (nout + offset) * sizeof(mt_bf16));
+    snprintf(what, sizeof what, "matmul_fwd_add K=0 / R=0 (out kept)");
+    assert_true(same_bits(what, h0, h1, (nout + offset) * sizeof(mt_bf16)));
+    free(h0), free(h1);
+    gpu->free(gpu, d_inp), gpu->free(gpu, d_w), gpu->free(gpu, d_mem), gpu->free(gpu, d_keep);
+    free(inp), free(w), free(base), free(ref);
+}
+
+static void test_matmul_forward_add(void **state) {
+    matmul_forward_add_case(37, 24, 40, 0, 81);
+    matmul_forward_add_case(5, 7, 13, 1, 82);      /* nothing aligned: the plain kernel may run */
+    matmul_forward_add_case(512, 4096, 16, 0, 83); /* LoRA's A product (rank 16) */
+    matmul_forward_add_case(512, 16, 4096, 0, 84); /* and B's, added onto the base output */
+    matmul_forward_add_case(300, 8, 11008, 0, 85);
+}
+
+/* x *= s: the fp32 product of each bf16 element, rounded once: the bits of mt_f32_to_bf16 of
+ * the CPU's fp32 product, on the 16-byte path and the scalar one (odd n, misaligned x). */
+static void scale_case(size_t n, size_t offset, float sc, uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    char what[96];
+    size_t m = n + offset;
+    float *x = rnd_bf(&rng, m, 2.0f), *ref = copyf(x, m);
+    cpu->scale(cpu, ref + offset, sc, n);
+    mt_bf16 *want = malloc(m * sizeof(mt_bf16)), *got = malloc(m * sizeof(mt_bf16));
+    for (size_t i = 0; i < m; i++) want[i] = mt_f32_to_bf16(ref[i]); /* the head: x itself */
+    void *d_x = up_bf(x, m);
+    gpu->scale(gpu, (char *)d_x + offset * sizeof(mt_bf16), sc, n);
+    gpu->download(gpu, got, d_x, m * sizeof(mt_bf16));
+    snprintf(what, sizeof what, "scale n=%zu off=%zu s=%g", n, offset, sc);
+    int ok = memcmp(got, want, m * sizeof(mt_bf16)) == 0;
+    fprintf(stderr, "%-40s %s\n", what, ok ? "bit for bit the rounded fp32 product" : "DIFFERS  FAIL");
+    assert_true(ok);
+    gpu->free(gpu, d_x);
+    free(x), free(ref), free(want), free(got);
+}
+
+static void test_scale(void **state) {
+    scale_case(1000, 0, 0.5f, 91);
+    scale_case(1001, 0, -3.7f, 92);
+    scale_case(4096, 1, 1.0f / 3.0f, 93); /* misaligned: scalar path */
+    scale_case(((size_t)1 << 20) + 8, 0, 0.125f, 94);
+    scale_case(64, 0, 0.0f, 95);
+    scale_case(1, 0, 2.0f, 96);
 }
 
 /* The plan cache holds an MoE model's variety of shapes: 3000 row counts of one product (as many
@@ -740,6 +827,17 @@ static void lm_head_case(int N, int C, int V, int with_dinp, int with_dw, uint64
         snprintf(what, sizeof what, "lm_head N=%d C=%d V=%d %s dinp", N, C, V, mode);
         assert_true(check_bf(what, d_dinp, dinp, ni, LOOSE_ATOL, LOOSE_RTOL));
     }
+    if (with_dinp && with_dw) { /* dweight NULL (a frozen head): dinp the same bits */
+        void *d_frozen = poison_bf(ni);
+        gpu->lm_head_loss(gpu, d_losses, d_frozen, NULL, d_inp, d_w, d_tg, N, C, V, scale);
+        mt_bf16 *h1 = malloc(ni * sizeof(mt_bf16)), *h2 = malloc(ni * sizeof(mt_bf16));
+        gpu->download(gpu, h1, d_dinp, ni * sizeof(mt_bf16));
+        gpu->download(gpu, h2, d_frozen, ni * sizeof(mt_bf16));
+        snprintf(what, sizeof what, "lm_head N=%d C=%d V=%d dinp, dweight NULL", N, C, V);
+        assert_true(same_bits(what, h1, h2, ni * sizeof(mt_bf16)));
+        free(h1), free(h2);
+        gpu->free(gpu, d_frozen);
+    }
     if (with_dw) { /* compare the increment: the fill is tiny against nothing */
         float *g = down_f32(d_dw, nw);
         for (size_t i = 0; i < nw; i++) g[i] -= fill_w[i], dw[i] -= fill_w[i];
@@ -860,6 +958,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_memory),    cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_matmul_plan_cache),
+        cmocka_unit_test(test_matmul_forward_add), cmocka_unit_test(test_scale),
         cmocka_unit_test(test_rope),      cmocka_unit_test(test_swiglu_add),
         cmocka_unit_test(test_gates_split),
         cmocka_unit_test(test_sumsq_from_f32), cmocka_unit_test(test_attention),

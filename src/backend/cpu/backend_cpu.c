@@ -43,6 +43,11 @@ static void cpu_matmul_forward(mt_backend *be, void *out, const void *inp, const
                                const void *bias, int R, int K, int M) {
     mt_cpu_matmul_forward(out, inp, weight, bias, R, K, M);
 }
+static void cpu_matmul_forward_add(mt_backend *be, void *out, const void *inp, const void *weight,
+                                   int R, int K, int M) {
+    mt_cpu_matmul_forward_add(out, inp, weight, R, K, M);
+}
+static void cpu_scale(mt_backend *be, void *x, float s, size_t n) { mt_cpu_scale(x, s, n); }
 static void cpu_matmul_backward(mt_backend *be, void *dinp, float *dweight, float *dbias,
                                 const void *dout, const void *inp, const void *weight, int R,
                                 int K, int M, int accumulate) {
@@ -222,6 +227,7 @@ mt_backend *mt_backend_cpu_create(void) {
     be->rmsnorm_backward = cpu_rmsnorm_backward;
     be->matmul_forward = cpu_matmul_forward;
     be->matmul_backward = cpu_matmul_backward;
+    be->matmul_forward_add = cpu_matmul_forward_add;
     be->rope_forward = cpu_rope_forward;
     be->rope_backward = cpu_rope_backward;
     be->attention_forward = cpu_attention_forward;
@@ -243,6 +249,7 @@ mt_backend *mt_backend_cpu_create(void) {
     be->swiglu_forward = cpu_swiglu_forward;
     be->swiglu_backward = cpu_swiglu_backward;
     be->add = cpu_add;
+    be->scale = cpu_scale;
     be->sumsq = cpu_sumsq;
     be->from_f32 = cpu_from_f32;
     be->from_bf16 = cpu_from_bf16;

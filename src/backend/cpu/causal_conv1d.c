@@ -48,7 +48,8 @@ void mt_cpu_causal_conv1d_forward(float *out, const float *inp, const float *wei
 
 /* dpre = dout * silu'(pre) (recomputed); dinp[s] = sum over the K tokens t >= s of the same
  * document that read s of dpre[t] * w[s - t + K-1] (written); dweight[c, j] += sum_t dpre[t, c] *
- * x[t - (K-1) + j, c]. One task owns a block of channels: no races, fixed sum order. */
+ * x[t - (K-1) + j, c]. One task owns a block of channels: no races, fixed sum order. dweight
+ * NULL (a frozen conv): its sums are skipped; dinp is the same bits. */
 void mt_cpu_causal_conv1d_backward(float *dinp, float *dweight, const float *dout,
                                    const float *inp, const float *weight, const int32_t *doc_start,
                                    int B, int T, int C, int K) {
@@ -67,8 +68,11 @@ void mt_cpu_causal_conv1d_backward(float *dinp, float *dweight, const float *dou
     for (int blk = 0; blk < nblk; blk++) {
         int c0 = blk * CONV_CH_BLOCK, c1 = c0 + CONV_CH_BLOCK < C ? c0 + CONV_CH_BLOCK : C;
         double dw[CONV_CH_BLOCK * 8];
-        double *dwp = K <= 8 ? dw : malloc((size_t)CONV_CH_BLOCK * K * sizeof(double));
-        for (int e = 0; e < (c1 - c0) * K; e++) dwp[e] = 0.0;
+        double *dwp = NULL;
+        if (dweight) {
+            dwp = K <= 8 ? dw : malloc((size_t)CONV_CH_BLOCK * K * sizeof(double));
+            for (int e = 0; e < (c1 - c0) * K; e++) dwp[e] = 0.0;
+        }
         for (int b = 0; b < B; b++)
             for (int s = 0; s < T; s++) {
                 size_t ns = (size_t)b * T + s;
@@ -81,13 +85,15 @@ void mt_cpu_causal_conv1d_backward(float *dinp, float *dweight, const float *dou
                     for (int c = c0; c < c1; c++) {
                         float d = dpre[nt * C + c];
                         dinp[ns * C + c] += d * weight[(size_t)c * K + j];
-                        dwp[(size_t)(c - c0) * K + j] += (double)d * inp[ns * C + c];
+                        if (dwp) dwp[(size_t)(c - c0) * K + j] += (double)d * inp[ns * C + c];
                     }
                 }
             }
-        for (int c = c0; c < c1; c++)
-            for (int j = 0; j < K; j++) dweight[(size_t)c * K + j] += (float)dwp[(size_t)(c - c0) * K + j];
-        if (dwp != dw) free(dwp);
+        if (dwp)
+            for (int c = c0; c < c1; c++)
+                for (int j = 0; j < K; j++)
+                    dweight[(size_t)c * K + j] += (float)dwp[(size_t)(c - c0) * K + j];
+        if (dwp != dw) free(dwp); /* free(NULL) when dweight is NULL */
     }
     free(dpre);
 }

@@ -27,6 +27,9 @@ void mt_cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, con
 
 void mt_cpu_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                            int R, int K, int M);
+/* out (R, M) += inp (R, K) @ weight (M, K)^T. */
+void mt_cpu_matmul_forward_add(float *out, const float *inp, const float *weight, int R, int K,
+                               int M);
 void mt_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, int R, int K, int M,
                             int accumulate);
@@ -82,6 +85,7 @@ void mt_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_
 void mt_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                             const float *up, size_t n);
 void mt_cpu_add(float *out, const float *a, const float *b, size_t n);
+void mt_cpu_scale(float *x, float s, size_t n);
 
 /* out[0] += sum of x[i]^2 (accumulated in double); dst = src (the compute dtype is fp32). */
 void mt_cpu_sumsq(float *out, const float *x, size_t n);

@@ -28,17 +28,19 @@ void mt_cpu_gated_rmsnorm_forward(float *out, float *rstd, const float *inp, con
 }
 
 /* With n = x s and a = silu(z): dz = dy w n silu'(z); dn = dy w a, dx = s dn - x s^3/C sum(dn x);
- * dw += sum_r dy n a (per-thread partials added in thread order: the same bits every run). */
+ * dw += sum_r dy n a (per-thread partials added in thread order: the same bits every run).
+ * dweight NULL (a frozen norm): no partials, no reduction; dx and dz are the same bits. */
 void mt_cpu_gated_rmsnorm_backward(float *dinp, float *dgate, float *dweight, const float *dout,
                                    const float *inp, const float *gate, const float *weight,
                                    const float *rstd, int R, int C) {
     int nt = (size_t)R * C > GRMS_PAR_MIN ? omp_get_max_threads() : 1;
-    float *part = mt_aligned_alloc((size_t)nt * C * sizeof(float));
+    float *part = dweight ? mt_aligned_alloc((size_t)nt * C * sizeof(float)) : NULL;
 #pragma omp parallel num_threads(nt)
     {
         int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-        float *dw = part + (size_t)tid * C;
-        for (int c = 0; c < C; c++) dw[c] = 0.0f;
+        float *dw = part ? part + (size_t)tid * C : NULL;
+        if (dw)
+            for (int c = 0; c < C; c++) dw[c] = 0.0f;
 #pragma omp for schedule(static)
         for (int r = 0; r < R; r++) {
             const float *x = inp + (size_t)r * C, *z = gate + (size_t)r * C, *dy = dout + (size_t)r * C;
@@ -48,18 +50,20 @@ void mt_cpu_gated_rmsnorm_backward(float *dinp, float *dgate, float *dweight, co
                 float sg = sigmoidf(z[c]), a = z[c] * sg, n = x[c] * s;
                 float dn = dy[c] * weight[c] * a;
                 dz[c] = dy[c] * weight[c] * n * sg * (1.0f + z[c] * (1.0f - sg));
-                dw[c] += dy[c] * n * a;
+                if (dw) dw[c] += dy[c] * n * a;
                 dx[c] = dn; /* finished below */
                 dot += dn * x[c];
             }
             float k = dot * s * s * s / (float)C;
             for (int c = 0; c < C; c++) dx[c] = s * dx[c] - k * x[c];
         }
+        if (dw) {
 #pragma omp for schedule(static)
-        for (int c = 0; c < C; c++) {
-            float acc = dweight[c];
-            for (int t = 0; t < nth; t++) acc += part[(size_t)t * C + c];
-            dweight[c] = acc;
+            for (int c = 0; c < C; c++) {
+                float acc = dweight[c];
+                for (int t = 0; t < nth; t++) acc += part[(size_t)t * C + c];
+                dweight[c] = acc;
+            }
         }
     }
     free(part);

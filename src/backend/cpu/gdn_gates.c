@@ -20,7 +20,8 @@ void mt_cpu_gdn_gates_forward(float *g, float *beta, const float *a, const float
 }
 
 /* da = dg * -exp(A_log) * sigmoid(a + dt_bias), db = dbeta * beta (1 - beta) (written);
- * dA_log[h] += sum_n dg * g, ddt_bias[h] += sum_n da (summed in double, one task per head). */
+ * dA_log[h] += sum_n dg * g, ddt_bias[h] += sum_n da (summed in double, one task per head).
+ * dA_log or ddt_bias NULL (frozen): that sum is skipped; da and db are the same bits. */
 void mt_cpu_gdn_gates_backward(float *da, float *db, float *dA_log, float *ddt_bias,
                                const float *dg, const float *dbeta, const float *a, const float *b,
                                const float *A_log, const float *dt_bias, int N, int H) {
@@ -32,12 +33,12 @@ void mt_cpu_gdn_gates_backward(float *da, float *db, float *dA_log, float *ddt_b
             double x = (double)a[i] + dt_bias[h];
             double dai = dg[i] * -eA * sigmoid(x);
             da[i] = (float)dai;
-            sA += dg[i] * (-eA * softplus(x));
+            if (dA_log) sA += dg[i] * (-eA * softplus(x));
             sdt += dai;
             double s = sigmoid((double)b[i]);
             db[i] = (float)(dbeta[i] * s * (1.0 - s));
         }
-        dA_log[h] += (float)sA;
-        ddt_bias[h] += (float)sdt;
+        if (dA_log) dA_log[h] += (float)sA;
+        if (ddt_bias) ddt_bias[h] += (float)sdt;
     }
 }

@@ -34,7 +34,8 @@ void mt_cpu_lm_head_loss(float *losses, float *dinp, float *dweight, const float
  *   losses = logsumexp - logit[target]; in place, logits become
  *   dlogits = loss_scale * (softmax - onehot), 0 rows where ignored
  *   dinp_chunk (nc, C) = dlogits @ weight                          sgemm (=)
- *   dweight (V, C) += dlogits^T @ inp_chunk                        sgemm (beta 1)
+ *   dweight (V, C) += dlogits^T @ inp_chunk                        sgemm (beta 1; none when
+ *                                                                  dweight is NULL: a frozen head)
  * The sgemms run outside any parallel region, so OpenBLAS threads them itself. */
 void mt_cpu_lm_head_loss_chunked(float *losses, float *dinp, float *dweight, const float *inp,
                                  const float *weight, const int32_t *targets, int N, int C, int V,

@@ -23,6 +23,13 @@ void mt_cpu_matmul_forward(float *out, const float *inp, const float *weight, co
                 out, M);
 }
 
+void mt_cpu_matmul_forward_add(float *out, const float *inp, const float *weight, int R, int K,
+                               int M) {
+    if (R <= 0 || M <= 0 || K <= 0) return;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, M, K, 1.0f, inp, K, weight, K, 1.0f,
+                out, M);
+}
+
 /* dinp (R, K) = (or +=) dout (R, M) @ weight (M, K); dweight (M, K) += dout^T @ inp;
  * dbias (M) += column sums of dout. NULL outputs are skipped. */
 void mt_cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,

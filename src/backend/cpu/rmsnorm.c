@@ -29,7 +29,8 @@ void mt_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const flo
 /* With y = x * s * w and s = (mean(x^2) + eps)^-1/2:
  *   dx = s * (dy * w) - x * s^3 / C * sum_c(dy * w * x),   dw += sum_r dy * x * s.
  * dweight sums over rows, so each thread sums its rows into its own (C) partial, and the partials
- * are added in thread order afterwards: no races, and the same bits on every run. */
+ * are added in thread order afterwards: no races, and the same bits on every run. dinp or dweight
+ * NULL is skipped (dweight NULL: a frozen norm; no partials, and dinp is the same bits). */
 void mt_cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                              const float *weight, const float *rstd, int R, int C, int accumulate,
                              float w_offset) {

@@ -280,6 +280,11 @@ static void cu_matmul_forward(mt_backend *be, void *out, const void *inp, const 
     mt_cuda_matmul_forward(mt_cuda_ctx_of(be), (bf16 *)out, (const bf16 *)inp,
                            (const bf16 *)weight, (const bf16 *)bias, R, K, M, S(be));
 }
+static void cu_matmul_forward_add(mt_backend *be, void *out, const void *inp, const void *weight,
+                                  int R, int K, int M) {
+    mt_cuda_matmul_forward_add(mt_cuda_ctx_of(be), (bf16 *)out, (const bf16 *)inp,
+                               (const bf16 *)weight, R, K, M, S(be));
+}
 static void cu_matmul_backward(mt_backend *be, void *dinp, float *dweight, float *dbias,
                                const void *dout, const void *inp, const void *weight, int R, int K,
                                int M, int accumulate) {
@@ -463,6 +468,9 @@ static void cu_swiglu_backward(mt_backend *be, void *dgate, void *dup, const voi
 static void cu_add(mt_backend *be, void *out, const void *a, const void *b, size_t n) {
     mt_cuda_add((bf16 *)out, (const bf16 *)a, (const bf16 *)b, n, S(be));
 }
+static void cu_scale(mt_backend *be, void *x, float s, size_t n) {
+    mt_cuda_scale((bf16 *)x, s, n, S(be));
+}
 static void cu_sumsq(mt_backend *be, float *out, const float *x, size_t n) {
     mt_cuda_sumsq(out, x, n, S(be));
 }
@@ -586,6 +594,7 @@ mt_backend *mt_backend_cuda_create(int64_t mem_budget_bytes) {
     be->rmsnorm_backward = cu_rmsnorm_backward;
     be->matmul_forward = cu_matmul_forward;
     be->matmul_backward = cu_matmul_backward;
+    be->matmul_forward_add = cu_matmul_forward_add;
     be->rope_forward = cu_rope_forward;
     be->rope_backward = cu_rope_backward;
     be->attention_forward = cu_attention_forward;
@@ -607,6 +616,7 @@ mt_backend *mt_backend_cuda_create(int64_t mem_budget_bytes) {
     be->swiglu_forward = cu_swiglu_forward;
     be->swiglu_backward = cu_swiglu_backward;
     be->add = cu_add;
+    be->scale = cu_scale;
     be->sumsq = cu_sumsq;
     be->from_f32 = cu_from_f32;
     be->from_bf16 = cu_from_bf16;

@@ -4,7 +4,8 @@
  * Forward: one thread an element. Backward: one thread a channel of a part of CONV_ROWS tokens,
  * which walks its tokens in order: dinp[s] from the pre-activation gradients of the K tokens
  * that read s (recomputed), and its K weight-gradient sums in registers, written as the part's
- * partials; a second kernel adds the parts in order (no atomics: the same bits every run). */
+ * partials; a second kernel adds the parts in order (no atomics: the same bits every run).
+ * dweight NULL (a frozen conv): no partials, no second kernel; dinp is the same bits. */
 #include "cuda_vec.cuh"
 #include "ops.cuh"
 
@@ -65,7 +66,7 @@ static __global__ void __launch_bounds__(CONV_THREADS)
             float p = conv_pre(inp, weight, nt, ts + u, lo, c, C, K), sg = sigmoid_(p);
             float d = __bfloat162float(dout[nt * C + c]) * sg * (1.0f + p * (1.0f - sg));
             di += d * __bfloat162float(weight[(size_t)c * K + K - 1 - u]);
-            if (u == 0) /* dweight[c, j] += dpre[s] * x[s - (K-1) + j], the taps s reads */
+            if (u == 0 && dw_part) /* dweight[c, j] += dpre[s] * x[s - (K-1) + j], the taps s reads */
                 for (int j = 0; j < K; j++) {
                     int back = K - 1 - j;
                     if (ts - back >= lo) dw[j] += d * __bfloat162float(inp[(s - back) * C + c]);
@@ -73,7 +74,8 @@ static __global__ void __launch_bounds__(CONV_THREADS)
         }
         dinp[s * C + c] = __float2bfloat16_rn(di);
     }
-    for (int j = 0; j < K; j++) dw_part[((size_t)blockIdx.y * C + c) * K + j] = dw[j];
+    if (dw_part)
+        for (int j = 0; j < K; j++) dw_part[((size_t)blockIdx.y * C + c) * K + j] = dw[j];
 }
 
 /* dweight (C*K) += the parts' sums, in part order. */
@@ -110,16 +112,18 @@ void mt_cuda_causal_conv1d_backward(bf16 *dinp, float *dweight, const bf16 *dout
     conv_check("causal_conv1d_backward", B, T, C, K);
     size_t N = (size_t)B * T;
     if (!N) return;
-    MT_CHECK(dinp && dweight && dout && inp && weight, "causal_conv1d_backward: NULL tensor");
+    MT_CHECK(dinp && dout && inp && weight, "causal_conv1d_backward: NULL tensor");
     size_t rows = (N + CONV_MAX_PARTS - 1) / CONV_MAX_PARTS;
     if (rows < CONV_ROWS) rows = CONV_ROWS;
     int parts = (int)((N + rows - 1) / rows);
-    float *part = NULL;
-    CUDA_CHECK(cudaMallocAsync((void **)&part, (size_t)parts * C * K * sizeof(float), s));
+    float *part = NULL; /* stays NULL without dweight: the kernel then sums no weight gradient */
+    if (dweight)
+        CUDA_CHECK(cudaMallocAsync((void **)&part, (size_t)parts * C * K * sizeof(float), s));
     dim3 grid((unsigned)((C + CONV_THREADS - 1) / CONV_THREADS), (unsigned)parts);
     conv_backward_kernel<<<grid, CONV_THREADS, 0, s>>>(dinp, part, dout, inp, weight, doc_start, T,
                                                        C, K, N, rows);
     CUDA_LAUNCH_CHECK();
+    if (!dweight) return;
     conv_dw_finish_kernel<<<(C * K + 255) / 256, 256, 0, s>>>(dweight, part, parts, C * K);
     CUDA_LAUNCH_CHECK();
     CUDA_CHECK(cudaFreeAsync(part, s));

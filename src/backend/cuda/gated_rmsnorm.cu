@@ -4,7 +4,8 @@
  * Backward, with n = x rstd and a = silu(z): dz = dy w n silu'(z), dx = rstd dn - x rstd^3/C
  * sum(dn x) with dn = dy w a (one warp a row); dweight += sum_r dy n a by parts of GRMS_ROWS rows
  * (a thread a column and a fixed row subset, the sub-sums in order) added in part order by
- * cuda_vec.cuh's colsum_finish_kernel: no atomics, the same bits every run. */
+ * cuda_vec.cuh's colsum_finish_kernel: no atomics, the same bits every run. dweight NULL skips
+ * those two kernels. */
 #include "cuda_vec.cuh"
 #include "ops.cuh"
 
@@ -100,11 +101,12 @@ void mt_cuda_gated_rmsnorm_backward(bf16 *dinp, bf16 *dgate, float *dweight, con
                                     const float *rstd, int R, int C, cudaStream_t s) {
     MT_CHECK(R >= 0 && C > 0, "gated_rmsnorm_backward: R=%d C=%d", R, C);
     if (R == 0) return;
-    MT_CHECK(dinp && dgate && dweight && dout && inp && gate && weight && rstd,
+    MT_CHECK(dinp && dgate && dout && inp && gate && weight && rstd,
              "gated_rmsnorm_backward: NULL tensor");
     grms_backward_kernel<<<(unsigned)((R + GRMS_WARPS - 1) / GRMS_WARPS), 32 * GRMS_WARPS, 0, s>>>(
         dinp, dgate, dout, inp, gate, weight, rstd, R, C);
     CUDA_LAUNCH_CHECK();
+    if (!dweight) return; /* a frozen norm: no weight-gradient kernels */
     int rows = (R + GRMS_MAX_PARTS - 1) / GRMS_MAX_PARTS;
     if (rows < GRMS_ROWS) rows = GRMS_ROWS;
     int parts = (R + rows - 1) / rows;

@@ -3,7 +3,9 @@
  * threshold 20), beta = sigmoid(b), fp32 out, computed in double as the CPU does.
  * Backward: da, db elementwise; dA_log[h] += sum_n dg g and ddt_bias[h] += sum_n da, summed by
  * parts of GATES_ROWS rows (a thread a head and a fixed row subset, the block's sub-sums in order)
- * and the parts added in order by a second kernel: no atomics, the same bits every run. */
+ * and the parts added in order by a second kernel: no atomics, the same bits every run.
+ * dA_log or ddt_bias NULL (frozen) is skipped; both NULL: no partials, no second kernel. da and db
+ * are the same bits either way. */
 #include "cuda_vec.cuh"
 #include "ops.cuh"
 
@@ -26,7 +28,8 @@ static __global__ void gates_forward_kernel(float *g, float *beta, const bf16 *a
     }
 }
 
-/* part (parts, 2, H): the part's sums of dg g and of da for each head. */
+/* part (parts, 2, H): the part's sums of dg g and of da for each head; part NULL: none (the
+ * branches on it are uniform over the grid). */
 static __global__ void __launch_bounds__(32 * GATES_TY)
     gates_backward_kernel(bf16 *da, bf16 *db, float *part, const float *dg, const float *dbeta,
                           const bf16 *a, const bf16 *b, const bf16 *A_log, const bf16 *dt_bias,
@@ -42,12 +45,15 @@ static __global__ void __launch_bounds__(32 * GATES_TY)
             double x = (double)__bfloat162float(a[i]) + bias;
             double dai = dg[i] * -eA * sigmoid_d(x);
             da[i] = __float2bfloat16_rn((float)dai);
-            sA += dg[i] * (-eA * softplus_(x));
-            sdt += dai;
+            if (part) {
+                sA += dg[i] * (-eA * softplus_(x));
+                sdt += dai;
+            }
             double s = sigmoid_d((double)__bfloat162float(b[i]));
             db[i] = __float2bfloat16_rn((float)(dbeta[i] * s * (1.0 - s)));
         }
     }
+    if (!part) return;
     red[0][ty][tx] = sA;
     red[1][ty][tx] = sdt;
     __syncthreads();
@@ -68,8 +74,8 @@ static __global__ void gates_finish_kernel(float *dA_log, float *ddt_bias, const
         a0 += part[((size_t)p * 2) * H + h];
         a1 += part[((size_t)p * 2 + 1) * H + h];
     }
-    dA_log[h] += (float)a0;
-    ddt_bias[h] += (float)a1;
+    if (dA_log) dA_log[h] += (float)a0;
+    if (ddt_bias) ddt_bias[h] += (float)a1;
 }
 
 void mt_cuda_gdn_gates_forward(float *g, float *beta, const bf16 *a, const bf16 *b,
@@ -90,17 +96,19 @@ void mt_cuda_gdn_gates_backward(bf16 *da, bf16 *db, float *dA_log, float *ddt_bi
                                 cudaStream_t s) {
     MT_CHECK(N >= 0 && Hv > 0, "gdn_gates_backward: N=%d Hv=%d", N, Hv);
     if (N == 0) return;
-    MT_CHECK(da && db && dA_log && ddt_bias && dg && dbeta && a && b && A_log && dt_bias,
+    MT_CHECK(da && db && dg && dbeta && a && b && A_log && dt_bias,
              "gdn_gates_backward: NULL tensor");
+    int sums = dA_log || ddt_bias; /* both frozen: da and db only */
     int rows = (N + GATES_MAX_PARTS - 1) / GATES_MAX_PARTS;
     if (rows < GATES_ROWS) rows = GATES_ROWS;
     int parts = (N + rows - 1) / rows;
     float *part = NULL;
-    CUDA_CHECK(cudaMallocAsync((void **)&part, (size_t)parts * 2 * Hv * sizeof(float), s));
+    if (sums) CUDA_CHECK(cudaMallocAsync((void **)&part, (size_t)parts * 2 * Hv * sizeof(float), s));
     dim3 grid((unsigned)((Hv + 31) / 32), (unsigned)parts), block(32, GATES_TY);
     gates_backward_kernel<<<grid, block, 0, s>>>(da, db, part, dg, dbeta, a, b, A_log, dt_bias, N,
                                                  Hv, rows);
     CUDA_LAUNCH_CHECK();
+    if (!sums) return;
     gates_finish_kernel<<<(Hv + 255) / 256, 256, 0, s>>>(dA_log, ddt_bias, part, parts, Hv);
     CUDA_LAUNCH_CHECK();
     CUDA_CHECK(cudaFreeAsync(part, s));

@@ -10,6 +10,7 @@
  *             A = W   stored K x M ld K, op T;  B = inp  stored K x R ld K, op N;
  *             D = out stored M x R ld M;  m = M, n = R, k = K;  bias (M) = per-row of D: the
  *             CUBLASLT_EPILOGUE_BIAS vector (length m), added in fp32 before the one rounding.
+ *             forward_add: the same, no bias, beta = 1 (C = D = out: out += the product).
  *   dinp      dinp (R,K) = dout (R,M) @ W (M,K)      <=>  dinp^T (K,R) = W^T (K,M) @ dout^T (M,R)
  *             A = W   stored K x M ld K, op N;  B = dout stored M x R ld M, op N;
  *             D = dinp stored K x R ld K;  m = K, n = R, k = M;  beta = accumulate (C = D).
@@ -244,6 +245,18 @@ void mt_cuda_matmul_forward(mt_cuda_ctx *ctx, bf16 *out, const bf16 *inp, const 
     }
     lt_gemm(ctx, CUBLAS_OP_T, CUBLAS_OP_N, M, R, K, weight, K, inp, K, out, CUDA_R_16BF, M, 0.0f,
             bias, s);
+}
+
+/* The forward's product added onto out (beta 1: C = D = out, fp32 accumulation of the product
+ * and out's bf16 value, one rounding), without bias. */
+void mt_cuda_matmul_forward_add(mt_cuda_ctx *ctx, bf16 *out, const bf16 *inp, const bf16 *weight,
+                                int R, int K, int M, cudaStream_t s) {
+    MT_CHECK(ctx, "matmul_forward_add: NULL context");
+    MT_CHECK(R >= 0 && K >= 0 && M >= 0, "matmul_forward_add: R=%d K=%d M=%d", R, K, M);
+    if (R == 0 || M == 0 || K == 0) return; /* K 0: adds nothing */
+    MT_CHECK(out && inp && weight, "matmul_forward_add: NULL tensor");
+    lt_gemm(ctx, CUBLAS_OP_T, CUBLAS_OP_N, M, R, K, weight, K, inp, K, out, CUDA_R_16BF, M, 1.0f,
+            NULL, s);
 }
 
 void mt_cuda_matmul_backward(mt_cuda_ctx *ctx, bf16 *dinp, float *dweight, float *dbias,

@@ -171,7 +171,7 @@ int mt_cuda_moe_matmul_backward(mt_cuda_ctx *ctx, bf16 *dinp, float *dweight, co
             mt_fatal(__FILE__, __LINE__, "moe_matmul_backward: cublasGemmGroupedBatchedEx status "
                      "%d (E=%d K=%d M=%d); MT_MOE_GEMM=loop avoids it", (int)st, E, K, M);
     }
-    if (!dweight) return 1;
+    if (!dweight) return 1; /* frozen experts: no weight-gradient GEMM, nothing to loop */
     if (g->f32_refused) return 0;
     cublasStatus_t st = grouped(g, CUBLAS_OP_N, CUBLAS_OP_T, K, M, -1, rows(inp, K), K,
                                 rows(dout, M), M, weights(dweight, w_stride, 4), CUDA_R_32F, K,

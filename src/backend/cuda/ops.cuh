@@ -23,6 +23,9 @@ void mt_cuda_rmsnorm_backward(bf16 *dinp, float *dweight, const bf16 *dout, cons
 /* matmul.cu (cuBLASLt, bf16 in, fp32 accumulate) */
 void mt_cuda_matmul_forward(mt_cuda_ctx *ctx, bf16 *out, const bf16 *inp, const bf16 *weight,
                             const bf16 *bias, int R, int K, int M, cudaStream_t s);
+/* out += inp @ weight^T (backend.h's matmul_forward_add): the forward's GEMM with beta 1 */
+void mt_cuda_matmul_forward_add(mt_cuda_ctx *ctx, bf16 *out, const bf16 *inp, const bf16 *weight,
+                                int R, int K, int M, cudaStream_t s);
 void mt_cuda_matmul_backward(mt_cuda_ctx *ctx, bf16 *dinp, float *dweight, float *dbias,
                              const bf16 *dout, const bf16 *inp, const bf16 *weight, int R, int K,
                              int M, int accumulate, cudaStream_t s);
@@ -98,6 +101,7 @@ void mt_cuda_swiglu_forward(bf16 *out, const bf16 *gate, const bf16 *up, size_t 
 void mt_cuda_swiglu_backward(bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gate,
                              const bf16 *up, size_t n, cudaStream_t s);
 void mt_cuda_add(bf16 *out, const bf16 *a, const bf16 *b, size_t n, cudaStream_t s);
+void mt_cuda_scale(bf16 *x, float s, size_t n, cudaStream_t st);
 
 /* vector.cu */
 void mt_cuda_sumsq(float *out, const float *x, size_t n, cudaStream_t s);

@@ -211,6 +211,7 @@ static void check_args(const mt_optim_arenas *s, const mt_optim_step *a, size_t 
 
 void mt_cuda_optim_update(const mt_optim_arenas *s, const mt_optim_step *a, size_t offset,
                           size_t n, const void *grad, mt_dtype grad_dtype, cudaStream_t st) {
+    if (s->f == MT_STATE_FROZEN) return; /* a LoRA base: no update, no gradient (state.c's rule) */
     check_args(s, a, offset, n, grad, grad_dtype);
     if (n == 0) return;
     mt_adamw_consts c = mt_adamw_consts_of(a);

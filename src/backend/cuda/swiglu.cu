@@ -1,4 +1,4 @@
-/* SwiGLU's elementwise part, silu(gate) * up, its gradient, and the residual add. fp32 math with
+/* SwiGLU's elementwise part, silu(gate) * up, its gradient, the residual add and scale. fp32 math with
  * the accurate expf; grid-stride loops over 8-element (16-byte) groups when n % 8 == 0 and the
  * pointers are 16-byte aligned, else over single elements. */
 #include "cuda_vec.cuh"
@@ -75,6 +75,24 @@ static __global__ void add_kernel(bf16 *out, const bf16 *a, const bf16 *b, size_
     }
 }
 
+/* x *= s: one fp32 product an element, rounded once to bf16. */
+template <int VEC>
+static __global__ void scale_kernel(bf16 *x, float s, size_t groups) {
+    for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < groups;
+         t += (size_t)gridDim.x * blockDim.x) {
+        size_t i = t * VEC;
+        if (VEC == 8) {
+            float v[8];
+            ld8(x + i, v);
+#pragma unroll
+            for (int j = 0; j < 8; j++) v[j] *= s;
+            st8(x + i, v);
+        } else {
+            x[i] = __float2bfloat16_rn(__bfloat162float(x[i]) * s);
+        }
+    }
+}
+
 void mt_cuda_swiglu_forward(bf16 *out, const bf16 *gate, const bf16 *up, size_t n,
                             cudaStream_t s) {
     if (n == 0) return;
@@ -107,5 +125,15 @@ void mt_cuda_add(bf16 *out, const bf16 *a, const bf16 *b, size_t n, cudaStream_t
         add_kernel<8><<<mt_ew_blocks(n / 8), MT_CUDA_EW_THREADS, 0, s>>>(out, a, b, n / 8);
     else
         add_kernel<1><<<mt_ew_blocks(n), MT_CUDA_EW_THREADS, 0, s>>>(out, a, b, n);
+    CUDA_LAUNCH_CHECK();
+}
+
+void mt_cuda_scale(bf16 *x, float s, size_t n, cudaStream_t st) {
+    if (n == 0) return;
+    MT_CHECK(x, "scale: NULL tensor");
+    if (n % 8 == 0 && mt_aligned16(x))
+        scale_kernel<8><<<mt_ew_blocks(n / 8), MT_CUDA_EW_THREADS, 0, st>>>(x, s, n / 8);
+    else
+        scale_kernel<1><<<mt_ew_blocks(n), MT_CUDA_EW_THREADS, 0, st>>>(x, s, n);
     CUDA_LAUNCH_CHECK();
 }

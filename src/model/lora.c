@@ -1,0 +1,182 @@
+/* The LoRA adapter table (model/lora.h). */
+#include "model/lora.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+/* The kinds whose module is a linear projection megatrain adapts (matmul_forward through
+ * model/linear.h). */
+static int kind_is_adaptable(mt_param_kind k) {
+    switch (k) {
+    case MT_W_Q: case MT_W_K: case MT_W_V: case MT_W_O:
+    case MT_W_GATE: case MT_W_UP: case MT_W_DOWN:
+    case MT_W_LIN_QKV: case MT_W_LIN_Z: case MT_W_LIN_B: case MT_W_LIN_A: case MT_W_LIN_OUT:
+    case MT_W_SHARED_GATE:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Whether tensor name "....NAME.weight" is module NAME's weight (the name ends ".NAME.weight"). */
+static int is_module(const char *tensor, const char *name, size_t len) {
+    size_t n = strlen(tensor), w = strlen(".weight");
+    if (n < len + w + 1 || strcmp(tensor + n - w, ".weight") != 0) return 0;
+    const char *at = tensor + n - w - len;
+    return at[-1] == '.' && strncmp(at, name, len) == 0;
+}
+
+/* Marks in `hit` (t->n_params) the tensors one target name matches; MT_ERR for a module it
+ * matches that is not adaptable (strict: a name the user gave), or none at all (strict). */
+static int match_target(const mt_param_table *t, const char *name, size_t len, int strict,
+                        char *hit, int *found_out) {
+    int found = 0;
+    for (int i = 0; i < t->n_params; i++) {
+        const mt_param *p = &t->params[i];
+        if (p->ndim != 2 || !is_module(p->name, name, len)) continue;
+        if (p->expert >= 0) continue; /* gate_proj also names the experts': they stay frozen */
+        if (!kind_is_adaptable(p->kind)) {
+            if (!strict) continue;
+            return mt_error_set("--lora-targets \"%.*s\": %s is not a module megatrain adapts "
+                                "(the linear projections of attention, the Gated DeltaNet and the "
+                                "MLPs are; not the experts, the router, embed_tokens or lm_head)",
+                                (int)len, name, p->name);
+        }
+        hit[i] = 1;
+        found = 1;
+    }
+    if (!found && strict)
+        return mt_error_set("--lora-targets: no module of this %s model is named \"%.*s\" (of "
+                            "those megatrain adapts: the experts are not)",
+                            t->cfg.model_type, (int)len, name);
+    *found_out = found;
+    return MT_OK;
+}
+
+static int64_t align_up(int64_t n) { return (n + MT_LORA_ALIGN - 1) / MT_LORA_ALIGN * MT_LORA_ALIGN; }
+
+static void add_tensor(mt_lora_table *lt, const mt_param *p, int base, int is_b, int64_t *off) {
+    mt_lora_param *q = &lt->params[lt->n_params++];
+    memset(q, 0, sizeof(*q));
+    size_t n = strlen(p->name) - strlen(".weight");
+    snprintf(q->name, sizeof(q->name), "base_model.model.%.*s.lora_%c.weight", (int)n, p->name,
+             is_b ? 'B' : 'A');
+    q->base = base;
+    q->layer = p->layer;
+    q->kind = p->kind;
+    q->is_b = is_b;
+    q->shape[0] = is_b ? p->shape[0] : lt->rank;
+    q->shape[1] = is_b ? lt->rank : p->shape[1];
+    q->numel = q->shape[0] * q->shape[1];
+    q->offset = *off;
+    *off = align_up(*off + q->numel);
+    lt->n_real += q->numel;
+}
+
+int mt_lora_table_init(mt_lora_table *lt, const mt_param_table *t, const mt_lora_opts *o) {
+    memset(lt, 0, sizeof(*lt));
+    if (o->rank < 1 || o->rank > MT_LORA_MAX_RANK)
+        return mt_error_set("--lora %d: the rank must be 1 to %d", o->rank, MT_LORA_MAX_RANK);
+    int strict = o->targets != NULL; /* the default list names what any family may have */
+    const char *targets = strict ? o->targets : MT_LORA_DEFAULT_TARGETS;
+    if (strlen(targets) >= sizeof(lt->targets))
+        return mt_error_set("--lora-targets: longer than %zu characters", sizeof(lt->targets) - 1);
+    char *hit = mt_calloc((size_t)t->n_params, 1);
+    size_t used = 0; /* lt->targets: the names that matched, in the order given */
+    for (const char *p = targets;;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        int found = 0;
+        int rc = len ? match_target(t, p, len, strict, hit, &found)
+                     : mt_error_set("--lora-targets \"%s\": an empty module name", targets);
+        if (rc != MT_OK) {
+            free(hit);
+            return rc;
+        }
+        if (found) {
+            used += (size_t)snprintf(lt->targets + used, sizeof lt->targets - used, "%s%.*s",
+                                     used ? "," : "", (int)len, p);
+        }
+        if (!end) break;
+        p = end + 1;
+    }
+    lt->rank = o->rank;
+    lt->alpha = o->alpha > 0 ? o->alpha : 2.0 * o->rank;
+    lt->scale = (float)(lt->alpha / o->rank);
+    lt->L = t->cfg.L;
+    int modules = 0;
+    for (int i = 0; i < t->n_params; i++) modules += hit[i];
+    lt->params = mt_calloc((size_t)(2 * modules + 1), sizeof(mt_lora_param));
+    lt->a_index = mt_malloc((size_t)lt->L * MT_LAYER_KINDS * sizeof(int64_t));
+    for (int i = 0; i < lt->L * MT_LAYER_KINDS; i++) lt->a_index[i] = -1;
+    int64_t off = 0;
+    for (int i = 0; i < t->n_params; i++) {
+        if (!hit[i]) continue;
+        const mt_param *p = &t->params[i];
+        lt->a_index[(size_t)p->layer * MT_LAYER_KINDS + p->kind] = lt->n_params;
+        add_tensor(lt, p, i, 0, &off);
+        add_tensor(lt, p, i, 1, &off);
+    }
+    lt->n_modules = modules;
+    lt->total = off;
+    free(hit);
+    return MT_OK;
+}
+
+void mt_lora_table_free(mt_lora_table *lt) {
+    free(lt->params);
+    free(lt->a_index);
+    memset(lt, 0, sizeof(*lt));
+}
+
+const mt_lora_param *mt_lora_find(const mt_lora_table *lt, int l, mt_param_kind kind) {
+    if (l < 0 || l >= lt->L || (int)kind < 0 || kind >= MT_LAYER_KINDS) return NULL;
+    int64_t i = lt->a_index[(size_t)l * MT_LAYER_KINDS + kind];
+    return i < 0 ? NULL : &lt->params[i];
+}
+
+const mt_lora_param *mt_lora_find_name(const mt_lora_table *lt, const char *name) {
+    for (int i = 0; i < lt->n_params; i++)
+        if (strcmp(lt->params[i].name, name) == 0) return &lt->params[i];
+    return NULL;
+}
+
+mt_lora_view mt_lora_view_at(const mt_lora_table *lt, int l, void *arena, size_t elem_size) {
+    mt_lora_view v;
+    memset(&v, 0, sizeof(v));
+    v.rank = lt->rank;
+    v.scale = lt->scale;
+    for (int k = 0; k < MT_LAYER_KINDS; k++) {
+        const mt_lora_param *a = mt_lora_find(lt, l, (mt_param_kind)k);
+        if (!a) continue;
+        v.a[k] = (char *)arena + (size_t)a->offset * elem_size;
+        v.b[k] = (char *)arena + (size_t)a[1].offset * elem_size;
+    }
+    return v;
+}
+
+static uint64_t mix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+void mt_lora_init(const mt_lora_table *lt, float *arena, uint64_t seed) {
+    memset(arena, 0, (size_t)lt->total * sizeof(float));
+    for (int i = 0; i < lt->n_params; i++) {
+        const mt_lora_param *p = &lt->params[i];
+        if (p->is_b) continue; /* zero */
+        float bound = 1.0f / sqrtf((float)p->shape[1]);
+        uint64_t key = mix64(seed ^ mix64(0x6c6f7261ull + (uint64_t)i));
+        float *x = arena + p->offset;
+        for (int64_t j = 0; j < p->numel; j++) { /* 24 random bits to [-1, 1) */
+            double u = (double)(mix64(key ^ mix64((uint64_t)j)) >> 40) / (double)(1 << 23) - 1.0;
+            x[j] = (float)u * bound;
+        }
+    }
+}
