@@ -10,6 +10,7 @@
 
 #include "../backend/backend.h"
 #include "../core/error.h"
+#include "../io/lora_io.h"
 #include "../model/layer.h"
 #include "data/tokens.h"
 #include "../model/runner.h"
@@ -22,6 +23,7 @@
 static void print_usage(FILE *out) {
     fprintf(out,
             "usage: megatrain eval --model DIR|ORG/NAME --data PATH [--batch B] [--seq T] [--batches N]\n"
+            "                      [--adapter DIR]\n"
             "                      [--doc-sep LINE] [--loss-on assistant|all] [--chat-format F]\n"
             "                      [--long truncate|skip] [--pack whole|split]\n"
             "  Mean cross-entropy (and perplexity) over non-overlapping rows of T+1 tokens of PATH:\n"
@@ -32,6 +34,8 @@ static void print_usage(FILE *out) {
             "  tokenize --chat` (--seq must be theirs). Text and chat data are tokenized into a\n"
             "  temporary directory, removed at the end. Defaults: B 8, T 1024 (capped by the model),\n"
             "  N all rows.\n"
+            "  --adapter DIR: the model with a PEFT LoRA adapter (a LoRA run's checkpoint), folded\n"
+            "  into its fp32 weights as merge does (the adapted model's function).\n"
             "  --model ORG/NAME [--revision R]: a model in the Hugging Face hub cache, offline\n"
             "  ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub; R: ref or commit,\n"
             "  default main)\n");
@@ -53,7 +57,7 @@ static void remove_dir(const char *path) {
 }
 
 int mt_cmd_eval(int argc, char **argv) {
-    const char *model_dir = NULL, *data = NULL;
+    const char *model_dir = NULL, *data = NULL, *adapter = NULL;
     const char *revision = NULL;
     int64_t B = 8, T = 0, batches = 0;
     mt_run_data_opts dopts = {0};
@@ -68,6 +72,7 @@ int mt_cmd_eval(int argc, char **argv) {
                                          {"chat-format", required_argument, 0, 'f'},
                                          {"long", required_argument, 0, 'g'},
                                          {"pack", required_argument, 0, 'p'},
+                                         {"adapter", required_argument, 0, 'a'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c;
@@ -78,6 +83,7 @@ int mt_cmd_eval(int argc, char **argv) {
         case 'm': model_dir = optarg; break;
         case 'R': revision = optarg; break;
         case 'd': data = optarg; break;
+        case 'a': adapter = optarg; break;
         case 's': dopts.doc_sep = optarg; break;
         case 'l': rc = mt_arg_named("--loss-on", mt_chat_loss_on_parse(optarg, &dopts.loss_on)); break;
         case 'f': rc = mt_arg_named("--chat-format", mt_chat_format_parse(optarg, &dopts.chat_format)); break;
@@ -103,6 +109,18 @@ int mt_cmd_eval(int argc, char **argv) {
     if (mt_layer_check_runnable(cfg) != MT_OK) {
         mt_host_model_free(&m);
         return mt_cli_fail();
+    }
+    if (adapter) { /* the adapted model: W + scale B A, as PEFT computes it */
+        mt_lora_table lt;
+        float *arena;
+        if (mt_lora_load_dir(adapter, &m.table, &lt, &arena) != MT_OK) {
+            mt_host_model_free(&m);
+            return mt_cli_fail();
+        }
+        mt_lora_merge(&lt, arena, &m.table, m.weights);
+        printf("adapter %s: rank %d, alpha %g on %d modules\n", adapter, lt.rank, lt.alpha, lt.n_modules);
+        mt_lora_table_free(&lt);
+        free(arena);
     }
     if (!T) T = mt_plan_default_seq(cfg); /* as train and plan */
     mt_run_data f = {0};

@@ -135,40 +135,6 @@ static int base_dtype(const char *model_dir, mt_dtype *out) {
 
 /* ---- the merge ---- */
 
-/* W (out, in) += scale * B (out, r) @ A (r, in): each row's sums in fp64, rounded once into W. */
-static void merge_module(float *w, const float *a, const float *b, int64_t out, int64_t in, int r,
-                         double scale) {
-#pragma omp parallel
-    {
-        double *acc = mt_malloc((size_t)in * sizeof(double));
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < out; i++) {
-            memset(acc, 0, (size_t)in * sizeof(double));
-            for (int k = 0; k < r; k++) {
-                const double bk = b[i * r + k];
-                const float *ak = a + (int64_t)k * in;
-                for (int64_t j = 0; j < in; j++) acc[j] += bk * ak[j];
-            }
-            float *wi = w + i * in;
-            for (int64_t j = 0; j < in; j++) wi[j] = (float)((double)wi[j] + scale * acc[j]);
-        }
-        free(acc);
-    }
-}
-
-static void merge_all(mt_host_model *m, const mt_lora_table *lt, const float *arena) {
-    for (int i = 0; i < lt->n_params; i++) {
-        const mt_lora_param *a = &lt->params[i];
-        if (a->is_b) continue;
-        const mt_lora_param *b = a + 1;
-        const mt_param *p = &m->table.params[a->base];
-        MT_CHECK(b->is_b && b->base == a->base && p->shape[0] == b->shape[0] &&
-                     p->shape[1] == a->shape[1], "adapter table out of step at %s", a->name);
-        merge_module(m->weights + p->offset, arena + a->offset, arena + b->offset, p->shape[0],
-                     p->shape[1], lt->rank, (double)lt->scale);
-    }
-}
-
 /* ---- the output directory ---- */
 
 /* Copies SRC to DST (atomic, fsync'd); *copied 0 when SRC does not exist. */
@@ -290,7 +256,7 @@ int mt_cmd_merge(int argc, char **argv) {
     }
     int n_side = 0;
     if (rc == MT_OK) {
-        merge_all(&m, &lt, arena);
+        mt_lora_merge(&lt, arena, &m.table, m.weights);
         rc = save_merged(&m, model_dir, out_dir, dtype, shard, &n_side);
     }
     if (rc == MT_OK)

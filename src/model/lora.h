@@ -77,6 +77,12 @@ typedef struct mt_lora_view {
 
 mt_lora_view mt_lora_view_at(const mt_lora_table *lt, int l, void *arena, size_t elem_size);
 
+/* The adapters folded into an fp32 arena of table t's weights, as PEFT's merge_and_unload: W (out,
+ * in) += scale * B (out, r) @ A (r, in) for every adapted module, each row's sums in fp64, rounded
+ * once into W. `adapters`: lt->total fp32 (lt made over t). */
+void mt_lora_merge(const mt_lora_table *lt, const float *adapters, const mt_param_table *t,
+                   float *weights);
+
 /* PEFT's default init into an fp32 arena of lt->total: lora_A uniform in [-1/sqrt(in), 1/sqrt(in)]
  * (kaiming_uniform with a = sqrt(5), what PEFT calls), lora_B zero (the adapted model starts as the
  * base), padding zero. Deterministic in seed (not torch's stream). */
