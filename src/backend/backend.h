@@ -274,6 +274,15 @@ struct mt_backend {
     void (*from_f32)(mt_backend *be, void *dst, const float *src, size_t n);
     /* dst (compute dtype) = src (bf16) over n elements, both on the compute side (exact). */
     void (*from_bf16)(mt_backend *be, void *dst, const mt_bf16 *src, size_t n);
+    /* A frozen base weight stored quantized (src/quant) -> dst (compute dtype, n elements), on
+     * the compute stream, every input on the compute side. Each value is the fp32 product of its
+     * code's value and its block's scale, rounded once to the compute dtype. NF4 (quant/nf4.h):
+     * codes (n / 2 bytes, element 2j in byte j's high nibble), absmax (n / 64 fp32), n a multiple
+     * of 64. FP8 e4m3 (quant/fp8.h): q (n bytes), scales (n / 128 fp32), n a multiple of 128. */
+    void (*dequant_nf4)(mt_backend *be, void *dst, const uint8_t *codes, const float *absmax,
+                        size_t n);
+    void (*dequant_fp8)(mt_backend *be, void *dst, const uint8_t *q, const float *scales,
+                        size_t n);
 
     /* One AdamW step of an optimizer state whose arenas live on the compute side (the GPU tier:
      * optim/state.h's mt_optim_arenas with compute-side pointers) over [offset, offset+n), with

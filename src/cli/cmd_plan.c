@@ -15,7 +15,8 @@ static void print_usage(FILE *out) {
             "usage: megatrain plan (--model DIR|ORG/NAME | --init CONFIG.json) [--batch B] [--seq T]\n"
             "                      [--micro-batch auto|b] [--device auto|cpu|cuda] [--gpu-mem SIZE]\n"
             "                      [--state full|compact|tight] [--gpu-layers auto|N] [--host-mem SIZE]\n"
-            "                      [--packed] [--lora R [--lora-targets L]]\n"
+            "                      [--packed] [--lora R [--lora-targets L] [--base-dtype bf16|fp8|nf4]]\n"
+            "                      [--resident-weights auto|yes|no]\n"
             "  Prints what training would hold in host RAM and on the compute device, the tiles (the\n"
             "  layer's token chunk, the LM head's row chunk) and which layers' checkpoints wait in\n"
             "  pinned host memory, and exits 0 when it fits this machine, 1 when it does not (with\n"
@@ -35,7 +36,7 @@ static void print_usage(FILE *out) {
             "  Gparam/s (default: the format's, measured in training on the H200 host).\n"
             "  --lora R plans LoRA training (train --lora): the frozen base's weights alone on the\n"
             "  host (2 B/param in bf16), the adapters' weights, master, moments and gradient on the\n"
-            "  GPU, no base gradient; --lora-targets as in train.\n"
+            "  GPU, no base gradient; --lora-targets, --base-dtype and --resident-weights as in train.\n"
             "  --model ORG/NAME [--revision R]: a model in the Hugging Face hub cache, offline\n"
             "  ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub; R: ref or commit,\n"
             "  default main)\n",
@@ -57,6 +58,7 @@ int mt_cmd_plan(int argc, char **argv) {
     int device = 0, state = 0, packed = 0;
     int64_t gpu_layers = MT_AUTO, host_mem = 0, lora = 0;
     const char *lora_targets = NULL;
+    int base_dtype = 0, resident = 0;
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"revision", required_argument, 0, 'R'},
                                          {"init", required_argument, 0, 'i'},
@@ -71,6 +73,8 @@ int mt_cmd_plan(int argc, char **argv) {
                                          {"packed", no_argument, 0, 'p'},
                                          {"lora", required_argument, 0, 'r'},
                                          {"lora-targets", required_argument, 0, 'T'},
+                                         {"base-dtype", required_argument, 0, 'B'},
+                                         {"resident-weights", required_argument, 0, 'W'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c;
@@ -92,6 +96,8 @@ int mt_cmd_plan(int argc, char **argv) {
         case 'p': packed = 1; break;
         case 'r': rc = mt_arg_int("--lora", optarg, 1, MT_LORA_MAX_RANK, &lora); break;
         case 'T': lora_targets = optarg; break;
+        case 'B': rc = mt_arg_choice("--base-dtype", optarg, "bf16|fp8|nf4", &base_dtype); break;
+        case 'W': rc = mt_arg_choice("--resident-weights", optarg, "auto|yes|no", &resident); break;
         case 'h': print_usage(stdout); return 0;
         default: print_usage(stderr); return 1;
         }
@@ -106,8 +112,8 @@ int mt_cmd_plan(int argc, char **argv) {
     if (mt_host_model_open(&m, model_dir, init, 0, 0) != MT_OK) return mt_cli_fail();
     if (!T) T = mt_plan_default_seq(&m.table.cfg);
     mt_lora_table lt = {0};
-    if (lora_targets && !lora) {
-        mt_error_set("--lora-targets needs --lora R");
+    if ((lora_targets || base_dtype) && !lora) {
+        mt_error_set("--lora-targets and --base-dtype need --lora R");
         mt_host_model_free(&m);
         return mt_cli_fail();
     }
@@ -132,13 +138,15 @@ int mt_cmd_plan(int argc, char **argv) {
     }
     if (rc == MT_OK) {
         mt_plan_request rq = {.batch = (int)B, .T = (int)T, .micro_batch = (int)b, .offload = MT_AUTO,
-                              .saved_layers = MT_AUTO, .resident = MT_AUTO, .n_slots = 2,
+                              .saved_layers = MT_AUTO,
+                              .resident = resident == 1 ? 1 : resident == 2 ? 0 : MT_AUTO, .n_slots = 2,
                               .gpu_mem = gpu_mem,
                               /* another machine will train: this one's RAM says nothing */
                               .host_available = host_mem ? (double)host_mem
                                                 : be == &planned ? 0 : mt_run_host_available(),
                               .state = (mt_state_format)state, .gpu_layers = (int)gpu_layers,
-                              .documents = packed, .lora = lora ? &lt : NULL};
+                              .documents = packed, .lora = lora ? &lt : NULL,
+                              .base_format = (mt_base_format)base_dtype};
         mt_engine_opts eo;
         printf("%.1fM parameters, %lld x %lld tokens per step%s, %s backend%s\n", m.table.n_real / 1e6,
                (long long)B, (long long)T, packed ? " (packed rows)" : "", be->name,

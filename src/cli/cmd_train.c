@@ -735,6 +735,10 @@ static int check_ranks(train_run *r) {
                             "--gpu-layers 0 (or unset MT_COMM)",
                             (long long)o->gpu_layers);
     if (N == 1) return MT_OK;
+    if (o->base_dtype)
+        return mt_error_set("--base-dtype %s: a quantized base runs on one rank yet (each rank would hold "
+                            "the whole base); use --base-dtype bf16 on %d ranks",
+                            o->base_dtype == 1 ? "fp8" : "nf4", N);
     if (o->gpu_layers > 0)
         return mt_error_set("--gpu-layers %lld: the GPU tier is not supported on %d ranks yet; use "
                             "--gpu-layers 0",
@@ -797,7 +801,8 @@ static int train(train_run *r) {
                           /* packed training rows: their attention backward's pool need (the eval
                              rows only run forwards, whose workspace is none) */
                           .documents = r->data.packed.data != NULL,
-                          .lora = r->have_lora ? &r->lora : NULL};
+                          .lora = r->have_lora ? &r->lora : NULL,
+                          .base_format = (mt_base_format)o->base_dtype};
     mt_engine_opts eo;
     MT_TRY(phase(r, mt_run_check_memory(&r->model.table, r->be, &rq, &eo)));
     eo.opt_threads = (int)o->threads;

@@ -85,6 +85,10 @@ void mt_train_opts_usage(FILE *out) {
 "  --lora-alpha A         scale A / R (default 2R: scale 2)\n"
 "  --lora-dropout P       only 0 (the default) yet\n"
 "  --lora-targets L       PEFT's target_modules, comma-separated (q_proj,v_proj, ...)\n"
+"  --base-dtype F         the frozen layers bf16 (default) | fp8 (e4m3, a scale per 128: 1.03\n"
+"                         B/param) | nf4 (QLoRA's 4-bit NormalFloat, an absmax per 64: 0.56\n"
+"                         B/param), quantized on load and dequantized on the GPU per layer;\n"
+"                         --resident-weights yes keeps the quantized layers on the GPU\n"
 "  --adapter DIR          start from a PEFT adapter (adapter_config.json + adapter_model.safetensors;\n"
 "                         its r, lora_alpha and target_modules, unless the --lora flags say the same)\n"
 "                         Each checkpoint is a PEFT adapter directory (PeftModel.from_pretrained\n"
@@ -169,6 +173,7 @@ enum {
     O_TRACE, O_THREADS, O_DOC_SEP, O_MAX_TIME, O_STOP_AT, O_NO_SAVE, O_OFFLOAD, O_SAVED_LAYERS, O_RESIDENT, O_HELP,
     O_ON_NONFINITE, O_MAX_NONFINITE, O_OVERWRITE, O_RESUME_CHANGED, O_STATE, O_GPU_LAYERS,
     O_NO_TENSORBOARD, O_REVISION, O_LORA, O_LORA_ALPHA, O_LORA_DROPOUT, O_LORA_TARGETS, O_ADAPTER,
+    O_BASE_DTYPE,
 };
 
 static const struct option long_opts[] = {
@@ -201,6 +206,7 @@ static const struct option long_opts[] = {
     {"lora", required_argument, 0, O_LORA},         {"lora-alpha", required_argument, 0, O_LORA_ALPHA},
     {"lora-dropout", required_argument, 0, O_LORA_DROPOUT},
     {"lora-targets", required_argument, 0, O_LORA_TARGETS}, {"adapter", required_argument, 0, O_ADAPTER},
+    {"base-dtype", required_argument, 0, O_BASE_DTYPE},
     {0, 0, 0, 0},
 };
 
@@ -288,6 +294,7 @@ static int parse_one(mt_train_opts *o, int c, const char *arg) {
         return MT_OK;
     case O_LORA_TARGETS: o->lora_targets = arg; return MT_OK;
     case O_ADAPTER: o->adapter = arg; return MT_OK;
+    case O_BASE_DTYPE: return mt_arg_choice("--base-dtype", arg, "bf16|fp8|nf4", &o->base_dtype);
     case O_OFFLOAD: o->offload = 1; return MT_OK;
     case O_RESIDENT: return mt_arg_choice("--resident-weights", arg, "auto|yes|no", &o->resident);
     case O_SAVED_LAYERS:
@@ -343,8 +350,9 @@ int mt_train_opts_parse(mt_train_opts *o, int argc, char **argv, int *exit_now) 
     if (o->no_save && (o->save_every || o->resume)) return mt_error_set("--no-save contradicts --save-every and --resume");
     if (o->overwrite && o->resume) return mt_error_set("--overwrite starts the run in --out again; it contradicts --resume");
     if (o->resume_changed && !o->resume) return mt_error_set("--resume-changed needs --resume");
-    if ((o->lora_alpha || o->lora_targets) && !o->lora && !o->adapter)
-        return mt_error_set("--lora-alpha and --lora-targets need --lora R (or --adapter DIR)");
+    if ((o->lora_alpha || o->lora_targets || o->base_dtype) && !o->lora && !o->adapter)
+        return mt_error_set("--lora-alpha, --lora-targets and --base-dtype need --lora R (or --adapter DIR): "
+                            "only a frozen base is stored quantized");
     if ((o->lora || o->adapter) && o->have_state)
         return mt_error_set("--state with LoRA: the frozen base keeps its weights alone and the adapters "
                             "their fp32 state; there is no optimizer format to choose");
@@ -387,6 +395,8 @@ char *mt_train_opts_json(const mt_train_opts *o) {
         json_object_set_new(j, "lora_alpha", json_real(o->lora_alpha));
         json_object_set_new(j, "lora_targets", o->lora_targets ? json_string(o->lora_targets) : json_null());
         json_object_set_new(j, "adapter", o->adapter ? json_string(o->adapter) : json_null());
+        static const char *const base[] = {"bf16", "fp8", "nf4"};
+        json_object_set_new(j, "base_dtype", json_string(base[o->base_dtype]));
     }
     char *s = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(j);

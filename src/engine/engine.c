@@ -69,6 +69,11 @@ struct mt_engine {
     mt_event *shard_in;              /* this rank's shard of a group is in its slot */
 
     mt_lora_state *lora;             /* the adapters (o->lora), NULL: full-parameter training */
+    mt_quant_base *qbase;            /* a quantized frozen base (o->base_format), NULL: none */
+    void *qstage[2];                 /* compute side: a blob on its way from the host */
+    mt_event *qstage_ready[2], *qstage_free[2];
+    int next_qstage;
+    mt_state_io io;                  /* the state's io, with the quantized base's tensors */
 
     mt_optimizer *opt;
     mt_trace *trace;
@@ -184,8 +189,12 @@ static mt_model_view ends_view(const mt_param_table *t, void *embed, void *head,
     return v;
 }
 
+/* LoRA with a quantized base: the streamed layers live in engine/quant_base.h, not the state. */
+static int quantized(const mt_engine_opts *o) { return o->lora && o->base_format != MT_BASE_BF16; }
+
 static mt_train_state_opts state_opts(const mt_engine_opts *o) {
     mt_train_state_opts so = {.format = o->lora ? MT_STATE_FROZEN : o->state, .gpu_layers = o->gpu_layers,
+                              .layers_outside = quantized(o),
                               .grads_on_device = o->grads_on_device, .seed = o->seed,
                               .n_threads = o->opt_threads, .ranks = o->ranks, .comm = o->comm};
     return so;
@@ -215,6 +224,15 @@ void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_
     if (o->lora) { /* no base gradient; the adapters' whole state instead */
         p->dev_grads = 0;
         p->dev_lora = mt_lora_state_bytes(o->lora, dtype);
+    }
+    if (quantized(o)) { /* the streamed layers' blobs; two staging copies when they stream */
+        size_t largest;
+        p->base_quant = mt_quant_base_bytes(t, o->base_format, o->gpu_layers, &largest);
+        if (o->base_on_device) p->dev_lora += p->base_quant;
+        else {
+            p->host_total += p->base_quant;
+            p->dev_lora += 2.0 * (double)largest;
+        }
     }
     if (o->ranks > 1 && !o->lora) p->dev_grads += 4.0 * (double)mt_shard_size(mt_group_max_size(t), o->ranks); /* g_shard (cpu) */
     if (dtype != MT_BF16 && o->state != MT_STATE_FULL) p->dev_grads += 2.0 * mt_group_max_size(t); /* widen */
@@ -286,6 +304,32 @@ static int64_t count_over_ranks(mt_engine *e, int64_t n) {
 
 /* ---- weight loads ---- */
 
+/* A quantized layer into dst: its blob, staged on the compute side unless it lives there, expanded
+ * (dequantized) on the compute stream, which is in order with the compute that last read dst; the
+ * copy into a staging buffer waits for the expansion that last read that buffer. */
+static void load_quantized(mt_engine *e, int layer, void *dst, mt_event *free_ev, mt_event *loaded) {
+    mt_backend *be = e->be;
+    const void *blob = mt_quant_base_blob(e->qbase, layer);
+    size_t bytes = mt_quant_base_blob_bytes(e->qbase, layer);
+    int st = -1;
+    if (!mt_quant_base_on_device(e->qbase)) {
+        st = e->next_qstage++ & 1;
+        be->stream_wait(be, MT_STREAM_H2D, e->qstage_free[st]);
+        be->stream_wait(be, MT_STREAM_H2D, free_ev);
+        int h = mt_dev_trace_begin(e->dtrace, MT_STREAM_H2D);
+        be->copy_async(be, MT_STREAM_H2D, e->qstage[st], blob, bytes);
+        mt_dev_trace_end(e->dtrace, h, MT_STREAM_H2D, MT_SPAN_LOAD, e->step, layer);
+        be->event_record(be, e->qstage_ready[st], MT_STREAM_H2D);
+        be->stream_wait(be, MT_STREAM_COMPUTE, e->qstage_ready[st]);
+        blob = e->qstage[st];
+        e->h2d_bytes += (double)bytes;
+    }
+    mt_quant_base_expand(e->qbase, layer, dst, blob);
+    if (st >= 0) be->event_record(be, e->qstage_free[st], MT_STREAM_COMPUTE);
+    be->event_record(be, loaded, MT_STREAM_COMPUTE);
+    e->loads[layer + 1]++;
+}
+
 /* Issues the copy of a group's upload buffer into dst on the H2D stream, after `free_ev` (the
  * last compute use of dst) and, for the forward, after the optimizer has updated the group. */
 static void load_group(mt_engine *e, int layer, void *dst, mt_event *free_ev, mt_event *loaded,
@@ -297,6 +341,11 @@ static void load_group(mt_engine *e, int layer, void *dst, mt_event *free_ev, mt
         mt_trace_add(e->trace, MT_SPAN_WAIT_OPT, MT_LANE_MAIN, e->step, layer, t0, mt_trace_now(e->trace));
     }
     double t0 = mt_trace_now(e->trace);
+    if (e->qbase && layer >= 0 && layer < e->t->cfg.L) { /* a streamed layer: quantized */
+        load_quantized(e, layer, dst, free_ev, loaded);
+        mt_trace_add(e->trace, MT_SPAN_LOAD, MT_LANE_H2D, e->step, layer, t0, mt_trace_now(e->trace));
+        return;
+    }
     /* with ranks: this rank's shard (of the updated weights) into its block of dst */
     size_t n = (size_t)mt_train_state_shard(e->ts, layer), bytes = n * e->up_elem;
     void *mine = (char *)dst + (size_t)e->rank * n * e->elem;
@@ -773,6 +822,18 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
     e->embed_free = new_event(e);
     e->head_loaded = new_event(e);
     e->head_free = new_event(e);
+    MT_CHECK(!quantized(o) || (ranks == 1 && !o->comm),
+             "a quantized base (%s) runs on one rank", mt_base_format_name(o->base_format));
+    if (quantized(o)) {
+        e->qbase = mt_quant_base_create(t, be, o->base_format, o->gpu_layers,
+                                        o->base_on_device || be->memory.host_ram);
+        if (!mt_quant_base_on_device(e->qbase))
+            for (int i = 0; i < 2; i++) {
+                e->qstage[i] = be->alloc(be, mt_quant_base_largest_blob(e->qbase));
+                e->qstage_ready[i] = new_event(e);
+                e->qstage_free[i] = new_event(e);
+            }
+    }
     if (o->lora) { /* the adapters' state instead of the base's gradient buffers */
         MT_CHECK(cfg->lora_rank >= o->lora->rank, "LoRA rank %d: the layer workspace is sized for "
                  "rank %d (set the table's cfg.lora_rank)", o->lora->rank, cfg->lora_rank);
@@ -867,6 +928,12 @@ void mt_engine_destroy(mt_engine *e) {
         be->event_destroy(be, e->staging_free[i]);
     }
     mt_lora_state_free(e->lora);
+    for (int i = 0; i < 2 && e->qstage[i]; i++) {
+        be->free(be, e->qstage[i]);
+        be->event_destroy(be, e->qstage_ready[i]);
+        be->event_destroy(be, e->qstage_free[i]);
+    }
+    mt_quant_base_free(e->qbase);
     if (e->saved) be->free(be, e->saved);
     if (e->saved_att) be->free(be, e->saved_att);
     void *dev[] = {e->embed_w, e->head_w, e->g_layer, e->g_embed, e->g_head, e->norms, e->acts,
@@ -913,10 +980,31 @@ int mt_engine_set_documents(mt_engine *e, const int32_t *doc_start) {
 
 mt_train_state *mt_engine_state(mt_engine *e) { return e->ts; }
 
+/* With a quantized base: the state's io, but the base's own tensors go to and from it. */
+static int qio_get_weights(void *ctx, const mt_param *p, float *dst) {
+    mt_engine *e = ctx;
+    if (mt_quant_base_holds(e->qbase, p)) return mt_quant_base_get(e->qbase, p, dst);
+    const mt_state_io *io = mt_train_state_io(e->ts);
+    return io->get_weights(io->ctx, p, dst);
+}
+static int qio_set_weights(void *ctx, const mt_param *p, const float *src) {
+    mt_engine *e = ctx;
+    if (mt_quant_base_holds(e->qbase, p)) return mt_quant_base_set(e->qbase, p, src);
+    const mt_state_io *io = mt_train_state_io(e->ts);
+    return io->set_weights(io->ctx, p, src);
+}
+static int qio_parts(void *ctx, const mt_param *p, const mt_optim_tensor *parts) {
+    (void)ctx, (void)parts;
+    return mt_error_set("%s: a frozen base has no optimizer state", p->name);
+}
+
 const mt_state_io *mt_engine_state_io(mt_engine *e) {
     mt_optimizer_wait_all(e->opt);
     e->be->sync(e->be); /* the GPU tier's update runs on the compute stream */
-    return mt_train_state_io(e->ts);
+    if (!e->qbase) return mt_train_state_io(e->ts);
+    e->io = (mt_state_io){.format = MT_STATE_FROZEN, .ctx = e, .get_weights = qio_get_weights,
+                          .set_weights = qio_set_weights, .get_parts = qio_parts, .set_parts = qio_parts};
+    return &e->io;
 }
 
 void mt_engine_set_weights(mt_engine *e, const float *arena) {

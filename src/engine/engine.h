@@ -46,6 +46,7 @@
 #include "../model/params.h"
 #include "../optim/state_io.h"
 #include "lora_state.h"
+#include "quant_base.h"
 #include "optimizer.h"
 #include "train_state.h"
 #include "trace.h"
@@ -83,6 +84,10 @@ typedef struct {
                                   base gradient is made or leaves the compute side; the adapters'
                                   state lives there, engine/lora_state.h); t->cfg.lora_rank must
                                   be at least its rank. NULL: every parameter trains */
+    mt_base_format base_format; /* LoRA: the frozen streamed layers held as bf16 (the compute
+                                   dtype, in the training state) or quantized (fp8, nf4:
+                                   engine/quant_base.h, dequantized per load); one rank */
+    int base_on_device; /* quantized: the layers' blobs stay on the compute side (no PCIe) */
     mt_comm *comm;    /* ranks > 1: their comm (mt_engine_create); one rank: NULL, or the nccl
                          comm of one GPU, whose collectives then run (the same bits as NULL).
                          nccl with the cuda backend, mpi (or local) with the cpu one */
@@ -107,7 +112,10 @@ typedef struct {
         dev_total; /* dev_tier: the GPU tier's weights and moments (its gradients in dev_grads) */
     double dev_saved_per_layer; /* what one more saved layer would cost */
     double dev_saved_attention_per_layer; /* and one more layer's saved attention (in dev_saved) */
-    double dev_lora;      /* LoRA: the adapters' weights, master, moments and gradient */
+    double dev_lora;      /* LoRA: the adapters' weights, master, moments and gradient; a
+                             quantized base's blobs (on the compute side) or their two staging
+                             copies (streamed) */
+    double base_quant;    /* a quantized base's blobs (in host_total or dev_total, as placed) */
 } mt_engine_plan;
 
 void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_opts *o,

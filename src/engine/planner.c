@@ -331,6 +331,11 @@ int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan
                              .saved_layers = rq->saved_layers > 0 ? rq->saved_layers : 0,
                              .resident = rq->resident == 1, .state = rq->state, .ranks = rq->ranks,
                              .lora = rq->lora};
+    if (rq->lora && rq->base_format != MT_BASE_BF16) {
+        p->eo.base_format = rq->base_format;
+        p->eo.base_on_device = rq->resident == 1;
+        p->eo.resident = 0;
+    }
     /* LoRA: the step-time model counts a host update the frozen base does not have (not yet
      * modelled for adapters: no estimate, and the tier is not chosen by time) */
     p->timed = mt_step_time_known(&p->backend) && !rq->lora;
@@ -372,7 +377,8 @@ int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan
         p->fit_seq = largest_seq(t, be, rq);
     }
     /* 3. resident weights: they only save PCIe traffic, so they come after the saved internals */
-    if (rq->resident == MT_AUTO && !p->eo.offload && p->eo.saved_layers == L && p->budget > 0 &&
+    if (rq->resident == MT_AUTO && p->eo.base_format == MT_BASE_BF16 && !p->eo.offload &&
+        p->eo.saved_layers == L && p->budget > 0 &&
         !p->backend.host_ram) {
         p->eo.resident = 1;
         measure(t, be->dtype, p);
@@ -465,10 +471,12 @@ void mt_plan_print_host(const mt_plan *p, FILE *out) {
     const double g = MT_GIB;
     const mt_engine_plan *m = &p->mem;
     /* the rest: the host's token arrays, and the layer checkpoints when offloaded */
-    double rest = m->host_total - m->host_master - m->host_moments - m->host_upload - m->host_grads;
+    double rest = m->host_total - m->host_master - m->host_moments - m->host_upload - m->host_grads -
+                  (p->eo.base_on_device ? 0 : m->base_quant);
     if (p->eo.lora) /* a frozen base: its weights alone */
-        fprintf(out, "host %.2f GiB (%.2f B/param: frozen base weights %.2f", p->host_bytes / g,
-                m->host_total / p->n_params, m->host_master / g);
+        fprintf(out, "host %.2f GiB (%.2f B/param: frozen base weights %.2f%s", p->host_bytes / g,
+                m->host_total / p->n_params, (m->host_master + (p->eo.base_on_device ? 0 : m->base_quant)) / g,
+                p->eo.base_format != MT_BASE_BF16 && !p->eo.base_on_device ? " (the layers quantized)" : "");
     else
         fprintf(out, "host %.2f GiB (%.2f B/param: master %.2f, moments %.2f", p->host_bytes / g,
                 m->host_total / p->n_params, m->host_master / g, m->host_moments / g);
@@ -619,11 +627,15 @@ static void print_state(const mt_plan *p, FILE *out) {
                      "parameters, their state %.1f MiB on the %s (fp32 master, moments, gradient); "
                      "the base frozen: its weights alone, %d B/param, no gradient",
                 lt->rank, lt->alpha, (double)lt->scale, lt->n_modules, lt->targets,
-                (double)lt->n_real / 1e6, m->dev_lora / 1048576.0,
+                (double)lt->n_real / 1e6, mt_lora_state_bytes(lt, p->dtype) / 1048576.0,
                 p->backend.host_ram ? "compute side (host RAM)" : "GPU", (int)mt_dtype_size(p->dtype));
         if (eo->gpu_layers)
             fprintf(out, "; layers 0-%d of %d resident on the GPU (%.2f GiB)", eo->gpu_layers - 1,
                     p->L, m->dev_tier / g);
+        if (eo->base_format != MT_BASE_BF16)
+            fprintf(out, "; layers %d-%d quantized %s (%.2f GiB) %s, dequantized on the compute "
+                    "side per load", eo->gpu_layers, p->L - 1, mt_base_format_name(eo->base_format),
+                    m->base_quant / g, eo->base_on_device ? "kept there" : "in pinned host memory, streamed");
         return;
     }
     fprintf(out, "\noptimizer state: %s, %.2f B/param", mt_state_format_name(eo->state),

@@ -80,6 +80,9 @@ typedef struct {
                              attention backward takes be->memory.attention_pool_docs of the pool;
                              0: rows of one token stream, attention_pool */
     const mt_lora_table *lora; /* LoRA: these adapters train on a frozen base (engine.h); NULL */
+    mt_base_format base_format; /* LoRA: the frozen layers bf16, fp8 or nf4 (engine/quant_base.h);
+                                   quantized, --resident-weights yes keeps their blobs on the GPU
+                                   (2 slots still: a layer is dequantized into one per load) */
 } mt_plan_request;
 
 typedef struct {

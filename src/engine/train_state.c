@@ -79,8 +79,14 @@ int mt_train_state_in_tier(const mt_train_state *s, int layer) {
     return layer >= 0 && layer < s->o.gpu_layers;
 }
 
+/* Whether group `layer` is held outside the state (o.layers_outside). */
+static int outside(const mt_train_state *s, int layer) {
+    return s->o.layers_outside && layer >= s->o.gpu_layers && layer < s->t->cfg.L;
+}
+
 static host_piece *piece_of(const mt_train_state *s, int layer) {
     MT_CHECK(!mt_train_state_in_tier(s, layer), "group %d is in the GPU tier", layer);
+    MT_CHECK(!outside(s, layer), "group %d is held outside the training state", layer);
     return &s->host[s->group_piece[layer + 1]];
 }
 
@@ -103,6 +109,7 @@ static int64_t group_start(const mt_train_state *s, int layer) {
 static int piece_index_at(const mt_train_state *s, int64_t off) {
     if (off < s->host[0].base + s->host[0].n) return 0;
     if (off < s->tier_base + s->tier_n) return -1;
+    if (s->o.layers_outside && off < s->t->head_offset) return -2; /* held outside */
     return 1;
 }
 
@@ -146,6 +153,7 @@ void mt_train_state_bytes_of(const mt_param_table *t, mt_dtype compute, const mt
                              mt_train_state_bytes *b) {
     double el = (double)mt_dtype_size(compute);
     double n_tier = (double)tier_size(t, o->gpu_layers), n_host = (double)t->total - n_tier;
+    if (o->layers_outside) n_host = (double)(t->embed_size + t->head_size); /* the layers: outside */
     if (o->ranks > 1) { /* this rank's shards (no tier with ranks) */
         n_host = 0;
         for (int g = MT_GROUP_EMBED; g <= t->cfg.L; g++)
@@ -302,6 +310,8 @@ mt_train_state *mt_train_state_create(const mt_param_table *t, mt_backend *be,
     MT_CHECK(t->layer_size % MT_OPTIM_BLOCK == 0 && t->embed_size % MT_OPTIM_BLOCK == 0,
              "parameter groups must be multiples of %d elements", MT_OPTIM_BLOCK);
     int ranks = o->ranks > 1 ? o->ranks : 1;
+    MT_CHECK(!o->layers_outside || (o->format == MT_STATE_FROZEN && ranks == 1),
+             "layers held outside the state: a frozen state on one rank only");
     MT_CHECK(ranks == 1 || (o->comm && mt_comm_size(o->comm) == ranks),
              "a state sharded over %d ranks needs their comm", ranks);
     MT_CHECK(ranks == 1 || o->gpu_layers == 0, "a state sharded over ranks has no GPU tier");
@@ -321,7 +331,7 @@ mt_train_state *mt_train_state_create(const mt_param_table *t, mt_backend *be,
         s->n_host = 2;
         s->host = mt_calloc(2, sizeof *s->host);
         host_piece_init(s, &s->host[0], 0, t->embed_size);
-        int64_t b1 = s->tier_base + s->tier_n;
+        int64_t b1 = o->layers_outside ? t->head_offset : s->tier_base + s->tier_n;
         host_piece_init(s, &s->host[1], b1, t->total - b1);
         for (int g = MT_GROUP_EMBED; g <= L; g++)
             s->group_piece[g + 1] = g == MT_GROUP_EMBED ? 0 : mt_train_state_in_tier(s, g) ? -1 : 1;
@@ -667,6 +677,7 @@ static int io_get_weights(void *ctx, const mt_param *p, float *dst) {
     mt_train_state *s = ctx;
     if (s->ranks > 1) return io_get_weights_sharded(s, p, dst);
     int k = piece_index_at(s, p->offset);
+    if (k == -2) return mt_error_set("%s: held outside the training state (the quantized base)", p->name);
     if (k < 0) {
         tier_weights_copy(s, p, 0);
         mt_optim_state_get_weights(s->mirror, (size_t)p->group_offset, dst, (size_t)p->numel);
@@ -681,6 +692,7 @@ static int io_set_weights(void *ctx, const mt_param *p, const float *src) {
     mt_train_state *s = ctx;
     if (s->ranks > 1) return io_set_weights_sharded(s, p, src);
     int k = piece_index_at(s, p->offset);
+    if (k == -2) return mt_error_set("%s: held outside the training state (the quantized base)", p->name);
     if (k < 0) {
         mt_optim_state_set_weights(s->mirror, (size_t)p->group_offset, src, (size_t)p->numel);
         tier_weights_copy(s, p, 1);
@@ -695,6 +707,7 @@ static int io_set_weights(void *ctx, const mt_param *p, const float *src) {
 static int parts_of(mt_train_state *s, const mt_param *p, mt_optim_tensor *out, int *dev) {
     int k = piece_index_at(s, p->offset);
     *dev = k < 0;
+    if (k == -2) return 0; /* held outside: frozen, no parts */
     if (k < 0)
         return mt_optim_arenas_parts(&s->tier, (size_t)(p->offset - s->tier_base), (size_t)p->numel, out);
     mt_optim_arenas a = mt_optim_state_arenas(s->host[k].st);

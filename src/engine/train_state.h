@@ -67,6 +67,10 @@ typedef struct {
     int n_threads;       /* of one host update (<= 0: all) */
     int ranks;           /* data-parallel ranks sharing the host state (<= 1: one, unsharded) */
     mt_comm *comm;       /* ranks > 1: the ranks' comm (this rank's index, the io's gathers) */
+    int layers_outside;  /* frozen, one rank: the streamed layer groups (gpu_layers .. L-1) are
+                            held outside the state (a quantized base, engine/quant_base.h): the
+                            state keeps the embed and head groups and the tier alone; its io
+                            refuses those layers' tensors and nothing uploads them from here */
 } mt_train_state_opts;
 
 /* The shard of a group of n elements (a multiple of MT_OPTIM_BLOCK) over `ranks` ranks: ceil(n /

@@ -25,7 +25,9 @@
  * must give the same bits. Each check prints its max error and the percent of tolerance used.
  * A NULL weight gradient (a frozen weight: rmsnorm dweight, the LM head's dweight) leaves dinp bit
  * for bit the full call's. matmul_forward_add (out += inp @ W^T onto a bf16 out) against the CPU's
- * at the bf16 tolerance; scale bit for bit the bf16 rounding of the CPU's fp32 product. */
+ * at the bf16 tolerance; scale bit for bit the bf16 rounding of the CPU's fp32 product.
+ * dequant_nf4 / dequant_fp8 (a quantized frozen base, src/quant): bit for bit the CPU backend's fp32
+ * products rounded once to bf16, on the vector and the scalar (misaligned) paths. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -36,6 +38,9 @@
 #include "backend/backend.h"
 #include "backend/cuda/matmul_plans.h"
 #include "core/dtype.h"
+#include "core/error.h"
+#include "quant/fp8.h"
+#include "quant/nf4.h"
 #include "util/testutil.h"
 
 #define BF_ATOL 1e-2
@@ -493,6 +498,60 @@ static void test_scale(void **state) {
     scale_case(((size_t)1 << 20) + 8, 0, 0.125f, 94);
     scale_case(64, 0, 0.0f, 95);
     scale_case(1, 0, 2.0f, 96);
+}
+
+/* dequant_nf4 / dequant_fp8: codes and scales from the host's quantizers (random normal weights
+ * and, for FP8, every non-NaN byte as a code), uploaded at byte offset `qoff` and written to a
+ * poisoned bf16 output at element offset `doff` (either non-zero: the scalar kernel); the result is
+ * the CPU backend's fp32 output rounded once, bit for bit. */
+static void dequant_case(int fp8, size_t n, size_t qoff, size_t doff, uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    float *x = rnd_f32(&rng, n, 0.02f), *ref = fnew(n);
+    size_t qbytes = fp8 ? n : mt_nf4_bytes((int64_t)n);
+    size_t nsc = n / (fp8 ? MT_FP8_BLOCK : MT_NF4_BLOCK);
+    uint8_t *q = malloc(qbytes);
+    float *sc = fnew(nsc);
+    if (fp8) {
+        assert_int_equal(mt_fp8_quantize(x, (int64_t)n, q, sc), MT_OK);
+        for (size_t i = 0; i < n && i < 254 * 4; i++) { /* every non-NaN byte, a few scales */
+            uint8_t b = (uint8_t)(i % 254);
+            q[i] = b >= 0x7f ? (uint8_t)(b + 1) : b;
+        }
+        cpu->dequant_fp8(cpu, ref, q, sc, n);
+    } else {
+        assert_int_equal(mt_nf4_quantize(x, (int64_t)n, q, sc), MT_OK);
+        cpu->dequant_nf4(cpu, ref, q, sc, n);
+    }
+    mt_bf16 *want = malloc(n * sizeof(mt_bf16)), *got = malloc(n * sizeof(mt_bf16));
+    for (size_t i = 0; i < n; i++) want[i] = mt_f32_to_bf16(ref[i]);
+
+    uint8_t *d_q = gpu->alloc(gpu, qbytes + qoff);
+    gpu->upload(gpu, d_q + qoff, q, qbytes);
+    float *d_sc = up_f32(sc, nsc);
+    mt_bf16 *d_out = poison_bf(n + doff);
+    if (fp8) gpu->dequant_fp8(gpu, d_out + doff, d_q + qoff, d_sc, n);
+    else gpu->dequant_nf4(gpu, d_out + doff, d_q + qoff, d_sc, n);
+    gpu->download(gpu, got, d_out + doff, n * sizeof(mt_bf16));
+    char what[96];
+    snprintf(what, sizeof what, "dequant_%s n=%zu qoff=%zu doff=%zu", fp8 ? "fp8" : "nf4", n, qoff,
+             doff);
+    int ok = memcmp(got, want, n * sizeof(mt_bf16)) == 0;
+    fprintf(stderr, "%-40s %s\n", what, ok ? "bit for bit the CPU's fp32 rounded once" : "DIFFERS  FAIL");
+    assert_true(ok);
+    gpu->free(gpu, d_q), gpu->free(gpu, d_sc), gpu->free(gpu, d_out);
+    free(x), free(ref), free(q), free(sc), free(want), free(got);
+}
+
+static void test_dequant(void **state) {
+    (void)state;
+    for (int fp8 = 0; fp8 < 2; fp8++) {
+        dequant_case(fp8, 128, 0, 0, 101);
+        dequant_case(fp8, 128 * 1001, 0, 0, 102);
+        dequant_case(fp8, ((size_t)1 << 22) + 128 * 3, 0, 0, 103); /* past the grid cap */
+        dequant_case(fp8, 128 * 50, 1, 0, 104);                  /* codes misaligned */
+        dequant_case(fp8, 128 * 50, 0, 1, 105);                  /* output misaligned */
+    }
 }
 
 /* The plan cache holds an MoE model's variety of shapes: 3000 row counts of one product (as many
@@ -959,6 +1018,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_rmsnorm),   cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_matmul_plan_cache),
         cmocka_unit_test(test_matmul_forward_add), cmocka_unit_test(test_scale),
+        cmocka_unit_test(test_dequant),
         cmocka_unit_test(test_rope),      cmocka_unit_test(test_swiglu_add),
         cmocka_unit_test(test_gates_split),
         cmocka_unit_test(test_sumsq_from_f32), cmocka_unit_test(test_attention),

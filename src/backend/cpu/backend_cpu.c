@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "../../core/error.h"
+#include "../../quant/fp8.h"
+#include "../../quant/nf4.h"
 #include "../backend.h"
 #include "cpu_ops.h"
 #include "streams.h"
@@ -161,6 +163,14 @@ static void cpu_from_f32(mt_backend *be, void *dst, const float *src, size_t n) 
 static void cpu_from_bf16(mt_backend *be, void *dst, const mt_bf16 *src, size_t n) {
     mt_cpu_from_bf16(dst, src, n);
 }
+static void cpu_dequant_nf4(mt_backend *be, void *dst, const uint8_t *codes, const float *absmax,
+                            size_t n) {
+    mt_nf4_dequantize(codes, absmax, (int64_t)n, dst);
+}
+static void cpu_dequant_fp8(mt_backend *be, void *dst, const uint8_t *q, const float *scales,
+                            size_t n) {
+    mt_fp8_dequantize(q, scales, (int64_t)n, dst);
+}
 /* The arenas are host memory here: the state's own update. A bad range or dtype is the caller's
  * bug (the op has no error return). */
 static void cpu_optim_update(mt_backend *be, const mt_optim_arenas *s, const mt_optim_step *a,
@@ -253,6 +263,8 @@ mt_backend *mt_backend_cpu_create(void) {
     be->sumsq = cpu_sumsq;
     be->from_f32 = cpu_from_f32;
     be->from_bf16 = cpu_from_bf16;
+    be->dequant_nf4 = cpu_dequant_nf4;
+    be->dequant_fp8 = cpu_dequant_fp8;
     be->optim_update = cpu_optim_update;
     be->lm_head_loss = cpu_lm_head_loss;
     be->moe_route = cpu_moe_route;

@@ -480,6 +480,14 @@ static void cu_from_f32(mt_backend *be, void *dst, const float *src, size_t n) {
 static void cu_from_bf16(mt_backend *be, void *dst, const mt_bf16 *src, size_t n) {
     mt_cuda_from_bf16((bf16 *)dst, (const bf16 *)src, n, S(be));
 }
+static void cu_dequant_nf4(mt_backend *be, void *dst, const uint8_t *codes, const float *absmax,
+                           size_t n) {
+    mt_cuda_dequant_nf4((bf16 *)dst, codes, absmax, n, S(be));
+}
+static void cu_dequant_fp8(mt_backend *be, void *dst, const uint8_t *q, const float *scales,
+                           size_t n) {
+    mt_cuda_dequant_fp8((bf16 *)dst, q, scales, n, S(be));
+}
 static void cu_optim_update(mt_backend *be, const mt_optim_arenas *s, const mt_optim_step *a,
                             size_t offset, size_t n, const void *grad, mt_dtype grad_dtype) {
     mt_cuda_optim_update(s, a, offset, n, grad, grad_dtype, S(be));
@@ -620,6 +628,8 @@ mt_backend *mt_backend_cuda_create(int64_t mem_budget_bytes) {
     be->sumsq = cu_sumsq;
     be->from_f32 = cu_from_f32;
     be->from_bf16 = cu_from_bf16;
+    be->dequant_nf4 = cu_dequant_nf4;
+    be->dequant_fp8 = cu_dequant_fp8;
     be->optim_update = cu_optim_update;
     be->lm_head_loss = cu_lm_head_loss;
     be->moe_route = cu_moe_route;

@@ -115,6 +115,13 @@ void mt_cuda_optim_update(const mt_optim_arenas *s, const mt_optim_step *a, size
                           size_t n, const void *grad, mt_dtype grad_dtype, cudaStream_t st);
 void mt_cuda_from_bf16(bf16 *dst, const bf16 *src, size_t n, cudaStream_t s);
 
+/* dequant.cu: a quantized frozen base weight (src/quant: NF4, FP8 e4m3) -> bf16, each value the
+ * fp32 product code value * block scale rounded once, as backend.h's dequant_nf4 / dequant_fp8 */
+void mt_cuda_dequant_nf4(bf16 *dst, const uint8_t *codes, const float *absmax, size_t n,
+                         cudaStream_t s);
+void mt_cuda_dequant_fp8(bf16 *dst, const uint8_t *q, const float *scales, size_t n,
+                         cudaStream_t s);
+
 /* moe.cu (mixture-of-experts routing; the experts' GEMMs: moe_gemm.cu, or matmul per expert) */
 void mt_cuda_moe_route(float *probs, int32_t *top_idx, float *top_w, int32_t *counts,
                        float *prob_sum, const bf16 *logits, int n, int E, int k, int renorm,

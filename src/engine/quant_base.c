@@ -1,0 +1,234 @@
+/* The quantized frozen base (engine/quant_base.h). */
+#include "engine/quant_base.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "quant/fp8.h"
+#include "quant/nf4.h"
+
+#define SEG_ALIGN 256
+#define QUANT_PAD 128 /* both formats' blocks (64, 128) divide it */
+
+typedef struct {
+    int param;          /* index in the table */
+    int quantized;
+    int64_t n;          /* elements stored: numel, rounded up to QUANT_PAD when quantized */
+    size_t codes, scales; /* byte offsets in the blob (scales unused for fp32 segments) */
+} segment;
+
+typedef struct {
+    segment *seg;
+    int n_seg;
+    size_t bytes;
+    void *blob;
+} layer_blob;
+
+struct mt_quant_base {
+    const mt_param_table *t;
+    mt_backend *be;
+    mt_base_format f;
+    int first, on_device;
+    layer_blob *layers; /* [l - first] */
+    size_t largest;
+};
+
+const char *mt_base_format_name(mt_base_format f) {
+    return f == MT_BASE_NF4 ? "nf4" : f == MT_BASE_FP8 ? "fp8" : "bf16";
+}
+
+int mt_base_format_parse(const char *text, mt_base_format *out) {
+    for (int f = MT_BASE_BF16; f <= MT_BASE_NF4; f++)
+        if (strcmp(text, mt_base_format_name((mt_base_format)f)) == 0) {
+            *out = (mt_base_format)f;
+            return MT_OK;
+        }
+    return mt_error_set("--base-dtype %s: expected bf16, fp8 or nf4", text);
+}
+
+int mt_quant_base_quantizes(const mt_param *p) {
+    return p->ndim == 2 && p->kind != MT_W_ROUTER && p->kind != MT_W_SHARED_GATE;
+}
+
+static size_t align_up(size_t n) { return (n + SEG_ALIGN - 1) / SEG_ALIGN * SEG_ALIGN; }
+static int64_t pad_up(int64_t n) { return (n + QUANT_PAD - 1) / QUANT_PAD * QUANT_PAD; }
+
+static int block_of(mt_base_format f) { return f == MT_BASE_NF4 ? 64 : 128; }
+static size_t code_bytes(mt_base_format f, int64_t n) {
+    return f == MT_BASE_NF4 ? (size_t)n / 2 : (size_t)n;
+}
+
+/* Layer l's segments and blob size. */
+static layer_blob layout(const mt_param_table *t, mt_base_format f, int l) {
+    layer_blob b = {0};
+    int lo = t->layer_first[l], hi = t->layer_first[l + 1];
+    b.seg = mt_calloc((size_t)(hi - lo + 1), sizeof(segment));
+    size_t at = 0;
+    for (int i = lo; i < hi; i++) {
+        const mt_param *p = &t->params[i];
+        segment *s = &b.seg[b.n_seg++];
+        s->param = i;
+        s->quantized = mt_quant_base_quantizes(p);
+        if (s->quantized) {
+            s->n = pad_up(p->numel);
+            s->codes = at;
+            at = align_up(at + code_bytes(f, s->n));
+            s->scales = at;
+            at = align_up(at + (size_t)(s->n / block_of(f)) * sizeof(float));
+        } else {
+            s->n = p->numel;
+            s->codes = at;
+            at = align_up(at + (size_t)s->n * sizeof(float));
+        }
+    }
+    b.bytes = at;
+    return b;
+}
+
+double mt_quant_base_bytes(const mt_param_table *t, mt_base_format f, int first, size_t *largest) {
+    double sum = 0;
+    size_t big = 0;
+    for (int l = first; l < t->cfg.L; l++) {
+        layer_blob b = layout(t, f, l);
+        sum += (double)b.bytes;
+        if (b.bytes > big) big = b.bytes;
+        free(b.seg);
+    }
+    if (largest) *largest = big;
+    return sum;
+}
+
+mt_quant_base *mt_quant_base_create(const mt_param_table *t, mt_backend *be, mt_base_format f,
+                                    int first, int on_device) {
+    MT_CHECK(f == MT_BASE_NF4 || f == MT_BASE_FP8, "a quantized base is fp8 or nf4 (got %s)",
+             mt_base_format_name(f));
+    MT_CHECK(first >= 0 && first <= t->cfg.L, "quantized base from layer %d of %d", first, t->cfg.L);
+    mt_quant_base *q = mt_calloc(1, sizeof *q);
+    q->t = t;
+    q->be = be;
+    q->f = f;
+    q->first = first;
+    q->on_device = on_device;
+    int n = t->cfg.L - first;
+    q->layers = mt_calloc((size_t)(n ? n : 1), sizeof(layer_blob));
+    for (int i = 0; i < n; i++) {
+        layer_blob *b = &q->layers[i];
+        *b = layout(t, f, first + i);
+        b->blob = on_device ? be->alloc(be, b->bytes) : be->host_alloc(be, b->bytes);
+        if (on_device) be->zero(be, b->blob, b->bytes);
+        else memset(b->blob, 0, b->bytes);
+        if (b->bytes > q->largest) q->largest = b->bytes;
+    }
+    return q;
+}
+
+void mt_quant_base_free(mt_quant_base *q) {
+    if (!q) return;
+    for (int i = 0; i < q->t->cfg.L - q->first; i++) {
+        layer_blob *b = &q->layers[i];
+        if (q->on_device) q->be->free(q->be, b->blob);
+        else q->be->host_free(q->be, b->blob);
+        free(b->seg);
+    }
+    free(q->layers);
+    free(q);
+}
+
+mt_base_format mt_quant_base_format(const mt_quant_base *q) { return q->f; }
+int mt_quant_base_on_device(const mt_quant_base *q) { return q->on_device; }
+
+int mt_quant_base_holds(const mt_quant_base *q, const mt_param *p) {
+    return p->layer >= q->first && p->layer < q->t->cfg.L;
+}
+
+static const segment *segment_of(const mt_quant_base *q, const mt_param *p, layer_blob **lb) {
+    MT_CHECK(mt_quant_base_holds(q, p), "%s: not in the quantized base", p->name);
+    *lb = &q->layers[p->layer - q->first];
+    int i = (int)(p - q->t->params) - q->t->layer_first[p->layer];
+    const segment *s = &(*lb)->seg[i];
+    MT_CHECK(s->param == (int)(p - q->t->params), "quantized base out of step at %s", p->name);
+    return s;
+}
+
+/* bytes at the blob's offset off from / into host memory. */
+static void store(const mt_quant_base *q, layer_blob *b, size_t off, const void *src, size_t bytes) {
+    if (q->on_device) q->be->upload(q->be, (char *)b->blob + off, src, bytes);
+    else memcpy((char *)b->blob + off, src, bytes);
+}
+static void fetch(const mt_quant_base *q, const layer_blob *b, size_t off, void *dst, size_t bytes) {
+    if (q->on_device) q->be->download(q->be, dst, (const char *)b->blob + off, bytes);
+    else memcpy(dst, (const char *)b->blob + off, bytes);
+}
+
+int mt_quant_base_set(mt_quant_base *q, const mt_param *p, const float *w) {
+    layer_blob *b;
+    const segment *s = segment_of(q, p, &b);
+    if (!s->quantized) {
+        store(q, b, s->codes, w, (size_t)p->numel * sizeof(float));
+        return MT_OK;
+    }
+    float *x = mt_aligned_alloc((size_t)s->n * sizeof(float));
+    memcpy(x, w, (size_t)p->numel * sizeof(float));
+    memset(x + p->numel, 0, (size_t)(s->n - p->numel) * sizeof(float));
+    size_t cb = code_bytes(q->f, s->n), sb = (size_t)(s->n / block_of(q->f)) * sizeof(float);
+    uint8_t *codes = mt_aligned_alloc(cb);
+    float *scales = mt_aligned_alloc(sb);
+    int rc = q->f == MT_BASE_NF4 ? mt_nf4_quantize(x, s->n, codes, scales)
+                                 : mt_fp8_quantize(x, s->n, codes, scales);
+    if (rc == MT_OK) {
+        store(q, b, s->codes, codes, cb);
+        store(q, b, s->scales, scales, sb);
+    } else {
+        mt_error_set("%s: %s", p->name, mt_error_message());
+    }
+    free(x);
+    free(codes);
+    free(scales);
+    return rc;
+}
+
+int mt_quant_base_get(mt_quant_base *q, const mt_param *p, float *w) {
+    layer_blob *b;
+    const segment *s = segment_of(q, p, &b);
+    if (!s->quantized) {
+        fetch(q, b, s->codes, w, (size_t)p->numel * sizeof(float));
+        return MT_OK;
+    }
+    size_t cb = code_bytes(q->f, s->n), sb = (size_t)(s->n / block_of(q->f)) * sizeof(float);
+    uint8_t *codes = mt_aligned_alloc(cb);
+    float *scales = mt_aligned_alloc(sb), *x = mt_aligned_alloc((size_t)s->n * sizeof(float));
+    fetch(q, b, s->codes, codes, cb);
+    fetch(q, b, s->scales, scales, sb);
+    if (q->f == MT_BASE_NF4) mt_nf4_dequantize(codes, scales, s->n, x);
+    else mt_fp8_dequantize(codes, scales, s->n, x);
+    memcpy(w, x, (size_t)p->numel * sizeof(float));
+    free(codes);
+    free(scales);
+    free(x);
+    return MT_OK;
+}
+
+const void *mt_quant_base_blob(const mt_quant_base *q, int l) { return q->layers[l - q->first].blob; }
+size_t mt_quant_base_blob_bytes(const mt_quant_base *q, int l) { return q->layers[l - q->first].bytes; }
+size_t mt_quant_base_largest_blob(const mt_quant_base *q) { return q->largest; }
+
+void mt_quant_base_expand(const mt_quant_base *q, int l, void *dst, const void *blob) {
+    mt_backend *be = q->be;
+    const layer_blob *b = &q->layers[l - q->first];
+    size_t elem = mt_dtype_size(be->dtype);
+    for (int i = 0; i < b->n_seg; i++) {
+        const segment *s = &b->seg[i];
+        const mt_param *p = &q->t->params[s->param];
+        void *out = (char *)dst + (size_t)p->group_offset * elem;
+        const char *src = (const char *)blob + s->codes;
+        if (!s->quantized)
+            be->from_f32(be, out, (const float *)src, (size_t)s->n);
+        else if (q->f == MT_BASE_NF4)
+            be->dequant_nf4(be, out, (const uint8_t *)src, (const float *)((const char *)blob + s->scales),
+                            (size_t)s->n);
+        else
+            be->dequant_fp8(be, out, (const uint8_t *)src, (const float *)((const char *)blob + s->scales),
+                            (size_t)s->n);
+    }
+}

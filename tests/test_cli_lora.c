@@ -1,0 +1,106 @@
+/* `megatrain train --lora` and `plan --lora` on the lora_llama fixture: the flags' refusals (each a
+ * one-line error naming the flag, exit 1, nothing trained), a run on each base format (--base-dtype
+ * bf16, fp8, nf4: the quantized ones say so in the plan and move the loss a little, not a lot:
+ * within 5% of bf16's final loss on this fixture), and the plan's lines. The math of each is
+ * checked elsewhere (test_train_torch: PEFT; test_lora_quant: the quantized base bit for bit). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/run_compare.h"
+#include "util/testutil.h"
+
+#define OUT_SIZE (1 << 16)
+
+static mt_cli_env g_env;
+static char g_out[OUT_SIZE];
+
+static int setup(void **state) { return mt_cli_env_init(&g_env, "lora_llama"); }
+static int teardown(void **state) {
+    mt_cli_env_free(&g_env);
+    return 0;
+}
+
+/* train on the fixture into OUT with extra flags; the exit code */
+static int train(const char *out, const char *extra) {
+    return mt_cli_run(&g_env, g_out, sizeof g_out,
+                      "train --model '%s/base' --data '%s/data.bin' --steps 6 --batch 4 --seq 48 "
+                      "--warmup 1 --lr 1e-2 --device cpu --out %s %s",
+                      g_env.fixture, g_env.fixture, out, extra);
+}
+
+static void refused(const char *extra, const char *needle) {
+    mt_cli_expect(train("refused", extra), 1, g_out, needle);
+    char first[1024];
+    assert_int_equal(mt_cli_error_lines(g_out, first, sizeof first), 1);
+    assert_null(strstr(g_out, "step 1/"));
+}
+
+static void test_refusals(void **state) {
+    refused("--lora 0", "--lora");
+    refused("--lora 4 --lora-dropout 0.1", "--lora-dropout 0.1: only 0 is supported yet");
+    refused("--lora 4 --lora-targets lm_head", "no module of this llama model is named \"lm_head\"");
+    refused("--lora 4 --lora-targets q_proj,,v_proj", "an empty module name");
+    refused("--lora 4 --state tight", "--state with LoRA");
+    refused("--base-dtype nf4", "--base-dtype need --lora R");
+    refused("--lora 4 --base-dtype int4", "--base-dtype");
+    refused("--lora-alpha 16", "need --lora R");
+    char extra[4400];
+    snprintf(extra, sizeof extra, "--lora 8 --adapter '%s/adapter_init'", g_env.fixture);
+    refused(extra, "the adapter");
+    snprintf(extra, sizeof extra, "--adapter '%s/nowhere'", g_env.fixture);
+    refused(extra, "nowhere");
+}
+
+/* the final loss a run printed ("final loss X (step N)") */
+static double final_loss(void) {
+    const char *at = strstr(g_out, "final loss ");
+    assert_non_null(at);
+    return atof(at + strlen("final loss "));
+}
+
+static void test_base_formats(void **state) {
+    static const char *const formats[] = {"bf16", "fp8", "nf4"};
+    double loss[3];
+    for (int i = 0; i < 3; i++) {
+        char out[32], extra[64];
+        snprintf(out, sizeof out, "run_%s", formats[i]);
+        snprintf(extra, sizeof extra, "--lora 4 --base-dtype %s", formats[i]);
+        mt_cli_expect(train(out, extra), 0, g_out, "LoRA: rank 4, alpha 8");
+        if (i) {
+            char want[64];
+            snprintf(want, sizeof want, "quantized %s", formats[i]);
+            assert_non_null(strstr(g_out, want));
+        }
+        assert_non_null(strstr(g_out, "a PEFT adapter: PeftModel.from_pretrained loads it"));
+        loss[i] = final_loss();
+    }
+    for (int i = 1; i < 3; i++) {
+        double rel = fabs(loss[i] - loss[0]) / loss[0];
+        printf("  --base-dtype %s: final loss %.4f, bf16 %.4f (%.2f%%)\n", formats[i], loss[i], loss[0], 100 * rel);
+        assert_true(loss[i] != loss[0] && rel < 0.05);
+    }
+}
+
+static void test_plan(void **state) {
+    mt_cli_expect(mt_cli_run(&g_env, g_out, sizeof g_out,
+                             "plan --init '%s/base/config.json' --batch 16 --seq 4096 --device cuda "
+                             "--gpu-mem 139G --host-mem 116G --lora 16 --base-dtype nf4",
+                             g_env.fixture),
+                  0, g_out, "quantized nf4");
+    assert_non_null(strstr(g_out, "LoRA: rank 16, alpha 32 (scale 2)"));
+    assert_non_null(strstr(g_out, "fits"));
+    mt_cli_expect(mt_cli_run(&g_env, g_out, sizeof g_out, "plan --init '%s/base/config.json' --base-dtype nf4",
+                             g_env.fixture),
+                  1, g_out, "need --lora R");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_base_formats),
+        cmocka_unit_test(test_plan),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
