@@ -1,7 +1,8 @@
 /* `megatrain train --lora` and `plan --lora` on the lora_llama fixture: the flags' refusals (each a
  * one-line error naming the flag, exit 1, nothing trained), a run on each base format (--base-dtype
  * bf16, fp8, nf4: the quantized ones say so in the plan and move the loss a little, not a lot:
- * within 5% of bf16's final loss on this fixture), and the plan's lines. The math of each is
+ * within 5% of bf16's final loss on this fixture), evaluation during a LoRA run against `megatrain
+ * eval --adapter` of its checkpoint, and the plan's lines. The math of each is
  * checked elsewhere (test_train_torch: PEFT; test_lora_quant: the quantized base bit for bit). */
 #include <math.h>
 #include <stdio.h>
@@ -83,6 +84,41 @@ static void test_base_formats(void **state) {
     }
 }
 
+/* The last "eval_loss" of a run's metrics.jsonl (full precision). */
+static double last_eval(const char *out) {
+    char path[4200], line[4096];
+    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", g_env.tmp, out);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    double v = NAN;
+    while (fgets(line, sizeof line, f)) {
+        const char *at = strstr(line, "\"eval_loss\": ");
+        if (at) v = atof(at + strlen("\"eval_loss\": "));
+    }
+    fclose(f);
+    return v;
+}
+
+/* Evaluation during a LoRA run (the engine's forward with the adapters) gives what `megatrain eval
+ * --adapter` of the run's checkpoint gives on the same rows (1e-5: the engine computes the adapted
+ * projections, eval the merged weights). */
+static void test_eval(void **state) {
+    char extra[4400];
+    snprintf(extra, sizeof extra, "--lora 4 --eval-data '%s/data.bin' --eval-every 6 --eval-batches 1", g_env.fixture);
+    mt_cli_expect(train("run_eval", extra), 0, g_out, "eval loss");
+    double during = last_eval("run_eval");
+    mt_cli_expect(mt_cli_run(&g_env, g_out, sizeof g_out,
+                             "eval --model '%s/base' --adapter run_eval/checkpoints/step_00000006 --data "
+                             "'%s/data.bin' --batch 4 --seq 48 --batches 1",
+                             g_env.fixture, g_env.fixture),
+                  0, g_out, "adapter run_eval/checkpoints/step_00000006: rank 4");
+    const char *at = strstr(g_out, ": loss ");
+    assert_non_null(at);
+    double after = atof(at + strlen(": loss "));
+    printf("  eval during the run %.6f, megatrain eval --adapter %.6f\n", during, after);
+    assert_true(fabs(during - after) <= 1e-5 * after);
+}
+
 static void test_plan(void **state) {
     mt_cli_expect(mt_cli_run(&g_env, g_out, sizeof g_out,
                              "plan --init '%s/base/config.json' --batch 16 --seq 4096 --device cuda "
@@ -100,6 +136,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_base_formats),
+        cmocka_unit_test(test_eval),
         cmocka_unit_test(test_plan),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

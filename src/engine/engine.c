@@ -305,9 +305,10 @@ static int64_t count_over_ranks(mt_engine *e, int64_t n) {
 /* ---- weight loads ---- */
 
 /* A quantized layer into dst: its blob, staged on the compute side unless it lives there, expanded
- * (dequantized) on the compute stream, which is in order with the compute that last read dst; the
- * copy into a staging buffer waits for the expansion that last read that buffer. */
-static void load_quantized(mt_engine *e, int layer, void *dst, mt_event *free_ev, mt_event *loaded) {
+ * (dequantized) on the compute stream, which is in order with the compute that last read dst (so
+ * the copy need not wait for dst to be free: it writes only the staging buffer, after the expansion
+ * that last read that buffer). */
+static void load_quantized(mt_engine *e, int layer, void *dst, mt_event *loaded) {
     mt_backend *be = e->be;
     const void *blob = mt_quant_base_blob(e->qbase, layer);
     size_t bytes = mt_quant_base_blob_bytes(e->qbase, layer);
@@ -315,7 +316,6 @@ static void load_quantized(mt_engine *e, int layer, void *dst, mt_event *free_ev
     if (!mt_quant_base_on_device(e->qbase)) {
         st = e->next_qstage++ & 1;
         be->stream_wait(be, MT_STREAM_H2D, e->qstage_free[st]);
-        be->stream_wait(be, MT_STREAM_H2D, free_ev);
         int h = mt_dev_trace_begin(e->dtrace, MT_STREAM_H2D);
         be->copy_async(be, MT_STREAM_H2D, e->qstage[st], blob, bytes);
         mt_dev_trace_end(e->dtrace, h, MT_STREAM_H2D, MT_SPAN_LOAD, e->step, layer);
@@ -342,7 +342,7 @@ static void load_group(mt_engine *e, int layer, void *dst, mt_event *free_ev, mt
     }
     double t0 = mt_trace_now(e->trace);
     if (e->qbase && layer >= 0 && layer < e->t->cfg.L) { /* a streamed layer: quantized */
-        load_quantized(e, layer, dst, free_ev, loaded);
+        load_quantized(e, layer, dst, loaded);
         mt_trace_add(e->trace, MT_SPAN_LOAD, MT_LANE_H2D, e->step, layer, t0, mt_trace_now(e->trace));
         return;
     }
