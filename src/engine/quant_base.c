@@ -135,7 +135,6 @@ void mt_quant_base_free(mt_quant_base *q) {
     free(q);
 }
 
-mt_base_format mt_quant_base_format(const mt_quant_base *q) { return q->f; }
 int mt_quant_base_on_device(const mt_quant_base *q) { return q->on_device; }
 
 int mt_quant_base_holds(const mt_quant_base *q, const mt_param *p) {

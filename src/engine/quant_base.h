@@ -49,7 +49,6 @@ mt_quant_base *mt_quant_base_create(const mt_param_table *t, mt_backend *be, mt_
                                     int first, int on_device);
 void mt_quant_base_free(mt_quant_base *q);
 
-mt_base_format mt_quant_base_format(const mt_quant_base *q);
 int mt_quant_base_on_device(const mt_quant_base *q);
 /* Whether q holds tensor p (its layer is one of q's). */
 int mt_quant_base_holds(const mt_quant_base *q, const mt_param *p);
