@@ -54,7 +54,9 @@ def main():
     torch.manual_seed(0)
     with open(a.config) as f:
         cfg = AutoConfig.for_model(**json.load(f))
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    # drawn on the device: an 8B random init on the CPU takes minutes
+    with torch.device(a.device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     if a.base == "nf4":
         model = quantize_linears(model, a.device)
     model.to(a.device)

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# On the GPU machine, in one device call (carry third_party/debs, third_party/cudnn-frontend, and
-# for the peer third_party/wheels with peft and bitsandbytes from PyPI; the image has torch): the
-# LoRA GPU checks and the issue's side-by-side (issue 27), each piece bounded by `timeout`:
-#   1. test_cuda_lora, test_cuda_ops (the LoRA ops, NULL weight gradients, dequantization);
-#   2. megatrain LoRA rank 16 on the Llama-3.1-8B shape, 16 x 4096 a step, bf16 / fp8 / nf4 bases,
-#      and full-parameter on the same batch (LoRA vs full);
-#   3. the peer, bench/peft_lora_bench.py: PEFT + transformers, gradient checkpointing, 4 x 4
-#      accumulated, bf16 and bitsandbytes nf4 bases, the same shape, rank and batch;
-#   4. the Llama-3.3-70B shape, rank 16, each base (megatrain only: a 70B peer does not fit).
-# Logs in $OUT. Not run yet (written in session 11 without device time); a 70B random init takes
-# minutes to draw (the 7B took 85 s under full): split step 4 into its own call if it runs long.
+# On the GPU machine: the LoRA GPU checks and the issue's side-by-side (issue 27), in stages so that
+# each device call stays under its 600 s (a warm machine keeps build-gpu/ between calls):
+#   scripts/gpu-lora-check.sh STAGE...    e.g.  build tests mt8:bf16 mt8:nf4 full8 peer:bf16
+# Stages:
+#   build        scripts/gpu-test.sh build (carry third_party/debs and third_party/cudnn-frontend)
+#   tests        test_cuda_lora (the LoRA ops, NULL weight gradients, dequantization, whole runs)
+#   ops          test_cuda_ops
+#   mt8:BASE     megatrain LoRA rank 16 on the Llama-3.1-8B shape, 16 x 4096 a step, base BASE
+#   full8        megatrain full-parameter on the same shape and batch (LoRA vs full)
+#   peer:BASE    bench/peft_lora_bench.py (PEFT + transformers, gradient checkpointing, 4 x 4
+#                accumulated), base bf16 or nf4 (bitsandbytes); carry third_party/wheels with the
+#                peft and bitsandbytes wheels (scripts/peer-wheels.sh)
+#   mt70:BASE    the Llama-3.3-70B shape, rank 16, base BASE, 8 x 4096 a step (no peer fits)
+# Every run is bounded by `timeout` and by the call's budget: BUDGET seconds (default 570) from the
+# script's start, less a 15 s margin. Logs in $OUT (lora.log is the summary).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mt-out}
@@ -18,34 +22,76 @@ log=$OUT/lora.log
 say() { echo "$*" | tee -a "$log"; }
 : > "$log"
 export PATH=/usr/local/cuda/bin:$PATH
-. scripts/gpu-build-step.sh
-gpu_build_step lora
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$log"
-for t in test_cuda_lora test_cuda_ops; do
-  say "== $t"
-  timeout 300 build-gpu/$t > "$OUT/$t.log" 2>&1
-  say "rc $? ($(grep -c '\[       OK \]' "$OUT/$t.log") OK, $(grep -c FAILED "$OUT/$t.log") FAILED lines)"
-done
-tokens=$OUT/tokens.bin
-build-gpu/megatrain tokenize --bytes --out "$tokens" README.md docs/*.md > /dev/null
-run_mt() { # NAME CONFIG EXTRA...: 4 steps (the first warms up), the step lines kept
-  local name=$1 cfg=$2
-  shift 2
-  say "== megatrain $name"
-  timeout 900 build-gpu/megatrain train --init "$cfg" --data "$tokens" --out "/tmp/mt-lora-$name" \
-    --overwrite --steps 4 --batch 16 --seq 4096 --no-save --no-tensorboard "$@" > "$OUT/mt-$name.log" 2>&1
-  say "rc $?"
-  grep -E "LoRA:|memory plan|GPU |step [0-9]+/|throughput|error" "$OUT/mt-$name.log" | tee -a "$log"
+start=$(date +%s)
+budget=${BUDGET:-570}
+left() { # the seconds a step may take: min(ITS_LIMIT, what the call has left less 15)
+  local l=$((budget - ($(date +%s) - start) - 15))
+  [ "$l" -gt "$1" ] && l=$1
+  [ "$l" -lt 1 ] && l=1
+  echo "$l"
 }
-for b in bf16 fp8 nf4; do run_mt "8b-lora-$b" bench/configs/llama-3.1-8b.json --lora 16 --base-dtype "$b"; done
-run_mt 8b-full bench/configs/llama-3.1-8b.json
-site=/tmp/peer-site; rm -rf $site; mkdir -p $site
-for w in third_party/wheels/*.whl; do python3 -m zipfile -e "$w" $site; done
-for b in bf16 nf4; do
-  say "== peer: PEFT $b"
-  PYTHONPATH=$site timeout 900 python3 bench/peft_lora_bench.py --config bench/configs/llama-3.1-8b.json \
-    --base "$b" --rank 16 --batch 16 --micro-batch 4 --seq 4096 --steps 3 > "$OUT/peer-$b.log" 2>&1
-  say "rc $?"
-  grep -E "^peft|Error|error" "$OUT/peer-$b.log" | tail -3 | tee -a "$log"
+. scripts/gpu-build-step.sh
+stamp() { say "   [$(( $(date +%s) - start )) s]"; }
+
+run_mt() { # NAME CONFIG STEPS BATCH EXTRA...: the first step warms up; the step lines are kept
+  local name=$1 cfg=$2 steps=$3 batch=$4 t0
+  shift 4
+  say "== megatrain $name ($*)"
+  t0=$(date +%s)
+  timeout "$(left 400)" build-gpu/megatrain train --init "$cfg" --data "$tokens" --out "/tmp/mt-lora-$name" \
+    --overwrite --steps "$steps" --batch "$batch" --seq 4096 --no-save --no-tensorboard "$@" \
+    > "$OUT/mt-$name.log" 2>&1
+  say "rc $? in $(( $(date +%s) - t0 )) s"
+  grep -E "LoRA|base|memory plan|GPU |host|step [0-9]+/|summary|throughput|error" "$OUT/mt-$name.log" | tail -30 | tee -a "$log"
+}
+
+run_peer() { # BASE
+  say "== peer: PEFT $1"
+  local site=/tmp/peer-site t0
+  if [ ! -d $site ]; then
+    mkdir -p $site
+    for w in third_party/wheels/*.whl; do python3 -m zipfile -e "$w" $site; done
+  fi
+  t0=$(date +%s)
+  PYTHONPATH=$site timeout "$(left 400)" python3 bench/peft_lora_bench.py --config bench/configs/llama-3.1-8b.json \
+    --base "$1" --rank 16 --batch 16 --micro-batch 4 --seq 4096 --steps 2 > "$OUT/peer-$1.log" 2>&1
+  say "rc $? in $(( $(date +%s) - t0 )) s"
+  grep -E "^step|^peft|Error|error" "$OUT/peer-$1.log" | tail -6 | tee -a "$log"
+}
+
+built=0
+ensure_built() {
+  [ $built -eq 1 ] && return
+  if [ -x build-gpu/megatrain ] && [ -d /tmp/mtdeps ]; then
+    multi=$(ls -d /tmp/mtdeps/usr/lib/*-linux-gnu | head -1)
+    export LD_LIBRARY_PATH="$multi:$multi/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-16}
+  else
+    gpu_build_step lora
+  fi
+  tokens=$OUT/tokens.bin
+  build-gpu/megatrain tokenize --bytes --out "$tokens" README.md docs/*.md > /dev/null
+  built=1
+}
+
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$log"
+say "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?') stages: $*"
+for stage in "$@"; do
+  case $stage in
+    build) gpu_build_step lora; built=0; ensure_built ;;
+    tests|ops)
+      ensure_built
+      t=test_cuda_lora; [ "$stage" = ops ] && t=test_cuda_ops
+      say "== $t"
+      timeout "$(left 300)" build-gpu/$t > "$OUT/$t.log" 2>&1
+      say "rc $? ($(grep -c '\[       OK \]' "$OUT/$t.log") OK, $(grep -c '\[  FAILED  \]' "$OUT/$t.log") FAILED lines)"
+      grep -E "FAILED|fail|error" "$OUT/$t.log" | head -20 | tee -a "$log" ;;
+    mt8:*) ensure_built; run_mt "8b-lora-${stage#mt8:}" bench/configs/llama-3.1-8b.json 3 16 --lora 16 --base-dtype "${stage#mt8:}" ;;
+    full8) ensure_built; run_mt 8b-full bench/configs/llama-3.1-8b.json 3 16 ;;
+    peer:*) ensure_built; run_peer "${stage#peer:}" ;;
+    mt70:*) ensure_built; run_mt "70b-lora-${stage#mt70:}" bench/configs/llama-3.3-70b.json 2 8 --lora 16 --base-dtype "${stage#mt70:}" ;;
+    *) say "unknown stage $stage"; exit 2 ;;
+  esac
+  stamp
 done
-for b in bf16 fp8 nf4; do run_mt "70b-lora-$b" bench/configs/llama-3.3-70b.json --lora 16 --base-dtype "$b"; done
+free -g | tee -a "$log"

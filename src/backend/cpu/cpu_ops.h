@@ -4,6 +4,13 @@
  * backend pointer, with every tensor typed as float (the CUDA launcher takes the same arguments
  * plus a stream). The semantics, shapes and (=) versus (+=) rules are those of backend.h.
  * Matmuls go through cblas_sgemm; loops are OpenMP. Letters as in config.h.
+ *
+ * Row sums: the norms' sums of squares and their backward dot products accumulate in double. In
+ * fp32 their result hung on whether the compiler vectorised the sum: the same source built with and
+ * without sanitizers put qwen3_5_moe_noaux's layer-0 in_proj_qkv gradient at 1.5e-4 and 3.9e-5 from
+ * an fp64 reference (the chunked delta rule amplifies a norm's rounding); the reference pays.
+ * The total is rounded to fp32 before the rest of the fp32 arithmetic, so a sum past FLT_MAX is
+ * inf as in fp32 (a norm of overflowing activations gives 0 and its backward NaN, as torch's).
  */
 #ifndef MT_CPU_OPS_H
 #define MT_CPU_OPS_H

@@ -18,10 +18,10 @@ void mt_cpu_gated_rmsnorm_forward(float *out, float *rstd, const float *inp, con
 #pragma omp parallel for schedule(static) if ((size_t)R * C > GRMS_PAR_MIN)
     for (int r = 0; r < R; r++) {
         const float *x = inp + (size_t)r * C, *z = gate + (size_t)r * C;
-        float ss = 0.0f;
+        double ss = 0.0; /* in double: see mt_cpu_ops' note on row sums */
 #pragma omp simd reduction(+ : ss)
-        for (int c = 0; c < C; c++) ss += x[c] * x[c];
-        float s = 1.0f / sqrtf(ss / (float)C + eps);
+        for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
+        float s = 1.0f / sqrtf((float)ss / (float)C + eps);
         rstd[r] = s;
         for (int c = 0; c < C; c++) out[(size_t)r * C + c] = weight[c] * (x[c] * s) * (z[c] * sigmoidf(z[c]));
     }
@@ -45,16 +45,17 @@ void mt_cpu_gated_rmsnorm_backward(float *dinp, float *dgate, float *dweight, co
         for (int r = 0; r < R; r++) {
             const float *x = inp + (size_t)r * C, *z = gate + (size_t)r * C, *dy = dout + (size_t)r * C;
             float *dx = dinp + (size_t)r * C, *dz = dgate + (size_t)r * C;
-            float s = rstd[r], dot = 0.0f;
+            float s = rstd[r];
+            double dot = 0.0;
             for (int c = 0; c < C; c++) {
                 float sg = sigmoidf(z[c]), a = z[c] * sg, n = x[c] * s;
                 float dn = dy[c] * weight[c] * a;
                 dz[c] = dy[c] * weight[c] * n * sg * (1.0f + z[c] * (1.0f - sg));
                 if (dw) dw[c] += dy[c] * n * a;
                 dx[c] = dn; /* finished below */
-                dot += dn * x[c];
+                dot += (double)dn * x[c];
             }
-            float k = dot * s * s * s / (float)C;
+            float k = (float)dot * s * s * s / (float)C;
             for (int c = 0; c < C; c++) dx[c] = s * dx[c] - k * x[c];
         }
         if (dw) {

@@ -11,10 +11,10 @@ void mt_cpu_l2norm_forward(float *out, float *rinv, const float *inp, int R, int
 #pragma omp parallel for schedule(static) if ((size_t)R * D > L2_PAR_MIN)
     for (int r = 0; r < R; r++) {
         const float *x = inp + (size_t)r * D;
-        float ss = 0.0f;
+        double ss = 0.0; /* in double: see mt_cpu_ops' note on row sums */
 #pragma omp simd reduction(+ : ss)
-        for (int d = 0; d < D; d++) ss += x[d] * x[d];
-        float s = 1.0f / sqrtf(ss + eps);
+        for (int d = 0; d < D; d++) ss += (double)x[d] * x[d];
+        float s = 1.0f / sqrtf((float)ss + eps);
         rinv[r] = s;
         for (int d = 0; d < D; d++) out[(size_t)r * D + d] = x[d] * s;
     }
@@ -26,10 +26,11 @@ void mt_cpu_l2norm_backward(float *dinp, const float *dout, const float *inp, co
 #pragma omp parallel for schedule(static) if ((size_t)R * D > L2_PAR_MIN)
     for (int r = 0; r < R; r++) {
         const float *x = inp + (size_t)r * D, *dy = dout + (size_t)r * D;
-        float s = rinv[r], dot = 0.0f;
+        float s = rinv[r];
+        double dot = 0.0;
 #pragma omp simd reduction(+ : dot)
-        for (int d = 0; d < D; d++) dot += x[d] * dy[d];
-        float k = dot * s * s * s;
+        for (int d = 0; d < D; d++) dot += (double)x[d] * dy[d];
+        float k = (float)dot * s * s * s;
         for (int d = 0; d < D; d++) dinp[(size_t)r * D + d] = s * dy[d] - k * x[d];
     }
 }

@@ -16,10 +16,10 @@ void mt_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const flo
     for (int r = 0; r < R; r++) {
         const float *x = inp + (size_t)r * C;
         float *y = out + (size_t)r * C;
-        float ss = 0.0f;
+        double ss = 0.0; /* in double: see mt_cpu_ops' note on row sums */
 #pragma omp simd reduction(+ : ss)
-        for (int c = 0; c < C; c++) ss += x[c] * x[c];
-        float s = 1.0f / sqrtf(ss / (float)C + eps);
+        for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
+        float s = 1.0f / sqrtf((float)ss / (float)C + eps);
         rstd[r] = s;
 #pragma omp simd
         for (int c = 0; c < C; c++) y[c] = (x[c] * s) * (weight[c] + w_offset);
@@ -46,12 +46,12 @@ void mt_cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, con
         for (int r = 0; r < R; r++) {
             const float *x = inp + (size_t)r * C, *dy = dout + (size_t)r * C;
             float s = rstd[r];
-            float dot = 0.0f;
+            double dot = 0.0;
 #pragma omp simd reduction(+ : dot)
-            for (int c = 0; c < C; c++) dot += dy[c] * (weight[c] + w_offset) * x[c];
+            for (int c = 0; c < C; c++) dot += (double)(dy[c] * (weight[c] + w_offset)) * x[c];
             if (dinp) {
                 float *dx = dinp + (size_t)r * C;
-                float k = dot * s * s * s / (float)C;
+                float k = (float)dot * s * s * s / (float)C;
                 if (accumulate) {
 #pragma omp simd
                     for (int c = 0; c < C; c++) dx[c] += s * dy[c] * (weight[c] + w_offset) - k * x[c];
