@@ -3,7 +3,8 @@
  * loss when the config has it),
  * load the checkpoint through the real safetensors path, run the CPU backend on the recorded
  * batch, and compare logits, loss and the gradient of every parameter.
- * Metric per tensor: max|got - ref| / max|ref| <= 1e-4 (fp32). */
+ * Metric per tensor: max|got - ref| / max|ref| <= 1e-4 (fp32); a gradient whose own fp32 noise
+ * floor is larger is held to twice that floor (below). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,25 +29,62 @@ static const char *const fixtures[] = {
 /* The qwen3_5 fixtures' references are float64 runs of the fp32 weights (transformers' float32
  * casts kept at float64: make_qwen3_5_fixtures.py, Fp64Throughout), and each gradient carries
  * "fp32dist.grad.X": how far transformers' own fp32 run, or exact arithmetic on weights moved by
- * fp32 rounding, lands from that reference (relative to the tensor's max). At these tiny shapes the
- * chunked gated delta rule is ill-conditioned in places, where no fp32 implementation is sure to
- * meet 1e-4: there a gradient may be at most 2x that distance (the bound printed as tol; today one
- * tensor, qwen3_5_moe_noaux's layer-1 conv1d: transformers' fp32 1.0e-4, ours 1.0e-4); everywhere
- * else, and for every other fixture, 1e-4. History (the evidence is in the fixture script and
- * tests/fixtures/README.md): session 9 set the 2x rule against a reference that still had fp32
- * rounding in it (1e-5 on the logits, up to 8e-5 on gradients), which made qwen3_5_dense's
- * gradients look out of reach; session 12 made the reference float64 throughout, and every
- * gradient of every qwen3_5 fixture is compared. */
+ * fp32 rounding, lands from that reference (relative to the tensor's max).
+ *
+ * A gradient's bound is the largest of 1e-4, 2 x fp32dist and 2 x its fp32 noise floor here: how
+ * far our own fp32 gradient moves when every weight moves by at most one ulp (JITTERS runs, each
+ * weight one ulp down, unchanged or one ulp up at random; the largest change). On the ten
+ * Llama/Mistral/Qwen2/3/MoE fixtures that floor is at most 4e-6, so their bound stays 1e-4; on
+ * qwen3_5_dense and qwen3_5_moe_noaux it is up to 2.6e-4 (layer 0's Gated DeltaNet and what feeds
+ * it: at these tiny shapes the decays collapse and the backward cancels), i.e. 1e-4 there is below
+ * what any fp32 evaluation can promise. The floor scales the bound only where the gradient itself
+ * is that sensitive: a wrong formula still misses by orders of magnitude.
+ * History: session 9 set a 2 x fp32dist rule against a reference that still had fp32 rounding in it;
+ * session 12 made the reference float64 throughout and compared every qwen3_5 gradient, which then
+ * failed on another machine (qwen3_5_moe_noaux layer-0 in_proj_qkv 1.7e-4, qwen3_5_dense layer-0
+ * conv1d 1.45e-4, depending on the OpenBLAS kernel: Haswell, SkylakeX or Zen on one AMD EPYC),
+ * which is how the floor was found; the floor's numbers above are from that machine. */
 
+#define JITTERS 4
 
-static double grad_tol(const mt_safetensors *ref, const char *gname) {
+static double grad_tol(const mt_safetensors *ref, const char *gname, double floor) {
     char dname[160];
     snprintf(dname, sizeof dname, "fp32dist.%s", gname);
     const mt_st_tensor *t = mt_safetensors_find(ref, dname);
-    if (!t) return FIXTURE_TOL;
-    float d;
-    assert_int_equal(mt_st_tensor_to_f32(t, &d), MT_OK);
-    return 2.0 * d > FIXTURE_TOL ? 2.0 * d : FIXTURE_TOL;
+    double tol = FIXTURE_TOL;
+    if (t) {
+        float d;
+        assert_int_equal(mt_st_tensor_to_f32(t, &d), MT_OK);
+        if (2.0 * d > tol) tol = 2.0 * d;
+    }
+    return 2.0 * floor > tol ? 2.0 * floor : tol;
+}
+
+/* floor[i]: the largest max|g' - g|/max|g| of parameter i over JITTERS runs of the step on weights
+ * each moved by at most one ulp, g the gradient of the unmoved weights. */
+static void fp32_floor(mt_runner *r, const mt_param_table *table, const float *weights, const float *grads,
+                       const int32_t *ids, const int32_t *targets, int B, double *floor) {
+    float *w = mt_aligned_alloc((size_t)table->total * sizeof(float));
+    float *g = mt_aligned_alloc((size_t)table->total * sizeof(float));
+    for (int i = 0; i < table->n_params; i++) floor[i] = 0;
+    for (int rep = 0; rep < JITTERS; rep++) {
+        mt_test_rng rng;
+        mt_test_rng_seed(&rng, 1000 + rep);
+        for (int64_t j = 0; j < table->total; j++) {
+            float u = mt_test_rng_uniform(&rng);
+            w[j] = u < 1.0f / 3 ? nextafterf(weights[j], -INFINITY)
+                 : u < 2.0f / 3 ? nextafterf(weights[j], INFINITY) : weights[j];
+        }
+        memset(g, 0, (size_t)table->total * sizeof(float));
+        int64_t count = 0;
+        mt_runner_step(r, w, g, ids, targets, B, 0, &count);
+        for (int i = 0; i < table->n_params; i++) {
+            const mt_param *p = &table->params[i];
+            double e = mt_max_rel_err(g + p->offset, grads + p->offset, (size_t)p->numel);
+            if (!(e <= floor[i])) floor[i] = e; /* NaN sticks */
+        }
+    }
+    free(w), free(g);
 }
 
 static float *ref_f32(const mt_safetensors *st, const char *name, int64_t numel) {
@@ -119,13 +157,15 @@ static void check_fixture(const char *name) {
         assert_true(r.aux_loss == 0);
     }
 
+    double *floor = malloc((size_t)table.n_params * sizeof(double));
+    fp32_floor(&r, &table, weights, grads, ids, targets, B, floor);
     int n_grads = 0;
     for (int i = 0; i < table.n_params; i++) {
         const mt_param *p = &table.params[i];
         char gname[128];
         snprintf(gname, sizeof gname, "grad.%s", p->name);
         float *g_ref = ref_f32(ref, gname, p->numel);
-        ok &= mt_check_rel(gname, grads + p->offset, g_ref, (size_t)p->numel, grad_tol(ref, gname));
+        ok &= mt_check_rel(gname, grads + p->offset, g_ref, (size_t)p->numel, grad_tol(ref, gname, floor[i]));
         int ref_zero = 1, got_zero = 1; /* an expert no token chose: exactly 0, as in torch */
         for (int64_t j = 0; j < p->numel; j++) {
             ref_zero &= g_ref[j] == 0;
@@ -147,7 +187,7 @@ static void check_fixture(const char *name) {
     mt_runner_free(&r);
     be->destroy(be);
     mt_safetensors_close(ref);
-    free(ids), free(targets), free(logits), free(ref_logits), free(ref_loss), free(grads);
+    free(ids), free(targets), free(logits), free(ref_logits), free(ref_loss), free(grads), free(floor);
     free(weights);
     mt_param_table_free(&table);
     free(dir);
