@@ -132,12 +132,38 @@ static void test_plan(void **state) {
                   1, g_out, "need --lora R");
 }
 
+/* "largest base of this shape that fits": N layers in bf16 fit (the plan of that config exits 0),
+ * N + 1 do not (exit 1); fp8 and nf4 hold at least as many layers as bf16 */
+static void test_largest_base(void **state) {
+    const char *flags = "--batch 16 --seq 4096 --device cuda --gpu-mem 79G --host-mem 40G --lora 16";
+    mt_cli_expect(mt_cli_run(&g_env, g_out, sizeof g_out, "plan --init '%s/../../../bench/configs/llama-3.1-8b.json' %s",
+                             g_env.fixture, flags),
+                  0, g_out, "largest base of this shape that fits");
+    const char *line = strstr(g_out, "largest base of this shape that fits");
+    int n_bf16 = 0, n_fp8 = 0, n_nf4 = 0;
+    const char *at = strstr(line, "bf16 ");
+    assert_non_null(at);
+    assert_int_equal(sscanf(at, "bf16 %d layers", &n_bf16), 1);
+    assert_int_equal(sscanf(strstr(line, "fp8 "), "fp8 %d layers", &n_fp8), 1);
+    assert_int_equal(sscanf(strstr(line, "nf4 "), "nf4 %d layers", &n_nf4), 1);
+    printf("  largest 8B-shaped base in 40 GiB of host RAM: bf16 %d, fp8 %d, nf4 %d layers\n", n_bf16, n_fp8, n_nf4);
+    assert_true(n_bf16 > 32 && n_fp8 >= n_bf16 && n_nf4 >= n_fp8); /* the 8B itself (32 layers) fits */
+    for (int extra = 0; extra <= 1; extra++) {
+        mt_test_sh("sed 's/\"num_hidden_layers\": *[0-9]*/\"num_hidden_layers\": %d/' "
+                   "'%s/../../../bench/configs/llama-3.1-8b.json' > '%s/deep.json'",
+                   n_bf16 + extra, g_env.fixture, g_env.tmp);
+        mt_cli_expect(mt_cli_run(&g_env, g_out, sizeof g_out, "plan --init deep.json %s", flags), extra ? 1 : 0,
+                      g_out, NULL);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_base_formats),
         cmocka_unit_test(test_eval),
         cmocka_unit_test(test_plan),
+        cmocka_unit_test(test_largest_base),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -36,7 +36,9 @@ static void print_usage(FILE *out) {
             "  Gparam/s (default: the format's, measured in training on the H200 host).\n"
             "  --lora R plans LoRA training (train --lora): the frozen base's weights alone on the\n"
             "  host (2 B/param in bf16), the adapters' weights, master, moments and gradient on the\n"
-            "  GPU, no base gradient; --lora-targets, --base-dtype and --resident-weights as in train.\n"
+            "  GPU, no base gradient; --lora-targets, --base-dtype and --resident-weights as in train;\n"
+            "  it also says the largest base of the model's shape (its layer count scaled, the layer\n"
+            "  pattern repeated) that the same plan holds, in each of bf16, fp8 and nf4.\n"
             "  --model ORG/NAME [--revision R]: a model in the Hugging Face hub cache, offline\n"
             "  ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub; R: ref or commit,\n"
             "  default main)\n",
@@ -49,6 +51,79 @@ static int cuda_here(void) {
 #else
     return 0;
 #endif
+}
+
+/* The model's config with L layers: the per-layer choices (Gated DeltaNet or attention, dense or
+ * MoE) repeat the model's own pattern. */
+static mt_config with_layers(const mt_config *c, int L) {
+    mt_config d = *c;
+    d.L = L;
+    for (int l = 0; l < L; l++) {
+        int s = l % c->L;
+#define COPY_BIT(bits) \
+        if (bits[s / 8] >> (s % 8) & 1) bits[l / 8] |= (uint8_t)(1u << (l % 8)); \
+        else bits[l / 8] &= (uint8_t)~(1u << (l % 8));
+        COPY_BIT(d.mlp_only)
+        COPY_BIT(d.deltanet)
+#undef COPY_BIT
+    }
+    return d;
+}
+
+/* Whether the plan of rq fits with the model deepened (or made shallower) to L layers; its
+ * parameter count in *n_params. */
+static int fits_with_layers(const mt_param_table *t, const mt_backend *be, mt_plan_request rq,
+                            const mt_lora_opts *lo, int L, double *n_params) {
+    mt_config cfg = with_layers(&t->cfg, L);
+    mt_param_table t2;
+    mt_param_table_init(&t2, &cfg);
+    t2.hf = t->hf;
+    mt_lora_table lt;
+    int ok = 0;
+    if (mt_lora_table_init(&lt, &t2, lo) == MT_OK) {
+        t2.cfg.lora_rank = lt.rank;
+        rq.lora = &lt;
+        rq.no_suggest = 1;
+        mt_plan p;
+        ok = mt_plan_resolve(&t2, be, &rq, &p) == MT_OK && mt_plan_check(&p) == MT_OK;
+        mt_lora_table_free(&lt);
+    }
+    *n_params = (double)t2.n_real;
+    t2.hf = NULL;
+    mt_param_table_free(&t2);
+    mt_error_clear();
+    return ok;
+}
+
+/* LoRA: the largest base of this shape (its layer count scaled, the layer pattern repeated) that
+ * the same plan holds, per base format. The planner decides each, so it is as exact as the plan. */
+static void print_largest_base(const mt_param_table *t, const mt_backend *be, const mt_plan_request *rq,
+                               const mt_lora_opts *lo) {
+    printf("largest base of this shape that fits (the same plan, the layer count scaled):");
+    for (int f = MT_BASE_BF16; f <= MT_BASE_NF4; f++) {
+        mt_plan_request r = *rq;
+        r.base_format = (mt_base_format)f;
+        double n = 0;
+        int lo_L = 0, hi_L = 1; /* lo_L fits (0: none); hi_L does not, once lo_L < hi_L */
+        while (fits_with_layers(t, be, r, lo, hi_L, &n)) {
+            lo_L = hi_L;
+            if (hi_L == MT_CONFIG_MAX_LAYERS) break;
+            hi_L = 2 * hi_L < MT_CONFIG_MAX_LAYERS ? 2 * hi_L : MT_CONFIG_MAX_LAYERS;
+        }
+        while (hi_L - lo_L > 1) {
+            int mid = lo_L + (hi_L - lo_L) / 2;
+            if (fits_with_layers(t, be, r, lo, mid, &n)) lo_L = mid;
+            else hi_L = mid;
+        }
+        if (lo_L == 0) {
+            printf("%s %s none", f ? "," : "", mt_base_format_name((mt_base_format)f));
+        } else {
+            fits_with_layers(t, be, r, lo, lo_L, &n);
+            printf("%s %s %s%d layers (%.1fB parameters)", f ? "," : "", mt_base_format_name((mt_base_format)f),
+                   lo_L == MT_CONFIG_MAX_LAYERS ? "at least " : "", lo_L, n / 1e9);
+        }
+    }
+    printf("%s\n", rq->host_available > 0 ? "" : " (host RAM not checked: give --host-mem)");
 }
 
 int mt_cmd_plan(int argc, char **argv) {
@@ -153,6 +228,13 @@ int mt_cmd_plan(int argc, char **argv) {
                be == &planned && !host_mem ? " (host RAM not checked: this machine does not train it)" : "");
         rc = mt_run_check_memory(&m.table, be, &rq, &eo);
         if (rc == MT_OK) printf("fits\n");
+        if (lora) {
+            mt_lora_opts lo = {.rank = (int)lora, .targets = lora_targets};
+            char why[512];
+            snprintf(why, sizeof why, "%s", mt_error_message()); /* the plan's verdict, kept for below */
+            print_largest_base(&m.table, be, &rq, &lo);
+            if (rc != MT_OK) mt_error_set("%s", why);
+        }
         if (be != &planned) be->destroy(be);
     }
     if (lora) mt_lora_table_free(&lt);

@@ -86,15 +86,54 @@ static layer_blob layout(const mt_param_table *t, mt_base_format f, int l) {
     return b;
 }
 
-double mt_quant_base_bytes(const mt_param_table *t, mt_base_format f, int first, size_t *largest) {
-    double sum = 0;
-    size_t big = 0;
-    for (int l = first; l < t->cfg.L; l++) {
-        layer_blob b = layout(t, f, l);
-        sum += (double)b.bytes;
-        if (b.bytes > big) big = b.bytes;
-        free(b.seg);
+/* layout(t, f, l).bytes without the segments (the planner asks this many times a plan) */
+static size_t blob_bytes(const mt_param_table *t, mt_base_format f, int l) {
+    size_t at = 0;
+    for (int i = t->layer_first[l]; i < t->layer_first[l + 1]; i++) {
+        const mt_param *p = &t->params[i];
+        if (mt_quant_base_quantizes(p)) {
+            int64_t n = pad_up(p->numel);
+            at = align_up(at + code_bytes(f, n));
+            at = align_up(at + (size_t)(n / block_of(f)) * sizeof(float));
+        } else {
+            at = align_up(at + (size_t)p->numel * sizeof(float));
+        }
     }
+    return at;
+}
+
+/* The planner asks for every first layer of every candidate plan (O(L^2) calls a plan): the sums
+ * from each layer to the end are kept for the last table and format asked about (identified by
+ * its address, layer count, size and format; a table at a reused address with the same layer
+ * count and size has the same layout). */
+static struct {
+    const mt_param_table *t;
+    int L;
+    int64_t total;
+    mt_base_format f;
+    double *suffix;  /* suffix[l]: bytes of layers l..L-1 */
+    size_t *largest; /* largest[l]: the largest of them */
+} memo;
+
+static void memo_fill(const mt_param_table *t, mt_base_format f) {
+    int L = t->cfg.L;
+    if (memo.t == t && memo.L == L && memo.total == t->total && memo.f == f) return;
+    free(memo.suffix), free(memo.largest);
+    memo.suffix = mt_malloc((size_t)(L + 1) * sizeof(double));
+    memo.largest = mt_malloc((size_t)(L + 1) * sizeof(size_t));
+    memo.suffix[L] = 0, memo.largest[L] = 0;
+    for (int l = L - 1; l >= 0; l--) {
+        size_t bytes = blob_bytes(t, f, l);
+        memo.suffix[l] = memo.suffix[l + 1] + (double)bytes;
+        memo.largest[l] = bytes > memo.largest[l + 1] ? bytes : memo.largest[l + 1];
+    }
+    memo.t = t, memo.L = L, memo.total = t->total, memo.f = f;
+}
+
+double mt_quant_base_bytes(const mt_param_table *t, mt_base_format f, int first, size_t *largest) {
+    memo_fill(t, f);
+    double sum = memo.suffix[first];
+    size_t big = memo.largest[first];
     if (largest) *largest = big;
     return sum;
 }
