@@ -15,8 +15,18 @@
 #   libxxhash-dev -> libxxhash0 -> libc6
 #   pkgconf-bin -> libpkgconf3 -> libc6   (pkg-config, in case the image has none)
 # libc6, libc-dev (libc6-dev), libgcc-s1 and libgomp1 are newer on Ubuntu 24.04 (gcc 13, glibc 2.39) and are left out.
+# --runtime: also copies the run-time packages alone (no -dev, no pkgconf) into third_party/debs-run/,
+# for running binaries built here (scripts/gpu-prebuilt.sh with MT_DEBS=third_party/debs-run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+runtime=(gcc-12-base libgfortran5 libquadmath0 libjansson4 libopenblas0-openmp libcmocka0 libpcre2-8-0
+         libutf8proc2 libxxhash0)
+copy_runtime() {
+  [ "${1:-}" = --runtime ] || return 0
+  mkdir -p third_party/debs-run
+  for p in "${runtime[@]}"; do cp "third_party/debs/${p}"_*.deb third_party/debs-run/; done
+  echo "device-deps: ${#runtime[@]} run-time packages in third_party/debs-run"
+}
 packages=(libjansson4 libjansson-dev
           libopenblas0-openmp libopenblas-openmp-dev libopenblas-dev libopenblas0
           libcmocka0 libcmocka-dev
@@ -33,6 +43,7 @@ for p in "${packages[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "device-deps: all ${#packages[@]} packages already in $dir"
+  copy_runtime "$@"
   exit 0
 fi
 # apt-cache needs fresh lists to know the current versions
@@ -42,3 +53,4 @@ for p in "${packages[@]}"; do
   compgen -G "$dir/${p}_*.deb" >/dev/null || { echo "device-deps: $p did not download" >&2; exit 1; }
 done
 echo "device-deps: $(ls "$dir"/*.deb | wc -l) packages in $dir ($(du -sh "$dir" | cut -f1))"
+copy_runtime "$@"

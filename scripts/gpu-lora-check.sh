@@ -12,6 +12,9 @@
 #                accumulated), base bf16 or nf4 (bitsandbytes); carry third_party/wheels with the
 #                peft and bitsandbytes wheels (scripts/peer-wheels.sh)
 #   mt70:BASE    the Llama-3.3-70B shape, rank 16, base BASE, 8 x 4096 a step (no peer fits)
+#   fp8gemm      bench/fp8_gemm_bench.cu: bf16 against block-scaled fp8 cuBLASLt GEMMs
+# MT_BIN=DIR runs the binaries built here in DIR (scripts/gpu-prebuilt.sh says how; carry DIR's
+# megatrain and test binaries and MT_DEBS, default third_party/debs-run) instead of building there.
 # Every run is bounded by `timeout` and by the call's budget: BUDGET seconds (default 570) from the
 # script's start, less a 15 s margin. Logs in $OUT (lora.log is the summary).
 set -uo pipefail
@@ -38,7 +41,7 @@ run_mt() { # NAME CONFIG STEPS BATCH EXTRA...: the first step warms up; the step
   shift 4
   say "== megatrain $name ($*)"
   t0=$(date +%s)
-  timeout "$(left 400)" build-gpu/megatrain train --init "$cfg" --data "$tokens" --out "/tmp/mt-lora-$name" \
+  timeout "$(left 400)" "$bin/megatrain" train --init "$cfg" --data "$tokens" --out "/tmp/mt-lora-$name" \
     --overwrite --steps "$steps" --batch "$batch" --seq 4096 --no-save --no-tensorboard "$@" \
     > "$OUT/mt-$name.log" 2>&1
   say "rc $? in $(( $(date +%s) - t0 )) s"
@@ -59,10 +62,17 @@ run_peer() { # BASE
   grep -E "^step|^peft|Error|error" "$OUT/peer-$1.log" | tail -6 | tee -a "$log"
 }
 
+bin=${MT_BIN:-build-gpu}
 built=0
 ensure_built() {
   [ $built -eq 1 ] && return
-  if [ -x build-gpu/megatrain ] && [ -d /tmp/mtdeps ]; then
+  if [ -n "${MT_BIN:-}" ]; then
+    MT_DEBS=${MT_DEBS:-third_party/debs-run} scripts/gpu-prebuilt.sh true || exit 1
+    multi=$(ls -d /tmp/mtdeps/usr/lib/*-linux-gnu | head -1)
+    export LD_LIBRARY_PATH="$multi:$multi/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-16}
+    export MT_FIXTURES=$PWD/tests/fixtures # the tests' compiled-in path is this machine's
+  elif [ -x build-gpu/megatrain ] && [ -d /tmp/mtdeps ]; then
     multi=$(ls -d /tmp/mtdeps/usr/lib/*-linux-gnu | head -1)
     export LD_LIBRARY_PATH="$multi:$multi/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-16}
@@ -83,13 +93,18 @@ for stage in "$@"; do
       ensure_built
       t=test_cuda_lora; [ "$stage" = ops ] && t=test_cuda_ops
       say "== $t"
-      timeout "$(left 300)" build-gpu/$t > "$OUT/$t.log" 2>&1
+      timeout "$(left "${TEST_LIMIT:-300}")" "$bin/$t" > "$OUT/$t.log" 2>&1
       say "rc $? ($(grep -c '\[       OK \]' "$OUT/$t.log") OK, $(grep -c '\[  FAILED  \]' "$OUT/$t.log") FAILED lines)"
       grep -E "FAILED|fail|error" "$OUT/$t.log" | head -20 | tee -a "$log"
       tail -n 15 "$OUT/$t.log" | tee -a "$log" ;;
     mt8:*) ensure_built; run_mt "8b-lora-${stage#mt8:}" bench/configs/llama-3.1-8b.json 3 16 --lora 16 --base-dtype "${stage#mt8:}" ;;
     full8) ensure_built; run_mt 8b-full bench/configs/llama-3.1-8b.json 3 16 ;;
     peer:*) ensure_built; run_peer "${stage#peer:}" ;;
+    fp8gemm)
+      ensure_built
+      say "== fp8_gemm_bench"
+      timeout "$(left 120)" "$bin/fp8_gemm_bench" > "$OUT/fp8-gemm.log" 2>&1
+      say "rc $?"; cat "$OUT/fp8-gemm.log" | tee -a "$log" ;;
     mt70:*) ensure_built; run_mt "70b-lora-${stage#mt70:}" bench/configs/llama-3.3-70b.json 2 8 --lora 16 --base-dtype "${stage#mt70:}" ;;
     *) say "unknown stage $stage"; exit 2 ;;
   esac
