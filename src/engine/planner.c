@@ -387,6 +387,17 @@ int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan
             measure(t, be->dtype, p);
         }
     }
+    /* 3b. a quantized base kept on the GPU (auto): it only spares the PCIe stream of the frozen
+     * layers, so it too comes after the saved internals, where it still fits with room */
+    if (rq->resident == MT_AUTO && p->eo.base_format != MT_BASE_BF16 && !p->eo.offload && p->budget > 0 &&
+        !p->backend.host_ram) {
+        p->eo.base_on_device = 1;
+        measure(t, be->dtype, p);
+        if (!fits_roomy(p)) {
+            p->eo.base_on_device = 0;
+            measure(t, be->dtype, p);
+        }
+    }
     if (p->timed) {
         for (int l = 0; l < L && !p->expert_share; l++)
             if (mt_config_layer_is_moe(&t->cfg, l))
