@@ -12,6 +12,7 @@
 #                accumulated), base bf16 or nf4 (bitsandbytes); carry third_party/wheels with the
 #                peft and bitsandbytes wheels (scripts/peer-wheels.sh)
 #   mt70:BASE    the Llama-3.3-70B shape, rank 16, base BASE, 8 x 4096 a step (no peer fits)
+#   qwen35model  test_cuda_model's test_qwen3_5_models (issue 26: whole Qwen3.5 models, CUDA vs CPU)
 #   fp8gemm      bench/fp8_gemm_bench.cu: bf16 against block-scaled fp8 cuBLASLt GEMMs
 # MT_BIN=DIR runs the binaries built here in DIR (scripts/gpu-prebuilt.sh says how; carry DIR's
 # megatrain and test binaries and MT_DEBS, default third_party/debs-run) instead of building there.
@@ -100,6 +101,12 @@ for stage in "$@"; do
     mt8:*) ensure_built; run_mt "8b-lora-${stage#mt8:}" bench/configs/llama-3.1-8b.json 3 16 --lora 16 --base-dtype "${stage#mt8:}" ;;
     full8) ensure_built; run_mt 8b-full bench/configs/llama-3.1-8b.json 3 16 ;;
     peer:*) ensure_built; run_peer "${stage#peer:}" ;;
+    qwen35model)
+      ensure_built
+      say "== test_cuda_model test_qwen3_5_models"
+      MT_TEST_FILTER=test_qwen3_5_models timeout "$(left "${TEST_LIMIT:-300}")" "$bin/test_cuda_model" > "$OUT/qwen35-model.log" 2>&1
+      say "rc $?"
+      grep -E "^---|FAIL|PASSED|FAILED|OK \]" "$OUT/qwen35-model.log" | head -40 | tee -a "$log" ;;
     fp8gemm)
       ensure_built
       say "== fp8_gemm_bench"

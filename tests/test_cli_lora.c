@@ -2,7 +2,8 @@
  * one-line error naming the flag, exit 1, nothing trained), a run on each base format (--base-dtype
  * bf16, fp8, nf4: the quantized ones say so in the plan and move the loss a little, not a lot:
  * within 5% of bf16's final loss on this fixture), evaluation during a LoRA run against `megatrain
- * eval --adapter` of its checkpoint, and the plan's lines. The math of each is
+ * eval --adapter` of its checkpoint, the plan's lines, and the quantized base's cache on disk
+ * (--base-cache). The math of each is
  * checked elsewhere (test_train_torch: PEFT; test_lora_quant: the quantized base bit for bit). */
 #include <math.h>
 #include <stdio.h>
@@ -157,6 +158,52 @@ static void test_largest_base(void **state) {
     }
 }
 
+/* --base-cache: the first run quantizes the base and writes the cache, the second reads it (and not
+ * the checkpoint's layers); both train bit for bit as a run without the cache. A damaged cache file
+ * and one made before the model's files changed are named in a warning and rebuilt, never used. */
+static int cache_run(const char *out, const char *extra) {
+    return mt_cli_run(&g_env, g_out, sizeof g_out,
+                      "train --model base_copy --data '%s/data.bin' --steps 4 --batch 4 --seq 48 --warmup 1 "
+                      "--lr 1e-2 --device cpu --lora 4 --base-dtype nf4 --out %s %s",
+                      g_env.fixture, out, extra);
+}
+
+static void same_adapter(const char *a, const char *b) {
+    mt_test_sh("cd '%s' && cmp %s/checkpoints/step_00000004/adapter_model.safetensors "
+               "%s/checkpoints/step_00000004/adapter_model.safetensors",
+               g_env.tmp, a, b);
+}
+
+static void test_base_cache(void **state) {
+    mt_test_sh("cp -r '%s/base' '%s/base_copy'", g_env.fixture, g_env.tmp);
+    mt_cli_expect(cache_run("cache_none", ""), 0, g_out, "quantized nf4");
+    assert_null(strstr(g_out, "base cache"));
+    mt_cli_expect(cache_run("cache_first", "--base-cache qc"), 0, g_out, "written (");
+    mt_cli_expect(cache_run("cache_second", "--base-cache qc"), 0, g_out, "read (");
+    assert_non_null(strstr(g_out, "the checkpoint's quantized layers not read"));
+    same_adapter("cache_none", "cache_first");
+    same_adapter("cache_none", "cache_second");
+    /* a byte of layer 0's blob flipped (its header is 4 KiB) */
+    mt_test_sh("cd '%s' && printf '\\377' | dd of=\"$(ls qc/*.mtq)\" bs=1 seek=5000 conv=notrunc 2>/dev/null",
+               g_env.tmp);
+    mt_cli_expect(cache_run("cache_damaged", "--base-cache qc"), 0, g_out, "damaged (checksum); quantizing the checkpoint again");
+    assert_non_null(strstr(g_out, "written ("));
+    same_adapter("cache_none", "cache_damaged");
+    mt_cli_expect(cache_run("cache_again", "--base-cache qc"), 0, g_out, "read (");
+    /* the model's weights file replaced (here: its modification time) */
+    mt_test_sh("touch -d '2001-01-01 00:00' '%s/base_copy/model.safetensors'", g_env.tmp);
+    mt_cli_expect(cache_run("cache_changed", "--base-cache qc"), 0, g_out, "made from another model");
+    assert_non_null(strstr(g_out, "written ("));
+    same_adapter("cache_none", "cache_changed");
+    mt_test_sh("test $(ls '%s/qc' | wc -l) -eq 1", g_env.tmp); /* one file a model and format */
+    refused("--lora 4 --base-cache qc", "--base-cache keeps a quantized base on disk: it needs --base-dtype");
+    mt_cli_expect(mt_cli_run(&g_env, g_out, sizeof g_out,
+                             "train --init '%s/base/config.json' --data '%s/data.bin' --steps 1 --batch 4 --seq 48 "
+                             "--device cpu --lora 4 --base-dtype nf4 --base-cache qc --out cache_init",
+                             g_env.fixture, g_env.fixture),
+                  1, g_out, "--base-cache needs --model DIR");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refusals),
@@ -164,6 +211,7 @@ int main(void) {
         cmocka_unit_test(test_eval),
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_largest_base),
+        cmocka_unit_test(test_base_cache),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

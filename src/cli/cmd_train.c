@@ -25,6 +25,7 @@
 #include "../io/model_io.h"
 #include "data/tokens.h"
 #include "../model/moe.h"
+#include "cached_base.h"
 #include "commands.h"
 #include "model_source.h"
 #include "process_env.h"
@@ -589,6 +590,7 @@ static int set_tensor(void *ctx, const mt_param *p, const float *w) {
 static int initial_weights(train_run *r) {
     const mt_param_table *t = &r->model.table;
     const mt_state_io *io = mt_engine_state_io(r->e);
+    if (r->o.model_dir && r->o.base_cache) return mt_cached_base_load(r->e, t, r->o.model_dir, r->o.base_cache, io);
     if (r->o.model_dir) return mt_model_load_tensors(t, r->o.model_dir, set_tensor, (void *)io);
     int64_t biggest = 1;
     for (int i = 0; i < t->n_params; i++)

@@ -91,6 +91,9 @@ void mt_train_opts_usage(FILE *out) {
 "                         they stay on the GPU where they fit after the activations and saved\n"
 "                         internals (--resident-weights auto), else stream from pinned host memory\n"
 "                         (yes / no force either)\n"
+"  --base-cache DIR       keep the quantized base in DIR (one file a model and format, checked\n"
+"                         against the model's files): a later run reads it instead of quantizing\n"
+"                         the checkpoint again; a stale or damaged file is rebuilt, never used\n"
 "  --adapter DIR          start from a PEFT adapter (adapter_config.json + adapter_model.safetensors;\n"
 "                         its r, lora_alpha and target_modules, unless the --lora flags say the same)\n"
 "                         Each checkpoint is a PEFT adapter directory (PeftModel.from_pretrained\n"
@@ -175,7 +178,7 @@ enum {
     O_TRACE, O_THREADS, O_DOC_SEP, O_MAX_TIME, O_STOP_AT, O_NO_SAVE, O_OFFLOAD, O_SAVED_LAYERS, O_RESIDENT, O_HELP,
     O_ON_NONFINITE, O_MAX_NONFINITE, O_OVERWRITE, O_RESUME_CHANGED, O_STATE, O_GPU_LAYERS,
     O_NO_TENSORBOARD, O_REVISION, O_LORA, O_LORA_ALPHA, O_LORA_DROPOUT, O_LORA_TARGETS, O_ADAPTER,
-    O_BASE_DTYPE,
+    O_BASE_DTYPE, O_BASE_CACHE,
 };
 
 static const struct option long_opts[] = {
@@ -208,7 +211,7 @@ static const struct option long_opts[] = {
     {"lora", required_argument, 0, O_LORA},         {"lora-alpha", required_argument, 0, O_LORA_ALPHA},
     {"lora-dropout", required_argument, 0, O_LORA_DROPOUT},
     {"lora-targets", required_argument, 0, O_LORA_TARGETS}, {"adapter", required_argument, 0, O_ADAPTER},
-    {"base-dtype", required_argument, 0, O_BASE_DTYPE},
+    {"base-dtype", required_argument, 0, O_BASE_DTYPE}, {"base-cache", required_argument, 0, O_BASE_CACHE},
     {0, 0, 0, 0},
 };
 
@@ -297,6 +300,7 @@ static int parse_one(mt_train_opts *o, int c, const char *arg) {
     case O_LORA_TARGETS: o->lora_targets = arg; return MT_OK;
     case O_ADAPTER: o->adapter = arg; return MT_OK;
     case O_BASE_DTYPE: return mt_arg_choice("--base-dtype", arg, "bf16|fp8|nf4", &o->base_dtype);
+    case O_BASE_CACHE: o->base_cache = arg; return MT_OK;
     case O_OFFLOAD: o->offload = 1; return MT_OK;
     case O_RESIDENT: return mt_arg_choice("--resident-weights", arg, "auto|yes|no", &o->resident);
     case O_SAVED_LAYERS:
@@ -355,6 +359,11 @@ int mt_train_opts_parse(mt_train_opts *o, int argc, char **argv, int *exit_now) 
     if ((o->lora_alpha || o->lora_targets || o->base_dtype) && !o->lora && !o->adapter)
         return mt_error_set("--lora-alpha, --lora-targets and --base-dtype need --lora R (or --adapter DIR): "
                             "only a frozen base is stored quantized");
+    if (o->base_cache && !o->base_dtype)
+        return mt_error_set("--base-cache keeps a quantized base on disk: it needs --base-dtype fp8 or nf4");
+    if (o->base_cache && !o->model_dir)
+        return mt_error_set("--base-cache needs --model DIR (the cache is made from, and checked against, "
+                            "the model's files)");
     if ((o->lora || o->adapter) && o->have_state)
         return mt_error_set("--state with LoRA: the frozen base keeps its weights alone and the adapters "
                             "their fp32 state; there is no optimizer format to choose");

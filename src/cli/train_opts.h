@@ -47,6 +47,7 @@ typedef struct {
     const char *lora_targets;   /* --lora-targets: PEFT's target_modules (NULL: model/lora.h's default) */
     const char *adapter;        /* --adapter DIR: the adapters start from this PEFT adapter */
     int base_dtype;             /* --base-dtype: mt_base_format of the frozen layers (0 bf16) */
+    const char *base_cache;     /* --base-cache DIR: the quantized base kept on disk (NULL: not) */
     /* set when the user gave the flag (defaults that depend on others are filled afterwards) */
     int have_min_lr, have_warmup, have_micro_batch, have_seq, have_state;
 } mt_train_opts;

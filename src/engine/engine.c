@@ -979,6 +979,7 @@ int mt_engine_set_documents(mt_engine *e, const int32_t *doc_start) {
 }
 
 mt_train_state *mt_engine_state(mt_engine *e) { return e->ts; }
+mt_quant_base *mt_engine_quant_base(mt_engine *e) { return e->qbase; }
 
 /* With a quantized base: the state's io, but the base's own tensors go to and from it. */
 static int qio_get_weights(void *ctx, const mt_param *p, float *dst) {

@@ -166,6 +166,8 @@ void mt_engine_get_weights(mt_engine *e, float *arena);
 void mt_engine_set_weights(mt_engine *e, const float *arena);
 /* The state itself (tests look at the upload copy around a skipped step). */
 mt_train_state *mt_engine_state(mt_engine *e);
+/* The quantized frozen base (a LoRA run with --base-dtype fp8|nf4), else NULL. */
+mt_quant_base *mt_engine_quant_base(mt_engine *e);
 
 /* Host bytes of the training state this rank allocated (train_state.h). */
 double mt_engine_host_state_bytes(const mt_engine *e);

@@ -251,6 +251,18 @@ const void *mt_quant_base_blob(const mt_quant_base *q, int l) { return q->layers
 size_t mt_quant_base_blob_bytes(const mt_quant_base *q, int l) { return q->layers[l - q->first].bytes; }
 size_t mt_quant_base_largest_blob(const mt_quant_base *q) { return q->largest; }
 
+void mt_quant_base_blob_store(mt_quant_base *q, int l, const void *src) {
+    layer_blob *b = &q->layers[l - q->first];
+    store(q, b, 0, src, b->bytes);
+}
+void mt_quant_base_blob_fetch(const mt_quant_base *q, int l, void *dst) {
+    const layer_blob *b = &q->layers[l - q->first];
+    fetch(q, b, 0, dst, b->bytes);
+}
+mt_base_format mt_quant_base_format(const mt_quant_base *q) { return q->f; }
+int mt_quant_base_first(const mt_quant_base *q) { return q->first; }
+int mt_quant_base_n_layers(const mt_quant_base *q) { return q->t->cfg.L - q->first; }
+
 void mt_quant_base_expand(const mt_quant_base *q, int l, void *dst, const void *blob) {
     mt_backend *be = q->be;
     const layer_blob *b = &q->layers[l - q->first];

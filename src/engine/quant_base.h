@@ -62,6 +62,15 @@ const void *mt_quant_base_blob(const mt_quant_base *q, int l);
 size_t mt_quant_base_blob_bytes(const mt_quant_base *q, int l);
 size_t mt_quant_base_largest_blob(const mt_quant_base *q);
 
+/* Layer l's whole blob from / into host memory (mt_quant_base_blob_bytes(q, l) bytes): the base
+ * on disk (engine/quant_base_cache.h). Host calls. */
+void mt_quant_base_blob_store(mt_quant_base *q, int l, const void *src);
+void mt_quant_base_blob_fetch(const mt_quant_base *q, int l, void *dst);
+/* Its format, first layer and number of layers (first .. first + n - 1). */
+mt_base_format mt_quant_base_format(const mt_quant_base *q);
+int mt_quant_base_first(const mt_quant_base *q);
+int mt_quant_base_n_layers(const mt_quant_base *q);
+
 /* On the compute stream: layer l's weights into dst (a layer group of the compute dtype, table
  * layout) from `blob`, a compute-side copy of its blob (the blob itself when on_device). */
 void mt_quant_base_expand(const mt_quant_base *q, int l, void *dst, const void *blob);

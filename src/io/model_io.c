@@ -70,6 +70,12 @@ int mt_model_load(const mt_param_table *t, float *arena, const char *dir) {
 
 int mt_model_load_tensors(const mt_param_table *t, const char *dir,
                           int (*sink)(void *ctx, const mt_param *p, const float *w), void *ctx) {
+    return mt_model_load_tensors_where(t, dir, NULL, sink, ctx);
+}
+
+int mt_model_load_tensors_where(const mt_param_table *t, const char *dir,
+                                int (*want)(void *ctx, const mt_param *p),
+                                int (*sink)(void *ctx, const mt_param *p, const float *w), void *ctx) {
     mt_safetensors *st;
     mt_hf_ref *refs;
     MT_TRY(open_resolved(t, dir, &st, &refs));
@@ -81,6 +87,7 @@ int mt_model_load_tensors(const mt_param_table *t, const char *dir,
     float *buf = mt_aligned_alloc((size_t)biggest * sizeof(float));
     for (int i = 0; i < t->n_params && rc == MT_OK; i++) {
         const mt_param *p = &t->params[i];
+        if (want && !want(ctx, p)) continue;
         rc = ref_to_f32(&refs[i], p, buf);
         if (rc == MT_OK) rc = sink(ctx, p, buf);
     }

@@ -20,6 +20,11 @@ int mt_model_load(const mt_param_table *t, float *arena, const char *dir);
  * table order: loading without a copy of the whole model. A sink error stops the load. */
 int mt_model_load_tensors(const mt_param_table *t, const char *dir,
                           int (*sink)(void *ctx, const mt_param *p, const float *w), void *ctx);
+/* The same, but a tensor for which want(ctx, p) is 0 is checked (present, its shape) and neither
+ * read nor handed to sink (a quantized base read from its cache). */
+int mt_model_load_tensors_where(const mt_param_table *t, const char *dir,
+                                int (*want)(void *ctx, const mt_param *p),
+                                int (*sink)(void *ctx, const mt_param *p, const float *w), void *ctx);
 
 /* Writes DIR/config.json (mt_hf_config_save: a nested config is t->hf's original text) and the
  * weights in table order, as dtype (MT_F32 or MT_BF16, round-to-nearest-even), named and laid out
