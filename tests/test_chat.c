@@ -123,7 +123,7 @@ static void test_reference_cases(void **state) {
     char *line = NULL;
     size_t cap = 0, n = 0;
     ssize_t got;
-    int seen[MT_CHAT_QWEN3 + 1] = {0};
+    int seen[MT_CHAT_HARMONY + 1] = {0};
     while ((got = getline(&line, &cap, f)) > 0) {
         json_error_t err;
         json_t *c = json_loadb(line, (size_t)got, 0, &err);
@@ -139,11 +139,14 @@ static void test_reference_cases(void **state) {
     fclose(f);
     free(path);
     print_message("%zu reference conversations: chatml %d, llama3 %d, llama2 %d, mistral %d, mistral-v3 %d, "
-                  "qwen3 %d\n", n, seen[MT_CHAT_CHATML], seen[MT_CHAT_LLAMA3], seen[MT_CHAT_LLAMA2],
-                  seen[MT_CHAT_MISTRAL], seen[MT_CHAT_MISTRAL_V3], seen[MT_CHAT_QWEN3]);
-    assert_true(n >= 90);
+                  "qwen3 %d, gemma %d, harmony %d\n", n, seen[MT_CHAT_CHATML], seen[MT_CHAT_LLAMA3],
+                  seen[MT_CHAT_LLAMA2], seen[MT_CHAT_MISTRAL], seen[MT_CHAT_MISTRAL_V3], seen[MT_CHAT_QWEN3],
+                  seen[MT_CHAT_GEMMA], seen[MT_CHAT_HARMONY]);
+    assert_true(n >= 120);
     for (int k = MT_CHAT_CHATML; k <= MT_CHAT_MISTRAL_V3; k++) assert_true(seen[k] >= 5);
     assert_true(seen[MT_CHAT_QWEN3] >= 40);
+    assert_true(seen[MT_CHAT_GEMMA] >= 8);
+    assert_true(seen[MT_CHAT_HARMONY] >= 20);
 }
 
 static void test_format_for(void **state) {
@@ -152,6 +155,7 @@ static void test_format_for(void **state) {
         {"tokenizers/qwen2", MT_CHAT_CHATML},     {"tokenizers/llama3", MT_CHAT_LLAMA3},
         {"tokenizers/llama2", MT_CHAT_LLAMA2},    {"tokenizers/mistral", MT_CHAT_LLAMA2},
         {"chat/mistral_inst", MT_CHAT_MISTRAL_V3}, {"chat/qwen3", MT_CHAT_QWEN3},
+        {"chat/gemma", MT_CHAT_GEMMA},            {"chat/harmony", MT_CHAT_HARMONY},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         mt_tokenizer *t = load_tok(want[i].dir);
@@ -187,6 +191,13 @@ static void test_format_for(void **state) {
     assert_int_equal(mt_chat_format_parse("qwen3", &f), MT_OK);
     assert_int_equal(f, MT_CHAT_QWEN3);
     assert_string_equal(mt_chat_format_name(MT_CHAT_QWEN3), "qwen3");
+    assert_int_equal(mt_chat_format_parse("gemma", &f), MT_OK);
+    assert_int_equal(f, MT_CHAT_GEMMA);
+    assert_int_equal(mt_chat_format_parse("harmony", &f), MT_OK);
+    assert_int_equal(f, MT_CHAT_HARMONY);
+    assert_string_equal(mt_chat_format_name(MT_CHAT_HARMONY), "harmony");
+    assert_int_equal(mt_chat_format_parse("gemma4", &f), MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "harmony"));
 }
 
 /* A tokenizer dir in TMP/NAME: FIXTURE's tokenizer.json, a tokenizer_config.json with CONFIG_JSON
@@ -240,6 +251,15 @@ static void test_format_from_template(void **state) {
          "{{ '<|im_start|>' + message.content.split('</think>')[-1] }}{{ '<think>\\n' }}", MT_CHAT_CHATML},
         {"l3_tmpl", "tokenizers/llama3", "{\"chat_template\": \"<|start_header_id|>\"}", NULL, MT_CHAT_LLAMA3},
         {"unknown_tmpl", "tokenizers/llama3", "{\"chat_template\": \"{{ x }}\"}", NULL, MT_CHAT_LLAMA3},
+        {"gemma_tmpl", "tokenizers/llama2", "{\"chat_template\": \"{{ '<start_of_turn>' + role }}\"}", NULL,
+         MT_CHAT_GEMMA},
+        {"harmony_jinja", "tokenizers/gpt2", "{}", "{{- '<|start|>assistant<|channel|>final<|message|>' }}",
+         MT_CHAT_HARMONY},
+        /* by the tokens when the template says nothing known ... */
+        {"gemma_tokens", "chat/gemma", "{\"chat_template\": \"{{ x }}\"}", NULL, MT_CHAT_GEMMA},
+        {"harmony_tokens", "chat/harmony", "{\"chat_template\": \"{{ x }}\"}", NULL, MT_CHAT_HARMONY},
+        /* ... but a Gemma 4 template (<|turn>) is not Gemma 3's format, whatever the tokens */
+        {"gemma4_tmpl", "chat/gemma", "{\"chat_template\": \"{{ '<|turn>user\\\\n' }}\"}", NULL, MT_CHAT_LLAMA2},
     };
     /* the real Qwen3 template (tests/fixtures/chat/qwen3) as tokenizer_config.json's chat_template */
     char *q3_path = mt_fixture_path("chat/qwen3/chat_template.jinja");
@@ -315,17 +335,23 @@ static void test_bad_input(void **state) {
     mt_chat_message starts_assistant[] = {{"assistant", "a"}};
     mt_chat_message only_system[] = {{"system", "s"}};
     mt_chat_message fine[] = {{"user", "a"}};
+    mt_chat_message developer[] = {{"developer", "d"}, {"user", "a"}};
     mt_tokenizer *inst = load_tok("chat/mistral_inst");
-    for (int f = MT_CHAT_CHATML; f <= MT_CHAT_QWEN3; f++) {
+    mt_tokenizer *gemma = load_tok("chat/gemma"), *harmony = load_tok("chat/harmony");
+    for (int f = MT_CHAT_CHATML; f <= MT_CHAT_HARMONY; f++) {
         const mt_tokenizer *t = f == MT_CHAT_CHATML || f == MT_CHAT_QWEN3 ? qwen
                                 : f == MT_CHAT_LLAMA3                      ? load_tok("tokenizers/llama3")
                                 : f == MT_CHAT_MISTRAL_V3                  ? inst
+                                : f == MT_CHAT_GEMMA                       ? gemma
+                                : f == MT_CHAT_HARMONY                     ? harmony
                                                                            : llama2;
         expect_bad(t, f, no_role, 2, "message 1 has no role");
         expect_bad(t, f, no_content, 1, "message 0 (user) has no content");
         expect_bad(t, f, bad_role, 2, "unknown role \"tool\"");
         expect_bad(t, f, fine, 0, "empty conversation");
-        if (f >= MT_CHAT_LLAMA2 && f <= MT_CHAT_MISTRAL_V3) {
+        if (f != MT_CHAT_HARMONY) expect_bad(t, f, developer, 2, "message 0: role \"developer\"");
+        if (f == MT_CHAT_HARMONY) expect_bad(t, f, mid_system, 3, "message 1: role \"system\" after the first");
+        if ((f >= MT_CHAT_LLAMA2 && f <= MT_CHAT_MISTRAL_V3) || f == MT_CHAT_GEMMA) {
             expect_bad(t, f, twice_user, 3, "message 2: role \"user\"");
             expect_bad(t, f, mid_system, 3, "message 1: role \"system\"");
             expect_bad(t, f, starts_assistant, 1, "message 0: role \"assistant\"");
@@ -338,10 +364,70 @@ static void test_bad_input(void **state) {
     expect_bad(gpt2, MT_CHAT_LLAMA3, fine, 1, "<|begin_of_text|>");
     expect_bad(gpt2, MT_CHAT_QWEN3, fine, 1, "<|im_start|>");
     expect_bad(llama2, MT_CHAT_MISTRAL_V3, fine, 1, "[INST]");
+    expect_bad(llama2, MT_CHAT_GEMMA, fine, 1, "<bos>");
+    expect_bad(gpt2, MT_CHAT_HARMONY, fine, 1, "<|start|>");
+    /* harmony: channel tags in the content (the template refuses them too), later developer */
+    mt_chat_message tags[] = {{"user", "a"}, {"assistant", "<|channel|>final<|message|>x"}};
+    expect_bad(harmony, MT_CHAT_HARMONY, tags, 2, "message 1: assistant content holds <|channel|> tags");
+    mt_chat_message late_dev[] = {{"user", "a"}, {"developer", "d"}};
+    expect_bad(harmony, MT_CHAT_HARMONY, late_dev, 2, "message 1: role \"developer\" after the first");
+    mt_tokenizer_free(gemma);
+    mt_tokenizer_free(harmony);
     mt_tokenizer_free(inst);
     mt_tokenizer_free(qwen);
     mt_tokenizer_free(llama2);
     mt_tokenizer_free(gpt2);
+}
+
+static void render_text(const mt_tokenizer *t, const mt_chat_opts *o, const mt_chat_message *m, size_t n,
+                        char **text, mt_chat_mask *mask) {
+    mt_token_vec ids = {0};
+    mask->n = 0;
+    if (mt_chat_render(t, o, m, n, &ids, mask) != MT_OK) print_error("%s\n", mt_error_message());
+    assert_int_equal(ids.n, mask->n);
+    size_t len;
+    assert_int_equal(mt_tokenizer_decode(t, ids.ids, ids.n, 0, text, &len), MT_OK);
+    mt_token_vec_free(&ids);
+}
+
+/* Harmony: the date (opts.date, else the fixed default; a bad one refused), "developer" as the first
+ * message is the system message's place, and what is trained: the final channel and its closing
+ * token, not the analysis message (kept only in the last turn). */
+static void test_harmony(void **state) {
+    (void)state;
+    mt_tokenizer *t = load_tok("chat/harmony");
+    mt_chat_message sys[] = {{"system", "Be brief."}, {"user", "q"}, {"assistant", "<think>r1</think>a1"},
+                             {"user", "q2"}, {"assistant", "<think>\nr2\n</think>\n\na2"}};
+    mt_chat_message dev[] = {{"developer", "Be brief."}, {"user", "q"}, {"assistant", "<think>r1</think>a1"},
+                             {"user", "q2"}, {"assistant", "<think>\nr2\n</think>\n\na2"}};
+    mt_chat_opts o = {MT_CHAT_HARMONY, MT_CHAT_LOSS_ASSISTANT, NULL, NULL};
+    mt_chat_mask mask = {0};
+    char *a, *b;
+    render_text(t, &o, sys, 5, &a, &mask);
+    render_text(t, &o, dev, 5, &b, &mask);
+    assert_string_equal(a, b);
+    assert_non_null(strstr(a, "Current date: " MT_CHAT_HARMONY_DEFAULT_DATE "\n\nReasoning: medium\n\n"));
+    assert_non_null(strstr(a, "<|start|>developer<|message|># Instructions\n\nBe brief.\n\n<|end|>"));
+    assert_null(strstr(a, "r1")); /* an earlier turn's reasoning is dropped */
+    assert_non_null(strstr(a, "<|start|>assistant<|channel|>final<|message|>a1<|end|>"));
+    assert_non_null(strstr(a, "<|start|>assistant<|channel|>analysis<|message|>r2<|end|>"
+                              "<|start|>assistant<|channel|>final<|message|>a2<|return|>"));
+    size_t trained = 0;
+    for (size_t i = 0; i < mask.n; i++) trained += mask.v[i];
+    assert_true(trained >= 4 && trained <= 8); /* a1 <|end|> a2 <|return|>: few tokens, not r2 */
+    free(a);
+    free(b);
+    o.date = "2030-01-31";
+    render_text(t, &o, sys, 5, &a, &mask);
+    assert_non_null(strstr(a, "Current date: 2030-01-31\n"));
+    free(a);
+    o.date = "31.01.2030";
+    mt_token_vec ids = {0};
+    assert_int_equal(mt_chat_render(t, &o, sys, 5, &ids, &mask), MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "31.01.2030"));
+    mt_token_vec_free(&ids);
+    mt_chat_mask_free(&mask);
+    mt_tokenizer_free(t);
 }
 
 int main(void) {
@@ -350,6 +436,7 @@ int main(void) {
         cmocka_unit_test(test_format_for),
         cmocka_unit_test(test_format_from_template),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_harmony),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,4 +1,5 @@
-/* Chat formats: see chat.h. */
+/* Chat formats: see chat.h (Gemma and Harmony are rendered in chat_more.c). */
+#define MT_CHAT_INTERNAL
 #include "tokenizer/chat.h"
 
 #include <stdlib.h>
@@ -69,16 +70,23 @@ mt_chat_format mt_chat_format_for(const mt_tokenizer *t) {
         if (strstr(tmpl, "<|start_header_id|>")) return MT_CHAT_LLAMA3;
         if (strstr(tmpl, "<<SYS>>")) return MT_CHAT_LLAMA2;
         if (strstr(tmpl, "[INST]")) return inst_token ? MT_CHAT_MISTRAL_V3 : MT_CHAT_MISTRAL;
+        if (strstr(tmpl, "<start_of_turn>")) return MT_CHAT_GEMMA;
+        if (strstr(tmpl, "<|start|>") && strstr(tmpl, "<|channel|>")) return MT_CHAT_HARMONY;
     }
     if (mt_tokenizer_token_id(t, "<|im_start|>") >= 0) return MT_CHAT_CHATML;
     if (mt_tokenizer_token_id(t, "<|eot_id|>") >= 0) return MT_CHAT_LLAMA3;
     if (inst_token) return MT_CHAT_MISTRAL_V3;
+    if (mt_tokenizer_token_id(t, "<|start|>") >= 0 && mt_tokenizer_token_id(t, "<|channel|>") >= 0)
+        return MT_CHAT_HARMONY;
+    /* Gemma 4's template (<|turn>...<turn|>) is another format: not Gemma 3's by its tokens */
+    if (mt_tokenizer_token_id(t, "<start_of_turn>") >= 0 && !(tmpl && strstr(tmpl, "<|turn>")))
+        return MT_CHAT_GEMMA;
     return MT_CHAT_LLAMA2;
 }
 
-#define N_FORMATS (MT_CHAT_QWEN3 + 1)
-static const char *const FORMAT_NAMES[N_FORMATS] = {"auto", "chatml", "llama3", "llama2", "mistral",
-                                                    "mistral-v3", "qwen3"};
+#define N_FORMATS (MT_CHAT_HARMONY + 1)
+static const char *const FORMAT_NAMES[N_FORMATS] = {"auto",       "chatml", "llama3", "llama2",  "mistral",
+                                                    "mistral-v3", "qwen3",  "gemma",  "harmony"};
 
 const char *mt_chat_format_name(mt_chat_format f) {
     if ((int)f < 0 || (int)f >= N_FORMATS) return "?";
@@ -92,7 +100,7 @@ int mt_chat_format_parse(const char *s, mt_chat_format *out) {
             return MT_OK;
         }
     return mt_error_set("unknown chat format \"%s\" (expected auto, chatml, llama3, llama2, mistral, "
-                        "mistral-v3 or qwen3)", s ? s : "(null)");
+                        "mistral-v3, qwen3, gemma or harmony)", s ? s : "(null)");
 }
 
 int mt_chat_loss_on_parse(const char *s, mt_chat_loss_on *out) {
@@ -130,7 +138,8 @@ static size_t utf8_at(const unsigned char *s, size_t n, uint32_t *c) {
     return len;
 }
 
-static void py_strip(const char *s, size_t n, size_t *start, size_t *end) {
+#define py_strip mt_chat_py_strip
+void py_strip(const char *s, size_t n, size_t *start, size_t *end) {
     const unsigned char *u = (const unsigned char *)s;
     size_t a = 0, e = n;
     while (a < e) {
@@ -160,7 +169,7 @@ typedef struct {
     int assist;          /* special: trained under LOSS_ASSISTANT */
 } item;
 
-typedef struct {
+typedef struct mt_chat_builder {
     const mt_tokenizer *t;
     sbuf text;
     item *items;
@@ -179,7 +188,11 @@ static item *b_new(builder *b) {
     return it;
 }
 
-static void b_text(builder *b, const char *s, size_t len, int assist) {
+#define b_text mt_chat_b_text
+#define b_str mt_chat_b_str
+#define b_special mt_chat_b_special
+
+void b_text(builder *b, const char *s, size_t len, int assist) {
     if (len == 0) return;
     if (!b->open) {
         item *it = b_new(b);
@@ -195,9 +208,9 @@ static void b_text(builder *b, const char *s, size_t len, int assist) {
     it->len += len;
 }
 
-static void b_str(builder *b, const char *s, int assist) { b_text(b, s, strlen(s), assist); }
+void b_str(builder *b, const char *s, int assist) { b_text(b, s, strlen(s), assist); }
 
-static int b_special(builder *b, const char *name, int assist) {
+int b_special(builder *b, const char *name, int assist) {
     int id = mt_tokenizer_token_id(b->t, name);
     if (id < 0) return mt_error_set("chat format needs the special token %s, which the tokenizer lacks", name);
     item *it = b_new(b);
@@ -207,12 +220,14 @@ static int b_special(builder *b, const char *name, int assist) {
     return MT_OK;
 }
 
-static int role_kind(const char *r) {
+int mt_chat_role_kind(const char *r) {
     if (strcmp(r, "system") == 0) return 0;
     if (strcmp(r, "user") == 0) return 1;
     if (strcmp(r, "assistant") == 0) return 2;
+    if (strcmp(r, "developer") == 0) return 3;
     return -1;
 }
+#define role_kind mt_chat_role_kind
 
 static int render_chatml(builder *b, const mt_chat_opts *o, const mt_chat_message *m, size_t n) {
     if (o->default_system && role_kind(m[0].role) != 0) {
@@ -250,6 +265,29 @@ static size_t last_of(const char *s, size_t n, const char *pat) {
     return SIZE_MAX;
 }
 
+/* content with "</think>": content = after the last "</think>", lstrip('\n'); reasoning = before the
+ * first "</think>", rstrip('\n'), after the last "<think>" in that, lstrip('\n'). */
+int mt_chat_split_think(const char *c, const char **reason, size_t *reason_len, const char **content,
+                        size_t *content_len) {
+    *content = c;
+    *content_len = strlen(c);
+    *reason = "";
+    *reason_len = 0;
+    const char *close = strstr(c, "</think>");
+    if (!close) return 0;
+    size_t last = last_of(c, *content_len, "</think>") + strlen("</think>");
+    *content = c + last;
+    *content_len -= last;
+    lstrip_nl(content, content_len);
+    size_t rl = (size_t)(close - c);
+    rstrip_nl(c, &rl);
+    size_t open = last_of(c, rl, "<think>");
+    *reason = open == SIZE_MAX ? c : c + open + strlen("<think>");
+    *reason_len = rl - (size_t)(*reason - c);
+    lstrip_nl(reason, reason_len);
+    return 1;
+}
+
 /* The template's last_query_index: the last user message whose content is not wrapped as
  * "<tool_response>...</tool_response>"; n - 1 when there is none. */
 static size_t qwen3_last_query(const mt_chat_message *m, size_t n) {
@@ -278,24 +316,9 @@ static int render_qwen3(builder *b, const mt_chat_message *m, size_t n) {
             b_str(b, "\n", 0);
             continue;
         }
-        /* content with "</think>": content = after the last "</think>", lstrip('\n');
-         * reasoning = before the first "</think>", rstrip('\n'), after the last "<think>" in that,
-         * lstrip('\n') */
-        const char *content = c, *reason = "";
-        size_t content_len = strlen(c), reason_len = 0;
-        const char *close = strstr(c, "</think>");
-        if (close) {
-            size_t last = last_of(c, content_len, "</think>") + strlen("</think>");
-            content = c + last;
-            content_len -= last;
-            lstrip_nl(&content, &content_len);
-            reason_len = (size_t)(close - c);
-            rstrip_nl(c, &reason_len);
-            size_t open = last_of(c, reason_len, "<think>");
-            reason = open == SIZE_MAX ? c : c + open + strlen("<think>");
-            reason_len -= (size_t)(reason - c);
-            lstrip_nl(&reason, &reason_len);
-        }
+        const char *content, *reason;
+        size_t content_len, reason_len;
+        mt_chat_split_think(c, &reason, &reason_len, &content, &content_len);
         if (i > last_query && (i == n - 1 || reason_len > 0)) {
             rstrip_nl(reason, &reason_len); /* reasoning_content.strip('\n') */
             lstrip_nl(&content, &content_len);
@@ -326,7 +349,7 @@ static int render_llama3(builder *b, const mt_chat_message *m, size_t n) {
     return MT_OK;
 }
 
-/* Llama 2 and Mistral: an optional first system message, then user/assistant alternating. */
+/* Llama 2, Mistral and Gemma: an optional first system message, then user/assistant alternating. */
 static int check_alternating(const mt_chat_message *m, size_t n, mt_chat_format f) {
     size_t first = role_kind(m[0].role) == 0 ? 1 : 0;
     for (size_t i = first; i < n; i++) {
@@ -489,7 +512,7 @@ static int encode_items(const mt_tokenizer *t, const builder *b, mt_chat_loss_on
 
 int mt_chat_render(const mt_tokenizer *t, const mt_chat_opts *opts, const mt_chat_message *msgs, size_t n,
                    mt_token_vec *ids, mt_chat_mask *mask) {
-    mt_chat_opts o = {MT_CHAT_AUTO, MT_CHAT_LOSS_ASSISTANT, NULL};
+    mt_chat_opts o = {MT_CHAT_AUTO, MT_CHAT_LOSS_ASSISTANT, NULL, NULL};
     if (opts) o = *opts;
     if (n == 0 || !msgs) return mt_error_set("empty conversation (no messages)");
     for (size_t i = 0; i < n; i++) {
@@ -500,7 +523,11 @@ int mt_chat_render(const mt_tokenizer *t, const mt_chat_opts *opts, const mt_cha
                                 msgs[i].role);
     }
     mt_chat_format f = o.format == MT_CHAT_AUTO ? mt_chat_format_for(t) : o.format;
-    if (f == MT_CHAT_LLAMA2 || f == MT_CHAT_MISTRAL || f == MT_CHAT_MISTRAL_V3) {
+    for (size_t i = 0; i < n && f != MT_CHAT_HARMONY; i++)
+        if (role_kind(msgs[i].role) == 3)
+            return mt_error_set("message %zu: role \"developer\" in %s (only harmony has it; expected "
+                                "system, user or assistant)", i, mt_chat_format_name(f));
+    if (f == MT_CHAT_LLAMA2 || f == MT_CHAT_MISTRAL || f == MT_CHAT_MISTRAL_V3 || f == MT_CHAT_GEMMA) {
         MT_TRY(check_alternating(msgs, n, f));
         if (role_kind(msgs[0].role) == 0 && n == 1)
             return mt_error_set("conversation has only a system message (%s)", mt_chat_format_name(f));
@@ -514,6 +541,8 @@ int mt_chat_render(const mt_tokenizer *t, const mt_chat_opts *opts, const mt_cha
     case MT_CHAT_MISTRAL: rc = render_mistral(&b, msgs, n); break;
     case MT_CHAT_MISTRAL_V3: rc = render_mistral_v3(&b, msgs, n); break;
     case MT_CHAT_QWEN3: rc = render_qwen3(&b, msgs, n); break;
+    case MT_CHAT_GEMMA: rc = mt_chat_render_gemma(&b, msgs, n); break;
+    case MT_CHAT_HARMONY: rc = mt_chat_render_harmony(&b, &o, msgs, n); break;
     default: rc = mt_error_set("unknown chat format %d", (int)f); break;
     }
     size_t n0 = ids->n, m0 = mask->n;

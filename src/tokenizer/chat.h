@@ -30,6 +30,32 @@
  *                      (so the final reply always has a think block, empty without reasoning);
  *                      otherwise {c} (an earlier turn's reasoning is dropped).
  *                    strip_nl / lstrip_nl / rstrip_nl: Python's .strip('\n') etc., newlines only.
+ *   MT_CHAT_GEMMA    (Gemma 3 instruction models; google/gemma-3-*-it chat_template) <bos> then an
+ *                    optional first system message and user/assistant alternating from user, per
+ *                    message  <start_of_turn>{user|model}\n{trim(content)}<end_of_turn>\n  ("assistant"
+ *                    is written "model"); the system message becomes "{system}\n\n" (not trimmed)
+ *                    before the first user text. (Gemma 4 has another template, <|turn>...<turn|> with
+ *                    a system turn: not this format, and not detected as it.)
+ *   MT_CHAT_HARMONY  (OpenAI gpt-oss; openai/gpt-oss-20b chat_template.jinja, no tools)
+ *                    <|start|>system<|message|>{S}<|end|> where S is the template's default system
+ *                    message: "You are ChatGPT, a large language model trained by OpenAI.\n
+ *                    Knowledge cutoff: 2024-06\nCurrent date: {date}\n\nReasoning: medium\n\n
+ *                    # Valid channels: analysis, commentary, final. Channel must be included for every
+ *                    message." with date = opts.date or MT_CHAT_HARMONY_DEFAULT_DATE (the template
+ *                    writes today's date; a fixed one keeps the rendering reproducible); then, when
+ *                    the first message is a system (or "developer") message with non-empty content,
+ *                    <|start|>developer<|message|># Instructions\n\n{content}\n\n<|end|>; then per message
+ *                      user       <|start|>user<|message|>{content}<|end|>
+ *                      assistant  <|start|>assistant<|channel|>final<|message|>{c}<|end|>, or, for the
+ *                                 LAST message of the conversation, ...{c}<|return|> preceded by
+ *                                 <|start|>assistant<|channel|>analysis<|message|>{r}<|end|> when the
+ *                                 message has reasoning; earlier turns' reasoning is dropped.
+ *                    The reasoning ("thinking" in the template) is carried in the content as Qwen3's
+ *                    is: a content with "</think>" splits into {r} and {c} by Qwen3's rule above;
+ *                    without "</think>", {c} = content and there is no reasoning. A system/developer
+ *                    message after the first (which the template silently drops) is refused, as is
+ *                    content holding "<|channel|>analysis<|message|>" or "<|channel|>final<|message|>"
+ *                    (which the template refuses).
  * trim/strip: Python's str.strip() (Unicode whitespace), as the templates' `| trim` / `.strip()`.
  *
  * The special tokens named above must be single tokens of the tokenizer (bos/eos: <s> </s> and
@@ -43,10 +69,11 @@
  * Loss mask (1 = trained), MT_CHAT_LOSS_ASSISTANT: 1 on the tokens of each assistant turn's text
  * as written above — ChatML {content}, Qwen3 all of the turn after "<|im_start|>assistant\n" (its
  * think block when one is written — reasoning or empty — then {c} as written), Llama 3 {trim(content)}, Llama 2 " {strip(content)} ",
- * Mistral " {content}", Mistral v3 " {trim(content)}" — and on the end-of-turn token that closes it
- * (<|im_end|>, <|eot_id|>, </s>);
+ * Mistral " {content}", Mistral v3 " {trim(content)}", Gemma {trim(content)}, Harmony the final
+ * channel's {c} (not the analysis message) — and on the end-of-turn token that closes it
+ * (<|im_end|>, <|eot_id|>, </s>, <end_of_turn>, <|end|> / <|return|>);
  * 0 on everything else (bos, headers, role names, [INST] blocks, system and user text, ChatML's
- * "\n" after <|im_end|>). A token that straddles the start of the assistant text (BPE merging the
+ * "\n" after <|im_end|>, Harmony's system and developer messages and analysis message). A token that straddles the start of the assistant text (BPE merging the
  * header's last bytes with the content's first, e.g. "\n" + "\n..." in ChatML) counts as assistant:
  * precisely, the assistant tokens of a text run start at the first token where the run's encoding
  * differs from the encoding of the run's text before the assistant content.
@@ -72,6 +99,8 @@ typedef enum {
     MT_CHAT_MISTRAL,
     MT_CHAT_MISTRAL_V3,
     MT_CHAT_QWEN3,
+    MT_CHAT_GEMMA,
+    MT_CHAT_HARMONY,
 } mt_chat_format;
 
 typedef enum { MT_CHAT_LOSS_ASSISTANT = 0, MT_CHAT_LOSS_ALL } mt_chat_loss_on;
@@ -79,8 +108,11 @@ typedef enum { MT_CHAT_LOSS_ASSISTANT = 0, MT_CHAT_LOSS_ALL } mt_chat_loss_on;
 #define MT_CHAT_QWEN25_DEFAULT_SYSTEM \
     "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 
+/* The "Current date:" harmony writes when opts.date is NULL (gpt-oss's release date). */
+#define MT_CHAT_HARMONY_DEFAULT_DATE "2025-08-05"
+
 typedef struct {
-    const char *role;    /* "system", "user" or "assistant" */
+    const char *role;    /* "system", "user" or "assistant" ("developer": harmony, first message only) */
     const char *content; /* NUL-terminated UTF-8 */
 } mt_chat_message;
 
@@ -88,6 +120,7 @@ typedef struct {
     mt_chat_format format;      /* MT_CHAT_AUTO: by the tokenizer's special tokens */
     mt_chat_loss_on loss_on;
     const char *default_system; /* ChatML only; NULL: none */
+    const char *date;           /* harmony only: "Current date: " as YYYY-MM-DD; NULL: the default */
 } mt_chat_opts;
 
 /* A growable mask vector, parallel to the ids (reuse across calls). */
@@ -100,10 +133,12 @@ void mt_chat_mask_free(mt_chat_mask *m);
 /* By the tokenizer's chat template when it has one (mt_tokenizer_chat_template): one writing
  * <|im_start|> -> ChatML (Qwen3 when it also mentions reasoning_content and <think>, as Qwen3's
  * template does and Qwen 2/2.5's and QwQ's do not), <|start_header_id|> -> Llama 3, <<SYS>> -> Llama 2, [INST] -> Mistral (v3
- * when [INST] is a token). Otherwise (or for a template with none of these) by the special tokens:
- * <|im_start|> -> ChatML; else <|eot_id|> -> Llama 3; else [INST] -> Mistral v3; else Llama 2. */
+ * when [INST] is a token), <start_of_turn> -> Gemma, <|start|> with <|channel|> -> Harmony.
+ * Otherwise (or for a template with none of these) by the special tokens: <|im_start|> -> ChatML;
+ * else <|eot_id|> -> Llama 3; else [INST] -> Mistral v3; else <|start|> and <|channel|> -> Harmony;
+ * else <start_of_turn> -> Gemma (not when a template writes Gemma 4's "<|turn>"); else Llama 2. */
 mt_chat_format mt_chat_format_for(const mt_tokenizer *t);
-/* "auto", "chatml", "llama3", "llama2", "mistral", "mistral-v3", "qwen3" */
+/* "auto", "chatml", "llama3", "llama2", "mistral", "mistral-v3", "qwen3", "gemma", "harmony" */
 const char *mt_chat_format_name(mt_chat_format f);
 /* One of the names above; MT_ERR naming the value otherwise. */
 int mt_chat_format_parse(const char *s, mt_chat_format *out);
@@ -113,11 +148,31 @@ int mt_chat_loss_on_parse(const char *s, mt_chat_loss_on *out);
 /* Renders msgs[0..n) and appends the ids to *ids and the mask to *mask (same count). opts NULL:
  * auto format, loss on assistant, no default system. MT_ERR (with a message naming the message
  * index) on an empty conversation, a message without role or content, an unknown role, a role
- * order the format cannot express (Llama 2 / Mistral: an optional first system message, then
- * user/assistant alternating from user), or a tokenizer lacking the format's special tokens; on
- * MT_ERR ids and mask are left as they were. */
+ * order the format cannot express (Llama 2 / Mistral / Gemma: an optional first system message,
+ * then user/assistant alternating from user; Harmony: a system message only first), or a tokenizer
+ * lacking the format's special tokens; on MT_ERR ids and mask are left as they were. */
 int mt_chat_render(const mt_tokenizer *t, const mt_chat_opts *opts, const mt_chat_message *msgs,
                    size_t n, mt_token_vec *ids, mt_chat_mask *mask);
+
+#ifdef MT_CHAT_INTERNAL
+/* Shared by src/tokenizer/chat.c and chat_more.c only. */
+typedef struct mt_chat_builder mt_chat_builder;
+/* Appends text (assist: under LOSS_ASSISTANT, trained) / a special token looked up by name (MT_ERR
+ * naming it when the tokenizer lacks it). */
+void mt_chat_b_text(mt_chat_builder *b, const char *s, size_t len, int assist);
+void mt_chat_b_str(mt_chat_builder *b, const char *s, int assist);
+int mt_chat_b_special(mt_chat_builder *b, const char *name, int assist);
+/* 0 system, 1 user, 2 assistant, 3 developer, -1 other */
+int mt_chat_role_kind(const char *role);
+/* Python's str.strip() bounds of s[0..n) */
+void mt_chat_py_strip(const char *s, size_t n, size_t *start, size_t *end);
+/* Qwen3's split of an assistant content at "</think>" (chat.h, MT_CHAT_QWEN3): returns 1 and sets
+ * the reasoning and the content when c has "</think>"; 0 (content = c, reasoning empty) otherwise. */
+int mt_chat_split_think(const char *c, const char **reason, size_t *reason_len, const char **content,
+                        size_t *content_len);
+int mt_chat_render_gemma(mt_chat_builder *b, const mt_chat_message *m, size_t n);
+int mt_chat_render_harmony(mt_chat_builder *b, const mt_chat_opts *o, const mt_chat_message *m, size_t n);
+#endif
 
 #ifdef __cplusplus
 }
