@@ -117,12 +117,14 @@ static void result_free(layer_result *r) {
 /* Counts the attention forwards the layer runs. */
 static int attention_calls;
 static void (*cpu_attention_forward)(mt_backend *, void *, float *, const void *, const void *,
-                                     const void *, const int32_t *, int, int, int, int, int);
+                                     const void *, const int32_t *, int, int, int, int, int,
+                                     const mt_attention_opts *);
 static void counting_attention_forward(mt_backend *be, void *out, float *lse, const void *q,
                                        const void *k, const void *v, const int32_t *doc_start,
-                                       int B, int T, int H, int G, int D) {
+                                       int B, int T, int H, int G, int D,
+                                       const mt_attention_opts *opts) {
     attention_calls++;
-    cpu_attention_forward(be, out, lse, q, k, v, doc_start, B, T, H, G, D);
+    cpu_attention_forward(be, out, lse, q, k, v, doc_start, B, T, H, G, D, opts);
 }
 
 /* NaN over the n floats at p (the cpu's compute side is host memory). */

@@ -6,6 +6,10 @@
  * Shapes cover G = 1, 1 < G < H and G = H, D = 4/8/16, T from 5 to 140 (three query tiles of 64),
  * and rows packing one to three documents through doc_start. Packed documents must equal the same
  * documents run one by one.
+ * The options (mt_attention_opts): a window of W keys (the current one included; W 1, inside a
+ * tile, across tiles, and with documents), per-head sinks (an extra logit in each row's
+ * denominator) with their gradient against finite differences of the double reference, and a
+ * custom scale, alone and together, to the same bounds.
  */
 #include <math.h>
 #include <stdint.h>
@@ -67,18 +71,24 @@ typedef struct {
     double *q, *k, *v, *dout, *out, *lse;
     const int32_t *doc_start;
     int B, T, H, G, D;
+    double scale;  /* 0: 1/sqrt(D) */
+    int window;    /* 0: none */
+    double *sinks; /* (H) or NULL */
 } attn_ctx;
 
+/* Written from the definition: key s visible to query t iff doc_start <= s <= t and s > t - W;
+ * p_s = exp(score_s) / (sum_visible exp(score) + exp(sink_h)). */
 static void attn_ref(attn_ctx *c) {
     int B = c->B, T = c->T, H = c->H, G = c->G, D = c->D, rep = H / G;
-    double scale = 1.0 / sqrt((double)D);
+    double scale = c->scale != 0 ? c->scale : 1.0 / sqrt((double)D);
     double *p = dnew(T);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++)
             for (int t = 0; t < T; t++) {
                 int s0 = c->doc_start ? c->doc_start[b * T + t] : 0;
+                if (c->window > 0 && t - c->window + 1 > s0) s0 = t - c->window + 1;
                 const double *qv = c->q + ((size_t)(b * T + t) * H + h) * D;
-                double mx = -INFINITY;
+                double mx = c->sinks ? c->sinks[h] : -INFINITY;
                 for (int s = s0; s <= t; s++) {
                     const double *kv = c->k + ((size_t)(b * T + s) * G + h / rep) * D;
                     double dot = 0;
@@ -86,7 +96,7 @@ static void attn_ref(attn_ctx *c) {
                     p[s] = dot * scale;
                     if (p[s] > mx) mx = p[s];
                 }
-                double sum = 0;
+                double sum = c->sinks ? exp(c->sinks[h] - mx) : 0;
                 for (int s = s0; s <= t; s++) sum += (p[s] = exp(p[s] - mx));
                 c->lse[((size_t)b * H + h) * T + t] = mx + log(sum);
                 double *o = c->out + ((size_t)(b * T + t) * H + h) * D;
@@ -123,22 +133,31 @@ static int32_t *make_docs(mt_test_rng *rng, int B, int T, int docs) {
     return ds;
 }
 
-static void check_attention(int B, int T, int H, int G, int D, int docs, uint64_t seed) {
+/* The op under the options (scale 0: the default; window 0: none; sinks: with per-head sinks;
+ * all defaults pass opts NULL) against the double reference. */
+static void check_attention_opts(int B, int T, int H, int G, int D, int docs, uint64_t seed,
+                                 float scale, int window, int sinks) {
     mt_test_rng rng;
     mt_test_rng_seed(&rng, seed);
     size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * G * D, nl = (size_t)B * H * T;
     float *q = randn(&rng, nq, 1), *k = randn(&rng, nk, 1), *v = randn(&rng, nk, 1);
     float *dout = randn(&rng, nq, 1);
     int32_t *ds = make_docs(&rng, B, T, docs);
+    float *sk = sinks ? randn(&rng, (size_t)H, 1.5f) : NULL; /* a sizeable share of each row */
     attn_ctx c = {to_double(q, nq), to_double(k, nk), to_double(v, nk), to_double(dout, nq),
-                  dnew(nq), dnew(nl), ds, B, T, H, G, D};
+                  dnew(nq), dnew(nl), ds, B, T, H, G, D, scale, window,
+                  sk ? to_double(sk, (size_t)H) : NULL};
     attn_ref(&c);
+    float *dsk = fnew((size_t)H);
+    for (int h = 0; h < H; h++) dsk[h] = 0.25f; /* the sinks' gradient accumulates onto this */
+    mt_attention_opts o = {scale, window, sk, sk ? dsk : NULL};
+    const mt_attention_opts *opts = scale == 0 && window == 0 && !sinks ? NULL : &o;
     float *out = fnew(nq), *lse = fnew(nl);
     poison(out, nq), poison(lse, nl);
-    be->attention_forward(be, out, lse, q, k, v, ds, B, T, H, G, D);
+    be->attention_forward(be, out, lse, q, k, v, ds, B, T, H, G, D, opts);
     float *ref_out = to_float(c.out, nq), *ref_lse = to_float(c.lse, nl);
-    fprintf(stderr, "attention B=%d T=%d H=%d G=%d D=%d%s\n", B, T, H, G, D,
-            docs ? " (packed documents)" : "");
+    fprintf(stderr, "attention B=%d T=%d H=%d G=%d D=%d%s scale %g window %d%s\n", B, T, H, G, D,
+            docs ? " (packed documents)" : "", (double)scale, window, sinks ? " sinks" : "");
     assert_true(mt_allclose("attention_forward out", out, ref_out, nq, FWD_ATOL, FWD_RTOL));
     assert_true(mt_allclose("attention_forward lse", lse, ref_lse, nl, FWD_ATOL, FWD_RTOL));
 
@@ -147,7 +166,7 @@ static void check_attention(int B, int T, int H, int G, int D, int docs, uint64_
     size_t rq = (size_t)T * H * D, rk = (size_t)T * G * D;
     for (int b = 0; b < B; b++) {
         attn_ctx cb = {c.q + b * rq, c.k + b * rk, c.v + b * rk, c.dout + b * rq, c.out, c.lse,
-                       ds ? ds + (size_t)b * T : NULL, 1, T, H, G, D};
+                       ds ? ds + (size_t)b * T : NULL, 1, T, H, G, D, scale, window, c.sinks};
         float *g1 = fd_grad(attn_loss, &cb, cb.q, rq), *g2 = fd_grad(attn_loss, &cb, cb.k, rk);
         float *g3 = fd_grad(attn_loss, &cb, cb.v, rk);
         memcpy(gq + b * rq, g1, rq * sizeof(float));
@@ -157,20 +176,43 @@ static void check_attention(int B, int T, int H, int G, int D, int docs, uint64_
     }
     float *dq = fnew(nq), *dk = fnew(nk), *dv = fnew(nk);
     poison(dq, nq), poison(dk, nk), poison(dv, nk);
-    be->attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, ds, B, T, H, G, D);
+    be->attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, ds, B, T, H, G, D, opts);
     assert_true(mt_allclose("attention_backward dq", dq, gq, nq, BWD_ATOL, BWD_RTOL));
     assert_true(mt_allclose("attention_backward dk", dk, gk, nk, BWD_ATOL, BWD_RTOL));
     assert_true(mt_allclose("attention_backward dv", dv, gv, nk, BWD_ATOL, BWD_RTOL));
+    if (sinks) { /* the whole batch's loss against each sink, onto the 0.25 already there */
+        float *gs = fd_grad(attn_loss, &c, c.sinks, (size_t)H);
+        for (int h = 0; h < H; h++) gs[h] += 0.25f;
+        assert_true(mt_allclose("attention_backward dsinks", dsk, gs, (size_t)H, BWD_ATOL, BWD_RTOL));
+        free(gs);
+    }
 
-    /* written, not accumulated: a second call gives the same bits */
+    /* written, not accumulated: a second call gives the same bits (the sinks' gradient adds) */
     float *dq2 = fnew(nq);
     memcpy(dq2, dq, nq * sizeof(float));
-    be->attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, ds, B, T, H, G, D);
+    be->attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, ds, B, T, H, G, D, opts);
     assert_memory_equal(dq, dq2, nq * sizeof(float));
+    free(sk), free(dsk), free(c.sinks);
 
     free(q), free(k), free(v), free(dout), free(ds), free(c.q), free(c.k), free(c.v), free(c.dout);
     free(c.out), free(c.lse), free(out), free(lse), free(ref_out), free(ref_lse), free(gq);
     free(gk), free(gv), free(dq), free(dk), free(dv), free(dq2);
+}
+
+static void check_attention(int B, int T, int H, int G, int D, int docs, uint64_t seed) {
+    check_attention_opts(B, T, H, G, D, docs, seed, 0, 0, 0);
+}
+
+/* gpt-oss's options: windows (1 key; inside a tile; wider than a tile with three tiles), sinks,
+ * a custom scale, with GQA and packed documents. */
+static void test_attention_options(void **state) {
+    check_attention_opts(2, 17, 4, 2, 8, 0, 11, 0, 5, 0);    /* window alone */
+    check_attention_opts(1, 9, 2, 1, 8, 0, 12, 0, 1, 0);     /* W = 1: each query sees itself */
+    check_attention_opts(2, 17, 4, 2, 8, 0, 13, 0, 0, 1);    /* sinks alone */
+    check_attention_opts(2, 17, 4, 2, 8, 0, 14, 0.2f, 0, 0); /* scale alone */
+    check_attention_opts(2, 23, 4, 2, 16, 1, 15, 0.3f, 6, 1); /* all three, packed documents */
+    check_attention_opts(1, 140, 2, 1, 4, 0, 16, 0, 70, 1);  /* a window across tiles of 64 */
+    check_attention_opts(1, 140, 2, 2, 4, 1, 17, 0, 9, 1);   /* windows and documents, 3 tiles */
 }
 
 static void test_attention_gqa(void **state) {
@@ -207,8 +249,8 @@ static void test_attention_packed_equals_separate(void **state) {
             for (int t = starts[b][d]; t < starts[b][d + 1]; t++) ds[b * T + t] = starts[b][d];
     float *out = fnew(nq), *lse = fnew(nl), *dq = fnew(nq), *dk = fnew(nk), *dv = fnew(nk);
     poison(out, nq), poison(lse, nl), poison(dq, nq), poison(dk, nk), poison(dv, nk);
-    be->attention_forward(be, out, lse, q, k, v, ds, B, T, H, G, D);
-    be->attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, ds, B, T, H, G, D);
+    be->attention_forward(be, out, lse, q, k, v, ds, B, T, H, G, D, NULL);
+    be->attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, ds, B, T, H, G, D, NULL);
 
     float *eo = fnew(nq), *el = fnew(nl), *edq = fnew(nq), *edk = fnew(nk), *edv = fnew(nk);
     for (int b = 0; b < B; b++)
@@ -221,9 +263,9 @@ static void test_attention_packed_equals_separate(void **state) {
             float *sdv = fnew((size_t)len * G * D);
             gather(sq, q, b, T, t0, len, H * D), gather(sk, k, b, T, t0, len, G * D);
             gather(sv, v, b, T, t0, len, G * D), gather(sdo, dout, b, T, t0, len, H * D);
-            be->attention_forward(be, so, sl, sq, sk, sv, NULL, 1, len, H, G, D);
+            be->attention_forward(be, so, sl, sq, sk, sv, NULL, 1, len, H, G, D, NULL);
             be->attention_backward(be, sdq, sdk, sdv, sdo, so, sl, sq, sk, sv, NULL, 1, len, H, G,
-                                   D);
+                                   D, NULL);
             memcpy(eo + ((size_t)b * T + t0) * H * D, so, (size_t)len * H * D * sizeof(float));
             memcpy(edq + ((size_t)b * T + t0) * H * D, sdq, (size_t)len * H * D * sizeof(float));
             memcpy(edk + ((size_t)b * T + t0) * G * D, sdk, (size_t)len * G * D * sizeof(float));
@@ -249,6 +291,7 @@ int main(void) {
         cmocka_unit_test(test_attention_gqa),
         cmocka_unit_test(test_attention_docs),
         cmocka_unit_test(test_attention_packed_equals_separate),
+        cmocka_unit_test(test_attention_options),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     be->destroy(be);

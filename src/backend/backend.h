@@ -32,6 +32,24 @@ extern "C" {
 typedef struct mt_backend mt_backend;
 typedef struct mt_event mt_event; /* opaque; one per backend kind */
 
+/* What an attention call may change from the plain causal softmax(q k^T / sqrt(D)) v (NULL: all
+ * defaults). A backend that lacks an option refuses a call that asks for it (mt_attention_opts_plain
+ * says whether one does). */
+typedef struct {
+    float scale;       /* the scores' scale; 0: 1/sqrt(D) */
+    int window;        /* 0: none; W > 0: query t sees keys t-W+1 .. t only (gpt-oss's sliding
+                          layers; within its document still) */
+    const void *sinks; /* (H) compute dtype, NULL: none: a learned logit per query head that joins
+                          every row's softmax denominator (its value is zero), so a row's
+                          probabilities sum to less than 1 (gpt-oss) */
+    float *dsinks;     /* (H) fp32, += in the backward: the sinks' gradient (NULL: skipped) */
+} mt_attention_opts;
+
+/* 1 when opts asks for nothing beyond the plain causal attention with scale 1/sqrt(D). */
+static inline int mt_attention_opts_plain(const mt_attention_opts *o) {
+    return !o || (o->scale == 0 && o->window == 0 && !o->sinks);
+}
+
 /* The three queues of the streaming schedule. Work on one stream runs in the order enqueued;
  * streams are ordered against each other only through events. */
 typedef enum {
@@ -121,6 +139,8 @@ struct mt_backend {
     void *(*native_stream)(mt_backend *be, mt_stream s);
     /* Optional: bytes allocated through alloc so far. */
     size_t (*mem_used)(mt_backend *be);
+    int attention_options; /* the attention ops take every mt_attention_opts option (cpu); 0: the
+                              defaults only (cuda, today) */
     int64_t mem_budget; /* bytes alloc may hand out in all (cuda: --gpu-mem or the free memory at
                            start); 0: no limit (cpu) */
     mt_backend_memory memory; /* what the memory planner must know of the compute side */
@@ -167,18 +187,22 @@ struct mt_backend {
     void (*rope_backward)(mt_backend *be, void *dx, const int32_t *pos, const float *inv_freq,
                           int N, int nh, int D, int rd);
 
-    /* Causal grouped-query attention with scale 1/sqrt(D). q (N, H, D); k, v (N, G, D); query head
-     * h uses kv head h / (H / G). out (N, H, D); lse (B, H, T) = log-sum-exp of the scaled scores of
-     * each query. When doc_start is not NULL, token t of row b attends only to tokens s with
-     * doc_start[b*T + t] <= s <= t (documents packed in one row do not see each other). */
+    /* Causal grouped-query attention with scale 1/sqrt(D) (or opts->scale). q (N, H, D); k, v
+     * (N, G, D); query head h uses kv head h / (H / G). out (N, H, D); lse (B, H, T) = log-sum-exp
+     * of the scaled scores of each query (the sink's logit included when opts has sinks). When
+     * doc_start is not NULL, token t of row b attends only to tokens s with
+     * doc_start[b*T + t] <= s <= t (documents packed in one row do not see each other); with
+     * opts->window W, also only to s > t - W. opts NULL: the defaults (mt_attention_opts). The
+     * cuda backend has no options yet: it refuses any but the defaults. */
     void (*attention_forward)(mt_backend *be, void *out, float *lse, const void *q, const void *k,
                               const void *v, const int32_t *doc_start, int B, int T, int H, int G,
-                              int D);
-    /* dq (N, H, D), dk and dv (N, G, D), all written (=). */
+                              int D, const mt_attention_opts *opts);
+    /* dq (N, H, D), dk and dv (N, G, D), all written (=); opts->dsinks (H) += the sinks' gradient.
+     * opts as the forward's. */
     void (*attention_backward)(mt_backend *be, void *dq, void *dk, void *dv, const void *dout,
                                const void *out, const float *lse, const void *q, const void *k,
                                const void *v, const int32_t *doc_start, int B, int T, int H, int G,
-                               int D);
+                               int D, const mt_attention_opts *opts);
 
     /* ---- the Gated DeltaNet (Qwen3.5's linear-attention layers; model/ drives them) ----
      * Letters: Hk key heads of Dk, Hv value heads of Dv (Hv a multiple of Hk: value head h uses key
@@ -243,6 +267,15 @@ struct mt_backend {
     void (*gated_rmsnorm_backward)(mt_backend *be, void *dinp, void *dgate, float *dweight,
                                    const void *dout, const void *inp, const void *gate,
                                    const void *weight, const float *rstd, int R, int C);
+
+    /* gpt-oss's clamped SwiGLU over R rows: gate_up (R, 2F) holds gate j in column 2j and up j in
+     * 2j+1; g = min(gate, limit), u = clamp(up, -limit, limit), out (R, F) = (u + 1) * g *
+     * sigmoid(alpha * g). Backward: dgate_up (R, 2F) written (=), zero where a clamp acted (the
+     * bounds themselves pass, as torch.clamp). Optional (NULL: a backend without them). */
+    void (*swiglu_clamped_forward)(mt_backend *be, void *out, const void *gate_up, int R, int F,
+                                   float alpha, float limit);
+    void (*swiglu_clamped_backward)(mt_backend *be, void *dgate_up, const void *dout,
+                                    const void *gate_up, int R, int F, float alpha, float limit);
 
     /* out[i] = silu(gate[i]) * up[i] over n elements. */
     void (*swiglu_forward)(mt_backend *be, void *out, const void *gate, const void *up, size_t n);
@@ -339,6 +372,18 @@ struct mt_backend {
                                 const void *inp, const void *weight, size_t w_stride,
                                 const int32_t *offsets, const int32_t *offsets_host, int E, int K,
                                 int M, int accumulate);
+    /* gpt-oss's experts, stored fused as [E, in, out]: for every expert e with rows (as above),
+     * out (rows, M) = inp (rows, K) @ weight[e] (K, M) + bias[e] (M), weight (E, K, M) and bias
+     * (E, M) contiguous. Backward: dinp = (or += when accumulate) dout @ weight[e]^T, dweight[e]
+     * (K, M) += inp^T @ dout, dbias[e] += column sums of dout (each NULL: skipped). Optional (NULL:
+     * a backend without them, which refuses gpt_oss). */
+    void (*moe_matmul_io_forward)(mt_backend *be, void *out, const void *inp, const void *weight,
+                                  const void *bias, const int32_t *offsets,
+                                  const int32_t *offsets_host, int E, int K, int M);
+    void (*moe_matmul_io_backward)(mt_backend *be, void *dinp, float *dweight, float *dbias,
+                                   const void *dout, const void *inp, const void *weight,
+                                   const int32_t *offsets, const int32_t *offsets_host, int E,
+                                   int K, int M, int accumulate);
 
     /* LM head fused with cross-entropy, in chunks of rows so that (N, V) logits never exist:
      * logits = inp (N, C) @ weight (V, C)^T; losses[n] = logsumexp(logits[n]) - logits[n][targets[n]],

@@ -55,6 +55,23 @@ static void print_layer_types(const mt_config *cfg) {
            cfg->lin_Hv, cfg->lin_Dv, cfg->lin_K, mt_config_rotary_dim(cfg), cfg->D);
 }
 
+/* gpt-oss: which layers slide (their window) and which attend to the whole row, the sinks, YaRN
+ * and the experts' SwiGLU. */
+static void print_gpt_oss(const mt_config *cfg) {
+    int sliding = 0;
+    for (int l = 0; l < cfg->L; l++) sliding += mt_config_layer_window(cfg, l) > 0;
+    printf("layer types: %d sliding_attention (window %d keys), %d full_attention; [", sliding,
+           cfg->attn_window, cfg->L - sliding);
+    for (int l = 0; l < cfg->L && l < 16; l++)
+        printf("%s%s", l ? ", " : "", mt_config_layer_window(cfg, l) > 0 ? "sliding" : "full");
+    printf("%s]\n", cfg->L > 16 ? ", ..." : "");
+    printf("attention: a learned sink per head; rope: yarn factor %g, original %d, beta %g/%g%s, "
+           "cos/sin x %.6g; experts: clamped SwiGLU (alpha %g, limit %g), biases\n", cfg->rope_factor,
+           cfg->rope_original_max_pos, cfg->rope_beta_fast, cfg->rope_beta_slow,
+           cfg->rope_truncate ? ", truncated" : "", mt_config_rope_attention_scaling(cfg),
+           cfg->swiglu_alpha, cfg->swiglu_limit);
+}
+
 int mt_cmd_info(int argc, char **argv) {
     const char *model_dir = NULL, *init = NULL;
     const char *revision = NULL;
@@ -109,12 +126,14 @@ int mt_cmd_info(int argc, char **argv) {
            cfg->model_type, cfg->L, cfg->C, cfg->F, cfg->H, cfg->G, cfg->D, cfg->V,
            cfg->tie_word_embeddings ? ", tied head" : "");
     printf("rope: theta %g%s; rms_norm_eps %g%s%s%s\n", cfg->rope_theta,
-           cfg->rope_type == MT_ROPE_LLAMA3 ? ", llama3 scaling" : "", cfg->rms_norm_eps,
+           cfg->rope_type == MT_ROPE_LLAMA3 ? ", llama3 scaling"
+           : cfg->rope_type == MT_ROPE_YARN ? ", yarn scaling" : "", cfg->rms_norm_eps,
            cfg->qkv_bias ? "; q/k/v bias" : "", cfg->o_bias ? "; o bias" : "",
            cfg->qk_norm ? "; q/k norm" : "");
     printf("parameters: %.0f (%.3f B); one layer %lld\n", n, n / 1e9,
            (long long)m.table.layer_size);
     if (mt_config_mixer_layers(cfg, MT_MIXER_GATED_DELTANET) > 0) print_layer_types(cfg);
+    if (cfg->arch == MT_ARCH_GPT_OSS) print_gpt_oss(cfg);
     if (cfg->n_experts > 0) {
         double a = (double)mt_config_active_param_count(cfg);
         printf("experts: %d MoE layers of %d experts (width %d), top %d%s%s%s; active parameters "

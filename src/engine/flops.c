@@ -4,6 +4,30 @@
 
 double mt_flops_6nt(double n_params, double tokens) { return 6.0 * n_params * tokens; }
 
+/* Twice the (query, key) pairs of a causal document of n tokens under a window of W keys (0:
+ * none), in the n² convention of the rest: n² without a window (or n <= W), else each of the n - W
+ * later queries sees W keys: W² + 2 (n - W) W. */
+static double window_square(double n, int W) {
+    if (W <= 0 || n <= W) return n * n;
+    return (double)W * W + 2.0 * (n - W) * W;
+}
+
+/* doc_square_sum under a window of W keys (mt_flops_doc_square_sum when W is 0). */
+static double doc_square_sum_window(const int32_t *doc_start, int B, int T, int W) {
+    if (!doc_start) return (double)B * window_square(T, W);
+    double sum = 0;
+    for (int b = 0; b < B; b++) {
+        const int32_t *row = doc_start + (size_t)b * T;
+        int start = 0;
+        for (int t = 1; t <= T; t++)
+            if (t == T || row[t] == t) {
+                sum += window_square(t - start, W);
+                start = t;
+            }
+    }
+    return sum;
+}
+
 double mt_flops_doc_square_sum(const int32_t *doc_start, int B, int T) {
     if (!doc_start) return (double)B * T * T;
     double sum = 0;
@@ -24,8 +48,11 @@ double mt_flops_attention(const mt_config *c, const int32_t *doc_start, int B, i
     /* per attention layer: forward 2 products of 2·H·D FLOPs per visible (query, key) pair, n²/2
      * pairs a document; backward 2.5x: 3.5 · 4 · H · D · n² / 2 = 7 · H · D · n². A Gated
      * DeltaNet layer's recurrence is linear in n: its forward and backward, 3.5x the forward */
-    double attn = 7.0 * mt_config_mixer_layers(c, MT_MIXER_ATTENTION) * c->H * (double)c->D *
-                  mt_flops_doc_square_sum(doc_start, B, T);
+    double attn = 0; /* gpt-oss's sliding layers see only their window's pairs */
+    for (int l = 0; l < c->L; l++)
+        if (mt_config_layer_mixer(c, l) == MT_MIXER_ATTENTION)
+            attn += 7.0 * c->H * (double)c->D *
+                    doc_square_sum_window(doc_start, B, T, mt_config_layer_window(c, l));
     return attn + 3.5 * mt_config_mixer_layers(c, MT_MIXER_GATED_DELTANET) *
                       mt_flops_deltanet_core_forward(c, (double)B * T);
 }
@@ -59,7 +86,8 @@ double mt_flops_layer_projections(const mt_config *c, int l, double tokens, int 
 
 double mt_flops_layer_attention_forward(const mt_config *c, int l, double tokens, int T) {
     if (mt_config_layer_mixer(c, l) == MT_MIXER_GATED_DELTANET) return mt_flops_deltanet_core_forward(c, tokens);
-    return tokens * 4.0 * (T / 2.0) * c->H * c->D;
+    double keys = T > 0 ? window_square(T, mt_config_layer_window(c, l)) / (2.0 * T) : 0; /* a query's mean */
+    return tokens * 4.0 * keys * c->H * c->D;
 }
 
 double mt_flops_head_forward(const mt_config *c, double tokens) { return tokens * 2.0 * c->C * c->V; }

@@ -115,8 +115,15 @@ static void add_carried(mt_hf_source *src, const mt_st_tensor *x) {
 int mt_hf_resolve(const mt_param_table *t, const mt_safetensors *st, mt_hf_ref *refs, mt_hf_source *src) {
     const char *source = mt_safetensors_source(st);
     int n = mt_safetensors_count(st), fused = 0, rc = MT_OK;
-    char *used = mt_calloc((size_t)n + 1, 1);
     char name[MT_HF_NAME];
+    for (int j = 0; j < n; j++) { /* gpt-oss's published experts are MXFP4 (quant/mxfp4.h) */
+        const mt_st_tensor *x = mt_safetensors_at(st, j);
+        if (strstr(x->name, "mlp.experts.") && (ends_with(x->name, "_blocks") || ends_with(x->name, "_scales")))
+            return mt_error_set("%s: tensor %s is MXFP4-quantized: loading MXFP4 experts is not yet "
+                                "implemented (dequantize the checkpoint first, e.g. transformers' "
+                                "Mxfp4Config(dequantize=True) and save_pretrained)", x->path, x->name);
+    }
+    char *used = mt_calloc((size_t)n + 1, 1);
     for (int i = 0; i < t->n_params && rc == MT_OK; i++) {
         const mt_param *p = &t->params[i];
         mt_hf_name(t, p, name, sizeof name);

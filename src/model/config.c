@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "model/config_json.h"
+#include "model/config_gpt_oss.h"
 #include "model/config_qwen3_5.h"
 #include "io/atomic_file.h" /* config.json is replaced atomically, like every file we write */
 
@@ -33,7 +34,8 @@ static int cfg_refuse_unsupported(const mt_config *cfg, const mt_cfg_src *s) {
     }
     /* Mixtures of experts are mixtral and qwen3_moe (cfg_moe); these fields elsewhere, and the
      * shared experts of qwen2_moe / deepseek anywhere, describe a model we would compute wrongly. */
-    int moe_type = cfg->arch == MT_ARCH_MIXTRAL || cfg->arch == MT_ARCH_QWEN3_MOE;
+    int moe_type = cfg->arch == MT_ARCH_MIXTRAL || cfg->arch == MT_ARCH_QWEN3_MOE ||
+                   mt_config_is_gpt_oss(cfg); /* its experts: config_gpt_oss.c */
     if (cfg->arch == MT_ARCH_QWEN3_5_MOE) moe_type = 0; /* its experts and shared expert: config_qwen3_5.c */
     static const char *moe[] = {"num_experts", "num_local_experts", "num_experts_per_tok",
                                 "moe_intermediate_size", "n_routed_experts", "n_shared_experts",
@@ -59,7 +61,7 @@ static int cfg_refuse_unsupported(const mt_config *cfg, const mt_cfg_src *s) {
     if (mt_cfg_bool(s, "use_sliding_window", &sw) == MT_ERR) return MT_ERR;
     if (sw) return mt_error_set("%s: use_sliding_window = true is not supported", s->path);
     json_t *lt = json_object_get(s->root, "layer_types");
-    if (lt && !json_is_null(lt) && !mt_config_is_qwen3_5(cfg)) {
+    if (lt && !json_is_null(lt) && !mt_config_is_qwen3_5(cfg) && !mt_config_is_gpt_oss(cfg)) {
         if (!json_is_array(lt)) return mt_error_set("%s: layer_types must be a list", s->path);
         size_t i;
         json_t *e;
@@ -155,6 +157,7 @@ static const mt_arch_info mt_archs[] = {
     {"qwen3_moe", "Qwen3MoeForCausalLM", MT_ARCH_QWEN3_MOE, 32768, 4, 0}, /* head_dim: C / H */
     {"qwen3_5", "Qwen3_5ForCausalLM", MT_ARCH_QWEN3_5, 32768, 4, 256},
     {"qwen3_5_moe", "Qwen3_5MoeForCausalLM", MT_ARCH_QWEN3_5_MOE, 32768, 2, 256},
+    {"gpt_oss", "GptOssForCausalLM", MT_ARCH_GPT_OSS, 131072, 8, 64},
 };
 
 static const mt_arch_info *arch_info(mt_arch a) {
@@ -198,7 +201,7 @@ static int cfg_model_type(mt_config *cfg, mt_cfg_src *s, const mt_arch_info **in
         }
     }
     return mt_error_set("%s: model_type \"%s\" is not supported (supported: llama, mistral, qwen2, "
-                        "qwen3, mixtral, qwen3_moe, qwen3_5, qwen3_5_moe)", s->path, name);
+                        "qwen3, mixtral, qwen3_moe, qwen3_5, qwen3_5_moe, gpt_oss)", s->path, name);
 }
 
 /* bos/eos: int, list of ints (the first is taken) or null. */
@@ -239,8 +242,8 @@ static int cfg_sizes(mt_config *cfg, const mt_cfg_src *s, const mt_arch_info *in
 }
 
 static int cfg_flags(mt_config *cfg, const mt_cfg_src *s) {
-    int attn_bias = 0, mlp_bias = 0;
-    if (cfg->arch == MT_ARCH_LLAMA || cfg->arch == MT_ARCH_QWEN3 || cfg->arch == MT_ARCH_QWEN3_MOE ||
+    int attn_bias = mt_config_is_gpt_oss(cfg), mlp_bias = 0; /* GptOssConfig: attention_bias true */
+    if (mt_config_is_gpt_oss(cfg) || cfg->arch == MT_ARCH_LLAMA || cfg->arch == MT_ARCH_QWEN3 || cfg->arch == MT_ARCH_QWEN3_MOE ||
         mt_config_is_qwen3_5(cfg))
         if (mt_cfg_bool(s, "attention_bias", &attn_bias) == MT_ERR) return MT_ERR;
     if (cfg->arch == MT_ARCH_LLAMA && mt_cfg_bool(s, "mlp_bias", &mlp_bias) == MT_ERR) return MT_ERR;
@@ -363,6 +366,15 @@ const char *mt_mixer_name(mt_mixer m) {
     return m == MT_MIXER_GATED_DELTANET ? "gated_deltanet" : "attention";
 }
 
+int mt_config_layer_window(const mt_config *cfg, int l) {
+    return cfg->sliding[l / 8] & (1u << (l % 8)) ? cfg->attn_window : 0;
+}
+
+double mt_config_rope_attention_scaling(const mt_config *cfg) {
+    if (cfg->rope_type != MT_ROPE_YARN || cfg->rope_factor <= 1) return 1.0;
+    return 0.1 * log(cfg->rope_factor) + 1.0; /* transformers' yarn_get_mscale */
+}
+
 int mt_config_layer_is_moe(const mt_config *cfg, int l) {
     if (cfg->n_experts <= 0) return 0;
     if (cfg->mlp_only[l / 8] & (1u << (l % 8))) return 0;
@@ -384,9 +396,10 @@ static int cfg_parse_root(mt_config *cfg, const mt_cfg_src *top) {
     MT_TRY(cfg_sizes(cfg, s, info));
     MT_TRY(cfg_flags(cfg, s));
     MT_TRY(cfg_moe(cfg, s));
-    MT_TRY(cfg_parse_rope(cfg, s));
+    if (!mt_config_is_gpt_oss(cfg)) MT_TRY(cfg_parse_rope(cfg, s)); /* gpt_oss: YaRN, its file */
     cfg->rotary_dim = cfg->D;
     if (mt_config_is_qwen3_5(cfg)) MT_TRY(mt_config_parse_qwen3_5(cfg, s));
+    if (mt_config_is_gpt_oss(cfg)) MT_TRY(mt_config_parse_gpt_oss(cfg, s));
     if (cfg->nested) MT_TRY(cfg_nested_tie(cfg, top));
     return mt_config_validate(cfg, s->path);
 }
@@ -523,6 +536,16 @@ int mt_config_validate(const mt_config *cfg, const char *path) {
         return mt_error_set("%s: rope_scaling (llama3): factor, low_freq_factor, high_freq_factor and "
                             "original_max_position_embeddings must be positive, with "
                             "high_freq_factor > low_freq_factor", path);
+    if (cfg->rope_type == MT_ROPE_YARN &&
+        !(cfg->rope_factor > 0 && cfg->rope_original_max_pos > 0 && cfg->rope_beta_fast > 0 &&
+          cfg->rope_beta_slow > 0))
+        return mt_error_set("%s: rope_parameters (yarn): factor, original_max_position_embeddings, "
+                            "beta_fast and beta_slow must be positive", path);
+    if (cfg->attn_window < 0)
+        return mt_error_set("%s: sliding_window = %d must be positive", path, cfg->attn_window);
+    if (cfg->arch == MT_ARCH_GPT_OSS && (!(cfg->swiglu_limit > 0) || !(cfg->swiglu_alpha > 0)))
+        return mt_error_set("%s: swiglu_alpha = %g and swiglu_limit = %g must be positive", path,
+                            cfg->swiglu_alpha, cfg->swiglu_limit);
     return MT_OK;
 }
 
@@ -536,10 +559,12 @@ static int64_t param_count(const mt_config *cfg, int active) {
     if (cfg->qkv_bias) attn += H * D * (cfg->attn_gate ? 2 : 1) + 2 * G * D;
     if (cfg->o_bias) attn += C;
     if (cfg->qk_norm) attn += 2 * D;
+    if (cfg->attn_sinks) attn += H;
     int64_t dense = 3 * F * C + (cfg->mlp_bias ? 2 * F + C : 0); /* gate, up, down */
     int64_t experts = active ? cfg->top_k : cfg->n_experts;
     int64_t moe = (int64_t)cfg->n_experts * C + experts * 3 * (int64_t)cfg->moe_F * C; /* router + experts */
     if (cfg->shared_expert) moe += dense + C;                     /* the shared expert and its gate */
+    if (mt_config_is_gpt_oss(cfg)) moe += cfg->n_experts + experts * (2 * (int64_t)cfg->moe_F + C); /* biases */
     int64_t total = V * C + C;                                    /* embedding, final norm */
     for (int l = 0; l < cfg->L; l++) {
         total += 2 * C; /* input + post norms */
@@ -557,6 +582,10 @@ int64_t mt_config_active_param_count(const mt_config *cfg) { return param_count(
 void mt_config_rope_inv_freq(const mt_config *cfg, float *inv_freq) {
     const double pi = 3.14159265358979323846;
     int D = mt_config_rotary_dim(cfg); /* partial RoPE: the rotated dims' own frequencies */
+    if (cfg->rope_type == MT_ROPE_YARN) {
+        mt_config_yarn_inv_freq(cfg, inv_freq);
+        return;
+    }
     for (int i = 0; i < D / 2; i++) {
         double f = 1.0 / pow(cfg->rope_theta, (double)(2 * i) / (double)D);
         if (cfg->rope_type == MT_ROPE_LLAMA3) {

@@ -21,6 +21,8 @@ typedef enum {
     MT_ARCH_QWEN3_MOE = 5, /* qwen3 attention (q/k norm) + experts; dense layers among them */
     MT_ARCH_QWEN3_5 = 6,   /* hybrid: Gated DeltaNet and gated-attention layers, (1 + w) norms */
     MT_ARCH_QWEN3_5_MOE = 7, /* the same with experts and a gated shared expert in every layer */
+    MT_ARCH_GPT_OSS = 8,   /* sliding/full attention with sinks, YaRN, biased experts with the
+                              clamped SwiGLU in every layer (config_gpt_oss.c) */
 } mt_arch;
 
 /* A layer's token mixer, chosen per layer from the config (layer_types). */
@@ -32,6 +34,7 @@ typedef enum {
 typedef enum {
     MT_ROPE_DEFAULT = 0,
     MT_ROPE_LLAMA3 = 1,
+    MT_ROPE_YARN = 2,     /* gpt-oss: rope_factor, rope_original_max_pos, beta_fast/slow, truncate */
 } mt_rope_type;
 
 typedef struct {
@@ -56,6 +59,9 @@ typedef struct {
     double rope_low_freq_factor;
     double rope_high_freq_factor;
     int rope_original_max_pos;
+    /* YaRN (rope_type == MT_ROPE_YARN; factor and original_max_position_embeddings above) */
+    double rope_beta_fast, rope_beta_slow;
+    int rope_truncate;        /* the correction range floored / ceiled */
     int max_position_embeddings;
     int tie_word_embeddings;
     int qkv_bias;             /* q/k/v projections carry a bias (qwen2 always; llama/qwen3 attention_bias) */
@@ -89,6 +95,12 @@ typedef struct {
      * them), value heads Hv of width Dv (Hv a multiple of Hk), causal conv kernel K */
     int lin_Hk, lin_Hv, lin_Dk, lin_Dv, lin_K;
     uint8_t deltanet[MT_CONFIG_LAYER_BITS]; /* bit l set: layer l's mixer is a Gated DeltaNet */
+    /* gpt-oss (config_gpt_oss.c): banded attention on the sliding layers, learned sinks, and the
+     * experts' own form (fused [E, in, out] tensors with biases, the clamped SwiGLU) */
+    int attn_window;          /* W: a sliding layer's query sees its W last keys, itself included */
+    uint8_t sliding[MT_CONFIG_LAYER_BITS]; /* bit l set: layer l is a sliding_attention layer */
+    int attn_sinks;           /* one learned sink logit per query head (self_attn.sinks) */
+    double swiglu_alpha, swiglu_limit; /* the experts' clamped SwiGLU (config.json's values) */
     /* Not the checkpoint's: set by the trainer when LoRA adapters of this rank train (model/lora.h;
      * 0: none), so that the layer's workspace and the planner count the adapters' scratch */
     int lora_rank;
@@ -100,6 +112,11 @@ mt_mixer mt_config_layer_mixer(const mt_config *cfg, int l);
 int mt_config_mixer_layers(const mt_config *cfg, mt_mixer m);
 /* Short name of a mixer for messages and `info` ("attention", "gated_deltanet"). */
 const char *mt_mixer_name(mt_mixer m);
+
+/* Layer l's attention window in keys (0: the whole causal row). */
+int mt_config_layer_window(const mt_config *cfg, int l);
+/* The factor RoPE multiplies cos and sin by (YaRN's attention scaling; 1 otherwise). */
+double mt_config_rope_attention_scaling(const mt_config *cfg);
 
 /* Whether layer l's MLP is the experts (transformers' rule: not in mlp_only_layers, E > 0, and
  * (l + 1) % decoder_sparse_step == 0). */

@@ -10,6 +10,7 @@
 #include "io/atomic_file.h" /* config.json is replaced atomically, like every file we write */
 #include "model/config.h"
 #include "model/config_json.h"
+#include "model/config_gpt_oss.h"
 #include "model/config_qwen3_5.h"
 
 /* The double whose shortest decimal form equals the float's, so 1e-6f is written as 1e-06
@@ -140,6 +141,10 @@ static json_t *cfg_to_json(const mt_config *cfg) {
         json_object_set_new(json_object_get(o, "rope_parameters"), "partial_rotary_factor",
                             json_real((double)cfg->rotary_dim / cfg->D));
         mt_config_qwen3_5_json(cfg, o);
+    }
+    if (mt_config_is_gpt_oss(cfg)) {
+        mt_config_gpt_oss_json(cfg, o);
+        json_object_set_new(o, "router_aux_loss_coef", json_real(float_as_short_double(cfg->router_aux_coef)));
     }
     if (cfg->bos_token_id >= 0) json_object_set_new(o, "bos_token_id", json_integer(cfg->bos_token_id));
     if (cfg->eos_token_id >= 0) json_object_set_new(o, "eos_token_id", json_integer(cfg->eos_token_id));

@@ -16,6 +16,13 @@ int mt_layer_check_runnable(const mt_config *cfg) {
 }
 
 int mt_layer_backend_check(const mt_config *cfg, const mt_backend *be) {
+    /* gpt-oss needs the attention's window, sinks and scale and its own expert ops: refused by
+     * name where a backend lacks them, never run without them */
+    if (cfg->arch == MT_ARCH_GPT_OSS &&
+        (!be->attention_options || !be->moe_matmul_io_forward || !be->swiglu_clamped_forward))
+        return mt_error_set("gpt_oss: the %s backend does not have gpt-oss's ops yet (attention sinks "
+                            "and sliding window, the clamped-SwiGLU experts with biases): use "
+                            "--device cpu", be->name);
     int n = mt_config_mixer_layers(cfg, MT_MIXER_GATED_DELTANET);
     if (n > 0 && !be->gated_delta_forward)
         return mt_error_set("%s: %d of the %d layers are Gated DeltaNets, whose ops the %s backend "

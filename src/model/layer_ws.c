@@ -85,16 +85,18 @@ static int ws_fields(const mt_config *cfg, ws_field *f) {
     }
     if (cfg->n_experts > 0) { /* int32 fields count as 4-byte (is_f32) */
         int E = cfg->n_experts, k = cfg->top_k, kC = k * C, kF = k * cfg->moe_F;
+        /* gpt-oss: moe_gate and moe_d_gate hold gate and up interleaved (2 Fe a row) */
+        int kG = cfg->arch == MT_ARCH_GPT_OSS ? 2 * kF : kF;
         ws_field moe[] = {
             {WS(moe_logits), E, 0, 0, 1},  {WS(moe_d_logits), E, 0, 0, 1},
             {WS(moe_probs), E, 1, 0, 1},   {WS(moe_idx), k, 1, 0, 1},
             {WS(moe_w), k, 1, 0, 1},       {WS(moe_dw), k, 1, 0, 1},
             {WS(moe_perm), k, 1, 0, 1},    {WS(moe_inv), k, 1, 0, 1},
             {WS(moe_x), kC, 0, 0, 1},      {WS(moe_y), kC, 0, 0, 1},
-            {WS(moe_gate), kF, 0, 0, 1},   {WS(moe_up), kF, 0, 0, 1},
+            {WS(moe_gate), kG, 0, 0, 1},   {WS(moe_up), kF, 0, 0, 1},
             {WS(moe_act), kF, 0, 0, 1},    {WS(moe_d_y), kC, 0, 0, 1},
             {WS(moe_d_x), kC, 0, 0, 1},    {WS(moe_d_act), kF, 0, 0, 1},
-            {WS(moe_d_gate), kF, 0, 0, 1}, {WS(moe_d_up), kF, 0, 0, 1},
+            {WS(moe_d_gate), kG, 0, 0, 1}, {WS(moe_d_up), kF, 0, 0, 1},
         };
         ws_append(f, &n, moe, sizeof moe / sizeof moe[0]);
         if (cfg->shared_expert) {

@@ -2,6 +2,8 @@
  * per-head q/k norms and biases, qwen3_5's output gate (q_proj yields per head D query values then
  * D gate values; the attention output is multiplied by sigmoid(gate) before o_proj), tiled over
  * token chunks around the attention itself (model/layer.h says how). */
+#include <math.h>
+
 #include "core/error.h"
 #include "model/layer_internal.h"
 #include "model/linear.h"
@@ -70,6 +72,21 @@ static const void *o_input(const mt_layer_ctx *lc, mt_layer_ws *ws, int r0, int 
     return ws->att_g;
 }
 
+/* The layer's attention options: gpt-oss's window (sliding layers) and sinks, and YaRN's scaling
+ * of cos and sin, which multiplies q and k each and so the scores by its square: folded into the
+ * scale (q and k after RoPE feed nothing else). g: the gradient view (dsinks), or NULL. */
+static mt_attention_opts attention_opts(const mt_layer_ctx *lc, const mt_layer_weights *w,
+                                        const mt_layer_weights *g) {
+    const mt_config *cfg = lc->cfg;
+    mt_attention_opts o = {0};
+    double s = mt_config_rope_attention_scaling(cfg);
+    if (s != 1.0) o.scale = (float)(s * s / sqrt((double)cfg->D));
+    o.window = w->window;
+    o.sinks = w->sinks;
+    o.dsinks = g && w->sinks ? mt_f32(g->sinks) : NULL;
+    return o;
+}
+
 /* Attention half of the forward: fills q, k, v, att, lse, h (whole call) chunk by chunk around
  * the attention, which sees all N tokens; the chunk rows keep the last chunk's xn1 (and q/k norm
  * pieces): all of them when untiled. Without run_attention, att and lse are this forward's
@@ -82,9 +99,10 @@ void mt_attention_mixer_forward(const mt_layer_ctx *lc, const mt_tokens *tok,
     int chunk = mt_layer_chunk_rows(ws->mlp_chunk, d.N);
     for (int r0 = 0; r0 < d.N; r0 += chunk)
         qkv_forward(lc, tok, w, inp, r0, mt_min_int(chunk, d.N - r0), ws);
+    mt_attention_opts opts = attention_opts(lc, w, NULL);
     if (run_attention)
         be->attention_forward(be, ws->att, ws->lse, ws->q, ws->k, ws->v, tok->doc_start, tok->B,
-                              tok->T, d.H, d.G, d.D);
+                              tok->T, d.H, d.G, d.D, &opts);
     for (int r0 = 0; r0 < d.N; r0 += chunk) {
         int n = mt_min_int(chunk, d.N - r0);
         void *h = mt_layer_row(lc, ws->h, r0, d.C);
@@ -158,8 +176,9 @@ void mt_attention_mixer_backward(const mt_layer_ctx *lc, const mt_tokens *tok,
                                       mt_layer_row(lc, ws->att, r0, d.HD),
                                       mt_layer_row(lc, ws->gate_att, r0, d.HD), n, d.HD, d.HD);
     }
+    mt_attention_opts opts = attention_opts(lc, w, g);
     be->attention_backward(be, ws->dq, ws->dk, ws->dv, ws->d_att, ws->att, ws->lse, ws->q, ws->k,
-                           ws->v, tok->doc_start, tok->B, tok->T, d.H, d.G, d.D);
+                           ws->v, tok->doc_start, tok->B, tok->T, d.H, d.G, d.D, &opts);
 
     /* the projections in: a tiled call remakes each chunk's xn1 (and qwen3's q_raw, k_raw and
      * their rstd, the normed heads into the dq_raw, dk_raw scratch they are about to become) */

@@ -18,6 +18,9 @@ int mt_moe_backend_check(const mt_config *cfg, const mt_backend *be) {
     if (cfg->n_experts > 0 && (!be->moe_route || !be->moe_matmul_forward))
         return mt_error_set("the %s backend has no mixture-of-experts ops yet: run %s models with "
                             "--device cpu", be->name, cfg->model_type);
+    if (cfg->arch == MT_ARCH_GPT_OSS && (!be->moe_matmul_io_forward || !be->swiglu_clamped_forward))
+        return mt_error_set("gpt_oss: the %s backend has no gpt-oss expert ops (fused [E, in, out] "
+                            "experts with biases, the clamped SwiGLU) yet: use --device cpu", be->name);
     return MT_OK;
 }
 
@@ -137,6 +140,38 @@ static void shared_backward(const mt_layer_ctx *lc, const mt_layer_weights *w,
     mt_linear_backward(lc, w, g, MT_W_UP, dx, f32(g->up), NULL, ws->d_up, x, w->up, n, C, F, 1, ws);
 }
 
+/* gpt-oss's experts on the grouped rows (ws->moe_x, offsets set): gate_up = x @ W[e] + b[e] into
+ * moe_gate (n*k, 2Fe, gate and up interleaved), the clamped SwiGLU into moe_act, then
+ * y = act @ down[e] + b[e] into moe_y: each expert's down bias inside its routing weight. */
+static void oss_experts_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, int n,
+                                mt_layer_ws *ws, const int32_t *off) {
+    mt_backend *be = lc->be;
+    const mt_config *cfg = lc->cfg;
+    int C = cfg->C, Fe = cfg->moe_F, E = cfg->n_experts, nk = n * cfg->top_k;
+    be->moe_matmul_io_forward(be, ws->moe_gate, ws->moe_x, w->exp_gate_up, w->exp_gate_up_bias,
+                              ws->moe_offsets, off, E, C, 2 * Fe);
+    be->swiglu_clamped_forward(be, ws->moe_act, ws->moe_gate, nk, Fe, (float)cfg->swiglu_alpha,
+                               (float)cfg->swiglu_limit);
+    be->moe_matmul_io_forward(be, ws->moe_y, ws->moe_act, w->exp_down_io, w->exp_down_bias,
+                              ws->moe_offsets, off, E, Fe, C);
+}
+
+/* Its backward from moe_d_y into moe_d_x; the experts' weight and bias gradients accumulate. */
+static void oss_experts_backward(const mt_layer_ctx *lc, const mt_layer_weights *w,
+                                 const mt_layer_weights *g, int n, mt_layer_ws *ws) {
+    mt_backend *be = lc->be;
+    const mt_config *cfg = lc->cfg;
+    int C = cfg->C, Fe = cfg->moe_F, E = cfg->n_experts, nk = n * cfg->top_k;
+    const int32_t *off = ws->moe_offsets_host, *off_d = ws->moe_offsets; /* this forward's */
+    be->moe_matmul_io_backward(be, ws->moe_d_act, f32(g->exp_down_io), f32(g->exp_down_bias),
+                               ws->moe_d_y, ws->moe_act, w->exp_down_io, off_d, off, E, Fe, C, 0);
+    be->swiglu_clamped_backward(be, ws->moe_d_gate, ws->moe_d_act, ws->moe_gate, nk, Fe,
+                                (float)cfg->swiglu_alpha, (float)cfg->swiglu_limit);
+    be->moe_matmul_io_backward(be, ws->moe_d_x, f32(g->exp_gate_up), f32(g->exp_gate_up_bias),
+                               ws->moe_d_gate, ws->moe_x, w->exp_gate_up, off_d, off, E, C, 2 * Fe,
+                               0);
+}
+
 void mt_moe_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, const void *x, void *out,
                     int n, mt_layer_ws *ws, int collect) {
     mt_backend *be = lc->be;
@@ -144,13 +179,18 @@ void mt_moe_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, const voi
     int C = cfg->C, Fe = cfg->moe_F, E = cfg->n_experts, k = cfg->top_k;
     mt_moe_stats *st = ws->moe_stats;
     int stats = collect && st->collect;
-    be->matmul_forward(be, ws->moe_logits, x, w->router, NULL, n, C, E);
+    be->matmul_forward(be, ws->moe_logits, x, w->router, w->router_bias, n, C, E);
     be->moe_route(be, ws->moe_probs, ws->moe_idx, ws->moe_w, stats ? st->counts : NULL,
                   stats ? st->prob_sum : NULL, ws->moe_logits, n, E, k, cfg->norm_topk_prob);
     if (stats) st->rows += n;
     be->moe_group(be, ws->moe_perm, ws->moe_inv, ws->moe_offsets, ws->moe_idx, n, E, k);
     be->moe_gather(be, ws->moe_x, x, ws->moe_perm, n, C, k);
     const int32_t *off = expert_rows(lc, ws), *off_d = ws->moe_offsets;
+    if (w->exp_gate_up) { /* gpt-oss */
+        oss_experts_forward(lc, w, n, ws, off);
+        if (out) be->moe_combine(be, out, ws->moe_y, ws->moe_w, ws->moe_inv, n, C, k);
+        return;
+    }
     size_t es = expert_stride(lc, w);
     be->moe_matmul_forward(be, ws->moe_gate, ws->moe_x, w->exp_gate, es, off_d, off, E, C, Fe);
     be->moe_matmul_forward(be, ws->moe_up, ws->moe_x, w->exp_up, es, off_d, off, E, C, Fe);
@@ -170,19 +210,24 @@ void mt_moe_backward(const mt_layer_ctx *lc, const mt_layer_weights *w, const mt
                              n, C, k);
     const int32_t *off = ws->moe_offsets_host, *off_d = ws->moe_offsets; /* this forward's */
     size_t es = expert_stride(lc, w); /* an expert with no token: no contribution to its gradient */
-    be->moe_matmul_backward(be, ws->moe_d_act, f32(g->exp_down), ws->moe_d_y, ws->moe_act,
-                            w->exp_down, es, off_d, off, E, Fe, C, 0);
-    size_t nk = (size_t)n * k;
-    be->swiglu_backward(be, ws->moe_d_gate, ws->moe_d_up, ws->moe_d_act, ws->moe_gate, ws->moe_up,
-                        nk * Fe);
-    be->moe_matmul_backward(be, ws->moe_d_x, f32(g->exp_gate), ws->moe_d_gate, ws->moe_x,
-                            w->exp_gate, es, off_d, off, E, C, Fe, 0);
-    be->moe_matmul_backward(be, ws->moe_d_x, f32(g->exp_up), ws->moe_d_up, ws->moe_x, w->exp_up,
-                            es, off_d, off, E, C, Fe, 1);
+    if (w->exp_gate_up) {
+        oss_experts_backward(lc, w, g, n, ws);
+    } else {
+        be->moe_matmul_backward(be, ws->moe_d_act, f32(g->exp_down), ws->moe_d_y, ws->moe_act,
+                                w->exp_down, es, off_d, off, E, Fe, C, 0);
+        size_t nk = (size_t)n * k;
+        be->swiglu_backward(be, ws->moe_d_gate, ws->moe_d_up, ws->moe_d_act, ws->moe_gate,
+                            ws->moe_up, nk * Fe);
+        be->moe_matmul_backward(be, ws->moe_d_x, f32(g->exp_gate), ws->moe_d_gate, ws->moe_x,
+                                w->exp_gate, es, off_d, off, E, C, Fe, 0);
+        be->moe_matmul_backward(be, ws->moe_d_x, f32(g->exp_up), ws->moe_d_up, ws->moe_x, w->exp_up,
+                                es, off_d, off, E, C, Fe, 1);
+    }
     be->moe_gather_backward(be, dx, ws->moe_d_x, ws->moe_inv, n, C, k, 0);
     const float *aux = cfg->router_aux ? ws->moe_stats->aux_grad : NULL;
     be->moe_route_backward(be, ws->moe_d_logits, ws->moe_dw, ws->moe_probs, ws->moe_idx, ws->moe_w,
                            aux, n, E, k, cfg->norm_topk_prob);
-    be->matmul_backward(be, dx, f32(g->router), NULL, ws->moe_d_logits, x, w->router, n, C, E, 1);
+    be->matmul_backward(be, dx, f32(g->router), f32(g->router_bias), ws->moe_d_logits, x, w->router,
+                        n, C, E, 1);
     if (w->shared_gate) shared_backward(lc, w, g, dout, x, dx, n, ws);
 }

@@ -38,6 +38,12 @@ static const char *const mt_layer_suffix[MT_LAYER_KINDS] = {
     [MT_W_LIN_NORM] = "linear_attn.norm.weight",
     [MT_W_LIN_OUT] = "linear_attn.out_proj.weight",
     [MT_W_SHARED_GATE] = "mlp.shared_expert_gate.weight",
+    [MT_W_SINKS] = "self_attn.sinks",
+    [MT_W_ROUTER_BIAS] = "mlp.router.bias",
+    [MT_W_EXP_GATE_UP] = "mlp.experts.gate_up_proj",
+    [MT_W_EXP_GATE_UP_BIAS] = "mlp.experts.gate_up_proj_bias",
+    [MT_W_EXP_DOWN_IO] = "mlp.experts.down_proj",
+    [MT_W_EXP_DOWN_BIAS] = "mlp.experts.down_proj_bias",
 };
 
 /* The shared expert's names (qwen3_5_moe) for the dense MLP kinds in an MoE layer. */
@@ -54,7 +60,9 @@ static const char *shared_suffix(mt_param_kind k) {
 static const char *moe_suffix(const mt_config *c, mt_param_kind k) {
     int mix = c->arch == MT_ARCH_MIXTRAL;
     switch (k) {
-    case MT_W_ROUTER: return mix ? "block_sparse_moe.gate.weight" : "mlp.gate.weight";
+    case MT_W_ROUTER:
+        if (c->arch == MT_ARCH_GPT_OSS) return "mlp.router.weight";
+        return mix ? "block_sparse_moe.gate.weight" : "mlp.gate.weight";
     case MT_W_EXP_GATE: return mix ? "block_sparse_moe.experts.%d.w1.weight" : "mlp.experts.%d.gate_proj.weight";
     case MT_W_EXP_UP: return mix ? "block_sparse_moe.experts.%d.w3.weight" : "mlp.experts.%d.up_proj.weight";
     case MT_W_EXP_DOWN: return mix ? "block_sparse_moe.experts.%d.w2.weight" : "mlp.experts.%d.down_proj.weight";
@@ -63,10 +71,14 @@ static const char *moe_suffix(const mt_config *c, mt_param_kind k) {
 }
 
 static int kind_is_moe(mt_param_kind k) {
-    return (k >= MT_W_ROUTER && k <= MT_W_EXP_DOWN) || k == MT_W_SHARED_GATE;
+    return (k >= MT_W_ROUTER && k <= MT_W_EXP_DOWN) || k == MT_W_SHARED_GATE ||
+           (k >= MT_W_ROUTER_BIAS && k <= MT_W_EXP_DOWN_BIAS);
 }
+/* gpt-oss's own kinds; its experts take these instead of the per-expert ones */
+static int kind_is_gpt_oss(mt_param_kind k) { return k >= MT_W_SINKS && k <= MT_W_EXP_DOWN_BIAS; }
+static int kind_is_per_expert(mt_param_kind k) { return k >= MT_W_EXP_GATE && k <= MT_W_EXP_DOWN; }
 static int kind_is_dense_mlp(mt_param_kind k) { return k >= MT_W_GATE && k <= MT_W_DOWN_BIAS; }
-static int kind_is_attention(mt_param_kind k) { return k >= MT_W_Q && k <= MT_W_K_NORM; }
+static int kind_is_attention(mt_param_kind k) { return (k >= MT_W_Q && k <= MT_W_K_NORM) || k == MT_W_SINKS; }
 static int kind_is_deltanet(mt_param_kind k) { return k >= MT_W_LIN_QKV && k <= MT_W_LIN_OUT; }
 
 int mt_layer_type_of(const mt_config *cfg, int l) {
@@ -93,6 +105,9 @@ static void layer_kind_shape(const mt_config *c, int type, mt_param_kind k, int6
         return; /* the shared expert has no biases */
     if (k == MT_W_SHARED_GATE && !c->shared_expert) return;
     if (deltanet ? kind_is_attention(k) : kind_is_deltanet(k)) return;
+    int oss = c->arch == MT_ARCH_GPT_OSS;
+    if (oss ? kind_is_per_expert(k) : kind_is_gpt_oss(k)) return;
+    int64_t E = c->n_experts, Fe = c->moe_F;
     switch (k) {
     case MT_W_INPUT_NORM: case MT_W_POST_NORM: *rows = C; break;
     case MT_W_Q: *rows = QD * (c->attn_gate ? 2 : 1); *cols = C; break;
@@ -117,6 +132,12 @@ static void layer_kind_shape(const mt_config *c, int type, mt_param_kind k, int6
     case MT_W_LIN_NORM: *rows = c->lin_Dv; break;
     case MT_W_LIN_OUT: *rows = C; *cols = VD; break;
     case MT_W_SHARED_GATE: *rows = 1; *cols = C; break;
+    case MT_W_SINKS: *rows = c->attn_sinks ? c->H : 0; break;
+    case MT_W_ROUTER_BIAS: *rows = E; break;
+    case MT_W_EXP_GATE_UP: *rows = E; *cols = C; *depth = 2 * Fe; break;
+    case MT_W_EXP_GATE_UP_BIAS: *rows = E; *cols = 2 * Fe; break;
+    case MT_W_EXP_DOWN_IO: *rows = E; *cols = Fe; *depth = C; break;
+    case MT_W_EXP_DOWN_BIAS: *rows = E; *cols = C; break;
     default: MT_CHECK(0, "not a layer kind: %d", (int)k);
     }
 }
@@ -160,7 +181,7 @@ static int64_t layer_layout(mt_param_table *t, int layer, int type, int64_t grou
                 pos = align_up(pos + rows * (cols ? cols : 1) * (depth ? depth : 1));
                 continue;
             }
-            if (kind_is_moe((mt_param_kind)k) && k != MT_W_SHARED_GATE)
+            if (k >= MT_W_ROUTER && k <= MT_W_EXP_DOWN)
                 snprintf(suffix, sizeof suffix, moe_suffix(cfg, k), e);
             else if ((type & 1) && kind_is_dense_mlp((mt_param_kind)k))
                 snprintf(suffix, sizeof suffix, "%s", shared_suffix((mt_param_kind)k));
@@ -307,6 +328,13 @@ mt_layer_view mt_layer_view_at(const mt_param_table *t, int l, void *layer_base,
         .lin_a_log = at(layer_base, o[MT_W_LIN_A_LOG], elem_size),
         .lin_norm = at(layer_base, o[MT_W_LIN_NORM], elem_size),
         .lin_out = at(layer_base, o[MT_W_LIN_OUT], elem_size),
+        .sinks = at(layer_base, o[MT_W_SINKS], elem_size),
+        .router_bias = at(layer_base, o[MT_W_ROUTER_BIAS], elem_size),
+        .exp_gate_up = at(layer_base, o[MT_W_EXP_GATE_UP], elem_size),
+        .exp_gate_up_bias = at(layer_base, o[MT_W_EXP_GATE_UP_BIAS], elem_size),
+        .exp_down_io = at(layer_base, o[MT_W_EXP_DOWN_IO], elem_size),
+        .exp_down_bias = at(layer_base, o[MT_W_EXP_DOWN_BIAS], elem_size),
+        .window = mt_config_layer_window(&t->cfg, l),
     };
     return v;
 }
@@ -383,11 +411,12 @@ void mt_param_init_tensor(const mt_param_table *t, int i, float *x, float std, u
         /* log(A) for A spread evenly over [1, 16] (transformers draws it uniformly from
          * [0.01, 16]): each value head decays at its own rate */
         for (int64_t h = 0; h < p->numel; h++) x[h] = logf(1.0f + 15.0f * ((float)h + 0.5f) / (float)p->numel);
-    } else if (p->ndim == 1) {
-        fill_const(x, p->numel, 0.0f); /* biases */
+    } else if (p->ndim == 1 || p->kind == MT_W_EXP_GATE_UP_BIAS || p->kind == MT_W_EXP_DOWN_BIAS) {
+        fill_const(x, p->numel, 0.0f); /* biases (gpt-oss's experts' are (E, width)), sinks */
     } else {
         float resid = std / sqrtf(2.0f * (float)t->cfg.L);
-        int residual = p->kind == MT_W_O || p->kind == MT_W_DOWN || p->kind == MT_W_EXP_DOWN;
+        int residual = p->kind == MT_W_O || p->kind == MT_W_DOWN || p->kind == MT_W_EXP_DOWN ||
+                       p->kind == MT_W_EXP_DOWN_IO;
         float s = residual ? resid : std;
         fill_normal(x, p->numel, s, splitmix64(seed ^ splitmix64(0x6d74ull + (uint64_t)i)));
     }

@@ -60,6 +60,14 @@ typedef enum {
     MT_W_LIN_OUT,        /* (C, Hv*Dv)   linear_attn.out_proj.weight */
     /* qwen3_5_moe's shared expert is gate/up/down of width F named mlp.shared_expert.*; its gate: */
     MT_W_SHARED_GATE,    /* (1, C)       mlp.shared_expert_gate.weight */
+    /* gpt-oss: the attention's sinks, the router's bias, and the experts as the checkpoint fuses
+     * them, [E, in, out] (used as x @ W[e]), gate and up columns interleaved (gate 2j, up 2j+1) */
+    MT_W_SINKS,          /* (H)          self_attn.sinks */
+    MT_W_ROUTER_BIAS,    /* (E)          mlp.router.bias */
+    MT_W_EXP_GATE_UP,    /* (E, C, 2Fe)  mlp.experts.gate_up_proj */
+    MT_W_EXP_GATE_UP_BIAS, /* (E, 2Fe)   mlp.experts.gate_up_proj_bias */
+    MT_W_EXP_DOWN_IO,    /* (E, Fe, C)   mlp.experts.down_proj */
+    MT_W_EXP_DOWN_BIAS,  /* (E, C)       mlp.experts.down_proj_bias */
     MT_LAYER_KINDS,
     /* model-level */
     MT_W_EMBED = MT_LAYER_KINDS, /* (V, C) model.embed_tokens.weight */
@@ -130,6 +138,9 @@ typedef struct {
     void *lin_qkv, *lin_z, *lin_b, *lin_a, *lin_conv, *lin_dt_bias, *lin_a_log, *lin_norm, *lin_out;
     void *exp_gate, *exp_up, *exp_down; /* expert 0's; expert e's is e * exp_stride bytes further */
     size_t exp_stride;
+    /* gpt-oss: the sinks, the router's bias and the fused [E, in, out] experts with their biases */
+    void *sinks, *router_bias, *exp_gate_up, *exp_gate_up_bias, *exp_down_io, *exp_down_bias;
+    int window; /* the layer's attention window (mt_config_layer_window; 0: none); not a tensor */
     /* the layer's LoRA adapters (model/lora.h; their weights, or their fp32 gradients in a
      * gradient view), NULL: none. Set by the caller; mt_layer_view_at leaves it NULL */
     const struct mt_lora_view *lora;

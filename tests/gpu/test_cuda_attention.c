@@ -280,7 +280,7 @@ static result gpu_run(const problem *p, mt_attention_impl impl, mt_attention_imp
     float *d_lse = poison(p->nl, 4);
     mt_cuda_attention_set_impl(impl);
     gpu->attention_forward(gpu, d_out, d_lse, p->d_q, p->d_k, p->d_v, p->d_doc, p->B, p->T, p->H,
-                           p->G, p->D);
+                           p->G, p->D, NULL);
     r.out = down_bf(d_out, p->nq);
     r.lse = down_f32(d_lse, p->nl);
     if (fwd_in) { /* out as bf16, as a forward would have left it */
@@ -291,7 +291,7 @@ static result gpu_run(const problem *p, mt_attention_impl impl, mt_attention_imp
     void *d_dq = poison(p->nq, 2), *d_dk = poison(p->nk, 2), *d_dv = poison(p->nk, 2);
     mt_cuda_attention_set_impl(bwd_impl);
     gpu->attention_backward(gpu, d_dq, d_dk, d_dv, p->d_dout, d_out, d_lse, p->d_q, p->d_k, p->d_v,
-                            p->d_doc, p->B, p->T, p->H, p->G, p->D);
+                            p->d_doc, p->B, p->T, p->H, p->G, p->D, NULL);
     r.dq = down_bf(d_dq, p->nq), r.dk = down_bf(d_dk, p->nk), r.dv = down_bf(d_dv, p->nk);
     gpu->free(gpu, d_out), gpu->free(gpu, d_lse), gpu->free(gpu, d_dq), gpu->free(gpu, d_dk);
     gpu->free(gpu, d_dv);
@@ -303,11 +303,11 @@ static result gpu_run(const problem *p, mt_attention_impl impl, mt_attention_imp
 static result cpu_run(const problem *p) {
     result r;
     r.out = fnew(p->nq), r.lse = fnew(p->nl);
-    cpu->attention_forward(cpu, r.out, r.lse, p->q, p->k, p->v, p->doc, p->B, p->T, p->H, p->G, p->D);
+    cpu->attention_forward(cpu, r.out, r.lse, p->q, p->k, p->v, p->doc, p->B, p->T, p->H, p->G, p->D, NULL);
     for (size_t i = 0; i < p->nq; i++) r.out[i] = mt_bf16_to_f32(mt_f32_to_bf16(r.out[i]));
     r.dq = fnew(p->nq), r.dk = fnew(p->nk), r.dv = fnew(p->nk);
     cpu->attention_backward(cpu, r.dq, r.dk, r.dv, p->dout, r.out, r.lse, p->q, p->k, p->v, p->doc,
-                            p->B, p->T, p->H, p->G, p->D);
+                            p->B, p->T, p->H, p->G, p->D, NULL);
     return r;
 }
 

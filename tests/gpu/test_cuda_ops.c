@@ -804,10 +804,10 @@ static void attention_case(int B, int T, int H, int G, int D, int packed, uint64
     }
     void *d_q = up_bf(q, nq), *d_k = up_bf(k, nk), *d_v = up_bf(v, nk);
     float *out = fnew(nq), *lse = fnew(nl);
-    cpu->attention_forward(cpu, out, lse, q, k, v, doc, B, T, H, G, D);
+    cpu->attention_forward(cpu, out, lse, q, k, v, doc, B, T, H, G, D, NULL);
     void *d_out = poison_bf(nq);
     float *d_lse = poison_f32(nl);
-    gpu->attention_forward(gpu, d_out, d_lse, d_q, d_k, d_v, d_doc, B, T, H, G, D);
+    gpu->attention_forward(gpu, d_out, d_lse, d_q, d_k, d_v, d_doc, B, T, H, G, D, NULL);
     const char *kind = packed ? "packed" : "causal";
     snprintf(what, sizeof what, "attn_fwd B=%d T=%d H=%d G=%d D=%d %s out", B, T, H, G, D, kind);
     assert_true(check_bf(what, d_out, out, nq, BF_ATOL, BF_RTOL));
@@ -824,10 +824,10 @@ static void attention_case(int B, int T, int H, int G, int D, int packed, uint64
     float *dout = rnd_bf(&rng, nq, 1.0f);
     void *d_dout = up_bf(dout, nq);
     float *dq = fnew(nq), *dk = fnew(nk), *dv = fnew(nk);
-    cpu->attention_backward(cpu, dq, dk, dv, dout, out, lse, q, k, v, doc, B, T, H, G, D);
+    cpu->attention_backward(cpu, dq, dk, dv, dout, out, lse, q, k, v, doc, B, T, H, G, D, NULL);
     void *d_dq = poison_bf(nq), *d_dk = poison_bf(nk), *d_dv = poison_bf(nk);
     gpu->attention_backward(gpu, d_dq, d_dk, d_dv, d_dout, d_out, d_lse, d_q, d_k, d_v, d_doc, B,
-                            T, H, G, D);
+                            T, H, G, D, NULL);
     snprintf(what, sizeof what, "attn_bwd B=%d T=%d H=%d G=%d D=%d %s dq", B, T, H, G, D, kind);
     assert_true(check_rows_bf(what, d_dq, dq, nq / D, D, LOOSE_ATOL, LOOSE_RTOL, LOOSE_ATOL));
     snprintf(what, sizeof what, "attn_bwd B=%d T=%d H=%d G=%d D=%d %s dk", B, T, H, G, D, kind);

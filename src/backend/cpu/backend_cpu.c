@@ -63,16 +63,41 @@ static void cpu_rope_backward(mt_backend *be, void *dx, const int32_t *pos, cons
                               int N, int nh, int D, int rd) {
     mt_cpu_rope_backward(dx, pos, inv_freq, N, nh, D, rd);
 }
+static const mt_attention_opts no_opts = {0};
 static void cpu_attention_forward(mt_backend *be, void *out, float *lse, const void *q,
                                   const void *k, const void *v, const int32_t *doc_start, int B,
-                                  int T, int H, int G, int D) {
-    mt_cpu_attention_forward(out, lse, q, k, v, doc_start, B, T, H, G, D);
+                                  int T, int H, int G, int D, const mt_attention_opts *opts) {
+    const mt_attention_opts *o = opts ? opts : &no_opts;
+    mt_cpu_attention_forward(out, lse, q, k, v, doc_start, B, T, H, G, D, o->scale, o->window,
+                             o->sinks);
 }
 static void cpu_attention_backward(mt_backend *be, void *dq, void *dk, void *dv, const void *dout,
                                    const void *out, const float *lse, const void *q, const void *k,
                                    const void *v, const int32_t *doc_start, int B, int T, int H,
-                                   int G, int D) {
-    mt_cpu_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, doc_start, B, T, H, G, D);
+                                   int G, int D, const mt_attention_opts *opts) {
+    const mt_attention_opts *o = opts ? opts : &no_opts;
+    mt_cpu_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, doc_start, B, T, H, G, D,
+                              o->scale, o->window, o->sinks, o->dsinks);
+}
+static void cpu_swiglu_clamped_forward(mt_backend *be, void *out, const void *gate_up, int R, int F,
+                                       float alpha, float limit) {
+    mt_cpu_swiglu_clamped_forward(out, gate_up, R, F, alpha, limit);
+}
+static void cpu_swiglu_clamped_backward(mt_backend *be, void *dgate_up, const void *dout,
+                                        const void *gate_up, int R, int F, float alpha, float limit) {
+    mt_cpu_swiglu_clamped_backward(dgate_up, dout, gate_up, R, F, alpha, limit);
+}
+static void cpu_moe_matmul_io_forward(mt_backend *be, void *out, const void *inp, const void *weight,
+                                      const void *bias, const int32_t *offsets,
+                                      const int32_t *offsets_host, int E, int K, int M) {
+    mt_cpu_moe_matmul_io_forward(out, inp, weight, bias, offsets_host, E, K, M);
+}
+static void cpu_moe_matmul_io_backward(mt_backend *be, void *dinp, float *dweight, float *dbias,
+                                       const void *dout, const void *inp, const void *weight,
+                                       const int32_t *offsets, const int32_t *offsets_host, int E,
+                                       int K, int M, int accumulate) {
+    mt_cpu_moe_matmul_io_backward(dinp, dweight, dbias, dout, inp, weight, offsets_host, E, K, M,
+                                  accumulate);
 }
 static void cpu_sigmoid_gate_forward(mt_backend *be, void *out, const void *x, const void *g,
                                      int R, int C, int Cg) {
@@ -276,6 +301,11 @@ mt_backend *mt_backend_cpu_create(void) {
     be->moe_route_backward = cpu_moe_route_backward;
     be->moe_matmul_forward = mt_backend_moe_matmul_loop_forward;
     be->moe_matmul_backward = mt_backend_moe_matmul_loop_backward;
+    be->attention_options = 1;
+    be->moe_matmul_io_forward = cpu_moe_matmul_io_forward;
+    be->moe_matmul_io_backward = cpu_moe_matmul_io_backward;
+    be->swiglu_clamped_forward = cpu_swiglu_clamped_forward;
+    be->swiglu_clamped_backward = cpu_swiglu_clamped_backward;
     mt_cpu_streams_install(be); /* host buffers, copy_async, events, sync */
     return be;
 }

@@ -46,12 +46,27 @@ void mt_cpu_rope_forward(float *x, const int32_t *pos, const float *inv_freq, in
 void mt_cpu_rope_backward(float *dx, const int32_t *pos, const float *inv_freq, int N, int nh,
                           int D, int rd);
 
+/* The options (backend.h's mt_attention_opts) as arguments: scale (0: 1/sqrt(D)), window (0:
+ * none), sinks (H) or NULL, dsinks (H, +=) or NULL. */
 void mt_cpu_attention_forward(float *out, float *lse, const float *q, const float *k,
                               const float *v, const int32_t *doc_start, int B, int T, int H, int G,
-                              int D);
+                              int D, float scale, int window, const float *sinks);
 void mt_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
                                const float *lse, const float *q, const float *k, const float *v,
-                               const int32_t *doc_start, int B, int T, int H, int G, int D);
+                               const int32_t *doc_start, int B, int T, int H, int G, int D,
+                               float scale, int window, const float *sinks, float *dsinks);
+
+/* gpt-oss's clamped SwiGLU (backend.h swiglu_clamped_*). */
+void mt_cpu_swiglu_clamped_forward(float *out, const float *gate_up, int R, int F, float alpha,
+                                   float limit);
+void mt_cpu_swiglu_clamped_backward(float *dgate_up, const float *dout, const float *gate_up, int R,
+                                    int F, float alpha, float limit);
+/* gpt-oss's [E, in, out] experts with biases (backend.h moe_matmul_io_*). */
+void mt_cpu_moe_matmul_io_forward(float *out, const float *inp, const float *weight,
+                                  const float *bias, const int32_t *offsets, int E, int K, int M);
+void mt_cpu_moe_matmul_io_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                   const float *inp, const float *weight, const int32_t *offsets,
+                                   int E, int K, int M, int accumulate);
 
 void mt_cpu_sigmoid_gate_forward(float *out, const float *x, const float *g, int R, int C, int Cg);
 void mt_cpu_sigmoid_gate_backward(float *dx, float *dg, const float *dout, const float *x,

@@ -299,16 +299,26 @@ static void cu_rope_backward(mt_backend *be, void *dx, const int32_t *pos, const
                              int N, int nh, int D, int rd) {
     mt_cuda_rope_backward((bf16 *)dx, pos, inv_freq, N, nh, D, rd, S(be));
 }
+/* The CUDA attention has no options yet (a scale, a window, sinks: gpt-oss's; the layer check
+ * refuses such models before they get here): never computed silently without them. */
+static void cu_check_plain(const mt_attention_opts *opts) {
+    MT_CHECK(mt_attention_opts_plain(opts),
+             "the cuda backend's attention has no scale, window or sinks options yet (scale %g, "
+             "window %d, sinks %s): run this model with --device cpu",
+             (double)opts->scale, opts->window, opts->sinks ? "yes" : "no");
+}
 static void cu_attention_forward(mt_backend *be, void *out, float *lse, const void *q,
                                  const void *k, const void *v, const int32_t *doc_start, int B,
-                                 int T, int H, int G, int D) {
+                                 int T, int H, int G, int D, const mt_attention_opts *opts) {
+    cu_check_plain(opts);
     mt_cuda_attention_forward((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
                               doc_start, B, T, H, G, D, S(be));
 }
 static void cu_attention_backward(mt_backend *be, void *dq, void *dk, void *dv, const void *dout,
                                   const void *out, const float *lse, const void *q, const void *k,
                                   const void *v, const int32_t *doc_start, int B, int T, int H,
-                                  int G, int D) {
+                                  int G, int D, const mt_attention_opts *opts) {
+    cu_check_plain(opts);
     mt_cuda_attention_backward(mt_cuda_ctx_of(be), (bf16 *)dq, (bf16 *)dk, (bf16 *)dv,
                                (const bf16 *)dout, (const bf16 *)out, lse, (const bf16 *)q,
                                (const bf16 *)k, (const bf16 *)v, doc_start, B, T, H, G, D, S(be));
