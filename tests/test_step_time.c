@@ -286,6 +286,10 @@ static void test_moe_flops(void **state) {
     double want = 6 * N * (48 * 56885248.0 + 151936.0 * 2048) + 48 * 3.5 * attn;
     fprintf(stderr, "Qwen3-30B-A3B executed %.6e, by hand %.6e\n", got, want);
     assert_true(fabs(got - want) <= 1e-12 * want);
+    /* LoRA (a frozen base): no weight-gradient products, so the backward counts once */
+    double frozen = mt_flops_executed_frozen(c, N, (int)T, 48, 0);
+    double want_frozen = 4 * N * (48 * 56885248.0 + 151936.0 * 2048) + 48 * 3.5 * attn;
+    assert_true(fabs(frozen - want_frozen) <= 1e-12 * want_frozen);
     assert_true(3353032704.0 - 151936.0 * 2048 - 48 * 4352 - 2048 == 48 * 56885248.0 + 151936.0 * 2048);
     assert_true(mt_flops_layer_mlp(c, 0, N) == 2 * N * (262144.0 + 37748736.0));
     mt_param_table_free(&t);

@@ -365,9 +365,9 @@ static int train_loop(train_run *r) {
                              .skipped = res.skipped,
                              .eta_s = timed > 0 ? r->rest_ms / (double)timed * (double)(last - r->step) / 1e3 : -1,
                              .gpu = gpu,
-                             .mfu = mt_flops_executed(&r->model.table.cfg, (double)B * T, T, r->saved_layers,
-                                                    r->saved_attention) / sec /
-                                    H200_GEMM_PEAK,
+                             .mfu = (r->have_lora ? mt_flops_executed_frozen : mt_flops_executed)(
+                                        &r->model.table.cfg, (double)B * T, T, r->saved_layers, r->saved_attention) /
+                                    sec / H200_GEMM_PEAK,
                              .h2d_gbs = res.h2d_bytes / sec / 1e9,
                              .d2h_gbs = res.d2h_bytes / sec / 1e9,
                              .gpu_busy = res.compute_ms >= 0 ? res.compute_ms / ms : -1,

@@ -92,15 +92,25 @@ double mt_flops_layer_attention_forward(const mt_config *c, int l, double tokens
 
 double mt_flops_head_forward(const mt_config *c, double tokens) { return tokens * 2.0 * c->C * c->V; }
 
-double mt_flops_executed(const mt_config *c, double tokens, int T, int saved_layers, int saved_attention) {
+static double executed(const mt_config *c, double tokens, int T, int saved_layers, int saved_attention,
+                       double backward) {
     double sum = 0;
     int first_saved = c->L - saved_layers, first_att = first_saved - saved_attention;
     for (int l = 0; l < c->L; l++) {
         double attn = mt_flops_layer_attention_forward(c, l, tokens, T);
         double layer = mt_flops_layer_projections(c, l, tokens, 1);
-        sum += layer * 3 + attn * 3.5; /* forward, backward */
+        sum += layer * (1 + backward) + attn * 3.5; /* forward, backward */
         if (l < first_att) sum += layer + attn;  /* the recompute of a checkpointed layer */
         else if (l < first_saved) sum += layer;  /* saved attention: all but the attention */
     }
-    return sum + mt_flops_head_forward(c, tokens) * 3;
+    return sum + mt_flops_head_forward(c, tokens) * (1 + backward);
+}
+
+double mt_flops_executed(const mt_config *c, double tokens, int T, int saved_layers, int saved_attention) {
+    return executed(c, tokens, T, saved_layers, saved_attention, 2);
+}
+
+double mt_flops_executed_frozen(const mt_config *c, double tokens, int T, int saved_layers,
+                                int saved_attention) {
+    return executed(c, tokens, T, saved_layers, saved_attention, 1);
 }

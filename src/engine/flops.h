@@ -52,5 +52,11 @@ double mt_flops_head_forward(const mt_config *c, double tokens);
  * its two backward products. MoE layers count their active experts only (so the projections are
  * 6 * N_active * tokens, as the throughput line counts them). */
 double mt_flops_executed(const mt_config *c, double tokens, int T, int saved_layers, int saved_attention);
+/* The same for a LoRA run (a frozen base): the backward computes the activations' gradient alone,
+ * no weight gradient, so the projections' and the LM head's backward count once, not twice. The
+ * adapters' own products (rank r: 2 r (in + out) a token and module, forward; ~0.5% of an 8B's
+ * projections at r 16) are left out. */
+double mt_flops_executed_frozen(const mt_config *c, double tokens, int T, int saved_layers,
+                                int saved_attention);
 
 #endif
