@@ -74,11 +74,11 @@ static void case_init(layer_case *c, mt_config cfg, int B, int T) {
                   layer_floats(c) * sizeof(float));
     free(arena);
 
-    int half = c->cfg.D / 2;
-    float *inv = malloc((size_t)half * sizeof(float));
+    size_t rope = mt_config_rope_inv_freq_len(&c->cfg); /* gemma3: two tables */
+    float *inv = malloc(rope * sizeof(float));
     mt_config_rope_inv_freq(&c->cfg, inv);
-    c->inv_freq = c->be->alloc(c->be, (size_t)half * sizeof(float));
-    c->be->upload(c->be, c->inv_freq, inv, (size_t)half * sizeof(float));
+    c->inv_freq = c->be->alloc(c->be, rope * sizeof(float));
+    c->be->upload(c->be, c->inv_freq, inv, rope * sizeof(float));
     free(inv);
     int32_t *pos = malloc((size_t)c->N * sizeof(int32_t));
     for (int i = 0; i < c->N; i++) pos[i] = i % T;
@@ -332,6 +332,24 @@ static void test_wider_layer_matches_untiled(void **state) {
     }
 }
 
+/* gemma3's layer (fixture gemma3_tiny's config, one layer): the sandwich norms' backward reads
+ * o_proj's and down's outputs, saved or remade per mode and chunk; a sliding layer (window 8 < T,
+ * its own RoPE table) and a full one. */
+static void test_gemma3_layer_matches_untiled(void **state) {
+    (void)state;
+    char *path = mt_fixture_path("gemma3_tiny/config.json");
+    mt_config cfg;
+    if (mt_config_load(&cfg, path) != MT_OK) fail_msg("%s", mt_error_message());
+    free(path);
+    for (int sliding = 1; sliding >= 0; sliding--) {
+        if (!sliding) cfg.sliding[0] = 0;
+        layer_case c;
+        case_init(&c, cfg, 3, 13); /* N 39 */
+        check_chunks(&c, 13, 10);
+        case_free(&c);
+    }
+}
+
 /* Counts what the workspace allocates through the backend. */
 static size_t alloc_count;
 static void *(*cpu_alloc)(mt_backend *be, size_t bytes);
@@ -437,6 +455,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_variants_match_untiled),
         cmocka_unit_test(test_wider_layer_matches_untiled),
+        cmocka_unit_test(test_gemma3_layer_matches_untiled),
         cmocka_unit_test(test_workspace_shrinks_with_chunk),
         cmocka_unit_test(test_qwen7b_long_context_bytes),
     };

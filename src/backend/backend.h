@@ -282,6 +282,15 @@ struct mt_backend {
     /* dgate, dup (=) from dout. */
     void (*swiglu_backward)(mt_backend *be, void *dgate, void *dup, const void *dout,
                             const void *gate, const void *up, size_t n);
+    /* GeGLU (Gemma): out[i] = gelu_tanh(gate[i]) * up[i], gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi)
+     * (x + 0.044715 x^3))) (torch's gelu approximate="tanh"); backward as swiglu's. Optional (NULL:
+     * a backend without them). */
+    void (*geglu_forward)(mt_backend *be, void *out, const void *gate, const void *up, size_t n);
+    void (*geglu_backward)(mt_backend *be, void *dgate, void *dup, const void *dout,
+                           const void *gate, const void *up, size_t n);
+    /* x (N, C): the rows n with ids[n] == id set to zero (nn.Embedding's padding_idx: the lookup
+     * gives that row no gradient). Optional (NULL: a backend without it). */
+    void (*zero_rows_of_id)(mt_backend *be, void *x, const int32_t *ids, int32_t id, int N, int C);
 
     /* Sigmoid gates (qwen3_5: the gated attention's per-head gate, the shared expert's per-token
      * one). out (R, C) = x * sigmoid(g), g (R, Cg) with Cg = C (one gate an element) or 1 (one a

@@ -72,6 +72,25 @@ static void print_gpt_oss(const mt_config *cfg) {
            cfg->swiglu_alpha, cfg->swiglu_limit);
 }
 
+/* gemma3: which layers slide (their window) and their RoPE, the full layers' RoPE, the scores'
+ * scale, the sandwich norms, GeGLU and the scaled embedding. */
+static void print_gemma3(const mt_config *cfg) {
+    int sliding = 0;
+    for (int l = 0; l < cfg->L; l++) sliding += mt_config_layer_window(cfg, l) > 0;
+    printf("layer types: %d sliding_attention (window %d keys), %d full_attention; [", sliding,
+           cfg->attn_window, cfg->L - sliding);
+    for (int l = 0; l < cfg->L && l < 16; l++)
+        printf("%s%s", l ? ", " : "", mt_config_layer_window(cfg, l) > 0 ? "sliding" : "full");
+    printf("%s]\n", cfg->L > 16 ? ", ..." : "");
+    printf("rope: full layers theta %g%s, sliding layers theta %g; scores x query_pre_attn_scalar^-0.5 "
+           "(%d); norms (1 + w), sandwich; MLP GeGLU (gelu_pytorch_tanh); embedding x sqrt(%d)%s\n",
+           cfg->rope_theta, cfg->rope_type == MT_ROPE_LINEAR ? ", linear scaling" : "",
+           cfg->rope_local_theta, cfg->query_pre_attn_scalar, cfg->C,
+           cfg->embed_pad_no_grad ? ", pad row frozen in the lookup" : "");
+    if (cfg->rope_type == MT_ROPE_LINEAR)
+        printf("rope scaling: linear factor %g (full layers only)\n", cfg->rope_factor);
+}
+
 int mt_cmd_info(int argc, char **argv) {
     const char *model_dir = NULL, *init = NULL;
     const char *revision = NULL;
@@ -127,13 +146,15 @@ int mt_cmd_info(int argc, char **argv) {
            cfg->tie_word_embeddings ? ", tied head" : "");
     printf("rope: theta %g%s; rms_norm_eps %g%s%s%s\n", cfg->rope_theta,
            cfg->rope_type == MT_ROPE_LLAMA3 ? ", llama3 scaling"
-           : cfg->rope_type == MT_ROPE_YARN ? ", yarn scaling" : "", cfg->rms_norm_eps,
+           : cfg->rope_type == MT_ROPE_YARN ? ", yarn scaling"
+           : cfg->rope_type == MT_ROPE_LINEAR ? ", linear scaling" : "", cfg->rms_norm_eps,
            cfg->qkv_bias ? "; q/k/v bias" : "", cfg->o_bias ? "; o bias" : "",
            cfg->qk_norm ? "; q/k norm" : "");
     printf("parameters: %.0f (%.3f B); one layer %lld\n", n, n / 1e9,
            (long long)m.table.layer_size);
     if (mt_config_mixer_layers(cfg, MT_MIXER_GATED_DELTANET) > 0) print_layer_types(cfg);
     if (cfg->arch == MT_ARCH_GPT_OSS) print_gpt_oss(cfg);
+    if (cfg->arch == MT_ARCH_GEMMA3) print_gemma3(cfg);
     if (cfg->n_experts > 0) {
         double a = (double)mt_config_active_param_count(cfg);
         printf("experts: %d MoE layers of %d experts (width %d), top %d%s%s%s; active parameters "

@@ -888,10 +888,11 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
     e->pos = be->alloc(be, (size_t)N * sizeof(int32_t));
     e->doc_start = be->alloc(be, (size_t)N * sizeof(int32_t));
     mt_engine_set_documents(e, NULL);
-    float *inv_freq = mt_malloc((size_t)cfg->D / 2 * sizeof(float));
+    size_t rope_bytes = mt_config_rope_inv_freq_len(cfg) * sizeof(float); /* gemma3: two tables */
+    float *inv_freq = mt_calloc(1, rope_bytes);
     mt_config_rope_inv_freq(cfg, inv_freq);
-    e->inv_freq = be->alloc(be, (size_t)cfg->D / 2 * sizeof(float));
-    be->upload(be, e->inv_freq, inv_freq, (size_t)cfg->D / 2 * sizeof(float));
+    e->inv_freq = be->alloc(be, rope_bytes);
+    be->upload(be, e->inv_freq, inv_freq, rope_bytes);
     free(inv_freq);
 
     e->lc = (mt_layer_ctx){.cfg = cfg, .be = be, .inv_freq = e->inv_freq};

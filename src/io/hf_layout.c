@@ -123,6 +123,13 @@ int mt_hf_resolve(const mt_param_table *t, const mt_safetensors *st, mt_hf_ref *
                                 "implemented (dequantize the checkpoint first, e.g. transformers' "
                                 "Mxfp4Config(dequantize=True) and save_pretrained)", x->path, x->name);
     }
+    /* transformers 4's multimodal Gemma 3 names its language model "language_model.model.*"
+     * (published google/gemma-3-*-it); only the 5.x layout (model.language_model.*) is read */
+    if (t->cfg.nested && mt_safetensors_find(st, "language_model.model.embed_tokens.weight"))
+        return mt_error_set("%s: this multimodal checkpoint names its language model "
+                            "language_model.model.* (transformers 4's layout): loading it is not yet "
+                            "implemented (re-save it with transformers 5's save_pretrained, which writes "
+                            "model.language_model.*)", source);
     char *used = mt_calloc((size_t)n + 1, 1);
     for (int i = 0; i < t->n_params && rc == MT_OK; i++) {
         const mt_param *p = &t->params[i];

@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "model/config_json.h"
+#include "model/config_gemma3.h"
 #include "model/config_gpt_oss.h"
 #include "model/config_qwen3_5.h"
 #include "io/atomic_file.h" /* config.json is replaced atomically, like every file we write */
@@ -26,7 +27,7 @@
 
 static int cfg_refuse_unsupported(const mt_config *cfg, const mt_cfg_src *s) {
     json_t *act = json_object_get(s->root, "hidden_act");
-    if (act && !json_is_null(act)) {
+    if (act && !json_is_null(act) && !mt_config_is_gemma3(cfg)) { /* gemma3: hidden_activation */
         if (!json_is_string(act)) return mt_error_set("%s: hidden_act must be a string", s->path);
         if (strcmp(json_string_value(act), "silu") != 0)
             return mt_error_set("%s: hidden_act \"%s\" is not supported (supported: silu)", s->path,
@@ -61,7 +62,8 @@ static int cfg_refuse_unsupported(const mt_config *cfg, const mt_cfg_src *s) {
     if (mt_cfg_bool(s, "use_sliding_window", &sw) == MT_ERR) return MT_ERR;
     if (sw) return mt_error_set("%s: use_sliding_window = true is not supported", s->path);
     json_t *lt = json_object_get(s->root, "layer_types");
-    if (lt && !json_is_null(lt) && !mt_config_is_qwen3_5(cfg) && !mt_config_is_gpt_oss(cfg)) {
+    if (lt && !json_is_null(lt) && !mt_config_is_qwen3_5(cfg) && !mt_config_is_gpt_oss(cfg) &&
+        !mt_config_is_gemma3(cfg)) {
         if (!json_is_array(lt)) return mt_error_set("%s: layer_types must be a list", s->path);
         size_t i;
         json_t *e;
@@ -158,6 +160,7 @@ static const mt_arch_info mt_archs[] = {
     {"qwen3_5", "Qwen3_5ForCausalLM", MT_ARCH_QWEN3_5, 32768, 4, 256},
     {"qwen3_5_moe", "Qwen3_5MoeForCausalLM", MT_ARCH_QWEN3_5_MOE, 32768, 2, 256},
     {"gpt_oss", "GptOssForCausalLM", MT_ARCH_GPT_OSS, 131072, 8, 64},
+    {"gemma3", "Gemma3ForCausalLM", MT_ARCH_GEMMA3, 131072, 4, 256}, /* gemma3_text; gemma3 nests it */
 };
 
 static const mt_arch_info *arch_info(mt_arch a) {
@@ -185,14 +188,20 @@ static int cfg_model_type(mt_config *cfg, mt_cfg_src *s, const mt_arch_info **in
     for (size_t i = 0; i < sizeof mt_archs / sizeof mt_archs[0]; i++) {
         int same = text ? strlen(mt_archs[i].name) == len - 5 && strncmp(name, mt_archs[i].name, len - 5) == 0
                         : strcmp(name, mt_archs[i].name) == 0;
-        if (same && text && mt_archs[i].arch != MT_ARCH_QWEN3_5 && mt_archs[i].arch != MT_ARCH_QWEN3_5_MOE)
+        if (same && text && mt_archs[i].arch != MT_ARCH_QWEN3_5 && mt_archs[i].arch != MT_ARCH_QWEN3_5_MOE &&
+            mt_archs[i].arch != MT_ARCH_GEMMA3)
             same = 0;
         if (same) {
             *info = &mt_archs[i];
             cfg->arch = mt_archs[i].arch;
             snprintf(cfg->model_type, sizeof cfg->model_type, "%s", name);
             json_t *tc = json_object_get(s->root, "text_config");
-            if (!text && mt_config_is_qwen3_5(cfg) && tc && !json_is_null(tc)) {
+            /* Gemma3Config (multimodal) always nests its language model */
+            if (!text && mt_config_is_gemma3(cfg) && (!tc || json_is_null(tc)))
+                return mt_error_set("%s: model_type gemma3 without a text_config (the language "
+                                    "model's fields): use model_type gemma3_text for a text model",
+                                    s->path);
+            if (!text && (mt_config_is_qwen3_5(cfg) || mt_config_is_gemma3(cfg)) && tc && !json_is_null(tc)) {
                 if (!json_is_object(tc)) return mt_error_set("%s: text_config must be an object", s->path);
                 cfg->nested = 1;
                 s->root = tc; /* the language model's fields; vision_config is not ours */
@@ -201,7 +210,7 @@ static int cfg_model_type(mt_config *cfg, mt_cfg_src *s, const mt_arch_info **in
         }
     }
     return mt_error_set("%s: model_type \"%s\" is not supported (supported: llama, mistral, qwen2, "
-                        "qwen3, mixtral, qwen3_moe, qwen3_5, qwen3_5_moe, gpt_oss)", s->path, name);
+                        "qwen3, mixtral, qwen3_moe, qwen3_5, qwen3_5_moe, gpt_oss, gemma3_text, gemma3)", s->path, name);
 }
 
 /* bos/eos: int, list of ints (the first is taken) or null. */
@@ -243,7 +252,7 @@ static int cfg_sizes(mt_config *cfg, const mt_cfg_src *s, const mt_arch_info *in
 
 static int cfg_flags(mt_config *cfg, const mt_cfg_src *s) {
     int attn_bias = mt_config_is_gpt_oss(cfg), mlp_bias = 0; /* GptOssConfig: attention_bias true */
-    if (mt_config_is_gpt_oss(cfg) || cfg->arch == MT_ARCH_LLAMA || cfg->arch == MT_ARCH_QWEN3 || cfg->arch == MT_ARCH_QWEN3_MOE ||
+    if (mt_config_is_gpt_oss(cfg) || mt_config_is_gemma3(cfg) || cfg->arch == MT_ARCH_LLAMA || cfg->arch == MT_ARCH_QWEN3 || cfg->arch == MT_ARCH_QWEN3_MOE ||
         mt_config_is_qwen3_5(cfg))
         if (mt_cfg_bool(s, "attention_bias", &attn_bias) == MT_ERR) return MT_ERR;
     if (cfg->arch == MT_ARCH_LLAMA && mt_cfg_bool(s, "mlp_bias", &mlp_bias) == MT_ERR) return MT_ERR;
@@ -269,6 +278,7 @@ static int cfg_flags(mt_config *cfg, const mt_cfg_src *s) {
     cfg->initializer_range = (float)init;
     MT_TRY(cfg_token_id(s, "bos_token_id", &cfg->bos_token_id));
     MT_TRY(cfg_token_id(s, "eos_token_id", &cfg->eos_token_id));
+    cfg->pad_token_id = -1; /* read where it matters (config_gemma3.c) */
     return MT_OK;
 }
 
@@ -396,10 +406,12 @@ static int cfg_parse_root(mt_config *cfg, const mt_cfg_src *top) {
     MT_TRY(cfg_sizes(cfg, s, info));
     MT_TRY(cfg_flags(cfg, s));
     MT_TRY(cfg_moe(cfg, s));
-    if (!mt_config_is_gpt_oss(cfg)) MT_TRY(cfg_parse_rope(cfg, s)); /* gpt_oss: YaRN, its file */
+    if (!mt_config_is_gpt_oss(cfg) && !mt_config_is_gemma3(cfg))
+        MT_TRY(cfg_parse_rope(cfg, s)); /* gpt_oss: YaRN; gemma3: a RoPE per layer type; their files */
     cfg->rotary_dim = cfg->D;
     if (mt_config_is_qwen3_5(cfg)) MT_TRY(mt_config_parse_qwen3_5(cfg, s));
     if (mt_config_is_gpt_oss(cfg)) MT_TRY(mt_config_parse_gpt_oss(cfg, s));
+    if (mt_config_is_gemma3(cfg)) MT_TRY(mt_config_parse_gemma3(cfg, s));
     if (cfg->nested) MT_TRY(cfg_nested_tie(cfg, top));
     return mt_config_validate(cfg, s->path);
 }
@@ -536,6 +548,9 @@ int mt_config_validate(const mt_config *cfg, const char *path) {
         return mt_error_set("%s: rope_scaling (llama3): factor, low_freq_factor, high_freq_factor and "
                             "original_max_position_embeddings must be positive, with "
                             "high_freq_factor > low_freq_factor", path);
+    if (cfg->rope_type == MT_ROPE_LINEAR && !(cfg->rope_factor >= 1))
+        return mt_error_set("%s: rope_scaling (linear): factor = %g must be at least 1", path,
+                            cfg->rope_factor);
     if (cfg->rope_type == MT_ROPE_YARN &&
         !(cfg->rope_factor > 0 && cfg->rope_original_max_pos > 0 && cfg->rope_beta_fast > 0 &&
           cfg->rope_beta_slow > 0))
@@ -567,7 +582,7 @@ static int64_t param_count(const mt_config *cfg, int active) {
     if (mt_config_is_gpt_oss(cfg)) moe += cfg->n_experts + experts * (2 * (int64_t)cfg->moe_F + C); /* biases */
     int64_t total = V * C + C;                                    /* embedding, final norm */
     for (int l = 0; l < cfg->L; l++) {
-        total += 2 * C; /* input + post norms */
+        total += (cfg->sandwich_norm ? 4 : 2) * C; /* input + post norms (+ the branch outputs') */
         total += mt_config_layer_mixer(cfg, l) == MT_MIXER_GATED_DELTANET ? mt_config_deltanet_params(cfg) : attn;
         total += mt_config_layer_is_moe(cfg, l) ? moe : dense;
     }
@@ -579,15 +594,33 @@ int64_t mt_config_param_count(const mt_config *cfg) { return param_count(cfg, 0)
 int64_t mt_config_active_param_count(const mt_config *cfg) { return param_count(cfg, 1); }
 
 /* transformers' _compute_default_rope_parameters and _compute_llama3_parameters, in double. */
+int mt_config_rope_sets(const mt_config *cfg) { return cfg->rope_local_theta > 0 ? 2 : 1; }
+
+size_t mt_config_rope_inv_freq_len(const mt_config *cfg) {
+    return (size_t)mt_config_rope_sets(cfg) * (size_t)(cfg->D / 2);
+}
+
+int mt_config_layer_rope_set(const mt_config *cfg, int l) {
+    return cfg->rope_local_theta > 0 && mt_config_layer_window(cfg, l) > 0;
+}
+
+double mt_config_attn_scale(const mt_config *cfg) {
+    return cfg->query_pre_attn_scalar > 0 ? 1.0 / sqrt((double)cfg->query_pre_attn_scalar) : 0.0;
+}
+
 void mt_config_rope_inv_freq(const mt_config *cfg, float *inv_freq) {
     const double pi = 3.14159265358979323846;
     int D = mt_config_rotary_dim(cfg); /* partial RoPE: the rotated dims' own frequencies */
+    if (cfg->rope_local_theta > 0) /* set 1: the sliding layers' plain RoPE (Gemma 3) */
+        for (int i = 0; i < D / 2; i++)
+            inv_freq[cfg->D / 2 + i] = (float)(1.0 / pow(cfg->rope_local_theta, (double)(2 * i) / (double)D));
     if (cfg->rope_type == MT_ROPE_YARN) {
         mt_config_yarn_inv_freq(cfg, inv_freq);
         return;
     }
     for (int i = 0; i < D / 2; i++) {
         double f = 1.0 / pow(cfg->rope_theta, (double)(2 * i) / (double)D);
+        if (cfg->rope_type == MT_ROPE_LINEAR) f /= cfg->rope_factor; /* positions / factor */
         if (cfg->rope_type == MT_ROPE_LLAMA3) {
             double old = cfg->rope_original_max_pos;
             double lo = cfg->rope_low_freq_factor, hi = cfg->rope_high_freq_factor;

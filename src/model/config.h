@@ -7,6 +7,7 @@
 #ifndef MT_CONFIG_H
 #define MT_CONFIG_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define MT_CONFIG_MAX_LAYERS (1 << 14)
@@ -23,7 +24,15 @@ typedef enum {
     MT_ARCH_QWEN3_5_MOE = 7, /* the same with experts and a gated shared expert in every layer */
     MT_ARCH_GPT_OSS = 8,   /* sliding/full attention with sinks, YaRN, biased experts with the
                               clamped SwiGLU in every layer (config_gpt_oss.c) */
+    MT_ARCH_GEMMA3 = 9,    /* Gemma 3 text: sliding/full attention with their own RoPE, sandwich
+                              norms, GeGLU, a scaled embedding (config_gemma3.c) */
 } mt_arch;
+
+/* A dense MLP's activation: down(act(gate x) * up x). */
+typedef enum {
+    MT_MLP_SWIGLU = 0,    /* silu(gate) * up */
+    MT_MLP_GEGLU = 1,     /* gelu_tanh(gate) * up (Gemma's gelu_pytorch_tanh) */
+} mt_mlp_act;
 
 /* A layer's token mixer, chosen per layer from the config (layer_types). */
 typedef enum {
@@ -35,6 +44,7 @@ typedef enum {
     MT_ROPE_DEFAULT = 0,
     MT_ROPE_LLAMA3 = 1,
     MT_ROPE_YARN = 2,     /* gpt-oss: rope_factor, rope_original_max_pos, beta_fast/slow, truncate */
+    MT_ROPE_LINEAR = 3,   /* positions / rope_factor (Gemma 3's full layers) */
 } mt_rope_type;
 
 typedef struct {
@@ -101,6 +111,17 @@ typedef struct {
     uint8_t sliding[MT_CONFIG_LAYER_BITS]; /* bit l set: layer l is a sliding_attention layer */
     int attn_sinks;           /* one learned sink logit per query head (self_attn.sinks) */
     double swiglu_alpha, swiglu_limit; /* the experts' clamped SwiGLU (config.json's values) */
+    /* Gemma 3 (config_gemma3.c); zero elsewhere */
+    mt_mlp_act mlp_act;       /* the dense MLP's activation */
+    int query_pre_attn_scalar; /* > 0: the scores' scale is its ^-0.5 instead of D^-0.5 */
+    double rope_local_theta;  /* > 0: the sliding layers' own RoPE (default type, this base); the
+                                 rope_* fields above are then the full layers' */
+    int sandwich_norm;        /* each branch's output is normed before its residual add
+                                 (post_attention_layernorm, post_feedforward_layernorm) */
+    int embed_scale;          /* the embedding output is multiplied by sqrt(C) (rounded to the
+                                 compute dtype, as transformers' embed_scale buffer) */
+    int pad_token_id;         /* -1 when absent */
+    int embed_pad_no_grad;    /* the lookup adds no gradient to row pad_token_id (padding_idx) */
     /* Not the checkpoint's: set by the trainer when LoRA adapters of this rank train (model/lora.h;
      * 0: none), so that the layer's workspace and the planner count the adapters' scratch */
     int lora_rank;
@@ -146,6 +167,9 @@ int mt_config_save(const mt_config *cfg, const char *path);
  * at most MT_CONFIG_MAX_PARAMS parameters); MT_ERR names the field. */
 int mt_config_validate(const mt_config *cfg, const char *path);
 
+/* The attention scores' scale: query_pre_attn_scalar^-0.5 (Gemma 3), else 0 (the op's 1/sqrt(D)). */
+double mt_config_attn_scale(const mt_config *cfg);
+
 /* Number of parameters of the whole model, and those one token computes with (the router and
  * its k experts instead of all E; = the total for a dense model): 6 * active * tokens is an MoE
  * step's matmul FLOPs as the anchors count them. */
@@ -157,7 +181,14 @@ float mt_config_norm_offset(const mt_config *cfg);
 /* Dims of each head RoPE rotates (rotary_dim, or D). */
 int mt_config_rotary_dim(const mt_config *cfg);
 
-/* RoPE inverse frequencies (mt_config_rotary_dim / 2 values, at most D/2) in fp32, computed as transformers does (llama3 included). */
+/* RoPE inverse frequencies in fp32, computed as transformers does (llama3, linear, YaRN): one
+ * table of D/2 floats per RoPE set (mt_config_rope_sets), mt_config_rotary_dim / 2 values used
+ * in each; set 0 the model's (Gemma 3: the full layers'), set 1 Gemma 3's sliding layers'. */
 void mt_config_rope_inv_freq(const mt_config *cfg, float *inv_freq);
+/* Number of RoPE tables (1, or 2 with rope_local_theta), and the floats of all of them. */
+int mt_config_rope_sets(const mt_config *cfg);
+size_t mt_config_rope_inv_freq_len(const mt_config *cfg);
+/* The table layer l rotates with. */
+int mt_config_layer_rope_set(const mt_config *cfg, int l);
 
 #endif

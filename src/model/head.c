@@ -18,14 +18,30 @@ void mt_head_ws_free(mt_head_ws *ws, const mt_layer_ctx *lc) {
     ws->rstd = NULL;
 }
 
+#include <math.h>
+
+/* gemma3's embedding scale: sqrt(C) rounded to the compute dtype, as transformers' embed_scale
+ * buffer is cast to the weights' dtype (fp32 sqrtf(C); bf16 e.g. 50.5 for C 2560); 1 elsewhere. */
+static float embed_scale(const mt_layer_ctx *lc) {
+    if (!lc->cfg->embed_scale) return 1.0f;
+    float s = (float)sqrt((double)lc->cfg->C);
+    return lc->be->dtype == MT_BF16 ? mt_bf16_to_f32(mt_f32_to_bf16(s)) : s;
+}
+
 void mt_embed_forward(const mt_layer_ctx *lc, const mt_model_view *w, const int32_t *ids, int N,
                       void *x0) {
-    lc->be->embedding_forward(lc->be, x0, ids, w->embed, N, lc->cfg->C);
+    mt_backend *be = lc->be;
+    be->embedding_forward(be, x0, ids, w->embed, N, lc->cfg->C);
+    if (lc->cfg->embed_scale) be->scale(be, x0, embed_scale(lc), (size_t)N * lc->cfg->C);
 }
 
 void mt_embed_backward(const mt_layer_ctx *lc, const mt_model_view *grads, const int32_t *ids,
-                       int N, const void *dx0) {
-    lc->be->embedding_backward(lc->be, (float *)grads->embed, dx0, ids, N, lc->cfg->C);
+                       int N, void *dx0) {
+    mt_backend *be = lc->be;
+    const mt_config *cfg = lc->cfg;
+    if (cfg->embed_scale) be->scale(be, dx0, embed_scale(lc), (size_t)N * cfg->C);
+    if (cfg->embed_pad_no_grad) be->zero_rows_of_id(be, dx0, ids, cfg->pad_token_id, N, cfg->C);
+    be->embedding_backward(be, (float *)grads->embed, dx0, ids, N, cfg->C);
 }
 
 void mt_head_loss(const mt_layer_ctx *lc, const mt_model_view *w, const mt_model_view *grads,

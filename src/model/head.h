@@ -17,12 +17,13 @@ typedef struct {
 void mt_head_ws_init(mt_head_ws *ws, const mt_layer_ctx *lc, int max_N);
 void mt_head_ws_free(mt_head_ws *ws, const mt_layer_ctx *lc);
 
-/* x0 (N, C) = embed[ids]. */
+/* x0 (N, C) = embed[ids] (times gemma3's embedding scale). */
 void mt_embed_forward(const mt_layer_ctx *lc, const mt_model_view *w, const int32_t *ids, int N,
                       void *x0);
-/* grads->embed += scatter of dx0 (N, C). */
+/* grads->embed += scatter of dx0 (N, C). dx0 is consumed: gemma3 scales it in place and zeroes
+ * the pad token's rows (nn.Embedding's padding_idx: the lookup gives that row no gradient). */
 void mt_embed_backward(const mt_layer_ctx *lc, const mt_model_view *grads, const int32_t *ids,
-                       int N, const void *dx0);
+                       int N, void *dx0);
 
 /* losses (N) of the last residual x (N, C) against targets (N, < 0 = ignored). When grads is not
  * NULL: also dx (N, C) = d(loss_scale * sum(losses))/dx, and the final-norm and LM-head

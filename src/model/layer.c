@@ -1,5 +1,6 @@
-/* One decoder layer: the token mixer half (mixer_attention.c) and the MLP half (a dense SwiGLU
- * here, the experts in moe.c), each with its residual add (model/layer.h). */
+/* One decoder layer: the token mixer half (mixer_attention.c) and the MLP half (a dense SwiGLU or
+ * GeGLU here, the experts in moe.c), each with its residual add (model/layer.h); gemma3 norms
+ * each half's output before its add (sandwich norms). */
 #include "model/layer.h"
 
 #include <stdlib.h>
@@ -23,6 +24,12 @@ int mt_layer_backend_check(const mt_config *cfg, const mt_backend *be) {
         return mt_error_set("gpt_oss: the %s backend does not have gpt-oss's ops yet (attention sinks "
                             "and sliding window, the clamped-SwiGLU experts with biases): use "
                             "--device cpu", be->name);
+    /* gemma3 needs the attention's window and scale, GeGLU and the embedding's pad row */
+    if (cfg->arch == MT_ARCH_GEMMA3 &&
+        (!be->attention_options || !be->geglu_forward || !be->zero_rows_of_id))
+        return mt_error_set("%s: the %s backend does not have Gemma 3's ops yet (GeGLU, the sliding "
+                            "window and query_pre_attn_scalar in the attention, the pad token's "
+                            "embedding row): use --device cpu", cfg->model_type, be->name);
     int n = mt_config_mixer_layers(cfg, MT_MIXER_GATED_DELTANET);
     if (n > 0 && !be->gated_delta_forward)
         return mt_error_set("%s: %d of the %d layers are Gated DeltaNets, whose ops the %s backend "
@@ -48,17 +55,48 @@ static void post_norm_forward(const mt_layer_ctx *lc, const mt_layer_weights *w,
                             cfg->rms_norm_eps, mt_layer_norm_offset(lc));
 }
 
+/* act = act(gate) * up over n tokens: SwiGLU, or GeGLU (gemma3), as the config says. */
+static void mlp_act_forward(const mt_layer_ctx *lc, mt_layer_ws *ws, int n) {
+    mt_backend *be = lc->be;
+    size_t m = (size_t)n * lc->cfg->F;
+    if (lc->cfg->mlp_act == MT_MLP_GEGLU) be->geglu_forward(be, ws->act, ws->gate, ws->up, m);
+    else be->swiglu_forward(be, ws->act, ws->gate, ws->up, m);
+}
+
+static void mlp_act_backward(const mt_layer_ctx *lc, mt_layer_ws *ws, int n) {
+    mt_backend *be = lc->be;
+    size_t m = (size_t)n * lc->cfg->F;
+    if (lc->cfg->mlp_act == MT_MLP_GEGLU)
+        be->geglu_backward(be, ws->d_gate, ws->d_up, ws->d_act, ws->gate, ws->up, m);
+    else be->swiglu_backward(be, ws->d_gate, ws->d_up, ws->d_act, ws->gate, ws->up, m);
+}
+
+/* The dense MLP's output for the n tokens of ws->act into out_c: down(act), or with gemma3's
+ * output norm norm(down(act)), down's output and the norm's rstd kept in mlp_y, rstd_mo. */
+static void mlp_down_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, void *out_c, int n,
+                             mt_layer_ws *ws) {
+    const mt_config *cfg = lc->cfg;
+    if (!w->mlp_out_norm) {
+        mt_linear_forward(lc, w, MT_W_DOWN, out_c, ws->act, w->down, w->down_bias, n, cfg->F,
+                          cfg->C, ws);
+        return;
+    }
+    mt_linear_forward(lc, w, MT_W_DOWN, ws->mlp_y, ws->act, w->down, w->down_bias, n, cfg->F,
+                      cfg->C, ws);
+    lc->be->rmsnorm_forward(lc->be, out_c, ws->rstd_mo, ws->mlp_y, w->mlp_out_norm, n, cfg->C,
+                            cfg->rms_norm_eps, mt_layer_norm_offset(lc));
+}
+
 /* MLP up to the down projection's input for the n tokens of h_rows: fills hn, rstd2, gate, up,
  * act from their first row (the whole call, or one chunk of it). */
 static void mlp_up_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, const void *h_rows,
                            int n, mt_layer_ws *ws) {
-    mt_backend *be = lc->be;
     const mt_config *cfg = lc->cfg;
     post_norm_forward(lc, w, h_rows, n, ws);
     mt_linear_forward(lc, w, MT_W_GATE, ws->gate, ws->hn, w->gate, w->gate_bias, n, cfg->C, cfg->F,
                       ws);
     mt_linear_forward(lc, w, MT_W_UP, ws->up, ws->hn, w->up, w->up_bias, n, cfg->C, cfg->F, ws);
-    be->swiglu_forward(be, ws->act, ws->gate, ws->up, (size_t)n * cfg->F);
+    mlp_act_forward(lc, ws, n);
 }
 
 void mt_layer_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_layer_weights *w,
@@ -78,31 +116,38 @@ void mt_layer_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_lay
             mt_moe_forward(lc, w, ws->hn, out_c, n, ws, 1);
         } else {
             mlp_up_forward(lc, w, mt_layer_row(lc, ws->h, r0, C), n, ws);
-            mt_linear_forward(lc, w, MT_W_DOWN, out_c, ws->act, w->down, w->down_bias, n,
-                              lc->cfg->F, C, ws);
+            mlp_down_forward(lc, w, out_c, n, ws);
         }
         be->add(be, out_c, out_c, mt_layer_row(lc, ws->h, r0, C), (size_t)n * C);
     }
 }
 
-/* MLP backward for the n tokens from row r0, whose hn, rstd2, gate, up, act are in ws: the MLP
- * weight gradients accumulate, d_h rows r0.. = dout + rmsnorm2'(d_hn) (d_xn1 as scratch). d_h may
- * alias dout: a chunk reads its own rows of dout before it writes them. */
+/* MLP backward for the n tokens from row r0, whose hn, rstd2, gate, up, act (and, unless
+ * remake_y, gemma3's mlp_y, rstd_mo) are in ws: the MLP weight gradients accumulate, d_h rows
+ * r0.. = dout + rmsnorm2'(d_hn) (d_xn1 as scratch). d_h may alias dout: a chunk reads its own rows
+ * of dout before it writes them. */
 static void post_norm_backward(const mt_layer_ctx *lc, const mt_layer_weights *w,
                                const mt_layer_weights *g, const void *dout_c, void *d_h_c, int r0,
                                int n, mt_layer_ws *ws);
 
 static void mlp_backward(const mt_layer_ctx *lc, const mt_layer_weights *w,
                          const mt_layer_weights *g, const void *dout, void *d_h, int r0, int n,
-                         mt_layer_ws *ws) {
+                         int remake_y, mt_layer_ws *ws) {
     mt_backend *be = lc->be;
     const mt_config *cfg = lc->cfg;
     int C = cfg->C, F = cfg->F;
     const void *dout_c = mt_layer_row(lc, dout, r0, C);
     void *d_h_c = mt_layer_row(lc, d_h, r0, C);
+    const void *d_y = dout_c;
+    if (w->mlp_out_norm) { /* gemma3: through the output norm (its output remade into idle d_hn) */
+        if (remake_y) mlp_down_forward(lc, w, ws->d_hn, n, ws);
+        be->rmsnorm_backward(be, ws->d_xn1, mt_f32(g->mlp_out_norm), dout_c, ws->mlp_y,
+                             w->mlp_out_norm, ws->rstd_mo, n, C, 0, mt_layer_norm_offset(lc));
+        d_y = ws->d_xn1;
+    }
     mt_linear_backward(lc, w, g, MT_W_DOWN, ws->d_act, mt_f32(g->down), mt_f32(g->down_bias),
-                       dout_c, ws->act, w->down, n, F, C, 0, ws);
-    be->swiglu_backward(be, ws->d_gate, ws->d_up, ws->d_act, ws->gate, ws->up, (size_t)n * F);
+                       d_y, ws->act, w->down, n, F, C, 0, ws);
+    mlp_act_backward(lc, ws, n);
     mt_linear_backward(lc, w, g, MT_W_GATE, ws->d_hn, mt_f32(g->gate), mt_f32(g->gate_bias),
                        ws->d_gate, ws->hn, w->gate, n, C, F, 0, ws);
     mt_linear_backward(lc, w, g, MT_W_UP, ws->d_hn, mt_f32(g->up), mt_f32(g->up_bias), ws->d_up,
@@ -164,9 +209,9 @@ void mt_layer_backward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_la
         } else if (recompute == MT_RECOMPUTE_CHEAP) { /* gate and up are saved */
             be->rmsnorm_forward(be, ws->hn, ws->rstd2, mt_layer_row(lc, ws->h, r0, d.C),
                                 w->post_norm, n, d.C, cfg->rms_norm_eps, mt_layer_norm_offset(lc));
-            be->swiglu_forward(be, ws->act, ws->gate, ws->up, (size_t)n * d.F);
+            mlp_act_forward(lc, ws, n);
         }
-        mlp_backward(lc, w, g, dout, dinp, r0, n, ws);
+        mlp_backward(lc, w, g, dout, dinp, r0, n, tiled || remake, ws);
     }
 
     if (w->lin_qkv) mt_deltanet_mixer_backward(lc, tok, w, g, inp, dinp, ws);

@@ -88,6 +88,13 @@ typedef struct {
     void *q_gate, *d_q_gate;      /* (N, 2*H*D)             chunk rows */
     void *gate_att, *d_gate_att;  /* (N, H*D) */
     void *att_g;                  /* (N, H*D)               chunk rows */
+    /* gemma3's sandwich norms: each branch's output before its norm and the norm's statistics,
+     * which the norms' backward reads; saved, the MLP's (chunk rows) only when untiled: a tiled
+     * backward remakes them with the chunk's gate and up (one more matmul, down's) */
+    void *attn_o;                 /* (N, C)   o_proj's output */
+    float *rstd_ao;               /* (N) */
+    void *mlp_y;                  /* (N, C)   down_proj's output   chunk rows */
+    float *rstd_mo;               /* (N)                           chunk rows */
     /* Mixture of experts (model/moe.h), in models with experts; chunk rows of n tokens, n*k
      * grouped rows (k experts per token), none saved (an MoE layer's backward remakes its block
      * from hn whatever `recompute` says, except MT_RECOMPUTE_NONE untiled). */
@@ -137,7 +144,8 @@ size_t mt_layer_ws_bytes(const mt_config *cfg, mt_dtype dtype, int max_N);
 size_t mt_layer_ws_bytes_tiled(const mt_config *cfg, mt_dtype dtype, int max_N, int mlp_chunk);
 
 /* Saved internals: the fields of mt_layer_ws that cost a matmul or the attention to remake (q, k,
- * v, att, h, gate, up, lse, and qwen3's q_raw, k_raw, q_rstd, k_rstd). A layer whose forward wrote
+ * v, att, h, gate, up, lse, qwen3's q_raw, k_raw, q_rstd, k_rstd, gemma3's attn_o, mlp_y and
+ * their rstd). A layer whose forward wrote
  * them into buffers of its own skips the recompute in its backward (MT_RECOMPUTE_CHEAP): only
  * xn1, hn (and their rstd) and act are remade, by elementwise kernels, bit for bit as the forward
  * made them. Tiled (0 < mlp_chunk < N), the chunk-row fields among them (gate, up, and qwen3's

@@ -53,6 +53,11 @@ static int ws_fields(const mt_config *cfg, ws_field *f) {
                             {WS(att_g), HD, 0, 0, 1}};
         ws_append(f, &n, gated, sizeof gated / sizeof gated[0]);
     }
+    if (cfg->sandwich_norm) { /* the branch outputs before their norms: saved as o_proj's and down's */
+        ws_field sandwich[] = {{WS(attn_o), C, 0, 1, 0}, {WS(rstd_ao), 1, 1, 1, 0},
+                               {WS(mlp_y), C, 0, 1, 1},  {WS(rstd_mo), 1, 1, 1, 1}};
+        ws_append(f, &n, sandwich, sizeof sandwich / sizeof sandwich[0]);
+    }
     if (mt_config_mixer_layers(cfg, MT_MIXER_GATED_DELTANET) > 0) {
         int KD = cfg->lin_Hk * cfg->lin_Dk, VD = cfg->lin_Hv * cfg->lin_Dv, Ch = 2 * KD + VD;
         int Hk = cfg->lin_Hk, Hv = cfg->lin_Hv;

@@ -84,6 +84,10 @@ int mt_lora_table_init(mt_lora_table *lt, const mt_param_table *t, const mt_lora
     if (t->cfg.arch == MT_ARCH_GPT_OSS)
         return mt_error_set("gpt_oss: LoRA adapters are not yet implemented for gpt_oss (full "
                             "training is)");
+    /* Gemma 3's first slice likewise: its adapters are not checked against PEFT yet */
+    if (t->cfg.arch == MT_ARCH_GEMMA3)
+        return mt_error_set("%s: LoRA adapters are not yet implemented for Gemma 3 (full training "
+                            "is)", t->cfg.model_type);
     if (o->rank < 1 || o->rank > MT_LORA_MAX_RANK)
         return mt_error_set("--lora %d: the rank must be 1 to %d", o->rank, MT_LORA_MAX_RANK);
     int strict = o->targets != NULL; /* the default list names what any family may have */

@@ -39,6 +39,11 @@ static void qk_norm_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, i
                         cfg->rms_norm_eps, mt_layer_norm_offset(lc));
 }
 
+/* The layer's RoPE table (gemma3's sliding layers have their own: mt_config_layer_rope_set). */
+static const float *layer_inv_freq(const mt_layer_ctx *lc, const mt_layer_weights *w) {
+    return lc->inv_freq + (size_t)w->rope_set * (size_t)(lc->cfg->D / 2);
+}
+
 /* Attention's inputs for the n tokens from row r0: q, k, v rows r0.. (after norm and rope) from
  * the input norm, leaving that chunk's xn1 (and q/k norm pieces) in the chunk rows. */
 static void qkv_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_layer_weights *w,
@@ -55,9 +60,9 @@ static void qkv_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_l
     }
     mt_linear_forward(lc, w, MT_W_V, mt_layer_row(lc, ws->v, r0, d.GD), ws->xn1, w->v, w->v_bias, n,
                       d.C, d.GD, ws);
-    be->rope_forward(be, q, tok->pos + r0, lc->inv_freq, n, d.H, d.D,
+    be->rope_forward(be, q, tok->pos + r0, layer_inv_freq(lc, w), n, d.H, d.D,
                      mt_config_rotary_dim(lc->cfg));
-    be->rope_forward(be, k, tok->pos + r0, lc->inv_freq, n, d.G, d.D,
+    be->rope_forward(be, k, tok->pos + r0, layer_inv_freq(lc, w), n, d.G, d.D,
                      mt_config_rotary_dim(lc->cfg));
 }
 
@@ -72,15 +77,17 @@ static const void *o_input(const mt_layer_ctx *lc, mt_layer_ws *ws, int r0, int 
     return ws->att_g;
 }
 
-/* The layer's attention options: gpt-oss's window (sliding layers) and sinks, and YaRN's scaling
- * of cos and sin, which multiplies q and k each and so the scores by its square: folded into the
- * scale (q and k after RoPE feed nothing else). g: the gradient view (dsinks), or NULL. */
+/* The layer's attention options: the sliding layers' window (gpt-oss, gemma3), gpt-oss's sinks,
+ * gemma3's query_pre_attn_scalar^-0.5 for 1/sqrt(D), and YaRN's scaling of cos and sin, which
+ * multiplies q and k each and so the scores by its square: folded into the scale (q and k after
+ * RoPE feed nothing else). g: the gradient view (dsinks), or NULL. */
 static mt_attention_opts attention_opts(const mt_layer_ctx *lc, const mt_layer_weights *w,
                                         const mt_layer_weights *g) {
     const mt_config *cfg = lc->cfg;
     mt_attention_opts o = {0};
-    double s = mt_config_rope_attention_scaling(cfg);
-    if (s != 1.0) o.scale = (float)(s * s / sqrt((double)cfg->D));
+    double s = mt_config_rope_attention_scaling(cfg), base = mt_config_attn_scale(cfg);
+    if (base == 0) base = 1.0 / sqrt((double)cfg->D);
+    if (s != 1.0 || mt_config_attn_scale(cfg) > 0) o.scale = (float)(s * s * base);
     o.window = w->window;
     o.sinks = w->sinks;
     o.dsinks = g && w->sinks ? mt_f32(g->sinks) : NULL;
@@ -106,8 +113,16 @@ void mt_attention_mixer_forward(const mt_layer_ctx *lc, const mt_tokens *tok,
     for (int r0 = 0; r0 < d.N; r0 += chunk) {
         int n = mt_min_int(chunk, d.N - r0);
         void *h = mt_layer_row(lc, ws->h, r0, d.C);
-        mt_linear_forward(lc, w, MT_W_O, h, o_input(lc, ws, r0, n), w->o, w->o_bias, n, d.HD, d.C,
-                          ws);
+        if (w->attn_out_norm) { /* gemma3: h = inp + norm(o_proj(att)) */
+            void *o = mt_layer_row(lc, ws->attn_o, r0, d.C);
+            mt_linear_forward(lc, w, MT_W_O, o, o_input(lc, ws, r0, n), w->o, w->o_bias, n, d.HD,
+                              d.C, ws);
+            be->rmsnorm_forward(be, h, ws->rstd_ao + r0, o, w->attn_out_norm, n, d.C,
+                                lc->cfg->rms_norm_eps, mt_layer_norm_offset(lc));
+        } else {
+            mt_linear_forward(lc, w, MT_W_O, h, o_input(lc, ws, r0, n), w->o, w->o_bias, n, d.HD,
+                              d.C, ws);
+        }
         be->add(be, h, h, mt_layer_row(lc, inp, r0, d.C), (size_t)n * d.C);
     }
 }
@@ -123,9 +138,9 @@ static void qkv_backward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_
     const mt_config *cfg = lc->cfg;
     mt_layer_dims d = mt_layer_dims_of(cfg, n);
     void *dq = mt_layer_row(lc, ws->dq, r0, d.HD), *dk = mt_layer_row(lc, ws->dk, r0, d.GD);
-    be->rope_backward(be, dq, tok->pos + r0, lc->inv_freq, n, d.H, d.D,
+    be->rope_backward(be, dq, tok->pos + r0, layer_inv_freq(lc, w), n, d.H, d.D,
                       mt_config_rotary_dim(lc->cfg));
-    be->rope_backward(be, dk, tok->pos + r0, lc->inv_freq, n, d.G, d.D,
+    be->rope_backward(be, dk, tok->pos + r0, layer_inv_freq(lc, w), n, d.G, d.D,
                       mt_config_rotary_dim(lc->cfg));
     if (cfg->qk_norm) {
         be->rmsnorm_backward(be, ws->dq_raw, mt_f32(g->q_norm), dq, ws->q_raw, w->q_norm,
@@ -168,9 +183,15 @@ void mt_attention_mixer_backward(const mt_layer_ctx *lc, const mt_tokens *tok,
     for (int r0 = 0; r0 < d.N; r0 += chunk) {
         int n = mt_min_int(chunk, d.N - r0);
         void *d_att = mt_layer_row(lc, ws->d_att, r0, d.HD);
-        mt_linear_backward(lc, w, g, MT_W_O, d_att, mt_f32(g->o), mt_f32(g->o_bias),
-                           mt_layer_row(lc, dinp, r0, d.C), o_input(lc, ws, r0, n), w->o, n, d.HD,
-                           d.C, 0, ws);
+        const void *d_o = mt_layer_row(lc, dinp, r0, d.C);
+        if (w->attn_out_norm) { /* through gemma3's output norm, into the idle d_xn1 */
+            be->rmsnorm_backward(be, ws->d_xn1, mt_f32(g->attn_out_norm), d_o,
+                                 mt_layer_row(lc, ws->attn_o, r0, d.C), w->attn_out_norm,
+                                 ws->rstd_ao + r0, n, d.C, 0, mt_layer_norm_offset(lc));
+            d_o = ws->d_xn1;
+        }
+        mt_linear_backward(lc, w, g, MT_W_O, d_att, mt_f32(g->o), mt_f32(g->o_bias), d_o,
+                           o_input(lc, ws, r0, n), w->o, n, d.HD, d.C, 0, ws);
         if (cfg->attn_gate) /* d_att held the gated output's gradient: now the attention's */
             be->sigmoid_gate_backward(be, d_att, mt_layer_row(lc, ws->d_gate_att, r0, d.HD), d_att,
                                       mt_layer_row(lc, ws->att, r0, d.HD),

@@ -44,7 +44,16 @@ static const char *const mt_layer_suffix[MT_LAYER_KINDS] = {
     [MT_W_EXP_GATE_UP_BIAS] = "mlp.experts.gate_up_proj_bias",
     [MT_W_EXP_DOWN_IO] = "mlp.experts.down_proj",
     [MT_W_EXP_DOWN_BIAS] = "mlp.experts.down_proj_bias",
+    [MT_W_ATTN_OUT_NORM] = "post_attention_layernorm.weight",
+    [MT_W_MLP_OUT_NORM] = "post_feedforward_layernorm.weight",
 };
+
+/* A per-layer kind's name suffix: gemma3's MLP input norm is pre_feedforward_layernorm (its
+ * post_attention_layernorm norms the attention's output). */
+static const char *layer_suffix(const mt_config *c, mt_param_kind k) {
+    if (k == MT_W_POST_NORM && c->sandwich_norm) return "pre_feedforward_layernorm.weight";
+    return mt_layer_suffix[k];
+}
 
 /* The shared expert's names (qwen3_5_moe) for the dense MLP kinds in an MoE layer. */
 static const char *shared_suffix(mt_param_kind k) {
@@ -110,6 +119,7 @@ static void layer_kind_shape(const mt_config *c, int type, mt_param_kind k, int6
     int64_t E = c->n_experts, Fe = c->moe_F;
     switch (k) {
     case MT_W_INPUT_NORM: case MT_W_POST_NORM: *rows = C; break;
+    case MT_W_ATTN_OUT_NORM: case MT_W_MLP_OUT_NORM: *rows = c->sandwich_norm ? C : 0; break;
     case MT_W_Q: *rows = QD * (c->attn_gate ? 2 : 1); *cols = C; break;
     case MT_W_K: case MT_W_V: *rows = KD; *cols = C; break;
     case MT_W_O: *rows = C; *cols = QD; break;
@@ -185,7 +195,7 @@ static int64_t layer_layout(mt_param_table *t, int layer, int type, int64_t grou
                 snprintf(suffix, sizeof suffix, moe_suffix(cfg, k), e);
             else if ((type & 1) && kind_is_dense_mlp((mt_param_kind)k))
                 snprintf(suffix, sizeof suffix, "%s", shared_suffix((mt_param_kind)k));
-            else snprintf(suffix, sizeof suffix, "%s", mt_layer_suffix[k]);
+            else snprintf(suffix, sizeof suffix, "%s", layer_suffix(cfg, (mt_param_kind)k));
             snprintf(name, sizeof name, MT_LAYER_PREFIX "%d.%s", layer, suffix);
             table_add(t, (mt_param_kind)k, layer, name, rows, cols, depth, group_start, &pos);
             if (n > 1) t->params[t->n_params - 1].expert = e;
@@ -307,6 +317,8 @@ mt_layer_view mt_layer_view_at(const mt_param_table *t, int l, void *layer_base,
         .q_norm = at(layer_base, o[MT_W_Q_NORM], elem_size),
         .k_norm = at(layer_base, o[MT_W_K_NORM], elem_size),
         .post_norm = at(layer_base, o[MT_W_POST_NORM], elem_size),
+        .attn_out_norm = at(layer_base, o[MT_W_ATTN_OUT_NORM], elem_size),
+        .mlp_out_norm = at(layer_base, o[MT_W_MLP_OUT_NORM], elem_size),
         .gate = at(layer_base, o[MT_W_GATE], elem_size),
         .gate_bias = at(layer_base, o[MT_W_GATE_BIAS], elem_size),
         .up = at(layer_base, o[MT_W_UP], elem_size),
@@ -335,6 +347,7 @@ mt_layer_view mt_layer_view_at(const mt_param_table *t, int l, void *layer_base,
         .exp_down_io = at(layer_base, o[MT_W_EXP_DOWN_IO], elem_size),
         .exp_down_bias = at(layer_base, o[MT_W_EXP_DOWN_BIAS], elem_size),
         .window = mt_config_layer_window(&t->cfg, l),
+        .rope_set = mt_config_layer_rope_set(&t->cfg, l),
     };
     return v;
 }
@@ -398,7 +411,7 @@ static void fill_const(float *x, int64_t n, float v) {
 
 static int kind_is_norm(mt_param_kind k) {
     return k == MT_W_INPUT_NORM || k == MT_W_POST_NORM || k == MT_W_Q_NORM || k == MT_W_K_NORM ||
-           k == MT_W_FINAL_NORM;
+           k == MT_W_FINAL_NORM || k == MT_W_ATTN_OUT_NORM || k == MT_W_MLP_OUT_NORM;
 }
 
 void mt_param_init_tensor(const mt_param_table *t, int i, float *x, float std, uint64_t seed) {

@@ -68,6 +68,11 @@ typedef enum {
     MT_W_EXP_GATE_UP_BIAS, /* (E, 2Fe)   mlp.experts.gate_up_proj_bias */
     MT_W_EXP_DOWN_IO,    /* (E, Fe, C)   mlp.experts.down_proj */
     MT_W_EXP_DOWN_BIAS,  /* (E, C)       mlp.experts.down_proj_bias */
+    /* Gemma 3's sandwich norms: each branch's output normed before its residual add. There
+     * MT_W_POST_NORM (the MLP's input norm) is named pre_feedforward_layernorm.weight and the
+     * attention output's norm takes the name post_attention_layernorm.weight. */
+    MT_W_ATTN_OUT_NORM,  /* (C)          post_attention_layernorm.weight (gemma3) */
+    MT_W_MLP_OUT_NORM,   /* (C)          post_feedforward_layernorm.weight */
     MT_LAYER_KINDS,
     /* model-level */
     MT_W_EMBED = MT_LAYER_KINDS, /* (V, C) model.embed_tokens.weight */
@@ -130,6 +135,7 @@ int64_t mt_group_max_size(const mt_param_table *t);
 typedef struct {
     void *input_norm, *q, *q_bias, *k, *k_bias, *v, *v_bias, *o, *o_bias;
     void *q_norm, *k_norm, *post_norm;
+    void *attn_out_norm, *mlp_out_norm; /* gemma3's norms of the branch outputs, else NULL */
     void *gate, *gate_bias, *up, *up_bias, *down, *down_bias;
     void *router;                    /* non-NULL: an MoE layer (with a shared expert: gate, up,
                                         down are the shared expert's, shared_gate its gate) */
@@ -141,6 +147,7 @@ typedef struct {
     /* gpt-oss: the sinks, the router's bias and the fused [E, in, out] experts with their biases */
     void *sinks, *router_bias, *exp_gate_up, *exp_gate_up_bias, *exp_down_io, *exp_down_bias;
     int window; /* the layer's attention window (mt_config_layer_window; 0: none); not a tensor */
+    int rope_set; /* the RoPE table it rotates with (mt_config_layer_rope_set); not a tensor */
     /* the layer's LoRA adapters (model/lora.h; their weights, or their fp32 gradients in a
      * gradient view), NULL: none. Set by the caller; mt_layer_view_at leaves it NULL */
     const struct mt_lora_view *lora;

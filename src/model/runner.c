@@ -20,10 +20,11 @@ void mt_runner_init(mt_runner *r, const mt_param_table *t, mt_backend *be, int m
     r->max_N = max_B * T;
     int N = r->max_N;
 
-    float *inv_freq = mt_malloc((size_t)cfg->D / 2 * sizeof(float));
+    size_t rope_bytes = mt_config_rope_inv_freq_len(cfg) * sizeof(float); /* gemma3: two tables */
+    float *inv_freq = mt_calloc(1, rope_bytes);
     mt_config_rope_inv_freq(cfg, inv_freq);
-    r->inv_freq = be->alloc(be, (size_t)cfg->D / 2 * sizeof(float));
-    be->upload(be, r->inv_freq, inv_freq, (size_t)cfg->D / 2 * sizeof(float));
+    r->inv_freq = be->alloc(be, rope_bytes);
+    be->upload(be, r->inv_freq, inv_freq, rope_bytes);
     free(inv_freq);
 
     r->lc = (mt_layer_ctx){.cfg = cfg, .be = be, .inv_freq = r->inv_freq};

@@ -25,7 +25,7 @@ typedef struct {
     int32_t *ids, *targets, *pos; /* (max_N) on the compute side */
     int32_t *doc_start;           /* (max_N) on the compute side when documents are set */
     int use_docs;
-    float *inv_freq;  /* (D/2) on the compute side */
+    float *inv_freq;  /* (D/2 per RoPE table: mt_config_rope_inv_freq_len) on the compute side */
     double aux_loss;  /* the last mt_runner_step's router_aux_loss_coef * load-balancing loss (0
                          without it): that step's loss is sum / count + aux_loss */
 } mt_runner;

@@ -176,6 +176,17 @@ static void cpu_swiglu_backward(mt_backend *be, void *dgate, void *dup, const vo
                                 const void *gate, const void *up, size_t n) {
     mt_cpu_swiglu_backward(dgate, dup, dout, gate, up, n);
 }
+static void cpu_geglu_forward(mt_backend *be, void *out, const void *gate, const void *up,
+                              size_t n) {
+    mt_cpu_geglu_forward(out, gate, up, n);
+}
+static void cpu_geglu_backward(mt_backend *be, void *dgate, void *dup, const void *dout,
+                               const void *gate, const void *up, size_t n) {
+    mt_cpu_geglu_backward(dgate, dup, dout, gate, up, n);
+}
+static void cpu_zero_rows_of_id(mt_backend *be, void *x, const int32_t *ids, int32_t id, int N, int C) {
+    mt_cpu_zero_rows_of_id(x, ids, id, N, C);
+}
 static void cpu_add(mt_backend *be, void *out, const void *a, const void *b, size_t n) {
     mt_cpu_add(out, a, b, n);
 }
@@ -283,6 +294,9 @@ mt_backend *mt_backend_cpu_create(void) {
     be->gated_rmsnorm_backward = cpu_gated_rmsnorm_backward;
     be->swiglu_forward = cpu_swiglu_forward;
     be->swiglu_backward = cpu_swiglu_backward;
+    be->geglu_forward = cpu_geglu_forward;
+    be->geglu_backward = cpu_geglu_backward;
+    be->zero_rows_of_id = cpu_zero_rows_of_id;
     be->add = cpu_add;
     be->scale = cpu_scale;
     be->sumsq = cpu_sumsq;

@@ -104,6 +104,12 @@ void mt_cpu_gated_rmsnorm_backward(float *dinp, float *dgate, float *dweight, co
                                    const float *rstd, int R, int C);
 
 void mt_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+/* GeGLU (backend.h geglu_*; geglu.c). */
+void mt_cpu_geglu_forward(float *out, const float *gate, const float *up, size_t n);
+void mt_cpu_geglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                           const float *up, size_t n);
+/* backend.h zero_rows_of_id (embedding.c). */
+void mt_cpu_zero_rows_of_id(float *x, const int32_t *ids, int32_t id, int N, int C);
 void mt_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                             const float *up, size_t n);
 void mt_cpu_add(float *out, const float *a, const float *b, size_t n);

@@ -30,3 +30,9 @@ void mt_cpu_embedding_backward(float *dtable, const float *dout, const int32_t *
         }
     }
 }
+
+/* Rows of the token id `id` zeroed: the pad token's row then gets nothing from the scatter. */
+void mt_cpu_zero_rows_of_id(float *x, const int32_t *ids, int32_t id, int N, int C) {
+    for (int n = 0; n < N; n++)
+        if (ids[n] == id) memset(x + (size_t)n * C, 0, (size_t)C * sizeof(float));
+}
