@@ -8,6 +8,7 @@
  * embedding scaled by sqrt(hidden_size), the pad token's row frozen in the lookup, a tied head.
  * Defaults are Gemma3TextConfig's. */
 #include "model/config_gemma3.h"
+#include "model/config_sliding.h"
 
 #include <math.h>
 #include <string.h>
@@ -16,48 +17,15 @@
 
 int mt_config_is_gemma3(const mt_config *cfg) { return cfg->arch == MT_ARCH_GEMMA3; }
 
-static void set_sliding(mt_config *cfg, int l) { cfg->sliding[l / 8] |= (uint8_t)(1u << (l % 8)); }
-
 /* layer_types: L names; absent: layer i slides unless (i + 1) % sliding_window_pattern == 0
- * (the public key, or the private one 5.25 writes; default 6). */
+ * (the public key, or the private one 5.25 writes; default 6); the window defaults to 4096. */
 static int parse_layer_types(mt_config *cfg, const mt_cfg_src *s) {
-    memset(cfg->sliding, 0, sizeof cfg->sliding);
-    json_t *lt = json_object_get(s->root, "layer_types");
-    if (!lt || json_is_null(lt)) {
-        int every = 6;
-        int r = mt_cfg_int(s, s->root, "", "sliding_window_pattern", &every);
-        if (r == MT_ERR) return MT_ERR;
-        if (r == 0 && mt_cfg_int(s, s->root, "", "_sliding_window_pattern", &every) == MT_ERR) return MT_ERR;
-        if (every <= 0)
-            return mt_error_set("%s: sliding_window_pattern = %d must be positive", s->path, every);
-        for (int l = 0; l < cfg->L; l++)
-            if ((l + 1) % every != 0) set_sliding(cfg, l);
-    } else {
-        if (!json_is_array(lt)) return mt_error_set("%s: layer_types must be a list", s->path);
-        if (json_array_size(lt) != (size_t)cfg->L)
-            return mt_error_set("%s: layer_types has %zu entries for num_hidden_layers = %d", s->path,
-                                json_array_size(lt), cfg->L);
-        size_t i;
-        json_t *e;
-        json_array_foreach(lt, i, e) {
-            const char *name = json_is_string(e) ? json_string_value(e) : "";
-            if (strcmp(name, "sliding_attention") == 0) set_sliding(cfg, (int)i);
-            else if (strcmp(name, "full_attention") != 0)
-                return mt_error_set("%s: layer_types[%zu] must be \"sliding_attention\" or "
-                                    "\"full_attention\" for %s", s->path, i, cfg->model_type);
-        }
-    }
-    cfg->attn_window = 4096;
-    if (mt_cfg_int(s, s->root, "", "sliding_window", &cfg->attn_window) == MT_ERR) return MT_ERR;
-    json_t *sw = json_object_get(s->root, "sliding_window");
-    int any = 0;
-    for (int l = 0; l < cfg->L; l++) any |= (cfg->sliding[l / 8] >> (l % 8)) & 1;
-    if (any && sw && json_is_null(sw))
-        return mt_error_set("%s: sliding_window is null but layer_types has sliding_attention layers",
-                            s->path);
-    if (any && cfg->attn_window <= 0)
-        return mt_error_set("%s: sliding_window = %d must be positive", s->path, cfg->attn_window);
-    return MT_OK;
+    int every = 6;
+    int r = mt_cfg_int(s, s->root, "", "sliding_window_pattern", &every);
+    if (r == MT_ERR) return MT_ERR;
+    if (r == 0 && mt_cfg_int(s, s->root, "", "_sliding_window_pattern", &every) == MT_ERR) return MT_ERR;
+    if (every <= 0) return mt_error_set("%s: sliding_window_pattern = %d must be positive", s->path, every);
+    return mt_config_parse_sliding(cfg, s, every, 4096);
 }
 
 /* One layer type's RoPE dict: rope_theta into *theta when given, its type (default or, where

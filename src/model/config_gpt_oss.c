@@ -5,6 +5,7 @@
  * logits of a biased router and a softmax over those k, the clamped SwiGLU (swiglu_alpha,
  * swiglu_limit), YaRN RoPE, plain RMSNorm. Defaults are GptOssConfig's. */
 #include "model/config_gpt_oss.h"
+#include "model/config_sliding.h"
 
 #include <math.h>
 #include <string.h>
@@ -13,41 +14,10 @@
 
 int mt_config_is_gpt_oss(const mt_config *cfg) { return cfg->arch == MT_ARCH_GPT_OSS; }
 
-static void set_sliding(mt_config *cfg, int l) { cfg->sliding[l / 8] |= (uint8_t)(1u << (l % 8)); }
-
-/* layer_types: L names, "sliding_attention" or "full_attention"; absent: even layers slide. */
+/* layer_types: L names, "sliding_attention" or "full_attention"; absent: even layers slide; the
+ * window defaults to 128. */
 static int parse_layer_types(mt_config *cfg, const mt_cfg_src *s) {
-    memset(cfg->sliding, 0, sizeof cfg->sliding);
-    json_t *lt = json_object_get(s->root, "layer_types");
-    if (!lt || json_is_null(lt)) {
-        for (int l = 0; l < cfg->L; l += 2) set_sliding(cfg, l);
-    } else {
-        if (!json_is_array(lt)) return mt_error_set("%s: layer_types must be a list", s->path);
-        if (json_array_size(lt) != (size_t)cfg->L)
-            return mt_error_set("%s: layer_types has %zu entries for num_hidden_layers = %d", s->path,
-                                json_array_size(lt), cfg->L);
-        size_t i;
-        json_t *e;
-        json_array_foreach(lt, i, e) {
-            const char *name = json_is_string(e) ? json_string_value(e) : "";
-            if (strcmp(name, "sliding_attention") == 0) set_sliding(cfg, (int)i);
-            else if (strcmp(name, "full_attention") != 0)
-                return mt_error_set("%s: layer_types[%zu] must be \"sliding_attention\" or "
-                                    "\"full_attention\" for gpt_oss", s->path, i);
-        }
-    }
-    cfg->attn_window = 128;
-    int r = mt_cfg_int(s, s->root, "", "sliding_window", &cfg->attn_window);
-    if (r == MT_ERR) return MT_ERR;
-    json_t *sw = json_object_get(s->root, "sliding_window");
-    int any = 0;
-    for (int l = 0; l < cfg->L; l++) any |= (cfg->sliding[l / 8] >> (l % 8)) & 1;
-    if (any && sw && json_is_null(sw))
-        return mt_error_set("%s: sliding_window is null but layer_types has sliding_attention layers",
-                            s->path);
-    if (any && cfg->attn_window <= 0)
-        return mt_error_set("%s: sliding_window = %d must be positive", s->path, cfg->attn_window);
-    return MT_OK;
+    return mt_config_parse_sliding(cfg, s, 2, 128);
 }
 
 /* The experts: every layer, num_local_experts (alias num_experts) of width intermediate_size. */
