@@ -55,9 +55,8 @@ static void print_layer_types(const mt_config *cfg) {
            cfg->lin_Hv, cfg->lin_Dv, cfg->lin_K, mt_config_rotary_dim(cfg), cfg->D);
 }
 
-/* gpt-oss: which layers slide (their window) and which attend to the whole row, the sinks, YaRN
- * and the experts' SwiGLU. */
-static void print_gpt_oss(const mt_config *cfg) {
+/* Which layers slide (their window) and which attend to the whole row: the first 16 listed. */
+static void print_sliding_layers(const mt_config *cfg) {
     int sliding = 0;
     for (int l = 0; l < cfg->L; l++) sliding += mt_config_layer_window(cfg, l) > 0;
     printf("layer types: %d sliding_attention (window %d keys), %d full_attention; [", sliding,
@@ -65,6 +64,12 @@ static void print_gpt_oss(const mt_config *cfg) {
     for (int l = 0; l < cfg->L && l < 16; l++)
         printf("%s%s", l ? ", " : "", mt_config_layer_window(cfg, l) > 0 ? "sliding" : "full");
     printf("%s]\n", cfg->L > 16 ? ", ..." : "");
+}
+
+/* gpt-oss: which layers slide (their window) and which attend to the whole row, the sinks, YaRN
+ * and the experts' SwiGLU. */
+static void print_gpt_oss(const mt_config *cfg) {
+    print_sliding_layers(cfg);
     printf("attention: a learned sink per head; rope: yarn factor %g, original %d, beta %g/%g%s, "
            "cos/sin x %.6g; experts: clamped SwiGLU (alpha %g, limit %g), biases\n", cfg->rope_factor,
            cfg->rope_original_max_pos, cfg->rope_beta_fast, cfg->rope_beta_slow,
@@ -75,13 +80,7 @@ static void print_gpt_oss(const mt_config *cfg) {
 /* gemma3: which layers slide (their window) and their RoPE, the full layers' RoPE, the scores'
  * scale, the sandwich norms, GeGLU and the scaled embedding. */
 static void print_gemma3(const mt_config *cfg) {
-    int sliding = 0;
-    for (int l = 0; l < cfg->L; l++) sliding += mt_config_layer_window(cfg, l) > 0;
-    printf("layer types: %d sliding_attention (window %d keys), %d full_attention; [", sliding,
-           cfg->attn_window, cfg->L - sliding);
-    for (int l = 0; l < cfg->L && l < 16; l++)
-        printf("%s%s", l ? ", " : "", mt_config_layer_window(cfg, l) > 0 ? "sliding" : "full");
-    printf("%s]\n", cfg->L > 16 ? ", ..." : "");
+    print_sliding_layers(cfg);
     printf("rope: full layers theta %g%s, sliding layers theta %g; scores x query_pre_attn_scalar^-0.5 "
            "(%d); norms (1 + w), sandwich; MLP GeGLU (gelu_pytorch_tanh); embedding x sqrt(%d)%s\n",
            cfg->rope_theta, cfg->rope_type == MT_ROPE_LINEAR ? ", linear scaling" : "",
