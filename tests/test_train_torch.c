@@ -152,6 +152,9 @@ static void run_lora_fixture(const char *name) {
 
 static void test_lora_llama(void **state) { run_lora_fixture("lora_llama"); }
 static void test_lora_qwen3_moe(void **state) { run_lora_fixture("lora_qwen3_moe"); }
+/* Gemma 3 (make_lora_gemma3_fixture.py): adapters on every projection of sliding and full
+ * layers, through the sandwich norms and GeGLU, the head tied, the pad id among the inputs */
+static void test_lora_gemma3(void **state) { run_lora_fixture("lora_gemma3"); }
 
 static void test_train_llama(void **state) { run_fixture("train_llama"); }
 static void test_train_qwen2_tied(void **state) { run_fixture("train_qwen2_tied"); }
@@ -177,6 +180,7 @@ int main(void) {
         cmocka_unit_test(test_train_qwen3_5_moe),
         cmocka_unit_test(test_lora_llama),
         cmocka_unit_test(test_lora_qwen3_moe),
+        cmocka_unit_test(test_lora_gemma3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
