@@ -59,16 +59,9 @@ static int parse_moe(mt_config *cfg, const mt_cfg_src *s) {
 static int parse_rope(mt_config *cfg, const mt_cfg_src *s) {
     cfg->rope_theta = 150000.0; /* GptOssConfig.default_theta */
     if (mt_cfg_num(s, s->root, "", "rope_theta", &cfg->rope_theta) == MT_ERR) return MT_ERR;
-    const char *pre = "rope_scaling.";
-    json_t *rp = json_object_get(s->root, "rope_scaling");
-    if (rp && !json_is_null(rp) && !json_is_object(rp))
-        return mt_error_set("%s: rope_scaling must be an object or null", s->path);
-    if (!rp || json_is_null(rp) || json_object_size(rp) == 0) {
-        pre = "rope_parameters.";
-        rp = json_object_get(s->root, "rope_parameters");
-        if (rp && !json_is_null(rp) && !json_is_object(rp))
-            return mt_error_set("%s: rope_parameters must be an object or null", s->path);
-    }
+    const char *pre;
+    json_t *rp;
+    MT_TRY(mt_cfg_rope_dict(s, &rp, &pre));
     cfg->rope_type = MT_ROPE_YARN;
     cfg->rope_factor = 32.0;
     cfg->rope_beta_fast = 32.0;

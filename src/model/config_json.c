@@ -2,6 +2,7 @@
 #include "model/config_json.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "core/error.h"
 
@@ -46,5 +47,41 @@ int mt_cfg_size(const mt_cfg_src *s, const char *key, int *out) {
     if (r == MT_ERR) return MT_ERR;
     if (r == 0) return mt_error_set("%s: %s is missing (required)", s->path, key);
     if (*out <= 0) return mt_error_set("%s: %s = %d must be positive", s->path, key, *out);
+    return MT_OK;
+}
+
+int mt_cfg_rope_dict(const mt_cfg_src *s, json_t **dict, const char **prefix) {
+    static const char *const keys[2] = {"rope_scaling", "rope_parameters"};
+    *dict = NULL;
+    *prefix = "rope_scaling.";
+    for (int i = 0; i < 2; i++) {
+        json_t *d = json_object_get(s->root, keys[i]);
+        if (d && !json_is_null(d) && !json_is_object(d))
+            return mt_error_set("%s: %s must be an object or null", s->path, keys[i]);
+        if (d && !json_is_null(d) && (i == 1 || json_object_size(d) > 0)) {
+            *dict = d;
+            *prefix = i ? "rope_parameters." : "rope_scaling.";
+            return MT_OK;
+        }
+    }
+    return MT_OK;
+}
+
+int mt_cfg_layer_types(const mt_cfg_src *s, json_t *lt, int L, const char *marked, uint8_t *bits,
+                       int nbytes, const char *model_type) {
+    memset(bits, 0, (size_t)nbytes);
+    if (!json_is_array(lt)) return mt_error_set("%s: layer_types must be a list", s->path);
+    if (json_array_size(lt) != (size_t)L)
+        return mt_error_set("%s: layer_types has %zu entries for num_hidden_layers = %d", s->path,
+                            json_array_size(lt), L);
+    size_t i;
+    json_t *e;
+    json_array_foreach(lt, i, e) {
+        const char *name = json_is_string(e) ? json_string_value(e) : "";
+        if (strcmp(name, marked) == 0) bits[i / 8] |= (uint8_t)(1u << (i % 8));
+        else if (strcmp(name, "full_attention") != 0)
+            return mt_error_set("%s: layer_types[%zu] must be \"%s\" or \"full_attention\" for %s", s->path,
+                                i, marked, model_type);
+    }
     return MT_OK;
 }

@@ -29,21 +29,8 @@ static int parse_layer_types(mt_config *cfg, const mt_cfg_src *s) {
             if ((l + 1) % every != 0) set_deltanet(cfg, l);
         return MT_OK;
     }
-    if (!json_is_array(lt)) return mt_error_set("%s: layer_types must be a list", s->path);
-    if (json_array_size(lt) != (size_t)cfg->L)
-        return mt_error_set("%s: layer_types has %zu entries for num_hidden_layers = %d", s->path,
-                            json_array_size(lt), cfg->L);
-    size_t i;
-    json_t *e;
-    json_array_foreach(lt, i, e) {
-        const char *name = json_is_string(e) ? json_string_value(e) : "";
-        if (strcmp(name, "linear_attention") == 0) set_deltanet(cfg, (int)i);
-        else if (strcmp(name, "full_attention") != 0)
-            return mt_error_set("%s: layer_types[%zu] must be \"linear_attention\" or "
-                                "\"full_attention\" (sliding or other kinds are not part of %s)",
-                                s->path, i, cfg->model_type);
-    }
-    return MT_OK;
+    return mt_cfg_layer_types(s, lt, cfg->L, "linear_attention", cfg->deltanet, sizeof cfg->deltanet,
+                              cfg->model_type);
 }
 
 /* The DeltaNet's head shapes; each a positive size with transformers' default. */

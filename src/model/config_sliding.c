@@ -7,28 +7,12 @@
 
 static void set_sliding(mt_config *cfg, int l) { cfg->sliding[l / 8] |= (uint8_t)(1u << (l % 8)); }
 
-static int parse_names(mt_config *cfg, const mt_cfg_src *s, json_t *lt) {
-    if (!json_is_array(lt)) return mt_error_set("%s: layer_types must be a list", s->path);
-    if (json_array_size(lt) != (size_t)cfg->L)
-        return mt_error_set("%s: layer_types has %zu entries for num_hidden_layers = %d", s->path,
-                            json_array_size(lt), cfg->L);
-    size_t i;
-    json_t *e;
-    json_array_foreach(lt, i, e) {
-        const char *name = json_is_string(e) ? json_string_value(e) : "";
-        if (strcmp(name, "sliding_attention") == 0) set_sliding(cfg, (int)i);
-        else if (strcmp(name, "full_attention") != 0)
-            return mt_error_set("%s: layer_types[%zu] must be \"sliding_attention\" or "
-                                "\"full_attention\" for %s", s->path, i, cfg->model_type);
-    }
-    return MT_OK;
-}
-
 int mt_config_parse_sliding(mt_config *cfg, const mt_cfg_src *s, int every, int default_window) {
     memset(cfg->sliding, 0, sizeof cfg->sliding);
     json_t *lt = json_object_get(s->root, "layer_types");
     if (lt && !json_is_null(lt)) {
-        MT_TRY(parse_names(cfg, s, lt));
+        MT_TRY(mt_cfg_layer_types(s, lt, cfg->L, "sliding_attention", cfg->sliding, sizeof cfg->sliding,
+                                  cfg->model_type));
     } else {
         for (int l = 0; l < cfg->L; l++)
             if ((l + 1) % every != 0) set_sliding(cfg, l);
