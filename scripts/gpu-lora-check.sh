@@ -12,11 +12,13 @@
 #                accumulated), base bf16 or nf4 (bitsandbytes); carry third_party/wheels with the
 #                peft and bitsandbytes wheels (scripts/peer-wheels.sh)
 #   mt70:BASE    the Llama-3.3-70B shape, rank 16, base BASE, 8 x 4096 a step (no peer fits)
+#   q36:BASE     the Qwen3.6-35B-A3B shape (Gated DeltaNet + MoE), rank 16, base BASE, 8 x 4096
+#   t:NAME[:FILTER]  the GPU test NAME (MT_TEST_FILTER=FILTER where the test takes one)
 #   qwen35model  test_cuda_model's test_qwen3_5_models (issue 26: whole Qwen3.5 models, CUDA vs CPU)
 #   fp8gemm      bench/fp8_gemm_bench.cu: bf16 against block-scaled fp8 cuBLASLt GEMMs
 # MT_BIN=DIR runs the binaries built here in DIR (scripts/gpu-prebuilt.sh says how; carry DIR's
 # megatrain and test binaries and MT_DEBS, default third_party/debs-run) instead of building there.
-# Every run is bounded by `timeout` and by the call's budget: BUDGET seconds (default 570) from the
+# Every run is bounded by `timeout` (a megatrain run by MT_LIMIT, default 400 s) and by the call's budget: BUDGET seconds (default 570) from the
 # script's start, less a 15 s margin. Logs in $OUT (lora.log is the summary).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,7 +44,7 @@ run_mt() { # NAME CONFIG STEPS BATCH EXTRA...: the first step warms up; the step
   shift 4
   say "== megatrain $name ($*)"
   t0=$(date +%s)
-  timeout "$(left 400)" "$bin/megatrain" train --init "$cfg" --data "$tokens" --out "/tmp/mt-lora-$name" \
+  timeout "$(left "${MT_LIMIT:-400}")" "$bin/megatrain" train --init "$cfg" --data "$tokens" --out "/tmp/mt-lora-$name" \
     --overwrite --steps "$steps" --batch "$batch" --seq 4096 --no-save --no-tensorboard "$@" \
     > "$OUT/mt-$name.log" 2>&1
   say "rc $? in $(( $(date +%s) - t0 )) s"
@@ -98,6 +100,15 @@ for stage in "$@"; do
       say "rc $? ($(grep -c '\[       OK \]' "$OUT/$t.log") OK, $(grep -c '\[  FAILED  \]' "$OUT/$t.log") FAILED lines)"
       grep -E "FAILED|fail|error" "$OUT/$t.log" | head -20 | tee -a "$log"
       tail -n 15 "$OUT/$t.log" | tee -a "$log" ;;
+    t:*)
+      ensure_built
+      t=${stage#t:}; f=""
+      case $t in *:*) f=${t#*:}; t=${t%%:*} ;; esac
+      say "== $t ${f:+(filter $f)}"
+      MT_TEST_FILTER=$f timeout "$(left "${TEST_LIMIT:-300}")" "$bin/$t" > "$OUT/$t${f:+-$f}.log" 2>&1
+      say "rc $? ($(grep -c '\[       OK \]' "$OUT/$t${f:+-$f}.log") OK, $(grep -c '\[  FAILED  \]' "$OUT/$t${f:+-$f}.log") FAILED lines)"
+      grep -E "FAIL|error" "$OUT/$t${f:+-$f}.log" | head -12 | tee -a "$log" ;;
+    q36:*) ensure_built; MT_EXPERIMENTAL_DELTANET_CUDA=1 run_mt "q36-lora-${stage#q36:}" bench/configs/qwen3.6-35b-a3b.json 2 8 --lora 16 --base-dtype "${stage#q36:}" ;;
     mt8:*) ensure_built; run_mt "8b-lora-${stage#mt8:}" bench/configs/llama-3.1-8b.json 3 16 --lora 16 --base-dtype "${stage#mt8:}" ;;
     full8) ensure_built; run_mt 8b-full bench/configs/llama-3.1-8b.json 3 16 ;;
     peer:*) ensure_built; run_peer "${stage#peer:}" ;;

@@ -3,8 +3,9 @@
  * bf16, fp8, nf4: the quantized ones say so in the plan and move the loss a little, not a lot:
  * within 5% of bf16's final loss on this fixture), evaluation during a LoRA run against `megatrain
  * eval --adapter` of its checkpoint, the plan's lines, and the quantized base's cache on disk
- * (--base-cache). The math of each is
- * checked elsewhere (test_train_torch: PEFT; test_lora_quant: the quantized base bit for bit). */
+ * (--base-cache), and on gpt-oss `info --lora`'s count and the refusal of the experts and the router
+ * as targets. The math of each is checked elsewhere (test_train_torch: PEFT; test_lora_quant: the
+ * quantized base bit for bit). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -204,6 +205,31 @@ static void test_base_cache(void **state) {
                   1, g_out, "--base-cache needs --model DIR");
 }
 
+/* gpt-oss (the lora_gpt_oss fixture's base): `info --lora` counts what PEFT trains there (the default
+ * list resolves to the attention projections: 2560, as PEFT's get_nb_trainable_parameters), and a
+ * target naming the experts or the router is refused in one line saying what is supported. */
+static void test_gpt_oss(void **state) {
+    mt_cli_expect(mt_cli_run(&g_env, g_out, sizeof g_out, "info --model '%s/../lora_gpt_oss/base' --lora 4",
+                             g_env.fixture),
+                  0, g_out, "lora: rank 4 on 8 modules (q_proj,k_proj,v_proj,o_proj): 2560 trainable parameters");
+    static const char *const refusals[][2] = {
+        {"q_proj,v_proj,down_proj", "gpt_oss's MLP is only its experts"},
+        {"router", "gpt_oss's router (mlp.router) is not a Linear module"},
+    };
+    for (int i = 0; i < 2; i++) {
+        mt_cli_expect(mt_cli_run(&g_env, g_out, sizeof g_out,
+                                 "train --model '%s/../lora_gpt_oss/base' --data '%s/../lora_gpt_oss/data.bin' "
+                                 "--steps 2 --batch 4 --seq 24 --device cpu --out gpt_oss_refused --lora 4 "
+                                 "--lora-targets %s",
+                                 g_env.fixture, g_env.fixture, refusals[i][0]),
+                      1, g_out, refusals[i][1]);
+        char first[1024];
+        assert_int_equal(mt_cli_error_lines(g_out, first, sizeof first), 1);
+        assert_non_null(strstr(first, "LoRA on gpt_oss adapts the attention projections: q_proj,k_proj,v_proj,o_proj"));
+        assert_null(strstr(g_out, "step 1/"));
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refusals),
@@ -212,6 +238,7 @@ int main(void) {
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_largest_base),
         cmocka_unit_test(test_base_cache),
+        cmocka_unit_test(test_gpt_oss),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -2,8 +2,8 @@
  * defaults, YaRN's inverse frequencies and cos/sin scaling against the fixtures' recorded
  * transformers values (rope.inv_freq, rope.attention_scaling), the parameter table's names and
  * shapes against the checkpoint's, the count against the table, the save round trip, refusals by
- * name, the backend check (a backend without gpt-oss's ops refused by name) and MXFP4 experts
- * refused at load. */
+ * name and the backend check (a backend without gpt-oss's ops refused by name). MXFP4 experts:
+ * tests/test_gpt_oss_mxfp4.c. */
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
@@ -208,9 +208,10 @@ static void test_save_roundtrip(void **state) {
 }
 
 /* A backend without the attention options or the experts' ops refuses gpt_oss by name (the CUDA
- * backend today), before any op could run without them; the CPU backend has them. LoRA is refused
- * by name too (not in this slice). */
-static void test_backend_and_lora_refused(void **state) {
+ * backend today), before any op could run without them; the CPU backend has them. LoRA's default
+ * targets are the attention projections there (PEFT's numbers: tests/fixtures/lora_gpt_oss); the
+ * router, the experts and the dense MLP's names are refused saying what is supported. */
+static void test_backend_and_lora_targets(void **state) {
     (void)state;
     mt_config c = load_fixture("gpt_oss_tiny");
     mt_backend *cpu = mt_backend_cpu_create();
@@ -229,31 +230,31 @@ static void test_backend_and_lora_refused(void **state) {
     mt_param_table_init(&t, &c);
     mt_lora_table lt;
     mt_lora_opts o = {.rank = 4};
-    assert_int_equal(mt_lora_table_init(&lt, &t, &o), MT_ERR);
-    assert_non_null(strstr(mt_error_message(), "gpt_oss"));
-    mt_param_table_free(&t);
-}
-
-/* A checkpoint whose experts are MXFP4 (*_blocks, *_scales) is refused by name at load. */
-static void test_mxfp4_refused(void **state) {
-    (void)state;
-    mt_config c = load_fixture("gpt_oss_tiny");
-    mt_param_table t;
-    mt_param_table_init(&t, &c);
-    char *dir = mt_test_tmpdir(), path[4096];
-    uint8_t blocks[4 * 16 * 1 * 16] = {0}, scales[4 * 16 * 1] = {0};
-    mt_st_write_tensor w[2] = {
-        {"model.layers.0.mlp.experts.gate_up_proj_blocks", MT_U8, 4, {4, 16, 1, 16}, blocks},
-        {"model.layers.0.mlp.experts.gate_up_proj_scales", MT_U8, 3, {4, 16, 1}, scales},
+    if (mt_lora_table_init(&lt, &t, &o) != MT_OK) fail_msg("%s", mt_error_message());
+    assert_string_equal(lt.targets, MT_LORA_GPT_OSS_TARGETS);
+    assert_int_equal(lt.n_modules, 2 * 4);
+    /* per layer q (64, 32) and o (32, 64): 4 (32 + 64) each; k and v (32, 32): 4 (32 + 32) each */
+    assert_int_equal(lt.n_real, 2 * (2 * 384 + 2 * 256));
+    mt_lora_table_free(&lt);
+    static const char *const refused[][2] = {
+        {"q_proj,router", "gpt_oss's router (mlp.router) is not a Linear module"},
+        {"mlp.router", "gpt_oss's router"},
+        {"q_proj,v_proj,gate_up_proj", "gpt_oss's MLP is only its experts"},
+        {"experts", "gpt_oss's MLP is only its experts"},
+        {"down_proj", "through target_parameters"},
+        {"q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", "\"gate_proj\": gpt_oss's MLP"},
+        {"sinks", "no module of this gpt_oss model is named \"sinks\""},
     };
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    assert_int_equal(mt_safetensors_write(path, w, 2, NULL, 0), MT_OK);
-    float *arena = mt_aligned_alloc((size_t)t.total * sizeof(float));
-    assert_int_equal(mt_model_load(&t, arena, dir), MT_ERR);
-    if (!strstr(mt_error_message(), "MXFP4")) fail_msg("%s", mt_error_message());
-    free(arena);
-    mt_test_rmtree(dir);
-    free(dir);
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        o.targets = refused[i][0];
+        assert_int_equal(mt_lora_table_init(&lt, &t, &o), MT_ERR);
+        if (!strstr(mt_error_message(), refused[i][1]))
+            fail_msg("--lora-targets %s: \"%s\" does not say \"%s\"", refused[i][0],
+                     mt_error_message(), refused[i][1]);
+        if (i < 6 && !strstr(mt_error_message(), "adapts the attention projections: " MT_LORA_GPT_OSS_TARGETS))
+            fail_msg("--lora-targets %s: \"%s\" does not say what is supported", refused[i][0],
+                     mt_error_message());
+    }
     mt_param_table_free(&t);
 }
 
@@ -265,8 +266,7 @@ int main(void) {
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_save_roundtrip),
-        cmocka_unit_test(test_backend_and_lora_refused),
-        cmocka_unit_test(test_mxfp4_refused),
+        cmocka_unit_test(test_backend_and_lora_targets),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

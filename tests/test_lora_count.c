@@ -67,10 +67,40 @@ static void test_qwen3_5_moe(void **state) {
     mt_param_table_free(&t);
 }
 
+/* gpt-oss-20b's shape (openai/gpt-oss-20b config.json, the fields that size it): the MLP is the
+ * router and the fused experts, no Linear of PEFT's, so the default is the attention projections:
+ * per layer q 16 (2880 + 4096) = 111616, k and v 16 (2880 + 512) = 54272, o 111616; 24 layers:
+ * 7962624 over 96 modules, and q,v at rank 8: 1990656. PEFT 0.21 on transformers 5.25's
+ * GptOssForCausalLM of this config (meta device) counts the same (get_nb_trainable_parameters:
+ * 7962624 of 20922719808, i.e. a base of 20914757184). */
+static void test_gpt_oss_20b(void **state) {
+    (void)state;
+    mt_param_table t;
+    table_of(&t, "{\"model_type\": \"gpt_oss\", \"hidden_size\": 2880, \"intermediate_size\": 2880, "
+                 "\"num_hidden_layers\": 24, \"num_attention_heads\": 64, \"num_key_value_heads\": 8, "
+                 "\"head_dim\": 64, \"vocab_size\": 201088, \"num_local_experts\": 32, "
+                 "\"num_experts_per_tok\": 4, \"sliding_window\": 128}");
+    assert_int_equal(t.n_real, 20914757184LL);
+    int64_t p, m;
+    assert_int_equal(mt_lora_count(&t, 16, NULL, &p, &m), MT_OK);
+    assert_int_equal(m, 24 * 4);
+    assert_int_equal(p, 24 * (2 * 111616LL + 2 * 54272LL));
+    assert_int_equal(p, 7962624LL);
+    assert_int_equal(mt_lora_count(&t, 8, "q_proj,v_proj", &p, &m), MT_OK);
+    assert_int_equal(p, 1990656LL);
+    /* the experts and the router are not PEFT Linear modules there: refused by name */
+    assert_int_equal(mt_lora_count(&t, 16, "q_proj,down_proj", &p, &m), MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "experts"));
+    assert_int_equal(mt_lora_count(&t, 16, "router", &p, &m), MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "router"));
+    mt_param_table_free(&t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama70),
         cmocka_unit_test(test_qwen3_5_moe),
+        cmocka_unit_test(test_gpt_oss_20b),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

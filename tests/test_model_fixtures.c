@@ -24,7 +24,8 @@ static const char *const fixtures[] = {
     "qwen3_qknorm",  "mistral_gqa",      "llama_bf16_sharded", "mixtral_moe",
     "qwen3_moe_norm", "qwen3_moe_step",   "qwen3_5_dense",      "qwen3_5_layers_tied",
     "qwen3_5_moe",    "qwen3_5_moe_noaux", "gpt_oss_tiny",        "gpt_oss_tiny_aux",
-    "gemma3_tiny",    "gemma3_overflow",
+    "gemma3_tiny",    "gemma3_overflow",  "gemma4_tiny",         "gemma4_vl",
+    "gemma4_moe",
 };
 
 /* The qwen3_5 fixtures' references are float64 runs of the fp32 weights (transformers' float32

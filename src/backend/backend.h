@@ -139,8 +139,11 @@ struct mt_backend {
     void *(*native_stream)(mt_backend *be, mt_stream s);
     /* Optional: bytes allocated through alloc so far. */
     size_t (*mem_used)(mt_backend *be);
-    int attention_options; /* the attention ops take every mt_attention_opts option (cpu); 0: the
-                              defaults only (cuda, today) */
+    int attention_options; /* 1: models whose attention needs mt_attention_opts run here (cpu);
+                              0: refused by the layer check (cuda: its kernels take the options,
+                              but whole gpt-oss and Gemma 3 models are not yet verified there) */
+    int rmsnorm_unweighted; /* rmsnorm_forward / _backward take weight NULL: no weight (Gemma 4's
+                               v_norm) (cpu); 0: a weight always */
     int64_t mem_budget; /* bytes alloc may hand out in all (cuda: --gpu-mem or the free memory at
                            start); 0: no limit (cpu) */
     mt_backend_memory memory; /* what the memory planner must know of the compute side */
@@ -156,7 +159,8 @@ struct mt_backend {
 
     /* Over R rows of width C: rstd[r] = 1/sqrt(mean(inp[r]^2) + eps), out = inp * rstd *
      * (weight + w_offset): w_offset 0 for Llama's norm, 1 for the (1 + w) norms of qwen3_5 (the
-     * sum taken in fp32, so a small w keeps its bits). */
+     * sum taken in fp32, so a small w keeps its bits). weight NULL (where rmsnorm_unweighted):
+     * out = inp * rstd, and the backward's dweight is ignored. */
     void (*rmsnorm_forward)(mt_backend *be, void *out, float *rstd, const void *inp,
                             const void *weight, int R, int C, float eps, float w_offset);
     /* dinp (=, or += when accumulate) and dweight (+=) from dout; rstd from the forward. Either
@@ -192,8 +196,8 @@ struct mt_backend {
      * of the scaled scores of each query (the sink's logit included when opts has sinks). When
      * doc_start is not NULL, token t of row b attends only to tokens s with
      * doc_start[b*T + t] <= s <= t (documents packed in one row do not see each other); with
-     * opts->window W, also only to s > t - W. opts NULL: the defaults (mt_attention_opts). The
-     * cuda backend has no options yet: it refuses any but the defaults. */
+     * opts->window W, also only to s > t - W. opts NULL: the defaults (mt_attention_opts). Both
+     * backends take every option (cuda: its own kernels then, cuDNN only without options). */
     void (*attention_forward)(mt_backend *be, void *out, float *lse, const void *q, const void *k,
                               const void *v, const int32_t *doc_start, int B, int T, int H, int G,
                               int D, const mt_attention_opts *opts);
@@ -309,6 +313,12 @@ struct mt_backend {
     void (*add)(mt_backend *be, void *out, const void *a, const void *b, size_t n);
     /* x[i] *= s over n elements of the compute dtype (in fp32, rounded once). */
     void (*scale)(mt_backend *be, void *x, float s, size_t n);
+    /* out[i] = x[i] * s[0] over n elements, s one value of the compute dtype on the compute side
+     * (Gemma 4's layer_scalar); out may alias x. Optional (NULL: a backend without it). */
+    void (*scale_by)(mt_backend *be, void *out, const void *x, const void *s, size_t n);
+    /* x[i] = cap * tanh(x[i] / cap) over n elements, in place (Gemma's final logit soft-capping).
+     * Optional (NULL: a backend without it). */
+    void (*softcap)(mt_backend *be, void *x, float cap, size_t n);
 
     /* out[0] += sum of x[i]^2 over n fp32 elements (accumulated in fp32 or better). */
     void (*sumsq)(mt_backend *be, float *out, const float *x, size_t n);
@@ -365,6 +375,16 @@ struct mt_backend {
                                const int32_t *top_idx, const float *top_w, const float *aux_grad,
                                int n, int E, int k, int renorm);
 
+    /* Gemma 4's per-expert gate scale: w_out (n, k) = w * scale[top_idx] (scale (E) compute dtype,
+     * router.per_expert_scale). Backward: d_w (n, k) = d_out * scale[top_idx] (=), d_scale (E) +=
+     * the sum of d_out * w over each expert's assignments (NULL: skipped). Optional (NULL: a
+     * backend without them, which refuses Gemma 4's MoE block). */
+    void (*moe_expert_scale_forward)(mt_backend *be, float *w_out, const float *w,
+                                     const int32_t *top_idx, const void *scale, int n, int k);
+    void (*moe_expert_scale_backward)(mt_backend *be, float *d_w, float *d_scale, const float *d_out,
+                                      const float *w, const int32_t *top_idx, const void *scale, int n,
+                                      int k);
+
     /* The experts' linear layers over grouped rows (no bias): for every expert e with rows
      * offsets[e] .. offsets[e+1]-1 (none: skipped, its gradient untouched), what matmul_forward /
      * matmul_backward compute on those rows with weight (M, K) = weight + e * w_stride elements
@@ -403,6 +423,12 @@ struct mt_backend {
     void (*lm_head_loss)(mt_backend *be, float *losses, void *dinp, float *dweight, const void *inp,
                          const void *weight, const int32_t *targets, int N, int C, int V,
                          float loss_scale);
+    /* The same with the logits soft-capped first (Gemma 4's final_logit_softcapping, cap > 0):
+     * logits = cap * tanh((inp @ weight^T) / cap), the backward through the cap (dlogits times
+     * 1 - tanh^2). Optional (NULL: a backend without it). */
+    void (*lm_head_loss_softcap)(mt_backend *be, float *losses, void *dinp, float *dweight,
+                                 const void *inp, const void *weight, const int32_t *targets, int N,
+                                 int C, int V, float loss_scale, float cap);
 };
 
 /* moe_matmul_forward / moe_matmul_backward as one be->matmul_forward / matmul_backward per expert

@@ -6,7 +6,7 @@
 #include "../core/error.h"
 #include "../engine/planner.h"
 #include "../io/hf_layout.h"
-#include "../model/lora_count.h"
+#include "../model/lora.h"
 #include "args.h"
 #include "commands.h"
 #include "model_source.h"
@@ -23,11 +23,11 @@ static void print_usage(FILE *out) {
             "  --init CONFIG.json  a config.json alone\n"
             "  --tensors           list every tensor: name, shape, owning layer\n"
             "  --lora R            count the parameters rank-R LoRA adapters train, as PEFT counts\n"
-            "                      them (r x (in + out) a module; megatrain does not train adapters\n"
-            "                      yet)\n"
+            "                      them (r x (in + out) a module)\n"
             "  --lora-targets L    PEFT's target_modules, comma-separated (default: every linear\n"
             "                      projection of attention, the Gated DeltaNet and the MLPs, shared\n"
-            "                      experts included; not the router, the experts or the LM head)\n"
+            "                      experts included; not the router, the experts or the LM head: on\n"
+            "                      gpt_oss the attention's q_proj, k_proj, v_proj, o_proj)\n"
             "  --model ORG/NAME [--revision R]: a model in the Hugging Face hub cache, offline\n"
             "  ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub; R: ref or commit,\n"
             "  default main)\n");
@@ -90,6 +90,26 @@ static void print_gemma3(const mt_config *cfg) {
         printf("rope scaling: linear factor %g (full layers only)\n", cfg->rope_factor);
 }
 
+/* gemma4: which layers slide (their window), the full layers' own shape and RoPE, the values'
+ * norm, the unscaled scores, the norms, GeGLU, the scaled embedding, the per-layer scalar and the
+ * logits' soft-cap. */
+static void print_gemma4(const mt_config *cfg) {
+    print_sliding_layers(cfg);
+    printf("full layers: head dim %d, kv heads %d%s; rope: full layers theta %g, ", cfg->global_D,
+           cfg->global_G, cfg->k_eq_v ? ", values = keys (no v_proj)" : "", cfg->rope_theta);
+    if (cfg->rope_type == MT_ROPE_PROPORTIONAL)
+        printf("proportional (%d of %d frequencies rotate%s)", (int)(cfg->rope_partial * cfg->global_D / 2),
+               cfg->global_D / 2, cfg->rope_factor != 1.0 ? ", / factor" : "");
+    else printf("default");
+    printf(", sliding layers theta %g\n", cfg->rope_local_theta);
+    printf("scores unscaled (q/k norm), values RMS-normed without a weight; norms w, sandwich; MLP GeGLU "
+           "(gelu_pytorch_tanh); embedding x sqrt(%d)%s; each layer's output x its layer_scalar (a "
+           "buffer: loaded, saved, not trained); logits %s",
+           cfg->C, cfg->embed_pad_no_grad ? ", pad row frozen in the lookup" : "",
+           cfg->final_softcap > 0 ? "soft-capped: cap x tanh(logits / cap), cap " : "not soft-capped\n");
+    if (cfg->final_softcap > 0) printf("%g\n", cfg->final_softcap);
+}
+
 int mt_cmd_info(int argc, char **argv) {
     const char *model_dir = NULL, *init = NULL;
     const char *revision = NULL;
@@ -135,8 +155,9 @@ int mt_cmd_info(int argc, char **argv) {
     if (mt_host_model_open(&m, model_dir, init, 0, model_dir != NULL) != MT_OK) return mt_cli_fail();
     const mt_config *cfg = &m.table.cfg;
     double n = (double)m.table.n_real;
-    int64_t lp = 0, lm = 0; /* bad --lora values fail before anything is printed */
-    if (lora && mt_lora_count(&m.table, lora, lora_targets, &lp, &lm) != MT_OK) {
+    mt_lora_table lt; /* bad --lora values fail before anything is printed */
+    mt_lora_opts lo = {.rank = lora, .targets = lora_targets};
+    if (lora && mt_lora_table_init(&lt, &m.table, &lo) != MT_OK) {
         mt_host_model_free(&m);
         return mt_cli_fail();
     }
@@ -146,7 +167,8 @@ int mt_cmd_info(int argc, char **argv) {
     printf("rope: theta %g%s; rms_norm_eps %g%s%s%s\n", cfg->rope_theta,
            cfg->rope_type == MT_ROPE_LLAMA3 ? ", llama3 scaling"
            : cfg->rope_type == MT_ROPE_YARN ? ", yarn scaling"
-           : cfg->rope_type == MT_ROPE_LINEAR ? ", linear scaling" : "", cfg->rms_norm_eps,
+           : cfg->rope_type == MT_ROPE_LINEAR ? ", linear scaling"
+           : cfg->rope_type == MT_ROPE_PROPORTIONAL ? ", proportional" : "", cfg->rms_norm_eps,
            cfg->qkv_bias ? "; q/k/v bias" : "", cfg->o_bias ? "; o bias" : "",
            cfg->qk_norm ? "; q/k norm" : "");
     printf("parameters: %.0f (%.3f B); one layer %lld\n", n, n / 1e9,
@@ -154,11 +176,13 @@ int mt_cmd_info(int argc, char **argv) {
     if (mt_config_mixer_layers(cfg, MT_MIXER_GATED_DELTANET) > 0) print_layer_types(cfg);
     if (cfg->arch == MT_ARCH_GPT_OSS) print_gpt_oss(cfg);
     if (cfg->arch == MT_ARCH_GEMMA3) print_gemma3(cfg);
+    if (cfg->arch == MT_ARCH_GEMMA4) print_gemma4(cfg);
     if (cfg->n_experts > 0) {
         double a = (double)mt_config_active_param_count(cfg);
-        printf("experts: %d MoE layers of %d experts (width %d), top %d%s%s%s; active parameters "
+        printf("experts: %d MoE layers of %d experts (width %d), top %d%s%s%s%s; active parameters "
                "%.0f (%.3f B)\n", mt_config_moe_layers(cfg), cfg->n_experts, cfg->moe_F, cfg->top_k,
                cfg->norm_topk_prob ? ", gates renormalised" : "",
+               cfg->moe_beside_dense ? " x per_expert_scale, beside the dense MLP (router on the residual)" : "",
                cfg->shared_expert ? ", a gated shared expert" : "",
                cfg->router_aux ? ", load-balancing loss" : "", a, a / 1e9);
     }
@@ -169,6 +193,7 @@ int mt_cmd_info(int argc, char **argv) {
                           .resident = MT_AUTO, .n_slots = 2};
     mt_plan plan;
     if (mt_plan_resolve(&m.table, &gpu, &rq, &plan) != MT_OK) {
+        if (lora) mt_lora_table_free(&lt);
         mt_host_model_free(&m);
         return mt_cli_fail();
     }
@@ -178,16 +203,21 @@ int mt_cmd_info(int argc, char **argv) {
     printf("\n  (checkpoints offloaded by a short --gpu-mem add L x B x T x hidden x 2 bytes; on\n"
            "  --device cpu the upload copy is fp32 and the compute side is host RAM too)\n");
     if (model_dir) printf("weights: all %d tensors present and valid\n", m.table.n_params);
-    if (lora) {
-        printf("lora: rank %d on %lld modules (%s): %lld trainable parameters (%.3f%% of %.0f), as PEFT "
-               "counts them\n", lora, (long long)lm, lora_targets ? lora_targets : "every linear projection",
-               (long long)lp, 100.0 * (double)lp / n, n);
+    if (lora) { /* the names that matched: what a default list resolves to on this family */
+        printf("lora: rank %d on %d modules (%s): %lld trainable parameters (%.3f%% of %.0f), as PEFT "
+               "counts them\n", lora, lt.n_modules, lt.targets, (long long)lt.n_real,
+               100.0 * (double)lt.n_real / n, n);
+        mt_lora_table_free(&lt);
     }
     if (m.hf && m.hf->n_carried > 0) /* a multimodal checkpoint's vision tower, mtp layer, ... */
         printf("carried: %d tensors not trained, copied unchanged into every save (%d vision, %d mtp, %d "
                "other)\n", m.hf->n_carried, m.hf->n_visual, m.hf->n_mtp,
                m.hf->n_carried - m.hf->n_visual - m.hf->n_mtp);
     if (m.hf && m.hf->fused_experts) printf("experts: fused on disk (mlp.experts.gate_up_proj, down_proj); saved so\n");
+    if (m.hf && m.hf->n_mxfp4 > 0)
+        printf("experts: MXFP4 on disk (%d tensors as mlp.experts.*_blocks + _scales): dequantized at load, "
+               "trained unquantized, saved unquantized (fp32 checkpoints, bf16 from megatrain convert) "
+               "without quantization_config\n", m.hf->n_mxfp4);
     if (tensors) {
         for (int i = 0; i < m.table.n_params; i++) {
             const mt_param *p = &m.table.params[i];

@@ -659,6 +659,11 @@ static int open_model(train_run *r) {
                "prediction (mtp.*: not trained, so it will not follow the fine-tuned model), %d other\n",
                hf->n_carried, o->model_dir, hf->n_visual, hf->n_mtp,
                hf->n_carried - hf->n_visual - hf->n_mtp);
+    if (hf && hf->n_mxfp4 > 0 && r->have_lora) /* a published gpt-oss as a frozen base */
+        printf("experts loaded from MXFP4 (dequantized) into the frozen base\n");
+    else if (hf && hf->n_mxfp4 > 0) /* a published gpt-oss: its experts train and save unquantized */
+        printf("experts loaded from MXFP4 (dequantized): saved checkpoints hold them unquantized (fp32 "
+               "here, bf16 from megatrain convert), with no quantization_config\n");
     if (!o->have_seq) o->seq = mt_plan_default_seq(cfg);
     MT_TRY(mt_run_check_seq(cfg, (int)o->seq, "--seq"));
     /* a missing data file is refused before --out is created, so a typo leaves nothing behind */

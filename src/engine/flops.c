@@ -51,7 +51,7 @@ double mt_flops_attention(const mt_config *c, const int32_t *doc_start, int B, i
     double attn = 0; /* gpt-oss's sliding layers see only their window's pairs */
     for (int l = 0; l < c->L; l++)
         if (mt_config_layer_mixer(c, l) == MT_MIXER_ATTENTION)
-            attn += 7.0 * c->H * (double)c->D *
+            attn += 7.0 * c->H * (double)mt_config_layer_head_dim(c, l) *
                     doc_square_sum_window(doc_start, B, T, mt_config_layer_window(c, l));
     return attn + 3.5 * mt_config_mixer_layers(c, MT_MIXER_GATED_DELTANET) *
                       mt_flops_deltanet_core_forward(c, (double)B * T);
@@ -69,6 +69,7 @@ double mt_flops_deltanet_core_forward(const mt_config *c, double tokens) {
 
 double mt_flops_layer_mlp(const mt_config *c, int l, double tokens) {
     double C = c->C, shared = c->shared_expert ? 3.0 * C * c->F + C : 0;
+    if (c->moe_beside_dense) shared = 3.0 * C * c->F; /* gemma4: the dense MLP beside the experts */
     if (mt_config_layer_is_moe(c, l))
         return tokens * 2.0 * (C * c->n_experts + (double)c->top_k * 3.0 * C * c->moe_F + shared);
     return tokens * 2.0 * 3.0 * C * c->F;
@@ -80,14 +81,15 @@ double mt_flops_layer_projections(const mt_config *c, int l, double tokens, int 
         double Hv = c->lin_Hv, VD = Hv * c->lin_Dv, Ch = 2.0 * c->lin_Hk * c->lin_Dk + VD;
         return tokens * 2.0 * (C * (Ch + VD + 2 * Hv) + VD * C) + mlp; /* qkv, z, b, a in; out */
     }
-    double HD = (double)c->H * c->D, GD = (double)c->G * c->D, q = c->attn_gate ? 2 : 1;
-    return tokens * 2.0 * ((q + 1) * C * HD + 2 * C * GD) + mlp;
+    double D = mt_config_layer_head_dim(c, l), HD = (double)c->H * D, q = c->attn_gate ? 2 : 1;
+    double GD = (double)mt_config_layer_kv_heads(c, l) * D, kv = mt_config_layer_k_eq_v(c, l) ? 1 : 2;
+    return tokens * 2.0 * ((q + 1) * C * HD + kv * C * GD) + mlp; /* gemma4: the full layers' own */
 }
 
 double mt_flops_layer_attention_forward(const mt_config *c, int l, double tokens, int T) {
     if (mt_config_layer_mixer(c, l) == MT_MIXER_GATED_DELTANET) return mt_flops_deltanet_core_forward(c, tokens);
     double keys = T > 0 ? window_square(T, mt_config_layer_window(c, l)) / (2.0 * T) : 0; /* a query's mean */
-    return tokens * 4.0 * keys * c->H * c->D;
+    return tokens * 4.0 * keys * c->H * mt_config_layer_head_dim(c, l);
 }
 
 double mt_flops_head_forward(const mt_config *c, double tokens) { return tokens * 2.0 * c->C * c->V; }

@@ -35,7 +35,7 @@ static double attention_pool(const mt_plan *p) {
  * what the attention backward takes from the pool for one micro-batch (with the pool's keep), at
  * per_elem bytes per element of q. */
 static double pool_headroom_at(const mt_plan *p, double per_elem) {
-    double att = per_elem * (double)p->eo.micro_batch * p->eo.T * p->cfg.H * p->cfg.D +
+    double att = per_elem * (double)p->eo.micro_batch * p->eo.T * p->cfg.H * mt_config_max_head_dim(&p->cfg) +
                  (double)(256 << 20);
     double h = (double)p->backend.headroom;
     return per_elem > 0 && att > h ? att : h;

@@ -6,7 +6,9 @@
  * What is quantized: every 2-D projection weight of a layer (attention's, the Gated DeltaNet's,
  * the MLP's, the shared expert's and every expert's), as bitsandbytes' QLoRA quantizes every Linear
  * module. Kept in fp32 (small, and sensitive): the norms, biases, the DeltaNet's convolution,
- * A_log and dt_bias, the MoE router and the shared expert's gate. The embed and head groups and
+ * A_log and dt_bias, the MoE router and the shared expert's gate. gpt-oss's fused 3-D experts are
+ * not Linear modules (nor does bitsandbytes quantize them): kept in fp32, so only its attention
+ * projections are quantized there. The embed and head groups and
  * the GPU tier's layers are not held here (the training state keeps them in the compute dtype).
  *
  * Formats (quant/nf4.h, quant/fp8.h), bytes per quantized weight:

@@ -300,9 +300,10 @@ static int same_shape(const mt_st_tensor *x, int ndim, const int64_t *shape) {
     return same;
 }
 
-/* The weights (all F32 by now): every tensor of the table with its shape, found as
- * mt_model_load finds them (io/hf_layout.h: a nested model's prefix, fused experts, the carried
- * tensors), nothing else but what mt_model_load also passes over. */
+/* The weights (all F32 by now, so no MXFP4 pair: check_weights_f32 refused its U8 halves): every
+ * tensor of the table with its shape, found as mt_model_load finds them (io/hf_layout.h: a nested
+ * model's prefix, fused experts, the carried tensors), nothing else but what mt_model_load also
+ * passes over. */
 static int check_model(const mt_safetensors *mst, const mt_param_table *t, mt_hf_ref *refs) {
     return mt_hf_resolve(t, mst, refs, NULL);
 }

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/mxfp4_tensor.h"
 #include "model/config.h"
 
 static int starts_with(const char *s, const char *prefix) { return strncmp(s, prefix, strlen(prefix)) == 0; }
@@ -114,15 +115,8 @@ static void add_carried(mt_hf_source *src, const mt_st_tensor *x) {
 
 int mt_hf_resolve(const mt_param_table *t, const mt_safetensors *st, mt_hf_ref *refs, mt_hf_source *src) {
     const char *source = mt_safetensors_source(st);
-    int n = mt_safetensors_count(st), fused = 0, rc = MT_OK;
+    int n = mt_safetensors_count(st), fused = 0, n_mxfp4 = 0, rc = MT_OK;
     char name[MT_HF_NAME];
-    for (int j = 0; j < n; j++) { /* gpt-oss's published experts are MXFP4 (quant/mxfp4.h) */
-        const mt_st_tensor *x = mt_safetensors_at(st, j);
-        if (strstr(x->name, "mlp.experts.") && (ends_with(x->name, "_blocks") || ends_with(x->name, "_scales")))
-            return mt_error_set("%s: tensor %s is MXFP4-quantized: loading MXFP4 experts is not yet "
-                                "implemented (dequantize the checkpoint first, e.g. transformers' "
-                                "Mxfp4Config(dequantize=True) and save_pretrained)", x->path, x->name);
-    }
     /* transformers 4's multimodal Gemma 3 names its language model "language_model.model.*"
      * (published google/gemma-3-*-it); only the 5.x layout (model.language_model.*) is read */
     if (t->cfg.nested && mt_safetensors_find(st, "language_model.model.embed_tokens.weight"))
@@ -134,12 +128,16 @@ int mt_hf_resolve(const mt_param_table *t, const mt_safetensors *st, mt_hf_ref *
     for (int i = 0; i < t->n_params && rc == MT_OK; i++) {
         const mt_param *p = &t->params[i];
         mt_hf_name(t, p, name, sizeof name);
-        const mt_st_tensor *x = mt_safetensors_find(st, name);
+        const mt_st_tensor *x = mt_safetensors_find(st, name), *blocks, *scales;
         int f = p->expert >= 0 && fusable(&t->cfg) ? find_fused(t, st, p, x, &refs[i]) : 0;
-        if (f < 0) rc = MT_ERR;
-        else if (f == 0 && (rc = check_one(p, name, x, source)) == MT_OK) refs[i] = (mt_hf_ref){x, 0};
+        int q = f == 0 ? mt_mxfp4_tensor_find(st, name, p, &blocks, &scales) : 0;
+        if (f < 0 || q < 0) rc = MT_ERR;
+        else if (q > 0) refs[i] = (mt_hf_ref){blocks, 0, scales};
+        else if (f == 0 && (rc = check_one(p, name, x, source)) == MT_OK) refs[i] = (mt_hf_ref){x, 0, NULL};
         if (rc == MT_OK) used[mt_safetensors_index(st, refs[i].x)] = 1;
+        if (rc == MT_OK && q > 0) used[mt_safetensors_index(st, scales)] = 1;
         fused |= f > 0;
+        n_mxfp4 += q > 0;
     }
     for (int j = 0; j < n && rc == MT_OK; j++) {
         const mt_st_tensor *x = mt_safetensors_at(st, j);
@@ -153,15 +151,21 @@ int mt_hf_resolve(const mt_param_table *t, const mt_safetensors *st, mt_hf_ref *
             if (src) add_carried(src, x); /* vision tower, multi-token prediction, ...: not trained */
             continue;
         }
-        rc = mt_error_set("%s: tensor %s is not part of this %s model (check config.json: model_type, "
-                          "biases, qk norm, layer count)", x->path, x->name, t->cfg.model_type);
+        if (strstr(x->name, "mlp.experts.") && mt_mxfp4_tensor_is_half(x->name))
+            rc = mt_error_set("%s: tensor %s is MXFP4-quantized, and this %s model has no tensor to read "
+                              "it into (MXFP4 is read for gpt_oss's mlp.experts.gate_up_proj and down_proj)",
+                              x->path, x->name, t->cfg.model_type);
+        else
+            rc = mt_error_set("%s: tensor %s is not part of this %s model (check config.json: model_type, "
+                              "biases, qk norm, layer count)", x->path, x->name, t->cfg.model_type);
     }
-    if (rc == MT_OK && src) src->fused_experts = fused;
+    if (rc == MT_OK && src) src->fused_experts = fused, src->n_mxfp4 = n_mxfp4;
     free(used);
     return rc;
 }
 
 mt_st_tensor mt_hf_ref_view(const mt_hf_ref *r, int64_t numel) {
+    MT_CHECK(!r->scales, "%s: an MXFP4 pair has no plain view (read it with mt_hf_ref_to_f32)", r->x->name);
     mt_st_tensor v = *r->x;
     size_t es = mt_dtype_size(v.dtype);
     v.data = (const unsigned char *)v.data + (size_t)r->elem * es;
@@ -169,6 +173,12 @@ mt_st_tensor mt_hf_ref_view(const mt_hf_ref *r, int64_t numel) {
     v.numel = numel;
     v.nbytes = (size_t)numel * es;
     return v;
+}
+
+int mt_hf_ref_to_f32(const mt_hf_ref *r, const mt_param *p, float *dst) {
+    if (r->scales) return mt_mxfp4_tensor_to_f32(r->x, r->scales, p, dst);
+    mt_st_tensor v = mt_hf_ref_view(r, p->numel);
+    return mt_st_tensor_to_f32(&v, dst);
 }
 
 /* ---- the source ---- */

@@ -11,6 +11,12 @@
  *    them: "mlp.experts.gate_up_proj" (E, 2 Fe, C), per expert its Fe gate rows then its Fe up
  *    rows (gate, up = linear(x, gate_up_proj[e]).chunk(2)), and "mlp.experts.down_proj"
  *    (E, C, Fe). Either loads; a save writes the layout the source had.
+ *  - gpt-oss's experts (mlp.experts.gate_up_proj, down_proj) may be MXFP4, as the published
+ *    checkpoints hold them: NAME_blocks + NAME_scales in place of NAME (io/mxfp4_tensor.h).
+ *    They load dequantized, are trained as the plain tensors they become, and every save writes
+ *    them plain (unquantized, the dtype of the save), with a config.json that has no
+ *    quantization_config (mt_config_save writes none): what transformers loads as a dequantized
+ *    gpt-oss.
  *
  * The host model keeps an mt_hf_source (read from --model's directory) and points the table's
  * `hf` at it; every writer of a model directory (mt_model_save, the training checkpoints) lays its
@@ -46,6 +52,7 @@ struct mt_hf_source {
     mt_hf_carried *carried; /* in file order */
     int n_carried;
     int n_visual, n_mtp;    /* of the carried: model.visual.*, mtp.* */
+    int n_mxfp4;            /* table tensors read from MXFP4 pairs (dequantized; saved plain) */
 };
 typedef struct mt_hf_source mt_hf_source;
 
@@ -63,18 +70,25 @@ void mt_hf_name(const mt_param_table *t, const mt_param *p, char *buf, size_t si
 /* Where the table finds tensor i on disk: x's elements [elem, elem + numel). */
 typedef struct {
     const mt_st_tensor *x;
-    int64_t elem; /* 0 but for a fused expert */
+    int64_t elem;                /* 0 but for a fused expert */
+    const mt_st_tensor *scales;  /* non-NULL: x is the _blocks of an MXFP4 pair (mxfp4_tensor.h) */
 } mt_hf_ref;
 
 /* Finds every tensor of t in st (refs: t->n_params entries), each with exactly its shape (F32,
- * BF16 or F16 on disk), and accounts for every other tensor of st: a "*rotary_emb.inv_freq"
- * (ignored), lm_head.weight of a tied model (ignored, warned on stderr), in a nested checkpoint
- * anything outside "model.language_model." (carried: into src when src is not NULL, with
- * src->fused_experts); any other is MT_ERR naming it. */
+ * BF16 or F16 on disk; a gpt-oss expert tensor may be an MXFP4 pair instead), and accounts for
+ * every other tensor of st: a "*rotary_emb.inv_freq" (ignored), lm_head.weight of a tied model
+ * (ignored, warned on stderr), in a nested checkpoint anything outside "model.language_model."
+ * (carried: into src when src is not NULL, with src->fused_experts and src->n_mxfp4); any other
+ * is MT_ERR naming it. */
 int mt_hf_resolve(const mt_param_table *t, const mt_safetensors *st, mt_hf_ref *refs, mt_hf_source *src);
 
-/* The referenced elements as one tensor (numel of them): for conversion and checks. */
+/* The referenced elements as one tensor (numel of them): for checks of plain tensors (an MXFP4
+ * pair has no such view: a bug to ask). */
 mt_st_tensor mt_hf_ref_view(const mt_hf_ref *r, int64_t numel);
+
+/* Param p's values from its reference as fp32 (p->numel into dst): converted from F32/BF16/F16,
+ * or dequantized from MXFP4. Every reader of model weights goes through here. */
+int mt_hf_ref_to_f32(const mt_hf_ref *r, const mt_param *p, float *dst);
 
 /* DIR/config.json for t: mt_config_save's for a text-only config; a nested one needs t->hf's
  * original text, written unchanged (atomic). */

@@ -43,11 +43,6 @@ static int open_resolved(const mt_param_table *t, const char *dir, mt_safetensor
     return rc;
 }
 
-static int ref_to_f32(const mt_hf_ref *r, const mt_param *p, float *dst) {
-    mt_st_tensor v = mt_hf_ref_view(r, p->numel);
-    return mt_st_tensor_to_f32(&v, dst);
-}
-
 int mt_model_load(const mt_param_table *t, float *arena, const char *dir) {
     mt_safetensors *st;
     mt_hf_ref *refs;
@@ -59,7 +54,7 @@ int mt_model_load(const mt_param_table *t, float *arena, const char *dir) {
         const mt_param *p = &t->params[i];
         MT_CHECK(p->offset >= cursor, "parameter table not in arena order at %s", p->name);
         zero_floats(arena, cursor, p->offset);
-        rc = ref_to_f32(&refs[i], p, arena + p->offset);
+        rc = mt_hf_ref_to_f32(&refs[i], p, arena + p->offset);
         cursor = p->offset + p->numel;
     }
     if (rc == MT_OK) zero_floats(arena, cursor, t->total);
@@ -88,7 +83,7 @@ int mt_model_load_tensors_where(const mt_param_table *t, const char *dir,
     for (int i = 0; i < t->n_params && rc == MT_OK; i++) {
         const mt_param *p = &t->params[i];
         if (want && !want(ctx, p)) continue;
-        rc = ref_to_f32(&refs[i], p, buf);
+        rc = mt_hf_ref_to_f32(&refs[i], p, buf);
         if (rc == MT_OK) rc = sink(ctx, p, buf);
     }
     free(buf);

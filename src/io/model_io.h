@@ -13,8 +13,9 @@
  * any other tensor is refused by name, except "*rotary_emb.inv_freq" (ignored) and, for a tied
  * model, "lm_head.weight" (ignored with a warning on stderr). A multimodal checkpoint (nested
  * config) has the language model under "model.language_model." and carries the rest (vision
- * tower, mtp.*: not loaded); MoE experts may be fused (io/hf_layout.h). All checks run before the
- * arena is written, so on MT_ERR it is untouched. Padding between tensors is zeroed. */
+ * tower, mtp.*: not loaded); MoE experts may be fused, gpt-oss's may be MXFP4 (read dequantized;
+ * io/hf_layout.h, io/mxfp4_tensor.h). All checks run before the arena is written, so on MT_ERR it
+ * is untouched. Padding between tensors is zeroed. */
 int mt_model_load(const mt_param_table *t, float *arena, const char *dir);
 /* The same checks, then each tensor as fp32 (a buffer of the largest tensor) handed to sink in
  * table order: loading without a copy of the whole model. A sink error stops the load. */

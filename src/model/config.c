@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "model/config_json.h"
 #include "model/config_gemma3.h"
+#include "model/config_gemma4.h"
 #include "model/config_gpt_oss.h"
 #include "model/config_qwen3_5.h"
 #include "io/atomic_file.h" /* config.json is replaced atomically, like every file we write */
@@ -27,7 +28,8 @@
 
 static int cfg_refuse_unsupported(const mt_config *cfg, const mt_cfg_src *s) {
     json_t *act = json_object_get(s->root, "hidden_act");
-    if (act && !json_is_null(act) && !mt_config_is_gemma3(cfg)) { /* gemma3: hidden_activation */
+    if (act && !json_is_null(act) && !mt_config_is_gemma3(cfg) &&
+        !mt_config_is_gemma4(cfg)) { /* gemma3, gemma4: hidden_activation */
         if (!json_is_string(act)) return mt_error_set("%s: hidden_act must be a string", s->path);
         if (strcmp(json_string_value(act), "silu") != 0)
             return mt_error_set("%s: hidden_act \"%s\" is not supported (supported: silu)", s->path,
@@ -45,6 +47,7 @@ static int cfg_refuse_unsupported(const mt_config *cfg, const mt_cfg_src *s) {
         double n = 0;
         if (moe_type && i < 4) continue;
         if (cfg->arch == MT_ARCH_QWEN3_5_MOE && i != 4 && i != 5) continue;
+        if (mt_config_is_gemma4(cfg) && (i == 0 || i == 3)) continue; /* its own: config_gemma4.c */
         if (mt_cfg_num(s, s->root, "", moe[i], &n) == MT_ERR) return MT_ERR;
         if (n > 0 && moe_type)
             return mt_error_set("%s: %s = %g: shared experts are not supported (%s has none)",
@@ -63,7 +66,7 @@ static int cfg_refuse_unsupported(const mt_config *cfg, const mt_cfg_src *s) {
     if (sw) return mt_error_set("%s: use_sliding_window = true is not supported", s->path);
     json_t *lt = json_object_get(s->root, "layer_types");
     if (lt && !json_is_null(lt) && !mt_config_is_qwen3_5(cfg) && !mt_config_is_gpt_oss(cfg) &&
-        !mt_config_is_gemma3(cfg)) {
+        !mt_config_is_gemma3(cfg) && !mt_config_is_gemma4(cfg)) {
         if (!json_is_array(lt)) return mt_error_set("%s: layer_types must be a list", s->path);
         size_t i;
         json_t *e;
@@ -154,6 +157,7 @@ static const mt_arch_info mt_archs[] = {
     {"qwen3_5_moe", "Qwen3_5MoeForCausalLM", MT_ARCH_QWEN3_5_MOE, 32768, 2, 256},
     {"gpt_oss", "GptOssForCausalLM", MT_ARCH_GPT_OSS, 131072, 8, 64},
     {"gemma3", "Gemma3ForCausalLM", MT_ARCH_GEMMA3, 131072, 4, 256}, /* gemma3_text; gemma3 nests it */
+    {"gemma4", "Gemma4ForCausalLM", MT_ARCH_GEMMA4, 131072, 4, 256}, /* gemma4_text; gemma4 nests it */
 };
 
 static const mt_arch_info *arch_info(mt_arch a) {
@@ -182,19 +186,20 @@ static int cfg_model_type(mt_config *cfg, mt_cfg_src *s, const mt_arch_info **in
         int same = text ? strlen(mt_archs[i].name) == len - 5 && strncmp(name, mt_archs[i].name, len - 5) == 0
                         : strcmp(name, mt_archs[i].name) == 0;
         if (same && text && mt_archs[i].arch != MT_ARCH_QWEN3_5 && mt_archs[i].arch != MT_ARCH_QWEN3_5_MOE &&
-            mt_archs[i].arch != MT_ARCH_GEMMA3)
+            mt_archs[i].arch != MT_ARCH_GEMMA3 && mt_archs[i].arch != MT_ARCH_GEMMA4)
             same = 0;
         if (same) {
             *info = &mt_archs[i];
             cfg->arch = mt_archs[i].arch;
             snprintf(cfg->model_type, sizeof cfg->model_type, "%s", name);
             json_t *tc = json_object_get(s->root, "text_config");
-            /* Gemma3Config (multimodal) always nests its language model */
-            if (!text && mt_config_is_gemma3(cfg) && (!tc || json_is_null(tc)))
-                return mt_error_set("%s: model_type gemma3 without a text_config (the language "
-                                    "model's fields): use model_type gemma3_text for a text model",
-                                    s->path);
-            if (!text && (mt_config_is_qwen3_5(cfg) || mt_config_is_gemma3(cfg)) && tc && !json_is_null(tc)) {
+            /* Gemma3Config / Gemma4Config (multimodal) always nest their language model */
+            int gemma = mt_config_is_gemma3(cfg) || mt_config_is_gemma4(cfg);
+            if (!text && gemma && (!tc || json_is_null(tc)))
+                return mt_error_set("%s: model_type %s without a text_config (the language "
+                                    "model's fields): use model_type %s_text for a text model",
+                                    s->path, name, name);
+            if (!text && (mt_config_is_qwen3_5(cfg) || gemma) && tc && !json_is_null(tc)) {
                 if (!json_is_object(tc)) return mt_error_set("%s: text_config must be an object", s->path);
                 cfg->nested = 1;
                 s->root = tc; /* the language model's fields; vision_config is not ours */
@@ -203,7 +208,8 @@ static int cfg_model_type(mt_config *cfg, mt_cfg_src *s, const mt_arch_info **in
         }
     }
     return mt_error_set("%s: model_type \"%s\" is not supported (supported: llama, mistral, qwen2, "
-                        "qwen3, mixtral, qwen3_moe, qwen3_5, qwen3_5_moe, gpt_oss, gemma3_text, gemma3)", s->path, name);
+                        "qwen3, mixtral, qwen3_moe, qwen3_5, qwen3_5_moe, gpt_oss, gemma3_text, gemma3, gemma4_text, "
+                        "gemma4)", s->path, name);
 }
 
 /* bos/eos: int, list of ints (the first is taken) or null. */
@@ -245,7 +251,7 @@ static int cfg_sizes(mt_config *cfg, const mt_cfg_src *s, const mt_arch_info *in
 
 static int cfg_flags(mt_config *cfg, const mt_cfg_src *s) {
     int attn_bias = mt_config_is_gpt_oss(cfg), mlp_bias = 0; /* GptOssConfig: attention_bias true */
-    if (mt_config_is_gpt_oss(cfg) || mt_config_is_gemma3(cfg) || cfg->arch == MT_ARCH_LLAMA || cfg->arch == MT_ARCH_QWEN3 || cfg->arch == MT_ARCH_QWEN3_MOE ||
+    if (mt_config_is_gpt_oss(cfg) || mt_config_is_gemma3(cfg) || mt_config_is_gemma4(cfg) || cfg->arch == MT_ARCH_LLAMA || cfg->arch == MT_ARCH_QWEN3 || cfg->arch == MT_ARCH_QWEN3_MOE ||
         mt_config_is_qwen3_5(cfg))
         if (mt_cfg_bool(s, "attention_bias", &attn_bias) == MT_ERR) return MT_ERR;
     if (cfg->arch == MT_ARCH_LLAMA && mt_cfg_bool(s, "mlp_bias", &mlp_bias) == MT_ERR) return MT_ERR;
@@ -373,6 +379,34 @@ int mt_config_layer_window(const mt_config *cfg, int l) {
     return cfg->sliding[l / 8] & (1u << (l % 8)) ? cfg->attn_window : 0;
 }
 
+/* Gemma 4's full layers: their own head dim and kv heads (global_D > 0 and not sliding). */
+static int layer_global(const mt_config *cfg, int l) {
+    return cfg->global_D > 0 && mt_config_layer_window(cfg, l) == 0;
+}
+
+int mt_config_layer_head_dim(const mt_config *cfg, int l) {
+    return layer_global(cfg, l) ? cfg->global_D : cfg->D;
+}
+
+int mt_config_layer_kv_heads(const mt_config *cfg, int l) {
+    return layer_global(cfg, l) ? cfg->global_G : cfg->G;
+}
+
+int mt_config_layer_rotary_dim(const mt_config *cfg, int l) {
+    return layer_global(cfg, l) ? cfg->global_D : mt_config_rotary_dim(cfg);
+}
+
+int mt_config_layer_k_eq_v(const mt_config *cfg, int l) { return cfg->k_eq_v && layer_global(cfg, l); }
+
+int mt_config_max_head_dim(const mt_config *cfg) { return cfg->global_D > cfg->D ? cfg->global_D : cfg->D; }
+
+int mt_config_max_kv_heads(const mt_config *cfg) { return cfg->global_G > cfg->G ? cfg->global_G : cfg->G; }
+
+int mt_config_max_kv_width(const mt_config *cfg) {
+    int w = cfg->G * cfg->D, g = cfg->global_G * cfg->global_D;
+    return g > w ? g : w;
+}
+
 double mt_config_rope_attention_scaling(const mt_config *cfg) {
     if (cfg->rope_type != MT_ROPE_YARN || cfg->rope_factor <= 1) return 1.0;
     return 0.1 * log(cfg->rope_factor) + 1.0; /* transformers' yarn_get_mscale */
@@ -399,12 +433,13 @@ static int cfg_parse_root(mt_config *cfg, const mt_cfg_src *top) {
     MT_TRY(cfg_sizes(cfg, s, info));
     MT_TRY(cfg_flags(cfg, s));
     MT_TRY(cfg_moe(cfg, s));
-    if (!mt_config_is_gpt_oss(cfg) && !mt_config_is_gemma3(cfg))
-        MT_TRY(cfg_parse_rope(cfg, s)); /* gpt_oss: YaRN; gemma3: a RoPE per layer type; their files */
+    if (!mt_config_is_gpt_oss(cfg) && !mt_config_is_gemma3(cfg) && !mt_config_is_gemma4(cfg))
+        MT_TRY(cfg_parse_rope(cfg, s)); /* gpt_oss: YaRN; gemma3/4: a RoPE per layer type; their files */
     cfg->rotary_dim = cfg->D;
     if (mt_config_is_qwen3_5(cfg)) MT_TRY(mt_config_parse_qwen3_5(cfg, s));
     if (mt_config_is_gpt_oss(cfg)) MT_TRY(mt_config_parse_gpt_oss(cfg, s));
     if (mt_config_is_gemma3(cfg)) MT_TRY(mt_config_parse_gemma3(cfg, s));
+    if (mt_config_is_gemma4(cfg)) MT_TRY(mt_config_parse_gemma4(cfg, s));
     if (cfg->nested) MT_TRY(cfg_nested_tie(cfg, top));
     return mt_config_validate(cfg, s->path);
 }
@@ -559,24 +594,36 @@ int mt_config_validate(const mt_config *cfg, const char *path) {
 
 /* ---- derived quantities ---- */
 
-/* Parameters of the model; with `active`, an MoE layer counts its router and k of its E experts. */
-static int64_t param_count(const mt_config *cfg, int active) {
-    int64_t C = cfg->C, F = cfg->F, H = cfg->H, G = cfg->G, D = cfg->D, V = cfg->V;
-    int64_t attn = (H * D * (cfg->attn_gate ? 2 : 1) + 2 * G * D) * C /* q (and its gate), k, v */
-                   + C * H * D;                                        /* o */
-    if (cfg->qkv_bias) attn += H * D * (cfg->attn_gate ? 2 : 1) + 2 * G * D;
+/* An attention layer's parameters (layer l's head dim and kv heads; no v_proj where k = v). */
+static int64_t attn_params(const mt_config *cfg, int l) {
+    int64_t C = cfg->C, H = cfg->H;
+    int64_t G = mt_config_layer_kv_heads(cfg, l), D = mt_config_layer_head_dim(cfg, l);
+    int64_t kv = mt_config_layer_k_eq_v(cfg, l) ? 1 : 2;
+    int64_t attn = (H * D * (cfg->attn_gate ? 2 : 1) + kv * G * D) * C /* q (and its gate), k, v */
+                   + C * H * D;                                         /* o */
+    if (cfg->qkv_bias) attn += H * D * (cfg->attn_gate ? 2 : 1) + kv * G * D;
     if (cfg->o_bias) attn += C;
     if (cfg->qk_norm) attn += 2 * D;
     if (cfg->attn_sinks) attn += H;
+    return attn;
+}
+
+/* Parameters of the model; with `active`, an MoE layer counts its router and k of its E experts. */
+static int64_t param_count(const mt_config *cfg, int active) {
+    int64_t C = cfg->C, F = cfg->F, V = cfg->V;
     int64_t dense = 3 * F * C + (cfg->mlp_bias ? 2 * F + C : 0); /* gate, up, down */
     int64_t experts = active ? cfg->top_k : cfg->n_experts;
     int64_t moe = (int64_t)cfg->n_experts * C + experts * 3 * (int64_t)cfg->moe_F * C; /* router + experts */
     if (cfg->shared_expert) moe += dense + C;                     /* the shared expert and its gate */
+    if (cfg->moe_beside_dense) moe += dense + C + cfg->n_experts + 3 * C; /* gemma4: the dense MLP,
+                                            the router's two scales, the branches' three norms */
     if (mt_config_is_gpt_oss(cfg)) moe += cfg->n_experts + experts * (2 * (int64_t)cfg->moe_F + C); /* biases */
     int64_t total = V * C + C;                                    /* embedding, final norm */
     for (int l = 0; l < cfg->L; l++) {
         total += (cfg->sandwich_norm ? 4 : 2) * C; /* input + post norms (+ the branch outputs') */
-        total += mt_config_layer_mixer(cfg, l) == MT_MIXER_GATED_DELTANET ? mt_config_deltanet_params(cfg) : attn;
+        total += cfg->layer_scalar;                /* gemma4's buffer */
+        total += mt_config_layer_mixer(cfg, l) == MT_MIXER_GATED_DELTANET ? mt_config_deltanet_params(cfg)
+                                                                           : attn_params(cfg, l);
         total += mt_config_layer_is_moe(cfg, l) ? moe : dense;
     }
     if (!cfg->tie_word_embeddings) total += V * C;
@@ -589,8 +636,10 @@ int64_t mt_config_active_param_count(const mt_config *cfg) { return param_count(
 /* transformers' _compute_default_rope_parameters and _compute_llama3_parameters, in double. */
 int mt_config_rope_sets(const mt_config *cfg) { return cfg->rope_local_theta > 0 ? 2 : 1; }
 
+int mt_config_rope_stride(const mt_config *cfg) { return mt_config_max_head_dim(cfg) / 2; }
+
 size_t mt_config_rope_inv_freq_len(const mt_config *cfg) {
-    return (size_t)mt_config_rope_sets(cfg) * (size_t)(cfg->D / 2);
+    return (size_t)mt_config_rope_sets(cfg) * (size_t)mt_config_rope_stride(cfg);
 }
 
 int mt_config_layer_rope_set(const mt_config *cfg, int l) {
@@ -603,10 +652,15 @@ double mt_config_attn_scale(const mt_config *cfg) {
 
 void mt_config_rope_inv_freq(const mt_config *cfg, float *inv_freq) {
     const double pi = 3.14159265358979323846;
-    int D = mt_config_rotary_dim(cfg); /* partial RoPE: the rotated dims' own frequencies */
+    if (mt_config_is_gemma4(cfg)) { /* each layer type its own head dim */
+        mt_config_gemma4_inv_freq(cfg, inv_freq);
+        return;
+    }
+    int D = mt_config_rotary_dim(cfg), stride = mt_config_rope_stride(cfg); /* partial RoPE: the
+                                                       rotated dims' own frequencies */
     if (cfg->rope_local_theta > 0) /* set 1: the sliding layers' plain RoPE (Gemma 3) */
         for (int i = 0; i < D / 2; i++)
-            inv_freq[cfg->D / 2 + i] = (float)(1.0 / pow(cfg->rope_local_theta, (double)(2 * i) / (double)D));
+            inv_freq[stride + i] = (float)(1.0 / pow(cfg->rope_local_theta, (double)(2 * i) / (double)D));
     if (cfg->rope_type == MT_ROPE_YARN) {
         mt_config_yarn_inv_freq(cfg, inv_freq);
         return;

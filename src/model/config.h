@@ -26,6 +26,9 @@ typedef enum {
                               clamped SwiGLU in every layer (config_gpt_oss.c) */
     MT_ARCH_GEMMA3 = 9,    /* Gemma 3 text: sliding/full attention with their own RoPE, sandwich
                               norms, GeGLU, a scaled embedding (config_gemma3.c) */
+    MT_ARCH_GEMMA4 = 10,   /* Gemma 4 text: Gemma 3's layer with plain-w norms, v-norm, full layers
+                              of their own head dim and kv heads (keys = values there), a per-layer
+                              scalar, final logit soft-capping (config_gemma4.c) */
 } mt_arch;
 
 /* A dense MLP's activation: down(act(gate x) * up x). */
@@ -45,6 +48,8 @@ typedef enum {
     MT_ROPE_LLAMA3 = 1,
     MT_ROPE_YARN = 2,     /* gpt-oss: rope_factor, rope_original_max_pos, beta_fast/slow, truncate */
     MT_ROPE_LINEAR = 3,   /* positions / rope_factor (Gemma 3's full layers) */
+    MT_ROPE_PROPORTIONAL = 4, /* Gemma 4's full layers: the first rope_partial of a head's D/2
+                                 frequencies 1/theta^(2i/D) / rope_factor, the rest 0 (unrotated) */
 } mt_rope_type;
 
 typedef struct {
@@ -122,6 +127,18 @@ typedef struct {
                                  compute dtype, as transformers' embed_scale buffer) */
     int pad_token_id;         /* -1 when absent */
     int embed_pad_no_grad;    /* the lookup adds no gradient to row pad_token_id (padding_idx) */
+    /* Gemma 4 (config_gemma4.c, which also sets the Gemma 3 fields above); zero elsewhere */
+    int global_D, global_G;   /* > 0: the full_attention layers' head dim and kv heads
+                                 (global_head_dim, num_global_key_value_heads / per_layer_config) */
+    int k_eq_v;               /* the full layers have no v_proj: values are k_proj's output, normed
+                                 on their own (attention_k_eq_v) */
+    int v_norm;               /* values RMS-normed per head, without a weight */
+    double rope_partial;      /* MT_ROPE_PROPORTIONAL's share of rotated frequencies */
+    double final_softcap;     /* > 0: logits = cap * tanh(logits / cap) (final_logit_softcapping) */
+    int layer_scalar;         /* each layer's output times its layer_scalar (a checkpoint buffer,
+                                 loaded and saved, never trained: its gradient stays 0) */
+    int moe_beside_dense;     /* an MoE layer keeps its dense MLP of width F beside the experts, the
+                                 router reading the residual (Gemma 4's enable_moe_block: moe.h) */
     /* Not the checkpoint's: set by the trainer when LoRA adapters of this rank train (model/lora.h;
      * 0: none), so that the layer's workspace and the planner count the adapters' scratch */
     int lora_rank;
@@ -133,6 +150,17 @@ mt_mixer mt_config_layer_mixer(const mt_config *cfg, int l);
 int mt_config_mixer_layers(const mt_config *cfg, mt_mixer m);
 /* Short name of a mixer for messages and `info` ("attention", "gated_deltanet"). */
 const char *mt_mixer_name(mt_mixer m);
+
+/* Layer l's attention geometry: head dim, kv heads, dims RoPE rotates (Gemma 4's full layers have
+ * their own), and whether its values are k_proj's output (no v_proj). */
+int mt_config_layer_head_dim(const mt_config *cfg, int l);
+int mt_config_layer_kv_heads(const mt_config *cfg, int l);
+int mt_config_layer_rotary_dim(const mt_config *cfg, int l);
+int mt_config_layer_k_eq_v(const mt_config *cfg, int l);
+/* The widest any layer has: head dim, H * head dim, kv heads, kv heads * head dim. */
+int mt_config_max_head_dim(const mt_config *cfg);
+int mt_config_max_kv_heads(const mt_config *cfg);
+int mt_config_max_kv_width(const mt_config *cfg);
 
 /* Layer l's attention window in keys (0: the whole causal row). */
 int mt_config_layer_window(const mt_config *cfg, int l);
@@ -181,12 +209,15 @@ float mt_config_norm_offset(const mt_config *cfg);
 /* Dims of each head RoPE rotates (rotary_dim, or D). */
 int mt_config_rotary_dim(const mt_config *cfg);
 
-/* RoPE inverse frequencies in fp32, computed as transformers does (llama3, linear, YaRN): one
- * table of D/2 floats per RoPE set (mt_config_rope_sets), mt_config_rotary_dim / 2 values used
- * in each; set 0 the model's (Gemma 3: the full layers'), set 1 Gemma 3's sliding layers'. */
+/* RoPE inverse frequencies in fp32, computed as transformers does (llama3, linear, YaRN,
+ * proportional): one table of mt_config_rope_stride floats per RoPE set (mt_config_rope_sets), a
+ * layer's rotary dim / 2 values used in each; set 0 the model's (Gemma 3/4: the full layers'), set
+ * 1 the Gemma sliding layers'. */
 void mt_config_rope_inv_freq(const mt_config *cfg, float *inv_freq);
-/* Number of RoPE tables (1, or 2 with rope_local_theta), and the floats of all of them. */
+/* Number of RoPE tables (1, or 2 with rope_local_theta), the floats from one table to the next
+ * (the widest head dim / 2), and the floats of all of them. */
 int mt_config_rope_sets(const mt_config *cfg);
+int mt_config_rope_stride(const mt_config *cfg);
 size_t mt_config_rope_inv_freq_len(const mt_config *cfg);
 /* The table layer l rotates with. */
 int mt_config_layer_rope_set(const mt_config *cfg, int l);

@@ -11,6 +11,7 @@
 #include "model/config.h"
 #include "model/config_json.h"
 #include "model/config_gemma3.h"
+#include "model/config_gemma4.h"
 #include "model/config_gpt_oss.h"
 #include "model/config_qwen3_5.h"
 
@@ -104,10 +105,10 @@ static json_t *cfg_to_json(const mt_config *cfg) {
     json_t *archs = json_array();
     json_array_append_new(archs, json_string(architecture));
     json_object_set_new(o, "architectures", archs);
-    char text_type[32]; /* a text-only qwen3_5 (gemma3) model's config class is Qwen3_5TextConfig
-                           (Gemma3TextConfig) */
+    char text_type[32]; /* a text-only qwen3_5 (gemma3, gemma4) model's config class is
+                           Qwen3_5TextConfig (Gemma3TextConfig, Gemma4TextConfig) */
     snprintf(text_type, sizeof text_type, "%s%s", name,
-             mt_config_is_qwen3_5(cfg) || mt_config_is_gemma3(cfg) ? "_text" : "");
+             mt_config_is_qwen3_5(cfg) || mt_config_is_gemma3(cfg) || mt_config_is_gemma4(cfg) ? "_text" : "");
     json_object_set_new(o, "model_type", json_string(text_type));
     json_object_set_new(o, "hidden_size", json_integer(cfg->C));
     json_object_set_new(o, "intermediate_size", json_integer(cfg->F));
@@ -150,6 +151,7 @@ static json_t *cfg_to_json(const mt_config *cfg) {
         json_object_set_new(o, "router_aux_loss_coef", json_real(float_as_short_double(cfg->router_aux_coef)));
     }
     if (mt_config_is_gemma3(cfg)) mt_config_gemma3_json(cfg, o);
+    if (mt_config_is_gemma4(cfg)) mt_config_gemma4_json(cfg, o);
     if (cfg->bos_token_id >= 0) json_object_set_new(o, "bos_token_id", json_integer(cfg->bos_token_id));
     if (cfg->eos_token_id >= 0) json_object_set_new(o, "eos_token_id", json_integer(cfg->eos_token_id));
     /* No "dtype": with it absent, from_pretrained(dtype="auto") takes the safetensors' dtype. */

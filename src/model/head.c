@@ -52,13 +52,15 @@ void mt_head_loss(const mt_layer_ctx *lc, const mt_model_view *w, const mt_model
     MT_CHECK(N <= ws->max_N, "head workspace holds %d tokens, asked for %d", ws->max_N, N);
     be->rmsnorm_forward(be, ws->xn, ws->rstd, x, w->final_norm, N, cfg->C, cfg->rms_norm_eps,
                         mt_config_norm_offset(cfg));
-    if (!grads) {
-        be->lm_head_loss(be, losses, NULL, NULL, ws->xn, w->lm_head, targets, N, cfg->C, cfg->V,
+    void *dxn = grads ? ws->dxn : NULL;
+    float *dhead = grads ? (float *)grads->lm_head : NULL;
+    if (cfg->final_softcap > 0) /* gemma4: logits = cap * tanh(logits / cap) */
+        be->lm_head_loss_softcap(be, losses, dxn, dhead, ws->xn, w->lm_head, targets, N, cfg->C,
+                                 cfg->V, loss_scale, (float)cfg->final_softcap);
+    else
+        be->lm_head_loss(be, losses, dxn, dhead, ws->xn, w->lm_head, targets, N, cfg->C, cfg->V,
                          loss_scale);
-        return;
-    }
-    be->lm_head_loss(be, losses, ws->dxn, (float *)grads->lm_head, ws->xn, w->lm_head, targets, N,
-                     cfg->C, cfg->V, loss_scale);
+    if (!grads) return;
     be->rmsnorm_backward(be, dx, (float *)grads->final_norm, ws->dxn, x, w->final_norm, ws->rstd,
                          N, cfg->C, 0, mt_config_norm_offset(cfg));
 }
@@ -71,4 +73,5 @@ void mt_head_logits(const mt_layer_ctx *lc, const mt_model_view *w, const void *
     be->rmsnorm_forward(be, ws->xn, ws->rstd, x, w->final_norm, N, cfg->C, cfg->rms_norm_eps,
                         mt_config_norm_offset(cfg));
     be->matmul_forward(be, logits, ws->xn, w->lm_head, NULL, N, cfg->C, cfg->V);
+    if (cfg->final_softcap > 0) be->softcap(be, logits, (float)cfg->final_softcap, (size_t)N * cfg->V);
 }

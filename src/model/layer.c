@@ -1,6 +1,7 @@
 /* One decoder layer: the token mixer half (mixer_attention.c) and the MLP half (a dense SwiGLU or
- * GeGLU here, the experts in moe.c), each with its residual add (model/layer.h); gemma3 norms
- * each half's output before its add (sandwich norms). */
+ * GeGLU here, the experts in moe.c), each with its residual add (model/layer.h); gemma3 and gemma4
+ * norm each half's output before its add (sandwich norms); gemma4 scales the layer's output by its
+ * layer_scalar. */
 #include "model/layer.h"
 
 #include <stdlib.h>
@@ -10,9 +11,14 @@
 #include "model/layer_internal.h"
 #include "model/linear.h"
 #include "model/moe.h"
+#include "model/moe_gemma4.h"
 
 int mt_layer_check_runnable(const mt_config *cfg) {
-    (void)cfg; /* every mixer and MLP of the families config.c reads has its forward and backward */
+    /* every mixer and MLP of the families config.c reads has its forward and backward; LoRA on
+     * gemma4 (the full layers' own shapes, keys as values) is not checked against PEFT yet */
+    if (cfg->arch == MT_ARCH_GEMMA4 && cfg->lora_rank > 0)
+        return mt_error_set("%s: LoRA on Gemma 4 is not supported yet (full-parameter training is)",
+                            cfg->model_type);
     return MT_OK;
 }
 
@@ -30,6 +36,17 @@ int mt_layer_backend_check(const mt_config *cfg, const mt_backend *be) {
         return mt_error_set("%s: the %s backend does not have Gemma 3's ops yet (GeGLU, the sliding "
                             "window and query_pre_attn_scalar in the attention, the pad token's "
                             "embedding row): use --device cpu", cfg->model_type, be->name);
+    /* gemma4 needs Gemma 3's and its own: the weightless v-norm, the per-layer scalar, the
+     * soft-capped LM head */
+    if (cfg->arch == MT_ARCH_GEMMA4 &&
+        (!be->attention_options || !be->geglu_forward || !be->zero_rows_of_id ||
+         !be->rmsnorm_unweighted || !be->scale_by || !be->softcap || !be->lm_head_loss_softcap ||
+         (cfg->moe_beside_dense && !be->moe_expert_scale_forward)))
+        return mt_error_set("%s: the %s backend does not have Gemma 4's ops yet (GeGLU, the sliding "
+                            "window and unscaled scores in the attention, the weightless v-norm, the "
+                            "per-layer scalar, the soft-capped LM head, the pad token's embedding "
+                            "row, the MoE block's per-expert scale): use --device cpu", cfg->model_type,
+                            be->name);
     int n = mt_config_mixer_layers(cfg, MT_MIXER_GATED_DELTANET);
     if (n > 0 && !be->gated_delta_forward)
         return mt_error_set("%s: %d of the %d layers are Gated DeltaNets, whose ops the %s backend "
@@ -99,6 +116,23 @@ static void mlp_up_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, co
     mlp_act_forward(lc, ws, n);
 }
 
+/* gemma4's MoE block (model/moe_gemma4.h) on the n tokens of h_rows: the dense MLP's output (down's,
+ * in g4_y1) and the experts' (g4_y2) each normed, their sum (mlp_y) normed into out_c (rstd_mo). */
+static void moe4_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, const void *h_rows,
+                         void *out_c, int n, mt_layer_ws *ws) {
+    mt_backend *be = lc->be;
+    const mt_config *cfg = lc->cfg;
+    int C = cfg->C;
+    float eps = cfg->rms_norm_eps, off = mt_layer_norm_offset(lc);
+    mlp_up_forward(lc, w, h_rows, n, ws);
+    mt_linear_forward(lc, w, MT_W_DOWN, ws->g4_y1, ws->act, w->down, w->down_bias, n, cfg->F, C, ws);
+    be->rmsnorm_forward(be, ws->mlp_y, ws->g4_rstd1, ws->g4_y1, w->mlp_out_norm_1, n, C, eps, off);
+    mt_moe_gemma4_forward(lc, w, h_rows, ws->g4_y2, n, ws);
+    be->rmsnorm_forward(be, ws->g4_y2n, ws->g4_rstd2, ws->g4_y2, w->mlp_out_norm_2, n, C, eps, off);
+    be->add(be, ws->mlp_y, ws->mlp_y, ws->g4_y2n, (size_t)n * C);
+    be->rmsnorm_forward(be, out_c, ws->rstd_mo, ws->mlp_y, w->mlp_out_norm, n, C, eps, off);
+}
+
 void mt_layer_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_layer_weights *w,
                       const void *inp, void *out, mt_layer_ws *ws) {
     int N = tok->B * tok->T, C = lc->cfg->C;
@@ -111,7 +145,9 @@ void mt_layer_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_lay
     for (int r0 = 0; r0 < N; r0 += chunk) {
         int n = mt_min_int(chunk, N - r0);
         void *out_c = mt_layer_row(lc, out, r0, C);
-        if (w->router) {
+        if (w->exp_gate_up_oi) {
+            moe4_forward(lc, w, mt_layer_row(lc, ws->h, r0, C), out_c, n, ws);
+        } else if (w->router) {
             post_norm_forward(lc, w, mt_layer_row(lc, ws->h, r0, C), n, ws);
             mt_moe_forward(lc, w, ws->hn, out_c, n, ws, 1);
         } else {
@@ -119,6 +155,7 @@ void mt_layer_forward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_lay
             mlp_down_forward(lc, w, out_c, n, ws);
         }
         be->add(be, out_c, out_c, mt_layer_row(lc, ws->h, r0, C), (size_t)n * C);
+        if (w->layer_scalar) be->scale_by(be, out_c, out_c, w->layer_scalar, (size_t)n * C);
     }
 }
 
@@ -182,6 +219,37 @@ static void moe_mlp_backward(const mt_layer_ctx *lc, const mt_layer_weights *w,
     post_norm_backward(lc, w, g, dout_c, mt_layer_row(lc, d_h, r0, C), r0, n, ws);
 }
 
+/* gemma4's MoE block backward for the n tokens from row r0 (its forward remade from h first when
+ * `remake`): through the outer norm, then each branch's norm, the dense MLP into d_hn and the
+ * experts into g4_d1; d_h rows r0.. = dout + pre-norm'(d_hn) + the experts' input gradient. */
+static void moe4_backward(const mt_layer_ctx *lc, const mt_layer_weights *w,
+                          const mt_layer_weights *g, const void *dout, void *d_h, int r0, int n,
+                          int remake, mt_layer_ws *ws) {
+    mt_backend *be = lc->be;
+    const mt_config *cfg = lc->cfg;
+    int C = cfg->C, F = cfg->F;
+    float off = mt_layer_norm_offset(lc);
+    const void *h_c = mt_layer_row(lc, ws->h, r0, C), *dout_c = mt_layer_row(lc, dout, r0, C);
+    void *d_h_c = mt_layer_row(lc, d_h, r0, C);
+    if (remake) moe4_forward(lc, w, h_c, ws->d_hn, n, ws); /* its output into the idle d_hn */
+    be->rmsnorm_backward(be, ws->g4_d1, mt_f32(g->mlp_out_norm), dout_c, ws->mlp_y, w->mlp_out_norm,
+                         ws->rstd_mo, n, C, 0, off);
+    be->rmsnorm_backward(be, ws->g4_d2, mt_f32(g->mlp_out_norm_1), ws->g4_d1, ws->g4_y1,
+                         w->mlp_out_norm_1, ws->g4_rstd1, n, C, 0, off);
+    mt_linear_backward(lc, w, g, MT_W_DOWN, ws->d_act, mt_f32(g->down), mt_f32(g->down_bias), ws->g4_d2,
+                       ws->act, w->down, n, F, C, 0, ws);
+    mlp_act_backward(lc, ws, n);
+    mt_linear_backward(lc, w, g, MT_W_GATE, ws->d_hn, mt_f32(g->gate), mt_f32(g->gate_bias), ws->d_gate,
+                       ws->hn, w->gate, n, C, F, 0, ws);
+    mt_linear_backward(lc, w, g, MT_W_UP, ws->d_hn, mt_f32(g->up), mt_f32(g->up_bias), ws->d_up, ws->hn,
+                       w->up, n, C, F, 1, ws);
+    be->rmsnorm_backward(be, ws->g4_d2, mt_f32(g->mlp_out_norm_2), ws->g4_d1, ws->g4_y2,
+                         w->mlp_out_norm_2, ws->g4_rstd2, n, C, 0, off);
+    mt_moe_gemma4_backward(lc, w, g, ws->g4_d2, h_c, ws->g4_d1, n, ws);
+    post_norm_backward(lc, w, g, dout_c, d_h_c, r0, n, ws);
+    be->add(be, d_h_c, d_h_c, ws->g4_d1, (size_t)n * C);
+}
+
 void mt_layer_backward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_layer_weights *w,
                        const mt_layer_weights *g, const void *inp, const void *dout, void *dinp,
                        mt_layer_ws *ws, mt_recompute recompute) {
@@ -195,10 +263,21 @@ void mt_layer_backward(const mt_layer_ctx *lc, const mt_tokens *tok, const mt_la
     if (w->lin_qkv && recompute != MT_RECOMPUTE_NONE) mt_deltanet_mixer_forward(lc, tok, w, inp, ws);
     else if (remake) mt_attention_mixer_forward(lc, tok, w, inp, ws, recompute == MT_RECOMPUTE_ALL);
 
+    /* gemma4: out = (h + mlp) * layer_scalar, so the halves see dout * layer_scalar (written into
+     * dinp, which the MLP may alias as dout); the scalar itself is a buffer: no gradient */
+    if (w->layer_scalar) {
+        be->scale_by(be, dinp, dout, w->layer_scalar, (size_t)d.N * d.C);
+        dout = dinp;
+    }
+
     /* MLP: out = h + down(act), chunk by chunk; a tiled MLP remakes every chunk from h. d_h, the
      * gradient of h, goes into dinp's rows (dout's rows are read first where they alias). */
     for (int r0 = 0; r0 < d.N; r0 += chunk) {
         int n = mt_min_int(chunk, d.N - r0);
+        if (w->exp_gate_up_oi) {
+            moe4_backward(lc, w, g, dout, dinp, r0, n, tiled || recompute != MT_RECOMPUTE_NONE, ws);
+            continue;
+        }
         if (w->router) {
             moe_mlp_backward(lc, w, g, dout, dinp, r0, n, tiled || recompute != MT_RECOMPUTE_NONE,
                              ws);

@@ -77,6 +77,9 @@ typedef struct {
     void *act;          /* (N, F)   silu(gate) * up         chunk rows */
     float *rstd1, *rstd2;         /* (N)                    chunk rows */
     float *q_rstd, *k_rstd;       /* (N*H), (N*G) qwen3 only; chunk rows */
+    void *v_raw, *dv_raw;         /* (N, G*D) gemma4's values before their norm (v_proj's output;
+                                     unused where keys are values) and its gradient; chunk rows */
+    float *v_rstd;                /* (N*G) their norm's statistics; chunk rows */
     float *lse;                   /* (B, H, T) */
     /* backward scratch */
     void *d_act, *d_gate, *d_up;  /* (N, F)                 chunk rows */
@@ -127,6 +130,15 @@ typedef struct {
                                                    copy of ws, as moe_stats */
     void *shared_y, *shared_g;       /* (n, C) the shared expert's output, then gated (qwen3_5_moe) */
     void *shared_logit, *d_shared_logit; /* (n, 1) its gate's logit and the logit's gradient */
+    /* Gemma 4's MoE block beside the dense MLP (model/moe_gemma4.c; chunk rows, none saved): down's
+     * output y1 and the experts' y2 before their norms (mlp_y then holds their normed sum, the
+     * post-feedforward norm's input), y2 normed, the router's input rx and the experts' x2, their
+     * norms' statistics; the gates times per_expert_scale and that product's gradient; the gate
+     * half of the experts' fused gate_up (moe_up holds the up half) and its gradient; scratch */
+    void *g4_y1, *g4_y2, *g4_y2n, *g4_rx, *g4_x2, *g4_d1, *g4_d2, *g4_d3; /* (n, C) */
+    float *g4_rstd1, *g4_rstd2, *g4_rstd_rx, *g4_rstd_x2;                 /* (n) */
+    float *g4_w, *g4_dw;                                                   /* (n, k) */
+    void *g4_gate, *g4_d_gate;                                             /* (n*k, Fe) */
     int32_t *moe_offsets;            /* (E + 1) compute side: each expert's first grouped row */
     int32_t *moe_offsets_host;       /* (E + 1) host copy the per-expert GEMMs are sized from */
     mt_moe_stats *moe_stats;         /* the step's router statistics, shared by every copy of ws */
@@ -144,8 +156,8 @@ size_t mt_layer_ws_bytes(const mt_config *cfg, mt_dtype dtype, int max_N);
 size_t mt_layer_ws_bytes_tiled(const mt_config *cfg, mt_dtype dtype, int max_N, int mlp_chunk);
 
 /* Saved internals: the fields of mt_layer_ws that cost a matmul or the attention to remake (q, k,
- * v, att, h, gate, up, lse, qwen3's q_raw, k_raw, q_rstd, k_rstd, gemma3's attn_o, mlp_y and
- * their rstd). A layer whose forward wrote
+ * v, att, h, gate, up, lse, qwen3's q_raw, k_raw, q_rstd, k_rstd, gemma4's v_raw, v_rstd,
+ * gemma3's attn_o, mlp_y and their rstd). A layer whose forward wrote
  * them into buffers of its own skips the recompute in its backward (MT_RECOMPUTE_CHEAP): only
  * xn1, hn (and their rstd) and act are remade, by elementwise kernels, bit for bit as the forward
  * made them. Tiled (0 < mlp_chunk < N), the chunk-row fields among them (gate, up, and qwen3's

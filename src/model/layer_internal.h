@@ -14,6 +14,14 @@ static inline mt_layer_dims mt_layer_dims_of(const mt_config *cfg, int N) {
     return d;
 }
 
+/* The dims of an attention layer whose weights are w: its own head dim and kv heads where the
+ * view says (Gemma 4's full layers), else the config's. */
+static inline mt_layer_dims mt_layer_dims_at(const mt_config *cfg, const mt_layer_view *w, int N) {
+    int D = w->head_dim ? w->head_dim : cfg->D, G = w->kv_heads ? w->kv_heads : cfg->G;
+    mt_layer_dims d = {N, cfg->C, cfg->F, cfg->H, G, D, cfg->H * D, G * D};
+    return d;
+}
+
 /* A call over N tokens runs its per-token ops in chunks of this many tokens; N when untiled. */
 static inline int mt_layer_chunk_rows(int chunk, int N) {
     return chunk > 0 && chunk < N ? chunk : N;

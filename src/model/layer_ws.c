@@ -27,9 +27,11 @@ static void ws_append(ws_field *f, int *n, const ws_field *list, size_t m) {
 }
 
 static int ws_fields(const mt_config *cfg, ws_field *f) {
-    int C = cfg->C, HD = cfg->H * cfg->D, GD = cfg->G * cfg->D, n = 0;
+    /* the widest layer's (gemma4's full layers have their own head dim and kv heads) */
+    int C = cfg->C, HD = cfg->H * mt_config_max_head_dim(cfg), GD = mt_config_max_kv_width(cfg), n = 0;
+    int G = mt_config_max_kv_heads(cfg);
     /* no dense MLP (nor a shared expert, which uses its fields): no room for one */
-    int F = mt_config_moe_layers(cfg) == cfg->L && !cfg->shared_expert ? 0 : cfg->F;
+    int F = mt_config_moe_layers(cfg) == cfg->L && !cfg->shared_expert && !cfg->moe_beside_dense ? 0 : cfg->F;
     ws_field list[] = {
         {WS(xn1), C, 0, 0, 1},      {WS(q), HD, 0, 1, 0},    {WS(k), GD, 0, 1, 0},
         {WS(v), GD, 0, 1, 0},       {WS(att), HD, 0, 1, 0},  {WS(h), C, 0, 1, 0},
@@ -43,9 +45,13 @@ static int ws_fields(const mt_config *cfg, ws_field *f) {
     ws_append(f, &n, list, sizeof list / sizeof list[0]);
     if (cfg->qk_norm) {
         ws_field extra[] = {{WS(q_raw), HD, 0, 1, 1},      {WS(k_raw), GD, 0, 1, 1},
-                            {WS(q_rstd), cfg->H, 1, 1, 1}, {WS(k_rstd), cfg->G, 1, 1, 1},
+                            {WS(q_rstd), cfg->H, 1, 1, 1}, {WS(k_rstd), G, 1, 1, 1},
                             {WS(dq_raw), HD, 0, 0, 1},     {WS(dk_raw), GD, 0, 0, 1}};
         ws_append(f, &n, extra, sizeof extra / sizeof extra[0]);
+    }
+    if (cfg->v_norm) { /* gemma4: v_proj's output (or k_raw) before its norm, saved as k_raw */
+        ws_field vn[] = {{WS(v_raw), GD, 0, 1, 1}, {WS(v_rstd), G, 1, 1, 1}, {WS(dv_raw), GD, 0, 0, 1}};
+        ws_append(f, &n, vn, sizeof vn / sizeof vn[0]);
     }
     if (cfg->attn_gate) { /* the gate heads are saved: o_proj's input is remade from them */
         ws_field gated[] = {{WS(q_gate), 2 * HD, 0, 0, 1}, {WS(d_q_gate), 2 * HD, 0, 0, 1},
@@ -91,7 +97,7 @@ static int ws_fields(const mt_config *cfg, ws_field *f) {
     if (cfg->n_experts > 0) { /* int32 fields count as 4-byte (is_f32) */
         int E = cfg->n_experts, k = cfg->top_k, kC = k * C, kF = k * cfg->moe_F;
         /* gpt-oss: moe_gate and moe_d_gate hold gate and up interleaved (2 Fe a row) */
-        int kG = cfg->arch == MT_ARCH_GPT_OSS ? 2 * kF : kF;
+        int kG = cfg->arch == MT_ARCH_GPT_OSS || cfg->moe_beside_dense ? 2 * kF : kF; /* gemma4: too */
         ws_field moe[] = {
             {WS(moe_logits), E, 0, 0, 1},  {WS(moe_d_logits), E, 0, 0, 1},
             {WS(moe_probs), E, 1, 0, 1},   {WS(moe_idx), k, 1, 0, 1},
@@ -104,6 +110,17 @@ static int ws_fields(const mt_config *cfg, ws_field *f) {
             {WS(moe_d_gate), kG, 0, 0, 1}, {WS(moe_d_up), kF, 0, 0, 1},
         };
         ws_append(f, &n, moe, sizeof moe / sizeof moe[0]);
+        if (cfg->moe_beside_dense) { /* gemma4 */
+            ws_field g4[] = {
+                {WS(g4_y1), C, 0, 0, 1},      {WS(g4_y2), C, 0, 0, 1},      {WS(g4_y2n), C, 0, 0, 1},
+                {WS(g4_rx), C, 0, 0, 1},      {WS(g4_x2), C, 0, 0, 1},      {WS(g4_d1), C, 0, 0, 1},
+                {WS(g4_d2), C, 0, 0, 1},      {WS(g4_d3), C, 0, 0, 1},      {WS(g4_rstd1), 1, 1, 0, 1},
+                {WS(g4_rstd2), 1, 1, 0, 1},   {WS(g4_rstd_rx), 1, 1, 0, 1}, {WS(g4_rstd_x2), 1, 1, 0, 1},
+                {WS(g4_w), k, 1, 0, 1},       {WS(g4_dw), k, 1, 0, 1},      {WS(g4_gate), kF, 0, 0, 1},
+                {WS(g4_d_gate), kF, 0, 0, 1},
+            };
+            ws_append(f, &n, g4, sizeof g4 / sizeof g4[0]);
+        }
         if (cfg->shared_expert) {
             ws_field shared[] = {{WS(shared_y), C, 0, 0, 1},     {WS(shared_g), C, 0, 0, 1},
                                  {WS(shared_logit), 1, 0, 0, 1}, {WS(d_shared_logit), 1, 0, 0, 1}};

@@ -77,16 +77,38 @@ static void add_tensor(mt_lora_table *lt, const mt_param *p, int base, int is_b,
     lt->n_real += q->numel;
 }
 
+/* gpt-oss's MLP has no Linear module: the router (mlp.router) is a module of its own, which PEFT
+ * refuses as a target, and the experts are fused 3-D parameters (mlp.experts.gate_up_proj,
+ * down_proj), which PEFT reaches only through target_parameters. A target naming either, or the
+ * dense MLP's names other families have, is refused with what gpt-oss supports. */
+static int gpt_oss_check_target(const char *name, size_t len) {
+    static const char *const mlp[] = {"experts", "gate_up_proj", "down_proj", "gate_proj",
+                                      "up_proj"};
+    const char *leaf = name;
+    for (size_t i = 0; i < len; i++)
+        if (name[i] == '.') leaf = name + i + 1;
+    size_t n = len - (size_t)(leaf - name);
+    if (n == strlen("router") && strncmp(leaf, "router", n) == 0)
+        return mt_error_set("--lora-targets \"%.*s\": gpt_oss's router (mlp.router) is not a Linear "
+                            "module (PEFT refuses it too); LoRA on gpt_oss adapts the attention "
+                            "projections: " MT_LORA_GPT_OSS_TARGETS, (int)len, name);
+    for (size_t i = 0; i < sizeof mlp / sizeof mlp[0]; i++)
+        if (n == strlen(mlp[i]) && strncmp(leaf, mlp[i], n) == 0)
+            return mt_error_set("--lora-targets \"%.*s\": gpt_oss's MLP is only its experts, fused "
+                                "3-D parameters (mlp.experts.gate_up_proj, down_proj), not Linear "
+                                "modules (PEFT reaches them only through target_parameters, which "
+                                "megatrain does not train); LoRA on gpt_oss adapts the attention "
+                                "projections: " MT_LORA_GPT_OSS_TARGETS, (int)len, name);
+    return MT_OK;
+}
+
 int mt_lora_table_init(mt_lora_table *lt, const mt_param_table *t, const mt_lora_opts *o) {
-    /* gpt-oss's first slice trains the whole model; adapters over its sinks, fused experts and a
-     * quantized base are not checked against PEFT yet */
     memset(lt, 0, sizeof(*lt));
-    if (t->cfg.arch == MT_ARCH_GPT_OSS)
-        return mt_error_set("gpt_oss: LoRA adapters are not yet implemented for gpt_oss (full "
-                            "training is)");
-    /* Gemma 3 (gemma3_text): adapters on its projections checked against PEFT 0.21 on the CPU
-     * (tests/fixtures/lora_gemma3); the CUDA backend refuses gemma3 as a whole
-     * (mt_layer_backend_check) */
+    /* gpt-oss: adapters on q/k/v/o (the biases, sinks, router and experts stay frozen), checked
+     * against PEFT 0.21 on the CPU (tests/fixtures/lora_gpt_oss); the default list matches those
+     * alone there. Gemma 3 (gemma3_text): adapters on its projections checked against PEFT 0.21
+     * on the CPU (tests/fixtures/lora_gemma3). The CUDA backend refuses both families as a whole
+     * (mt_layer_backend_check). */
     if (o->rank < 1 || o->rank > MT_LORA_MAX_RANK)
         return mt_error_set("--lora %d: the rank must be 1 to %d", o->rank, MT_LORA_MAX_RANK);
     int strict = o->targets != NULL; /* the default list names what any family may have */
@@ -99,8 +121,10 @@ int mt_lora_table_init(mt_lora_table *lt, const mt_param_table *t, const mt_lora
         const char *end = strchr(p, ',');
         size_t len = end ? (size_t)(end - p) : strlen(p);
         int found = 0;
-        int rc = len ? match_target(t, p, len, strict, hit, &found)
-                     : mt_error_set("--lora-targets \"%s\": an empty module name", targets);
+        int rc = len ? MT_OK : mt_error_set("--lora-targets \"%s\": an empty module name", targets);
+        if (rc == MT_OK && strict && t->cfg.arch == MT_ARCH_GPT_OSS)
+            rc = gpt_oss_check_target(p, len);
+        if (rc == MT_OK) rc = match_target(t, p, len, strict, hit, &found);
         if (rc != MT_OK) {
             free(hit);
             return rc;

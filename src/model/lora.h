@@ -8,7 +8,10 @@
  * in the parameter table's order, lora_A then lora_B of each module; offsets are aligned to
  * MT_LORA_ALIGN elements. Targets are PEFT's target_modules names: a module matches when its name
  * ends with ".NAME". The experts are never targets (transformers 5 holds them as fused parameters,
- * not Linear modules), nor the router, the embedding or the LM head (refused by name). */
+ * not Linear modules), nor the router, the embedding or the LM head (refused by name). On gpt-oss
+ * that leaves the attention projections (MT_LORA_GPT_OSS_TARGETS; their biases stay frozen with
+ * the sinks): its MLP is only the router and the fused experts, and a target naming them (or the
+ * dense MLP's gate_proj, up_proj, down_proj) is refused saying so. */
 #ifndef MT_LORA_H
 #define MT_LORA_H
 
@@ -24,6 +27,8 @@
  * shared expert's). A model has what its family has of them. */
 #define MT_LORA_DEFAULT_TARGETS \
     "q_proj,k_proj,v_proj,o_proj,in_proj_qkv,in_proj_z,in_proj_b,in_proj_a,out_proj,gate_proj,up_proj,down_proj"
+/* What LoRA on gpt-oss adapts, and what the default list matches there. */
+#define MT_LORA_GPT_OSS_TARGETS "q_proj,k_proj,v_proj,o_proj"
 
 typedef struct {
     int rank;              /* r >= 1 */

@@ -46,6 +46,14 @@ static const char *const mt_layer_suffix[MT_LAYER_KINDS] = {
     [MT_W_EXP_DOWN_BIAS] = "mlp.experts.down_proj_bias",
     [MT_W_ATTN_OUT_NORM] = "post_attention_layernorm.weight",
     [MT_W_MLP_OUT_NORM] = "post_feedforward_layernorm.weight",
+    [MT_W_LAYER_SCALAR] = "layer_scalar",
+    [MT_W_ROUTER_SCALE] = "router.scale",
+    [MT_W_EXPERT_SCALE] = "router.per_expert_scale",
+    [MT_W_EXP_GATE_UP_OI] = "experts.gate_up_proj",
+    [MT_W_EXP_DOWN_OI] = "experts.down_proj",
+    [MT_W_PRE_NORM_2] = "pre_feedforward_layernorm_2.weight",
+    [MT_W_MLP_OUT_NORM_1] = "post_feedforward_layernorm_1.weight",
+    [MT_W_MLP_OUT_NORM_2] = "post_feedforward_layernorm_2.weight",
 };
 
 /* A per-layer kind's name suffix: gemma3's MLP input norm is pre_feedforward_layernorm (its
@@ -71,6 +79,7 @@ static const char *moe_suffix(const mt_config *c, mt_param_kind k) {
     switch (k) {
     case MT_W_ROUTER:
         if (c->arch == MT_ARCH_GPT_OSS) return "mlp.router.weight";
+        if (c->moe_beside_dense) return "router.proj.weight"; /* gemma4 */
         return mix ? "block_sparse_moe.gate.weight" : "mlp.gate.weight";
     case MT_W_EXP_GATE: return mix ? "block_sparse_moe.experts.%d.w1.weight" : "mlp.experts.%d.gate_proj.weight";
     case MT_W_EXP_UP: return mix ? "block_sparse_moe.experts.%d.w3.weight" : "mlp.experts.%d.up_proj.weight";
@@ -79,9 +88,11 @@ static const char *moe_suffix(const mt_config *c, mt_param_kind k) {
     }
 }
 
+/* gemma4's MoE block's own kinds */
+static int kind_is_gemma4_moe(mt_param_kind k) { return k >= MT_W_ROUTER_SCALE && k <= MT_W_MLP_OUT_NORM_2; }
 static int kind_is_moe(mt_param_kind k) {
     return (k >= MT_W_ROUTER && k <= MT_W_EXP_DOWN) || k == MT_W_SHARED_GATE ||
-           (k >= MT_W_ROUTER_BIAS && k <= MT_W_EXP_DOWN_BIAS);
+           (k >= MT_W_ROUTER_BIAS && k <= MT_W_EXP_DOWN_BIAS) || kind_is_gemma4_moe(k);
 }
 /* gpt-oss's own kinds; its experts take these instead of the per-expert ones */
 static int kind_is_gpt_oss(mt_param_kind k) { return k >= MT_W_SINKS && k <= MT_W_EXP_DOWN_BIAS; }
@@ -91,7 +102,9 @@ static int kind_is_attention(mt_param_kind k) { return (k >= MT_W_Q && k <= MT_W
 static int kind_is_deltanet(mt_param_kind k) { return k >= MT_W_LIN_QKV && k <= MT_W_LIN_OUT; }
 
 int mt_layer_type_of(const mt_config *cfg, int l) {
-    return 2 * (mt_config_layer_mixer(cfg, l) == MT_MIXER_GATED_DELTANET) + mt_config_layer_is_moe(cfg, l);
+    int global = cfg->global_D > 0 && mt_config_layer_window(cfg, l) == 0; /* gemma4's full layers */
+    return 4 * global + 2 * (mt_config_layer_mixer(cfg, l) == MT_MIXER_GATED_DELTANET) +
+           mt_config_layer_is_moe(cfg, l);
 }
 
 #define MT_LAYER_PREFIX "model.layers."
@@ -102,20 +115,23 @@ static int64_t align_up(int64_t n) { return (n + MT_PARAM_ALIGN - 1) / MT_PARAM_
  * layer of type `type` (mt_layer_type_of), or rows 0 when such a layer lacks it. */
 static void layer_kind_shape(const mt_config *c, int type, mt_param_kind k, int64_t *rows, int64_t *cols,
                              int64_t *depth) {
-    int64_t C = c->C, F = c->F, QD = (int64_t)c->H * c->D, KD = (int64_t)c->G * c->D;
+    int moe = type & 1, deltanet = (type >> 1) & 1, global = type >> 2;
+    int64_t D = global ? c->global_D : c->D, G = global ? c->global_G : c->G; /* gemma4's full layers */
+    int64_t C = c->C, F = c->F, QD = (int64_t)c->H * D, KD = G * D;
     int64_t Hv = c->lin_Hv, VD = (int64_t)c->lin_Hv * c->lin_Dv;
     int64_t Ch = 2 * (int64_t)c->lin_Hk * c->lin_Dk + VD;
-    int moe = type & 1, deltanet = type >> 1;
     *cols = 0;
     *rows = 0;
     *depth = 0;
-    if (moe ? kind_is_dense_mlp(k) && !c->shared_expert : kind_is_moe(k)) return;
+    if (moe ? kind_is_dense_mlp(k) && !c->shared_expert && !c->moe_beside_dense : kind_is_moe(k)) return;
     if (moe && kind_is_dense_mlp(k) && (k == MT_W_GATE_BIAS || k == MT_W_UP_BIAS || k == MT_W_DOWN_BIAS))
         return; /* the shared expert has no biases */
     if (k == MT_W_SHARED_GATE && !c->shared_expert) return;
     if (deltanet ? kind_is_attention(k) : kind_is_deltanet(k)) return;
-    int oss = c->arch == MT_ARCH_GPT_OSS;
+    if (global && c->k_eq_v && (k == MT_W_V || k == MT_W_V_BIAS)) return; /* values from k_proj */
+    int oss = c->arch == MT_ARCH_GPT_OSS, g4 = c->moe_beside_dense;
     if (oss ? kind_is_per_expert(k) : kind_is_gpt_oss(k)) return;
+    if (g4 ? kind_is_per_expert(k) : kind_is_gemma4_moe(k)) return; /* gemma4: its fused experts */
     int64_t E = c->n_experts, Fe = c->moe_F;
     switch (k) {
     case MT_W_INPUT_NORM: case MT_W_POST_NORM: *rows = C; break;
@@ -126,7 +142,13 @@ static void layer_kind_shape(const mt_config *c, int type, mt_param_kind k, int6
     case MT_W_Q_BIAS: *rows = c->qkv_bias ? QD * (c->attn_gate ? 2 : 1) : 0; break;
     case MT_W_K_BIAS: case MT_W_V_BIAS: *rows = c->qkv_bias ? KD : 0; break;
     case MT_W_O_BIAS: *rows = c->o_bias ? C : 0; break;
-    case MT_W_Q_NORM: case MT_W_K_NORM: *rows = c->qk_norm ? c->D : 0; break;
+    case MT_W_Q_NORM: case MT_W_K_NORM: *rows = c->qk_norm ? D : 0; break;
+    case MT_W_LAYER_SCALAR: *rows = c->layer_scalar ? 1 : 0; break;
+    case MT_W_ROUTER_SCALE: case MT_W_PRE_NORM_2: case MT_W_MLP_OUT_NORM_1: case MT_W_MLP_OUT_NORM_2:
+        *rows = C; break;
+    case MT_W_EXPERT_SCALE: *rows = E; break;
+    case MT_W_EXP_GATE_UP_OI: *rows = E; *cols = 2 * Fe; *depth = C; break;
+    case MT_W_EXP_DOWN_OI: *rows = E; *cols = C; *depth = Fe; break;
     case MT_W_GATE: case MT_W_UP: *rows = F; *cols = C; break;
     case MT_W_DOWN: *rows = C; *cols = F; break;
     case MT_W_GATE_BIAS: case MT_W_UP_BIAS: *rows = c->mlp_bias ? F : 0; break;
@@ -193,7 +215,7 @@ static int64_t layer_layout(mt_param_table *t, int layer, int type, int64_t grou
             }
             if (k >= MT_W_ROUTER && k <= MT_W_EXP_DOWN)
                 snprintf(suffix, sizeof suffix, moe_suffix(cfg, k), e);
-            else if ((type & 1) && kind_is_dense_mlp((mt_param_kind)k))
+            else if ((type & 1) && kind_is_dense_mlp((mt_param_kind)k) && !cfg->moe_beside_dense)
                 snprintf(suffix, sizeof suffix, "%s", shared_suffix((mt_param_kind)k));
             else snprintf(suffix, sizeof suffix, "%s", layer_suffix(cfg, (mt_param_kind)k));
             snprintf(name, sizeof name, MT_LAYER_PREFIX "%d.%s", layer, suffix);
@@ -348,6 +370,17 @@ mt_layer_view mt_layer_view_at(const mt_param_table *t, int l, void *layer_base,
         .exp_down_bias = at(layer_base, o[MT_W_EXP_DOWN_BIAS], elem_size),
         .window = mt_config_layer_window(&t->cfg, l),
         .rope_set = mt_config_layer_rope_set(&t->cfg, l),
+        .head_dim = mt_config_layer_head_dim(&t->cfg, l),
+        .kv_heads = mt_config_layer_kv_heads(&t->cfg, l),
+        .rotary_dim = mt_config_layer_rotary_dim(&t->cfg, l),
+        .layer_scalar = at(layer_base, o[MT_W_LAYER_SCALAR], elem_size),
+        .router_scale = at(layer_base, o[MT_W_ROUTER_SCALE], elem_size),
+        .expert_scale = at(layer_base, o[MT_W_EXPERT_SCALE], elem_size),
+        .exp_gate_up_oi = at(layer_base, o[MT_W_EXP_GATE_UP_OI], elem_size),
+        .exp_down_oi = at(layer_base, o[MT_W_EXP_DOWN_OI], elem_size),
+        .pre_norm_2 = at(layer_base, o[MT_W_PRE_NORM_2], elem_size),
+        .mlp_out_norm_1 = at(layer_base, o[MT_W_MLP_OUT_NORM_1], elem_size),
+        .mlp_out_norm_2 = at(layer_base, o[MT_W_MLP_OUT_NORM_2], elem_size),
     };
     return v;
 }
@@ -411,12 +444,15 @@ static void fill_const(float *x, int64_t n, float v) {
 
 static int kind_is_norm(mt_param_kind k) {
     return k == MT_W_INPUT_NORM || k == MT_W_POST_NORM || k == MT_W_Q_NORM || k == MT_W_K_NORM ||
-           k == MT_W_FINAL_NORM || k == MT_W_ATTN_OUT_NORM || k == MT_W_MLP_OUT_NORM;
+           k == MT_W_FINAL_NORM || k == MT_W_ATTN_OUT_NORM || k == MT_W_MLP_OUT_NORM ||
+           k == MT_W_PRE_NORM_2 || k == MT_W_MLP_OUT_NORM_1 || k == MT_W_MLP_OUT_NORM_2;
 }
 
 void mt_param_init_tensor(const mt_param_table *t, int i, float *x, float std, uint64_t seed) {
     const mt_param *p = &t->params[i];
-    if (kind_is_norm(p->kind)) {
+    if (p->kind == MT_W_LAYER_SCALAR || p->kind == MT_W_ROUTER_SCALE || p->kind == MT_W_EXPERT_SCALE) {
+        fill_const(x, p->numel, 1.0f); /* transformers' init: ones */
+    } else if (kind_is_norm(p->kind)) {
         fill_const(x, p->numel, t->cfg.norm_offset ? 0.0f : 1.0f); /* (1 + w) norms start at w = 0 */
     } else if (p->kind == MT_W_LIN_NORM || p->kind == MT_W_LIN_DT_BIAS) {
         fill_const(x, p->numel, 1.0f); /* transformers' init: ones */
@@ -429,6 +465,7 @@ void mt_param_init_tensor(const mt_param_table *t, int i, float *x, float std, u
     } else {
         float resid = std / sqrtf(2.0f * (float)t->cfg.L);
         int residual = p->kind == MT_W_O || p->kind == MT_W_DOWN || p->kind == MT_W_EXP_DOWN ||
+                       p->kind == MT_W_EXP_DOWN_OI ||
                        p->kind == MT_W_EXP_DOWN_IO;
         float s = residual ? resid : std;
         fill_normal(x, p->numel, s, splitmix64(seed ^ splitmix64(0x6d74ull + (uint64_t)i)));

@@ -73,6 +73,18 @@ typedef enum {
      * attention output's norm takes the name post_attention_layernorm.weight. */
     MT_W_ATTN_OUT_NORM,  /* (C)          post_attention_layernorm.weight (gemma3) */
     MT_W_MLP_OUT_NORM,   /* (C)          post_feedforward_layernorm.weight */
+    /* Gemma 4: the layer's output scale, a buffer transformers loads and saves but never trains
+     * (its gradient stays 0; as a 1-D tensor it takes no weight decay, so AdamW leaves it be) */
+    MT_W_LAYER_SCALAR,   /* (1)          layer_scalar */
+    /* Gemma 4's MoE block beside the dense MLP (model/moe_gemma4.c): MT_W_ROUTER is
+     * router.proj.weight there, and the experts are fused [E, out, in] as nn.Linear weights */
+    MT_W_ROUTER_SCALE,   /* (C)          router.scale */
+    MT_W_EXPERT_SCALE,   /* (E)          router.per_expert_scale */
+    MT_W_EXP_GATE_UP_OI, /* (E, 2Fe, C)  experts.gate_up_proj (gate rows, then up rows) */
+    MT_W_EXP_DOWN_OI,    /* (E, C, Fe)   experts.down_proj */
+    MT_W_PRE_NORM_2,     /* (C)          pre_feedforward_layernorm_2.weight (the experts' input) */
+    MT_W_MLP_OUT_NORM_1, /* (C)          post_feedforward_layernorm_1.weight (the dense MLP's output) */
+    MT_W_MLP_OUT_NORM_2, /* (C)          post_feedforward_layernorm_2.weight (the experts' output) */
     MT_LAYER_KINDS,
     /* model-level */
     MT_W_EMBED = MT_LAYER_KINDS, /* (V, C) model.embed_tokens.weight */
@@ -81,10 +93,13 @@ typedef enum {
     MT_PARAM_KINDS,
 } mt_param_kind;
 
-/* A layer's type: its token mixer and whether its MLP is the experts. Layers of different types
- * hold different tensors; a layer group is as large as the largest type any layer has. */
-#define MT_LAYER_TYPES 4
-int mt_layer_type_of(const mt_config *cfg, int l); /* 2 * (mixer is a DeltaNet) + (MLP is MoE) */
+/* A layer's type: its token mixer, whether its MLP is the experts, and whether its attention has
+ * the full layers' own shape (Gemma 4: their head dim and kv heads, no v_proj with k = v). Layers
+ * of different types hold different tensors; a layer group is as large as the largest type any
+ * layer has. */
+#define MT_LAYER_TYPES 8
+/* 4 * (Gemma 4 full layer) + 2 * (mixer is a DeltaNet) + (MLP is MoE) */
+int mt_layer_type_of(const mt_config *cfg, int l);
 
 typedef struct {
     char name[96];       /* Hugging Face tensor name */
@@ -148,6 +163,13 @@ typedef struct {
     void *sinks, *router_bias, *exp_gate_up, *exp_gate_up_bias, *exp_down_io, *exp_down_bias;
     int window; /* the layer's attention window (mt_config_layer_window; 0: none); not a tensor */
     int rope_set; /* the RoPE table it rotates with (mt_config_layer_rope_set); not a tensor */
+    /* its attention's shape (mt_config_layer_head_dim, _kv_heads, _rotary_dim; 0: the config's D,
+     * G and rotary dim); not tensors. A layer without v (v NULL) takes its values from k_proj */
+    int head_dim, kv_heads, rotary_dim;
+    void *layer_scalar; /* (1) gemma4's output scale, NULL elsewhere; its gradient is never written */
+    /* gemma4's MoE block (router is router.proj there): NULL elsewhere */
+    void *router_scale, *expert_scale, *exp_gate_up_oi, *exp_down_oi;
+    void *pre_norm_2, *mlp_out_norm_1, *mlp_out_norm_2;
     /* the layer's LoRA adapters (model/lora.h; their weights, or their fp32 gradients in a
      * gradient view), NULL: none. Set by the caller; mt_layer_view_at leaves it NULL */
     const struct mt_lora_view *lora;

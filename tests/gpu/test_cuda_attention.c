@@ -1,6 +1,8 @@
 /* The CUDA attention op through cuDNN's fused flash attention (attention_cudnn.cu): forward and
  * backward against the fp32 CPU reference, against our own kernels, the per-shape choice
  * (MT_ATTENTION, attention_cudnn.h) and the fall back to our kernels where cuDNN does not apply.
+ * Then the options (mt_attention_opts: scale, window, sinks with dsinks) on our kernels, both the
+ * tensor-core path (D 64, 128) and the fallback (other D), against the CPU reference.
  * Exits 77 (ctest: skipped) when no CUDA device is usable. Without a usable cuDNN the cuDNN cases
  * check that our kernels ran instead, unless MT_REQUIRE_CUDNN=1 (scripts/gpu-attention-check.sh
  * sets it on the GPU machine), which makes a missing cuDNN a failure.
@@ -41,6 +43,11 @@
 #define LSE_RTOL 1e-3
 #define GRAD_ATOL 3e-2
 #define GRAD_RTOL 5e-2
+/* dsinks (H, fp32) against the CPU's, both backwards fed the same out (bf16) and lse: only the
+ * order of fp32 sums differs (~1e-6 of the sum of |terms|), so 1e-3 (atol relative to RMS(ref))
+ * still catches a sign, a missing row or a lost += of the initial value */
+#define DSINK_ATOL 1e-3
+#define DSINK_RTOL 1e-3
 
 #define BAD_ENV_CHILD_ARG "--bad-env-child"
 
@@ -230,6 +237,12 @@ typedef struct {
     int32_t *doc;                 /* host, or NULL */
     void *d_q, *d_k, *d_v, *d_dout;
     int32_t *d_doc;
+    /* the attention options, passed (mt_attention_opts) when has_opts, else NULL */
+    int has_opts;
+    float scale;
+    int window;
+    float *sinks;                 /* host (H), on the bf16 grid, or NULL */
+    void *d_sinks;                /* the same, bf16 on the device */
 } problem;
 
 static void problem_init(problem *p, int B, int T, int H, int G, int D, int packed, uint64_t seed) {
@@ -262,25 +275,39 @@ static void problem_free(problem *p) {
     gpu->free(gpu, p->d_q), gpu->free(gpu, p->d_k), gpu->free(gpu, p->d_v);
     gpu->free(gpu, p->d_dout);
     if (p->d_doc) gpu->free(gpu, p->d_doc);
-    free(p->q), free(p->k), free(p->v), free(p->dout), free(p->doc);
+    if (p->d_sinks) gpu->free(gpu, p->d_sinks);
+    free(p->q), free(p->k), free(p->v), free(p->dout), free(p->doc), free(p->sinks);
 }
 
 typedef struct {
     float *out, *lse, *dq, *dk, *dv; /* host copies */
+    float *dsinks;                   /* (H), or NULL without sinks */
 } result;
 
-static void result_free(result *r) { free(r->out), free(r->lse), free(r->dq), free(r->dk), free(r->dv); }
+static void result_free(result *r) {
+    free(r->out), free(r->lse), free(r->dq), free(r->dk), free(r->dv), free(r->dsinks);
+}
+
+/* What dsinks holds before a backward: not zero, so that a backward that writes (=) instead of
+ * adding (+=) fails. */
+static float *dsinks_init(int H) {
+    float *x = fnew((size_t)H);
+    for (int h = 0; h < H; h++) x[h] = 0.25f * (float)(h + 1);
+    return x;
+}
 
 /* The GPU forward with impl, then its backward with bwd_impl from (out, lse) = fwd_in when given
  * (host values, uploaded) or else from this forward's own outputs. */
 static result gpu_run(const problem *p, mt_attention_impl impl, mt_attention_impl bwd_impl,
                       const result *fwd_in) {
-    result r;
+    result r = {0};
+    mt_attention_opts o = {p->scale, p->window, p->d_sinks, NULL};
+    const mt_attention_opts *op = p->has_opts ? &o : NULL;
     void *d_out = poison(p->nq, 2);
     float *d_lse = poison(p->nl, 4);
     mt_cuda_attention_set_impl(impl);
     gpu->attention_forward(gpu, d_out, d_lse, p->d_q, p->d_k, p->d_v, p->d_doc, p->B, p->T, p->H,
-                           p->G, p->D, NULL);
+                           p->G, p->D, op);
     r.out = down_bf(d_out, p->nq);
     r.lse = down_f32(d_lse, p->nl);
     if (fwd_in) { /* out as bf16, as a forward would have left it */
@@ -289,10 +316,22 @@ static result gpu_run(const problem *p, mt_attention_impl impl, mt_attention_imp
         gpu->upload(gpu, d_lse, fwd_in->lse, p->nl * sizeof(float));
     }
     void *d_dq = poison(p->nq, 2), *d_dk = poison(p->nk, 2), *d_dv = poison(p->nk, 2);
+    float *d_dsinks = NULL;
+    if (p->sinks) {
+        float *init = dsinks_init(p->H);
+        d_dsinks = gpu->alloc(gpu, (size_t)p->H * sizeof(float));
+        gpu->upload(gpu, d_dsinks, init, (size_t)p->H * sizeof(float));
+        free(init);
+        o.dsinks = d_dsinks;
+    }
     mt_cuda_attention_set_impl(bwd_impl);
     gpu->attention_backward(gpu, d_dq, d_dk, d_dv, p->d_dout, d_out, d_lse, p->d_q, p->d_k, p->d_v,
-                            p->d_doc, p->B, p->T, p->H, p->G, p->D, NULL);
+                            p->d_doc, p->B, p->T, p->H, p->G, p->D, op);
     r.dq = down_bf(d_dq, p->nq), r.dk = down_bf(d_dk, p->nk), r.dv = down_bf(d_dv, p->nk);
+    if (d_dsinks) {
+        r.dsinks = down_f32(d_dsinks, (size_t)p->H);
+        gpu->free(gpu, d_dsinks);
+    }
     gpu->free(gpu, d_out), gpu->free(gpu, d_lse), gpu->free(gpu, d_dq), gpu->free(gpu, d_dk);
     gpu->free(gpu, d_dv);
     mt_cuda_attention_set_impl(MT_ATTENTION_AUTO); /* back to the default */
@@ -301,13 +340,16 @@ static result gpu_run(const problem *p, mt_attention_impl impl, mt_attention_imp
 
 /* The CPU reference: forward, and the backward from the forward's out (rounded to bf16) and lse. */
 static result cpu_run(const problem *p) {
-    result r;
+    result r = {0};
+    mt_attention_opts o = {p->scale, p->window, p->sinks, NULL};
+    const mt_attention_opts *op = p->has_opts ? &o : NULL;
     r.out = fnew(p->nq), r.lse = fnew(p->nl);
-    cpu->attention_forward(cpu, r.out, r.lse, p->q, p->k, p->v, p->doc, p->B, p->T, p->H, p->G, p->D, NULL);
+    cpu->attention_forward(cpu, r.out, r.lse, p->q, p->k, p->v, p->doc, p->B, p->T, p->H, p->G, p->D, op);
     for (size_t i = 0; i < p->nq; i++) r.out[i] = mt_bf16_to_f32(mt_f32_to_bf16(r.out[i]));
     r.dq = fnew(p->nq), r.dk = fnew(p->nk), r.dv = fnew(p->nk);
+    if (p->sinks) o.dsinks = r.dsinks = dsinks_init(p->H);
     cpu->attention_backward(cpu, r.dq, r.dk, r.dv, p->dout, r.out, r.lse, p->q, p->k, p->v, p->doc,
-                            p->B, p->T, p->H, p->G, p->D, NULL);
+                            p->B, p->T, p->H, p->G, p->D, op);
     return r;
 }
 
@@ -329,6 +371,11 @@ static void compare(const char *tag, const problem *p, const result *got, const 
     assert_true(check_rows(WHAT("dq"), got->dq, ref->dq, p->nq / D, D, a, r, a));
     assert_true(check_rows(WHAT("dk"), got->dk, ref->dk, p->nk / D, D, a, r, a));
     assert_true(check_rows(WHAT("dv"), got->dv, ref->dv, p->nk / D, D, a, r, a));
+    if (ref->dsinks) {
+        assert_non_null(got->dsinks);
+        assert_true(check(WHAT("dsinks"), got->dsinks, ref->dsinks, (size_t)H, widen * DSINK_ATOL,
+                          widen * DSINK_RTOL));
+    }
 #undef WHAT
 }
 
@@ -569,6 +616,115 @@ static void test_choice(void **state) {
     }
 }
 
+/* ---------------- the options (mt_attention_opts) on our kernels ---------------- */
+
+/* p's options: scale (0: 1/sqrt(D)), window W (0: none) and, with sinks, a logit per head on the
+ * bf16 grid: N(0, 1), head 0's 6 (above the scores: the sink takes most of a short row, and the
+ * max must be rescaled for it) and, with H > 2, head 1's -20 (it takes nothing). */
+static void problem_set_opts(problem *p, float scale, int window, int sinks, uint64_t seed) {
+    p->has_opts = 1, p->scale = scale, p->window = window;
+    if (!sinks) return;
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    p->sinks = rnd_bf(&rng, (size_t)p->H, 1.0f);
+    p->sinks[0] = 6.0f;
+    if (p->H > 2) p->sinks[1] = -20.0f;
+    p->d_sinks = up_bf(p->sinks, (size_t)p->H);
+}
+
+/* Our kernels with options against the CPU, each direction alone (the backward from the CPU's out
+ * and lse), with the plain tolerances (and dsinks'); cuDNN is asked for and must not run (its
+ * graphs have no options). With sinks, also every row's lse >= its head's sink (the sink's logit
+ * is in the lse; the CPU comparison checks the value). Tensor-core path for D 64 and 128, the
+ * fallback kernels for any other D. */
+static void opts_case(int B, int T, int H, int G, int D, int packed, float scale, int window,
+                      int sinks, uint64_t seed) {
+    problem p;
+    problem_init(&p, B, T, H, G, D, packed, seed);
+    problem_set_opts(&p, scale, window, sinks, seed + 1000);
+    result ref = cpu_run(&p);
+    result got = gpu_run(&p, MT_ATTENTION_CUDNN, MT_ATTENTION_CUDNN, &ref);
+    char tag[96], what[160];
+    snprintf(tag, sizeof tag, "opts scale=%g W=%d%s%s", scale, window, sinks ? " sinks" : "",
+             D == 64 || D == 128 ? "" : " (fallback)");
+    snprintf(what, sizeof what, "%s B=%d T=%d D=%d forward", tag, B, T, D);
+    expect_ran(what, 0, MT_ATTENTION_OWN);
+    snprintf(what, sizeof what, "%s B=%d T=%d D=%d backward", tag, B, T, D);
+    expect_ran(what, 1, MT_ATTENTION_OWN);
+    compare(tag, &p, &got, &ref, 1.0, NULL);
+    if (sinks) {
+        size_t bad = 0;
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++)
+                for (int t = 0; t < T; t++) {
+                    float l = got.lse[((size_t)b * H + h) * T + t];
+                    if (!(l >= p.sinks[h] - LSE_ATOL)) {
+                        if (bad < 5)
+                            fprintf(stderr, "  lse[b=%d h=%d t=%d] = %.6g below the sink %.6g\n", b,
+                                    h, t, l, p.sinks[h]);
+                        bad++;
+                    }
+                }
+        fprintf(stderr, "%-48s %zu rows below their sink%s\n", "lse >= sink", bad,
+                bad ? "  FAIL" : "");
+        assert_int_equal(bad, 0);
+    }
+    result_free(&ref), result_free(&got);
+    problem_free(&p);
+}
+
+static void test_options_scale(void **state) {
+    opts_case(2, 300, 8, 2, 64, 0, 0.2f, 0, 0, 801);  /* GQA 4, T off the tiles */
+    opts_case(1, 200, 4, 1, 128, 1, 0.05f, 0, 0, 802); /* packed documents */
+    opts_case(2, 150, 4, 2, 33, 1, 0.35f, 0, 0, 803); /* fallback: odd D */
+    /* an opts that asks for nothing is the plain op: cuDNN takes it where it would take NULL */
+    problem p;
+    problem_init(&p, 1, 256, 4, 2, 128, 0, 804);
+    problem_set_opts(&p, 0.0f, 0, 0, 0);
+    result ref = cpu_run(&p);
+    result got = gpu_run(&p, MT_ATTENTION_CUDNN, MT_ATTENTION_CUDNN, &ref);
+    mt_attention_impl want = have_cudnn ? MT_ATTENTION_CUDNN : MT_ATTENTION_OWN;
+    expect_ran("opts all default: forward", 0, want);
+    expect_ran("opts all default: backward", 1, want);
+    float *emul = bf16_p_forward(p.q, p.k, p.v, NULL, p.B, p.T, p.H, p.G, p.D);
+    compare("opts all default", &p, &got, &ref, 1.0, have_cudnn ? emul : NULL);
+    free(emul);
+    result_free(&ref), result_free(&got);
+    problem_free(&p);
+}
+
+static void test_options_window(void **state) {
+    opts_case(2, 300, 8, 2, 128, 0, 0, 3, 0, 811);   /* W = 3 */
+    opts_case(2, 300, 8, 2, 64, 1, 0, 3, 0, 812);    /* W = 3 inside packed documents */
+    opts_case(2, 200, 4, 2, 128, 0, 0, 1000, 0, 813); /* W > T: no key hidden */
+    opts_case(2, 200, 4, 2, 64, 1, 0, 1000, 0, 814); /* W > T, packed documents */
+    opts_case(1, 200, 2, 1, 64, 0, 0, 199, 0, 815);  /* W = T - 1: the last query loses key 0 */
+    opts_case(1, 700, 4, 1, 128, 0, 0, 200, 0, 816); /* bands across 64-key tiles, 128-key blocks */
+    opts_case(1, 700, 4, 2, 64, 1, 0, 130, 0, 817);  /* the same inside packed documents */
+    opts_case(2, 77, 4, 2, 33, 0, 0, 3, 0, 818);     /* fallback: W = 3 */
+    opts_case(2, 77, 4, 2, 33, 1, 0, 3, 0, 819);     /* fallback: W = 3, packed */
+    opts_case(1, 90, 2, 1, 20, 1, 0, 200, 0, 820);   /* fallback: W > T, packed */
+    opts_case(1, 130, 2, 1, 40, 0, 0, 45, 0, 821);   /* fallback: bands wider than its 32 steps */
+    opts_case(1, 50, 2, 1, 24, 0, 0, 1, 0, 822);     /* fallback: W = 1, each query sees itself */
+    opts_case(1, 150, 2, 1, 128, 0, 0, 1, 0, 823);   /* W = 1 on the tensor-core path */
+}
+
+static void test_options_sinks(void **state) {
+    opts_case(2, 300, 8, 2, 128, 0, 0, 0, 1, 831);
+    opts_case(2, 300, 8, 2, 64, 1, 0, 0, 1, 832);   /* packed documents */
+    opts_case(2, 100, 4, 2, 33, 0, 0, 0, 1, 833);   /* fallback */
+    opts_case(1, 100, 4, 4, 48, 1, 0, 0, 1, 834);   /* fallback, packed, G = H */
+}
+
+/* scale, window and sinks together, GQA, both paths. */
+static void test_options_all(void **state) {
+    opts_case(2, 500, 8, 2, 64, 1, 0.3f, 100, 1, 841);
+    opts_case(1, 333, 6, 2, 128, 0, 0.05f, 3, 1, 842);
+    opts_case(1, 1000, 8, 2, 128, 1, 0.125f, 256, 1, 843); /* bands over several tiles, packed */
+    opts_case(2, 150, 6, 3, 20, 1, 0.25f, 17, 1, 844);     /* fallback */
+    opts_case(1, 129, 4, 1, 96, 0, 0.1f, 64, 1, 845);      /* fallback, MQA */
+}
+
 /* A bad MT_ATTENTION or MT_ATTENTION_DOCS is a one-line error naming it, exit 1 (a child process
  * reads it afresh). */
 static void test_bad_env(void **state) {
@@ -622,6 +778,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_packed_falls_back), cmocka_unit_test(test_docs_cudnn_vs_cpu),
         cmocka_unit_test(test_docs_cudnn_vs_own), cmocka_unit_test(test_docs_steps),
         cmocka_unit_test(test_choice),
+        cmocka_unit_test(test_options_scale),     cmocka_unit_test(test_options_window),
+        cmocka_unit_test(test_options_sinks),     cmocka_unit_test(test_options_all),
         cmocka_unit_test(test_bad_env),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);

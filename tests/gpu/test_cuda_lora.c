@@ -3,8 +3,12 @@
  *    lora_llama base's shape and qwen3_5_moe's: attention, Gated DeltaNet, experts + shared expert)
  *    follows the CPU's fp32 run: loss within 2e-2 and gradient norm within 5e-2 relative each step,
  *    the adapters after the steps within 5e-2 relative L2 (bf16 rounding of activations and
- *    weights; the bounds of test_cuda_model's whole-model checks, where the tiny qwen3_5 fixtures
- *    move far more under bf16: tests/fixtures/bf16_sensitivity.py, so there the bound is 1e-1);
+ *    weights; the bounds of test_cuda_model's whole-model checks). The bounds only mean something
+ *    where the model is not chaotic under bf16-sized changes, so each case first measures that on
+ *    the CPU (NUDGES runs on the base nudged by 4 bf16 steps) and fails if that envelope reaches
+ *    half a bound. qwen3_5_moe's base is drawn at scale 0.05: at the 0.3 the llama case uses, the
+ *    nudged CPU runs' step-1 gradient norm spans 8.6..20.1 against 29.7 unnudged (routing flips),
+ *    which is where session 13's "7.58 against 29.65" came from; at 0.05 they stay within 0.1%;
  *  - a quantized base (nf4, fp8) on CUDA equals, bit for bit, the CUDA run on a bf16 base holding
  *    the quantization's round trip: the dequantization kernel writes round-to-nearest bf16 of the
  *    fp32 product, which is what setting the round trip's fp32 values into a bf16 base stores;
@@ -18,6 +22,7 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "util/lora_run.h"
+#include "util/nudge.h"
 #include "util/testutil.h"
 
 static mt_backend *gpu;
@@ -29,7 +34,9 @@ typedef struct {
     int32_t ids[MT_TEST_LORA_B * MT_TEST_LORA_T], tg[MT_TEST_LORA_B * MT_TEST_LORA_T];
 } lora_model;
 
-static void model_init(lora_model *m, const char *config) {
+#define NUDGES 3
+
+static void model_init(lora_model *m, const char *config, float init_scale) {
     char *path = mt_fixture_path(config);
     mt_config cfg;
     if (mt_config_load(&cfg, path) != MT_OK) fail_msg("%s: %s", path, mt_error_message());
@@ -39,7 +46,7 @@ static void model_init(lora_model *m, const char *config) {
     assert_int_equal(mt_lora_table_init(&m->lt, &m->t, &lo), MT_OK);
     m->t.cfg.lora_rank = m->lt.rank;
     m->w = mt_aligned_alloc((size_t)m->t.total * sizeof(float));
-    mt_param_init(&m->t, m->w, 0.3f, 3);
+    mt_param_init(&m->t, m->w, init_scale, 3);
     for (int i = 0; i < MT_TEST_LORA_B * MT_TEST_LORA_T; i++)
         m->ids[i] = (i * 31 + 7) % m->t.cfg.V, m->tg[i] = (i * 17 + 3) % m->t.cfg.V;
 }
@@ -56,14 +63,39 @@ static double rel_l2(const float *a, const float *b, size_t n) {
     return sqrt(num / (den > 0 ? den : 1));
 }
 
-static void against_cpu(const char *config, double loss_tol, double w_tol) {
+static double rel(double a, double b) { return fabs(a - b) / fabs(b); }
+
+/* The largest relative move of the CPU run's per-step loss and norm, and of its adapters, over NUDGES
+ * runs on the base nudged by 4 bf16 steps: how chaotic the case is, whatever the backend. */
+static void nudged_envelope(lora_model *m, mt_backend *cpu, const mt_test_lora_result *c, double *loss_env,
+                            double *norm_env, double *w_env) {
+    *loss_env = *norm_env = *w_env = 0;
+    for (int k = 0; k < NUDGES; k++) {
+        float *p = mt_test_nudged(&m->t, m->w, 91 + (uint64_t)k, 4.0 / 512);
+        mt_test_lora_result n = mt_test_lora_run(cpu, &m->t, &m->lt, p, MT_BASE_BF16, 0, m->ids, m->tg, NULL);
+        for (int s = 0; s < MT_TEST_LORA_STEPS; s++) {
+            *loss_env = fmax(*loss_env, rel(n.loss[s], c->loss[s]));
+            *norm_env = fmax(*norm_env, rel(n.norm[s], c->norm[s]));
+        }
+        *w_env = fmax(*w_env, rel_l2(n.adapters, c->adapters, (size_t)m->lt.total));
+        free(n.adapters), free(p);
+    }
+}
+
+static void against_cpu(const char *config, float init_scale, double loss_tol, double w_tol) {
     lora_model m;
-    model_init(&m, config);
+    model_init(&m, config, init_scale);
     mt_backend *cpu = mt_backend_cpu_create();
     mt_test_lora_result c = mt_test_lora_run(cpu, &m.t, &m.lt, m.w, MT_BASE_BF16, 0, m.ids, m.tg, NULL);
+    double le, ne, we;
+    nudged_envelope(&m, cpu, &c, &le, &ne, &we);
+    printf("  %s (init %.2f): nudged CPU runs move loss %.2e, norm %.2e, adapters %.2e\n", config, init_scale, le,
+           ne, we);
+    if (!(le < loss_tol / 2 && ne < 2.5 * loss_tol / 2 && we < w_tol / 2))
+        fail_msg("%s: the case is too chaotic for its bounds (the nudged envelope reaches half of one)", config);
     mt_test_lora_result g = mt_test_lora_run(gpu, &m.t, &m.lt, m.w, MT_BASE_BF16, 0, m.ids, m.tg, NULL);
     for (int s = 0; s < MT_TEST_LORA_STEPS; s++) {
-        double el = fabs(g.loss[s] - c.loss[s]) / c.loss[s], en = fabs(g.norm[s] - c.norm[s]) / c.norm[s];
+        double el = rel(g.loss[s], c.loss[s]), en = rel(g.norm[s], c.norm[s]);
         printf("  %s step %d: loss %.6f / cpu %.6f (%.2e), norm %.6f / %.6f (%.2e)\n", config, s + 1, g.loss[s],
                c.loss[s], el, g.norm[s], c.norm[s], en);
         assert_true(el <= loss_tol && en <= 2.5 * loss_tol);
@@ -78,7 +110,7 @@ static void against_cpu(const char *config, double loss_tol, double w_tol) {
 
 static void quantized_bit_for_bit(const char *config, mt_base_format f, int tier) {
     lora_model m;
-    model_init(&m, config);
+    model_init(&m, config, 0.3f);
     int quantized, kept;
     float *ref = mt_test_quant_reference(&m.t, m.w, f, tier, &quantized, &kept);
     mt_test_lora_result q = mt_test_lora_run(gpu, &m.t, &m.lt, m.w, f, tier, m.ids, m.tg, NULL);
@@ -94,8 +126,8 @@ static void quantized_bit_for_bit(const char *config, mt_base_format f, int tier
     model_free(&m);
 }
 
-static void test_llama(void **state) { against_cpu("lora_llama/base/config.json", 2e-2, 5e-2); }
-static void test_qwen3_5_moe(void **state) { against_cpu("qwen3_5_moe/config.json", 1e-1, 1e-1); }
+static void test_llama(void **state) { against_cpu("lora_llama/base/config.json", 0.3f, 2e-2, 5e-2); }
+static void test_qwen3_5_moe(void **state) { against_cpu("qwen3_5_moe/config.json", 0.05f, 2e-2, 5e-2); }
 
 static void test_quantized(void **state) {
     quantized_bit_for_bit("lora_llama/base/config.json", MT_BASE_NF4, 0);

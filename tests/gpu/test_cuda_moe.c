@@ -560,6 +560,15 @@ static void test_models(void **state) {
     compare_fixture("qwen3_moe_step");
 }
 
+/* gpt-oss (issue 28): attention with biases, sinks and a sliding window (8 and 5 < T = 12), YaRN,
+ * the biased router and the clamped-SwiGLU experts with biases (the fixtures scale weights so the
+ * clamps act), on the fixtures' own weights. */
+static void test_gpt_oss_models(void **state) {
+    gpu->attention_options = 1; /* what this test verifies (backend_cuda.cu) */
+    compare_fixture("gpt_oss_tiny");
+    compare_fixture("gpt_oss_tiny_aux");
+}
+
 int main(void) {
     if (!mt_backend_cuda_available()) {
         fprintf(stderr, "no CUDA device: skipped\n");
@@ -572,9 +581,12 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ops),
         cmocka_unit_test(test_models),
+        cmocka_unit_test(test_gpt_oss_models),
         cmocka_unit_test(test_engine),
         cmocka_unit_test(test_expert_gemms), /* last: a cuBLAS refusal there is a fatal error */
     };
+    const char *filter = getenv("MT_TEST_FILTER"); /* as test_cuda_model's */
+    if (filter && *filter) cmocka_set_test_filter(filter);
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     gpu->destroy(gpu);
     cpu->destroy(cpu);

@@ -50,6 +50,10 @@ static void cpu_matmul_forward_add(mt_backend *be, void *out, const void *inp, c
     mt_cpu_matmul_forward_add(out, inp, weight, R, K, M);
 }
 static void cpu_scale(mt_backend *be, void *x, float s, size_t n) { mt_cpu_scale(x, s, n); }
+static void cpu_scale_by(mt_backend *be, void *out, const void *x, const void *s, size_t n) {
+    mt_cpu_scale_by(out, x, s, n);
+}
+static void cpu_softcap(mt_backend *be, void *x, float cap, size_t n) { mt_cpu_softcap(x, cap, n); }
 static void cpu_matmul_backward(mt_backend *be, void *dinp, float *dweight, float *dbias,
                                 const void *dout, const void *inp, const void *weight, int R,
                                 int K, int M, int accumulate) {
@@ -219,6 +223,11 @@ static void cpu_lm_head_loss(mt_backend *be, float *losses, void *dinp, float *d
                              int C, int V, float loss_scale) {
     mt_cpu_lm_head_loss(losses, dinp, dweight, inp, weight, targets, N, C, V, loss_scale);
 }
+static void cpu_lm_head_loss_softcap(mt_backend *be, float *losses, void *dinp, float *dweight,
+                                     const void *inp, const void *weight, const int32_t *targets,
+                                     int N, int C, int V, float loss_scale, float cap) {
+    mt_cpu_lm_head_loss_softcap(losses, dinp, dweight, inp, weight, targets, N, C, V, loss_scale, cap);
+}
 
 static void cpu_moe_route(mt_backend *be, float *probs, int32_t *top_idx, float *top_w,
                           int32_t *counts, float *prob_sum, const void *logits, int n, int E, int k,
@@ -250,6 +259,16 @@ static void cpu_moe_route_backward(mt_backend *be, void *d_logits, const float *
                                    const float *probs, const int32_t *top_idx, const float *top_w,
                                    const float *aux_grad, int n, int E, int k, int renorm) {
     mt_cpu_moe_route_backward(d_logits, d_w, probs, top_idx, top_w, aux_grad, n, E, k, renorm);
+}
+
+static void cpu_moe_expert_scale_forward(mt_backend *be, float *w_out, const float *w,
+                                         const int32_t *top_idx, const void *scale, int n, int k) {
+    mt_cpu_moe_expert_scale_forward(w_out, w, top_idx, scale, n, k);
+}
+static void cpu_moe_expert_scale_backward(mt_backend *be, float *d_w, float *d_scale,
+                                          const float *d_out, const float *w, const int32_t *top_idx,
+                                          const void *scale, int n, int k) {
+    mt_cpu_moe_expert_scale_backward(d_w, d_scale, d_out, w, top_idx, scale, n, k);
 }
 
 mt_backend *mt_backend_cpu_create(void) {
@@ -299,6 +318,8 @@ mt_backend *mt_backend_cpu_create(void) {
     be->zero_rows_of_id = cpu_zero_rows_of_id;
     be->add = cpu_add;
     be->scale = cpu_scale;
+    be->scale_by = cpu_scale_by;
+    be->softcap = cpu_softcap;
     be->sumsq = cpu_sumsq;
     be->from_f32 = cpu_from_f32;
     be->from_bf16 = cpu_from_bf16;
@@ -306,6 +327,7 @@ mt_backend *mt_backend_cpu_create(void) {
     be->dequant_fp8 = cpu_dequant_fp8;
     be->optim_update = cpu_optim_update;
     be->lm_head_loss = cpu_lm_head_loss;
+    be->lm_head_loss_softcap = cpu_lm_head_loss_softcap;
     be->moe_route = cpu_moe_route;
     be->moe_group = cpu_moe_group;
     be->moe_gather = cpu_moe_gather;
@@ -313,9 +335,12 @@ mt_backend *mt_backend_cpu_create(void) {
     be->moe_combine = cpu_moe_combine;
     be->moe_combine_backward = cpu_moe_combine_backward;
     be->moe_route_backward = cpu_moe_route_backward;
+    be->moe_expert_scale_forward = cpu_moe_expert_scale_forward;
+    be->moe_expert_scale_backward = cpu_moe_expert_scale_backward;
     be->moe_matmul_forward = mt_backend_moe_matmul_loop_forward;
     be->moe_matmul_backward = mt_backend_moe_matmul_loop_backward;
     be->attention_options = 1;
+    be->rmsnorm_unweighted = 1;
     be->moe_matmul_io_forward = cpu_moe_matmul_io_forward;
     be->moe_matmul_io_backward = cpu_moe_matmul_io_backward;
     be->swiglu_clamped_forward = cpu_swiglu_clamped_forward;

@@ -114,6 +114,9 @@ void mt_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const f
                             const float *up, size_t n);
 void mt_cpu_add(float *out, const float *a, const float *b, size_t n);
 void mt_cpu_scale(float *x, float s, size_t n);
+/* Gemma 4's (softcap.c): backend.h softcap and scale_by. */
+void mt_cpu_softcap(float *x, float cap, size_t n);
+void mt_cpu_scale_by(float *out, const float *x, const float *s, size_t n);
 
 /* out[0] += sum of x[i]^2 (accumulated in double); dst = src (the compute dtype is fp32). */
 void mt_cpu_sumsq(float *out, const float *x, size_t n);
@@ -136,6 +139,11 @@ void mt_cpu_moe_combine_backward(float *dy, float *d_w, const float *dout, const
 void mt_cpu_moe_route_backward(float *d_logits, const float *d_w, const float *probs,
                                const int32_t *top_idx, const float *top_w, const float *aux_grad,
                                int n, int E, int k, int renorm);
+/* Gemma 4's per-expert gate scale (moe_scale.c; backend.h moe_expert_scale_*). */
+void mt_cpu_moe_expert_scale_forward(float *w_out, const float *w, const int32_t *idx,
+                                     const float *scale, int n, int k);
+void mt_cpu_moe_expert_scale_backward(float *d_w, float *d_scale, const float *d_out, const float *w,
+                                      const int32_t *idx, const float *scale, int n, int k);
 
 /* dinp == NULL: losses only. dweight may be NULL with dinp set (a frozen head). */
 /* Rows per chunk of mt_cpu_lm_head_loss over N rows (its logits under 256 MB, at most 256 rows). */
@@ -147,5 +155,13 @@ void mt_cpu_lm_head_loss(float *losses, float *dinp, float *dweight, const float
 void mt_cpu_lm_head_loss_chunked(float *losses, float *dinp, float *dweight, const float *inp,
                                  const float *weight, const int32_t *targets, int N, int C, int V,
                                  float loss_scale, int chunk);
+/* backend.h lm_head_loss_softcap (cap > 0; 0 is the plain op), and with an explicit chunk. */
+void mt_cpu_lm_head_loss_softcap(float *losses, float *dinp, float *dweight, const float *inp,
+                                 const float *weight, const int32_t *targets, int N, int C, int V,
+                                 float loss_scale, float cap);
+void mt_cpu_lm_head_loss_softcap_chunked(float *losses, float *dinp, float *dweight,
+                                         const float *inp, const float *weight,
+                                         const int32_t *targets, int N, int C, int V,
+                                         float loss_scale, float cap, int chunk);
 
 #endif

@@ -1,5 +1,6 @@
 /* RMSNorm as transformers' LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) * w, in fp32; with w_offset
- * 1, qwen3_5's x * rsqrt(...) * (1 + w) (the same in fp32: the offset joins w before the product). */
+ * 1, qwen3_5's x * rsqrt(...) * (1 + w) (the same in fp32: the offset joins w before the product);
+ * with weight NULL, Gemma 4's weightless norm x * rsqrt(...) (its v_norm). */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -9,7 +10,7 @@
 
 #define RMS_PAR_MIN 16384 /* elements below which one thread is faster */
 
-/* out (R, C), rstd (R), inp (R, C), weight (C). */
+/* out (R, C), rstd (R), inp (R, C), weight (C) or NULL. */
 void mt_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int R,
                             int C, float eps, float w_offset) {
 #pragma omp parallel for schedule(static) if ((size_t)R * C > RMS_PAR_MIN)
@@ -21,6 +22,11 @@ void mt_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const flo
         for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
         float s = 1.0f / sqrtf((float)ss / (float)C + eps);
         rstd[r] = s;
+        if (!weight) {
+#pragma omp simd
+            for (int c = 0; c < C; c++) y[c] = x[c] * s;
+            continue;
+        }
 #pragma omp simd
         for (int c = 0; c < C; c++) y[c] = (x[c] * s) * (weight[c] + w_offset);
     }
@@ -28,12 +34,39 @@ void mt_cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const flo
 
 /* With y = x * s * w and s = (mean(x^2) + eps)^-1/2:
  *   dx = s * (dy * w) - x * s^3 / C * sum_c(dy * w * x),   dw += sum_r dy * x * s.
+ * weight NULL: w = 1 and no dw (unweighted_backward).
  * dweight sums over rows, so each thread sums its rows into its own (C) partial, and the partials
  * are added in thread order afterwards: no races, and the same bits on every run. dinp or dweight
  * NULL is skipped (dweight NULL: a frozen norm; no partials, and dinp is the same bits). */
+static void unweighted_backward(float *dinp, const float *dout, const float *inp, const float *rstd,
+                                int R, int C, int accumulate) {
+    if (!dinp) return;
+#pragma omp parallel for schedule(static) if ((size_t)R * C > RMS_PAR_MIN)
+    for (int r = 0; r < R; r++) {
+        const float *x = inp + (size_t)r * C, *dy = dout + (size_t)r * C;
+        float *dx = dinp + (size_t)r * C;
+        float s = rstd[r];
+        double dot = 0.0;
+#pragma omp simd reduction(+ : dot)
+        for (int c = 0; c < C; c++) dot += (double)dy[c] * x[c];
+        float k = (float)dot * s * s * s / (float)C;
+        if (accumulate) {
+#pragma omp simd
+            for (int c = 0; c < C; c++) dx[c] += s * dy[c] - k * x[c];
+        } else {
+#pragma omp simd
+            for (int c = 0; c < C; c++) dx[c] = s * dy[c] - k * x[c];
+        }
+    }
+}
+
 void mt_cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                              const float *weight, const float *rstd, int R, int C, int accumulate,
                              float w_offset) {
+    if (!weight) {
+        unweighted_backward(dinp, dout, inp, rstd, R, C, accumulate);
+        return;
+    }
     int nt = (size_t)R * C > RMS_PAR_MIN ? omp_get_max_threads() : 1;
     float *part = dweight ? mt_aligned_alloc((size_t)nt * C * sizeof(float)) : NULL;
 #pragma omp parallel num_threads(nt)

@@ -5,6 +5,18 @@
  * With doc_start, query t of row b sees keys s with doc_start[b*T+t] <= s <= t (the value is clamped
  * to [0, t] on the device, so the diagonal is always visible and no row is ever fully masked).
  *
+ * The options (backend.h's mt_attention_opts, as the CPU reference cpu/attention.c does them):
+ *  - scale: only the factor passed to the kernels changes.
+ *  - window W: query t's first key is also >= t - W + 1. Everything that already follows a row's
+ *    first key (the tiles a forward CTA loads, the warps' tile skipping and masking, the query
+ *    blocks a backward CTA visits, the fallback's loops) then keeps to the band, so a window costs
+ *    O(T*W), not O(T^2). W >= T hides nothing and runs as no window.
+ *  - sinks: one more logit per (row, head), of value zero, folded into each row's max and sum
+ *    after the key loop (the lse includes it); in the backward it changes nothing but lse, and
+ *    dsinks[h] -= sum over rows of exp(sink_h - lse) * Delta (its dP is 0), one CTA per head.
+ * The tensor-core kernels take the window and sinks through a template flag (OPT), so the plain
+ * instances are compiled exactly as without options.
+ *
  * Fast path (D = 64 or 128, q/k/v/out/dout 16-byte aligned): tensor cores through mma.sync
  * m16n8k16 bf16 (inline PTX), ldmatrix from padded shared memory (row stride D+8: no bank
  * conflicts), cp.async double buffering.
@@ -119,6 +131,18 @@ __device__ __forceinline__ int first_key(const int32_t *doc, int b, int T, int t
     return min(max(s, 0), t);
 }
 
+/* First visible key of query t with a window W > 0 (0: none) too: also >= t - W + 1. */
+__device__ __forceinline__ int first_key_w(const int32_t *doc, int b, int T, int t, int window) {
+    const int s = first_key(doc, b, T, t);
+    return window > 0 ? max(s, t - window + 1) : s;
+}
+/* first_key_w in the kernels with the options (OPT), first_key itself in the plain ones. */
+template <bool OPT>
+__device__ __forceinline__ int first_key_opt(const int32_t *doc, int b, int T, int t, int window) {
+    if constexpr (OPT) return first_key_w(doc, b, T, t, window);
+    else return first_key(doc, b, T, t);
+}
+
 /* ROWS x D tile, rows row0.. of a matrix with leading dimension ld (elements), into shared memory
  * with row stride D+8; rows >= T are zero-filled. */
 template <int D, int ROWS, int NT>
@@ -147,11 +171,13 @@ template <int D, int NW> constexpr size_t fwd_smem_bytes() {
     return (size_t)(NW * 16 + 4 * kFwdBK) * (D + 8) * sizeof(bf16);
 }
 
-template <int D, int NW>
+/* OPT: the window (window > 0) and the sinks (sinks not null, (H) bf16) are read; !OPT: neither. */
+template <int D, int NW, bool OPT>
 __global__ void __launch_bounds__(NW * 32)
     attn_fwd_kernel(bf16 *__restrict__ out, float *__restrict__ lse, const bf16 *__restrict__ q,
                     const bf16 *__restrict__ k, const bf16 *__restrict__ v,
-                    const int32_t *__restrict__ doc, int T, int H, int G, float sl2) {
+                    const int32_t *__restrict__ doc, int T, int H, int G, float sl2, int window,
+                    const bf16 *__restrict__ sinks) {
     constexpr int BQ = NW * 16, BK = kFwdBK, LDS = D + 8, NT = NW * 32, DT = D / 8, KS = D / 16;
     extern __shared__ __align__(16) unsigned char smraw[];
     bf16 *Qs = reinterpret_cast<bf16 *>(smraw);
@@ -169,8 +195,8 @@ __global__ void __launch_bounds__(NW * 32)
     const bf16 *vg = v + (size_t)b * T * ldk + (size_t)g * D;
 
     const int rA = t0 + warp * 16 + gq, rB = rA + 8;
-    const int dsA = rA < T ? first_key(doc, b, T, rA) : 0;
-    const int dsB = rB < T ? first_key(doc, b, T, rB) : 0;
+    const int dsA = rA < T ? first_key_opt<OPT>(doc, b, T, rA, window) : 0;
+    const int dsB = rB < T ? first_key_opt<OPT>(doc, b, T, rB, window) : 0;
     const int wr0 = t0 + warp * 16, wr1 = min(wr0 + 15, T - 1);
     const bool wvalid = wr0 < T;
     int mn = INT_MAX, mx = 0;
@@ -300,23 +326,40 @@ __global__ void __launch_bounds__(NW * 32)
     lA += __shfl_xor_sync(0xffffffffu, lA, 2);
     lB += __shfl_xor_sync(0xffffffffu, lB, 1);
     lB += __shfl_xor_sync(0xffffffffu, lB, 2);
+    /* fA, fB: o's factor to the final max; m2A, m2B: that max in log2 units (the sink may raise it) */
+    float fA = 1.0f, fB = 1.0f, m2A = 0.0f, m2B = 0.0f;
+    if constexpr (OPT) {
+        m2A = mA * sl2, m2B = mB * sl2;
+        if (sinks) { /* the sink's logit (nats) joins each row's max and sum; its value is zero */
+            const float s2 = __bfloat162float(sinks[h]) * kLog2e;
+            const float nA = fmaxf(m2A, s2), nB = fmaxf(m2B, s2);
+            fA = ex2(m2A - nA), fB = ex2(m2B - nB);
+            lA = lA * fA + ex2(s2 - nA);
+            lB = lB * fB + ex2(s2 - nB);
+            m2A = nA, m2B = nB;
+        }
+    }
     if (rA < T) {
-        const float inv = 1.0f / lA;
+        const float inv = fA / lA;
         bf16 *op = out + ((size_t)b * T + rA) * ldq + (size_t)h * D + 2 * cq;
 #pragma unroll
         for (int j = 0; j < DT; j++)
             *reinterpret_cast<__nv_bfloat162 *>(op + j * 8) =
                 __floats2bfloat162_rn(o[j][0] * inv, o[j][1] * inv);
-        if (cq == 0) lse[((size_t)b * H + h) * T + rA] = (mA * sl2 + log2f(lA)) * kLn2;
+        if (cq == 0)
+            lse[((size_t)b * H + h) * T + rA] =
+                OPT ? (m2A + log2f(lA)) * kLn2 : (mA * sl2 + log2f(lA)) * kLn2;
     }
     if (rB < T) {
-        const float inv = 1.0f / lB;
+        const float inv = fB / lB;
         bf16 *op = out + ((size_t)b * T + rB) * ldq + (size_t)h * D + 2 * cq;
 #pragma unroll
         for (int j = 0; j < DT; j++)
             *reinterpret_cast<__nv_bfloat162 *>(op + j * 8) =
                 __floats2bfloat162_rn(o[j][2] * inv, o[j][3] * inv);
-        if (cq == 0) lse[((size_t)b * H + h) * T + rB] = (mB * sl2 + log2f(lB)) * kLn2;
+        if (cq == 0)
+            lse[((size_t)b * H + h) * T + rB] =
+                OPT ? (m2B + log2f(lB)) * kLn2 : (mB * sl2 + log2f(lB)) * kLn2;
     }
 }
 
@@ -332,13 +375,15 @@ template <int D> constexpr size_t bwd_smem_bytes() {
            + (size_t)2 * kBwdBQ * (2 * sizeof(float) + sizeof(int)); /* lse2, Delta, doc start */
 }
 
-template <int D>
+/* OPT: the window (window > 0) is read; !OPT: it is not. (The sinks only change lse here.) */
+template <int D, bool OPT>
 __global__ void __launch_bounds__(kBwdNW * 32, 1)
     attn_bwd_kernel(float *__restrict__ dqacc, bf16 *__restrict__ dk, bf16 *__restrict__ dv,
                     const bf16 *__restrict__ dout, const float *__restrict__ lse,
                     const float *__restrict__ delta, const bf16 *__restrict__ q,
                     const bf16 *__restrict__ k, const bf16 *__restrict__ v,
-                    const int32_t *__restrict__ doc, int T, int H, int G, float scale, float sl2) {
+                    const int32_t *__restrict__ doc, int T, int H, int G, float scale, float sl2,
+                    int window) {
     constexpr int NW = kBwdNW, NT = NW * 32, BK = kBwdBK, BQ = kBwdBQ, LDS = D + 8, LDSS = BQ + 8;
     constexpr int KS = D / 16, DT = D / 8;
     extern __shared__ __align__(16) unsigned char smraw[];
@@ -359,13 +404,17 @@ __global__ void __launch_bounds__(kBwdNW * 32, 1)
     const bf16 *kg = k + (size_t)b * T * ldk + (size_t)g * D;
     const bf16 *vg = v + (size_t)b * T * ldk + (size_t)g * D;
 
-    /* Queries that may see this key block: [k0, qend], qend = the last t whose first key <= klast. */
+    /* Queries that may see this key block: [k0, qend], qend = the last t whose first key <= klast.
+     * A window W ends the search at klast + W - 1, the last query whose band reaches klast. */
     int qend = T - 1;
+    if constexpr (OPT)
+        if (window > 0) qend = min(qend, klast + window - 1);
     if (doc) {
         if (tid == 0) s_qend = klast;
         __syncthreads();
         int loc = -1;
-        for (int t = klast + 1 + tid; t < T; t += NT)
+        const int tend = OPT ? qend + 1 : T;
+        for (int t = klast + 1 + tid; t < tend; t += NT)
             if (first_key(doc, b, T, t) <= klast) loc = t;
         loc = warp_max(loc);
         if (lane == 0 && loc >= 0) atomicMax(&s_qend, loc);
@@ -384,7 +433,7 @@ __global__ void __launch_bounds__(kBwdNW * 32, 1)
             const size_t li = ((size_t)b * H + h) * T + t;
             lse2_s[buf * BQ + tid] = t < T ? lse[li] * kLog2e : 0.0f;
             dl_s[buf * BQ + tid] = t < T ? delta[li] : 0.0f;
-            ds_s[buf * BQ + tid] = t < T ? first_key(doc, b, T, t) : 0;
+            ds_s[buf * BQ + tid] = t < T ? first_key_opt<OPT>(doc, b, T, t, window) : 0;
         }
     };
 
@@ -583,6 +632,35 @@ __global__ void attn_bwd_delta_kernel(float *__restrict__ delta, const bf16 *__r
     }
 }
 
+/* dsinks[h] += sum over rows (b, t) of the sink's dS = p_sink * (dP_sink - Delta), where
+ * p_sink = exp(sink_h - lse) and dP_sink = dO . (its value, zero) = 0: -= p_sink * Delta (as
+ * cpu/attention.c). One CTA per head, fp64 partial sums in a fixed order: deterministic. */
+constexpr int kSinkThreads = 512;
+
+__global__ void __launch_bounds__(kSinkThreads)
+    attn_bwd_dsinks_kernel(float *__restrict__ dsinks, const bf16 *__restrict__ sinks,
+                           const float *__restrict__ lse, const float *__restrict__ delta, int B,
+                           int T, int H) {
+    __shared__ double part[kSinkThreads / 32];
+    const int h = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const float sink = __bfloat162float(sinks[h]);
+    double acc = 0.0;
+    for (int b = 0; b < B; b++) {
+        const size_t row = ((size_t)b * H + h) * T;
+        for (int t = threadIdx.x; t < T; t += kSinkThreads)
+            acc += (double)(expf(sink - lse[row + t]) * delta[row + t]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) part[warp] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double sum = 0.0;
+        for (int w = 0; w < kSinkThreads / 32; w++) sum += part[w];
+        dsinks[h] -= (float)sum;
+    }
+}
+
 __global__ void attn_f32_to_bf16_kernel(bf16 *__restrict__ dst, const float *__restrict__ src,
                                         size_t n) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
@@ -597,15 +675,18 @@ __global__ void attn_f32_to_bf16_kernel(bf16 *__restrict__ dst, const float *__r
 
 /* ----------------------------------------------------------------------------------------------
  * Fallback kernels (any D): one warp per query row or key row, fp32, 32 keys/queries per step.
- * Shared memory: per warp two vectors of D floats.
+ * Shared memory: per warp two vectors of D floats. OPT as for the tensor-core kernels: only those
+ * instances read the window and the sinks.
  * -------------------------------------------------------------------------------------------- */
 
 constexpr int kFbWarps = 4;
 
+template <bool OPT>
 __global__ void attn_fwd_fallback(bf16 *__restrict__ out, float *__restrict__ lse,
                                   const bf16 *__restrict__ q, const bf16 *__restrict__ k,
                                   const bf16 *__restrict__ v, const int32_t *__restrict__ doc,
-                                  int B, int T, int H, int G, int D, float scale) {
+                                  int B, int T, int H, int G, int D, float scale, int window,
+                                  const bf16 *__restrict__ sinks) {
     extern __shared__ float fsm[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const size_t row = (size_t)blockIdx.x * kFbWarps + warp; /* (b, t, h) */
@@ -619,7 +700,7 @@ __global__ void attn_fwd_fallback(bf16 *__restrict__ out, float *__restrict__ ls
     __syncwarp();
     const bf16 *kb = k + (size_t)b * T * ldk + (size_t)g * D;
     const bf16 *vb = v + (size_t)b * T * ldk + (size_t)g * D;
-    const int lo = first_key(doc, b, T, t);
+    const int lo = first_key_opt<OPT>(doc, b, T, t, window);
     float m = -INFINITY, l = 0.0f;
     for (int s0 = lo; s0 <= t; s0 += 32) {
         const int s = s0 + lane;
@@ -646,18 +727,28 @@ __global__ void attn_fwd_fallback(bf16 *__restrict__ out, float *__restrict__ ls
             if (d < D) os[d] = os[d] * al + acc;
         }
     }
-    const float inv = 1.0f / l;
+    float f = 1.0f; /* os's factor to the final max */
+    if constexpr (OPT) {
+        if (sinks) { /* the sink's logit joins the max and the sum; its value is zero */
+            const float sink = __bfloat162float(sinks[h]), mn = fmaxf(m, sink);
+            f = expf(m - mn);
+            l = l * f + expf(sink - mn);
+            m = mn;
+        }
+    }
+    const float inv = f / l;
     bf16 *op = out + row * D;
     for (int d = lane; d < D; d += 32) op[d] = __float2bfloat16(os[d] * inv);
     if (lane == 0) lse[((size_t)b * H + h) * T + t] = m + logf(l);
 }
 
 /* dq row (b, t, h): sum over visible keys of dS * k * scale. */
+template <bool OPT>
 __global__ void attn_bwd_dq_fallback(bf16 *__restrict__ dq, const bf16 *__restrict__ dout,
                                      const float *__restrict__ lse, const float *__restrict__ delta,
                                      const bf16 *__restrict__ q, const bf16 *__restrict__ k,
                                      const bf16 *__restrict__ v, const int32_t *__restrict__ doc,
-                                     int B, int T, int H, int G, int D, float scale) {
+                                     int B, int T, int H, int G, int D, float scale, int window) {
     extern __shared__ float fsm[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const size_t row = (size_t)blockIdx.x * kFbWarps + warp;
@@ -676,7 +767,7 @@ __global__ void attn_bwd_dq_fallback(bf16 *__restrict__ dq, const bf16 *__restri
     const bf16 *vb = v + (size_t)b * T * ldk + (size_t)g * D;
     const size_t li = ((size_t)b * H + h) * T + t;
     const float L = lse[li], Dl = delta[li];
-    const int lo = first_key(doc, b, T, t);
+    const int lo = first_key_opt<OPT>(doc, b, T, t, window);
     for (int s0 = lo; s0 <= t; s0 += 32) {
         const int s = s0 + lane;
         float dsv = 0.0f;
@@ -705,12 +796,13 @@ __global__ void attn_bwd_dq_fallback(bf16 *__restrict__ dq, const bf16 *__restri
 }
 
 /* dk, dv row (b, s, g): over the query heads of g and the queries that see key s. */
+template <bool OPT>
 __global__ void attn_bwd_dkdv_fallback(bf16 *__restrict__ dk, bf16 *__restrict__ dv,
                                        const bf16 *__restrict__ dout, const float *__restrict__ lse,
                                        const float *__restrict__ delta, const bf16 *__restrict__ q,
                                        const bf16 *__restrict__ k, const bf16 *__restrict__ v,
                                        const int32_t *__restrict__ doc, int B, int T, int H, int G,
-                                       int D, float scale) {
+                                       int D, float scale, int window) {
     extern __shared__ float fsm[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const size_t row = (size_t)blockIdx.x * kFbWarps + warp; /* (b, s, g) */
@@ -725,13 +817,14 @@ __global__ void attn_bwd_dkdv_fallback(bf16 *__restrict__ dk, bf16 *__restrict__
         dks[d] = dvs[d] = 0.0f;
     }
     __syncwarp();
+    const int tend = OPT && window > 0 ? min(T, s + window) : T; /* later queries miss key s */
     for (int h = g * rep; h < (g + 1) * rep; h++) {
         const bf16 *qb = q + (size_t)b * T * ldq + (size_t)h * D;
         const bf16 *db = dout + (size_t)b * T * ldq + (size_t)h * D;
-        for (int t0 = s; t0 < T; t0 += 32) {
+        for (int t0 = s; t0 < tend; t0 += 32) {
             const int t = t0 + lane;
             float p = 0.0f, dsv = 0.0f;
-            if (t < T && first_key(doc, b, T, t) <= s) {
+            if (t < tend && first_key(doc, b, T, t) <= s) {
                 const bf16 *qp = qb + (size_t)t * ldq, *dp_ = db + (size_t)t * ldq;
                 float sc = 0.0f, dp = 0.0f;
                 for (int d = 0; d < D; d++) {
@@ -743,7 +836,7 @@ __global__ void attn_bwd_dkdv_fallback(bf16 *__restrict__ dk, bf16 *__restrict__
                 dsv = p * (dp - delta[li]);
             }
             if (!__any_sync(0xffffffffu, p != 0.0f || dsv != 0.0f)) continue;
-            const int n = min(32, T - t0);
+            const int n = min(32, tend - t0);
             for (int d0 = 0; d0 < D; d0 += 32) {
                 const int d = d0 + lane;
                 float a = 0.0f, c2 = 0.0f;
@@ -773,35 +866,41 @@ __global__ void attn_bwd_dkdv_fallback(bf16 *__restrict__ dk, bf16 *__restrict__
  * the bench may change it. */
 int g_attn_fwd_warps = 8;
 
+/* The OPT instance only when a window or sinks are asked for: plain calls run the plain one. */
 template <int D, int NW>
 void launch_fwd(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
-                const int32_t *doc, int B, int T, int H, int G, float sl2, cudaStream_t s) {
+                const int32_t *doc, int B, int T, int H, int G, float sl2, int window,
+                const bf16 *sinks, cudaStream_t s) {
     constexpr size_t smem = fwd_smem_bytes<D, NW>();
-    static bool attr_set = false; /* per template instance; idempotent, so a race is harmless */
-    if (!attr_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_kernel<D, NW>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attr_set = true;
+    const bool opt = window > 0 || sinks;
+    auto kernel = opt ? attn_fwd_kernel<D, NW, true> : attn_fwd_kernel<D, NW, false>;
+    static bool attr_set[2] = {false, false}; /* per instance; idempotent, so a race is harmless */
+    if (!attr_set[opt]) {
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
+        attr_set[opt] = true;
     }
     dim3 grid((T + NW * 16 - 1) / (NW * 16), B * H);
-    attn_fwd_kernel<D, NW><<<grid, NW * 32, smem, s>>>(out, lse, q, k, v, doc, T, H, G, sl2);
+    kernel<<<grid, NW * 32, smem, s>>>(out, lse, q, k, v, doc, T, H, G, sl2, window, sinks);
     CUDA_LAUNCH_CHECK();
 }
 
 template <int D>
 void launch_bwd(float *dqacc, bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse,
                 const float *delta, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *doc,
-                int B, int T, int H, int G, float scale, cudaStream_t s) {
+                int B, int T, int H, int G, float scale, int window, cudaStream_t s) {
     constexpr size_t smem = bwd_smem_bytes<D>();
-    static bool attr_set = false;
-    if (!attr_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_kernel<D>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attr_set = true;
+    const bool opt = window > 0;
+    auto kernel = opt ? attn_bwd_kernel<D, true> : attn_bwd_kernel<D, false>;
+    static bool attr_set[2] = {false, false};
+    if (!attr_set[opt]) {
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
+        attr_set[opt] = true;
     }
     dim3 grid((T + kBwdBK - 1) / kBwdBK, B * G);
-    attn_bwd_kernel<D><<<grid, kBwdNW * 32, smem, s>>>(dqacc, dk, dv, dout, lse, delta, q, k, v,
-                                                      doc, T, H, G, scale, scale * kLog2e);
+    kernel<<<grid, kBwdNW * 32, smem, s>>>(dqacc, dk, dv, dout, lse, delta, q, k, v, doc, T, H, G,
+                                           scale, scale * kLog2e, window);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -829,45 +928,72 @@ void check_shapes(int B, int T, int H, int G, int D) {
              "attention: B*H=%lld exceeds the grid limit", (long long)B * H);
 }
 
+/* The options as the kernels take them: the scale (0: 1/sqrt(D)), the window (0 where none, or
+ * where W >= T hides no key: then the plain kernels run) and the sinks (null: none). */
+struct attn_options {
+    float scale;
+    int window;
+    const bf16 *sinks;
+};
+
+attn_options resolve_options(const mt_attention_opts *opts, int T, int D) {
+    attn_options o = {1.0f / sqrtf((float)D), 0, nullptr};
+    if (!opts) return o;
+    MT_CHECK(opts->window >= 0, "attention: window %d must be >= 0", opts->window);
+    /* the tensor-core kernels mask raw scores with -inf before scaling */
+    MT_CHECK(opts->scale >= 0, "attention: scale %g must be >= 0 (0: 1/sqrt(D))",
+             (double)opts->scale);
+    if (opts->scale != 0) o.scale = opts->scale;
+    o.window = opts->window < T ? opts->window : 0;
+    o.sinks = (const bf16 *)opts->sinks;
+    return o;
+}
+
 } // namespace
 
 void mt_cuda_attention_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                const int32_t *doc_start, int B, int T, int H, int G, int D,
-                               cudaStream_t s) {
+                               cudaStream_t s, const mt_attention_opts *opts) {
     check_shapes(B, T, H, G, D);
     if (B == 0 || T == 0 || H == 0) return;
-    if (mt_cuda_attention_cudnn_forward(out, lse, q, k, v, doc_start, B, T, H, G, D, s)) return;
-    const float scale = 1.0f / sqrtf((float)D), sl2 = scale * kLog2e;
+    if (mt_cuda_attention_cudnn_forward(out, lse, q, k, v, doc_start, B, T, H, G, D, opts, s))
+        return;
+    const attn_options o = resolve_options(opts, T, D);
+    const float scale = o.scale, sl2 = scale * kLog2e;
     if (fast_path(D, out, q, k, v, q)) {
         const bool w8 = g_attn_fwd_warps == 8;
+        const int W = o.window;
         if (D == 64) {
-            if (w8) launch_fwd<64, 8>(out, lse, q, k, v, doc_start, B, T, H, G, sl2, s);
-            else launch_fwd<64, 4>(out, lse, q, k, v, doc_start, B, T, H, G, sl2, s);
+            if (w8) launch_fwd<64, 8>(out, lse, q, k, v, doc_start, B, T, H, G, sl2, W, o.sinks, s);
+            else launch_fwd<64, 4>(out, lse, q, k, v, doc_start, B, T, H, G, sl2, W, o.sinks, s);
         } else {
-            if (w8) launch_fwd<128, 8>(out, lse, q, k, v, doc_start, B, T, H, G, sl2, s);
-            else launch_fwd<128, 4>(out, lse, q, k, v, doc_start, B, T, H, G, sl2, s);
+            if (w8) launch_fwd<128, 8>(out, lse, q, k, v, doc_start, B, T, H, G, sl2, W, o.sinks, s);
+            else launch_fwd<128, 4>(out, lse, q, k, v, doc_start, B, T, H, G, sl2, W, o.sinks, s);
         }
         return;
     }
     const size_t rows = (size_t)B * T * H;
     const size_t smem = (size_t)kFbWarps * 2 * D * sizeof(float);
     MT_CHECK(smem <= 48 * 1024, "attention: D=%d too large for the fallback kernel", D);
-    attn_fwd_fallback<<<(unsigned)((rows + kFbWarps - 1) / kFbWarps), kFbWarps * 32, smem, s>>>(
-        out, lse, q, k, v, doc_start, B, T, H, G, D, scale);
+    auto fallback = o.window > 0 || o.sinks ? attn_fwd_fallback<true> : attn_fwd_fallback<false>;
+    fallback<<<(unsigned)((rows + kFbWarps - 1) / kFbWarps), kFbWarps * 32, smem, s>>>(
+        out, lse, q, k, v, doc_start, B, T, H, G, D, scale, o.window, o.sinks);
     CUDA_LAUNCH_CHECK();
 }
 
 void mt_cuda_attention_backward(mt_cuda_ctx *ctx, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout,
                                 const bf16 *out, const float *lse, const bf16 *q, const bf16 *k,
                                 const bf16 *v, const int32_t *doc_start, int B, int T, int H,
-                                int G, int D, cudaStream_t s) {
+                                int G, int D, cudaStream_t s, const mt_attention_opts *opts) {
     (void)ctx;
     check_shapes(B, T, H, G, D);
     if (B == 0 || T == 0 || H == 0) return;
     if (mt_cuda_attention_cudnn_backward(dq, dk, dv, dout, out, lse, q, k, v, doc_start, B, T, H, G,
-                                         D, s))
+                                         D, opts, s))
         return;
-    const float scale = 1.0f / sqrtf((float)D);
+    const attn_options o = resolve_options(opts, T, D);
+    const float scale = o.scale;
+    float *dsinks = opts && o.sinks ? opts->dsinks : nullptr;
     const size_t rows = (size_t)B * T * H;
     const bool fast = fast_path(D, dout, q, k, v, dq);
     /* scratch: Delta (B*H*T floats), then for the fast path the fp32 dQ accumulator */
@@ -880,12 +1006,18 @@ void mt_cuda_attention_backward(mt_cuda_ctx *ctx, bf16 *dq, bf16 *dk, bf16 *dv, 
 
     attn_bwd_delta_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, s>>>(delta, dout, out, B, T, H, D);
     CUDA_LAUNCH_CHECK();
+    if (dsinks) {
+        attn_bwd_dsinks_kernel<<<H, kSinkThreads, 0, s>>>(dsinks, o.sinks, lse, delta, B, T, H);
+        CUDA_LAUNCH_CHECK();
+    }
     if (fast) {
         CUDA_CHECK(cudaMemsetAsync(dqacc, 0, rows * D * sizeof(float), s));
         if (D == 64)
-            launch_bwd<64>(dqacc, dk, dv, dout, lse, delta, q, k, v, doc_start, B, T, H, G, scale, s);
+            launch_bwd<64>(dqacc, dk, dv, dout, lse, delta, q, k, v, doc_start, B, T, H, G, scale,
+                           o.window, s);
         else
-            launch_bwd<128>(dqacc, dk, dv, dout, lse, delta, q, k, v, doc_start, B, T, H, G, scale, s);
+            launch_bwd<128>(dqacc, dk, dv, dout, lse, delta, q, k, v, doc_start, B, T, H, G, scale,
+                            o.window, s);
         const size_t n = rows * D;
         attn_f32_to_bf16_kernel<<<(unsigned)((n / 4 + 255) / 256 + 1), 256, 0, s>>>(dq, dqacc, n);
         CUDA_LAUNCH_CHECK();
@@ -893,13 +1025,15 @@ void mt_cuda_attention_backward(mt_cuda_ctx *ctx, bf16 *dq, bf16 *dk, bf16 *dv, 
         const size_t smem_q = (size_t)kFbWarps * 3 * D * sizeof(float);
         const size_t smem_k = (size_t)kFbWarps * 4 * D * sizeof(float);
         MT_CHECK(smem_k <= 48 * 1024, "attention: D=%d too large for the fallback kernel", D);
-        attn_bwd_dq_fallback<<<(unsigned)((rows + kFbWarps - 1) / kFbWarps), kFbWarps * 32, smem_q,
-                               s>>>(dq, dout, lse, delta, q, k, v, doc_start, B, T, H, G, D, scale);
+        const bool opt = o.window > 0;
+        auto dq_kernel = opt ? attn_bwd_dq_fallback<true> : attn_bwd_dq_fallback<false>;
+        auto dkdv_kernel = opt ? attn_bwd_dkdv_fallback<true> : attn_bwd_dkdv_fallback<false>;
+        dq_kernel<<<(unsigned)((rows + kFbWarps - 1) / kFbWarps), kFbWarps * 32, smem_q, s>>>(
+            dq, dout, lse, delta, q, k, v, doc_start, B, T, H, G, D, scale, o.window);
         CUDA_LAUNCH_CHECK();
         const size_t krows = (size_t)B * T * G;
-        attn_bwd_dkdv_fallback<<<(unsigned)((krows + kFbWarps - 1) / kFbWarps), kFbWarps * 32,
-                                 smem_k, s>>>(dk, dv, dout, lse, delta, q, k, v, doc_start, B, T, H,
-                                              G, D, scale);
+        dkdv_kernel<<<(unsigned)((krows + kFbWarps - 1) / kFbWarps), kFbWarps * 32, smem_k, s>>>(
+            dk, dv, dout, lse, delta, q, k, v, doc_start, B, T, H, G, D, scale, o.window);
         CUDA_LAUNCH_CHECK();
     }
     CUDA_CHECK(cudaFreeAsync(scratch, s));

@@ -680,9 +680,10 @@ plan *docs_plan_locked(int backward, const int32_t *doc_start, int B, int T, int
 
 bool mt_cuda_attention_cudnn_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
                                      const bf16 *v, const int32_t *doc_start, int B, int T, int H,
-                                     int G, int D, cudaStream_t s) {
+                                     int G, int D, const mt_attention_opts *opts, cudaStream_t s) {
     g_last[0] = MT_ATTENTION_OWN;
     g_last_docs[0] = {0, 0, 0};
+    if (!mt_attention_opts_plain(opts)) return false; /* our graphs have no scale, window, sinks */
     if (!wanted(0, doc_start, T, D, {out, lse, q, k, v})) return false;
     std::lock_guard<std::mutex> lock(g_mu);
     plan_key key = {0, 0, B, T, H, G, D};
@@ -716,9 +717,11 @@ bool mt_cuda_attention_cudnn_forward(bf16 *out, float *lse, const bf16 *q, const
 bool mt_cuda_attention_cudnn_backward(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout,
                                       const bf16 *out, const float *lse, const bf16 *q,
                                       const bf16 *k, const bf16 *v, const int32_t *doc_start,
-                                      int B, int T, int H, int G, int D, cudaStream_t s) {
+                                      int B, int T, int H, int G, int D,
+                                      const mt_attention_opts *opts, cudaStream_t s) {
     g_last[1] = MT_ATTENTION_OWN;
     g_last_docs[1] = {0, 0, 0};
+    if (!mt_attention_opts_plain(opts)) return false; /* our graphs have no scale, window, sinks */
     if (!wanted(1, doc_start, T, D, {dq, dk, dv, dout, out, lse, q, k, v})) return false;
     std::lock_guard<std::mutex> lock(g_mu);
     plan_key key = {1, 0, B, T, H, G, D};
@@ -781,7 +784,8 @@ extern "C" int mt_cuda_attention_cudnn_validate(int, int, int, int, int, int, in
 }
 
 bool mt_cuda_attention_cudnn_forward(bf16 *, float *, const bf16 *, const bf16 *, const bf16 *,
-                                     const int32_t *, int, int, int, int, int, cudaStream_t) {
+                                     const int32_t *, int, int, int, int, int,
+                                     const mt_attention_opts *, cudaStream_t) {
     static bool noted = false;
     g_last_docs[0] = {0, 0, 0};
     if (mt_cuda_attention_get_impl() == MT_ATTENTION_CUDNN && !noted) {
@@ -795,7 +799,8 @@ bool mt_cuda_attention_cudnn_forward(bf16 *, float *, const bf16 *, const bf16 *
 
 bool mt_cuda_attention_cudnn_backward(bf16 *, bf16 *, bf16 *, const bf16 *, const bf16 *,
                                       const float *, const bf16 *, const bf16 *, const bf16 *,
-                                      const int32_t *, int, int, int, int, int, cudaStream_t) {
+                                      const int32_t *, int, int, int, int, int,
+                                      const mt_attention_opts *, cudaStream_t) {
     g_last[1] = MT_ATTENTION_OWN;
     g_last_docs[1] = {0, 0, 0};
     return false;

@@ -9,7 +9,8 @@
  * that algorithm, whose own misses of our fp32-reference bar it reproduces element for element
  * (11 of 2M, 158%), and test_cuda_model's 50-step curve with cuDNN stays inside the spread that
  * bf16-sized nudges of the weights cause (session 5). Ours keeps P more precisely and remains for
- * short rows' backward, MT_ATTENTION_DOCS=own (below), and `own`.
+ * short rows' backward, MT_ATTENTION_DOCS=own (below), `own`, and every call with a scale, a
+ * window or sinks (mt_attention_opts: the graphs here have none of them), whatever the choice.
  *   own    our kernels always (packed rows included);
  *   cudnn  cuDNN for every case it supports (documents packed in a row as MT_ATTENTION_DOCS says,
  *          16-byte aligned tensors, a shape cuDNN has a plan for), our kernels for the rest;
@@ -111,14 +112,16 @@ int mt_cuda_attention_cudnn_validate(int backward, int B, int T, int H, int G, i
 
 /* Run by attention.cu's launchers first: when the choice and the case allow cuDNN, enqueue cuDNN's
  * forward / backward on s and return true; otherwise return false (the caller runs our kernels).
- * Arguments as mt_cuda_attention_forward / _backward (ops.cuh). */
+ * Arguments as mt_cuda_attention_forward / _backward (ops.cuh). cuDNN runs only the plain
+ * attention (mt_attention_opts_plain): a call with a scale, a window or sinks returns false. */
 bool mt_cuda_attention_cudnn_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
                                      const bf16 *v, const int32_t *doc_start, int B, int T, int H,
-                                     int G, int D, cudaStream_t s);
+                                     int G, int D, const mt_attention_opts *opts, cudaStream_t s);
 bool mt_cuda_attention_cudnn_backward(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout,
                                       const bf16 *out, const float *lse, const bf16 *q,
                                       const bf16 *k, const bf16 *v, const int32_t *doc_start,
-                                      int B, int T, int H, int G, int D, cudaStream_t s);
+                                      int B, int T, int H, int G, int D,
+                                      const mt_attention_opts *opts, cudaStream_t s);
 #endif
 
 #endif

@@ -1,4 +1,5 @@
-/* Token embedding: a row gather forward; a deterministic scatter-add backward.
+/* Token embedding: a row gather forward; a deterministic scatter-add backward; zero_rows_of_id
+ * (the pad token's gradient rows zeroed before the scatter, Gemma).
  *
  * Backward: the (id, n) pairs are radix-sorted by id (cub, stable, so each id's tokens stay in
  * token order); one block per run of equal ids and column slab sums that run's dout rows in fp32 in
@@ -101,4 +102,22 @@ void mt_cuda_embedding_backward(float *dtable, const bf16 *dout, const int32_t *
         embedding_backward_kernel<1><<<grid, EMB_THREADS, 0, s>>>(dtable, dout, ids_out, n_out, N, C);
     CUDA_LAUNCH_CHECK();
     CUDA_CHECK(cudaFreeAsync(buf, s));
+}
+
+/* Rows of token `id` zeroed (nn.Embedding's padding_idx: the pad token's row then gets nothing
+ * from the scatter): one block a row, the ones of other ids leave at once. */
+static __global__ void zero_rows_of_id_kernel(bf16 *x, const int32_t *ids, int32_t id, int C) {
+    int n = blockIdx.x;
+    if (ids[n] != id) return;
+    bf16 *row = x + (size_t)n * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) row[c] = __float2bfloat16_rn(0.0f);
+}
+
+void mt_cuda_zero_rows_of_id(bf16 *x, const int32_t *ids, int32_t id, int N, int C,
+                             cudaStream_t s) {
+    MT_CHECK(N >= 0 && C >= 0, "zero_rows_of_id: N=%d C=%d", N, C);
+    if (N == 0 || C == 0) return;
+    MT_CHECK(x && ids, "zero_rows_of_id: NULL tensor");
+    zero_rows_of_id_kernel<<<N, EMB_THREADS, 0, s>>>(x, ids, id, C);
+    CUDA_LAUNCH_CHECK();
 }

@@ -12,6 +12,8 @@ void mt_cuda_embedding_forward(bf16 *out, const int32_t *ids, const bf16 *table,
                                cudaStream_t s);
 void mt_cuda_embedding_backward(float *dtable, const bf16 *dout, const int32_t *ids, int N, int C,
                                 cudaStream_t s);
+/* x (N, C): rows n with ids[n] == id set to zero (backend.h's zero_rows_of_id) */
+void mt_cuda_zero_rows_of_id(bf16 *x, const int32_t *ids, int32_t id, int N, int C, cudaStream_t s);
 
 /* rmsnorm.cu */
 void mt_cuda_rmsnorm_forward(bf16 *out, float *rstd, const bf16 *inp, const bf16 *weight, int R,
@@ -36,14 +38,17 @@ void mt_cuda_rope_forward(bf16 *x, const int32_t *pos, const float *inv_freq, in
 void mt_cuda_rope_backward(bf16 *dx, const int32_t *pos, const float *inv_freq, int N, int nh,
                            int D, int rd, cudaStream_t s);
 
-/* attention.cu (flash attention: never materializes T x T) */
+/* attention.cu (flash attention: never materializes T x T). opts as backend.h's (sinks bf16 on
+ * the device, dsinks fp32 on the device), after the stream so that callers of the plain op (NULL,
+ * the default) need not pass it. */
 void mt_cuda_attention_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                const int32_t *doc_start, int B, int T, int H, int G, int D,
-                               cudaStream_t s);
+                               cudaStream_t s, const mt_attention_opts *opts = nullptr);
 void mt_cuda_attention_backward(mt_cuda_ctx *ctx, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout,
                                 const bf16 *out, const float *lse, const bf16 *q, const bf16 *k,
                                 const bf16 *v, const int32_t *doc_start, int B, int T, int H,
-                                int G, int D, cudaStream_t s);
+                                int G, int D, cudaStream_t s,
+                                const mt_attention_opts *opts = nullptr);
 
 /* gating.cu */
 void mt_cuda_sigmoid_gate_forward(bf16 *out, const bf16 *x, const bf16 *g, int R, int C, int Cg,
@@ -103,6 +108,17 @@ void mt_cuda_swiglu_backward(bf16 *dgate, bf16 *dup, const bf16 *dout, const bf1
 void mt_cuda_add(bf16 *out, const bf16 *a, const bf16 *b, size_t n, cudaStream_t s);
 void mt_cuda_scale(bf16 *x, float s, size_t n, cudaStream_t st);
 
+/* geglu.cu (Gemma's gelu_tanh(gate) * up) */
+void mt_cuda_geglu_forward(bf16 *out, const bf16 *gate, const bf16 *up, size_t n, cudaStream_t s);
+void mt_cuda_geglu_backward(bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gate,
+                            const bf16 *up, size_t n, cudaStream_t s);
+
+/* swiglu_clamped.cu (gpt-oss's clamped SwiGLU over interleaved gate/up columns) */
+void mt_cuda_swiglu_clamped_forward(bf16 *out, const bf16 *gate_up, int R, int F, float alpha,
+                                    float limit, cudaStream_t s);
+void mt_cuda_swiglu_clamped_backward(bf16 *dgate_up, const bf16 *dout, const bf16 *gate_up, int R,
+                                     int F, float alpha, float limit, cudaStream_t s);
+
 /* vector.cu */
 void mt_cuda_sumsq(float *out, const float *x, size_t n, cudaStream_t s);
 void mt_cuda_from_f32(bf16 *dst, const float *src, size_t n, cudaStream_t s);
@@ -154,6 +170,17 @@ int mt_cuda_moe_matmul_backward(mt_cuda_ctx *ctx, bf16 *dinp, float *dweight, co
                                 const int32_t *offsets, const int32_t *offsets_host, int E, int K,
                                 int M, int accumulate, cudaStream_t s);
 void mt_cuda_moe_gemm_free(mt_cuda_ctx *ctx);
+
+/* moe_io.cu (gpt-oss's experts stored [E, in, out] with biases; backend.h's moe_matmul_io_*, whose
+ * arguments they take): one GEMM per expert with rows through matmul.cu's launchers */
+void mt_cuda_moe_matmul_io_forward(mt_cuda_ctx *ctx, bf16 *out, const bf16 *inp,
+                                   const bf16 *weight, const bf16 *bias, const int32_t *offsets,
+                                   const int32_t *offsets_host, int E, int K, int M,
+                                   cudaStream_t s);
+void mt_cuda_moe_matmul_io_backward(mt_cuda_ctx *ctx, bf16 *dinp, float *dweight, float *dbias,
+                                    const bf16 *dout, const bf16 *inp, const bf16 *weight,
+                                    const int32_t *offsets, const int32_t *offsets_host, int E,
+                                    int K, int M, int accumulate, cudaStream_t s);
 
 /* lm_head_loss.cu (chunked: the (N, V) logits never exist) */
 void mt_cuda_lm_head_loss(mt_backend *be, float *losses, bf16 *dinp, float *dweight,

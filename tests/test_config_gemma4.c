@@ -1,0 +1,396 @@
+/* Google's Gemma 4 config.json (model_type gemma4_text, and gemma4 nesting it in text_config):
+ * the fields the fixtures use, Gemma4TextConfig's defaults (global_head_dim 512, the 5:1 pattern
+ * with the last layer forced full, proportional RoPE), the full layers' shape from
+ * global_head_dim / num_global_key_value_heads (only with attention_k_eq_v) or transformers 5.25's
+ * per_layer_config, the two RoPE tables (proportional: zero frequencies past the rotated share), the
+ * parameter table's names and shapes against the checkpoint's (no v_proj on the full layers with
+ * keys as values, layer_scalar; the MoE block's router, scales, fused experts and norms beside the
+ * dense MLP) and the count against the table and transformers' for the published 31B and 26B-A4B
+ * shapes, the save round trip, refusals by name (the per-layer input embeddings and KV sharing of
+ * E2B/E4B, ...), the backend check (a backend without Gemma 4's ops refused by name: CUDA today)
+ * and LoRA refused. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "io/model_io.h"
+#include "io/safetensors.h"
+#include "model/config.h"
+#include "model/layer.h"
+#include "model/params.h"
+#include "util/testutil.h"
+
+static mt_config load_fixture(const char *name) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "%s/config.json", name);
+    char *path = mt_fixture_path(rel);
+    mt_config c;
+    int r = mt_config_load(&c, path);
+    if (r != MT_OK) print_error("%s\n", mt_error_message());
+    assert_int_equal(r, MT_OK);
+    free(path);
+    return c;
+}
+
+static mt_config parse_ok(const char *json) {
+    mt_config c;
+    if (mt_config_parse(&c, json, "c.json") != MT_OK) fail_msg("%s", mt_error_message());
+    return c;
+}
+
+static void assert_refused(const char *json, const char *says) {
+    mt_config c;
+    assert_int_equal(mt_config_parse(&c, json, "c.json"), MT_ERR);
+    if (!strstr(mt_error_message(), says))
+        fail_msg("error \"%s\" does not say \"%s\"", mt_error_message(), says);
+}
+
+#define BASE "\"model_type\": \"gemma4_text\", \"hidden_size\": 32, \"intermediate_size\": 24, " \
+             "\"num_hidden_layers\": 7, \"num_attention_heads\": 4, \"vocab_size\": 96, "     \
+             "\"hidden_size_per_layer_input\": 0"
+#define TYPES3 "\"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\"]"
+
+static int close_to(float got, double want) { return fabs(got - want) <= 1e-7 * fabs(want); }
+
+static void test_fixture_fields(void **state) {
+    (void)state;
+    mt_config c = load_fixture("gemma4_tiny");
+    assert_int_equal(c.arch, MT_ARCH_GEMMA4);
+    assert_string_equal(c.model_type, "gemma4_text");
+    assert_int_equal(c.nested, 0);
+    assert_int_equal(c.C, 32), assert_int_equal(c.F, 24), assert_int_equal(c.L, 6);
+    assert_int_equal(c.H, 4), assert_int_equal(c.G, 2), assert_int_equal(c.D, 16), assert_int_equal(c.V, 96);
+    assert_int_equal(c.global_D, 32), assert_int_equal(c.global_G, 1), assert_int_equal(c.k_eq_v, 1);
+    assert_int_equal(c.v_norm, 1), assert_int_equal(c.qk_norm, 1), assert_int_equal(c.sandwich_norm, 1);
+    assert_int_equal(c.norm_offset, 0); /* Gemma 4's norms multiply by w */
+    assert_int_equal(c.mlp_act, MT_MLP_GEGLU);
+    assert_int_equal(c.embed_scale, 1), assert_int_equal(c.layer_scalar, 1);
+    assert_int_equal(c.tie_word_embeddings, 1);
+    assert_int_equal(c.pad_token_id, 0), assert_int_equal(c.embed_pad_no_grad, 1);
+    assert_true(mt_config_attn_scale(&c) == 1.0); /* scores unscaled */
+    assert_true(c.final_softcap == 2.0);
+    assert_int_equal(c.attn_window, 8);
+    for (int l = 0; l < 6; l++) {
+        int full = l == 2 || l == 5;
+        assert_int_equal(mt_config_layer_window(&c, l), full ? 0 : 8);
+        assert_int_equal(mt_config_layer_rope_set(&c, l), full ? 0 : 1);
+        assert_int_equal(mt_config_layer_head_dim(&c, l), full ? 32 : 16);
+        assert_int_equal(mt_config_layer_kv_heads(&c, l), full ? 1 : 2);
+        assert_int_equal(mt_config_layer_rotary_dim(&c, l), full ? 32 : 16);
+        assert_int_equal(mt_config_layer_k_eq_v(&c, l), full);
+    }
+    assert_int_equal(c.rope_type, MT_ROPE_PROPORTIONAL);
+    assert_true(c.rope_partial == 0.25 && c.rope_factor == 1.0);
+    assert_true(c.rope_theta == 50000.0 && c.rope_local_theta == 1000.0);
+    /* two tables 16 floats apart (the full layers' 32 / 2): set 0 rotates int(0.25 * 32 // 2) = 4
+     * frequencies of exponent 2i / 32, the rest 0; set 1 the sliding layers' 8 of 2i / 16 */
+    assert_int_equal(mt_config_rope_stride(&c), 16);
+    assert_int_equal((int)mt_config_rope_inv_freq_len(&c), 32);
+    float inv[32];
+    mt_config_rope_inv_freq(&c, inv);
+    for (int i = 0; i < 16; i++) {
+        if (i < 4) assert_true(close_to(inv[i], 1.0 / pow(50000.0, 2.0 * i / 32)));
+        else assert_true(inv[i] == 0);
+        if (i < 8) assert_true(close_to(inv[16 + i], 1.0 / pow(1000.0, 2.0 * i / 16)));
+    }
+    /* the multimodal one: no keys as values, global_head_dim 24 over the common kv heads, factor 2 */
+    mt_config v = load_fixture("gemma4_vl");
+    assert_int_equal(v.arch, MT_ARCH_GEMMA4), assert_int_equal(v.nested, 1);
+    assert_string_equal(v.model_type, "gemma4");
+    assert_int_equal(v.k_eq_v, 0), assert_int_equal(v.global_D, 24), assert_int_equal(v.global_G, 2);
+    assert_int_equal(v.tie_word_embeddings, 0);
+    assert_true(v.final_softcap == 0);
+    assert_int_equal(mt_config_layer_k_eq_v(&v, 2), 0);
+    float inv2[24];
+    assert_int_equal((int)mt_config_rope_inv_freq_len(&v), 24);
+    mt_config_rope_inv_freq(&v, inv2);
+    for (int i = 0; i < 12; i++)
+        if (i < 6) assert_true(close_to(inv2[i], 1.0 / pow(1e6, 2.0 * i / 24) / 2));
+        else assert_true(inv2[i] == 0);
+}
+
+/* The table's names and shapes are the checkpoint's, the count the table's; the full layers have no
+ * v_proj and wider q/k/o and norms; the views carry each layer's shape. */
+static void test_table_matches_checkpoint(void **state) {
+    (void)state;
+    mt_config c = load_fixture("gemma4_tiny");
+    mt_param_table t;
+    mt_param_table_init(&t, &c);
+    assert_int_equal(mt_config_param_count(&c), t.n_real);
+    /* 2 + 4 sliding layers x 14 tensors + 2 full layers x 13 (no v_proj) */
+    assert_int_equal(t.n_params, 2 + 4 * 14 + 2 * 13);
+    int64_t norms = 4 * 32 + 1 + 3 * 24 * 32; /* 4 C norms, layer_scalar, the MLP */
+    int64_t sliding = norms + 64 * 32 + 2 * 32 * 32 + 32 * 64 + 2 * 16;
+    int64_t full = norms + 128 * 32 + 32 * 32 + 32 * 128 + 2 * 32;
+    assert_int_equal(t.n_real, 96 * 32 + 32 + 4 * sliding + 2 * full);
+    char *path = mt_fixture_path("gemma4_tiny/model.safetensors");
+    mt_safetensors *st;
+    assert_int_equal(mt_safetensors_open_file(&st, path), MT_OK);
+    assert_int_equal(mt_safetensors_count(st), t.n_params);
+    for (int j = 0; j < t.n_params; j++) {
+        const mt_param *p = &t.params[j];
+        const mt_st_tensor *x = mt_safetensors_find(st, p->name);
+        if (!x) fail_msg("%s: not in the checkpoint", p->name);
+        assert_int_equal(x->ndim, p->ndim);
+        for (int d = 0; d < p->ndim; d++) assert_int_equal(x->shape[d], p->shape[d]);
+    }
+    assert_null(mt_param_find(&t, "model.layers.2.self_attn.v_proj.weight"));
+    assert_non_null(mt_param_find(&t, "model.layers.1.self_attn.v_proj.weight"));
+    assert_int_equal(mt_param_find(&t, "model.layers.2.layer_scalar")->kind, MT_W_LAYER_SCALAR);
+    assert_int_equal(mt_param_find(&t, "model.layers.2.pre_feedforward_layernorm.weight")->kind, MT_W_POST_NORM);
+    float *arena = mt_aligned_alloc((size_t)t.total * sizeof(float));
+    char *fdir = mt_fixture_path("gemma4_tiny");
+    assert_int_equal(mt_model_load(&t, arena, fdir), MT_OK);
+    free(fdir);
+    for (int l = 1; l < 3; l++) {
+        mt_layer_view v = mt_layer_view_at(&t, l, arena + mt_group_offset(&t, l), sizeof(float));
+        assert_non_null(v.layer_scalar), assert_non_null(v.attn_out_norm), assert_non_null(v.q_norm);
+        assert_true(*(float *)v.layer_scalar > 0.6f && *(float *)v.layer_scalar < 1.4f);
+        assert_int_equal(v.window, l == 2 ? 0 : 8);
+        assert_int_equal(v.rope_set, l == 2 ? 0 : 1);
+        assert_int_equal(v.head_dim, l == 2 ? 32 : 16);
+        assert_int_equal(v.kv_heads, l == 2 ? 1 : 2);
+        assert_true((v.v == NULL) == (l == 2));
+    }
+    /* a fresh model's layer_scalar is 1, as transformers initialises it */
+    mt_param_init(&t, arena, 0.02f, 1);
+    assert_true(arena[mt_param_find(&t, "model.layers.0.layer_scalar")->offset] == 1.0f);
+    assert_true(arena[mt_param_find(&t, "model.layers.0.input_layernorm.weight")->offset] == 1.0f);
+    free(arena);
+    mt_safetensors_close(st);
+    free(path);
+    mt_param_table_free(&t);
+}
+
+/* The MoE block (gemma4_moe): every layer an MoE layer that keeps its dense MLP; the checkpoint's
+ * names and shapes. */
+static void test_moe_table(void **state) {
+    (void)state;
+    mt_config c = load_fixture("gemma4_moe");
+    assert_int_equal(c.n_experts, 4), assert_int_equal(c.top_k, 2), assert_int_equal(c.moe_F, 8);
+    assert_int_equal(c.moe_beside_dense, 1), assert_int_equal(c.norm_topk_prob, 1);
+    assert_int_equal(c.router_aux, 0), assert_int_equal(mt_config_moe_layers(&c), 3);
+    mt_param_table t;
+    mt_param_table_init(&t, &c);
+    assert_int_equal(mt_config_param_count(&c), t.n_real);
+    char *path = mt_fixture_path("gemma4_moe/model.safetensors");
+    mt_safetensors *st;
+    assert_int_equal(mt_safetensors_open_file(&st, path), MT_OK);
+    assert_int_equal(mt_safetensors_count(st), t.n_params);
+    for (int j = 0; j < t.n_params; j++) {
+        const mt_param *p = &t.params[j];
+        const mt_st_tensor *x = mt_safetensors_find(st, p->name);
+        if (!x) fail_msg("%s: not in the checkpoint", p->name);
+        assert_int_equal(x->ndim, p->ndim);
+        for (int d = 0; d < p->ndim; d++) assert_int_equal(x->shape[d], p->shape[d]);
+    }
+    const struct { const char *name; mt_param_kind kind; } want[] = {
+        {"model.layers.1.router.proj.weight", MT_W_ROUTER},
+        {"model.layers.1.router.scale", MT_W_ROUTER_SCALE},
+        {"model.layers.1.router.per_expert_scale", MT_W_EXPERT_SCALE},
+        {"model.layers.1.experts.gate_up_proj", MT_W_EXP_GATE_UP_OI},
+        {"model.layers.1.experts.down_proj", MT_W_EXP_DOWN_OI},
+        {"model.layers.1.mlp.gate_proj.weight", MT_W_GATE},
+        {"model.layers.1.pre_feedforward_layernorm_2.weight", MT_W_PRE_NORM_2},
+        {"model.layers.1.post_feedforward_layernorm_1.weight", MT_W_MLP_OUT_NORM_1},
+        {"model.layers.1.post_feedforward_layernorm_2.weight", MT_W_MLP_OUT_NORM_2},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const mt_param *p = mt_param_find(&t, want[i].name);
+        if (!p) fail_msg("%s: not in the table", want[i].name);
+        assert_int_equal(p->kind, want[i].kind);
+    }
+    const mt_param *gu = mt_param_find(&t, "model.layers.0.experts.gate_up_proj");
+    assert_int_equal(gu->shape[0], 4), assert_int_equal(gu->shape[1], 16), assert_int_equal(gu->shape[2], 32);
+    mt_safetensors_close(st);
+    free(path);
+    /* a fresh model: the router's scales start at 1, as transformers initialises them */
+    float *arena = mt_aligned_alloc((size_t)t.total * sizeof(float));
+    mt_param_init(&t, arena, 0.02f, 1);
+    assert_true(arena[mt_param_find(&t, "model.layers.0.router.scale")->offset] == 1.0f);
+    assert_true(arena[mt_param_find(&t, "model.layers.0.router.per_expert_scale")->offset + 3] == 1.0f);
+    free(arena);
+    mt_param_table_free(&t);
+    assert_refused("{" BASE ", \"enable_moe_block\": true, \"num_experts\": 4, \"moe_intermediate_size\": 8}",
+                   "top_k_experts is missing");
+    assert_refused("{" BASE ", \"enable_moe_block\": true, \"num_experts\": 4, \"top_k_experts\": 5, "
+                   "\"moe_intermediate_size\": 8}", "num_experts_per_tok = 5");
+    /* off: the three are ignored, as transformers does */
+    mt_config d = parse_ok("{" BASE ", \"num_experts\": 4, \"top_k_experts\": 2, \"moe_intermediate_size\": 8}");
+    assert_int_equal(d.n_experts, 0), assert_int_equal(d.moe_beside_dense, 0);
+}
+
+/* The published shapes (config.json's text_config as released): the count transformers 5.25's
+ * Gemma4ForCausalLM has (parameters, plus the L layer_scalar buffers). */
+static void test_published_counts(void **state) {
+    (void)state;
+#define G4_COMMON "\"model_type\": \"gemma4_text\", \"head_dim\": 256, \"global_head_dim\": 512, " \
+    "\"attention_k_eq_v\": true, \"vocab_size\": 262144, \"sliding_window\": 1024, " \
+    "\"final_logit_softcapping\": 30.0, \"hidden_size_per_layer_input\": 0, \"max_position_embeddings\": 262144"
+    mt_config b31 = parse_ok("{" G4_COMMON ", \"hidden_size\": 5376, \"intermediate_size\": 21504, "
+                             "\"num_hidden_layers\": 60, \"num_attention_heads\": 32, \"num_key_value_heads\": 16, "
+                             "\"num_global_key_value_heads\": 4}");
+    assert_int_equal(mt_config_param_count(&b31), 30697345280LL + 60);
+    mt_config b26 = parse_ok("{" G4_COMMON ", \"hidden_size\": 2816, \"intermediate_size\": 2112, "
+                             "\"num_hidden_layers\": 30, \"num_attention_heads\": 16, \"num_key_value_heads\": 8, "
+                             "\"num_global_key_value_heads\": 2, \"enable_moe_block\": true, \"num_experts\": 128, "
+                             "\"top_k_experts\": 8, \"moe_intermediate_size\": 704}");
+    assert_int_equal(mt_config_param_count(&b26), 25233141760LL + 30);
+    /* 8 of 128 experts a token: 3.82 B active */
+    assert_int_equal(mt_config_active_param_count(&b26),
+                     25233141790LL - 30LL * 120 * 3 * 704 * 2816);
+#undef G4_COMMON
+}
+
+/* Gemma4TextConfig's defaults, the last-layer rule and the two ways of giving the full layers' shape. */
+static void test_defaults(void **state) {
+    (void)state;
+    mt_config c = parse_ok("{" BASE "}");
+    assert_int_equal(c.G, 4), assert_int_equal(c.D, 256);
+    assert_int_equal(c.global_D, 512), assert_int_equal(c.global_G, 4), assert_int_equal(c.k_eq_v, 0);
+    assert_int_equal(c.max_position_embeddings, 131072);
+    assert_int_equal(c.attn_window, 512);
+    assert_int_equal(c.rope_type, MT_ROPE_PROPORTIONAL);
+    assert_true(c.rope_theta == 1e6 && c.rope_local_theta == 1e4 && c.rope_partial == 0.25);
+    assert_int_equal(c.tie_word_embeddings, 1), assert_int_equal(c.pad_token_id, 0);
+    assert_true(c.final_softcap == 0);
+    /* 5:1, and layer 6 (sliding by the pattern) forced to full: transformers does the same */
+    for (int l = 0; l < 7; l++) assert_int_equal(mt_config_layer_window(&c, l) > 0, l != 5 && l != 6);
+    c = parse_ok("{" BASE ", \"num_hidden_layers\": 3, " TYPES3 "}");
+    assert_int_equal(mt_config_layer_window(&c, 2), 0);
+    /* num_global_key_value_heads counts only with attention_k_eq_v (configuration_gemma4.py) */
+    c = parse_ok("{" BASE ", \"num_global_key_value_heads\": 2, \"global_head_dim\": 64}");
+    assert_int_equal(c.global_G, 4), assert_int_equal(c.global_D, 64);
+    c = parse_ok("{" BASE ", \"num_global_key_value_heads\": 2, \"attention_k_eq_v\": true}");
+    assert_int_equal(c.global_G, 2), assert_int_equal(c.k_eq_v, 1);
+    assert_int_equal(mt_config_max_kv_width(&c), 4 * 256);
+    /* transformers 5.25's per_layer_config wins over global_head_dim */
+    c = parse_ok("{" BASE ", \"num_hidden_layers\": 3, " TYPES3 ", \"global_head_dim\": 64, "
+                 "\"per_layer_config\": {\"1\": {\"head_dim\": 128, \"num_key_value_heads\": 1}, "
+                 "\"2\": {\"head_dim\": 128, \"num_key_value_heads\": 1}}}");
+    assert_int_equal(c.global_D, 128), assert_int_equal(c.global_G, 1);
+    c = parse_ok("{" BASE ", \"per_layer_config\": {}}"); /* none listed: the common shape */
+    assert_int_equal(c.global_D, 256), assert_int_equal(c.global_G, 4);
+    /* default RoPE on the full layers: their head dim, every frequency */
+    c = parse_ok("{" BASE ", \"rope_parameters\": {\"full_attention\": {\"rope_type\": \"default\", "
+                 "\"rope_theta\": 1e4}, \"sliding_attention\": {\"rope_type\": \"default\", \"rope_theta\": 100}}}");
+    assert_int_equal(c.rope_type, MT_ROPE_DEFAULT);
+    float *inv = malloc(mt_config_rope_inv_freq_len(&c) * sizeof(float));
+    mt_config_rope_inv_freq(&c, inv);
+    assert_true(close_to(inv[255], 1.0 / pow(1e4, 510.0 / 512)));
+    assert_true(close_to(inv[256 + 127], 1.0 / pow(100.0, 254.0 / 256)));
+    free(inv);
+    /* the multimodal config nests it; "vision" bidirectional attention concerns image tokens only */
+    c = parse_ok("{\"model_type\": \"gemma4\", \"vision_config\": {\"hidden_size\": 8}, \"text_config\": {"
+                 BASE ", \"use_bidirectional_attention\": \"vision\"}}");
+    assert_int_equal(c.nested, 1), assert_int_equal(c.arch, MT_ARCH_GEMMA4);
+}
+
+static void test_refusals(void **state) {
+    (void)state;
+    assert_refused("{\"model_type\": \"gemma4_text\", \"hidden_size\": 32, \"intermediate_size\": 24, "
+                   "\"num_hidden_layers\": 7, \"num_attention_heads\": 4, \"vocab_size\": 96}",
+                   "hidden_size_per_layer_input = 256 (Gemma4TextConfig's default when absent)");
+    assert_refused("{" BASE ", \"hidden_size_per_layer_input\": 256}", "E2B/E4B");
+    assert_refused("{" BASE ", \"num_kv_shared_layers\": 2}", "num_kv_shared_layers = 2");
+    assert_refused("{" BASE ", \"enable_moe_block\": true}", "enable_moe_block");
+    assert_refused("{" BASE ", \"attention_bias\": true}", "attention_bias");
+    assert_refused("{" BASE ", \"attn_logit_softcapping\": 50.0}", "attn_logit_softcapping");
+    assert_refused("{" BASE ", \"use_bidirectional_attention\": \"all\"}", "use_bidirectional_attention");
+    assert_refused("{" BASE ", \"hidden_activation\": \"gelu\"}", "hidden_activation \"gelu\"");
+    assert_refused("{" BASE ", \"final_logit_softcapping\": 0}", "final_logit_softcapping");
+    assert_refused("{" BASE ", \"sliding_window\": null}", "sliding_window is null");
+    assert_refused("{" BASE ", \"pad_token_id\": 96}", "pad_token_id");
+    assert_refused("{" BASE ", \"global_head_dim\": 7}", "global_head_dim");
+    assert_refused("{" BASE ", \"attention_k_eq_v\": true, \"num_global_key_value_heads\": 3}",
+                   "num_global_key_value_heads");
+    assert_refused("{" BASE ", \"rope_parameters\": {\"full_attention\": {\"rope_type\": \"yarn\", "
+                   "\"rope_theta\": 1e6}, \"sliding_attention\": {\"rope_theta\": 1e4}}}",
+                   "rope_type \"yarn\" is not supported for gemma4");
+    assert_refused("{" BASE ", \"rope_parameters\": {\"full_attention\": {\"rope_theta\": 1e6}, "
+                   "\"sliding_attention\": {\"rope_type\": \"proportional\", \"rope_theta\": 1e4}}}",
+                   "rope_parameters.sliding_attention.rope_type \"proportional\"");
+    assert_refused("{" BASE ", \"rope_parameters\": {\"full_attention\": {\"rope_type\": \"default\", "
+                   "\"partial_rotary_factor\": 0.5, \"rope_theta\": 1e6}, \"sliding_attention\": "
+                   "{\"rope_theta\": 1e4}}}", "partial_rotary_factor = 0.5 with rope_type default");
+    assert_refused("{" BASE ", \"rope_parameters\": {\"full_attention\": {\"rope_theta\": 1e6}}}",
+                   "rope_parameters.sliding_attention is missing");
+    assert_refused("{" BASE ", \"num_hidden_layers\": 3, " TYPES3 ", \"per_layer_config\": "
+                   "{\"0\": {\"head_dim\": 64}}}", "sliding_attention layer");
+    assert_refused("{" BASE ", \"num_hidden_layers\": 3, " TYPES3 ", \"per_layer_config\": "
+                   "{\"1\": {\"intermediate_size\": 64}}}", "per_layer_config.1.intermediate_size");
+    assert_refused("{" BASE ", \"num_hidden_layers\": 3, \"layer_types\": [\"full_attention\", "
+                   "\"full_attention\", \"full_attention\"], \"per_layer_config\": {\"1\": {\"head_dim\": 64}, "
+                   "\"2\": {\"head_dim\": 32}}}", "different shapes");
+    assert_refused("{" BASE ", \"num_hidden_layers\": 3, \"layer_types\": [\"full_attention\", "
+                   "\"full_attention\", \"full_attention\"], \"per_layer_config\": {\"1\": {\"head_dim\": 64}}}",
+                   "lists 1 of the 3");
+    assert_refused("{\"model_type\": \"gemma4\", \"vision_config\": {}}", "without a text_config");
+    assert_refused("{" BASE ", \"attention_dropout\": 0.1}", "attention_dropout");
+}
+
+/* The saved config reads back as the same model (the layer bits, the full layers' shape, RoPE). */
+static void test_save_roundtrip(void **state) {
+    (void)state;
+    char *dir = mt_test_tmpdir();
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    mt_config cases[5] = {load_fixture("gemma4_tiny"), load_fixture("gemma4_vl"), load_fixture("gemma4_moe"),
+                          parse_ok("{" BASE ", \"pad_token_id\": null, \"final_logit_softcapping\": 30}"),
+                          parse_ok("{" BASE ", \"rope_parameters\": {\"full_attention\": {\"rope_type\": "
+                                   "\"default\", \"rope_theta\": 5e5}, \"sliding_attention\": {\"rope_theta\": 9}}}")};
+    cases[1].nested = 0; /* a nested config is copied, not written: its text part as a text model */
+    strcpy(cases[1].model_type, "gemma4_text");
+    for (int i = 0; i < 5; i++) {
+        mt_config b;
+        assert_int_equal(mt_config_save(&cases[i], path), MT_OK);
+        if (mt_config_load(&b, path) != MT_OK) fail_msg("%s", mt_error_message());
+        assert_memory_equal(&cases[i], &b, sizeof b); /* every field, the layer bits included */
+    }
+    mt_test_rmtree(dir);
+    free(dir);
+}
+
+/* A backend without Gemma 4's ops refuses it by name (CUDA today), the CPU backend has them; LoRA
+ * is refused before anything runs. */
+static void test_backend_refused_lora_refused(void **state) {
+    (void)state;
+    mt_config c = load_fixture("gemma4_tiny");
+    mt_backend *cpu = mt_backend_cpu_create();
+    assert_int_equal(mt_layer_backend_check(&c, cpu), MT_OK);
+    assert_int_equal(mt_layer_check_runnable(&c), MT_OK);
+    mt_backend fake = *cpu;
+    fake.name = "cuda";
+    fake.rmsnorm_unweighted = 0;
+    assert_int_equal(mt_layer_backend_check(&c, &fake), MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "gemma4_text"));
+    assert_non_null(strstr(mt_error_message(), "--device cpu"));
+    void (*const *ops[])(void) = {(void (*const *)(void))&fake.scale_by, (void (*const *)(void))&fake.softcap,
+                                  (void (*const *)(void))&fake.lm_head_loss_softcap,
+                                  (void (*const *)(void))&fake.geglu_forward};
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+        fake = *cpu;
+        *(void (**)(void))ops[i] = NULL;
+        assert_int_equal(mt_layer_backend_check(&c, &fake), MT_ERR);
+    }
+    cpu->destroy(cpu);
+    c.lora_rank = 4;
+    assert_int_equal(mt_layer_check_runnable(&c), MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "LoRA on Gemma 4"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fixture_fields),
+        cmocka_unit_test(test_table_matches_checkpoint),
+        cmocka_unit_test(test_moe_table),
+        cmocka_unit_test(test_published_counts),
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_save_roundtrip),
+        cmocka_unit_test(test_backend_refused_lora_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
