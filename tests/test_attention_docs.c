@@ -16,6 +16,7 @@
 #include "model/config.h"
 #include "model/docs.h"
 #include "model/params.h"
+#include "util/config_check.h"
 #include "util/testutil.h"
 
 /* doc_start of rows made of documents of the given lengths (each row's lengths sum to T). */
@@ -202,10 +203,7 @@ static double printed_pool(const mt_plan *p, char *line, size_t size) {
  * 7.5 GiB. */
 static void test_plan_counts_docs_pool(void **state) {
     (void)state;
-    char *path = mt_fixture_path("../../configs/qwen2.5-7b.json");
-    mt_config cfg;
-    if (mt_config_load(&cfg, path) != MT_OK) fail_msg("%s", mt_error_message());
-    free(path);
+    mt_config cfg = mt_test_config_load("../../configs/qwen2.5-7b.json");
     mt_param_table t;
     mt_param_table_init(&t, &cfg);
     const int T = 131072;

@@ -11,16 +11,10 @@
 #include "core/error.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
+#include "util/fixture_io.h"
 #include "util/testutil.h"
 
-static mt_tokenizer *load_tok(const char *rel) {
-    char *path = mt_fixture_path(rel);
-    mt_tokenizer *t = NULL;
-    if (mt_tokenizer_load(&t, path) != MT_OK) print_error("%s: %s\n", path, mt_error_message());
-    assert_non_null(t);
-    free(path);
-    return t;
-}
+static mt_tokenizer *load_tok(const char *rel) { return mt_test_tokenizer_load("%s", rel); }
 
 static const char *lskip_spaces(const char *s) {
     while (*s == ' ') s++;

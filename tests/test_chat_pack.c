@@ -26,6 +26,7 @@
 #include "data/chat_pack.h"
 #include "data/packed.h"
 #include "model/runner.h"
+#include "util/fixture_io.h"
 #include "util/testutil.h"
 #include "util/tiny_config.h"
 
@@ -91,13 +92,7 @@ static void free_group(ref_group *g) {
     for (int i = 0; i < g->n; i++) free(g->convs[i].ids), free(g->convs[i].mask);
 }
 
-static mt_tokenizer *load_tok(const char *rel) {
-    char *p = mt_fixture_path(rel);
-    mt_tokenizer *t = NULL;
-    if (mt_tokenizer_load(&t, p) != MT_OK) fail_msg("%s: %s", p, mt_error_message());
-    free(p);
-    return t;
-}
+static mt_tokenizer *load_tok(const char *rel) { return mt_test_tokenizer_load("%s", rel); }
 
 /* The fixture tokenizers and their formats. */
 static const char *const k_setups[][2] = {{"tokenizers/qwen2", "chatml"},   {"tokenizers/llama3", "llama3"},

@@ -36,29 +36,10 @@
 #define CRASH_KILLS 8
 #define CRASH_SEED 1234u
 
-static char *tmpdir;
-
-static int group_setup(void **state) {
-    tmpdir = mt_test_tmpdir();
-    return 0;
-}
-
-static int group_teardown(void **state) {
-    mt_test_rmtree(tmpdir);
-    free(tmpdir);
-    return 0;
-}
-
 static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
-
-static char *subdir(const char *name) {
-    char *d = malloc(2048);
-    snprintf(d, 2048, "%s/%s", tmpdir, name);
-    return d;
 }
 
 static int exists(const char *dir, const char *name) {
@@ -141,19 +122,6 @@ static void assert_loaded(model *m) {
     if (!mt_test_state_equal(m->src, m->dst, &m->t)) fail_msg("the loaded state differs");
 }
 
-/* DIR's model.safetensors + config.json load as a Hugging Face model with the saved weights. */
-static void assert_model_dir(const model *m, const char *dir) {
-    float *arena = mt_aligned_alloc(m->bytes), *w = mt_aligned_alloc(m->bytes);
-    if (mt_model_load(&m->t, arena, dir) != MT_OK) fail_msg("%s", mt_error_message());
-    for (int i = 0; i < m->t.n_params; i++) {
-        const mt_param *p = &m->t.params[i];
-        assert_int_equal(m->src->io.get_weights(m->src, p, w), MT_OK);
-        assert_memory_equal(arena + p->offset, w, sizeof(float) * (size_t)p->numel);
-    }
-    free(arena);
-    free(w);
-}
-
 static void save_ok(const model *m, const char *out, const mt_ckpt_state *st, const char *args,
                     const char *tok, int keep_last) {
     if (mt_checkpoint_save(out, &m->t, &m->src->io, st, args, tok, keep_last) != MT_OK)
@@ -212,7 +180,7 @@ static char capture_path[4096];
 
 static void capture_begin(void) {
     fflush(stderr);
-    snprintf(capture_path, sizeof capture_path, "%s/stderr.txt", tmpdir);
+    snprintf(capture_path, sizeof capture_path, "%s/stderr.txt", mt_test_dir);
     FILE *f = fopen(capture_path, "wb");
     assert_non_null(f);
     saved_stderr = dup(2);
@@ -224,7 +192,7 @@ static char *capture_end(void) {
     fflush(stderr);
     dup2(saved_stderr, 2);
     close(saved_stderr);
-    char *text = read_text(tmpdir, "stderr.txt");
+    char *text = read_text(mt_test_dir, "stderr.txt");
     assert_non_null(text);
     fputs(text, stdout); /* shown in the test's log */
     unlink(capture_path);
@@ -240,8 +208,8 @@ static void assert_has(const char *text, const char *needle) {
 static void roundtrip(const char *variant) {
     model m;
     model_init(&m, variant, 7);
-    char *out = subdir(variant);
-    char *tok = subdir("tokenizer_src");
+    char *out = mt_test_dir_sub(variant);
+    char *tok = mt_test_dir_sub("tokenizer_src");
     mkdir(tok, 0755);
     write_text(tok, "tokenizer.json", "{\"version\": \"1.0\", \"model\": {}}\n");
     write_text(tok, "tokenizer_config.json", "{\"bos_token\": \"<s>\"}\n");
@@ -306,7 +274,7 @@ static void roundtrip(const char *variant) {
     mt_ckpt_state_free(&back);
 
     /* model.safetensors + config.json alone are a Hugging Face model directory */
-    assert_model_dir(&m, path);
+    mt_test_state_model_dir(m.src, &m.t, path);
 
     /* the same step saved again replaces the checkpoint; a NaN loss comes back as NaN */
     model_fill_random(&m, 99);
@@ -332,7 +300,7 @@ static void test_roundtrip_qwen3(void **state) { roundtrip("qwen3_qknorm"); }
 static void test_keep_last(void **state) {
     model m;
     model_init(&m, "llama_gqa", 1);
-    char *out = subdir("keep");
+    char *out = mt_test_dir_sub("keep");
     char ckdir[4096];
     snprintf(ckdir, sizeof ckdir, "%s/checkpoints", out);
     for (int s = 1; s <= 4; s++) {
@@ -369,7 +337,7 @@ static void test_keep_last(void **state) {
 static void test_stale_tmp(void **state) {
     model m;
     model_init(&m, "llama_gqa", 2);
-    char *out = subdir("stale");
+    char *out = mt_test_dir_sub("stale");
     mt_ckpt_state st = {3, 1, 0.5}, back;
     save_ok(&m, out, &st, NULL, NULL, 0);
     char ckdir[4096], junk[4200];
@@ -419,7 +387,7 @@ static void test_stale_tmp(void **state) {
 /* ---- errors ---- */
 
 static void test_latest_empty(void **state) {
-    char *out = subdir("empty");
+    char *out = mt_test_dir_sub("empty");
     char path[4096];
     mkdir(out, 0755);
     assert_int_equal(mt_checkpoint_latest(out, path, sizeof path), MT_ERR);
@@ -447,14 +415,14 @@ static void test_save_errors(void **state) {
     model_init(&m, "llama_gqa", 4);
     mt_ckpt_state st = {1, 1, 0.0};
     /* the output directory is a regular file */
-    write_text(tmpdir, "not_a_dir", "x");
-    char *out = subdir("not_a_dir");
+    write_text(mt_test_dir, "not_a_dir", "x");
+    char *out = mt_test_dir_sub("not_a_dir");
     assert_int_equal(mt_checkpoint_save(out, &m.t, &m.src->io, &st, NULL, NULL, 0),
                      MT_ERR);
     assert_msg_has("not_a_dir");
     free(out);
     /* checkpoints/.tmp-step_ path taken by a file that cannot be a directory parent */
-    out = subdir("errs");
+    out = mt_test_dir_sub("errs");
     char ck[4200];
     snprintf(ck, sizeof ck, "%s/checkpoints", out);
     mkdir(out, 0755);
@@ -466,7 +434,7 @@ static void test_save_errors(void **state) {
     /* bad args, missing tokenizer dir, negative step: refused before anything is written */
     assert_int_equal(mt_checkpoint_save(out, &m.t, &m.src->io, &st, "{\"lr\": ", NULL, 0), MT_ERR);
     assert_msg_has("not valid JSON");
-    char *nodir = subdir("no_such_tokenizer");
+    char *nodir = mt_test_dir_sub("no_such_tokenizer");
     assert_int_equal(mt_checkpoint_save(out, &m.t, &m.src->io, &st, NULL, nodir, 0),
                      MT_ERR);
     assert_msg_has("no_such_tokenizer");
@@ -483,7 +451,7 @@ static void test_save_errors(void **state) {
     assert_int_equal(mt_test_count_prefix(ck, "step_"), 0);
     assert_int_equal(mt_test_count_prefix(ck, ".tmp-"), 0);
     /* a save failing mid-way (a tokenizer file that cannot be read) leaves no directory */
-    char *tok = subdir("tok_bad");
+    char *tok = mt_test_dir_sub("tok_bad");
     mkdir(tok, 0755);
     char tj[4200];
     snprintf(tj, sizeof tj, "%s/tokenizer.json", tok);
@@ -502,7 +470,7 @@ static void test_save_errors(void **state) {
 
 /* A saved checkpoint under OUT; its step directory into path. */
 static void fresh_checkpoint(const model *m, const char *name, char *path, size_t size) {
-    char *out = subdir(name);
+    char *out = mt_test_dir_sub(name);
     mt_ckpt_state st = {5, 9, 1.5};
     save_ok(m, out, &st, NULL, NULL, 0);
     latest_ok(out, path, size);
@@ -655,7 +623,7 @@ static void test_load_bad_state(void **state) {
 static void test_load_missing_pieces(void **state) {
     model m;
     model_init(&m, "qwen2_bias_tied", 9);
-    char *nodir = subdir("no_such_checkpoint");
+    char *nodir = mt_test_dir_sub("no_such_checkpoint");
     expect_load_error(&m, &m.t, nodir, "no_such_checkpoint");
     free(nodir);
     char path[4096], p[4200];
@@ -675,7 +643,7 @@ static void test_load_missing_pieces(void **state) {
 static void test_checksum_flip(void **state) {
     model m;
     model_init(&m, "llama_gqa", 21);
-    char *out = subdir("flip"), *tok = subdir("flip_tok");
+    char *out = mt_test_dir_sub("flip"), *tok = mt_test_dir_sub("flip_tok");
     mkdir(tok, 0755);
     write_text(tok, "tokenizer.json", "{\"version\": \"1.0\", \"model\": {}}\n");
     mt_ckpt_state st = {5, 9, 1.5, 5, 0, NULL}, back;
@@ -775,7 +743,7 @@ static void write_with_value(const model *m, const char *dir, const char *file, 
 static void test_in_a_row_and_keep(void **state) {
     model m;
     model_init(&m, "llama_gqa", 5);
-    char *out = subdir("in_a_row");
+    char *out = mt_test_dir_sub("in_a_row");
     char ckdir[4096], dir[4200];
     snprintf(ckdir, sizeof ckdir, "%s/checkpoints", out);
     int64_t in_a_row[] = {0, 1, 2, 3, 0, 0};
@@ -863,7 +831,7 @@ static void test_nonfinite_file_refused(void **state) {
 static void test_save_nonfinite_refused(void **state) {
     model m;
     model_init(&m, "llama_gqa", 24);
-    char *out = subdir("save_nan");
+    char *out = mt_test_dir_sub("save_nan");
     char ckdir[4096];
     snprintf(ckdir, sizeof ckdir, "%s/checkpoints", out);
     for (int s = 1; s <= 2; s++) {
@@ -921,7 +889,7 @@ static int resume(model *m, const char *out, mt_ckpt_state *st, char *path, size
 static void test_resume_fallback(void **state) {
     model m;
     model_init(&m, "llama_gqa", 25);
-    char *out = subdir("fallback");
+    char *out = mt_test_dir_sub("fallback");
     char ckdir[4096], path[4096], dir[4200];
     snprintf(ckdir, sizeof ckdir, "%s/checkpoints", out);
     mt_ckpt_state st, back;
@@ -1105,7 +1073,7 @@ static void test_crash_safety(void **state) {
     mt_test_state *ts = mt_test_state_create(MT_STATE_FULL, &t, 0);
     float *a[3];
     full_arenas(ts, a);
-    char *out = subdir("crash");
+    char *out = mt_test_dir_sub("crash");
 
     /* step 0 from here, timed: the kills are spread over a few save times */
     fill_step(&t, a, 0);
@@ -1202,5 +1170,5 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_resume_fallback),
         cmocka_unit_test(test_crash_safety),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, mt_test_dir_setup, mt_test_dir_teardown);
 }

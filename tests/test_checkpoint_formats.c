@@ -28,25 +28,6 @@
 
 static const mt_state_format FORMATS[] = {MT_STATE_FULL, MT_STATE_COMPACT, MT_STATE_TIGHT};
 
-static char *tmpdir;
-
-static int group_setup(void **state) {
-    tmpdir = mt_test_tmpdir();
-    return 0;
-}
-
-static int group_teardown(void **state) {
-    mt_test_rmtree(tmpdir);
-    free(tmpdir);
-    return 0;
-}
-
-static char *subdir(const char *name) {
-    char *d = malloc(2048);
-    snprintf(d, 2048, "%s/%s", tmpdir, name);
-    return d;
-}
-
 static void assert_msg_has(const char *needle) {
     const char *msg = mt_error_message();
     printf("  error (expected): %s\n", msg);
@@ -115,17 +96,9 @@ static long data_offset(const char *dir, const char *file, const char *tensor) {
     snprintf(p, sizeof p, "%s/%s", dir, file);
     FILE *f = fopen(p, "rb");
     assert_non_null(f);
-    unsigned char len8[8];
-    assert_int_equal(fread(len8, 1, 8, f), 8);
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; i--) n = n << 8 | len8[i];
-    char *header = malloc(n);
-    assert_int_equal(fread(header, 1, n, f), n);
+    uint64_t n;
+    json_t *o = mt_test_st_read_header(f, p, &n);
     fclose(f);
-    json_error_t je;
-    json_t *o = json_loadb(header, n, 0, &je);
-    free(header);
-    assert_non_null(o);
     json_t *e = json_object_get(o, tensor);
     if (!e) fail_msg("%s: no tensor %s", p, tensor);
     long at = 8 + (long)n + (long)json_integer_value(json_array_get(json_object_get(e, "data_offsets"), 0));
@@ -189,24 +162,10 @@ static void check_optimizer_file(const model *m, const char *dir) {
     mt_safetensors_close(st);
 }
 
-/* DIR loads as a Hugging Face model (model.safetensors + config.json) with the saved weights. */
-static void check_model_dir(const model *m, const char *dir) {
-    size_t bytes = sizeof(float) * (size_t)m->t.total;
-    float *arena = mt_aligned_alloc(bytes), *w = mt_aligned_alloc(bytes);
-    if (mt_model_load(&m->t, arena, dir) != MT_OK) fail_msg("%s", mt_error_message());
-    for (int i = 0; i < m->t.n_params; i++) {
-        const mt_param *p = &m->t.params[i];
-        assert_int_equal(m->src->io.get_weights(m->src, p, w), MT_OK);
-        assert_memory_equal(arena + p->offset, w, sizeof(float) * (size_t)p->numel);
-    }
-    free(arena);
-    free(w);
-}
-
 static void roundtrip(const char *variant, mt_state_format f) {
     model m;
     model_init(&m, variant, f, 3 + (uint64_t)f);
-    char *out = subdir("roundtrip");
+    char *out = mt_test_dir_sub("roundtrip");
     char dir[4200];
     save_ok(&m, out, 4);
     ckpt_dir(dir, sizeof dir, out, 4);
@@ -219,7 +178,7 @@ static void roundtrip(const char *variant, mt_state_format f) {
     else assert_null(seed);
     json_decref(o);
     check_optimizer_file(&m, dir);
-    check_model_dir(&m, dir);
+    mt_test_state_model_dir(m.src, &m.t, dir);
 
     mt_ckpt_state back;
     load_ok(&m, dir, &back);
@@ -263,7 +222,7 @@ static void test_other_format_refused(void **state) {
             model ma, mb; /* the same model in formats a and b */
             model_init(&ma, "llama_gqa", fa, 20);
             model_init(&mb, "llama_gqa", fb, 21);
-            char *out = subdir("other");
+            char *out = mt_test_dir_sub("other");
             char dir[4200], want[8800], path[4200];
             save_ok(&mb, out, 1); /* an older checkpoint in the run's format */
             save_ok(&ma, out, 2);
@@ -303,7 +262,7 @@ static void test_parts_of_another_format(void **state) {
     model m, full;
     model_init(&m, "llama_gqa", MT_STATE_COMPACT, 30);
     model_init(&full, "llama_gqa", MT_STATE_FULL, 31);
-    char *out = subdir("claims_full");
+    char *out = mt_test_dir_sub("claims_full");
     char dir[4200], want[512];
     save_ok(&m, out, 3);
     ckpt_dir(dir, sizeof dir, out, 3);
@@ -385,7 +344,7 @@ static void write_format2(const model *m, const char *out, int64_t step, char *d
 static void test_format2_full_loads(void **state) {
     model m;
     model_init(&m, "qwen2_bias_tied", MT_STATE_FULL, 40);
-    char *out = subdir("format2");
+    char *out = mt_test_dir_sub("format2");
     char dir[4200], path[4200];
     write_format2(&m, out, 6, dir, sizeof dir);
     mt_ckpt_state st;
@@ -422,7 +381,7 @@ static void test_u8_flip_checksum(void **state) {
     for (int f = MT_STATE_COMPACT; f <= MT_STATE_TIGHT; f++) {
         model m;
         model_init(&m, "llama_gqa", (mt_state_format)f, 50);
-        char *out = subdir("u8_flip");
+        char *out = mt_test_dir_sub("u8_flip");
         char dir[4200], tensor[256], want[4400];
         save_ok(&m, out, 2);
         ckpt_dir(dir, sizeof dir, out, 2);
@@ -449,7 +408,7 @@ static void test_u8_flip_checksum(void **state) {
 static void test_scale_nonfinite(void **state) {
     model m;
     model_init(&m, "llama_gqa", MT_STATE_COMPACT, 60);
-    char *out = subdir("scale_nan");
+    char *out = mt_test_dir_sub("scale_nan");
     char dir[4200], ck[4200], want[512];
     snprintf(ck, sizeof ck, "%s/checkpoints", out);
     save_ok(&m, out, 1);
@@ -490,7 +449,7 @@ static void test_scale_nonfinite(void **state) {
 static void test_scale_out_of_range(void **state) {
     model m;
     model_init(&m, "llama_gqa", MT_STATE_COMPACT, 61);
-    char *out = subdir("scale_range");
+    char *out = mt_test_dir_sub("scale_range");
     char dir[4200], want[512], tensor[256];
     save_ok(&m, out, 1);
     ckpt_dir(dir, sizeof dir, out, 1);
@@ -541,7 +500,7 @@ static void test_scale_out_of_range(void **state) {
 static void test_tight_sr_seed(void **state) {
     model m;
     model_init(&m, "llama_gqa", MT_STATE_TIGHT, 70);
-    char *out = subdir("sr_seed");
+    char *out = mt_test_dir_sub("sr_seed");
     char dir[4200];
     save_ok(&m, out, 9);
     ckpt_dir(dir, sizeof dir, out, 9);
@@ -608,5 +567,5 @@ int main(void) {
         cmocka_unit_test(test_scale_out_of_range),
         cmocka_unit_test(test_tight_sr_seed),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, mt_test_dir_setup, mt_test_dir_teardown);
 }

@@ -26,19 +26,6 @@
 #include "util/testutil.h"
 #include "util/tiny_config.h"
 
-static char *tmpdir;
-
-static int group_setup(void **state) {
-    tmpdir = mt_test_tmpdir();
-    return tmpdir ? 0 : -1;
-}
-
-static int group_teardown(void **state) {
-    mt_test_rmtree(tmpdir);
-    free(tmpdir);
-    return 0;
-}
-
 /* ---- rank r's view of a whole state ---- */
 
 typedef struct {
@@ -92,13 +79,6 @@ static int inner_cuts(const mt_param_table *t, int ranks) {
     return n;
 }
 
-static char *subdir(const char *name) {
-    size_t n = strlen(tmpdir) + strlen(name) + 2;
-    char *p = malloc(n);
-    snprintf(p, n, "%s/%s", tmpdir, name);
-    return p;
-}
-
 static void same_file(const char *a_dir, const char *b_dir, const char *name) {
     char pa[8192], pb[8192];
     snprintf(pa, sizeof pa, "%s/%s", a_dir, name);
@@ -127,9 +107,9 @@ static void same_as_one_writer(mt_state_format f, int ranks) {
 
     char name[64];
     snprintf(name, sizeof name, "one_%s_%d", mt_state_format_name(f), ranks);
-    char *one = subdir(name);
+    char *one = mt_test_dir_sub(name);
     snprintf(name, sizeof name, "ranks_%s_%d", mt_state_format_name(f), ranks);
-    char *out = subdir(name);
+    char *out = mt_test_dir_sub(name);
     mt_ckpt_state st = {.step = 9, .seed = 3, .loss = 1.5, .updates = 8, .skipped = 1};
     const char *args = "{\"lr\": 0.001}";
     if (mt_checkpoint_save(one, &t, &ts->io, &st, args, NULL, 0) != MT_OK) fail_msg("%s", mt_error_message());
@@ -188,7 +168,7 @@ static void test_failures(void **state) {
     mt_param_table_init(&t, &cfg);
     mt_test_state *ts = mt_test_state_create(MT_STATE_FULL, &t, 0);
     mt_test_state_fill_random(ts, &t, 1);
-    char *out = subdir("fail");
+    char *out = mt_test_dir_sub("fail");
     char ck[4200];
     snprintf(ck, sizeof ck, "%s/checkpoints", out);
 
@@ -218,7 +198,7 @@ static void test_failures(void **state) {
     a.master[p->offset + lo] = 0.5f;
 
     /* a rank that does not see rank 0's directory */
-    char *nowhere = subdir("not_shared/.tmp-step_00000009.abc");
+    char *nowhere = mt_test_dir_sub("not_shared/.tmp-step_00000009.abc");
     assert_int_equal(mt_checkpoint_write_shard(nowhere, &t, &v1.io, out, 9), MT_ERR);
     printf("  unseen: %s\n", mt_error_message());
     assert_non_null(strstr(mt_error_message(), "all ranks see"));
@@ -253,5 +233,5 @@ int main(void) {
         cmocka_unit_test(test_tight),
         cmocka_unit_test(test_failures),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, mt_test_dir_setup, mt_test_dir_teardown);
 }

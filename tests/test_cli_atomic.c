@@ -22,11 +22,9 @@
 
 static mt_cli_env g_env;
 
-static int group_setup(void **state) { return mt_cli_env_init(&g_env, "train_llama"); } /* the fixture is unused */
-
-static int group_teardown(void **state) {
-    mt_cli_env_free(&g_env);
-    return 0;
+static int group_setup(void **state) {
+    *state = &g_env; /* for mt_cli_env_teardown; the fixture is unused */
+    return mt_cli_env_init(&g_env, "train_llama");
 }
 
 static char *path_in(const char *name) {
@@ -257,5 +255,5 @@ int main(void) {
         cmocka_unit_test(test_temp_dirs),
         cmocka_unit_test(test_concurrent_tokenize),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, group_setup, mt_cli_env_teardown);
 }

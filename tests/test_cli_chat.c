@@ -313,7 +313,7 @@ static void test_bad_input(void **st) {
 }
 
 static int setup(void **st) {
-    (void)st;
+    *st = &g_env; /* for mt_cli_env_teardown */
     if (mt_cli_env_init(&g_env, "train_llama") != 0) return -1;
     /* weights large enough that attention is sharp: a row's loss depends on what it may see */
     if (mt_cli_tokenizer_model(&g_env, 0.3, g_model, sizeof g_model) != 0) return -1;
@@ -362,12 +362,6 @@ static int setup(void **st) {
     return 0;
 }
 
-static int teardown(void **st) {
-    (void)st;
-    mt_cli_env_free(&g_env);
-    return 0;
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tokenize_then_train),
@@ -375,5 +369,5 @@ int main(void) {
         cmocka_unit_test(test_resume),
         cmocka_unit_test(test_bad_input),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, mt_cli_env_teardown);
 }

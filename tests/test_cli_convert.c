@@ -15,21 +15,10 @@
 static mt_cli_env g;
 
 static int setup(void **state) {
+    *state = &g; /* for mt_cli_env_teardown */
     if (mt_cli_env_init(&g, "train_llama") != 0) return -1;
     mt_test_sh("cp -r '%s' '%s/CK' && ln -s CK '%s/L'", g.fixture, g.tmp, g.tmp);
     return 0;
-}
-
-static int teardown(void **state) {
-    mt_cli_env_free(&g);
-    return 0;
-}
-
-static int exists(const char *rel) {
-    char path[4096];
-    struct stat sb;
-    snprintf(path, sizeof path, "%s/%s", g.tmp, rel);
-    return lstat(path, &sb) == 0;
 }
 
 /* CK is exactly the fixture: same file names, same bytes. */
@@ -60,9 +49,9 @@ static void test_out_is_the_input(void **state) {
     const char *inside[] = {"CK/sub", "L/sub", "CK/a/b", "CK/a/../b", "./CK/./sub/"};
     for (size_t i = 0; i < sizeof inside / sizeof inside[0]; i++)
         expect_refused(inside[i], "is inside --model CK");
-    assert_false(exists("CK/sub"));
-    assert_false(exists("CK/a"));
-    assert_false(exists("nowhere"));
+    assert_false(mt_cli_exists(&g, "CK/sub"));
+    assert_false(mt_cli_exists(&g, "CK/a"));
+    assert_false(mt_cli_exists(&g, "nowhere"));
 }
 
 static void test_out_holds_a_model(void **state) {
@@ -70,7 +59,7 @@ static void test_out_holds_a_model(void **state) {
     /* a sibling whose name starts like the input's is not inside it */
     int rc = mt_cli_run(&g, out, OUT_SIZE, "convert --model CK --out CK2 2>&1");
     mt_cli_expect(rc, 0, out, "wrote CK2");
-    assert_true(exists("CK2/model.safetensors"));
+    assert_true(mt_cli_exists(&g, "CK2/model.safetensors"));
     mt_test_sh("cd '%s' && cp CK2/model.safetensors before.safetensors", g.tmp);
     /* again into the same directory: refused, the first output untouched */
     rc = mt_cli_run(&g, out, OUT_SIZE, "convert --model CK --out CK2 --dtype f32 2>&1");
@@ -87,7 +76,7 @@ static void test_out_holds_a_model(void **state) {
     mt_test_sh("cd '%s' && mkdir T && echo '{}' > T/tokenizer.json", g.tmp);
     rc = mt_cli_run(&g, out, OUT_SIZE, "convert --model CK --out T 2>&1");
     mt_cli_expect(rc, 0, out, "wrote T");
-    assert_true(exists("T/model.safetensors") && exists("T/tokenizer.json"));
+    assert_true(mt_cli_exists(&g, "T/model.safetensors") && mt_cli_exists(&g, "T/tokenizer.json"));
     expect_input_intact("after the good conversions");
 }
 
@@ -96,5 +85,5 @@ int main(void) {
         cmocka_unit_test(test_out_is_the_input),
         cmocka_unit_test(test_out_holds_a_model),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, mt_cli_env_teardown);
 }

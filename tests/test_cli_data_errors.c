@@ -28,27 +28,6 @@ static int teardown(void **state) {
     return 0;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {0, ms * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-/* The whole file (NUL-terminated, at most size - 1 bytes); "" when it does not exist yet. */
-static void read_file(const char *path, char *buf, size_t size) {
-    buf[0] = '\0';
-    FILE *f = fopen(path, "rb");
-    if (!f) return;
-    size_t n = fread(buf, 1, size - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-}
-
 static void test_truncated_under_train(void **state) {
     static char out[OUT_SIZE];
     char data[4096], log[4096], cmd[8192];
@@ -68,26 +47,26 @@ static void test_truncated_under_train(void **state) {
         _exit(127);
     }
     /* after step 7 a checkpoint (step 5, or a later one by the time of the truncation) is on disk */
-    double t0 = now_s();
+    double t0 = mt_test_now_s();
     while (!strstr(out, "step 7/")) {
-        if (now_s() - t0 > 120) fail_msg("no 'step 7/' line after 120 s:\n%s", out);
+        if (mt_test_now_s() - t0 > 120) fail_msg("no 'step 7/' line after 120 s:\n%s", out);
         if (waitpid(g_child, NULL, WNOHANG) == g_child) {
             g_child = -1;
-            read_file(log, out, OUT_SIZE);
+            mt_test_read_text(log, out, OUT_SIZE);
             fail_msg("train ended before the truncation:\n%s", out);
         }
-        sleep_ms(5);
-        read_file(log, out, OUT_SIZE);
+        mt_test_sleep_ms(5);
+        mt_test_read_text(log, out, OUT_SIZE);
     }
     assert_int_equal(truncate(data, 0), 0);
     int status = 0;
-    t0 = now_s();
+    t0 = mt_test_now_s();
     while (waitpid(g_child, &status, WNOHANG) == 0) {
-        if (now_s() - t0 > 60) fail_msg("train still running 60 s after the truncation");
-        sleep_ms(5);
+        if (mt_test_now_s() - t0 > 60) fail_msg("train still running 60 s after the truncation");
+        mt_test_sleep_ms(5);
     }
     g_child = -1;
-    read_file(log, out, OUT_SIZE);
+    mt_test_read_text(log, out, OUT_SIZE);
     if (WIFSIGNALED(status)) fail_msg("train died of signal %d:\n%s", WTERMSIG(status), out);
     char first[2048];
     int n_err = mt_cli_error_lines(out, first, sizeof first);

@@ -26,23 +26,17 @@
 static mt_cli_env g_env;
 static char g_out[OUT_SIZE]; /* static: a failing check longjmps out */
 
-static int setup(void **state) { return mt_cli_env_init(&g_env, "train_llama"); }
-
-static int teardown(void **state) {
-    mt_cli_env_free(&g_env);
-    return 0;
+static int setup(void **state) {
+    *state = &g_env; /* for mt_cli_env_teardown */
+    return mt_cli_env_init(&g_env, "train_llama");
 }
 
 static int train(const char *out_dir, const char *extra) {
-    return mt_cli_run(&g_env, g_out, sizeof g_out,
-                      "train --model '%s' --data '%s/data.bin' --batch 2 --seq 16 --lr 1e-2 --warmup 1 "
-                      "--device cpu --out %s %s",
-                      g_env.fixture, g_env.fixture, out_dir, extra);
+    return mt_cli_train(&g_env, g_out, sizeof g_out, out_dir, extra);
 }
 
 static void train_ok(const char *out_dir, const char *extra) {
-    int rc = train(out_dir, extra);
-    if (rc != 0) fail_msg("train --out %s %s: exit %d\n%s", out_dir, extra, rc, g_out);
+    mt_cli_train_ok(&g_env, g_out, sizeof g_out, out_dir, extra);
 }
 
 static void expect_in(const char *text, const char *needle) {
@@ -258,5 +252,5 @@ int main(void) {
         cmocka_unit_test(test_huge_loss_exponent),
         cmocka_unit_test(test_metrics_garbage_warned),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, mt_cli_env_teardown);
 }

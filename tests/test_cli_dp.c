@@ -49,17 +49,9 @@ static mt_cli_env g_env;
 static const char *g_mpirun;
 static char g_out[OUT_SIZE];
 
-static int setup(void **state) { return mt_cli_env_init(&g_env, "train_llama"); }
-
-static int teardown(void **state) {
-    mt_cli_env_free(&g_env);
-    return 0;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+static int setup(void **state) {
+    *state = &g_env; /* for mt_cli_env_teardown */
+    return mt_cli_env_init(&g_env, "train_llama");
 }
 
 /* The train command line for OUT (after the binary), common to every run here. */
@@ -80,9 +72,9 @@ static int run(int np, const char *out, const char *extra, double *secs) {
                  g_mpirun, np, g_env.bin, args);
     else
         snprintf(cmd, sizeof cmd, "timeout 120 '%s' %s", g_env.bin, args);
-    double t0 = now_s();
+    double t0 = mt_test_now_s();
     int rc = mt_test_run(cmd, g_out, sizeof g_out);
-    if (secs) *secs = now_s() - t0;
+    if (secs) *secs = mt_test_now_s() - t0;
     if (strstr(g_out, "Sanitizer") || strstr(g_out, "runtime error:")) fail_msg("sanitizer report: %s\n%s", cmd, g_out);
     return rc;
 }
@@ -316,9 +308,9 @@ static void mismatch(const char *flag, const char *a, const char *b) {
     train_args(args_b, sizeof args_b, "mismatch", extra);
     snprintf(cmd, sizeof cmd, "timeout 120 '%s' --allow-run-as-root --oversubscribe -np 1 '%s' %s : -np 1 '%s' %s",
              g_mpirun, g_env.bin, args_a, g_env.bin, args_b);
-    double t0 = now_s();
+    double t0 = mt_test_now_s();
     int rc = mt_test_run(cmd, g_out, sizeof g_out);
-    double secs = now_s() - t0;
+    double secs = mt_test_now_s() - t0;
     printf("  %s %s / %s: exit %d after %.1f s\n", flag, a, b, rc, secs);
     assert_true(rc != 0 && rc != 124); /* 124: `timeout` had to end it */
     char want[128];
@@ -534,5 +526,5 @@ int main(void) {
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_host_share),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, mt_cli_env_teardown);
 }

@@ -18,11 +18,9 @@
 
 static mt_cli_env g;
 
-static int setup(void **state) { return mt_cli_env_init(&g, "train_llama"); }
-
-static int teardown(void **state) {
-    mt_cli_env_free(&g);
-    return 0;
+static int setup(void **state) {
+    *state = &g; /* for mt_cli_env_teardown */
+    return mt_cli_env_init(&g, "train_llama");
 }
 
 #define COMMON "train --model '%s' --data '%s/data.bin' --steps 8 --batch 2 --seq 16 --eval-every 2 " \
@@ -161,5 +159,5 @@ int main(void) {
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_text_by_document),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, mt_cli_env_teardown);
 }

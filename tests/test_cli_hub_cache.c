@@ -18,7 +18,7 @@ static mt_cli_env g;
 static char out[OUT_SIZE];
 
 static int setup(void **state) {
-    (void)state;
+    *state = &g; /* for mt_cli_env_teardown */
     if (mt_cli_env_init(&g, "train_llama") != 0) return -1;
     mt_test_sh("cd '%s' && r=hub/models--org--tiny && mkdir -p $r/blobs $r/refs $r/snapshots/" MAIN
                " && cp '%s/config.json' $r/blobs/1c0f && cp '%s/model.safetensors' $r/blobs/9e2a"
@@ -26,12 +26,6 @@ static int setup(void **state) {
                " && ln -s ../../blobs/9e2a $r/snapshots/" MAIN "/model.safetensors"
                " && printf " MAIN " > $r/refs/main && printf '" GONE "\\n' > $r/refs/v2",
                g.tmp, g.fixture, g.fixture);
-    return 0;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    mt_cli_env_free(&g);
     return 0;
 }
 
@@ -125,5 +119,5 @@ int main(void) {
         cmocka_unit_test(test_cache_root_order),
         cmocka_unit_test(test_errors),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, mt_cli_env_teardown);
 }

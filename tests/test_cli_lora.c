@@ -19,10 +19,9 @@
 static mt_cli_env g_env;
 static char g_out[OUT_SIZE];
 
-static int setup(void **state) { return mt_cli_env_init(&g_env, "lora_llama"); }
-static int teardown(void **state) {
-    mt_cli_env_free(&g_env);
-    return 0;
+static int setup(void **state) {
+    *state = &g_env; /* for mt_cli_env_teardown */
+    return mt_cli_env_init(&g_env, "lora_llama");
 }
 
 /* train on the fixture into OUT with extra flags; the exit code */
@@ -240,5 +239,5 @@ int main(void) {
         cmocka_unit_test(test_base_cache),
         cmocka_unit_test(test_gpt_oss),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, mt_cli_env_teardown);
 }

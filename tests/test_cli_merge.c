@@ -68,13 +68,6 @@ static int teardown(void **state) {
     return 0;
 }
 
-static int exists(const char *rel) {
-    char path[4096];
-    struct stat sb;
-    snprintf(path, sizeof path, "%s/%s", g.tmp, rel);
-    return lstat(path, &sb) == 0;
-}
-
 /* DIR's weights: model.safetensors or an index and its shards. */
 static mt_safetensors *open_st(const char *dir) {
     mt_safetensors *st;
@@ -187,8 +180,8 @@ static void test_merge_bf16_base(void **state) {
     int rc = mt_cli_run(&g, out, OUT_SIZE, "merge --model '%s' --adapter adapter --out sharded --shard-size 40K 2>&1",
                         base);
     mt_cli_expect(rc, 0, out, "wrote sharded (bf16");
-    assert_true(exists("sharded/model.safetensors.index.json"));
-    assert_false(exists("sharded/model.safetensors"));
+    assert_true(mt_cli_exists(&g, "sharded/model.safetensors.index.json"));
+    assert_false(mt_cli_exists(&g, "sharded/model.safetensors"));
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/sharded", g.tmp);
     check_merged(base, dir, &g_t, &g_lt, g_arena, MT_BF16, 1.0 / 256);
@@ -264,7 +257,7 @@ static void expect_refused(const char *args, const char *needle, const char *out
     if (rc != 1 || n != 1) fail_msg("%s: exit %d with %d error lines, want 1 and 1:\n%s", args, rc, n, out);
     if (!strstr(first, needle)) fail_msg("%s: the error does not say '%s': %s", args, needle, first);
     if (strstr(out, "wrote ")) fail_msg("%s: something was written:\n%s", args, out);
-    if (out_rel && exists(out_rel)) fail_msg("%s: %s was created", args, out_rel);
+    if (out_rel && mt_cli_exists(&g, out_rel)) fail_msg("%s: %s was created", args, out_rel);
 }
 
 /* A copy of adapter as rel with adapter_config.json's key set to the JSON value. */

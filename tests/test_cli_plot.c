@@ -554,14 +554,8 @@ static void test_plot_errors(void **st) {
 }
 
 static int setup(void **st) {
-    (void)st;
+    *st = &g_env; /* for mt_cli_env_teardown */
     return mt_cli_env_init(&g_env, "");
-}
-
-static int teardown(void **st) {
-    (void)st;
-    mt_cli_env_free(&g_env);
-    return 0;
 }
 
 int main(void) {
@@ -571,5 +565,5 @@ int main(void) {
         cmocka_unit_test(test_plot_resumed),      cmocka_unit_test(test_plot_one_line_and_paths),
         cmocka_unit_test(test_plot_long_run),     cmocka_unit_test(test_plot_errors),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, mt_cli_env_teardown);
 }

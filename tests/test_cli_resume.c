@@ -20,23 +20,11 @@
 #define OUT_SIZE 65536
 #define MAX_STEPS 64
 
-static char *g_tmp, *g_fixture;
-static const char *g_bin;
-
 static mt_cli_env g_env;
 
 static int setup(void **state) {
-    if (mt_cli_env_init(&g_env, "train_llama") != 0) return -1;
-    g_bin = g_env.bin;
-    g_tmp = g_env.tmp;
-    g_fixture = g_env.fixture;
-    return 0;
-}
-
-static int teardown(void **state) {
-    mt_cli_env_free(&g_env);
-    g_tmp = g_fixture = NULL;
-    return 0;
+    *state = &g_env; /* for mt_cli_env_teardown */
+    return mt_cli_env_init(&g_env, "train_llama");
 }
 
 /* Runs `megatrain train <common flags> EXTRA --out TMP/OUT`; fails unless it exits 0 without a
@@ -46,7 +34,7 @@ static void train(const char *out_name, const char *extra, char *out) {
     snprintf(cmd, sizeof cmd,
              "'%s' train --model '%s' --data '%s/data.bin' --steps 20 --batch 4 --micro-batch 2 --seq 48 "
              "--lr 1e-2 --warmup 3 --device cpu --out '%s/%s' %s",
-             g_bin, g_fixture, g_fixture, g_tmp, out_name, extra);
+             g_env.bin, g_env.fixture, g_env.fixture, g_env.tmp, out_name, extra);
     int rc = mt_test_run(cmd, out, OUT_SIZE);
     if (strstr(out, "Sanitizer") || strstr(out, "runtime error:")) fail_msg("sanitizer report: %s\n%s", cmd, out);
     if (rc != 0) fail_msg("exit %d: %s\n%s", rc, cmd, out);
@@ -73,7 +61,7 @@ static void field_text(const char *line, const char *key, char *dst, size_t n) {
 
 static int read_metrics(const char *out_name, step_text *steps) {
     char path[4096], line[4096];
-    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", g_tmp, out_name);
+    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", g_env.tmp, out_name);
     FILE *f = fopen(path, "r");
     if (!f) fail_msg("cannot open %s", path);
     int n = 0;
@@ -154,8 +142,8 @@ static json_t *trainer_state(const char *ckpt) {
 
 static void compare_checkpoints(const char *a, const char *b, int step) {
     char ca[4096], cb[4096], pa[4200], pb[4200];
-    snprintf(ca, sizeof ca, "%s/%s/checkpoints/step_%08d", g_tmp, a, step);
-    snprintf(cb, sizeof cb, "%s/%s/checkpoints/step_%08d", g_tmp, b, step);
+    snprintf(ca, sizeof ca, "%s/%s/checkpoints/step_%08d", g_env.tmp, a, step);
+    snprintf(cb, sizeof cb, "%s/%s/checkpoints/step_%08d", g_env.tmp, b, step);
     static const char *const files[] = {"model.safetensors", "optimizer.safetensors"};
     for (int i = 0; i < 2; i++) {
         snprintf(pa, sizeof pa, "%s/%s", ca, files[i]);
@@ -174,7 +162,7 @@ static void compare_checkpoints(const char *a, const char *b, int step) {
 /* Sorted names of the step_ directories in OUT/checkpoints (and whether any other entry exists). */
 static int list_checkpoints(const char *out_name, char names[][64], int max, int *others) {
     char path[4096];
-    snprintf(path, sizeof path, "%s/%s/checkpoints", g_tmp, out_name);
+    snprintf(path, sizeof path, "%s/%s/checkpoints", g_env.tmp, out_name);
     DIR *d = opendir(path);
     if (!d) fail_msg("cannot open %s", path);
     int n = 0;
@@ -272,7 +260,7 @@ static void test_resume_state_mismatch(void **state) {
     snprintf(cmd, sizeof cmd,
              "'%s' train --model '%s' --data '%s/data.bin' --steps 20 --batch 4 --micro-batch 2 --seq 48 "
              "--lr 1e-2 --warmup 3 --device cpu --out '%s/mis' --no-shuffle --resume --state compact",
-             g_bin, g_fixture, g_fixture, g_tmp);
+             g_env.bin, g_env.fixture, g_env.fixture, g_env.tmp);
     assert_int_equal(mt_test_run(cmd, out, OUT_SIZE), 1);
     if (!strstr(out, "holds tight optimizer state, this run uses --state compact: resume with --state tight"))
         fail_msg("no refusal naming both formats:\n%s", out);
@@ -290,7 +278,7 @@ static void test_resume_empty_out(void **state) {
     static char out[OUT_SIZE]; /* static: a failing check longjmps out */
     char path[4096];
     train("fresh", "--no-shuffle --stop-at 6", out);
-    snprintf(path, sizeof path, "%s/empty_out", g_tmp);
+    snprintf(path, sizeof path, "%s/empty_out", g_env.tmp);
     assert_int_equal(mkdir(path, 0755), 0);
     static const char *const dirs[] = {"empty_out", "new_out/sub"};
     for (int i = 0; i < 2; i++) {
@@ -317,7 +305,7 @@ static void test_save_every_keep(void **state) {
     assert_string_equal(names[1], "step_00000020");
     for (int i = 0; i < 2; i++) {
         char ckpt[4096];
-        snprintf(ckpt, sizeof ckpt, "%s/keep/checkpoints/%s", g_tmp, names[i]);
+        snprintf(ckpt, sizeof ckpt, "%s/keep/checkpoints/%s", g_env.tmp, names[i]);
         json_t *st = trainer_state(ckpt);
         assert_int_equal(json_integer_value(json_object_get(st, "step")), i == 0 ? 15 : 20);
         json_decref(st);
@@ -331,7 +319,7 @@ static void test_save_every_keep(void **state) {
     snprintf(cmd, sizeof cmd,
              "'%s' train --model '%s' --data '%s/data.bin' --steps 22 --batch 4 --micro-batch 2 --seq 48 "
              "--lr 1e-2 --warmup 3 --device cpu --no-shuffle --save-every 5 --keep 2 --resume --resume-changed --out '%s/keep'",
-             g_bin, g_fixture, g_fixture, g_tmp);
+             g_env.bin, g_env.fixture, g_env.fixture, g_env.tmp);
     int rc = mt_test_run(cmd, out, OUT_SIZE);
     if (rc != 0 || strstr(out, "Sanitizer")) fail_msg("exit %d: %s\n%s", rc, cmd, out);
     if (!strstr(out, "step_00000020") || !strstr(out, "step 21/22 ")) fail_msg("did not resume from step 20:\n%s", out);
@@ -351,5 +339,5 @@ int main(void) {
         cmocka_unit_test(test_resume_other_tier),
         cmocka_unit_test(test_save_every_keep),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, mt_cli_env_teardown);
 }

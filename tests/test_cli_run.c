@@ -28,24 +28,18 @@
 static mt_cli_env g_env;
 static char g_out[OUT_SIZE]; /* static: a failing check longjmps out */
 
-static int setup(void **state) { return mt_cli_env_init(&g_env, "train_llama"); }
-
-static int teardown(void **state) {
-    mt_cli_env_free(&g_env);
-    return 0;
+static int setup(void **state) {
+    *state = &g_env; /* for mt_cli_env_teardown */
+    return mt_cli_env_init(&g_env, "train_llama");
 }
 
 /* `train` on the fixture with the common flags, EXTRA and --out OUT (in the temporary dir). */
 static int train(const char *out_dir, const char *extra) {
-    return mt_cli_run(&g_env, g_out, sizeof g_out,
-                      "train --model '%s' --data '%s/data.bin' --batch 2 --seq 16 --lr 1e-2 --warmup 1 "
-                      "--device cpu --out %s %s",
-                      g_env.fixture, g_env.fixture, out_dir, extra);
+    return mt_cli_train(&g_env, g_out, sizeof g_out, out_dir, extra);
 }
 
 static void train_ok(const char *out_dir, const char *extra) {
-    int rc = train(out_dir, extra);
-    if (rc != 0) fail_msg("train --out %s %s: exit %d\n%s", out_dir, extra, rc, g_out);
+    mt_cli_train_ok(&g_env, g_out, sizeof g_out, out_dir, extra);
 }
 
 /* The one error line of the last run (fails unless there is exactly one). */
@@ -396,12 +390,6 @@ static void test_resume_changed_settings(void **state) {
 
 /* ---- one process per --out ---- */
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static int lines_in(const char *path) {
     FILE *f = fopen(path, "r");
     if (!f) return 0;
@@ -426,12 +414,12 @@ static void test_one_process_per_out(void **state) {
               "--device", "cpu", "--steps", "1000000", "--max-time", "4", "--out", out_dir, (char *)NULL);
         _exit(127);
     }
-    double t0 = now_s();
-    while (lines_in(path_in("locked", "metrics.jsonl")) < 2 && now_s() - t0 < 60) usleep(20000);
+    double t0 = mt_test_now_s();
+    while (lines_in(path_in("locked", "metrics.jsonl")) < 2 && mt_test_now_s() - t0 < 60) usleep(20000);
     assert_true(lines_in(path_in("locked", "metrics.jsonl")) >= 2);
-    double t1 = now_s();
+    double t1 = mt_test_now_s();
     int rc = train("locked", "--steps 5");
-    double took = now_s() - t1;
+    double took = mt_test_now_s() - t1;
     int status;
     assert_int_equal(waitpid(pid, &status, WNOHANG), 0); /* the first still runs */
     assert_int_equal(rc, 1);
@@ -572,5 +560,5 @@ int main(void) {
         cmocka_unit_test(test_cpu_lines_and_summary),
         cmocka_unit_test(test_wait_policy_default),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, mt_cli_env_teardown);
 }

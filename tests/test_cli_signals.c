@@ -25,34 +25,11 @@
 #define OUT_SIZE 65536
 #define WAIT_S 60.0
 
-static char *g_tmp, *g_fixture;
-static const char *g_bin;
-
 static mt_cli_env g_env;
 
 static int setup(void **state) {
-    if (mt_cli_env_init(&g_env, "train_llama") != 0) return -1;
-    g_bin = g_env.bin;
-    g_tmp = g_env.tmp;
-    g_fixture = g_env.fixture;
-    return 0;
-}
-
-static int teardown(void **state) {
-    mt_cli_env_free(&g_env);
-    g_tmp = g_fixture = NULL;
-    return 0;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
+    *state = &g_env; /* for mt_cli_env_teardown */
+    return mt_cli_env_init(&g_env, "train_llama");
 }
 
 /* Step lines ("loss" objects) of PATH, checking they run 1, 2, ...; *last = the last step. */
@@ -81,15 +58,6 @@ static int64_t step_lines(const char *path, int64_t *last) {
 
 static int status_exit_code(int status) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-static void read_file(const char *path, char *buf, size_t size) {
-    buf[0] = '\0';
-    FILE *f = fopen(path, "r");
-    if (!f) return;
-    size_t n = fread(buf, 1, size - 1, f);
-    buf[n] = '\0';
-    fclose(f);
 }
 
 /* The highest step_ directory of OUT/checkpoints → its trainer_state.json step (-1: none). */
@@ -121,14 +89,14 @@ static void check_clean_output(const char *what, const char *out) {
 
 static void signal_case(int sig, const char *name) {
     char out_dir[4096], log_path[4200], metrics[4200], seq_arg[16];
-    snprintf(out_dir, sizeof out_dir, "%s/run_%s", g_tmp, name);
-    snprintf(log_path, sizeof log_path, "%s/%s.log", g_tmp, name);
+    snprintf(out_dir, sizeof out_dir, "%s/run_%s", g_env.tmp, name);
+    snprintf(log_path, sizeof log_path, "%s/%s.log", g_env.tmp, name);
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", out_dir);
     char model[4096], data[4096];
-    snprintf(model, sizeof model, "%s", g_fixture);
-    snprintf(data, sizeof data, "%s/data.bin", g_fixture);
+    snprintf(model, sizeof model, "%s", g_env.fixture);
+    snprintf(data, sizeof data, "%s/data.bin", g_env.fixture);
     snprintf(seq_arg, sizeof seq_arg, "48");
-    char *const argv[] = {(char *)g_bin, "train", "--model", model, "--data", data, "--steps", "100000",
+    char *const argv[] = {(char *)g_env.bin, "train", "--model", model, "--data", data, "--steps", "100000",
                           "--batch", "4", "--seq", seq_arg, "--device", "cpu", "--out", out_dir, NULL};
 
     pid_t pid = fork();
@@ -139,41 +107,41 @@ static void signal_case(int sig, const char *name) {
         dup2(fd, STDOUT_FILENO);
         dup2(fd, STDERR_FILENO);
         close(fd);
-        execv(g_bin, argv);
+        execv(g_env.bin, argv);
         _exit(127);
     }
-    double t0 = now_s();
+    double t0 = mt_test_now_s();
     int64_t last = 0, lines = 0;
     int status = 0, exited = 0;
     /* wait for 2 step lines (the run fails the test if it exits by itself first) */
-    while (now_s() - t0 < WAIT_S) {
+    while (mt_test_now_s() - t0 < WAIT_S) {
         if (waitpid(pid, &status, WNOHANG) == pid) {
             exited = 1;
             break;
         }
         if ((lines = step_lines(metrics, &last)) >= 2) break;
-        sleep_ms(10);
+        mt_test_sleep_ms(10);
     }
     static char log[OUT_SIZE]; /* static: a failing check longjmps out */
     if (exited) {
-        read_file(log_path, log, OUT_SIZE);
+        mt_test_read_text(log_path, log, OUT_SIZE);
         fail_msg("%s run exited (%d) before it was signalled:\n%s", name, status_exit_code(status), log);
     }
     if (lines < 2) {
         kill(pid, SIGKILL);
         waitpid(pid, &status, 0);
-        read_file(log_path, log, OUT_SIZE);
+        mt_test_read_text(log_path, log, OUT_SIZE);
         fail_msg("%s run: no 2 steps within %.0f s:\n%s", name, WAIT_S, log);
     }
-    double t_sig = now_s();
+    double t_sig = mt_test_now_s();
     assert_int_equal(kill(pid, sig), 0);
-    while (!exited && now_s() - t_sig < WAIT_S) {
+    while (!exited && mt_test_now_s() - t_sig < WAIT_S) {
         pid_t w = waitpid(pid, &status, WNOHANG);
         if (w == pid) exited = 1;
         else if (w < 0 && errno != EINTR) fail_msg("waitpid: %s", strerror(errno));
-        else sleep_ms(10);
+        else mt_test_sleep_ms(10);
     }
-    read_file(log_path, log, OUT_SIZE);
+    mt_test_read_text(log_path, log, OUT_SIZE);
     if (!exited) {
         kill(pid, SIGKILL);
         waitpid(pid, &status, 0);
@@ -183,7 +151,7 @@ static void signal_case(int sig, const char *name) {
     int code = status_exit_code(status);
     int64_t n = step_lines(metrics, &last);
     fprintf(stderr, "  %s after %lld step lines: exit %d in %.2f s, %lld step lines at exit\n", name,
-            (long long)lines, code, now_s() - t_sig, (long long)n);
+            (long long)lines, code, mt_test_now_s() - t_sig, (long long)n);
     if (code != 0) fail_msg("%s: exit %d, want 0:\n%s", name, code, log);
     char ckpt[256];
     int64_t step = newest_checkpoint_step(out_dir, ckpt, sizeof ckpt);
@@ -201,7 +169,7 @@ static void signal_case(int sig, const char *name) {
     snprintf(cmd, sizeof cmd,
              "'%s' train --model '%s' --data '%s' --steps 100000 --batch 4 --seq 48 --device cpu --out '%s' "
              "--resume --stop-at %lld",
-             g_bin, model, data, out_dir, (long long)step + 1);
+             g_env.bin, model, data, out_dir, (long long)step + 1);
     int rc = mt_test_run(cmd, log, OUT_SIZE);
     check_clean_output(cmd, log);
     if (rc != 0) fail_msg("resume: exit %d: %s\n%s", rc, cmd, log);
@@ -229,7 +197,7 @@ static void test_file_size_limit(void **state) {
     snprintf(cmd, sizeof cmd,
              "cd '%s' && ulimit -f 100 && '%s' train --model '%s' --data '%s/data.bin' --batch 2 --seq 16 "
              "--device cpu --out fsize --steps 2",
-             g_tmp, g_bin, g_fixture, g_fixture);
+             g_env.tmp, g_env.bin, g_env.fixture, g_env.fixture);
     int rc = mt_test_run(cmd, out, sizeof out);
     check_clean_output("ulimit -f", out);
     if (rc != 1) fail_msg("exit %d, want 1:\n%s", rc, out);
@@ -239,7 +207,7 @@ static void test_file_size_limit(void **state) {
         !strstr(first, "File too large (the file-size limit, ulimit -f)"))
         fail_msg("the error should name the file and EFBIG: %s", first);
     char dir[4200];
-    snprintf(dir, sizeof dir, "%s/fsize/checkpoints", g_tmp);
+    snprintf(dir, sizeof dir, "%s/fsize/checkpoints", g_env.tmp);
     assert_int_equal(mt_test_count_prefix(dir, ".tmp-"), 0);
     assert_int_equal(mt_test_count_prefix(dir, "step_"), 0);
 }
@@ -250,16 +218,16 @@ static void test_file_size_limit(void **state) {
  * (its default), after the line. The next --resume removes the dead save's temporary directory. */
 static void test_signal_during_save(void **state) {
     char model[4096], log_path[4200], out_dir[4200], ckdir[4300];
-    snprintf(model, sizeof model, "%s/fifo_model", g_tmp);
-    snprintf(log_path, sizeof log_path, "%s/fifo.log", g_tmp);
-    snprintf(out_dir, sizeof out_dir, "%s/fifo_run", g_tmp);
+    snprintf(model, sizeof model, "%s/fifo_model", g_env.tmp);
+    snprintf(log_path, sizeof log_path, "%s/fifo.log", g_env.tmp);
+    snprintf(out_dir, sizeof out_dir, "%s/fifo_run", g_env.tmp);
     snprintf(ckdir, sizeof ckdir, "%s/checkpoints", out_dir);
     mt_test_sh("mkdir -p '%s' && cp '%s/config.json' '%s/model.safetensors' '%s/' && mkfifo '%s/generation_config.json'",
-               model, g_fixture, g_fixture, model, model);
+               model, g_env.fixture, g_env.fixture, model, model);
     char data[4200];
-    snprintf(data, sizeof data, "%s/data.bin", g_fixture);
-    char *const argv[] = {(char *)g_bin, "train", "--model", model, "--data", data, "--steps", "1", "--batch", "2",
-                          "--seq", "16", "--device", "cpu", "--out", out_dir, NULL};
+    snprintf(data, sizeof data, "%s/data.bin", g_env.fixture);
+    char *const argv[] = {(char *)g_env.bin, "train", "--model", model, "--data", data, "--steps", "1",
+                          "--batch", "2", "--seq", "16", "--device", "cpu", "--out", out_dir, NULL};
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
@@ -268,30 +236,30 @@ static void test_signal_during_save(void **state) {
         dup2(fd, STDOUT_FILENO);
         dup2(fd, STDERR_FILENO);
         close(fd);
-        execv(g_bin, argv);
+        execv(g_env.bin, argv);
         _exit(127);
     }
     static char log[OUT_SIZE];
     int status = 0, exited = 0;
-    double t0 = now_s();
+    double t0 = mt_test_now_s();
     /* the save has begun once its temporary directory holds the optimizer file */
-    while (now_s() - t0 < WAIT_S && !exited) {
+    while (mt_test_now_s() - t0 < WAIT_S && !exited) {
         if (waitpid(pid, &status, WNOHANG) == pid) exited = 1;
         else if (mt_test_count_prefix(ckdir, ".tmp-step_00000001.") == 1) break;
-        else sleep_ms(10);
+        else mt_test_sleep_ms(10);
     }
-    sleep_ms(200); /* into the open() of the FIFO */
+    mt_test_sleep_ms(200); /* into the open() of the FIFO */
     if (exited) {
-        read_file(log_path, log, OUT_SIZE);
+        mt_test_read_text(log_path, log, OUT_SIZE);
         fail_msg("the run exited (%d) before its save was signalled:\n%s", status_exit_code(status), log);
     }
     assert_int_equal(kill(pid, SIGHUP), 0);
-    t0 = now_s();
-    while (!exited && now_s() - t0 < WAIT_S) {
+    t0 = mt_test_now_s();
+    while (!exited && mt_test_now_s() - t0 < WAIT_S) {
         if (waitpid(pid, &status, WNOHANG) == pid) exited = 1;
-        else sleep_ms(10);
+        else mt_test_sleep_ms(10);
     }
-    read_file(log_path, log, OUT_SIZE);
+    mt_test_read_text(log_path, log, OUT_SIZE);
     if (!exited) {
         kill(pid, SIGKILL);
         waitpid(pid, &status, 0);
@@ -312,14 +280,14 @@ static void test_resume_removes_stale_temps(void **state) {
     static char out[OUT_SIZE];
     char cmd[16384], ckdir[4200];
     const char *common = "--batch 2 --seq 16 --device cpu --out stale --steps 4";
-    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' train --model '%s' --data '%s/data.bin' %s --stop-at 1", g_tmp, g_bin,
-             g_fixture, g_fixture, common);
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' train --model '%s' --data '%s/data.bin' %s --stop-at 1", g_env.tmp,
+             g_env.bin, g_env.fixture, g_env.fixture, common);
     if (mt_test_run(cmd, out, sizeof out) != 0) fail_msg("%s\n%s", cmd, out);
-    snprintf(ckdir, sizeof ckdir, "%s/stale/checkpoints", g_tmp);
+    snprintf(ckdir, sizeof ckdir, "%s/stale/checkpoints", g_env.tmp);
     mt_test_sh("mkdir '%s/.tmp-step_00000002.Ab12Cd' && echo x > '%s/.tmp-step_00000002.Ab12Cd/model.safetensors.tmp.Zz9Yy8'",
                ckdir, ckdir);
     snprintf(cmd, sizeof cmd, "cd '%s' && ulimit -f 100 && '%s' train --model '%s' --data '%s/data.bin' %s --resume --stop-at 2",
-             g_tmp, g_bin, g_fixture, g_fixture, common);
+             g_env.tmp, g_env.bin, g_env.fixture, g_env.fixture, common);
     int rc = mt_test_run(cmd, out, sizeof out);
     check_clean_output(cmd, out);
     if (rc != 1 || !strstr(out, "File too large")) fail_msg("exit %d, want 1 (File too large): %s\n%s", rc, cmd, out);
@@ -337,5 +305,5 @@ int main(void) {
         cmocka_unit_test(test_signal_during_save),
         cmocka_unit_test(test_resume_removes_stale_temps),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, mt_cli_env_teardown);
 }

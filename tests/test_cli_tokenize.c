@@ -221,7 +221,7 @@ static void test_bad_input(void **st) {
 }
 
 static int setup(void **st) {
-    (void)st;
+    *st = &g_env; /* for mt_cli_env_teardown */
     if (mt_cli_env_init(&g_env, "train_llama") != 0) return -1;
     g.tmp = g_env.tmp;
     if (mt_cli_tokenizer_model(&g_env, 0.02, g.model, sizeof g.model) != 0) return -1;
@@ -244,12 +244,6 @@ static int setup(void **st) {
     return 0;
 }
 
-static int teardown(void **st) {
-    (void)st;
-    mt_cli_env_free(&g_env);
-    return 0;
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tokenize_equals_train),
@@ -258,5 +252,5 @@ int main(void) {
         cmocka_unit_test(test_generate),
         cmocka_unit_test(test_bad_input),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, mt_cli_env_teardown);
 }

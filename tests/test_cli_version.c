@@ -163,7 +163,7 @@ static void test_stamp_script(void **st) {
 }
 
 static int setup(void **st) {
-    (void)st;
+    *st = &g_env; /* for mt_cli_env_teardown */
     if (mt_cli_env_init(&g_env, "") != 0) return -1;
     /* MT_FIXTURES is SOURCE/tests/fixtures */
     char *f = mt_fixture_path("");
@@ -175,17 +175,11 @@ static int setup(void **st) {
     return 0;
 }
 
-static int teardown(void **st) {
-    (void)st;
-    mt_cli_env_free(&g_env);
-    return 0;
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_version_line),
         cmocka_unit_test(test_version_args),
         cmocka_unit_test(test_stamp_script),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, mt_cli_env_teardown);
 }

@@ -17,12 +17,6 @@
 
 static char g_out[1 << 16];
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Runs the job of mode on 3 ranks; returns its exit status and the seconds it took. */
 static int run_job(const char *mode, double *seconds) {
     const char *mpirun = getenv("MT_MPIRUN"), *bin = getenv("MT_COMM_MPI_TEST");
@@ -33,9 +27,9 @@ static int run_job(const char *mode, double *seconds) {
              "MT_COMM_TIMEOUT_S=3 timeout 60 %s --allow-run-as-root --oversubscribe -np 3 %s "
              "--fail %s",
              mpirun, bin, mode);
-    double t0 = now_s();
+    double t0 = mt_test_now_s();
     int rc = mt_test_run(cmd, g_out, sizeof g_out);
-    *seconds = now_s() - t0;
+    *seconds = mt_test_now_s() - t0;
     printf("%s: exit %d after %.1f s\n%s\n", mode, rc, *seconds, g_out);
     assert_null(strstr(g_out, "Sanitizer")); /* the ranks' own ASan/UBSan reports */
     return rc;

@@ -11,19 +11,10 @@
 
 #include "core/error.h"
 #include "model/config.h"
+#include "util/config_check.h"
 #include "util/testutil.h"
 
-static mt_config load_ref(const char *name) {
-    char rel[256];
-    snprintf(rel, sizeof rel, "../data/configs/%s", name);
-    char *path = mt_fixture_path(rel);
-    mt_config c;
-    int r = mt_config_load(&c, path);
-    if (r != MT_OK) print_error("%s\n", mt_error_message());
-    assert_int_equal(r, MT_OK);
-    free(path);
-    return c;
-}
+static mt_config load_ref(const char *name) { return mt_test_config_load("../data/configs/%s", name); }
 
 static void assert_config_equal(const mt_config *a, const mt_config *b) {
     assert_int_equal(a->arch, b->arch);

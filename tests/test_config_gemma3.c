@@ -17,26 +17,11 @@
 #include "model/layer.h"
 #include "model/lora.h"
 #include "model/params.h"
+#include "util/config_check.h"
+#include "util/fixture_io.h"
 #include "util/testutil.h"
 
-static mt_config load_fixture(const char *name) {
-    char rel[256];
-    snprintf(rel, sizeof rel, "%s/config.json", name);
-    char *path = mt_fixture_path(rel);
-    mt_config c;
-    int r = mt_config_load(&c, path);
-    if (r != MT_OK) print_error("%s\n", mt_error_message());
-    assert_int_equal(r, MT_OK);
-    free(path);
-    return c;
-}
-
-static void assert_refused(const char *json, const char *says) {
-    mt_config c;
-    assert_int_equal(mt_config_parse(&c, json, "c.json"), MT_ERR);
-    if (!strstr(mt_error_message(), says))
-        fail_msg("error \"%s\" does not say \"%s\"", mt_error_message(), says);
-}
+static mt_config load_fixture(const char *name) { return mt_test_config_load("%s/config.json", name); }
 
 #define BASE "\"model_type\": \"gemma3_text\", \"hidden_size\": 32, \"intermediate_size\": 24, " \
              "\"num_hidden_layers\": 7, \"num_attention_heads\": 4, \"vocab_size\": 96"
@@ -96,17 +81,7 @@ static void test_table_matches_checkpoint(void **state) {
     /* V C + C + L (4 C norms + q k v o + 2 D + 3 F C) */
     int64_t want = 96 * 32 + 32 + 6 * (4 * 32 + 64 * 32 + 2 * 32 * 32 + 32 * 64 + 2 * 16 + 3 * 24 * 32);
     assert_int_equal(t.n_real, want);
-    char *path = mt_fixture_path("gemma3_tiny/model.safetensors");
-    mt_safetensors *st;
-    assert_int_equal(mt_safetensors_open_file(&st, path), MT_OK);
-    assert_int_equal(mt_safetensors_count(st), t.n_params);
-    for (int j = 0; j < t.n_params; j++) {
-        const mt_param *p = &t.params[j];
-        const mt_st_tensor *x = mt_safetensors_find(st, p->name);
-        if (!x) fail_msg("%s: not in the checkpoint", p->name);
-        assert_int_equal(x->ndim, p->ndim);
-        for (int d = 0; d < p->ndim; d++) assert_int_equal(x->shape[d], p->shape[d]);
-    }
+    mt_test_table_matches_fixture(&t, "gemma3_tiny");
     assert_int_equal(mt_param_find(&t, "model.layers.2.pre_feedforward_layernorm.weight")->kind, MT_W_POST_NORM);
     assert_int_equal(mt_param_find(&t, "model.layers.2.post_attention_layernorm.weight")->kind, MT_W_ATTN_OUT_NORM);
     assert_int_equal(mt_param_find(&t, "model.layers.2.post_feedforward_layernorm.weight")->kind, MT_W_MLP_OUT_NORM);
@@ -123,8 +98,6 @@ static void test_table_matches_checkpoint(void **state) {
         assert_int_equal(v.rope_set, l == 5 ? 0 : 1);
     }
     free(arena);
-    mt_safetensors_close(st);
-    free(path);
     mt_param_table_free(&t);
     /* other families have no such tensors */
     mt_config q;
@@ -170,26 +143,26 @@ static void test_defaults(void **state) {
 
 static void test_refusals(void **state) {
     (void)state;
-    assert_refused("{" BASE ", \"final_logit_softcapping\": 30.0}", "final_logit_softcapping");
-    assert_refused("{" BASE ", \"attn_logit_softcapping\": 50.0}", "attn_logit_softcapping");
-    assert_refused("{" BASE ", \"use_bidirectional_attention\": true}", "use_bidirectional_attention");
-    assert_refused("{" BASE ", \"hidden_activation\": \"gelu\"}", "hidden_activation \"gelu\"");
-    assert_refused("{" BASE ", \"sliding_window\": null}", "sliding_window is null");
-    assert_refused("{" BASE ", \"query_pre_attn_scalar\": 24.5}", "query_pre_attn_scalar");
-    assert_refused("{" BASE ", \"pad_token_id\": 96}", "pad_token_id");
-    assert_refused("{" BASE ", \"layer_types\": [\"full_attention\"]}", "layer_types has 1 entries");
-    assert_refused("{" BASE ", \"layer_types\": [\"full_attention\", \"full_attention\", \"full_attention\", "
-                   "\"full_attention\", \"full_attention\", \"full_attention\", \"chunked_attention\"]}",
-                   "layer_types[6]");
-    assert_refused("{" BASE ", \"rope_parameters\": {\"full_attention\": {\"rope_type\": \"yarn\", "
-                   "\"factor\": 8}, \"sliding_attention\": {\"rope_type\": \"default\"}}}",
-                   "rope_type \"yarn\" is not supported for gemma3");
-    assert_refused("{" BASE ", \"rope_parameters\": {\"full_attention\": {\"rope_type\": \"default\"}, "
-                   "\"sliding_attention\": {\"rope_type\": \"linear\", \"factor\": 2}}}",
-                   "rope_parameters.sliding_attention.rope_type \"linear\"");
-    assert_refused("{" BASE ", \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 0.5}}", "factor");
-    assert_refused("{\"model_type\": \"gemma3\", \"vision_config\": {}}", "without a text_config");
-    assert_refused("{" BASE ", \"attention_dropout\": 0.1}", "attention_dropout");
+    mt_test_config_refused("{" BASE ", \"final_logit_softcapping\": 30.0}", "final_logit_softcapping");
+    mt_test_config_refused("{" BASE ", \"attn_logit_softcapping\": 50.0}", "attn_logit_softcapping");
+    mt_test_config_refused("{" BASE ", \"use_bidirectional_attention\": true}", "use_bidirectional_attention");
+    mt_test_config_refused("{" BASE ", \"hidden_activation\": \"gelu\"}", "hidden_activation \"gelu\"");
+    mt_test_config_refused("{" BASE ", \"sliding_window\": null}", "sliding_window is null");
+    mt_test_config_refused("{" BASE ", \"query_pre_attn_scalar\": 24.5}", "query_pre_attn_scalar");
+    mt_test_config_refused("{" BASE ", \"pad_token_id\": 96}", "pad_token_id");
+    mt_test_config_refused("{" BASE ", \"layer_types\": [\"full_attention\"]}", "layer_types has 1 entries");
+    mt_test_config_refused("{" BASE ", \"layer_types\": [\"full_attention\", \"full_attention\", \"full_attention\", "
+                           "\"full_attention\", \"full_attention\", \"full_attention\", \"chunked_attention\"]}",
+                           "layer_types[6]");
+    mt_test_config_refused("{" BASE ", \"rope_parameters\": {\"full_attention\": {\"rope_type\": \"yarn\", "
+                           "\"factor\": 8}, \"sliding_attention\": {\"rope_type\": \"default\"}}}",
+                           "rope_type \"yarn\" is not supported for gemma3");
+    mt_test_config_refused("{" BASE ", \"rope_parameters\": {\"full_attention\": {\"rope_type\": \"default\"}, "
+                           "\"sliding_attention\": {\"rope_type\": \"linear\", \"factor\": 2}}}",
+                           "rope_parameters.sliding_attention.rope_type \"linear\"");
+    mt_test_config_refused("{" BASE ", \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 0.5}}", "factor");
+    mt_test_config_refused("{\"model_type\": \"gemma3\", \"vision_config\": {}}", "without a text_config");
+    mt_test_config_refused("{" BASE ", \"attention_dropout\": 0.1}", "attention_dropout");
 }
 
 /* The multimodal config nests the language model in text_config, as Qwen3.5's. */
@@ -210,23 +183,14 @@ static void test_nested(void **state) {
 static void test_save_roundtrip(void **state) {
     (void)state;
     const char *names[] = {"gemma3_tiny", "gemma3_overflow"};
-    char *dir = mt_test_tmpdir();
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
     for (int i = 0; i < 2; i++) {
-        mt_config a = load_fixture(names[i]), b;
-        assert_int_equal(mt_config_save(&a, path), MT_OK);
-        if (mt_config_load(&b, path) != MT_OK) fail_msg("%s", mt_error_message());
-        assert_memory_equal(&a, &b, sizeof a); /* every field, the layer bits included */
+        mt_config a = load_fixture(names[i]);
+        mt_test_config_roundtrip(&a); /* every field, the layer bits included */
     }
     /* defaults (no scaling, pad null) too */
-    mt_config a, b;
+    mt_config a;
     assert_int_equal(mt_config_parse(&a, "{" BASE ", \"pad_token_id\": null}", "c.json"), MT_OK);
-    assert_int_equal(mt_config_save(&a, path), MT_OK);
-    if (mt_config_load(&b, path) != MT_OK) fail_msg("%s", mt_error_message());
-    assert_memory_equal(&a, &b, sizeof a);
-    mt_test_rmtree(dir);
-    free(dir);
+    mt_test_config_roundtrip(&a);
 }
 
 /* A backend without Gemma 3's ops (the attention options, GeGLU, the pad row) refuses it by name
@@ -241,9 +205,7 @@ static void test_backend_refused_lora_adapts(void **state) {
     mt_backend fake = *cpu;
     fake.name = "cuda";
     fake.attention_options = 0;
-    assert_int_equal(mt_layer_backend_check(&c, &fake), MT_ERR);
-    assert_non_null(strstr(mt_error_message(), "gemma3_text"));
-    assert_non_null(strstr(mt_error_message(), "--device cpu"));
+    mt_test_backend_refused(&c, &fake, "gemma3_text");
     fake = *cpu;
     fake.geglu_forward = NULL;
     assert_int_equal(mt_layer_backend_check(&c, &fake), MT_ERR);

@@ -18,26 +18,11 @@
 #include "model/layer.h"
 #include "model/lora.h"
 #include "model/params.h"
+#include "util/config_check.h"
+#include "util/fixture_io.h"
 #include "util/testutil.h"
 
-static mt_config load_fixture(const char *name) {
-    char rel[256];
-    snprintf(rel, sizeof rel, "%s/config.json", name);
-    char *path = mt_fixture_path(rel);
-    mt_config c;
-    int r = mt_config_load(&c, path);
-    if (r != MT_OK) print_error("%s\n", mt_error_message());
-    assert_int_equal(r, MT_OK);
-    free(path);
-    return c;
-}
-
-static void assert_refused(const char *json, const char *says) {
-    mt_config c;
-    assert_int_equal(mt_config_parse(&c, json, "c.json"), MT_ERR);
-    if (!strstr(mt_error_message(), says))
-        fail_msg("error \"%s\" does not say \"%s\"", mt_error_message(), says);
-}
+static mt_config load_fixture(const char *name) { return mt_test_config_load("%s/config.json", name); }
 
 #define BASE "\"model_type\": \"gpt_oss\", \"hidden_size\": 32, \"intermediate_size\": 8, " \
              "\"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, " \
@@ -113,19 +98,7 @@ static void test_table_matches_checkpoint(void **state) {
         mt_param_table t;
         mt_param_table_init(&t, &c);
         assert_int_equal(mt_config_param_count(&c), t.n_real);
-        char rel[256];
-        snprintf(rel, sizeof rel, "%s/model.safetensors", names[i]);
-        char *path = mt_fixture_path(rel);
-        mt_safetensors *st;
-        assert_int_equal(mt_safetensors_open_file(&st, path), MT_OK);
-        assert_int_equal(mt_safetensors_count(st), t.n_params);
-        for (int j = 0; j < t.n_params; j++) {
-            const mt_param *p = &t.params[j];
-            const mt_st_tensor *x = mt_safetensors_find(st, p->name);
-            if (!x) fail_msg("%s: not in the checkpoint", p->name);
-            assert_int_equal(x->ndim, p->ndim);
-            for (int d = 0; d < p->ndim; d++) assert_int_equal(x->shape[d], p->shape[d]);
-        }
+        mt_test_table_matches_fixture(&t, names[i]);
         const mt_param *gu = mt_param_find(&t, "model.layers.1.mlp.experts.gate_up_proj");
         assert_non_null(gu);
         assert_int_equal(gu->kind, MT_W_EXP_GATE_UP);
@@ -139,8 +112,6 @@ static void test_table_matches_checkpoint(void **state) {
         assert_null(v1.exp_gate), assert_null(v1.gate);
         assert_int_equal(v1.window, mt_config_layer_window(&c, 1));
         free(arena);
-        mt_safetensors_close(st);
-        free(path);
         mt_param_table_free(&t);
     }
 }
@@ -169,42 +140,35 @@ static void test_defaults(void **state) {
 
 static void test_refusals(void **state) {
     (void)state;
-    assert_refused("{" BASE ", \"layer_types\": [\"full_attention\", \"chunked_attention\", "
-                   "\"full_attention\"]}", "layer_types[1]");
-    assert_refused("{" BASE ", \"layer_types\": [\"full_attention\"]}", "layer_types has 1 entries");
-    assert_refused("{" BASE ", \"sliding_window\": null}", "sliding_window is null");
-    assert_refused("{" BASE ", \"swiglu_limit\": null}", "swiglu_limit");
-    assert_refused("{" BASE ", \"swiglu_limit\": -1}", "swiglu_limit");
-    assert_refused("{" BASE ", \"rope_parameters\": {\"rope_type\": \"llama3\", \"factor\": 8}}",
-                   "rope_type \"llama3\" is not supported for gpt_oss");
-    assert_refused("{" BASE ", \"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 8, "
-                   "\"original_max_position_embeddings\": 16, \"attention_factor\": 0.5}}",
-                   "attention_factor");
-    assert_refused("{" BASE ", \"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 8, "
-                   "\"original_max_position_embeddings\": 16, \"mscale_all_dim\": 1}}", "mscale_all_dim");
-    assert_refused("{" BASE ", \"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 8, "
-                   "\"original_max_position_embeddings\": 16, \"partial_rotary_factor\": 0.5}}",
-                   "partial_rotary_factor");
-    assert_refused("{" BASE ", \"num_experts\": 8}", "disagree");
-    assert_refused("{" BASE ", \"n_shared_experts\": 1}", "shared experts");
-    assert_refused("{" BASE ", \"num_experts_per_tok\": 5}", "num_experts_per_tok");
-    assert_refused("{" BASE ", \"attention_dropout\": 0.1}", "attention_dropout");
+    mt_test_config_refused("{" BASE ", \"layer_types\": [\"full_attention\", \"chunked_attention\", "
+                           "\"full_attention\"]}", "layer_types[1]");
+    mt_test_config_refused("{" BASE ", \"layer_types\": [\"full_attention\"]}", "layer_types has 1 entries");
+    mt_test_config_refused("{" BASE ", \"sliding_window\": null}", "sliding_window is null");
+    mt_test_config_refused("{" BASE ", \"swiglu_limit\": null}", "swiglu_limit");
+    mt_test_config_refused("{" BASE ", \"swiglu_limit\": -1}", "swiglu_limit");
+    mt_test_config_refused("{" BASE ", \"rope_parameters\": {\"rope_type\": \"llama3\", \"factor\": 8}}",
+                           "rope_type \"llama3\" is not supported for gpt_oss");
+    mt_test_config_refused("{" BASE ", \"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 8, "
+                           "\"original_max_position_embeddings\": 16, \"attention_factor\": 0.5}}",
+                           "attention_factor");
+    mt_test_config_refused("{" BASE ", \"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 8, "
+                           "\"original_max_position_embeddings\": 16, \"mscale_all_dim\": 1}}", "mscale_all_dim");
+    mt_test_config_refused("{" BASE ", \"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 8, "
+                           "\"original_max_position_embeddings\": 16, \"partial_rotary_factor\": 0.5}}",
+                           "partial_rotary_factor");
+    mt_test_config_refused("{" BASE ", \"num_experts\": 8}", "disagree");
+    mt_test_config_refused("{" BASE ", \"n_shared_experts\": 1}", "shared experts");
+    mt_test_config_refused("{" BASE ", \"num_experts_per_tok\": 5}", "num_experts_per_tok");
+    mt_test_config_refused("{" BASE ", \"attention_dropout\": 0.1}", "attention_dropout");
 }
 
 static void test_save_roundtrip(void **state) {
     (void)state;
     const char *names[] = {"gpt_oss_tiny", "gpt_oss_tiny_aux"};
-    char *dir = mt_test_tmpdir();
     for (int i = 0; i < 2; i++) {
-        mt_config a = load_fixture(names[i]), b;
-        char path[4096];
-        snprintf(path, sizeof path, "%s/config.json", dir);
-        assert_int_equal(mt_config_save(&a, path), MT_OK);
-        if (mt_config_load(&b, path) != MT_OK) fail_msg("%s", mt_error_message());
-        assert_memory_equal(&a, &b, sizeof a); /* every field, the layer bits included */
+        mt_config a = load_fixture(names[i]);
+        mt_test_config_roundtrip(&a); /* every field, the layer bits included */
     }
-    mt_test_rmtree(dir);
-    free(dir);
 }
 
 /* A backend without the attention options or the experts' ops refuses gpt_oss by name (the CUDA
@@ -219,9 +183,7 @@ static void test_backend_and_lora_targets(void **state) {
     mt_backend fake = *cpu;
     fake.name = "cuda";
     fake.attention_options = 0;
-    assert_int_equal(mt_layer_backend_check(&c, &fake), MT_ERR);
-    assert_non_null(strstr(mt_error_message(), "gpt_oss"));
-    assert_non_null(strstr(mt_error_message(), "--device cpu"));
+    mt_test_backend_refused(&c, &fake, "gpt_oss");
     fake = *cpu;
     fake.swiglu_clamped_forward = NULL;
     assert_int_equal(mt_layer_backend_check(&c, &fake), MT_ERR);

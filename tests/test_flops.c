@@ -17,14 +17,8 @@
 static mt_cli_env env;
 
 static int setup(void **state) {
-    (void)state;
+    *state = &env; /* for mt_cli_env_teardown */
     return mt_cli_env_init(&env, "train_llama");
-}
-
-static int teardown(void **state) {
-    (void)state;
-    mt_cli_env_free(&env);
-    return 0;
 }
 
 static void load_config(mt_config *cfg, const char *rel) {
@@ -177,5 +171,5 @@ int main(void) {
         cmocka_unit_test(test_train_prints_both),
         cmocka_unit_test(test_train_packed_documents),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, mt_cli_env_teardown);
 }

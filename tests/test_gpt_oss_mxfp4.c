@@ -28,6 +28,8 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/runner.h"
+#include "util/config_check.h"
+#include "util/fixture_io.h"
 #include "util/testutil.h"
 
 #define LOGITS_TOL 1e-5 /* fp32 against a float64 reference of the same weights */
@@ -54,12 +56,7 @@ static uint32_t bits(float f) {
 }
 
 static void load_table(const char *fixture, mt_param_table *t) {
-    char rel[256];
-    snprintf(rel, sizeof rel, "%s/config.json", fixture);
-    char *path = mt_fixture_path(rel);
-    mt_config c;
-    if (mt_config_load(&c, path) != MT_OK) fail_msg("%s", mt_error_message());
-    free(path);
+    mt_config c = mt_test_config_load("%s/config.json", fixture);
     mt_param_table_init(t, &c);
 }
 
@@ -192,44 +189,24 @@ static void test_all_readers(void **state) {
     free(s.w);
 }
 
-static float *ref_f32(const mt_safetensors *st, const char *name, int64_t numel) {
-    const mt_st_tensor *t = mt_safetensors_find(st, name);
-    if (!t) fail_msg("reference tensor %s missing", name);
-    assert_int_equal(t->numel, numel);
-    float *out = malloc((size_t)numel * sizeof(float));
-    assert_int_equal(mt_st_tensor_to_f32(t, out), MT_OK);
-    return out;
-}
-
-static int32_t *ref_i32(const mt_safetensors *st, const char *name, int *B, int *T) {
-    const mt_st_tensor *t = mt_safetensors_find(st, name);
-    if (!t) fail_msg("reference tensor %s missing", name);
-    assert_int_equal(t->dtype, MT_I32);
-    assert_int_equal(t->ndim, 2);
-    *B = (int)t->shape[0], *T = (int)t->shape[1];
-    int32_t *out = malloc(t->nbytes);
-    memcpy(out, t->data, t->nbytes);
-    return out;
-}
-
 /* The loaded model's logits and loss against transformers' (float64 run of the dequantized weights). */
 static void test_logits_and_loss(void **state) {
     (void)state;
     mt_safetensors *ref = open_reference();
     int B, T, B2, T2;
-    int32_t *ids = ref_i32(ref, "input_ids", &B, &T), *targets = ref_i32(ref, "targets", &B2, &T2);
+    int32_t *ids = mt_test_st_i32(ref, "input_ids", &B, &T), *targets = mt_test_st_i32(ref, "targets", &B2, &T2);
     assert_true(B == B2 && T == T2);
     const mt_config *c = &fx.t.cfg;
     size_t n = (size_t)B * T * c->V;
     mt_backend *be = mt_backend_cpu_create();
     mt_runner r;
     mt_runner_init(&r, &fx.t, be, B, T);
-    float *logits = malloc(n * sizeof(float)), *want = ref_f32(ref, "logits", (int64_t)n);
+    float *logits = malloc(n * sizeof(float)), *want = mt_test_st_f32(ref, "logits", (int64_t)n);
     mt_runner_logits(&r, fx.w, ids, B, logits);
     int ok = mt_check_rel("logits (MXFP4 experts)", logits, want, n, LOGITS_TOL);
     int64_t count = 0;
     double sum = mt_runner_step(&r, fx.w, NULL, ids, targets, B, 0, &count);
-    float loss = (float)(sum / (double)count + r.aux_loss), *want_loss = ref_f32(ref, "loss", 1);
+    float loss = (float)(sum / (double)count + r.aux_loss), *want_loss = mt_test_st_f32(ref, "loss", 1);
     ok &= mt_check_rel("loss (MXFP4 experts)", &loss, want_loss, 1, LOGITS_TOL);
     mt_runner_free(&r);
     be->destroy(be);

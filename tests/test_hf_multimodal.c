@@ -18,21 +18,6 @@
 #include "util/state_io.h"
 #include "util/testutil.h"
 
-static char *tmpdir;
-
-static int group_setup(void **state) {
-    (void)state;
-    tmpdir = mt_test_tmpdir();
-    return 0;
-}
-
-static int group_teardown(void **state) {
-    (void)state;
-    mt_test_rmtree(tmpdir);
-    free(tmpdir);
-    return 0;
-}
-
 /* A model as the host opens one: config, table, source (t.hf), fp32 arena. */
 typedef struct {
     mt_param_table t;
@@ -172,16 +157,16 @@ static void test_vl_save(void **state) {
     model m;
     model_open(&m, fx);
     char out[4200];
-    snprintf(out, sizeof out, "%s/vl_f32", tmpdir);
+    snprintf(out, sizeof out, "%s/vl_f32", mt_test_dir);
     if (mt_model_save(&m.t, m.w, out, MT_F32, 0) != MT_OK) fail_msg("%s", mt_error_message());
     assert_copy_of_fixture(&m, fx, out);
     /* sharded: the carried tensors go into the shards and the index like the others */
-    snprintf(out, sizeof out, "%s/vl_shards", tmpdir);
+    snprintf(out, sizeof out, "%s/vl_shards", mt_test_dir);
     if (mt_model_save(&m.t, m.w, out, MT_F32, 40000) != MT_OK) fail_msg("%s", mt_error_message());
     assert_true(mt_test_count_prefix(out, "model-0000") > 2);
     assert_copy_of_fixture(&m, fx, out);
     /* bf16: the language model rounded, the carried tensors still as they were */
-    snprintf(out, sizeof out, "%s/vl_bf16", tmpdir);
+    snprintf(out, sizeof out, "%s/vl_bf16", mt_test_dir);
     if (mt_model_save(&m.t, m.w, out, MT_BF16, 0) != MT_OK) fail_msg("%s", mt_error_message());
     mt_safetensors *src, *dst;
     if (mt_safetensors_open_dir(&src, fx) != MT_OK || mt_safetensors_open_dir(&dst, out) != MT_OK)
@@ -204,7 +189,7 @@ static void test_vl_checkpoint(void **state) {
     for (int i = 0; i < m.t.n_params; i++) /* the fixture's weights as the master */
         assert_int_equal(a->io.set_weights(a->io.ctx, &m.t.params[i], m.w + m.t.params[i].offset), MT_OK);
     char out[4200], dir[4300];
-    snprintf(out, sizeof out, "%s/run", tmpdir);
+    snprintf(out, sizeof out, "%s/run", mt_test_dir);
     mt_ckpt_state st = {.step = 3, .seed = 1, .loss = 1.0, .updates = 3};
     if (mt_checkpoint_save(out, &m.t, &a->io, &st, NULL, NULL, 0) != MT_OK) fail_msg("%s", mt_error_message());
     snprintf(dir, sizeof dir, "%s/checkpoints/step_00000003", out);
@@ -273,10 +258,10 @@ static void test_unknown_refused(void **state) {
     (void)state;
     char *dense = mt_fixture_path("qwen3_5_dense"), *vl = mt_fixture_path("qwen3_5_vl_mtp");
     char dir[4200];
-    snprintf(dir, sizeof dir, "%s/text_extra", tmpdir);
+    snprintf(dir, sizeof dir, "%s/text_extra", mt_test_dir);
     write_variant(dense, dir, add_extra, "mtp.fc.weight");
     expect_refused(dir, "mtp.fc.weight");
-    snprintf(dir, sizeof dir, "%s/vl_extra", tmpdir);
+    snprintf(dir, sizeof dir, "%s/vl_extra", mt_test_dir);
     write_variant(vl, dir, add_extra, "model.language_model.layers.0.mlp.extra.weight");
     expect_refused(dir, "model.language_model.layers.0.mlp.extra.weight");
     free(dense);
@@ -339,7 +324,7 @@ static void test_fused_experts(void **state) {
     assert_false(per.src->fused_experts);
     fuse_ctx fc = {.L = per.t.cfg.L, .E = per.t.cfg.n_experts, .Fe = per.t.cfg.moe_F, .C = per.t.cfg.C};
     char dir[4200], out[4200];
-    snprintf(dir, sizeof dir, "%s/moe_fused", tmpdir);
+    snprintf(dir, sizeof dir, "%s/moe_fused", mt_test_dir);
     write_variant(fx, dir, fuse, &fc);
     model fused;
     model_open(&fused, dir);
@@ -347,7 +332,7 @@ static void test_fused_experts(void **state) {
     assert_int_equal(fused.t.total, per.t.total);
     assert_memory_equal(fused.w, per.w, sizeof(float) * (size_t)per.t.total); /* the same arena */
     /* saved as the source had them: fused, the same tensors byte for byte */
-    snprintf(out, sizeof out, "%s/moe_fused_saved", tmpdir);
+    snprintf(out, sizeof out, "%s/moe_fused_saved", mt_test_dir);
     if (mt_model_save(&fused.t, fused.w, out, MT_F32, 0) != MT_OK) fail_msg("%s", mt_error_message());
     mt_safetensors *a, *b;
     if (mt_safetensors_open_dir(&a, dir) != MT_OK || mt_safetensors_open_dir(&b, out) != MT_OK)
@@ -357,7 +342,7 @@ static void test_fused_experts(void **state) {
     mt_safetensors_close(a);
     mt_safetensors_close(b);
     /* a per-expert source saves per expert */
-    snprintf(out, sizeof out, "%s/moe_per_saved", tmpdir);
+    snprintf(out, sizeof out, "%s/moe_per_saved", mt_test_dir);
     if (mt_model_save(&per.t, per.w, out, MT_F32, 0) != MT_OK) fail_msg("%s", mt_error_message());
     if (mt_safetensors_open_dir(&b, out) != MT_OK) fail_msg("%s", mt_error_message());
     assert_non_null(mt_safetensors_find(b, "model.layers.0.mlp.experts.1.up_proj.weight"));
@@ -367,7 +352,7 @@ static void test_fused_experts(void **state) {
     fuse_ctx both = fc;
     both.n_buf = 0;
     both.keep_per_expert = 1;
-    snprintf(dir, sizeof dir, "%s/moe_both", tmpdir);
+    snprintf(dir, sizeof dir, "%s/moe_both", mt_test_dir);
     write_variant(fx, dir, fuse, &both);
     float *w = mt_aligned_alloc(sizeof(float) * (size_t)per.t.total);
     assert_int_equal(mt_model_load(&per.t, w, dir), MT_ERR);
@@ -388,5 +373,5 @@ int main(void) {
         cmocka_unit_test(test_unknown_refused),
         cmocka_unit_test(test_fused_experts),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, mt_test_dir_setup, mt_test_dir_teardown);
 }

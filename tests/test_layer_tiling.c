@@ -22,6 +22,7 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "model/layer.h"
+#include "util/config_check.h"
 #include "util/testutil.h"
 #include "util/tiny_config.h"
 
@@ -341,10 +342,7 @@ static void test_wider_layer_matches_untiled(void **state) {
  * its own RoPE table) and a full one. */
 static void test_gemma3_layer_matches_untiled(void **state) {
     (void)state;
-    char *path = mt_fixture_path("gemma3_tiny/config.json");
-    mt_config cfg;
-    if (mt_config_load(&cfg, path) != MT_OK) fail_msg("%s", mt_error_message());
-    free(path);
+    mt_config cfg = mt_test_config_load("gemma3_tiny/config.json");
     for (int sliding = 1; sliding >= 0; sliding--) {
         if (!sliding) cfg.sliding[0] = 0;
         layer_case c;
@@ -363,10 +361,7 @@ static void test_gemma4_layer_matches_untiled(void **state) {
     (void)state;
     const char *names[] = {"gemma4_tiny/config.json", "gemma4_vl/config.json", "gemma4_moe/config.json"};
     for (int f = 0; f < 3; f++) {
-        char *path = mt_fixture_path(names[f]);
-        mt_config cfg;
-        if (mt_config_load(&cfg, path) != MT_OK) fail_msg("%s", mt_error_message());
-        free(path);
+        mt_config cfg = mt_test_config_load("%s", names[f]);
         for (int sliding = 1; sliding >= 0; sliding--) {
             if (!sliding) cfg.sliding[0] = 0;
             layer_case c;

@@ -15,6 +15,7 @@
 #include "io/model_io.h"
 #include "io/safetensors.h"
 #include "model/runner.h"
+#include "util/fixture_io.h"
 #include "util/testutil.h"
 
 #define FIXTURE_TOL 1e-4
@@ -89,27 +90,6 @@ static void fp32_floor(mt_runner *r, const mt_param_table *table, const float *w
     free(w), free(g);
 }
 
-static float *ref_f32(const mt_safetensors *st, const char *name, int64_t numel) {
-    const mt_st_tensor *t = mt_safetensors_find(st, name);
-    if (!t) fail_msg("reference tensor %s missing", name);
-    assert_int_equal(t->numel, numel);
-    float *out = malloc((size_t)numel * sizeof(float));
-    assert_int_equal(mt_st_tensor_to_f32(t, out), MT_OK);
-    return out;
-}
-
-static int32_t *ref_i32(const mt_safetensors *st, const char *name, int *B, int *T) {
-    const mt_st_tensor *t = mt_safetensors_find(st, name);
-    if (!t) fail_msg("reference tensor %s missing", name);
-    assert_int_equal(t->dtype, MT_I32);
-    assert_int_equal(t->ndim, 2);
-    *B = (int)t->shape[0];
-    *T = (int)t->shape[1];
-    int32_t *out = malloc(t->nbytes);
-    memcpy(out, t->data, t->nbytes);
-    return out;
-}
-
 static void check_fixture(const char *name) {
     fprintf(stderr, "--- fixture %s\n", name);
     char *dir = mt_fixture_path(name);
@@ -127,8 +107,8 @@ static void check_fixture(const char *name) {
     if (mt_safetensors_open_file(&ref, ref_path) != MT_OK) fail_msg("%s", mt_error_message());
 
     int B, T, B2, T2;
-    int32_t *ids = ref_i32(ref, "input_ids", &B, &T);
-    int32_t *targets = ref_i32(ref, "targets", &B2, &T2);
+    int32_t *ids = mt_test_st_i32(ref, "input_ids", &B, &T);
+    int32_t *targets = mt_test_st_i32(ref, "targets", &B2, &T2);
     assert_int_equal(B, B2);
     assert_int_equal(T, T2);
     int N = B * T;
@@ -140,7 +120,7 @@ static void check_fixture(const char *name) {
 
     float *logits = malloc((size_t)N * cfg.V * sizeof(float));
     mt_runner_logits(&r, weights, ids, B, logits);
-    float *ref_logits = ref_f32(ref, "logits", (int64_t)N * cfg.V);
+    float *ref_logits = mt_test_st_f32(ref, "logits", (int64_t)N * cfg.V);
     ok &= mt_check_rel("logits", logits, ref_logits, (size_t)N * cfg.V, FIXTURE_TOL);
 
     float *grads = mt_aligned_alloc((size_t)table.total * sizeof(float));
@@ -148,10 +128,10 @@ static void check_fixture(const char *name) {
     int64_t count = 0;
     double sum = mt_runner_step(&r, weights, grads, ids, targets, B, 0, &count);
     float loss = (float)(sum / (double)count + r.aux_loss);
-    float *ref_loss = ref_f32(ref, "loss", 1);
+    float *ref_loss = mt_test_st_f32(ref, "loss", 1);
     ok &= mt_check_rel("loss", &loss, ref_loss, 1, FIXTURE_TOL);
     if (cfg.router_aux) { /* the load-balancing term on its own */
-        float *ref_aux = ref_f32(ref, "aux_loss", 1);
+        float *ref_aux = mt_test_st_f32(ref, "aux_loss", 1);
         float aux = (float)(r.aux_loss / cfg.router_aux_coef);
         ok &= mt_check_rel("aux_loss", &aux, ref_aux, 1, FIXTURE_TOL);
         free(ref_aux);
@@ -166,7 +146,7 @@ static void check_fixture(const char *name) {
         const mt_param *p = &table.params[i];
         char gname[128];
         snprintf(gname, sizeof gname, "grad.%s", p->name);
-        float *g_ref = ref_f32(ref, gname, p->numel);
+        float *g_ref = mt_test_st_f32(ref, gname, p->numel);
         ok &= mt_check_rel(gname, grads + p->offset, g_ref, (size_t)p->numel, grad_tol(ref, gname, floor[i]));
         int ref_zero = 1, got_zero = 1; /* an expert no token chose: exactly 0, as in torch */
         for (int64_t j = 0; j < p->numel; j++) {

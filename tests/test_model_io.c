@@ -16,19 +16,6 @@
 
 #define SENTINEL 0x7f /* every byte of an untouched arena */
 
-static char *tmpdir;
-
-static int group_setup(void **state) {
-    tmpdir = mt_test_tmpdir();
-    return 0;
-}
-
-static int group_teardown(void **state) {
-    mt_test_rmtree(tmpdir);
-    free(tmpdir);
-    return 0;
-}
-
 static mt_config tiny_config(mt_arch arch) {
     static const char *const types[] = {"llama", "mistral", "qwen2", "qwen3"};
     mt_config c;
@@ -81,12 +68,6 @@ static int arena_untouched(const model *m) {
     return 1;
 }
 
-static char *subdir(const char *name) {
-    char *d = malloc(1024);
-    snprintf(d, 1024, "%s/%s", tmpdir, name);
-    return d;
-}
-
 static int file_exists(const char *dir, const char *name) {
     char p[2048];
     snprintf(p, sizeof p, "%s/%s", dir, name);
@@ -116,7 +97,7 @@ static void maybe_keep(const model *m, const char *name, mt_dtype dt, int64_t ma
 static void roundtrip_f32(mt_arch arch, const char *name) {
     model m;
     model_init(&m, arch, 42 + arch);
-    char *d = subdir(name);
+    char *d = mt_test_dir_sub(name);
     save_ok(&m, d, MT_F32, 0);
     assert_true(file_exists(d, "config.json"));
     assert_true(file_exists(d, "model.safetensors"));
@@ -152,7 +133,7 @@ static void test_roundtrip_f32_qwen3(void **state) { roundtrip_f32(MT_ARCH_QWEN3
 static void test_roundtrip_bf16(void **state) {
     model m;
     model_init(&m, MT_ARCH_QWEN3, 7);
-    char *d = subdir("bf16");
+    char *d = mt_test_dir_sub("bf16");
     save_ok(&m, d, MT_BF16, 0);
     load_ok(&m, d);
     float *want = mt_aligned_alloc(m.bytes);
@@ -200,7 +181,7 @@ static int check_index(const model *m, const char *dir, size_t esize) {
 static void test_sharded(void **state) {
     model m;
     model_init(&m, MT_ARCH_LLAMA, 3);
-    char *d = subdir("sharded");
+    char *d = mt_test_dir_sub("sharded");
     const int64_t max = 40000; /* bytes: several shards; the embedding (25600 B) fits alone */
     save_ok(&m, d, MT_F32, max);
     int k = check_index(&m, d, 4);
@@ -235,12 +216,12 @@ static void test_sharded(void **state) {
 static void test_save_bad_args(void **state) {
     model m;
     model_init(&m, MT_ARCH_LLAMA, 1);
-    char *d = subdir("badargs");
+    char *d = mt_test_dir_sub("badargs");
     assert_int_equal(mt_model_save(&m.t, m.w, d, MT_I32, 0), MT_ERR);
     assert_non_null(strstr(mt_error_message(), "I32"));
     assert_int_equal(mt_model_save(&m.t, m.w, d, MT_F32, -5), MT_ERR);
     char f[2048];
-    snprintf(f, sizeof f, "%s/file", tmpdir);
+    snprintf(f, sizeof f, "%s/file", mt_test_dir);
     FILE *fp = fopen(f, "w");
     fclose(fp);
     strcat(f, "/sub"); /* a directory under a regular file */
@@ -320,7 +301,7 @@ static void load_fails(model *m, const char *dir, const char *tensor, const char
 /* One good f32 llama save every load-error test crafts from. */
 static char *good_llama(model *m) {
     model_init(m, MT_ARCH_LLAMA, 9);
-    char *d = subdir("good_llama");
+    char *d = mt_test_dir_sub("good_llama");
     struct stat sb;
     if (stat(d, &sb) != 0) save_ok(m, d, MT_F32, 0);
     return d;
@@ -328,11 +309,11 @@ static char *good_llama(model *m) {
 
 static void test_load_missing_tensor(void **state) {
     model m;
-    char *src = good_llama(&m), *d = subdir("missing");
+    char *src = good_llama(&m), *d = mt_test_dir_sub("missing");
     craft(src, d, (edit){.drop = "model.layers.1.mlp.up_proj.weight", .as = MT_F32});
     load_fails(&m, d, "model.layers.1.mlp.up_proj.weight", "[128, 64]");
     free(d);
-    d = subdir("missing_head");
+    d = mt_test_dir_sub("missing_head");
     craft(src, d, (edit){.drop = "lm_head.weight", .as = MT_F32});
     load_fails(&m, d, "lm_head.weight", "missing");
     assert_non_null(strstr(mt_error_message(), "/missing_head/model.safetensors:"));
@@ -343,7 +324,7 @@ static void test_load_missing_tensor(void **state) {
 
 static void test_load_wrong_shape(void **state) {
     model m;
-    char *src = good_llama(&m), *d = subdir("wrong_shape");
+    char *src = good_llama(&m), *d = mt_test_dir_sub("wrong_shape");
     craft(src, d, (edit){.transpose = "model.layers.0.self_attn.k_proj.weight", .as = MT_F32});
     load_fails(&m, d, "model.layers.0.self_attn.k_proj.weight", "[64, 32] on disk, the model needs [32, 64]");
     free(d);
@@ -353,11 +334,11 @@ static void test_load_wrong_shape(void **state) {
 
 static void test_load_unexpected_tensor(void **state) {
     model m;
-    char *src = good_llama(&m), *d = subdir("extra");
+    char *src = good_llama(&m), *d = mt_test_dir_sub("extra");
     craft(src, d, (edit){.add = "model.layers.0.self_attn.q_proj.bias", .as = MT_F32});
     load_fails(&m, d, "model.layers.0.self_attn.q_proj.bias", "not part of this llama model");
     free(d);
-    d = subdir("extra_layer");
+    d = mt_test_dir_sub("extra_layer");
     craft(src, d, (edit){.add = "model.layers.2.input_layernorm.weight", .as = MT_F32});
     load_fails(&m, d, "model.layers.2.input_layernorm.weight", NULL);
     free(d);
@@ -367,7 +348,7 @@ static void test_load_unexpected_tensor(void **state) {
 
 static void test_load_wrong_dtype(void **state) {
     model m;
-    char *src = good_llama(&m), *d = subdir("int_weights");
+    char *src = good_llama(&m), *d = mt_test_dir_sub("int_weights");
     craft(src, d, (edit){.as = MT_I32});
     load_fails(&m, d, "model.embed_tokens.weight", "I32");
     free(d);
@@ -378,7 +359,7 @@ static void test_load_wrong_dtype(void **state) {
 static void test_load_bad_file_and_dir(void **state) {
     model m;
     model_init(&m, MT_ARCH_LLAMA, 9);
-    char *d = subdir("nothing_here");
+    char *d = mt_test_dir_sub("nothing_here");
     mkdir(d, 0755);
     load_fails(&m, d, "model.safetensors", NULL);
     char p[2048];
@@ -395,7 +376,7 @@ static void test_load_bad_file_and_dir(void **state) {
 static void test_load_f16_and_ignorable(void **state) {
     model m;
     model_init(&m, MT_ARCH_QWEN2, 5);
-    char *src = subdir("qwen2_src"), *d = subdir("qwen2_f16_extra");
+    char *src = mt_test_dir_sub("qwen2_src"), *d = mt_test_dir_sub("qwen2_f16_extra");
     save_ok(&m, src, MT_F32, 0);
     craft(src, d, (edit){.add = "lm_head.weight", .add2 = "model.layers.0.self_attn.rotary_emb.inv_freq",
                          .as = MT_F16});
@@ -422,5 +403,5 @@ int main(void) {
         cmocka_unit_test(test_load_bad_file_and_dir),
         cmocka_unit_test(test_load_f16_and_ignorable),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, mt_test_dir_setup, mt_test_dir_teardown);
 }

@@ -16,22 +16,12 @@
 #include "model/moe.h"
 #include "model/params.h"
 #include "model/runner.h"
+#include "util/config_check.h"
+#include "util/fixture_io.h"
 #include "util/state_snapshot.h"
 #include "util/testutil.h"
 
-static char *fixture_file(const char *dir, const char *file) {
-    char rel[256];
-    snprintf(rel, sizeof rel, "%s/%s", dir, file);
-    return mt_fixture_path(rel);
-}
-
-static mt_config load_fixture_config(const char *dir) {
-    char *path = fixture_file(dir, "config.json");
-    mt_config c;
-    if (mt_config_load(&c, path) != MT_OK) fail_msg("%s", mt_error_message());
-    free(path);
-    return c;
-}
+static mt_config load_fixture_config(const char *dir) { return mt_test_config_load("%s/config.json", dir); }
 
 /* ---- config ---- */
 
@@ -595,13 +585,8 @@ static void test_cli(void **state) {
 static void test_cli_resume(void **state) {
     const char *bin = getenv("MT_BIN");
     assert_non_null(bin);
-    char *dir = mt_fixture_path("train_qwen3_moe"), *tmp = mt_test_tmpdir(), path[4096], args[1024];
-    snprintf(path, sizeof path, "%s/args.txt", dir);
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    assert_non_null(fgets(args, sizeof args, f));
-    fclose(f);
-    args[strcspn(args, "\n")] = '\0';
+    char *dir = mt_fixture_path("train_qwen3_moe"), *tmp = mt_test_tmpdir(), args[1024];
+    mt_test_fixture_args(dir, args, sizeof args);
     mt_test_sh("cd '%s' && '%s' train --model . --out '%s/a' --device cpu %s >/dev/null 2>&1", dir, bin,
                tmp, args);
     mt_test_sh("cd '%s' && '%s' train --model . --out '%s/b' --device cpu %s --stop-at 6 >/dev/null 2>&1",

@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "quant/mxfp4.h"
+#include "util/fixture_io.h"
 #include "util/testutil.h"
 
 static mt_safetensors *ref;
@@ -42,26 +43,6 @@ static void *fx_copy(const char *name, mt_dtype dt, const mt_st_tensor **t_out) 
     return p;
 }
 
-/* counts differing elements, prints the first few and the total; 1 when none */
-static int same_bytes(const char *what, const void *got, const void *want, size_t n, size_t elem) {
-    const uint8_t *g = got, *w = want;
-    size_t bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (memcmp(g + i * elem, w + i * elem, elem) != 0) {
-            if (bad < 4) {
-                uint32_t gv = 0, wv = 0;
-                memcpy(&gv, g + i * elem, elem);
-                memcpy(&wv, w + i * elem, elem);
-                fprintf(stderr, "  %s[%zu]: got 0x%x, want 0x%x\n", what, i, gv, wv);
-            }
-            bad++;
-        }
-    }
-    fprintf(stderr, "%-34s %zu elements: %s (%zu differ)\n", what, n,
-            bad ? "DIFFER  FAIL" : "bit for bit", bad);
-    return bad == 0;
-}
-
 /* The table is E2M1 as the spec defines it: sign bit 3, exponent bits 2-1 (bias 1), mantissa bit 0,
  * exponent 0 subnormal (0.5 m); and transformers' FP4_VALUES (from the fixture), -0 included. */
 static void test_table(void **state) {
@@ -73,7 +54,7 @@ static void test_table(void **state) {
         assert_true(bits(mt_mxfp4_e2m1[c]) == bits(want));
     }
     float *tf = fx_copy("e2m1", MT_F32, NULL);
-    assert_true(same_bytes("e2m1 (transformers FP4_VALUES)", mt_mxfp4_e2m1, tf, 16, 4));
+    assert_true(mt_test_same_elems("e2m1 (transformers FP4_VALUES)", mt_mxfp4_e2m1, tf, 16, 4));
     free(tf);
     assert_int_equal(MT_MXFP4_BLOCK, 32);
     assert_int_equal(mt_mxfp4_bytes(3, 64), 96);
@@ -171,11 +152,11 @@ static void check_case(const char *name) {
             }
     char what[128];
     snprintf(what, sizeof what, "%s transposed", name);
-    assert_true(same_bytes(what, tr, deq, n, 4));
+    assert_true(mt_test_same_elems(what, tr, deq, n, 4));
     snprintf(what, sizeof what, "%s row-major", name);
-    assert_true(same_bytes(what, rm, want, n, 4));
+    assert_true(mt_test_same_elems(what, rm, want, n, 4));
     snprintf(what, sizeof what, "%s bf16", name);
-    assert_true(same_bytes(what, rm16, want16, n, 2));
+    assert_true(mt_test_same_elems(what, rm16, want16, n, 2));
     free(blocks), free(scales), free(deq), free(deq16), free(tr), free(rm), free(want), free(rm16),
         free(want16);
 }
@@ -345,17 +326,7 @@ static void test_threads(void **state) {
 }
 
 static int setup(void **state) {
-    (void)state;
-    char *path = mt_fixture_path("mxfp4/mxfp4_ref.safetensors");
-    int rc = mt_safetensors_open_file(&ref, path);
-    if (rc != MT_OK) fprintf(stderr, "test_mxfp4: %s\n", mt_error_message());
-    free(path);
-    return rc == MT_OK ? 0 : -1;
-}
-static int teardown(void **state) {
-    (void)state;
-    mt_safetensors_close(ref);
-    return 0;
+    return mt_test_fixture_st_open(state, &ref, "mxfp4/mxfp4_ref.safetensors", "test_mxfp4");
 }
 
 int main(void) {
@@ -365,5 +336,5 @@ int main(void) {
         cmocka_unit_test(test_weight),   cmocka_unit_test(test_shape),
         cmocka_unit_test(test_refusals), cmocka_unit_test(test_threads),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, mt_test_fixture_st_teardown);
 }

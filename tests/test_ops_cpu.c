@@ -22,63 +22,13 @@
 #include "backend/cpu/cpu_ops.h"
 #include "core/error.h"
 #include "optim/state.h"
+#include "util/cpu_op_tol.h"
+#include "util/host_buffers.h"
 #include "util/testutil.h"
-
-#define FWD_ATOL 1e-6
-#define FWD_RTOL 1e-5
-#define BWD_ATOL 1e-5
-#define BWD_RTOL 1e-4
-#define FD_H 1e-4
 
 static mt_backend *be;
 
-static float *fnew(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
-static double *dnew(size_t n) { return malloc((n ? n : 1) * sizeof(double)); }
-static void poison(float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] = NAN;
-}
-static double *to_double(const float *x, size_t n) {
-    double *d = dnew(n);
-    for (size_t i = 0; i < n; i++) d[i] = x[i];
-    return d;
-}
-static float *to_float(const double *x, size_t n) {
-    float *f = fnew(n);
-    for (size_t i = 0; i < n; i++) f[i] = (float)x[i];
-    return f;
-}
-static float *randn(mt_test_rng *rng, size_t n, float std) {
-    float *x = fnew(n);
-    mt_test_fill_normal(rng, x, n, std);
-    return x;
-}
-static float *copyf(const float *x, size_t n) {
-    float *y = fnew(n);
-    memcpy(y, x, n * sizeof(float));
-    return y;
-}
-/* ref[i] = base[i] + k * g[i]: the expected value of an accumulated output. */
-static float *plus(const float *base, const float *g, float k, size_t n) {
-    float *r = fnew(n);
-    for (size_t i = 0; i < n; i++) r[i] = (float)((double)base[i] + k * (double)g[i]);
-    return r;
-}
-
 /* Gradient of loss(ctx) with respect to the n doubles at x, by central differences. */
-typedef double (*loss_fn)(void *ctx);
-static float *fd_grad(loss_fn loss, void *ctx, double *x, size_t n) {
-    float *g = fnew(n);
-    for (size_t i = 0; i < n; i++) {
-        double save = x[i];
-        x[i] = save + FD_H;
-        double lp = loss(ctx);
-        x[i] = save - FD_H;
-        double lm = loss(ctx);
-        x[i] = save;
-        g[i] = (float)((lp - lm) / (2 * FD_H));
-    }
-    return g;
-}
 static double dot(const double *a, const double *b, size_t n) {
     double s = 0;
     for (size_t i = 0; i < n; i++) s += a[i] * b[i];
@@ -91,7 +41,7 @@ static void test_memory(void **state) {
     size_t n = 1000;
     float *p = be->alloc(be, n * sizeof(float));
     assert_true(((uintptr_t)p & 63) == 0);
-    float *host = fnew(n), *back = fnew(n);
+    float *host = mt_test_fnew(n), *back = mt_test_fnew(n);
     for (size_t i = 0; i < n; i++) host[i] = (float)i;
     be->upload(be, p, host, n * sizeof(float));
     be->sync(be);
@@ -141,23 +91,23 @@ static void check_embedding(int N, int C, int V, uint64_t seed) {
     int32_t *ids = malloc(N * sizeof *ids);
     for (int n = 0; n < N; n++) ids[n] = (int32_t)(mt_test_rng_u64(&rng) % (uint64_t)V);
     ids[N - 1] = ids[0]; /* at least one repeat */
-    float *table = randn(&rng, (size_t)V * C, 1), *out = fnew((size_t)N * C);
-    float *ref = fnew((size_t)N * C);
+    float *table = mt_test_randn(&rng, (size_t)V * C, 1), *out = mt_test_fnew((size_t)N * C);
+    float *ref = mt_test_fnew((size_t)N * C);
     for (int n = 0; n < N; n++) memcpy(ref + (size_t)n * C, table + (size_t)ids[n] * C, C * 4);
-    poison(out, (size_t)N * C);
+    mt_test_nan_fill(out, (size_t)N * C);
     be->embedding_forward(be, out, ids, table, N, C);
     assert_memory_equal(out, ref, (size_t)N * C * sizeof(float)); /* a copy: exact */
 
-    float *Rw = randn(&rng, (size_t)N * C, 1), *prefill = randn(&rng, (size_t)V * C, 1);
-    emb_ctx c = {ids, to_double(table, (size_t)V * C), to_double(Rw, (size_t)N * C), N, C};
-    float *g = fd_grad(emb_loss, &c, c.table, (size_t)V * C);
-    float *dtable = copyf(prefill, (size_t)V * C);
+    float *Rw = mt_test_randn(&rng, (size_t)N * C, 1), *prefill = mt_test_randn(&rng, (size_t)V * C, 1);
+    emb_ctx c = {ids, mt_test_to_double(table, (size_t)V * C), mt_test_to_double(Rw, (size_t)N * C), N, C};
+    float *g = mt_test_fd_grad(emb_loss, &c, c.table, (size_t)V * C, FD_H);
+    float *dtable = mt_test_copyf(prefill, (size_t)V * C);
     be->embedding_backward(be, dtable, Rw, ids, N, C);
-    float *want = plus(prefill, g, 1, (size_t)V * C);
+    float *want = mt_test_plus(prefill, g, 1, (size_t)V * C);
     assert_true(mt_allclose("embedding_backward dtable (+=)", dtable, want, (size_t)V * C, BWD_ATOL,
                             BWD_RTOL));
     be->embedding_backward(be, dtable, Rw, ids, N, C);
-    float *want2 = plus(prefill, g, 2, (size_t)V * C);
+    float *want2 = mt_test_plus(prefill, g, 2, (size_t)V * C);
     assert_true(mt_allclose("embedding_backward twice", dtable, want2, (size_t)V * C, BWD_ATOL,
                             BWD_RTOL));
     free(ids), free(table), free(out), free(ref), free(Rw), free(prefill), free(c.table);
@@ -196,42 +146,45 @@ static void check_rmsnorm(int R, int C, float eps, uint64_t seed, float offset) 
     mt_test_rng rng;
     mt_test_rng_seed(&rng, seed);
     size_t n = (size_t)R * C;
-    float *x = randn(&rng, n, 1), *w = randn(&rng, C, 1), *Rw = randn(&rng, n, 1);
+    float *x = mt_test_randn(&rng, n, 1), *w = mt_test_randn(&rng, C, 1), *Rw = mt_test_randn(&rng, n, 1);
     x[0] = 1e-3f; /* a small element and (below) a small row */
     if (R > 2)
         for (int i = 0; i < C; i++) x[(size_t)2 * C + i] *= 0.05f;
-    rms_ctx c = {to_double(x, n), to_double(w, C), to_double(Rw, n), dnew(n), dnew(R), R, C, eps, offset};
+    rms_ctx c = {mt_test_to_double(x, n), mt_test_to_double(w, C), mt_test_to_double(Rw, n), mt_test_dnew(n),
+                 mt_test_dnew(R), R, C, eps, offset};
     rms_ref(&c);
-    float *out = fnew(n), *rstd = fnew(R);
-    poison(out, n), poison(rstd, R);
+    float *out = mt_test_fnew(n), *rstd = mt_test_fnew(R);
+    mt_test_nan_fill(out, n), mt_test_nan_fill(rstd, R);
     be->rmsnorm_forward(be, out, rstd, x, w, R, C, eps, offset);
-    float *ref_out = to_float(c.out, n), *ref_rstd = to_float(c.rstd, R);
+    float *ref_out = mt_test_to_float(c.out, n), *ref_rstd = mt_test_to_float(c.rstd, R);
     assert_true(mt_allclose("rmsnorm_forward out", out, ref_out, n, FWD_ATOL, FWD_RTOL));
     assert_true(mt_allclose("rmsnorm_forward rstd", rstd, ref_rstd, R, FWD_ATOL, FWD_RTOL));
 
-    float *gx = fd_grad(rms_loss, &c, c.x, n), *gw = fd_grad(rms_loss, &c, c.w, C);
-    float *dx = fnew(n), *pre_w = randn(&rng, C, 1), *dw = copyf(pre_w, C);
-    poison(dx, n);
+    float *gx = mt_test_fd_grad(rms_loss, &c, c.x, n, FD_H),
+          *gw = mt_test_fd_grad(rms_loss, &c, c.w, C, FD_H);
+    float *dx = mt_test_fnew(n), *pre_w = mt_test_randn(&rng, C, 1), *dw = mt_test_copyf(pre_w, C);
+    mt_test_nan_fill(dx, n);
     be->rmsnorm_backward(be, dx, dw, Rw, x, w, rstd, R, C, 0, offset);
-    float *want_w = plus(pre_w, gw, 1, C);
+    float *want_w = mt_test_plus(pre_w, gw, 1, C);
     assert_true(mt_allclose("rmsnorm_backward dinp (=)", dx, gx, n, BWD_ATOL, BWD_RTOL));
     assert_true(mt_allclose("rmsnorm_backward dweight (+=)", dw, want_w, C, BWD_ATOL, BWD_RTOL));
 
-    float *pre_x = randn(&rng, n, 1);
+    float *pre_x = mt_test_randn(&rng, n, 1);
     memcpy(dx, pre_x, n * 4);
     be->rmsnorm_backward(be, dx, dw, Rw, x, w, rstd, R, C, 1, offset);
-    float *want_x = plus(pre_x, gx, 1, n), *want_w2 = plus(pre_w, gw, 2, C);
+    float *want_x = mt_test_plus(pre_x, gx, 1, n), *want_w2 = mt_test_plus(pre_w, gw, 2, C);
     assert_true(mt_allclose("rmsnorm_backward dinp (+=)", dx, want_x, n, BWD_ATOL, BWD_RTOL));
     assert_true(mt_allclose("rmsnorm_backward dweight twice", dw, want_w2, C, BWD_ATOL, BWD_RTOL));
 
     /* dinp NULL: only dweight */
     be->rmsnorm_backward(be, NULL, dw, Rw, x, w, rstd, R, C, 0, offset);
-    float *want_w3 = plus(pre_w, gw, 3, C);
+    float *want_w3 = mt_test_plus(pre_w, gw, 3, C);
     assert_true(mt_allclose("rmsnorm_backward dinp NULL", dw, want_w3, C, BWD_ATOL, BWD_RTOL));
 
     /* dweight NULL (a frozen norm): dinp the same bits as with dweight, = and += */
     for (int acc = 0; acc <= 1; acc++) {
-        float *full = copyf(pre_x, n), *frozen = copyf(pre_x, n), *dw_any = copyf(pre_w, C);
+        float *full = mt_test_copyf(pre_x, n), *frozen = mt_test_copyf(pre_x, n),
+              *dw_any = mt_test_copyf(pre_w, C);
         be->rmsnorm_backward(be, full, dw_any, Rw, x, w, rstd, R, C, acc, offset);
         be->rmsnorm_backward(be, frozen, NULL, Rw, x, w, rstd, R, C, acc, offset);
         assert_memory_equal(frozen, full, n * sizeof(float));
@@ -305,23 +258,24 @@ static void check_matmul(int R, int K, int M, int with_bias, int fd, uint64_t se
     mt_test_rng rng;
     mt_test_rng_seed(&rng, seed);
     size_t nx = (size_t)R * K, nw = (size_t)M * K, no = (size_t)R * M;
-    float *x = randn(&rng, nx, 1), *w = randn(&rng, nw, 1), *b = randn(&rng, M, 1);
-    float *Rw = randn(&rng, no, 1);
-    mm_ctx c = {to_double(x, nx), to_double(w, nw), with_bias ? to_double(b, M) : NULL,
-                to_double(Rw, no), dnew(no), R, K, M};
+    float *x = mt_test_randn(&rng, nx, 1), *w = mt_test_randn(&rng, nw, 1), *b = mt_test_randn(&rng, M, 1);
+    float *Rw = mt_test_randn(&rng, no, 1);
+    mm_ctx c = {mt_test_to_double(x, nx), mt_test_to_double(w, nw),
+                with_bias ? mt_test_to_double(b, M) : NULL, mt_test_to_double(Rw, no),
+                mt_test_dnew(no), R, K, M};
     mm_ref(&c);
-    float *out = fnew(no), *ref = to_float(c.out, no);
-    poison(out, no);
+    float *out = mt_test_fnew(no), *ref = mt_test_to_float(c.out, no);
+    mt_test_nan_fill(out, no);
     be->matmul_forward(be, out, x, w, with_bias ? b : NULL, R, K, M);
     assert_true(mm_forward_close(with_bias ? "matmul_forward (bias)" : "matmul_forward", out, &c));
 
     /* gradients: finite differences for small shapes, the exact double formulas for large ones */
-    float *gx, *gw, *gb = fnew(M);
+    float *gx, *gw, *gb = mt_test_fnew(M);
     if (fd) {
-        gx = fd_grad(mm_loss, &c, c.x, nx);
-        gw = fd_grad(mm_loss, &c, c.w, nw);
+        gx = mt_test_fd_grad(mm_loss, &c, c.x, nx, FD_H);
+        gw = mt_test_fd_grad(mm_loss, &c, c.w, nw, FD_H);
     } else {
-        double *ax = dnew(nx), *aw = dnew(nw);
+        double *ax = mt_test_dnew(nx), *aw = mt_test_dnew(nw);
         for (int r = 0; r < R; r++)
             for (int k = 0; k < K; k++) {
                 double s = 0;
@@ -334,7 +288,7 @@ static void check_matmul(int R, int K, int M, int with_bias, int fd, uint64_t se
                 for (int r = 0; r < R; r++) s += c.Rw[(size_t)r * M + m] * c.x[(size_t)r * K + k];
                 aw[(size_t)m * K + k] = s;
             }
-        gx = to_float(ax, nx), gw = to_float(aw, nw);
+        gx = mt_test_to_float(ax, nx), gw = mt_test_to_float(aw, nw);
         free(ax), free(aw);
     }
     for (int m = 0; m < M; m++) {
@@ -342,31 +296,31 @@ static void check_matmul(int R, int K, int M, int with_bias, int fd, uint64_t se
         for (int r = 0; r < R; r++) s += c.Rw[(size_t)r * M + m];
         gb[m] = (float)s;
     }
-    float *dx = fnew(nx), *pre_w = randn(&rng, nw, 1), *pre_b = randn(&rng, M, 1);
-    float *dw = copyf(pre_w, nw), *db = copyf(pre_b, M);
-    poison(dx, nx);
+    float *dx = mt_test_fnew(nx), *pre_w = mt_test_randn(&rng, nw, 1), *pre_b = mt_test_randn(&rng, M, 1);
+    float *dw = mt_test_copyf(pre_w, nw), *db = mt_test_copyf(pre_b, M);
+    mt_test_nan_fill(dx, nx);
     be->matmul_backward(be, dx, dw, db, Rw, x, w, R, K, M, 0);
-    float *want_w = plus(pre_w, gw, 1, nw), *want_b = plus(pre_b, gb, 1, M);
+    float *want_w = mt_test_plus(pre_w, gw, 1, nw), *want_b = mt_test_plus(pre_b, gb, 1, M);
     assert_true(mt_allclose("matmul_backward dinp (=)", dx, gx, nx, BATOL, BWD_RTOL));
     assert_true(mt_allclose("matmul_backward dweight (+=)", dw, want_w, nw, BATOL, BWD_RTOL));
     assert_true(mt_allclose("matmul_backward dbias (+=)", db, want_b, M, BATOL, BWD_RTOL));
 
-    float *pre_x = randn(&rng, nx, 1);
+    float *pre_x = mt_test_randn(&rng, nx, 1);
     memcpy(dx, pre_x, nx * 4);
     be->matmul_backward(be, dx, dw, db, Rw, x, w, R, K, M, 1);
-    float *want_x = plus(pre_x, gx, 1, nx), *want_w2 = plus(pre_w, gw, 2, nw);
-    float *want_b2 = plus(pre_b, gb, 2, M);
+    float *want_x = mt_test_plus(pre_x, gx, 1, nx), *want_w2 = mt_test_plus(pre_w, gw, 2, nw);
+    float *want_b2 = mt_test_plus(pre_b, gb, 2, M);
     assert_true(mt_allclose("matmul_backward dinp (+=)", dx, want_x, nx, BATOL, BWD_RTOL));
     assert_true(mt_allclose("matmul_backward dweight twice", dw, want_w2, nw, BATOL, BWD_RTOL));
     assert_true(mt_allclose("matmul_backward dbias twice", db, want_b2, M, BATOL, BWD_RTOL));
 
     /* NULL outputs are skipped: only dinp, then only dbias */
-    poison(dx, nx);
-    float *dw_before = copyf(dw, nw);
+    mt_test_nan_fill(dx, nx);
+    float *dw_before = mt_test_copyf(dw, nw);
     be->matmul_backward(be, dx, NULL, NULL, Rw, x, w, R, K, M, 0);
     assert_true(mt_allclose("matmul_backward dinp only", dx, gx, nx, BATOL, BWD_RTOL));
     be->matmul_backward(be, NULL, NULL, db, Rw, x, w, R, K, M, 0);
-    float *want_b3 = plus(pre_b, gb, 3, M);
+    float *want_b3 = mt_test_plus(pre_b, gb, 3, M);
     assert_true(mt_allclose("matmul_backward dbias only", db, want_b3, M, BATOL, BWD_RTOL));
     assert_memory_equal(dw, dw_before, nw * sizeof(float)); /* dweight untouched */
 
@@ -389,8 +343,10 @@ static void check_matmul_forward_add(int R, int K, int M, uint64_t seed) {
     mt_test_rng rng;
     mt_test_rng_seed(&rng, seed);
     size_t nx = (size_t)R * K, nw = (size_t)M * K, no = (size_t)R * M;
-    float *x = randn(&rng, nx, 1), *w = randn(&rng, nw, 1), *base = randn(&rng, no, 3);
-    float *prod = fnew(no), *sum = fnew(no), *out = copyf(base, no), *ref = fnew(no);
+    float *x = mt_test_randn(&rng, nx, 1), *w = mt_test_randn(&rng, nw, 1),
+          *base = mt_test_randn(&rng, no, 3);
+    float *prod = mt_test_fnew(no), *sum = mt_test_fnew(no), *out = mt_test_copyf(base, no),
+          *ref = mt_test_fnew(no);
     be->matmul_forward(be, prod, x, w, NULL, R, K, M);
     be->add(be, sum, base, prod, no);
     be->matmul_forward_add(be, out, x, w, R, K, M);
@@ -427,7 +383,7 @@ static void test_scale(void **state) {
     for (size_t t = 0; t < sizeof sizes / sizeof sizes[0]; t++)
         for (size_t k = 0; k < sizeof ss / sizeof ss[0]; k++) {
             size_t n = sizes[t];
-            float *x = randn(&rng, n, 2), *want = fnew(n);
+            float *x = mt_test_randn(&rng, n, 2), *want = mt_test_fnew(n);
             for (size_t i = 0; i < n; i++) want[i] = x[i] * ss[k];
             be->scale(be, x, ss[k], n);
             if (n) assert_memory_equal(x, want, n * sizeof(float));
@@ -471,12 +427,12 @@ static void check_rope(int N, int nh, int D, int rd, int max_pos, int fd, uint64
     size_t n = (size_t)N * nh * D;
     int32_t *pos = malloc(N * sizeof *pos);
     for (int i = 0; i < N; i++) pos[i] = (int32_t)(mt_test_rng_u64(&rng) % (uint64_t)max_pos);
-    float *inv_freq = fnew(half);
+    float *inv_freq = mt_test_fnew(half);
     for (int i = 0; i < half; i++) /* as transformers: 1 / theta^(2i/rd) in fp32 */
         inv_freq[i] = 1.0f / powf(10000.0f, (float)(2 * i) / (float)rd);
-    float *x = randn(&rng, n, 1), *Rw = randn(&rng, n, 1);
-    rope_ctx c = {to_double(x, n), to_double(Rw, n), dnew(n), dnew((size_t)N * half),
-                  dnew((size_t)N * half), N, nh, D, rd};
+    float *x = mt_test_randn(&rng, n, 1), *Rw = mt_test_randn(&rng, n, 1);
+    rope_ctx c = {mt_test_to_double(x, n), mt_test_to_double(Rw, n), mt_test_dnew(n),
+                  mt_test_dnew((size_t)N * half), mt_test_dnew((size_t)N * half), N, nh, D, rd};
     for (int t = 0; t < N; t++)
         for (int i = 0; i < half; i++) {
             float angle = (float)pos[t] * inv_freq[i]; /* the fp32 angle of the contract */
@@ -484,25 +440,25 @@ static void check_rope(int N, int nh, int D, int rd, int max_pos, int fd, uint64
             c.sn[(size_t)t * half + i] = sin((double)angle);
         }
     rope_ref(&c);
-    float *y = copyf(x, n), *ref = to_float(c.out, n);
+    float *y = mt_test_copyf(x, n), *ref = mt_test_to_float(c.out, n);
     be->rope_forward(be, y, pos, inv_freq, N, nh, D, rd);
     assert_true(mt_allclose("rope_forward", y, ref, n, FWD_ATOL, FWD_RTOL));
 
     float *g;
     if (fd) {
-        g = fd_grad(rope_loss, &c, c.x, n);
+        g = mt_test_fd_grad(rope_loss, &c, c.x, n, FD_H);
     } else { /* the transpose of the rotation, in double */
-        double *a = dnew(n);
+        double *a = mt_test_dnew(n);
         double *save = c.x;
         c.x = c.Rw;
         for (size_t i = 0; i < (size_t)N * half; i++) c.sn[i] = -c.sn[i];
         rope_ref(&c);
         memcpy(a, c.out, n * sizeof(double));
         c.x = save;
-        g = to_float(a, n);
+        g = mt_test_to_float(a, n);
         free(a);
     }
-    float *dx = copyf(Rw, n);
+    float *dx = mt_test_copyf(Rw, n);
     be->rope_backward(be, dx, pos, inv_freq, N, nh, D, rd);
     assert_true(mt_allclose("rope_backward", dx, g, n, BWD_ATOL, BWD_RTOL));
     free(pos), free(inv_freq), free(x), free(Rw), free(c.x), free(c.Rw), free(c.out), free(c.cs);
@@ -524,10 +480,10 @@ static double silu(double g) { return g / (1 + exp(-g)); }
 static void check_swiglu(size_t n, uint64_t seed) {
     mt_test_rng rng;
     mt_test_rng_seed(&rng, seed);
-    float *gate = fnew(n), *up = randn(&rng, n, 1), *Rw = randn(&rng, n, 1);
+    float *gate = mt_test_fnew(n), *up = mt_test_randn(&rng, n, 1), *Rw = mt_test_randn(&rng, n, 1);
     mt_test_fill_uniform(&rng, gate, n, -12, 12);
     gate[0] = -40, gate[1 % n] = 40, gate[2 % n] = 0; /* saturated ends and the centre */
-    float *out = fnew(n), *ref = fnew(n), *gg = fnew(n), *gu = fnew(n);
+    float *out = mt_test_fnew(n), *ref = mt_test_fnew(n), *gg = mt_test_fnew(n), *gu = mt_test_fnew(n);
     for (size_t i = 0; i < n; i++) {
         double g = gate[i], u = up[i], r = Rw[i];
         ref[i] = (float)(silu(g) * u);
@@ -535,19 +491,19 @@ static void check_swiglu(size_t n, uint64_t seed) {
         gg[i] = (float)(r * u * (silu(g + FD_H) - silu(g - FD_H)) / (2 * FD_H));
         gu[i] = (float)(r * silu(g) * ((u + FD_H) - (u - FD_H)) / (2 * FD_H));
     }
-    poison(out, n);
+    mt_test_nan_fill(out, n);
     be->swiglu_forward(be, out, gate, up, n);
     assert_true(mt_allclose("swiglu_forward", out, ref, n, FWD_ATOL, FWD_RTOL));
-    float *dg = fnew(n), *du = fnew(n);
-    poison(dg, n), poison(du, n);
+    float *dg = mt_test_fnew(n), *du = mt_test_fnew(n);
+    mt_test_nan_fill(dg, n), mt_test_nan_fill(du, n);
     be->swiglu_backward(be, dg, du, Rw, gate, up, n);
     assert_true(mt_allclose("swiglu_backward dgate", dg, gg, n, BWD_ATOL, BWD_RTOL));
     assert_true(mt_allclose("swiglu_backward dup", du, gu, n, BWD_ATOL, BWD_RTOL));
 
     /* add, out aliasing a */
-    float *sum = fnew(n);
+    float *sum = mt_test_fnew(n);
     for (size_t i = 0; i < n; i++) sum[i] = (float)((double)up[i] + (double)Rw[i]);
-    poison(out, n);
+    mt_test_nan_fill(out, n);
     be->add(be, out, up, Rw, n);
     assert_memory_equal(out, sum, n * sizeof(float)); /* one fp32 rounding: exact */
     be->add(be, up, up, Rw, n);
@@ -579,25 +535,26 @@ static void check_sigmoid_gate(int R, int C, int Cg, uint64_t seed) {
     mt_test_rng rng;
     mt_test_rng_seed(&rng, seed);
     size_t n = (size_t)R * C, ng = (size_t)R * Cg;
-    float *x = randn(&rng, n, 1), *g = randn(&rng, ng, 3), *Rw = randn(&rng, n, 1);
+    float *x = mt_test_randn(&rng, n, 1), *g = mt_test_randn(&rng, ng, 3), *Rw = mt_test_randn(&rng, n, 1);
     g[0] = -30.0f; /* a saturated gate */
-    gate_ctx c = {to_double(x, n), to_double(g, ng), to_double(Rw, n), R, C, Cg};
-    float *ref = fnew(n), *out = fnew(n);
+    gate_ctx c = {mt_test_to_double(x, n), mt_test_to_double(g, ng), mt_test_to_double(Rw, n), R, C, Cg};
+    float *ref = mt_test_fnew(n), *out = mt_test_fnew(n);
     for (int r = 0; r < R; r++)
         for (int i = 0; i < C; i++) {
             size_t k = (size_t)r * C + i;
             ref[k] = (float)(c.x[k] / (1.0 + exp(-c.g[(size_t)r * Cg + (Cg == 1 ? 0 : i)])));
         }
-    poison(out, n);
+    mt_test_nan_fill(out, n);
     be->sigmoid_gate_forward(be, out, x, g, R, C, Cg);
     assert_true(mt_allclose("sigmoid_gate_forward", out, ref, n, FWD_ATOL, FWD_RTOL));
-    float *gx = fd_grad(gate_loss, &c, c.x, n), *gg = fd_grad(gate_loss, &c, c.g, ng);
-    float *dx = fnew(n), *dg = fnew(ng);
-    poison(dx, n), poison(dg, ng);
+    float *gx = mt_test_fd_grad(gate_loss, &c, c.x, n, FD_H),
+          *gg = mt_test_fd_grad(gate_loss, &c, c.g, ng, FD_H);
+    float *dx = mt_test_fnew(n), *dg = mt_test_fnew(ng);
+    mt_test_nan_fill(dx, n), mt_test_nan_fill(dg, ng);
     be->sigmoid_gate_backward(be, dx, dg, Rw, x, g, R, C, Cg);
     assert_true(mt_allclose("sigmoid_gate_backward dx", dx, gx, n, BWD_ATOL, BWD_RTOL));
     assert_true(mt_allclose("sigmoid_gate_backward dg", dg, gg, ng, BWD_ATOL, BWD_RTOL));
-    float *dout = copyf(Rw, n); /* dx aliasing dout */
+    float *dout = mt_test_copyf(Rw, n); /* dx aliasing dout */
     be->sigmoid_gate_backward(be, dout, dg, dout, x, g, R, C, Cg);
     assert_memory_equal(dout, dx, n * sizeof(float));
     free(x), free(g), free(Rw), free(c.x), free(c.g), free(c.Rw), free(ref), free(out), free(gx);
@@ -612,14 +569,14 @@ static void test_sigmoid_gate_split(void **state) {
     int R = 5, wa = 3, wb = 7;
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 24);
-    float *in = randn(&rng, (size_t)R * (wa + wb), 1), *a = fnew((size_t)R * wa);
-    float *b = fnew((size_t)R * wb), *back = fnew((size_t)R * (wa + wb));
+    float *in = mt_test_randn(&rng, (size_t)R * (wa + wb), 1), *a = mt_test_fnew((size_t)R * wa);
+    float *b = mt_test_fnew((size_t)R * wb), *back = mt_test_fnew((size_t)R * (wa + wb));
     be->cols_split(be, a, b, in, R, wa, wb);
     for (int r = 0; r < R; r++) {
         assert_memory_equal(a + r * wa, in + r * (wa + wb), wa * sizeof(float));
         assert_memory_equal(b + r * wb, in + r * (wa + wb) + wa, wb * sizeof(float));
     }
-    poison(back, (size_t)R * (wa + wb));
+    mt_test_nan_fill(back, (size_t)R * (wa + wb));
     be->cols_join(be, back, a, b, R, wa, wb);
     assert_memory_equal(back, in, (size_t)R * (wa + wb) * sizeof(float));
     free(in), free(a), free(b), free(back);
@@ -638,13 +595,13 @@ static void test_sumsq_from_f32(void **state) {
     size_t sizes[] = {0, 1, 37, 200003}; /* the last one runs threaded */
     for (int k = 0; k < 4; k++) {
         size_t n = sizes[k];
-        float *x = randn(&rng, n, 1), *y = fnew(n);
+        float *x = mt_test_randn(&rng, n, 1), *y = mt_test_fnew(n);
         double ref = 0.5;
         for (size_t i = 0; i < n; i++) ref += (double)x[i] * x[i];
         float got = 0.5f, want = (float)ref;
         be->sumsq(be, &got, x, n);
         assert_true(mt_allclose("sumsq (+=)", &got, &want, 1, FWD_ATOL, FWD_RTOL));
-        poison(y, n);
+        mt_test_nan_fill(y, n);
         be->from_f32(be, y, x, n);
         if (n) assert_memory_equal(y, x, n * sizeof(float));
         free(x), free(y);
@@ -659,7 +616,7 @@ static void test_from_bf16(void **state) {
     mt_bf16 *x = malloc(n * sizeof *x);
     uint32_t *y = malloc(n * sizeof *y);
     for (size_t i = 0; i < n; i++) x[i] = (mt_bf16)(i * 40503u); /* a bijection per 65536 */
-    poison((float *)y, n);
+    mt_test_nan_fill((float *)y, n);
     be->from_bf16(be, y, x, n);
     for (size_t i = 0; i < n; i++)
         if (y[i] != (uint32_t)x[i] << 16) fail_msg("from_bf16: %04x -> %08x", x[i], y[i]);
@@ -681,11 +638,11 @@ static void check_optim_update(mt_state_format f, mt_dtype grad_dtype) {
     mt_optim_state *b = mt_optim_state_create(f, n, 99, &al);
     mt_optim_state_set_index_base(a, 3 * 256);
     mt_optim_state_set_index_base(b, 3 * 256);
-    float *w = randn(&rng, n, 0.05f), *g = fnew(gn);
+    float *w = mt_test_randn(&rng, n, 0.05f), *g = mt_test_fnew(gn);
     mt_bf16 *gh = malloc(gn * sizeof *gh);
     mt_optim_state_set_weights(a, 0, w, n);
     mt_optim_state_set_weights(b, 0, w, n);
-    float *w0 = fnew(n), *w1 = fnew(n);
+    float *w0 = mt_test_fnew(n), *w1 = mt_test_fnew(n);
     mt_optim_state_get_weights(b, 0, w0, n); /* tight: w rounded to bf16 */
     mt_optim_arenas ar = mt_optim_state_arenas(b);
     for (int64_t step = 1; step <= 4; step++) {

@@ -19,51 +19,11 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_ops.h"
+#include "util/cpu_op_tol.h"
+#include "util/host_buffers.h"
 #include "util/testutil.h"
 
-#define FWD_ATOL 1e-6
-#define FWD_RTOL 1e-5
-#define BWD_ATOL 1e-5
-#define BWD_RTOL 1e-4
-#define FD_H 1e-4
-
 static mt_backend *be;
-
-static float *fnew(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
-static double *dnew(size_t n) { return malloc((n ? n : 1) * sizeof(double)); }
-static void poison(float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] = NAN;
-}
-static double *to_double(const float *x, size_t n) {
-    double *d = dnew(n);
-    for (size_t i = 0; i < n; i++) d[i] = x[i];
-    return d;
-}
-static float *to_float(const double *x, size_t n) {
-    float *f = fnew(n);
-    for (size_t i = 0; i < n; i++) f[i] = (float)x[i];
-    return f;
-}
-static float *randn(mt_test_rng *rng, size_t n, float std) {
-    float *x = fnew(n);
-    mt_test_fill_normal(rng, x, n, std);
-    return x;
-}
-
-typedef double (*loss_fn)(void *ctx);
-static float *fd_grad(loss_fn loss, void *ctx, double *x, size_t n) {
-    float *g = fnew(n);
-    for (size_t i = 0; i < n; i++) {
-        double save = x[i];
-        x[i] = save + FD_H;
-        double lp = loss(ctx);
-        x[i] = save - FD_H;
-        double lm = loss(ctx);
-        x[i] = save;
-        g[i] = (float)((lp - lm) / (2 * FD_H));
-    }
-    return g;
-}
 
 /* ---------------- the double reference ---------------- */
 
@@ -81,7 +41,7 @@ typedef struct {
 static void attn_ref(attn_ctx *c) {
     int B = c->B, T = c->T, H = c->H, G = c->G, D = c->D, rep = H / G;
     double scale = c->scale != 0 ? c->scale : 1.0 / sqrt((double)D);
-    double *p = dnew(T);
+    double *p = mt_test_dnew(T);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++)
             for (int t = 0; t < T; t++) {
@@ -140,55 +100,56 @@ static void check_attention_opts(int B, int T, int H, int G, int D, int docs, ui
     mt_test_rng rng;
     mt_test_rng_seed(&rng, seed);
     size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * G * D, nl = (size_t)B * H * T;
-    float *q = randn(&rng, nq, 1), *k = randn(&rng, nk, 1), *v = randn(&rng, nk, 1);
-    float *dout = randn(&rng, nq, 1);
+    float *q = mt_test_randn(&rng, nq, 1), *k = mt_test_randn(&rng, nk, 1), *v = mt_test_randn(&rng, nk, 1);
+    float *dout = mt_test_randn(&rng, nq, 1);
     int32_t *ds = make_docs(&rng, B, T, docs);
-    float *sk = sinks ? randn(&rng, (size_t)H, 1.5f) : NULL; /* a sizeable share of each row */
-    attn_ctx c = {to_double(q, nq), to_double(k, nk), to_double(v, nk), to_double(dout, nq),
-                  dnew(nq), dnew(nl), ds, B, T, H, G, D, scale, window,
-                  sk ? to_double(sk, (size_t)H) : NULL};
+    float *sk = sinks ? mt_test_randn(&rng, (size_t)H, 1.5f) : NULL; /* a sizeable share of each row */
+    attn_ctx c = {mt_test_to_double(q, nq), mt_test_to_double(k, nk), mt_test_to_double(v, nk),
+                  mt_test_to_double(dout, nq), mt_test_dnew(nq), mt_test_dnew(nl), ds, B, T, H, G, D, scale,
+                  window, sk ? mt_test_to_double(sk, (size_t)H) : NULL};
     attn_ref(&c);
-    float *dsk = fnew((size_t)H);
+    float *dsk = mt_test_fnew((size_t)H);
     for (int h = 0; h < H; h++) dsk[h] = 0.25f; /* the sinks' gradient accumulates onto this */
     mt_attention_opts o = {scale, window, sk, sk ? dsk : NULL};
     const mt_attention_opts *opts = scale == 0 && window == 0 && !sinks ? NULL : &o;
-    float *out = fnew(nq), *lse = fnew(nl);
-    poison(out, nq), poison(lse, nl);
+    float *out = mt_test_fnew(nq), *lse = mt_test_fnew(nl);
+    mt_test_nan_fill(out, nq), mt_test_nan_fill(lse, nl);
     be->attention_forward(be, out, lse, q, k, v, ds, B, T, H, G, D, opts);
-    float *ref_out = to_float(c.out, nq), *ref_lse = to_float(c.lse, nl);
+    float *ref_out = mt_test_to_float(c.out, nq), *ref_lse = mt_test_to_float(c.lse, nl);
     fprintf(stderr, "attention B=%d T=%d H=%d G=%d D=%d%s scale %g window %d%s\n", B, T, H, G, D,
             docs ? " (packed documents)" : "", (double)scale, window, sinks ? " sinks" : "");
     assert_true(mt_allclose("attention_forward out", out, ref_out, nq, FWD_ATOL, FWD_RTOL));
     assert_true(mt_allclose("attention_forward lse", lse, ref_lse, nl, FWD_ATOL, FWD_RTOL));
 
     /* an input of batch row b changes only row b's outputs: difference one row at a time */
-    float *gq = fnew(nq), *gk = fnew(nk), *gv = fnew(nk);
+    float *gq = mt_test_fnew(nq), *gk = mt_test_fnew(nk), *gv = mt_test_fnew(nk);
     size_t rq = (size_t)T * H * D, rk = (size_t)T * G * D;
     for (int b = 0; b < B; b++) {
         attn_ctx cb = {c.q + b * rq, c.k + b * rk, c.v + b * rk, c.dout + b * rq, c.out, c.lse,
                        ds ? ds + (size_t)b * T : NULL, 1, T, H, G, D, scale, window, c.sinks};
-        float *g1 = fd_grad(attn_loss, &cb, cb.q, rq), *g2 = fd_grad(attn_loss, &cb, cb.k, rk);
-        float *g3 = fd_grad(attn_loss, &cb, cb.v, rk);
+        float *g1 = mt_test_fd_grad(attn_loss, &cb, cb.q, rq, FD_H),
+              *g2 = mt_test_fd_grad(attn_loss, &cb, cb.k, rk, FD_H);
+        float *g3 = mt_test_fd_grad(attn_loss, &cb, cb.v, rk, FD_H);
         memcpy(gq + b * rq, g1, rq * sizeof(float));
         memcpy(gk + b * rk, g2, rk * sizeof(float));
         memcpy(gv + b * rk, g3, rk * sizeof(float));
         free(g1), free(g2), free(g3);
     }
-    float *dq = fnew(nq), *dk = fnew(nk), *dv = fnew(nk);
-    poison(dq, nq), poison(dk, nk), poison(dv, nk);
+    float *dq = mt_test_fnew(nq), *dk = mt_test_fnew(nk), *dv = mt_test_fnew(nk);
+    mt_test_nan_fill(dq, nq), mt_test_nan_fill(dk, nk), mt_test_nan_fill(dv, nk);
     be->attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, ds, B, T, H, G, D, opts);
     assert_true(mt_allclose("attention_backward dq", dq, gq, nq, BWD_ATOL, BWD_RTOL));
     assert_true(mt_allclose("attention_backward dk", dk, gk, nk, BWD_ATOL, BWD_RTOL));
     assert_true(mt_allclose("attention_backward dv", dv, gv, nk, BWD_ATOL, BWD_RTOL));
     if (sinks) { /* the whole batch's loss against each sink, onto the 0.25 already there */
-        float *gs = fd_grad(attn_loss, &c, c.sinks, (size_t)H);
+        float *gs = mt_test_fd_grad(attn_loss, &c, c.sinks, (size_t)H, FD_H);
         for (int h = 0; h < H; h++) gs[h] += 0.25f;
         assert_true(mt_allclose("attention_backward dsinks", dsk, gs, (size_t)H, BWD_ATOL, BWD_RTOL));
         free(gs);
     }
 
     /* written, not accumulated: a second call gives the same bits (the sinks' gradient adds) */
-    float *dq2 = fnew(nq);
+    float *dq2 = mt_test_fnew(nq);
     memcpy(dq2, dq, nq * sizeof(float));
     be->attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, ds, B, T, H, G, D, opts);
     assert_memory_equal(dq, dq2, nq * sizeof(float));
@@ -241,26 +202,29 @@ static void test_attention_packed_equals_separate(void **state) {
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 9);
     size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * G * D, nl = (size_t)B * H * T;
-    float *q = randn(&rng, nq, 1), *k = randn(&rng, nk, 1), *v = randn(&rng, nk, 1);
-    float *dout = randn(&rng, nq, 1);
+    float *q = mt_test_randn(&rng, nq, 1), *k = mt_test_randn(&rng, nk, 1), *v = mt_test_randn(&rng, nk, 1);
+    float *dout = mt_test_randn(&rng, nq, 1);
     int32_t ds[B * T];
     for (int b = 0; b < B; b++)
         for (int d = 0; starts[b][d] < T; d++)
             for (int t = starts[b][d]; t < starts[b][d + 1]; t++) ds[b * T + t] = starts[b][d];
-    float *out = fnew(nq), *lse = fnew(nl), *dq = fnew(nq), *dk = fnew(nk), *dv = fnew(nk);
-    poison(out, nq), poison(lse, nl), poison(dq, nq), poison(dk, nk), poison(dv, nk);
+    float *out = mt_test_fnew(nq), *lse = mt_test_fnew(nl), *dq = mt_test_fnew(nq), *dk = mt_test_fnew(nk),
+          *dv = mt_test_fnew(nk);
+    mt_test_nan_fill(out, nq), mt_test_nan_fill(lse, nl), mt_test_nan_fill(dq, nq);
+    mt_test_nan_fill(dk, nk), mt_test_nan_fill(dv, nk);
     be->attention_forward(be, out, lse, q, k, v, ds, B, T, H, G, D, NULL);
     be->attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, ds, B, T, H, G, D, NULL);
 
-    float *eo = fnew(nq), *el = fnew(nl), *edq = fnew(nq), *edk = fnew(nk), *edv = fnew(nk);
+    float *eo = mt_test_fnew(nq), *el = mt_test_fnew(nl), *edq = mt_test_fnew(nq), *edk = mt_test_fnew(nk),
+          *edv = mt_test_fnew(nk);
     for (int b = 0; b < B; b++)
         for (int d = 0; starts[b][d] < T; d++) {
             int t0 = starts[b][d], len = starts[b][d + 1] - t0;
-            float *sq = fnew((size_t)len * H * D), *sk = fnew((size_t)len * G * D);
-            float *sv = fnew((size_t)len * G * D), *sdo = fnew((size_t)len * H * D);
-            float *so = fnew((size_t)len * H * D), *sl = fnew((size_t)H * len);
-            float *sdq = fnew((size_t)len * H * D), *sdk = fnew((size_t)len * G * D);
-            float *sdv = fnew((size_t)len * G * D);
+            float *sq = mt_test_fnew((size_t)len * H * D), *sk = mt_test_fnew((size_t)len * G * D);
+            float *sv = mt_test_fnew((size_t)len * G * D), *sdo = mt_test_fnew((size_t)len * H * D);
+            float *so = mt_test_fnew((size_t)len * H * D), *sl = mt_test_fnew((size_t)H * len);
+            float *sdq = mt_test_fnew((size_t)len * H * D), *sdk = mt_test_fnew((size_t)len * G * D);
+            float *sdv = mt_test_fnew((size_t)len * G * D);
             gather(sq, q, b, T, t0, len, H * D), gather(sk, k, b, T, t0, len, G * D);
             gather(sv, v, b, T, t0, len, G * D), gather(sdo, dout, b, T, t0, len, H * D);
             be->attention_forward(be, so, sl, sq, sk, sv, NULL, 1, len, H, G, D, NULL);

@@ -28,41 +28,19 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "util/cpu_op_tol.h"
+#include "util/fixture_io.h"
+#include "util/host_buffers.h"
 #include "util/testutil.h"
 
 #define GD_FWD_TOL 1e-5
 #define GD_BWD_TOL 1e-4
 #define GD_FD_TOL 1e-6
 #define GD_FD_H 1e-5
-#define FWD_ATOL 1e-6
-#define FWD_RTOL 1e-5
-#define BWD_ATOL 1e-5
-#define BWD_RTOL 1e-4
-#define FD_H 1e-4
 #define FIXTURE_TOL 1e-5
 
 static mt_backend *be;
 
-static float *fnew(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
-static double *dnew(size_t n) { return calloc(n ? n : 1, sizeof(double)); }
-static void poison(float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] = NAN;
-}
-static double *to_double(const float *x, size_t n) {
-    double *d = dnew(n);
-    for (size_t i = 0; i < n; i++) d[i] = x[i];
-    return d;
-}
-static float *to_float(const double *x, size_t n) {
-    float *f = fnew(n);
-    for (size_t i = 0; i < n; i++) f[i] = (float)x[i];
-    return f;
-}
-static float *randn(mt_test_rng *rng, size_t n, float std) {
-    float *x = fnew(n);
-    mt_test_fill_normal(rng, x, n, std);
-    return x;
-}
 /* Each row of D unit length (the op's q and k come L2-normalised). */
 static void normalise_rows(float *x, size_t rows, int D) {
     for (size_t r = 0; r < rows; r++) {
@@ -81,25 +59,10 @@ static int check_rel(const char *what, const float *got, const float *ref, size_
 }
 static int check_rel_d(const char *what, const float *got, const double *ref, size_t n,
                        double tol) {
-    float *r = to_float(ref, n);
+    float *r = mt_test_to_float(ref, n);
     int ok = check_rel(what, got, r, n, tol);
     free(r);
     return ok;
-}
-
-typedef double (*loss_fn)(void *ctx);
-static double *fd_grad(loss_fn loss, void *ctx, double *x, size_t n, double h) {
-    double *g = dnew(n);
-    for (size_t i = 0; i < n; i++) {
-        double save = x[i];
-        x[i] = save + h;
-        double lp = loss(ctx);
-        x[i] = save - h;
-        double lm = loss(ctx);
-        x[i] = save;
-        g[i] = (lp - lm) / (2 * h);
-    }
-    return g;
 }
 
 /* ---------------- the gated delta rule, token by token, in double ---------------- */
@@ -120,8 +83,8 @@ static int resets(const gd_ref *c, int b, int t) {
 static void gd_ref_run(gd_ref *c, double *dq, double *dk, double *dv, double *dg, double *dbeta) {
     int T = c->T, Hk = c->Hk, Hv = c->Hv, Dk = c->Dk, Dv = c->Dv, rep = Hv / Hk;
     size_t SS = (size_t)Dk * Dv;
-    double *Sd = dnew((size_t)T * SS), *delta = dnew((size_t)T * Dv), *S = dnew(SS);
-    double *dS = dnew(SS), *kv = dnew(Dv);
+    double *Sd = mt_test_dnew((size_t)T * SS), *delta = mt_test_dnew((size_t)T * Dv), *S = mt_test_dnew(SS);
+    double *dS = mt_test_dnew(SS), *kv = mt_test_dnew(Dv);
     if (dq) {
         memset(dq, 0, (size_t)c->B * T * Hk * Dk * sizeof(double));
         memset(dk, 0, (size_t)c->B * T * Hk * Dk * sizeof(double));
@@ -224,8 +187,9 @@ static void check_gated_delta(int B, int T, int Hk, int Hv, int Dk, int Dv, g_re
     mt_test_rng_seed(&rng, seed);
     size_t nk = (size_t)B * T * Hk * Dk, nv = (size_t)B * T * Hv * Dv, ng = (size_t)B * T * Hv;
     int nc = (T + MT_GATED_DELTA_CHUNK - 1) / MT_GATED_DELTA_CHUNK;
-    float *q = randn(&rng, nk, 1), *k = randn(&rng, nk, 1), *v = randn(&rng, nv, 1);
-    float *R = randn(&rng, nv, 1), *g = randn(&rng, ng, 1), *beta = randn(&rng, ng, 1);
+    float *q = mt_test_randn(&rng, nk, 1), *k = mt_test_randn(&rng, nk, 1), *v = mt_test_randn(&rng, nv, 1);
+    float *R = mt_test_randn(&rng, nv, 1), *g = mt_test_randn(&rng, ng, 1),
+          *beta = mt_test_randn(&rng, ng, 1);
     normalise_rows(q, nk / Dk, Dk), normalise_rows(k, nk / Dk, Dk);
     for (size_t i = 0; i < ng; i++) {
         beta[i] = 1.0f / (1.0f + expf(-beta[i]));
@@ -234,26 +198,29 @@ static void check_gated_delta(int B, int T, int Hk, int Hv, int Dk, int Dv, g_re
     }
     int32_t *ds = docs_from(starts, B, T);
     float scale = 1.0f / sqrtf((float)Dk);
-    gd_ref c = {B, T, Hk, Hv, Dk, Dv, scale, ds, to_double(q, nk), to_double(k, nk),
-                to_double(v, nv), to_double(g, ng), to_double(beta, ng), to_double(R, nv),
-                dnew(nv)};
-    double *rq = dnew(nk), *rk = dnew(nk), *rv = dnew(nv), *rg = dnew(ng), *rb = dnew(ng);
+    gd_ref c = {B, T, Hk, Hv, Dk, Dv, scale, ds, mt_test_to_double(q, nk), mt_test_to_double(k, nk),
+                mt_test_to_double(v, nv), mt_test_to_double(g, ng), mt_test_to_double(beta, ng),
+                mt_test_to_double(R, nv), mt_test_dnew(nv)};
+    double *rq = mt_test_dnew(nk), *rk = mt_test_dnew(nk), *rv = mt_test_dnew(nv), *rg = mt_test_dnew(ng),
+           *rb = mt_test_dnew(ng);
     gd_ref_run(&c, rq, rk, rv, rg, rb);
     fprintf(stderr, "gated_delta B=%d T=%d Hk=%d Hv=%d Dk=%d Dv=%d g %s%s\n", B, T, Hk, Hv, Dk, Dv,
             gr == G_NEAR_ZERO ? "near 0" : gr == G_MODERATE ? "moderate" : "strongly negative",
             ds ? " (packed documents)" : "");
 
-    float *out = fnew(nv), *st = fnew((size_t)B * Hv * nc * Dk * Dv);
-    poison(out, nv), poison(st, (size_t)B * Hv * nc * Dk * Dv);
+    float *out = mt_test_fnew(nv), *st = mt_test_fnew((size_t)B * Hv * nc * Dk * Dv);
+    mt_test_nan_fill(out, nv), mt_test_nan_fill(st, (size_t)B * Hv * nc * Dk * Dv);
     be->gated_delta_forward(be, out, st, q, k, v, g, beta, ds, B, T, Hk, Hv, Dk, Dv, scale);
     assert_true(check_rel_d("gated_delta_forward out", out, c.out, nv, GD_FWD_TOL));
 
     if (fd) { /* the reference's backward against its own central differences */
-        double *fq = fd_grad(gd_loss, &c, c.q, nk, GD_FD_H), *fk = fd_grad(gd_loss, &c, c.k, nk, GD_FD_H);
-        double *fv = fd_grad(gd_loss, &c, c.v, nv, GD_FD_H), *fg = fd_grad(gd_loss, &c, c.g, ng, GD_FD_H);
-        double *fb = fd_grad(gd_loss, &c, c.beta, ng, GD_FD_H);
-        float *a = to_float(rq, nk), *bb = to_float(rk, nk), *cc = to_float(rv, nv);
-        float *d = to_float(rg, ng), *e = to_float(rb, ng);
+        double *fq = mt_test_fd_grad_d(gd_loss, &c, c.q, nk, GD_FD_H);
+        double *fk = mt_test_fd_grad_d(gd_loss, &c, c.k, nk, GD_FD_H);
+        double *fv = mt_test_fd_grad_d(gd_loss, &c, c.v, nv, GD_FD_H);
+        double *fg = mt_test_fd_grad_d(gd_loss, &c, c.g, ng, GD_FD_H);
+        double *fb = mt_test_fd_grad_d(gd_loss, &c, c.beta, ng, GD_FD_H);
+        float *a = mt_test_to_float(rq, nk), *bb = mt_test_to_float(rk, nk), *cc = mt_test_to_float(rv, nv);
+        float *d = mt_test_to_float(rg, ng), *e = mt_test_to_float(rb, ng);
         assert_true(check_rel_d("recurrence dq vs finite differences", a, fq, nk, GD_FD_TOL));
         assert_true(check_rel_d("recurrence dk vs finite differences", bb, fk, nk, GD_FD_TOL));
         assert_true(check_rel_d("recurrence dv vs finite differences", cc, fv, nv, GD_FD_TOL));
@@ -263,8 +230,10 @@ static void check_gated_delta(int B, int T, int Hk, int Hv, int Dk, int Dv, g_re
         free(e);
     }
 
-    float *dq = fnew(nk), *dk = fnew(nk), *dv = fnew(nv), *dg = fnew(ng), *db = fnew(ng);
-    poison(dq, nk), poison(dk, nk), poison(dv, nv), poison(dg, ng), poison(db, ng);
+    float *dq = mt_test_fnew(nk), *dk = mt_test_fnew(nk), *dv = mt_test_fnew(nv), *dg = mt_test_fnew(ng),
+          *db = mt_test_fnew(ng);
+    mt_test_nan_fill(dq, nk), mt_test_nan_fill(dk, nk), mt_test_nan_fill(dv, nv);
+    mt_test_nan_fill(dg, ng), mt_test_nan_fill(db, ng);
     be->gated_delta_backward(be, dq, dk, dv, dg, db, R, st, q, k, v, g, beta, ds, B, T, Hk, Hv, Dk,
                              Dv, scale);
     assert_true(check_rel_d("gated_delta_backward dq", dq, rq, nk, GD_BWD_TOL));
@@ -274,7 +243,7 @@ static void check_gated_delta(int B, int T, int Hk, int Hv, int Dk, int Dv, g_re
     assert_true(check_rel_d("gated_delta_backward dbeta", db, rb, ng, GD_BWD_TOL));
 
     /* written, not accumulated: a second call gives the same bits */
-    float *dq2 = fnew(nk), *dg2 = fnew(ng);
+    float *dq2 = mt_test_fnew(nk), *dg2 = mt_test_fnew(ng);
     memcpy(dq2, dq, nk * sizeof(float)), memcpy(dg2, dg, ng * sizeof(float));
     be->gated_delta_backward(be, dq, dk, dv, dg, db, R, st, q, k, v, g, beta, ds, B, T, Hk, Hv, Dk,
                              Dv, scale);
@@ -319,19 +288,22 @@ static void test_gated_delta_packed_equals_separate(void **state) {
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 13);
     size_t nk = (size_t)T * Hk * Dk, nv = (size_t)T * Hv * Dv, ng = (size_t)T * Hv;
-    float *q = randn(&rng, nk, 1), *k = randn(&rng, nk, 1), *v = randn(&rng, nv, 1);
-    float *R = randn(&rng, nv, 1), *g = randn(&rng, ng, 0.3f), *beta = randn(&rng, ng, 1);
+    float *q = mt_test_randn(&rng, nk, 1), *k = mt_test_randn(&rng, nk, 1), *v = mt_test_randn(&rng, nv, 1);
+    float *R = mt_test_randn(&rng, nv, 1), *g = mt_test_randn(&rng, ng, 0.3f),
+          *beta = mt_test_randn(&rng, ng, 1);
     normalise_rows(q, nk / Dk, Dk), normalise_rows(k, nk / Dk, Dk);
     for (size_t i = 0; i < ng; i++) g[i] = -fabsf(g[i]), beta[i] = 1.0f / (1.0f + expf(-beta[i]));
     int32_t *ds = docs_from(starts, 1, T);
     float scale = 1.0f / sqrtf((float)Dk);
-    float *out = fnew(nv), *cs = fnew((size_t)Hv * 3 * Dk * Dv), *dq = fnew(nk), *dk = fnew(nk);
-    float *dv = fnew(nv), *dg = fnew(ng), *db = fnew(ng);
+    float *out = mt_test_fnew(nv), *cs = mt_test_fnew((size_t)Hv * 3 * Dk * Dv), *dq = mt_test_fnew(nk),
+          *dk = mt_test_fnew(nk);
+    float *dv = mt_test_fnew(nv), *dg = mt_test_fnew(ng), *db = mt_test_fnew(ng);
     be->gated_delta_forward(be, out, cs, q, k, v, g, beta, ds, 1, T, Hk, Hv, Dk, Dv, scale);
     be->gated_delta_backward(be, dq, dk, dv, dg, db, R, cs, q, k, v, g, beta, ds, 1, T, Hk, Hv, Dk,
                              Dv, scale);
-    float *eo = fnew(nv), *edq = fnew(nk), *edk = fnew(nk), *edv = fnew(nv), *edg = fnew(ng);
-    float *edb = fnew(ng), *scs = fnew((size_t)Hv * 3 * Dk * Dv);
+    float *eo = mt_test_fnew(nv), *edq = mt_test_fnew(nk), *edk = mt_test_fnew(nk), *edv = mt_test_fnew(nv),
+          *edg = mt_test_fnew(ng);
+    float *edb = mt_test_fnew(ng), *scs = mt_test_fnew((size_t)Hv * 3 * Dk * Dv);
     for (int d = 0; starts[0][d] < T; d++) {
         int t0 = starts[0][d], len = starts[0][d + 1] - t0;
         size_t ok = (size_t)t0 * Hk * Dk, ov = (size_t)t0 * Hv * Dv, og = (size_t)t0 * Hv;
@@ -367,15 +339,6 @@ static void test_gated_delta_flops(void **state) {
 
 /* ---------------- transformers' torch_chunk_gated_delta_rule ---------------- */
 
-static float *fixture_f32(mt_safetensors *st, const char *name, int64_t numel) {
-    const mt_st_tensor *t = mt_safetensors_find(st, name);
-    if (!t) fail_msg("gated_delta fixture: tensor %s missing", name);
-    assert_int_equal(t->numel, numel);
-    float *out = fnew((size_t)numel);
-    assert_int_equal(mt_st_tensor_to_f32(t, out), MT_OK);
-    return out;
-}
-
 static void test_gated_delta_transformers(void **state) {
     char *path = mt_fixture_path("gated_delta/reference.safetensors");
     mt_safetensors *st;
@@ -386,16 +349,17 @@ static void test_gated_delta_transformers(void **state) {
     int B = (int)tk->shape[0], T = (int)tk->shape[1], Hk = (int)tk->shape[2], Dk = (int)tk->shape[3];
     int Hv = (int)tv->shape[2], Dv = (int)tv->shape[3], nc = (T + MT_GATED_DELTA_CHUNK - 1) / MT_GATED_DELTA_CHUNK;
     size_t nk = (size_t)B * T * Hk * Dk, nv = (size_t)B * T * Hv * Dv, ng = (size_t)B * T * Hv;
-    float *q = fixture_f32(st, "q", nk), *k = fixture_f32(st, "k", nk), *v = fixture_f32(st, "v", nv);
-    float *g = fixture_f32(st, "g", ng), *beta = fixture_f32(st, "beta", ng);
-    float *R = fixture_f32(st, "R", nv), *ref_out = fixture_f32(st, "out", nv);
-    float *rq = fixture_f32(st, "dq", nk), *rk = fixture_f32(st, "dk", nk);
-    float *rv = fixture_f32(st, "dv", nv), *rg = fixture_f32(st, "dg", ng);
-    float *rb = fixture_f32(st, "dbeta", ng);
+    float *q = mt_test_st_f32(st, "q", nk), *k = mt_test_st_f32(st, "k", nk), *v = mt_test_st_f32(st, "v", nv);
+    float *g = mt_test_st_f32(st, "g", ng), *beta = mt_test_st_f32(st, "beta", ng);
+    float *R = mt_test_st_f32(st, "R", nv), *ref_out = mt_test_st_f32(st, "out", nv);
+    float *rq = mt_test_st_f32(st, "dq", nk), *rk = mt_test_st_f32(st, "dk", nk);
+    float *rv = mt_test_st_f32(st, "dv", nv), *rg = mt_test_st_f32(st, "dg", ng);
+    float *rb = mt_test_st_f32(st, "dbeta", ng);
     fprintf(stderr, "transformers fixture B=%d T=%d Hk=%d Hv=%d Dk=%d Dv=%d\n", B, T, Hk, Hv, Dk, Dv);
     float scale = 1.0f / sqrtf((float)Dk);
-    float *out = fnew(nv), *cs = fnew((size_t)B * Hv * nc * Dk * Dv);
-    float *dq = fnew(nk), *dk = fnew(nk), *dv = fnew(nv), *dg = fnew(ng), *db = fnew(ng);
+    float *out = mt_test_fnew(nv), *cs = mt_test_fnew((size_t)B * Hv * nc * Dk * Dv);
+    float *dq = mt_test_fnew(nk), *dk = mt_test_fnew(nk), *dv = mt_test_fnew(nv), *dg = mt_test_fnew(ng),
+          *db = mt_test_fnew(ng);
     be->gated_delta_forward(be, out, cs, q, k, v, g, beta, NULL, B, T, Hk, Hv, Dk, Dv, scale);
     be->gated_delta_backward(be, dq, dk, dv, dg, db, R, cs, q, k, v, g, beta, NULL, B, T, Hk, Hv,
                              Dk, Dv, scale);
@@ -444,36 +408,31 @@ static double conv_loss(void *p) {
     return s;
 }
 
-static float *fd_f(loss_fn loss, void *ctx, double *x, size_t n) {
-    double *g = fd_grad(loss, ctx, x, n, FD_H);
-    float *f = to_float(g, n);
-    free(g);
-    return f;
-}
-
 static void check_conv(int B, int T, int C, int K, const int starts[][6], uint64_t seed) {
     mt_test_rng rng;
     mt_test_rng_seed(&rng, seed);
     size_t n = (size_t)B * T * C, nw = (size_t)C * K;
-    float *x = randn(&rng, n, 1), *w = randn(&rng, nw, 0.5f), *R = randn(&rng, n, 1);
+    float *x = mt_test_randn(&rng, n, 1), *w = mt_test_randn(&rng, nw, 0.5f), *R = mt_test_randn(&rng, n, 1);
     int32_t *ds = docs_from(starts, B, T);
-    conv_ref c = {to_double(x, n), to_double(w, nw), to_double(R, n), dnew(n), ds, B, T, C, K};
+    conv_ref c = {mt_test_to_double(x, n), mt_test_to_double(w, nw), mt_test_to_double(R, n), mt_test_dnew(n),
+                  ds, B, T, C, K};
     conv_ref_run(&c);
-    float *out = fnew(n), *ref = to_float(c.out, n);
-    poison(out, n);
+    float *out = mt_test_fnew(n), *ref = mt_test_to_float(c.out, n);
+    mt_test_nan_fill(out, n);
     be->causal_conv1d_forward(be, out, x, w, ds, B, T, C, K);
     fprintf(stderr, "causal_conv1d B=%d T=%d C=%d K=%d%s\n", B, T, C, K, ds ? " (documents)" : "");
     assert_true(mt_allclose("causal_conv1d_forward", out, ref, n, FWD_ATOL, FWD_RTOL));
-    float *gx = fd_f(conv_loss, &c, c.x, n), *gw = fd_f(conv_loss, &c, c.w, nw);
-    float *dx = fnew(n), *dw = fnew(nw);
-    poison(dx, n);
+    float *gx = mt_test_fd_grad(conv_loss, &c, c.x, n, FD_H),
+          *gw = mt_test_fd_grad(conv_loss, &c, c.w, nw, FD_H);
+    float *dx = mt_test_fnew(n), *dw = mt_test_fnew(nw);
+    mt_test_nan_fill(dx, n);
     for (size_t i = 0; i < nw; i++) dw[i] = 1.0f; /* accumulates: 1 + gradient */
     for (size_t i = 0; i < nw; i++) gw[i] += 1.0f;
     be->causal_conv1d_backward(be, dx, dw, R, x, w, ds, B, T, C, K);
     assert_true(mt_allclose("causal_conv1d_backward dinp", dx, gx, n, BWD_ATOL, BWD_RTOL));
     assert_true(mt_allclose("causal_conv1d_backward dweight (+= 1)", dw, gw, nw, BWD_ATOL, BWD_RTOL));
-    float *dx_frozen = fnew(n); /* dweight NULL: dinp the same bits */
-    poison(dx_frozen, n);
+    float *dx_frozen = mt_test_fnew(n); /* dweight NULL: dinp the same bits */
+    mt_test_nan_fill(dx_frozen, n);
     be->causal_conv1d_backward(be, dx_frozen, NULL, R, x, w, ds, B, T, C, K);
     assert_memory_equal(dx_frozen, dx, n * sizeof(float));
     free(dx_frozen);
@@ -515,19 +474,20 @@ static void test_l2norm(void **state) {
     enum { Rows = 12, D = 16 };
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 30);
-    float *x = randn(&rng, Rows * D, 1), *R = randn(&rng, Rows * D, 1);
+    float *x = mt_test_randn(&rng, Rows * D, 1), *R = mt_test_randn(&rng, Rows * D, 1);
     for (int d = 0; d < D; d++) x[3 * D + d] *= 1e-3f; /* a short row: eps matters */
-    l2_ref c = {to_double(x, Rows * D), to_double(R, Rows * D), dnew(Rows * D), Rows, D, 1e-6};
+    l2_ref c = {mt_test_to_double(x, Rows * D), mt_test_to_double(R, Rows * D), mt_test_dnew(Rows * D), Rows,
+                D, 1e-6};
     l2_loss(&c);
-    float *out = fnew(Rows * D), *rinv = fnew(Rows), *ref = to_float(c.out, Rows * D);
-    poison(out, Rows * D);
+    float *out = mt_test_fnew(Rows * D), *rinv = mt_test_fnew(Rows), *ref = mt_test_to_float(c.out, Rows * D);
+    mt_test_nan_fill(out, Rows * D);
     be->l2norm_forward(be, out, rinv, x, Rows, D, 1e-6f);
     assert_true(mt_allclose("l2norm_forward", out, ref, Rows * D, FWD_ATOL, FWD_RTOL));
     /* h 1e-6 here: the short row's |x| ~ 4e-3 is too curved for FD_H */
-    double *gxd = fd_grad(l2_loss, &c, c.x, Rows * D, 1e-6);
-    float *gx = to_float(gxd, Rows * D), *dx = fnew(Rows * D);
+    double *gxd = mt_test_fd_grad_d(l2_loss, &c, c.x, Rows * D, 1e-6);
+    float *gx = mt_test_to_float(gxd, Rows * D), *dx = mt_test_fnew(Rows * D);
     free(gxd);
-    poison(dx, Rows * D);
+    mt_test_nan_fill(dx, Rows * D);
     be->l2norm_backward(be, dx, R, x, rinv, Rows, D);
     assert_true(mt_allclose("l2norm_backward", dx, gx, Rows * D, BWD_ATOL, BWD_RTOL));
     free(x), free(R), free(c.x), free(c.R), free(c.out), free(out), free(rinv), free(ref);
@@ -562,26 +522,28 @@ static void test_gated_rmsnorm(void **state) {
     enum { Rows = 10, C = 12 };
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 40);
-    float *x = randn(&rng, Rows * C, 1), *z = randn(&rng, Rows * C, 2), *w = randn(&rng, C, 1);
-    float *R = randn(&rng, Rows * C, 1);
-    grms_ref c = {to_double(x, Rows * C), to_double(z, Rows * C), to_double(w, C),
-                  to_double(R, Rows * C), dnew(Rows * C), Rows, C, 1e-6};
+    float *x = mt_test_randn(&rng, Rows * C, 1), *z = mt_test_randn(&rng, Rows * C, 2),
+          *w = mt_test_randn(&rng, C, 1);
+    float *R = mt_test_randn(&rng, Rows * C, 1);
+    grms_ref c = {mt_test_to_double(x, Rows * C), mt_test_to_double(z, Rows * C), mt_test_to_double(w, C),
+                  mt_test_to_double(R, Rows * C), mt_test_dnew(Rows * C), Rows, C, 1e-6};
     grms_loss(&c);
-    float *out = fnew(Rows * C), *rstd = fnew(Rows), *ref = to_float(c.out, Rows * C);
-    poison(out, Rows * C);
+    float *out = mt_test_fnew(Rows * C), *rstd = mt_test_fnew(Rows), *ref = mt_test_to_float(c.out, Rows * C);
+    mt_test_nan_fill(out, Rows * C);
     be->gated_rmsnorm_forward(be, out, rstd, x, z, w, Rows, C, 1e-6f);
     assert_true(mt_allclose("gated_rmsnorm_forward", out, ref, Rows * C, FWD_ATOL, FWD_RTOL));
-    float *gx = fd_f(grms_loss, &c, c.x, Rows * C), *gz = fd_f(grms_loss, &c, c.z, Rows * C);
-    float *gw = fd_f(grms_loss, &c, c.w, C);
-    float *dx = fnew(Rows * C), *dz = fnew(Rows * C), *dw = fnew(C);
-    poison(dx, Rows * C), poison(dz, Rows * C);
+    float *gx = mt_test_fd_grad(grms_loss, &c, c.x, Rows * C, FD_H),
+          *gz = mt_test_fd_grad(grms_loss, &c, c.z, Rows * C, FD_H);
+    float *gw = mt_test_fd_grad(grms_loss, &c, c.w, C, FD_H);
+    float *dx = mt_test_fnew(Rows * C), *dz = mt_test_fnew(Rows * C), *dw = mt_test_fnew(C);
+    mt_test_nan_fill(dx, Rows * C), mt_test_nan_fill(dz, Rows * C);
     for (int i = 0; i < C; i++) dw[i] = 0.5f, gw[i] += 0.5f; /* accumulates */
     be->gated_rmsnorm_backward(be, dx, dz, dw, R, x, z, w, rstd, Rows, C);
     assert_true(mt_allclose("gated_rmsnorm_backward dinp", dx, gx, Rows * C, BWD_ATOL, BWD_RTOL));
     assert_true(mt_allclose("gated_rmsnorm_backward dgate", dz, gz, Rows * C, BWD_ATOL, BWD_RTOL));
     assert_true(mt_allclose("gated_rmsnorm_backward dweight (+= 0.5)", dw, gw, C, BWD_ATOL, BWD_RTOL));
-    float *dx2 = fnew(Rows * C), *dz2 = fnew(Rows * C); /* dweight NULL: the same bits */
-    poison(dx2, Rows * C), poison(dz2, Rows * C);
+    float *dx2 = mt_test_fnew(Rows * C), *dz2 = mt_test_fnew(Rows * C); /* dweight NULL: the same bits */
+    mt_test_nan_fill(dx2, Rows * C), mt_test_nan_fill(dz2, Rows * C);
     be->gated_rmsnorm_backward(be, dx2, dz2, NULL, R, x, z, w, rstd, Rows, C);
     assert_memory_equal(dx2, dx, Rows * C * sizeof(float));
     assert_memory_equal(dz2, dz, Rows * C * sizeof(float));
@@ -615,22 +577,27 @@ static void test_gdn_gates(void **state) {
     enum { N = 9, H = 4 };
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 50);
-    float *a = randn(&rng, N * H, 2), *b = randn(&rng, N * H, 2), *A = randn(&rng, H, 1);
-    float *dt = randn(&rng, H, 1), *Rg = randn(&rng, N * H, 1), *Rb = randn(&rng, N * H, 1);
+    float *a = mt_test_randn(&rng, N * H, 2), *b = mt_test_randn(&rng, N * H, 2),
+          *A = mt_test_randn(&rng, H, 1);
+    float *dt = mt_test_randn(&rng, H, 1), *Rg = mt_test_randn(&rng, N * H, 1),
+          *Rb = mt_test_randn(&rng, N * H, 1);
     a[5] = 25.0f; /* softplus above its threshold: the identity */
-    gates_ref c = {to_double(a, N * H), to_double(b, N * H), to_double(A, H), to_double(dt, H),
-                   to_double(Rg, N * H), to_double(Rb, N * H), dnew(N * H), dnew(N * H), N, H};
+    gates_ref c = {mt_test_to_double(a, N * H), mt_test_to_double(b, N * H), mt_test_to_double(A, H),
+                   mt_test_to_double(dt, H), mt_test_to_double(Rg, N * H), mt_test_to_double(Rb, N * H),
+                   mt_test_dnew(N * H), mt_test_dnew(N * H), N, H};
     gates_loss(&c);
-    float *g = fnew(N * H), *beta = fnew(N * H);
-    float *rg = to_float(c.g, N * H), *rb = to_float(c.beta, N * H);
-    poison(g, N * H), poison(beta, N * H);
+    float *g = mt_test_fnew(N * H), *beta = mt_test_fnew(N * H);
+    float *rg = mt_test_to_float(c.g, N * H), *rb = mt_test_to_float(c.beta, N * H);
+    mt_test_nan_fill(g, N * H), mt_test_nan_fill(beta, N * H);
     be->gdn_gates_forward(be, g, beta, a, b, A, dt, N, H);
     assert_true(mt_allclose("gdn_gates_forward g", g, rg, N * H, FWD_ATOL, FWD_RTOL));
     assert_true(mt_allclose("gdn_gates_forward beta", beta, rb, N * H, FWD_ATOL, FWD_RTOL));
-    float *ga = fd_f(gates_loss, &c, c.a, N * H), *gb = fd_f(gates_loss, &c, c.b, N * H);
-    float *gA = fd_f(gates_loss, &c, c.A, H), *gdt = fd_f(gates_loss, &c, c.dt, H);
-    float *da = fnew(N * H), *db = fnew(N * H), *dA = fnew(H), *ddt = fnew(H);
-    poison(da, N * H), poison(db, N * H);
+    float *ga = mt_test_fd_grad(gates_loss, &c, c.a, N * H, FD_H),
+          *gb = mt_test_fd_grad(gates_loss, &c, c.b, N * H, FD_H);
+    float *gA = mt_test_fd_grad(gates_loss, &c, c.A, H, FD_H),
+          *gdt = mt_test_fd_grad(gates_loss, &c, c.dt, H, FD_H);
+    float *da = mt_test_fnew(N * H), *db = mt_test_fnew(N * H), *dA = mt_test_fnew(H), *ddt = mt_test_fnew(H);
+    mt_test_nan_fill(da, N * H), mt_test_nan_fill(db, N * H);
     for (int h = 0; h < H; h++) dA[h] = 2.0f, ddt[h] = -1.0f, gA[h] += 2.0f, gdt[h] -= 1.0f;
     be->gdn_gates_backward(be, da, db, dA, ddt, Rg, Rb, a, b, A, dt, N, H);
     assert_true(mt_allclose("gdn_gates_backward da", da, ga, N * H, BWD_ATOL, BWD_RTOL));
@@ -638,9 +605,10 @@ static void test_gdn_gates(void **state) {
     assert_true(mt_allclose("gdn_gates_backward dA_log (+= 2)", dA, gA, H, BWD_ATOL, BWD_RTOL));
     assert_true(mt_allclose("gdn_gates_backward ddt_bias (+= -1)", ddt, gdt, H, BWD_ATOL, BWD_RTOL));
     /* dA_log, ddt_bias or both NULL: da, db and the other sum the same bits */
-    float *da2 = fnew(N * H), *db2 = fnew(N * H), *dA2 = fnew(H), *ddt2 = fnew(H);
+    float *da2 = mt_test_fnew(N * H), *db2 = mt_test_fnew(N * H), *dA2 = mt_test_fnew(H),
+          *ddt2 = mt_test_fnew(H);
     for (int mode = 0; mode < 3; mode++) {
-        poison(da2, N * H), poison(db2, N * H);
+        mt_test_nan_fill(da2, N * H), mt_test_nan_fill(db2, N * H);
         for (int h = 0; h < H; h++) dA2[h] = 2.0f, ddt2[h] = -1.0f;
         be->gdn_gates_backward(be, da2, db2, mode == 1 ? dA2 : NULL, mode == 0 ? ddt2 : NULL, Rg,
                                Rb, a, b, A, dt, N, H);
@@ -670,11 +638,12 @@ static void test_frozen_weights_large(void **state) {
         enum { B = 2, T = 70, C = 150, K = 4 };
         static const int st[2][6] = {{0, 5, 33, 70, 70, 70}, {0, 64, 70, 70, 70, 70}};
         size_t n = (size_t)B * T * C;
-        float *x = randn(&rng, n, 1), *w = randn(&rng, C * K, 0.5f), *R = randn(&rng, n, 1);
-        float *dw = fnew(C * K), *dx = fnew(n), *dx2 = fnew(n);
+        float *x = mt_test_randn(&rng, n, 1), *w = mt_test_randn(&rng, C * K, 0.5f),
+              *R = mt_test_randn(&rng, n, 1);
+        float *dw = mt_test_fnew(C * K), *dx = mt_test_fnew(n), *dx2 = mt_test_fnew(n);
         int32_t *ds = docs_from(st, B, T);
         for (int i = 0; i < C * K; i++) dw[i] = 0.0f;
-        poison(dx, n), poison(dx2, n);
+        mt_test_nan_fill(dx, n), mt_test_nan_fill(dx2, n);
         be->causal_conv1d_backward(be, dx, dw, R, x, w, ds, B, T, C, K);
         be->causal_conv1d_backward(be, dx2, NULL, R, x, w, ds, B, T, C, K);
         assert_memory_equal(dx2, dx, n * sizeof(float));
@@ -683,9 +652,10 @@ static void test_frozen_weights_large(void **state) {
     { /* gated RMSNorm: 38400 elements, threaded with partials */
         enum { Rows = 300, C = 128 };
         size_t n = (size_t)Rows * C;
-        float *x = randn(&rng, n, 1), *z = randn(&rng, n, 2), *w = randn(&rng, C, 1);
-        float *R = randn(&rng, n, 1), *y = fnew(n), *rstd = fnew(Rows), *dw = fnew(C);
-        float *dx = fnew(n), *dz = fnew(n), *dx2 = fnew(n), *dz2 = fnew(n);
+        float *x = mt_test_randn(&rng, n, 1), *z = mt_test_randn(&rng, n, 2), *w = mt_test_randn(&rng, C, 1);
+        float *R = mt_test_randn(&rng, n, 1), *y = mt_test_fnew(n), *rstd = mt_test_fnew(Rows),
+              *dw = mt_test_fnew(C);
+        float *dx = mt_test_fnew(n), *dz = mt_test_fnew(n), *dx2 = mt_test_fnew(n), *dz2 = mt_test_fnew(n);
         be->gated_rmsnorm_forward(be, y, rstd, x, z, w, Rows, C, 1e-6f);
         for (int i = 0; i < C; i++) dw[i] = 0.0f;
         be->gated_rmsnorm_backward(be, dx, dz, dw, R, x, z, w, rstd, Rows, C);
@@ -698,9 +668,11 @@ static void test_frozen_weights_large(void **state) {
     { /* gates: 40000 elements, threaded */
         enum { N = 5000, H = 8 };
         size_t n = (size_t)N * H;
-        float *a = randn(&rng, n, 2), *b = randn(&rng, n, 2), *A = randn(&rng, H, 1);
-        float *dt = randn(&rng, H, 1), *Rg = randn(&rng, n, 1), *Rb = randn(&rng, n, 1);
-        float *da = fnew(n), *db = fnew(n), *da2 = fnew(n), *db2 = fnew(n), dA[H], ddt[H];
+        float *a = mt_test_randn(&rng, n, 2), *b = mt_test_randn(&rng, n, 2), *A = mt_test_randn(&rng, H, 1);
+        float *dt = mt_test_randn(&rng, H, 1), *Rg = mt_test_randn(&rng, n, 1),
+              *Rb = mt_test_randn(&rng, n, 1);
+        float *da = mt_test_fnew(n), *db = mt_test_fnew(n), *da2 = mt_test_fnew(n), *db2 = mt_test_fnew(n),
+              dA[H], ddt[H];
         for (int h = 0; h < H; h++) dA[h] = 0.0f, ddt[h] = 0.0f;
         be->gdn_gates_backward(be, da, db, dA, ddt, Rg, Rb, a, b, A, dt, N, H);
         be->gdn_gates_backward(be, da2, db2, NULL, NULL, Rg, Rb, a, b, A, dt, N, H);

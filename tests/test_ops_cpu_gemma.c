@@ -14,20 +14,11 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "util/cpu_op_tol.h"
+#include "util/host_buffers.h"
 #include "util/testutil.h"
 
-#define FWD_ATOL 1e-6
-#define FWD_RTOL 1e-5
-#define BWD_ATOL 1e-5
-#define BWD_RTOL 1e-4
-#define FD_H 1e-4
-
 static mt_backend *be;
-
-static float *fnew(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
-static void poison(float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] = NAN;
-}
 
 /* torch.nn.functional.gelu(x, approximate="tanh") in double. */
 static double gelu_tanh(double x) {
@@ -38,20 +29,20 @@ static double gelu_tanh(double x) {
 static void check_geglu(size_t n, uint64_t seed) {
     mt_test_rng rng;
     mt_test_rng_seed(&rng, seed);
-    float *gate = fnew(n), *up = fnew(n), *dout = fnew(n);
+    float *gate = mt_test_fnew(n), *up = mt_test_fnew(n), *dout = mt_test_fnew(n);
     mt_test_fill_uniform(&rng, gate, n, -8, 8);
     mt_test_fill_normal(&rng, up, n, 1);
     mt_test_fill_normal(&rng, dout, n, 1);
     if (n > 2) gate[0] = 0, gate[1] = -0.0f, gate[2] = 1e-3f; /* around the origin */
-    float *ref = fnew(n), *rdg = fnew(n), *rdu = fnew(n);
+    float *ref = mt_test_fnew(n), *rdg = mt_test_fnew(n), *rdu = mt_test_fnew(n);
     for (size_t i = 0; i < n; i++) {
         double g = gate[i], u = up[i], d = dout[i];
         ref[i] = (float)(gelu_tanh(g) * u);
         rdg[i] = (float)(d * u * (gelu_tanh(g + FD_H) - gelu_tanh(g - FD_H)) / (2 * FD_H));
         rdu[i] = (float)(d * gelu_tanh(g));
     }
-    float *out = fnew(n), *dg = fnew(n), *du = fnew(n);
-    poison(out, n), poison(dg, n), poison(du, n);
+    float *out = mt_test_fnew(n), *dg = mt_test_fnew(n), *du = mt_test_fnew(n);
+    mt_test_nan_fill(out, n), mt_test_nan_fill(dg, n), mt_test_nan_fill(du, n);
     be->geglu_forward(be, out, gate, up, n);
     assert_true(mt_allclose("geglu_forward", out, ref, n, FWD_ATOL, FWD_RTOL));
     be->geglu_backward(be, dg, du, dout, gate, up, n);

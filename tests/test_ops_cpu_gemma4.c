@@ -20,34 +20,20 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_ops.h"
+#include "util/cpu_op_tol.h"
+#include "util/host_buffers.h"
 #include "util/testutil.h"
 
-#define FWD_ATOL 1e-6
-#define FWD_RTOL 1e-5
-#define BWD_ATOL 1e-5
-#define BWD_RTOL 1e-4
-#define FD_H 1e-4
-
 static mt_backend *be;
-
-static float *fnew(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
-static void poison(float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] = NAN;
-}
-static float *randn(mt_test_rng *rng, size_t n, float std) {
-    float *x = fnew(n);
-    mt_test_fill_normal(rng, x, n, std);
-    return x;
-}
 
 static void check_rmsnorm_unweighted(int R, int C, uint64_t seed) {
     mt_test_rng rng;
     mt_test_rng_seed(&rng, seed);
     size_t n = (size_t)R * C;
-    float *x = randn(&rng, n, 2), *dy = randn(&rng, n, 1), *ones = fnew(C);
+    float *x = mt_test_randn(&rng, n, 2), *dy = mt_test_randn(&rng, n, 1), *ones = mt_test_fnew(C);
     for (int c = 0; c < C; c++) ones[c] = 1.0f;
     const float eps = 1e-6f;
-    float *ref = fnew(n), *rdx = fnew(n);
+    float *ref = mt_test_fnew(n), *rdx = mt_test_fnew(n);
     for (int r = 0; r < R; r++) {
         const float *xr = x + (size_t)r * C, *dyr = dy + (size_t)r * C;
         double ss = 0, dot = 0;
@@ -58,9 +44,10 @@ static void check_rmsnorm_unweighted(int R, int C, uint64_t seed) {
             rdx[(size_t)r * C + c] = (float)(s * dyr[c] - xr[c] * s * s * s * dot / C);
         }
     }
-    float *y = fnew(n), *y1 = fnew(n), *rstd = fnew(R), *rstd1 = fnew(R), *dx = fnew(n), *dx1 = fnew(n);
+    float *y = mt_test_fnew(n), *y1 = mt_test_fnew(n), *rstd = mt_test_fnew(R), *rstd1 = mt_test_fnew(R),
+          *dx = mt_test_fnew(n), *dx1 = mt_test_fnew(n);
     float *dw = calloc((size_t)C, sizeof(float));
-    poison(y, n), poison(dx, n);
+    mt_test_nan_fill(y, n), mt_test_nan_fill(dx, n);
     be->rmsnorm_forward(be, y, rstd, x, NULL, R, C, eps, 0);
     assert_true(mt_allclose("rmsnorm unweighted forward", y, ref, n, FWD_ATOL, FWD_RTOL));
     be->rmsnorm_forward(be, y1, rstd1, x, ones, R, C, eps, 0);
@@ -71,7 +58,7 @@ static void check_rmsnorm_unweighted(int R, int C, uint64_t seed) {
     be->rmsnorm_backward(be, dx1, dw, dy, x, ones, rstd, R, C, 0, 0);
     assert_memory_equal(dx, dx1, n * sizeof(float));
     /* accumulate: dx += the same again; dweight ignored with weight NULL */
-    float *twice = fnew(n);
+    float *twice = mt_test_fnew(n);
     for (size_t i = 0; i < n; i++) twice[i] = dx[i] + dx[i];
     be->rmsnorm_backward(be, dx, dw, dy, x, NULL, rstd, R, C, 1, 0);
     assert_memory_equal(dx, twice, n * sizeof(float));
@@ -92,7 +79,7 @@ static void test_softcap_scale_by(void **state) {
     mt_test_rng_seed(&rng, 4);
     const size_t n = 70000; /* past the parallel threshold */
     const float cap = 2.5f;
-    float *x = randn(&rng, n, 4), *ref = fnew(n), *y = fnew(n);
+    float *x = mt_test_randn(&rng, n, 4), *ref = mt_test_fnew(n), *y = mt_test_fnew(n);
     x[0] = 0, x[1] = 1e4f, x[2] = -1e4f; /* saturated both ways */
     for (size_t i = 0; i < n; i++) ref[i] = (float)(cap * tanh((double)x[i] / cap));
     memcpy(y, x, n * sizeof(float));
@@ -100,7 +87,7 @@ static void test_softcap_scale_by(void **state) {
     assert_true(mt_allclose("softcap", y, ref, n, FWD_ATOL, FWD_RTOL));
     assert_true(y[1] == cap && y[2] == -cap && y[0] == 0);
     const float s = 0.8419989f;
-    float *out = fnew(n);
+    float *out = mt_test_fnew(n);
     be->scale_by(be, out, x, &s, n);
     for (size_t i = 0; i < n; i++) ref[i] = x[i] * s;
     assert_memory_equal(out, ref, n * sizeof(float));
@@ -150,16 +137,10 @@ static double head_loss(const head_case *h, const double *inp, const double *w, 
     return h->scale * total;
 }
 
-static float *to_float(const double *x, size_t n) {
-    float *f = fnew(n);
-    for (size_t i = 0; i < n; i++) f[i] = (float)x[i];
-    return f;
-}
-
 static void check_head(int N, int C, int V, int chunk, float cap, int fd, uint64_t seed) {
     mt_test_rng rng;
     mt_test_rng_seed(&rng, seed);
-    float *inp = randn(&rng, (size_t)N * C, 1), *w = randn(&rng, (size_t)V * C, 1.5f);
+    float *inp = mt_test_randn(&rng, (size_t)N * C, 1), *w = mt_test_randn(&rng, (size_t)V * C, 1.5f);
     int32_t *tgt = malloc((size_t)N * sizeof(int32_t));
     for (int n = 0; n < N; n++) tgt[n] = n % 5 == 3 ? -100 : (int32_t)(mt_test_rng_u64(&rng) % (uint64_t)V);
     head_case h = {inp, w, tgt, N, C, V, 0.37f, cap};
@@ -169,9 +150,11 @@ static void check_head(int N, int C, int V, int chunk, float cap, int fd, uint64
     double *rl = malloc((size_t)N * sizeof(double)), *rdi = malloc((size_t)N * C * sizeof(double));
     double *rdw = malloc((size_t)V * C * sizeof(double));
     head_loss(&h, di, dwv, rl, rdi, rdw);
-    float *ref_l = to_float(rl, N), *ref_di = to_float(rdi, (size_t)N * C), *ref_dw = to_float(rdw, (size_t)V * C);
-    float *losses = fnew(N), *dinp = fnew((size_t)N * C), *dw = calloc((size_t)V * C, sizeof(float));
-    poison(losses, N), poison(dinp, (size_t)N * C);
+    float *ref_l = mt_test_to_float(rl, N), *ref_di = mt_test_to_float(rdi, (size_t)N * C),
+          *ref_dw = mt_test_to_float(rdw, (size_t)V * C);
+    float *losses = mt_test_fnew(N), *dinp = mt_test_fnew((size_t)N * C),
+          *dw = calloc((size_t)V * C, sizeof(float));
+    mt_test_nan_fill(losses, N), mt_test_nan_fill(dinp, (size_t)N * C);
     mt_cpu_lm_head_loss_softcap_chunked(losses, dinp, dw, inp, w, tgt, N, C, V, h.scale, cap, chunk);
     assert_true(mt_allclose("softcap head losses", losses, ref_l, N, FWD_ATOL, FWD_RTOL));
     assert_true(mt_allclose("softcap head dinp", dinp, ref_di, (size_t)N * C, BWD_ATOL, BWD_RTOL));
@@ -182,7 +165,7 @@ static void check_head(int N, int C, int V, int chunk, float cap, int fd, uint64
             for (int c = 0; c < C; c++) assert_true(dinp[(size_t)n * C + c] == 0);
         }
     if (fd) { /* the exact gradient above against central differences of the double loss */
-        float *fdi = fnew((size_t)N * C);
+        float *fdi = mt_test_fnew((size_t)N * C);
         for (size_t i = 0; i < (size_t)N * C; i++) {
             double save = di[i];
             di[i] = save + FD_H;
@@ -197,9 +180,9 @@ static void check_head(int N, int C, int V, int chunk, float cap, int fd, uint64
         free(fdi);
     }
     /* the backend's op (its own chunk), dweight NULL: the same dinp bits */
-    float *l2 = fnew(N), *d2 = fnew((size_t)N * C);
+    float *l2 = mt_test_fnew(N), *d2 = mt_test_fnew((size_t)N * C);
     be->lm_head_loss_softcap(be, l2, d2, NULL, inp, w, tgt, N, C, V, h.scale, cap);
-    float *l3 = fnew(N), *d3 = fnew((size_t)N * C);
+    float *l3 = mt_test_fnew(N), *d3 = mt_test_fnew((size_t)N * C);
     mt_cpu_lm_head_loss_softcap(l3, d3, dw, inp, w, tgt, N, C, V, h.scale, cap);
     assert_memory_equal(d2, d3, (size_t)N * C * sizeof(float));
     assert_memory_equal(l2, l3, (size_t)N * sizeof(float));

@@ -13,20 +13,11 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "util/cpu_op_tol.h"
+#include "util/host_buffers.h"
 #include "util/testutil.h"
 
-#define FWD_ATOL 1e-6
-#define FWD_RTOL 1e-5
-#define BWD_ATOL 1e-5
-#define BWD_RTOL 1e-4
-#define FD_H 1e-4
-
 static mt_backend *be;
-
-static float *fnew(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
-static void poison(float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] = NAN;
-}
 
 /* (up + 1) * gate * sigmoid(alpha * gate) after the clamps, in double. */
 static double clamped_glu(double g, double u, double alpha, double limit) {
@@ -39,7 +30,7 @@ static void check_swiglu_clamped(int R, int F, float alpha, float limit, uint64_
     mt_test_rng rng;
     mt_test_rng_seed(&rng, seed);
     size_t n = (size_t)R * F;
-    float *gu = fnew(2 * n), *dout = fnew(n);
+    float *gu = mt_test_fnew(2 * n), *dout = mt_test_fnew(n);
     mt_test_fill_uniform(&rng, gu, 2 * n, -2 * limit, 2 * limit); /* about half of them clamped */
     mt_test_fill_normal(&rng, dout, n, 1);
     /* keep finite differences off the kinks, except the bounds themselves, set exactly */
@@ -47,7 +38,7 @@ static void check_swiglu_clamped(int R, int F, float alpha, float limit, uint64_
         if (fabsf(fabsf(gu[i]) - limit) < 1e-2f) gu[i] = gu[i] > 0 ? limit + 0.5f : -limit - 0.5f;
     gu[0] = limit, gu[1] = -limit; /* at the bounds: gradient passes */
     if (n > 1) gu[2] = limit, gu[3] = limit;
-    float *ref = fnew(n), *rg = fnew(2 * n);
+    float *ref = mt_test_fnew(n), *rg = mt_test_fnew(2 * n);
     int clamped = 0;
     for (size_t i = 0; i < n; i++) {
         double g = gu[2 * i], u = gu[2 * i + 1], d = dout[i];
@@ -62,8 +53,8 @@ static void check_swiglu_clamped(int R, int F, float alpha, float limit, uint64_
                                         : (float)(d * (clamped_glu(g, up, alpha, limit) - clamped_glu(g, um, alpha, limit)) / (up - um));
         clamped += (g > limit) + (fabs(u) > limit);
     }
-    float *out = fnew(n), *dg = fnew(2 * n);
-    poison(out, n), poison(dg, 2 * n);
+    float *out = mt_test_fnew(n), *dg = mt_test_fnew(2 * n);
+    mt_test_nan_fill(out, n), mt_test_nan_fill(dg, 2 * n);
     be->swiglu_clamped_forward(be, out, gu, R, F, alpha, limit);
     fprintf(stderr, "swiglu_clamped R=%d F=%d alpha %g limit %g: %d of %zu values clamped\n", R, F,
             (double)alpha, (double)limit, clamped, 2 * n);
@@ -93,13 +84,14 @@ static void check_moe_io(int E, const int *sizes, int K, int M, int accumulate, 
     for (int e = 0; e < E; e++) off[e + 1] = off[e] + sizes[e];
     int rows = off[E];
     size_t nw = (size_t)E * K * M, nb = (size_t)E * M;
-    float *x = fnew((size_t)rows * K), *w = fnew(nw), *b = fnew(nb), *dout = fnew((size_t)rows * M);
+    float *x = mt_test_fnew((size_t)rows * K), *w = mt_test_fnew(nw), *b = mt_test_fnew(nb),
+          *dout = mt_test_fnew((size_t)rows * M);
     mt_test_fill_normal(&rng, x, (size_t)rows * K, 1);
     mt_test_fill_normal(&rng, w, nw, 1);
     mt_test_fill_normal(&rng, b, nb, 1);
     mt_test_fill_normal(&rng, dout, (size_t)rows * M, 1);
-    float *ref = fnew((size_t)rows * M), *rdx = fnew((size_t)rows * K);
-    float *rdw = fnew(nw), *rdb = fnew(nb), *dx0 = fnew((size_t)rows * K);
+    float *ref = mt_test_fnew((size_t)rows * M), *rdx = mt_test_fnew((size_t)rows * K);
+    float *rdw = mt_test_fnew(nw), *rdb = mt_test_fnew(nb), *dx0 = mt_test_fnew((size_t)rows * K);
     mt_test_fill_normal(&rng, dx0, (size_t)rows * K, 1);
     for (size_t i = 0; i < nw; i++) rdw[i] = 0.5f; /* the gradients accumulate onto this */
     for (size_t i = 0; i < nb; i++) rdb[i] = 0.5f;
@@ -129,10 +121,11 @@ static void check_moe_io(int E, const int *sizes, int K, int M, int accumulate, 
             for (int r = off[e]; r < off[e + 1]; r++) s += dout[(size_t)r * M + j];
             if (off[e + 1] > off[e]) rdb[(size_t)e * M + j] += (float)s;
         }
-    float *out = fnew((size_t)rows * M), *dx = fnew((size_t)rows * K), *dw = fnew(nw), *db = fnew(nb);
-    poison(out, (size_t)rows * M);
+    float *out = mt_test_fnew((size_t)rows * M), *dx = mt_test_fnew((size_t)rows * K), *dw = mt_test_fnew(nw),
+          *db = mt_test_fnew(nb);
+    mt_test_nan_fill(out, (size_t)rows * M);
     if (accumulate) memcpy(dx, dx0, (size_t)rows * K * sizeof(float));
-    else poison(dx, (size_t)rows * K);
+    else mt_test_nan_fill(dx, (size_t)rows * K);
     for (size_t i = 0; i < nw; i++) dw[i] = 0.5f;
     for (size_t i = 0; i < nb; i++) db[i] = 0.5f;
     be->moe_matmul_io_forward(be, out, x, w, b, off, off, E, K, M);

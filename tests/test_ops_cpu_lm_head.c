@@ -15,56 +15,11 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_ops.h"
+#include "util/cpu_op_tol.h"
+#include "util/host_buffers.h"
 #include "util/testutil.h"
 
-#define FWD_ATOL 1e-6
-#define FWD_RTOL 1e-5
-#define BWD_ATOL 1e-5
-#define BWD_RTOL 1e-4
-#define FD_H 1e-4
-
 static mt_backend *be;
-
-static float *fnew(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
-static double *dnew(size_t n) { return malloc((n ? n : 1) * sizeof(double)); }
-static void poison(float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] = NAN;
-}
-static double *to_double(const float *x, size_t n) {
-    double *d = dnew(n);
-    for (size_t i = 0; i < n; i++) d[i] = x[i];
-    return d;
-}
-static float *randn(mt_test_rng *rng, size_t n, float std) {
-    float *x = fnew(n);
-    mt_test_fill_normal(rng, x, n, std);
-    return x;
-}
-static float *copyf(const float *x, size_t n) {
-    float *y = fnew(n);
-    memcpy(y, x, n * sizeof(float));
-    return y;
-}
-static float *plus(const float *base, const float *g, float k, size_t n) {
-    float *r = fnew(n);
-    for (size_t i = 0; i < n; i++) r[i] = (float)((double)base[i] + k * (double)g[i]);
-    return r;
-}
-
-typedef double (*loss_fn)(void *ctx);
-static float *fd_grad(loss_fn loss, void *ctx, double *x, size_t n) {
-    float *g = fnew(n);
-    for (size_t i = 0; i < n; i++) {
-        double save = x[i];
-        x[i] = save + FD_H;
-        double lp = loss(ctx);
-        x[i] = save - FD_H;
-        double lm = loss(ctx);
-        x[i] = save;
-        g[i] = (float)((lp - lm) / (2 * FD_H));
-    }
-    return g;
-}
 
 /* ---------------- the double reference ---------------- */
 
@@ -76,7 +31,7 @@ typedef struct {
 } lm_ctx;
 
 static void lm_ref(lm_ctx *c) {
-    double *z = dnew(c->V);
+    double *z = mt_test_dnew(c->V);
     for (int n = 0; n < c->N; n++) {
         double mx = -INFINITY, sum = 0;
         for (int j = 0; j < c->V; j++) {
@@ -117,27 +72,27 @@ static void check_lm_head(int N, int C, int V, int chunk, float scale, int fd, u
     mt_test_rng rng;
     mt_test_rng_seed(&rng, seed);
     size_t nx = (size_t)N * C, nw = (size_t)V * C;
-    float *x = randn(&rng, nx, 1), *w = randn(&rng, nw, 0.5f);
+    float *x = mt_test_randn(&rng, nx, 1), *w = mt_test_randn(&rng, nw, 0.5f);
     int32_t *tg = malloc(N * sizeof *tg);
     for (int n = 0; n < N; n++) {
         uint64_t r = mt_test_rng_u64(&rng);
         tg[n] = r % 5 == 0 ? -100 : (int32_t)((r >> 8) % (uint64_t)V); /* ~20% ignored */
     }
     tg[0] = V - 1, tg[N - 1] = -1;
-    lm_ctx c = {to_double(x, nx), to_double(w, nw), dnew(N), dnew((size_t)N * V), tg, N, C, V,
-                scale};
+    lm_ctx c = {mt_test_to_double(x, nx), mt_test_to_double(w, nw), mt_test_dnew(N),
+                mt_test_dnew((size_t)N * V), tg, N, C, V, scale};
     lm_ref(&c);
-    float *ref_loss = fnew(N);
+    float *ref_loss = mt_test_fnew(N);
     for (int n = 0; n < N; n++) ref_loss[n] = (float)c.losses[n];
     fprintf(stderr, "lm_head N=%d C=%d V=%d chunk=%d loss_scale=%g\n", N, C, V, chunk, scale);
 
     /* gradients */
     float *gx, *gw;
     if (fd) {
-        gx = fd_grad(lm_loss, &c, c.x, nx);
-        gw = fd_grad(lm_loss, &c, c.w, nw);
+        gx = mt_test_fd_grad(lm_loss, &c, c.x, nx, FD_H);
+        gw = mt_test_fd_grad(lm_loss, &c, c.w, nw, FD_H);
     } else { /* dinp = dlogits @ W, dW = dlogits^T @ X, in double */
-        gx = fnew(nx), gw = fnew(nw);
+        gx = mt_test_fnew(nx), gw = mt_test_fnew(nw);
         for (int n = 0; n < N; n++)
             for (int i = 0; i < C; i++) {
                 double s = 0;
@@ -152,10 +107,11 @@ static void check_lm_head(int N, int C, int V, int chunk, float scale, int fd, u
             }
     }
 
-    float *losses = fnew(N), *dx = fnew(nx), *pre_w = randn(&rng, nw, 1), *dw = copyf(pre_w, nw);
-    poison(losses, N), poison(dx, nx);
+    float *losses = mt_test_fnew(N), *dx = mt_test_fnew(nx), *pre_w = mt_test_randn(&rng, nw, 1),
+          *dw = mt_test_copyf(pre_w, nw);
+    mt_test_nan_fill(losses, N), mt_test_nan_fill(dx, nx);
     lm_call(losses, dx, dw, x, w, tg, N, C, V, scale, chunk);
-    float *want_w = plus(pre_w, gw, 1, nw);
+    float *want_w = mt_test_plus(pre_w, gw, 1, nw);
     assert_true(mt_allclose("lm_head losses", losses, ref_loss, N, FWD_ATOL, FWD_RTOL));
     assert_true(mt_allclose("lm_head dinp (=)", dx, gx, nx, BWD_ATOL, BWD_RTOL));
     assert_true(mt_allclose("lm_head dweight (+=)", dw, want_w, nw, BWD_ATOL, BWD_RTOL));
@@ -166,22 +122,22 @@ static void check_lm_head(int N, int C, int V, int chunk, float scale, int fd, u
     }
 
     /* again: dinp written (same values), dweight accumulated */
-    poison(dx, nx);
+    mt_test_nan_fill(dx, nx);
     lm_call(losses, dx, dw, x, w, tg, N, C, V, scale, chunk);
-    float *want_w2 = plus(pre_w, gw, 2, nw);
+    float *want_w2 = mt_test_plus(pre_w, gw, 2, nw);
     assert_true(mt_allclose("lm_head dinp second call", dx, gx, nx, BWD_ATOL, BWD_RTOL));
     assert_true(mt_allclose("lm_head dweight twice", dw, want_w2, nw, BWD_ATOL, BWD_RTOL));
 
     /* losses only: dweight must stay as it is */
-    float *dw_before = copyf(dw, nw);
-    poison(losses, N);
+    float *dw_before = mt_test_copyf(dw, nw);
+    mt_test_nan_fill(losses, N);
     lm_call(losses, NULL, dw, x, w, tg, N, C, V, scale, chunk);
     assert_true(mt_allclose("lm_head losses (no backward)", losses, ref_loss, N, FWD_ATOL, FWD_RTOL));
     assert_memory_equal(dw, dw_before, nw * sizeof(float));
 
     /* dinp without dweight (a frozen head): the same bits as with it */
-    float *dx_full = copyf(dx, nx); /* the second call's dinp, dweight given */
-    poison(dx, nx);
+    float *dx_full = mt_test_copyf(dx, nx); /* the second call's dinp, dweight given */
+    mt_test_nan_fill(dx, nx);
     lm_call(losses, dx, NULL, x, w, tg, N, C, V, scale, chunk);
     assert_true(mt_allclose("lm_head dinp (dweight NULL)", dx, gx, nx, BWD_ATOL, BWD_RTOL));
     assert_memory_equal(dx, dx_full, nx * sizeof(float));
@@ -208,7 +164,7 @@ static void test_lm_head_loss_scale(void **state) {
     enum { N = 9, C = 8, V = 13 };
     mt_test_rng rng;
     mt_test_rng_seed(&rng, 5);
-    float *x = randn(&rng, N * C, 1), *w = randn(&rng, V * C, 1);
+    float *x = mt_test_randn(&rng, N * C, 1), *w = mt_test_randn(&rng, V * C, 1);
     int32_t tg[N] = {0, 3, -1, 12, 5, 5, -7, 1, 2};
     float l1[N], l2[N], dx1[N * C], dx2[N * C], dw1[V * C] = {0}, dw2[V * C] = {0};
     be->lm_head_loss(be, l1, dx1, dw1, x, w, tg, N, C, V, 1.0f);

@@ -21,6 +21,7 @@
 #include "io/safetensors.h"
 #include "quant/fp8.h"
 #include "quant/nf4.h"
+#include "util/fixture_io.h"
 #include "util/testutil.h"
 
 static mt_safetensors *ref;
@@ -46,26 +47,6 @@ static void *fx_copy(const char *name, mt_dtype dt, int64_t *n) {
     void *p = malloc(bytes ? bytes : 1);
     memcpy(p, d, bytes);
     return p;
-}
-
-/* counts differing bytes, prints the first few and the total; 1 when none */
-static int same_bytes(const char *what, const void *got, const void *want, size_t n, size_t elem) {
-    const uint8_t *g = got, *w = want;
-    size_t bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (memcmp(g + i * elem, w + i * elem, elem) != 0) {
-            if (bad < 4) {
-                uint32_t gv = 0, wv = 0;
-                memcpy(&gv, g + i * elem, elem < 4 ? elem : 4);
-                memcpy(&wv, w + i * elem, elem < 4 ? elem : 4);
-                fprintf(stderr, "  %s[%zu]: got 0x%x, want 0x%x\n", what, i, gv, wv);
-            }
-            bad++;
-        }
-    }
-    fprintf(stderr, "%-28s %zu elements: %s (%zu differ)\n", what, n,
-            bad ? "DIFFER  FAIL" : "bit for bit", bad);
-    return bad == 0;
 }
 
 /* ---------------- NF4 ---------------- */
@@ -286,19 +267,19 @@ static void test_nf4_bnb(void **state) {
         mt_nf4_dequantize_bf16(want_c, want_a, n, h);
         int ok = 1;
         snprintf(what, sizeof what, "%s codes", cases[k]);
-        ok &= same_bytes(what, c, want_c, nc, 1);
+        ok &= mt_test_same_elems(what, c, want_c, nc, 1);
         snprintf(what, sizeof what, "%s absmax", cases[k]);
-        ok &= same_bytes(what, a, want_a, na, 4);
+        ok &= mt_test_same_elems(what, a, want_a, na, 4);
         snprintf(what, sizeof what, "%s deq", cases[k]);
-        ok &= same_bytes(what, d, want_d, n, 4);
+        ok &= mt_test_same_elems(what, d, want_d, n, 4);
         snprintf(what, sizeof what, "%s deq bf16", cases[k]);
-        ok &= same_bytes(what, h, want_h, n, 2);
+        ok &= mt_test_same_elems(what, h, want_h, n, 2);
         /* bnb's CUDA rule, as make_quant_fixture.py reproduces it from bnb's source */
         snprintf(name, sizeof name, "%s.codes_cuda", cases[k]);
         const uint8_t *want_cu = fx(name, MT_U8, &nc);
         assert_int_equal(mt_nf4_quantize_rule(x, n, c, a, MT_NF4_BNB_CUDA), MT_OK);
         snprintf(what, sizeof what, "%s codes, cuda rule", cases[k]);
-        ok &= same_bytes(what, c, want_cu, nc, 1);
+        ok &= mt_test_same_elems(what, c, want_cu, nc, 1);
         ok &= memcmp(a, want_a, na * sizeof(float)) == 0;
         size_t apart = 0;
         for (int64_t i = 0; i < n; i++) {
@@ -362,7 +343,7 @@ static void test_fp8_torch_cast(void **state) {
     assert_int_equal(n, nq);
     uint8_t *q = malloc(n);
     for (int64_t i = 0; i < n; i++) q[i] = mt_fp8_e4m3_from_f32(x[i]);
-    assert_true(same_bytes("fp8 cast", q, want, n, 1));
+    assert_true(mt_test_same_elems("fp8 cast", q, want, n, 1));
     free(x), free(q);
 }
 
@@ -392,13 +373,13 @@ static void test_fp8_torch_blocks(void **state) {
         mt_fp8_dequantize_bf16(want_q, want_s, n, h);
         int ok = 1;
         snprintf(what, sizeof what, "%s q", cases[k]);
-        ok &= same_bytes(what, q, want_q, n, 1);
+        ok &= mt_test_same_elems(what, q, want_q, n, 1);
         snprintf(what, sizeof what, "%s scales", cases[k]);
-        ok &= same_bytes(what, s, want_s, ns, 4);
+        ok &= mt_test_same_elems(what, s, want_s, ns, 4);
         snprintf(what, sizeof what, "%s deq", cases[k]);
-        ok &= same_bytes(what, d, want_d, n, 4);
+        ok &= mt_test_same_elems(what, d, want_d, n, 4);
         snprintf(what, sizeof what, "%s deq bf16", cases[k]);
-        ok &= same_bytes(what, h, want_h, n, 2);
+        ok &= mt_test_same_elems(what, h, want_h, n, 2);
         assert_true(ok);
         free(x), free(want_s), free(q), free(s), free(d), free(h);
     }
@@ -543,17 +524,7 @@ static void test_cpu_backend_ops(void **state) {
 }
 
 static int setup(void **state) {
-    (void)state;
-    char *path = mt_fixture_path("quant/quant_ref.safetensors");
-    int rc = mt_safetensors_open_file(&ref, path);
-    if (rc != MT_OK) fprintf(stderr, "test_quant: %s\n", mt_error_message());
-    free(path);
-    return rc == MT_OK ? 0 : -1;
-}
-static int teardown(void **state) {
-    (void)state;
-    mt_safetensors_close(ref);
-    return 0;
+    return mt_test_fixture_st_open(state, &ref, "quant/quant_ref.safetensors", "test_quant");
 }
 
 int main(void) {
@@ -565,5 +536,5 @@ int main(void) {
         cmocka_unit_test(test_fp8_roundtrip),  cmocka_unit_test(test_fp8_edges),
         cmocka_unit_test(test_cpu_backend_ops),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, mt_test_fixture_st_teardown);
 }

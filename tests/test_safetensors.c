@@ -10,32 +10,6 @@
 #include "io/safetensors.h"
 #include "util/testutil.h"
 
-static char *tmpdir;
-
-static int group_setup(void **state) {
-    tmpdir = mt_test_tmpdir();
-    return 0;
-}
-
-static int group_teardown(void **state) {
-    mt_test_rmtree(tmpdir);
-    free(tmpdir);
-    return 0;
-}
-
-/* A path inside the test directory; each call site gets its own buffer from the caller. */
-static const char *tpath(char *buf, const char *name) {
-    snprintf(buf, 512, "%s/%s", tmpdir, name);
-    return buf;
-}
-
-static void write_bytes(const char *path, const void *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    if (n) assert_int_equal(fwrite(data, 1, n, f), n);
-    fclose(f);
-}
-
 /* u64 little-endian header length, then `header` (its strlen), then `data`. */
 static void write_st_raw(const char *path, uint64_t hlen, const char *header, const void *data,
                          size_t n) {
@@ -44,7 +18,7 @@ static void write_st_raw(const char *path, uint64_t hlen, const char *header, co
     for (int i = 0; i < 8; i++) buf[i] = (unsigned char)(hlen >> (8 * i));
     memcpy(buf + 8, header, h);
     if (n) memcpy(buf + 8 + h, data, n);
-    write_bytes(path, buf, 8 + h + n);
+    mt_test_write_bytes(path, buf, 8 + h + n);
     free(buf);
 }
 
@@ -77,7 +51,7 @@ static void expect_open_error(const char *path, int is_dir, const char *must_nam
 
 static void test_roundtrip_dtypes_and_ranks(void **state) {
     char p[512];
-    tpath(p, "rt.safetensors");
+    mt_test_dir_path(p, "rt.safetensors");
     float scalar = 3.25f;
     mt_bf16 vb[5];
     uint16_t vh[6];
@@ -153,7 +127,7 @@ static int fill_copy(void *ctx, int i, int64_t b, int64_t k, void *dst) {
 
 static void test_roundtrip_fill_callback(void **state) {
     char p[512];
-    tpath(p, "fill.safetensors");
+    mt_test_dir_path(p, "fill.safetensors");
     const int64_t n = 1500000; /* more than one 4 MiB bounce chunk */
     float *x = malloc(sizeof(float) * (size_t)n);
     mt_test_rng rng;
@@ -180,7 +154,7 @@ static int fill_fails(void *ctx, int i, int64_t b, int64_t k, void *dst) {
 
 static void test_write_is_atomic(void **state) {
     char p[512], tmp[600];
-    tpath(p, "atomic.safetensors");
+    mt_test_dir_path(p, "atomic.safetensors");
     snprintf(tmp, sizeof tmp, "%s.tmp", p);
     float v[2] = {1, 2};
     const mt_st_write_tensor good[] = {{"w", MT_F32, 1, {2}, v}};
@@ -203,7 +177,7 @@ static void test_write_is_atomic(void **state) {
     mt_safetensors_close(st);
 
     char nodir[512];
-    tpath(nodir, "no/such/dir/x.safetensors");
+    mt_test_dir_path(nodir, "no/such/dir/x.safetensors");
     assert_int_equal(mt_safetensors_write(nodir, good, 1, NULL, 0), MT_ERR);
     assert_non_null(strstr(mt_error_message(), "no/such/dir"));
 }
@@ -211,7 +185,7 @@ static void test_write_is_atomic(void **state) {
 /* A 16-bit tensor at an odd address (header length odd) still converts (UBSan-clean). */
 static void test_unaligned_bf16(void **state) {
     char p[512];
-    tpath(p, "odd.safetensors");
+    mt_test_dir_path(p, "odd.safetensors");
     const char *h = "{\"x\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[0,6]}}";
     assert_int_equal(strlen(h) % 2, 1);
     mt_bf16 v[3] = {mt_f32_to_bf16(1.5f), mt_f32_to_bf16(-2.0f), mt_f32_to_bf16(0.25f)};
@@ -227,8 +201,7 @@ static void test_unaligned_bf16(void **state) {
 /* ---- directories ---- */
 
 static char *make_subdir(const char *name) {
-    char *d = malloc(512);
-    snprintf(d, 512, "%s/%s", tmpdir, name);
+    char *d = mt_test_dir_sub(name);
     assert_int_equal(mkdir(d, 0755), 0);
     return d;
 }
@@ -236,7 +209,7 @@ static char *make_subdir(const char *name) {
 static void write_in(const char *dir, const char *name, const char *text) {
     char p[1024];
     snprintf(p, sizeof p, "%s/%s", dir, name);
-    write_bytes(p, text, strlen(text));
+    mt_test_write_bytes(p, text, strlen(text));
 }
 
 static void write_shard(const char *dir, const char *name, const char *tensor, float value) {
@@ -287,7 +260,7 @@ static const char *TENSOR_OK = "\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_of
 static void bad_header(const char *file, const char *header, size_t data_len,
                        const char *tensor, const char *must_say) {
     char p[512];
-    tpath(p, file);
+    mt_test_dir_path(p, file);
     unsigned char data[64] = {0};
     assert_true(data_len <= sizeof data);
     write_st(p, header, data, data_len);
@@ -296,25 +269,25 @@ static void bad_header(const char *file, const char *header, size_t data_len,
 
 static void test_bad_empty_file(void **state) {
     char p[512];
-    write_bytes(tpath(p, "empty.safetensors"), "", 0);
+    mt_test_write_bytes(mt_test_dir_path(p, "empty.safetensors"), "", 0);
     expect_open_error(p, 0, NULL, "0 bytes");
 }
 
 static void test_bad_truncated_length(void **state) {
     char p[512];
-    write_bytes(tpath(p, "short.safetensors"), "\x10\0\0\0\0", 5);
+    mt_test_write_bytes(mt_test_dir_path(p, "short.safetensors"), "\x10\0\0\0\0", 5);
     expect_open_error(p, 0, NULL, "5 bytes");
 }
 
 static void test_bad_length_past_eof(void **state) {
     char p[512];
-    write_st_raw(tpath(p, "past.safetensors"), 100, "{}", NULL, 0);
+    write_st_raw(mt_test_dir_path(p, "past.safetensors"), 100, "{}", NULL, 0);
     expect_open_error(p, 0, NULL, "past the end");
 }
 
 static void test_bad_huge_length(void **state) {
     char p[512];
-    write_st_raw(tpath(p, "huge.safetensors"), 1ULL << 40, "{}", NULL, 0);
+    write_st_raw(mt_test_dir_path(p, "huge.safetensors"), 1ULL << 40, "{}", NULL, 0);
     expect_open_error(p, 0, NULL, "limit");
 }
 
@@ -521,5 +494,5 @@ int main(void) {
         cmocka_unit_test(test_bad_tensor_in_two_shards),
         cmocka_unit_test(test_bad_shard_content),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, mt_test_dir_setup, mt_test_dir_teardown);
 }

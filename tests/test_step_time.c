@@ -35,14 +35,8 @@
 static mt_cli_env env;
 
 static int setup(void **state) {
-    (void)state;
+    *state = &env; /* for mt_cli_env_teardown */
     return mt_cli_env_init(&env, "train_llama");
-}
-
-static int teardown(void **state) {
-    (void)state;
-    mt_cli_env_free(&env);
-    return 0;
 }
 
 static void load(mt_param_table *t, const char *rel) {
@@ -439,5 +433,5 @@ int main(void) {
         cmocka_unit_test(test_moe_flops),          cmocka_unit_test(test_plan_moe_cli),
         cmocka_unit_test(test_moe_extra_by_hand), cmocka_unit_test(test_deltanet_extra_by_hand),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, mt_cli_env_teardown);
 }

@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "data/text_data.h"
 #include "tokenizer/tokenizer.h"
+#include "util/fixture_io.h"
 #include "util/testutil.h"
 
 static char *g_tmp;
@@ -72,15 +73,7 @@ static void free_cases(tcase *cs, size_t n) {
     free(cs);
 }
 
-static mt_tokenizer *load_tok(const char *kind) {
-    char rel[256];
-    snprintf(rel, sizeof rel, "tokenizers/%s", kind);
-    char *dir = mt_fixture_path(rel);
-    mt_tokenizer *t = NULL;
-    if (mt_tokenizer_load(&t, dir) != MT_OK) fail_msg("%s", mt_error_message());
-    free(dir);
-    return t;
-}
+static mt_tokenizer *load_tok(const char *kind) { return mt_test_tokenizer_load("tokenizers/%s", kind); }
 
 /* Reads a token file of elem_size into a malloc'd int32 array. */
 static int32_t *read_tokens(const char *path, int elem_size, size_t *n) {

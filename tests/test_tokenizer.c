@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "tokenizer/tokenizer.h"
+#include "util/fixture_io.h"
 #include "util/testutil.h"
 
 static const char *const KINDS[] = {"gpt2", "llama3", "qwen2", "llama2", "mistral"};
@@ -86,17 +87,7 @@ static void free_cases(tcase *cs, size_t n) {
     free(cs);
 }
 
-static mt_tokenizer *load_kind(const char *kind) {
-    char rel[256];
-    snprintf(rel, sizeof rel, "tokenizers/%s", kind);
-    char *dir = mt_fixture_path(rel);
-    mt_tokenizer *t = NULL;
-    int rc = mt_tokenizer_load(&t, dir);
-    if (rc != MT_OK) print_error("%s\n", mt_error_message());
-    assert_int_equal(rc, MT_OK);
-    free(dir);
-    return t;
-}
+static mt_tokenizer *load_kind(const char *kind) { return mt_test_tokenizer_load("tokenizers/%s", kind); }
 
 static void print_ids(const char *what, const int32_t *ids, size_t n) {
     print_message("    %-8s (%zu):", what, n);

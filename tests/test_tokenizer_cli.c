@@ -26,19 +26,13 @@ static void test_tokenize_real_config(void **st) {
 }
 
 static int setup(void **st) {
-    (void)st;
+    *st = &g_env; /* for mt_cli_env_teardown */
     return mt_cli_env_init(&g_env, "tokenizers");
-}
-
-static int teardown(void **st) {
-    (void)st;
-    mt_cli_env_free(&g_env);
-    return 0;
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tokenize_real_config),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, mt_cli_env_teardown);
 }

@@ -19,12 +19,6 @@
 #include "tokenizer/tokenizer.h"
 #include "util/testutil.h"
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static char *read_file(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
@@ -61,7 +55,7 @@ static int bench(int argc, char **argv) {
     double best = 1e30, first = 0;
     for (int r = 0; r < repeat; r++) {
         v.n = 0;
-        double t0 = now_s();
+        double t0 = mt_test_now_s();
         if (lines) {
             for (size_t a = 0; a < n;) {
                 const char *nl = memchr(text + a, '\n', n - a);
@@ -72,7 +66,7 @@ static int bench(int argc, char **argv) {
         } else {
             mt_tokenizer_encode_into(t, text, n, 0, &v);
         }
-        double dt = now_s() - t0;
+        double dt = mt_test_now_s() - t0;
         if (r == 0) first = dt;
         if (dt < best) best = dt;
     }
@@ -127,9 +121,9 @@ static void test_speed(void **state) {
         size_t n;
         char *text = make_text(kinds[k], &n);
         mt_token_vec v = {0};
-        double t0 = now_s();
+        double t0 = mt_test_now_s();
         mt_tokenizer_encode_into(t, text, n, 0, &v);
-        double dt = now_s() - t0;
+        double dt = mt_test_now_s() - t0;
         print_message("%-8s %.1f MB -> %zu tokens in %.3f s: %.2f M tokens/s\n", kinds[k], n / 1e6, v.n, dt,
                       v.n / dt / 1e6);
         char *back;

@@ -14,37 +14,12 @@
 #include "data/tokens.h"
 #include "util/testutil.h"
 
-static char *tmpdir;
-
-static int group_setup(void **state) {
-    tmpdir = mt_test_tmpdir();
-    return 0;
-}
-
-static int group_teardown(void **state) {
-    mt_test_rmtree(tmpdir);
-    free(tmpdir);
-    return 0;
-}
-
-static const char *tpath(char *buf, const char *name) {
-    snprintf(buf, 512, "%s/%s", tmpdir, name);
-    return buf;
-}
-
-static void write_bytes(const char *path, const void *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    if (n) assert_int_equal(fwrite(data, 1, n, f), n);
-    fclose(f);
-}
-
 /* ids as little-endian uint16 or uint32, built by bytes so the test does not assume the host. */
 static void write_tokens(const char *path, int elem, const uint32_t *ids, size_t n) {
     unsigned char *buf = malloc(n * elem + 1);
     for (size_t i = 0; i < n; i++)
         for (int b = 0; b < elem; b++) buf[i * elem + b] = (unsigned char)(ids[i] >> (8 * b));
-    write_bytes(path, buf, n * elem);
+    mt_test_write_bytes(path, buf, n * elem);
     free(buf);
 }
 
@@ -77,7 +52,7 @@ static void test_sequential_order(void **state) {
     char p[512];
     const int64_t n = 50;
     const int B = 3, T = 4;
-    write_seq(tpath(p, "seq.bin"), 2, n, 0);
+    write_seq(mt_test_dir_path(p, "seq.bin"), 2, n, 0);
     mt_token_file f;
     open_ok(&f, p, 2, 100);
     assert_int_equal(f.n_tokens, n);
@@ -117,7 +92,7 @@ static void test_sequential_order(void **state) {
 /* A file shorter than one row wraps as many times as needed. */
 static void test_short_file_wraps(void **state) {
     char p[512];
-    write_seq(tpath(p, "short.bin"), 2, 3, 10);
+    write_seq(mt_test_dir_path(p, "short.bin"), 2, 3, 10);
     mt_token_file f;
     open_ok(&f, p, 2, 20);
     mt_batch_order o = {0};
@@ -131,7 +106,7 @@ static void test_short_file_wraps(void **state) {
     mt_tokens_close(&f);
 
     /* The smallest legal file: 2 tokens. */
-    write_seq(tpath(p, "two.bin"), 2, 2, 0);
+    write_seq(mt_test_dir_path(p, "two.bin"), 2, 2, 0);
     open_ok(&f, p, 2, 2);
     mt_tokens_batch(&f, &o, 1, 1, 3, in, tg); /* starts at 3 % 2 = 1 */
     const int32_t in2[3] = {1, 0, 1}, tg2[3] = {0, 1, 0};
@@ -154,7 +129,7 @@ static void test_uint16_uint32(void **state) {
     mt_token_file f;
 
     /* uint16 up to the top id 65535 */
-    write_seq(tpath(p, "u16.bin"), 2, n, 65535 - (uint32_t)n + 1);
+    write_seq(mt_test_dir_path(p, "u16.bin"), 2, n, 65535 - (uint32_t)n + 1);
     open_ok(&f, p, 2, 65536);
     assert_int_equal(f.elem_size, 2);
     for (int64_t s = 0; s < 6; s++) {
@@ -165,7 +140,7 @@ static void test_uint16_uint32(void **state) {
     mt_tokens_close(&f);
 
     /* uint32 with ids past 65535 (a 128k vocabulary) */
-    write_seq(tpath(p, "u32.bin"), 4, n, 100000);
+    write_seq(mt_test_dir_path(p, "u32.bin"), 4, n, 100000);
     open_ok(&f, p, 4, 128256);
     assert_int_equal(f.elem_size, 4);
     assert_int_equal(f.n_tokens, n);
@@ -212,7 +187,7 @@ static void test_perm_is_bijection(void **state) {
  * each epoch visits every window exactly once. */
 static void check_epochs(int64_t W, int T, int64_t n, uint64_t seed) {
     char p[512];
-    snprintf(p, sizeof p, "%s/shuf_%lld_%lld.bin", tmpdir, (long long)W, (long long)n);
+    snprintf(p, sizeof p, "%s/shuf_%lld_%lld.bin", mt_test_dir, (long long)W, (long long)n);
     write_seq(p, 4, (size_t)n, 0);
     mt_token_file f;
     open_ok(&f, p, 4, (int)n);
@@ -269,7 +244,7 @@ static void test_shuffle_seeds_and_resume(void **state) {
     char p[512];
     const int64_t n = 1000;
     const int B = 4, T = 8, S = 12; /* W = 125 */
-    write_seq(tpath(p, "resume.bin"), 2, n, 0);
+    write_seq(mt_test_dir_path(p, "resume.bin"), 2, n, 0);
     mt_token_file f, g;
     open_ok(&f, p, 2, (int)n);
     open_ok(&g, p, 2, (int)n);
@@ -324,7 +299,7 @@ static void test_eval_rows(void **state) {
     char p[512];
     const int64_t n = 23;
     const int T = 4, B = 3;
-    write_seq(tpath(p, "eval.bin"), 2, n, 0);
+    write_seq(mt_test_dir_path(p, "eval.bin"), 2, n, 0);
     mt_token_file f;
     open_ok(&f, p, 2, 100);
     int64_t rows = mt_tokens_eval_rows(&f, T);
@@ -357,7 +332,7 @@ static void test_eval_rows(void **state) {
     assert_memory_equal(tg, etg, sizeof etg);
     /* Exactly divisible: n - 1 = 4 * T gives 4 rows, the last target is the last token. */
     mt_tokens_close(&f);
-    write_seq(tpath(p, "eval17.bin"), 2, 17, 0);
+    write_seq(mt_test_dir_path(p, "eval17.bin"), 2, 17, 0);
     open_ok(&f, p, 2, 100);
     assert_int_equal(mt_tokens_eval_rows(&f, T), 4);
     mt_tokens_eval_batch(&f, 3, 1, T, in, tg);
@@ -365,7 +340,7 @@ static void test_eval_rows(void **state) {
     mt_tokens_close(&f);
 
     /* Shorter than one row: one row, wrapping. */
-    write_seq(tpath(p, "eval3.bin"), 2, 3, 0);
+    write_seq(mt_test_dir_path(p, "eval3.bin"), 2, 3, 0);
     open_ok(&f, p, 2, 100);
     assert_int_equal(mt_tokens_eval_rows(&f, 8), 1);
     int32_t in8[16], tg8[16];
@@ -395,31 +370,31 @@ static void expect_open_error(const char *path, int elem, int vocab, const char 
 
 static void test_bad_files(void **state) {
     char p[512];
-    expect_open_error(tpath(p, "no_such.bin"), 2, 100,
+    expect_open_error(mt_test_dir_path(p, "no_such.bin"), 2, 100,
                       (const char *[]){"No such file", NULL});
-    expect_open_error(tmpdir, 2, 100, (const char *[]){"not a regular file", NULL});
+    expect_open_error(mt_test_dir, 2, 100, (const char *[]){"not a regular file", NULL});
 
-    write_bytes(tpath(p, "empty.bin"), "", 0);
+    mt_test_write_bytes(mt_test_dir_path(p, "empty.bin"), "", 0);
     expect_open_error(p, 2, 100, (const char *[]){"empty", NULL});
 
-    write_bytes(tpath(p, "odd.bin"), "\1\0\2\0\3", 5);
+    mt_test_write_bytes(mt_test_dir_path(p, "odd.bin"), "\1\0\2\0\3", 5);
     expect_open_error(p, 2, 100, (const char *[]){"size 5 bytes", "multiple of 2", "1 byte", NULL});
-    write_bytes(tpath(p, "odd32.bin"), "\1\0\0\0\2\0", 6);
+    mt_test_write_bytes(mt_test_dir_path(p, "odd32.bin"), "\1\0\0\0\2\0", 6);
     expect_open_error(p, 4, 100, (const char *[]){"size 6 bytes", "multiple of 4", "2 byte", NULL});
 
     const uint32_t one[1] = {5};
-    write_tokens(tpath(p, "one.bin"), 2, one, 1);
+    write_tokens(mt_test_dir_path(p, "one.bin"), 2, one, 1);
     expect_open_error(p, 2, 100, (const char *[]){"1 token", "at least 2", NULL});
-    write_tokens(tpath(p, "one32.bin"), 4, one, 1);
+    write_tokens(mt_test_dir_path(p, "one32.bin"), 4, one, 1);
     expect_open_error(p, 4, 100, (const char *[]){"1 token", NULL});
 
     const uint32_t bad[6] = {1, 2, 3, 99, 100, 7};
-    write_tokens(tpath(p, "badid.bin"), 2, bad, 6);
+    write_tokens(mt_test_dir_path(p, "badid.bin"), 2, bad, 6);
     expect_open_error(p, 2, 100,
                       (const char *[]){"id 100", "position 4", "vocab 100", NULL});
     /* id == vocab is the first out of range; 0 is fine */
     const uint32_t bad0[2] = {100, 0};
-    write_tokens(tpath(p, "badid0.bin"), 2, bad0, 2);
+    write_tokens(mt_test_dir_path(p, "badid0.bin"), 2, bad0, 2);
     expect_open_error(p, 2, 100, (const char *[]){"position 0", NULL});
 
     /* Several chunks of the threaded scan, several bad ids: the first one is named. */
@@ -428,13 +403,13 @@ static void test_bad_files(void **state) {
     ids[2900005] = 70000;
     ids[1500001] = 50000;
     ids[2100000] = 60000;
-    write_tokens(tpath(p, "big32.bin"), 4, ids, big);
+    write_tokens(mt_test_dir_path(p, "big32.bin"), 4, ids, big);
     expect_open_error(p, 4, 50000,
                       (const char *[]){"id 50000", "position 1500001", "vocab 50000", NULL});
     free(ids);
 
     /* Bad arguments are errors too, not crashes. */
-    write_seq(tpath(p, "fine.bin"), 2, 10, 0);
+    write_seq(mt_test_dir_path(p, "fine.bin"), 2, 10, 0);
     expect_open_error(p, 3, 100, (const char *[]){"must be 2", NULL});
     expect_open_error(p, 2, 0, (const char *[]){"vocab 0", NULL});
     mt_token_file f;
@@ -476,12 +451,12 @@ static void test_byte_text(void **state) {
      * whitespace-only one is kept (as Hugging Face's tokenizer(text) keeps it: it used to be
      * dropped); CRLF "%" lines count; a "%" inside a line or "%%" does not separate. */
     const char *fa = "%\none\n%\n%\n  \n\n%\ntwo 100%\nlines\n%%\n%\r\nthree\r\n%\n";
-    write_bytes(tpath(a, "a.txt"), fa, strlen(fa));
-    write_bytes(tpath(b, "b.txt"), "four", 4); /* no trailing newline, no separator */
-    write_bytes(tpath(c, "c.txt"), "", 0);     /* an empty file adds nothing */
+    mt_test_write_bytes(mt_test_dir_path(a, "a.txt"), fa, strlen(fa));
+    mt_test_write_bytes(mt_test_dir_path(b, "b.txt"), "four", 4); /* no trailing newline, no separator */
+    mt_test_write_bytes(mt_test_dir_path(c, "c.txt"), "", 0);     /* an empty file adds nothing */
     const char *paths[3] = {a, b, c};
     mt_text_stats st;
-    int rc = mt_byte_text_to_tokens(paths, 3, tpath(out, "text.bin"), "%", 256, &st);
+    int rc = mt_byte_text_to_tokens(paths, 3, mt_test_dir_path(out, "text.bin"), "%", 256, &st);
     if (rc != MT_OK) print_error("%s\n", mt_error_message());
     assert_int_equal(rc, MT_OK);
     const char *want = "one\n|  \n\n|two 100%\nlines\n%%\n|three\r\n|four|";
@@ -506,7 +481,7 @@ static void test_byte_text(void **state) {
     /* No separator: each file is one document, "%" lines are text; a whitespace-only file is a
      * document, an empty one is skipped and counted. */
     char ws[512];
-    write_bytes(tpath(ws, "ws.txt"), " \n\t\n", 4);
+    mt_test_write_bytes(mt_test_dir_path(ws, "ws.txt"), " \n\t\n", 4);
     const char *paths2[4] = {a, b, ws, c};
     rc = mt_byte_text_to_tokens(paths2, 4, out, NULL, 256, &st);
     assert_int_equal(rc, MT_OK);
@@ -522,7 +497,7 @@ static void test_byte_text(void **state) {
     /* All bytes 0..255 survive. */
     unsigned char all[256];
     for (int i = 0; i < 256; i++) all[i] = (unsigned char)(255 - i);
-    write_bytes(tpath(c, "bin.txt"), all, 256);
+    mt_test_write_bytes(mt_test_dir_path(c, "bin.txt"), all, 256);
     const char *one[1] = {c};
     assert_int_equal(mt_byte_text_to_tokens(one, 1, out, NULL, 300, &st), MT_OK);
     assert_int_equal(st.tokens, 257);
@@ -549,10 +524,10 @@ static void test_byte_text_long_document(void **state) {
     text[1] = (char)0xff;                          /* invalid UTF-8 in the first piece ... */
     text[long_len - 2] = (char)0xfe;               /* ... and in the last */
     memcpy(text + long_len, tail, strlen(tail));
-    write_bytes(tpath(in, "long.txt"), text, long_len + strlen(tail));
+    mt_test_write_bytes(mt_test_dir_path(in, "long.txt"), text, long_len + strlen(tail));
     const char *paths[1] = {in};
     mt_text_stats st;
-    assert_int_equal(mt_byte_text_to_tokens(paths, 1, tpath(out, "long.bin"), "%", 256, &st), MT_OK);
+    assert_int_equal(mt_byte_text_to_tokens(paths, 1, mt_test_dir_path(out, "long.bin"), "%", 256, &st), MT_OK);
     assert_int_equal(st.documents, 2);
     assert_int_equal(st.invalid_utf8, 1);
     assert_int_equal(st.tokens, (int64_t)long_len + 1 + 6 + 1);
@@ -599,25 +574,25 @@ static void expect_text_error(const char *const *paths, int n_paths, const char 
 
 static void test_byte_text_errors(void **state) {
     char a[512], missing[512], ws[512], out[512];
-    write_bytes(tpath(a, "ok.txt"), "hello\n", 6);
-    tpath(missing, "missing.txt");
-    tpath(out, "never.bin");
+    mt_test_write_bytes(mt_test_dir_path(a, "ok.txt"), "hello\n", 6);
+    mt_test_dir_path(missing, "missing.txt");
+    mt_test_dir_path(out, "never.bin");
     const char *p1[2] = {a, missing};
     expect_text_error(p1, 2, out, "%", 256, missing);
     expect_text_error(p1, 1, out, "%", 255, out);   /* eos collides with a byte */
     expect_text_error(p1, 1, out, "%", 65536, out); /* eos does not fit uint16 */
     expect_text_error(p1, 0, out, "%", 256, out);
-    write_bytes(tpath(ws, "ws.txt"), "%\n%\n%\r\n", 7);
+    mt_test_write_bytes(mt_test_dir_path(ws, "ws.txt"), "%\n%\n%\r\n", 7);
     const char *p2[1] = {ws};
     expect_text_error(p2, 1, out, "%", 256, out); /* no text at all */
     /* An unwritable output names its temporary. */
     char bad_out[600];
-    snprintf(bad_out, sizeof bad_out, "%s/no_dir/x.bin", tmpdir);
+    snprintf(bad_out, sizeof bad_out, "%s/no_dir/x.bin", mt_test_dir);
     const char *p3[1] = {a};
     expect_text_error(p3, 1, bad_out, NULL, 256, "no_dir/x.bin");
     /* An input directory is a read error naming it. */
-    const char *p4[1] = {tmpdir};
-    expect_text_error(p4, 1, out, NULL, 256, tmpdir);
+    const char *p4[1] = {mt_test_dir};
+    expect_text_error(p4, 1, out, NULL, 256, mt_test_dir);
 }
 
 int main(void) {
@@ -635,5 +610,5 @@ int main(void) {
         cmocka_unit_test(test_byte_text_decode),
         cmocka_unit_test(test_byte_text_errors),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, mt_test_dir_setup, mt_test_dir_teardown);
 }

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "util/fixture_io.h"
 #include "util/testutil.h"
 
 #define STEP_TOL 1e-4
@@ -111,12 +112,7 @@ static int check_weights(const char *ckpt, const mt_safetensors *ref) {
 static void run_fixture_with(const char *name, int64_t upto, const char *model, int lora) {
     char *dir = mt_fixture_path(name);
     char path[4096], args[1024], cmd[8192], out_buf[65536];
-    snprintf(path, sizeof path, "%s/args.txt", dir);
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    assert_non_null(fgets(args, sizeof args, f));
-    fclose(f);
-    args[strcspn(args, "\n")] = '\0';
+    mt_test_fixture_args(dir, args, sizeof args);
     char *tmp = mt_test_tmpdir();
     const char *bin = getenv("MT_BIN");
     assert_non_null(bin);

@@ -139,9 +139,9 @@ struct mt_backend {
     void *(*native_stream)(mt_backend *be, mt_stream s);
     /* Optional: bytes allocated through alloc so far. */
     size_t (*mem_used)(mt_backend *be);
-    int attention_options; /* 1: models whose attention needs mt_attention_opts run here (cpu);
-                              0: refused by the layer check (cuda: its kernels take the options,
-                              but whole gpt-oss and Gemma 3 models are not yet verified there) */
+    int attention_options; /* the attention ops take every mt_attention_opts option (cpu, cuda);
+                              0: the defaults only, and the layer check refuses the models that
+                              need them */
     int rmsnorm_unweighted; /* rmsnorm_forward / _backward take weight NULL: no weight (Gemma 4's
                                v_norm) (cpu); 0: a weight always */
     int64_t mem_budget; /* bytes alloc may hand out in all (cuda: --gpu-mem or the free memory at

@@ -35,6 +35,8 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "model/docs.h"
+#include "util/dev_buffers.h"
+#include "util/host_buffers.h"
 #include "util/testutil.h"
 
 #define BF_ATOL 1e-2
@@ -54,69 +56,12 @@
 static mt_backend *cpu, *gpu;
 static int have_cudnn; /* cuDNN loaded and usable on this machine */
 
-/* ---------------- host <-> device ---------------- */
-
-static float *fnew(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
-
-static double rms(const float *x, size_t n) {
-    double s = 0;
-    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
-    return n ? sqrt(s / n) : 0.0;
-}
-
-static float *rnd_bf(mt_test_rng *rng, size_t n, float std) {
-    float *x = fnew(n);
-    mt_test_fill_normal(rng, x, n, std);
-    for (size_t i = 0; i < n; i++) x[i] = mt_bf16_to_f32(mt_f32_to_bf16(x[i]));
-    return x;
-}
-static void *up_bf(const float *x, size_t n) {
-    mt_bf16 *h = malloc((n ? n : 1) * sizeof(mt_bf16));
-    for (size_t i = 0; i < n; i++) h[i] = mt_f32_to_bf16(x[i]);
-    void *d = gpu->alloc(gpu, n * sizeof(mt_bf16));
-    gpu->upload(gpu, d, h, n * sizeof(mt_bf16));
-    free(h);
-    return d;
-}
-static float *down_bf(const void *d, size_t n) {
-    mt_bf16 *h = malloc((n ? n : 1) * sizeof(mt_bf16));
-    gpu->download(gpu, h, d, n * sizeof(mt_bf16));
-    float *x = fnew(n);
-    for (size_t i = 0; i < n; i++) x[i] = mt_bf16_to_f32(h[i]);
-    free(h);
-    return x;
-}
-static float *down_f32(const float *d, size_t n) {
-    float *x = fnew(n);
-    gpu->download(gpu, x, d, n * sizeof(float));
-    return x;
-}
-/* A device buffer of n NaNs (bf16 0x7fc0 or fp32), so that an unwritten element fails. */
-static void *poison(size_t n, size_t elem) {
-    void *h = malloc((n ? n : 1) * elem);
-    for (size_t i = 0; i < n; i++) {
-        if (elem == 2) ((mt_bf16 *)h)[i] = 0x7fc0;
-        else ((float *)h)[i] = NAN;
-    }
-    void *d = gpu->alloc(gpu, n * elem);
-    gpu->upload(gpu, d, h, n * elem);
-    free(h);
-    return d;
-}
-
-/* got vs ref, atol relative to RMS(ref). */
-static int check(const char *what, const float *got, const float *ref, size_t n, double atol_rel,
-                 double rtol) {
-    double scale = rms(ref, n);
-    return mt_allclose(what, got, ref, n, atol_rel * (scale > 0 ? scale : 1), rtol);
-}
-
 /* out of the textbook bf16 flash forward on the problem's inputs (causal, inside each document
  * when doc is not NULL): per query row, s = scale q.k in fp64, p = exp(s - max) rounded to bf16 for
  * the PV product, the sum of the unrounded p, out rounded to bf16. */
 static float *bf16_p_forward(const float *q, const float *k, const float *v, const int32_t *doc,
                              int B, int T, int H, int G, int D) {
-    float *out = fnew((size_t)B * T * H * D);
+    float *out = mt_test_fnew((size_t)B * T * H * D);
     const int rep = H / G;
     const double scale = 1.0 / sqrt((double)D);
 #pragma omp parallel
@@ -159,7 +104,7 @@ static float *bf16_p_forward(const float *q, const float *k, const float *v, con
  * element (emul: bf16_p_forward's out); also prints how that algorithm alone fares. */
 static int check_out_bf16_p(const char *what, const float *got, const float *ref,
                             const float *emul, size_t n, double atol_rel, double rtol) {
-    double scale = rms(ref, n), atol = atol_rel * (scale > 0 ? scale : 1);
+    double scale = mt_test_rms(ref, n), atol = atol_rel * (scale > 0 ? scale : 1);
     double worst = 0, worst_plain = 0, emul_worst = 0, max_abs = 0;
     size_t bad = 0, worst_i = 0, plain_bad = 0, emul_bad = 0;
     for (size_t i = 0; i < n; i++) {
@@ -184,37 +129,6 @@ static int check_out_bf16_p(const char *what, const float *got, const float *ref
             what, n, max_abs, worst_i, 100 * worst, plain_bad, 100 * worst_plain, emul_bad,
             100 * emul_worst, bad ? "  FAIL" : "");
     return bad == 0;
-}
-
-/* got vs ref over rows of `width`, atol relative to max(RMS of the row, RMS of the tensor / 2),
- * plus max|err|/max|ref| <= tensor_tol (test_cuda_ops.c's check_rows_bf). */
-static int check_rows(const char *what, const float *g, const float *ref, size_t rows,
-                      size_t width, double atol_rel, double rtol, double tensor_tol) {
-    double worst = 0, floor = 0.5 * rms(ref, rows * width);
-    size_t bad = 0, worst_i = 0;
-    for (size_t r = 0; r < rows; r++) {
-        double scale = rms(ref + r * width, width);
-        if (scale < floor) scale = floor;
-        if (scale == 0) scale = 1;
-        for (size_t j = 0; j < width; j++) {
-            size_t i = r * width + j;
-            double err = fabs((double)g[i] - ref[i]), tol = atol_rel * scale + rtol * fabs(ref[i]);
-            double frac = err / tol;
-            if (!(err <= tol)) {
-                if (bad < 5)
-                    fprintf(stderr, "  %s[%zu]: got %.6g ref %.6g err %.3g tol %.3g\n", what, i,
-                            g[i], ref[i], err, tol);
-                bad++;
-                if (isnan(frac)) frac = INFINITY;
-            }
-            if (frac > worst) worst = frac, worst_i = i;
-        }
-    }
-    double tensor = mt_max_rel_err(g, ref, rows * width);
-    int ok = bad == 0 && tensor <= tensor_tol;
-    fprintf(stderr, "%-48s n=%-9zu worst[%zu] %.1f%% of row tol; max|err|/max|ref| %.3g (tol %.0e)%s\n",
-            what, rows * width, worst_i, 100 * worst, tensor, tensor_tol, ok ? "" : "  FAIL");
-    return ok;
 }
 
 static const char *impl_name(mt_attention_impl i) {
@@ -252,8 +166,8 @@ static void problem_init(problem *p, int B, int T, int H, int G, int D, int pack
     p->B = B, p->T = T, p->H = H, p->G = G, p->D = D;
     size_t N = (size_t)B * T;
     p->nq = N * H * D, p->nk = N * G * D, p->nl = (size_t)B * H * T;
-    p->q = rnd_bf(&rng, p->nq, 1.0f), p->k = rnd_bf(&rng, p->nk, 1.0f);
-    p->v = rnd_bf(&rng, p->nk, 1.0f), p->dout = rnd_bf(&rng, p->nq, 1.0f);
+    p->q = mt_test_randn_bf(&rng, p->nq, 1.0f), p->k = mt_test_randn_bf(&rng, p->nk, 1.0f);
+    p->v = mt_test_randn_bf(&rng, p->nk, 1.0f), p->dout = mt_test_randn_bf(&rng, p->nq, 1.0f);
     if (packed) { /* documents of random lengths packed in each row */
         p->doc = malloc(N * sizeof(int32_t));
         for (int b = 0; b < B; b++) {
@@ -267,8 +181,9 @@ static void problem_init(problem *p, int B, int T, int H, int G, int D, int pack
         gpu->upload(gpu, p->d_doc, p->doc, N * sizeof(int32_t));
         gpu->note_documents(gpu, p->d_doc, p->doc, B, T);
     }
-    p->d_q = up_bf(p->q, p->nq), p->d_k = up_bf(p->k, p->nk), p->d_v = up_bf(p->v, p->nk);
-    p->d_dout = up_bf(p->dout, p->nq);
+    p->d_q = mt_test_up_bf(gpu, p->q, p->nq), p->d_k = mt_test_up_bf(gpu, p->k, p->nk);
+    p->d_v = mt_test_up_bf(gpu, p->v, p->nk);
+    p->d_dout = mt_test_up_bf(gpu, p->dout, p->nq);
 }
 
 static void problem_free(problem *p) {
@@ -291,7 +206,7 @@ static void result_free(result *r) {
 /* What dsinks holds before a backward: not zero, so that a backward that writes (=) instead of
  * adding (+=) fails. */
 static float *dsinks_init(int H) {
-    float *x = fnew((size_t)H);
+    float *x = mt_test_fnew((size_t)H);
     for (int h = 0; h < H; h++) x[h] = 0.25f * (float)(h + 1);
     return x;
 }
@@ -303,19 +218,20 @@ static result gpu_run(const problem *p, mt_attention_impl impl, mt_attention_imp
     result r = {0};
     mt_attention_opts o = {p->scale, p->window, p->d_sinks, NULL};
     const mt_attention_opts *op = p->has_opts ? &o : NULL;
-    void *d_out = poison(p->nq, 2);
-    float *d_lse = poison(p->nl, 4);
+    void *d_out = mt_test_poison_bf(gpu, p->nq);
+    float *d_lse = mt_test_poison_f32(gpu, p->nl);
     mt_cuda_attention_set_impl(impl);
     gpu->attention_forward(gpu, d_out, d_lse, p->d_q, p->d_k, p->d_v, p->d_doc, p->B, p->T, p->H,
                            p->G, p->D, op);
-    r.out = down_bf(d_out, p->nq);
-    r.lse = down_f32(d_lse, p->nl);
+    r.out = mt_test_down_bf(gpu, d_out, p->nq);
+    r.lse = mt_test_down_f32(gpu, d_lse, p->nl);
     if (fwd_in) { /* out as bf16, as a forward would have left it */
         gpu->free(gpu, d_out);
-        d_out = up_bf(fwd_in->out, p->nq);
+        d_out = mt_test_up_bf(gpu, fwd_in->out, p->nq);
         gpu->upload(gpu, d_lse, fwd_in->lse, p->nl * sizeof(float));
     }
-    void *d_dq = poison(p->nq, 2), *d_dk = poison(p->nk, 2), *d_dv = poison(p->nk, 2);
+    void *d_dq = mt_test_poison_bf(gpu, p->nq), *d_dk = mt_test_poison_bf(gpu, p->nk),
+         *d_dv = mt_test_poison_bf(gpu, p->nk);
     float *d_dsinks = NULL;
     if (p->sinks) {
         float *init = dsinks_init(p->H);
@@ -327,9 +243,10 @@ static result gpu_run(const problem *p, mt_attention_impl impl, mt_attention_imp
     mt_cuda_attention_set_impl(bwd_impl);
     gpu->attention_backward(gpu, d_dq, d_dk, d_dv, p->d_dout, d_out, d_lse, p->d_q, p->d_k, p->d_v,
                             p->d_doc, p->B, p->T, p->H, p->G, p->D, op);
-    r.dq = down_bf(d_dq, p->nq), r.dk = down_bf(d_dk, p->nk), r.dv = down_bf(d_dv, p->nk);
+    r.dq = mt_test_down_bf(gpu, d_dq, p->nq), r.dk = mt_test_down_bf(gpu, d_dk, p->nk);
+    r.dv = mt_test_down_bf(gpu, d_dv, p->nk);
     if (d_dsinks) {
-        r.dsinks = down_f32(d_dsinks, (size_t)p->H);
+        r.dsinks = mt_test_down_f32(gpu, d_dsinks, (size_t)p->H);
         gpu->free(gpu, d_dsinks);
     }
     gpu->free(gpu, d_out), gpu->free(gpu, d_lse), gpu->free(gpu, d_dq), gpu->free(gpu, d_dk);
@@ -343,14 +260,24 @@ static result cpu_run(const problem *p) {
     result r = {0};
     mt_attention_opts o = {p->scale, p->window, p->sinks, NULL};
     const mt_attention_opts *op = p->has_opts ? &o : NULL;
-    r.out = fnew(p->nq), r.lse = fnew(p->nl);
+    r.out = mt_test_fnew(p->nq), r.lse = mt_test_fnew(p->nl);
     cpu->attention_forward(cpu, r.out, r.lse, p->q, p->k, p->v, p->doc, p->B, p->T, p->H, p->G, p->D, op);
     for (size_t i = 0; i < p->nq; i++) r.out[i] = mt_bf16_to_f32(mt_f32_to_bf16(r.out[i]));
-    r.dq = fnew(p->nq), r.dk = fnew(p->nk), r.dv = fnew(p->nk);
+    r.dq = mt_test_fnew(p->nq), r.dk = mt_test_fnew(p->nk), r.dv = mt_test_fnew(p->nk);
     if (p->sinks) o.dsinks = r.dsinks = dsinks_init(p->H);
     cpu->attention_backward(cpu, r.dq, r.dk, r.dv, p->dout, r.out, r.lse, p->q, p->k, p->v, p->doc,
                             p->B, p->T, p->H, p->G, p->D, op);
     return r;
+}
+
+/* 1 when every |x| <= bound (NaN fails). */
+static int near_zero(const char *what, const float *x, size_t n, double bound) {
+    double worst = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!(fabs(x[i]) <= worst)) worst = isnan(x[i]) ? INFINITY : fabs(x[i]);
+    int ok = worst <= bound;
+    fprintf(stderr, "%-40s n=%-8zu max|x| %.3g (must be 0 within %.3g)%s\n", what, n, worst, bound, ok ? "" : "  FAIL");
+    return ok;
 }
 
 /* got vs ref, with tolerances times `widen` (1 against the CPU, 2 between two GPU runs); out
@@ -365,16 +292,26 @@ static void compare(const char *tag, const problem *p, const result *got, const 
         assert_true(check_out_bf16_p(WHAT("out"), got->out, ref->out, emul, p->nq, widen * BF_ATOL,
                                      widen * BF_RTOL));
     else
-        assert_true(check(WHAT("out"), got->out, ref->out, p->nq, widen * BF_ATOL, widen * BF_RTOL));
+        assert_true(mt_test_check_rms(WHAT("out"), got->out, ref->out, p->nq, widen * BF_ATOL,
+                                      widen * BF_RTOL));
     assert_true(mt_allclose(WHAT("lse"), got->lse, ref->lse, p->nl, widen * LSE_ATOL, widen * LSE_RTOL));
     double a = widen * GRAD_ATOL, r = widen * GRAD_RTOL;
-    assert_true(check_rows(WHAT("dq"), got->dq, ref->dq, p->nq / D, D, a, r, a));
-    assert_true(check_rows(WHAT("dk"), got->dk, ref->dk, p->nk / D, D, a, r, a));
-    assert_true(check_rows(WHAT("dv"), got->dv, ref->dv, p->nk / D, D, a, r, a));
+    if (p->window == 1 && !p->sinks) {
+        /* each query sees itself alone: its softmax is 1, so dq and dk are 0 in exact arithmetic
+         * (dp - delta = 0) and a reference of 0 has no scale of its own; they must be 0 within
+         * GRAD_ATOL of the gradient that is not 0 there, dv (the H100 gave ~5e-8, session 14) */
+        double bound = a * mt_test_rms(ref->dv, p->nk);
+        assert_true(near_zero(WHAT("dq"), got->dq, p->nq, bound));
+        assert_true(near_zero(WHAT("dk"), got->dk, p->nk, bound));
+    } else {
+        assert_true(mt_test_check_rows(WHAT("dq"), got->dq, ref->dq, p->nq / D, D, a, r, a));
+        assert_true(mt_test_check_rows(WHAT("dk"), got->dk, ref->dk, p->nk / D, D, a, r, a));
+    }
+    assert_true(mt_test_check_rows(WHAT("dv"), got->dv, ref->dv, p->nk / D, D, a, r, a));
     if (ref->dsinks) {
         assert_non_null(got->dsinks);
-        assert_true(check(WHAT("dsinks"), got->dsinks, ref->dsinks, (size_t)H, widen * DSINK_ATOL,
-                          widen * DSINK_RTOL));
+        assert_true(mt_test_check_rms(WHAT("dsinks"), got->dsinks, ref->dsinks, (size_t)H,
+                                      widen * DSINK_ATOL, widen * DSINK_RTOL));
     }
 #undef WHAT
 }
@@ -626,10 +563,10 @@ static void problem_set_opts(problem *p, float scale, int window, int sinks, uin
     if (!sinks) return;
     mt_test_rng rng;
     mt_test_rng_seed(&rng, seed);
-    p->sinks = rnd_bf(&rng, (size_t)p->H, 1.0f);
+    p->sinks = mt_test_randn_bf(&rng, (size_t)p->H, 1.0f);
     p->sinks[0] = 6.0f;
     if (p->H > 2) p->sinks[1] = -20.0f;
-    p->d_sinks = up_bf(p->sinks, (size_t)p->H);
+    p->d_sinks = mt_test_up_bf(gpu, p->sinks, (size_t)p->H);
 }
 
 /* Our kernels with options against the CPU, each direction alone (the backward from the CPU's out

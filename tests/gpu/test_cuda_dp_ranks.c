@@ -39,11 +39,9 @@ static const char *g_mpirun;
 static char g_out[OUT_SIZE];
 static int g_gpus;
 
-static int setup(void **state) { return mt_cli_env_init(&g_env, "train_llama"); }
-
-static int teardown(void **state) {
-    mt_cli_env_free(&g_env);
-    return 0;
+static int setup(void **state) {
+    *state = &g_env; /* for mt_cli_env_teardown */
+    return mt_cli_env_init(&g_env, "train_llama");
 }
 
 static void train_args(char *buf, size_t n, const char *out, const char *extra) {
@@ -211,5 +209,5 @@ int main(void) {
         cmocka_unit_test(test_resume_bits),
         cmocka_unit_test(test_stopped_rank),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, mt_cli_env_teardown);
 }

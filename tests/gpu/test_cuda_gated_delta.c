@@ -30,6 +30,8 @@
 
 #include "backend/backend.h"
 #include "core/dtype.h"
+#include "util/dev_buffers.h"
+#include "util/host_buffers.h"
 #include "util/testutil.h"
 
 #define BF_ATOL 1e-2
@@ -42,109 +44,17 @@
 
 static mt_backend *cpu, *gpu;
 
-/* ---------------- host <-> device helpers ---------------- */
+/* ---------------- checks (the buffers: util/dev_buffers.h) ---------------- */
 
-static float *fnew(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
-
-static double rms(const float *x, size_t n) {
-    double s = 0;
-    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
-    return n ? sqrt(s / n) : 0.0;
-}
-static float *rnd_bf(mt_test_rng *rng, size_t n, float std) {
-    float *x = fnew(n);
-    mt_test_fill_normal(rng, x, n, std);
-    for (size_t i = 0; i < n; i++) x[i] = mt_bf16_to_f32(mt_f32_to_bf16(x[i]));
-    return x;
-}
-static float *rnd_f32(mt_test_rng *rng, size_t n, float std) {
-    float *x = fnew(n);
-    mt_test_fill_normal(rng, x, n, std);
-    return x;
-}
-static float *copyf(const float *x, size_t n) {
-    float *y = fnew(n);
-    memcpy(y, x, n * sizeof(float));
-    return y;
-}
-static void *up_bf(const float *x, size_t n) {
-    mt_bf16 *h = malloc((n ? n : 1) * sizeof(mt_bf16));
-    for (size_t i = 0; i < n; i++) h[i] = mt_f32_to_bf16(x[i]);
-    void *d = gpu->alloc(gpu, n * sizeof(mt_bf16));
-    gpu->upload(gpu, d, h, n * sizeof(mt_bf16));
-    free(h);
-    return d;
-}
-static void *up_raw(const void *x, size_t bytes) {
-    void *d = gpu->alloc(gpu, bytes);
-    gpu->upload(gpu, d, x, bytes);
-    return d;
-}
-static float *down_bf(const void *d, size_t n) {
-    mt_bf16 *h = malloc((n ? n : 1) * sizeof(mt_bf16));
-    gpu->download(gpu, h, d, n * sizeof(mt_bf16));
-    float *x = fnew(n);
-    for (size_t i = 0; i < n; i++) x[i] = mt_bf16_to_f32(h[i]);
-    free(h);
-    return x;
-}
-static float *down_f32(const void *d, size_t n) {
-    float *x = fnew(n);
-    gpu->download(gpu, x, d, n * sizeof(float));
-    return x;
-}
-static void *poison_bf(size_t n) {
-    mt_bf16 *h = malloc((n ? n : 1) * sizeof(mt_bf16));
-    for (size_t i = 0; i < n; i++) h[i] = 0x7fc0;
-    void *d = up_raw(h, n * sizeof(mt_bf16));
-    free(h);
-    return d;
-}
-static float *poison_f32(size_t n) {
-    float *h = fnew(n);
-    for (size_t i = 0; i < n; i++) h[i] = NAN;
-    float *d = up_raw(h, n * sizeof(float));
-    free(h);
-    return d;
-}
-static void poison_fill(float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] = NAN;
-}
-
-static int check(const char *what, const float *got, const float *ref, size_t n, double atol_rel,
-                 double rtol) {
-    double scale = rms(ref, n);
-    if (scale == 0) scale = 1;
-    return mt_allclose(what, got, ref, n, atol_rel * scale, rtol);
-}
-static int check_bf(const char *what, const void *d, const float *ref, size_t n, double atol_rel,
-                    double rtol) {
-    float *g = down_bf(d, n);
-    int ok = check(what, g, ref, n, atol_rel, rtol);
-    free(g);
-    return ok;
-}
-static int check_f32(const char *what, const void *d, const float *ref, size_t n,
-                     double atol_rel, double rtol) {
-    float *g = down_f32(d, n);
-    int ok = check(what, g, ref, n, atol_rel, rtol);
-    free(g);
-    return ok;
-}
 /* The gated delta rule's outputs: the bf16 bound and the tensor metric. */
 static int check_gd(const char *what, const void *d, int is_bf, const float *ref, size_t n) {
-    float *g = is_bf ? down_bf(d, n) : down_f32(d, n);
-    int ok = check(what, g, ref, n, GD_ATOL, GD_RTOL);
+    float *g = is_bf ? mt_test_down_bf(gpu, d, n) : mt_test_down_f32(gpu, d, n);
+    int ok = mt_test_check_rms(what, g, ref, n, GD_ATOL, GD_RTOL);
     double t = mt_max_rel_err(g, ref, n);
     fprintf(stderr, "%-40s max|err|/max|ref| %.3g (tol %.0e)%s\n", what, t, GD_TENSOR,
             t <= GD_TENSOR ? "" : "  FAIL");
     free(g);
     return ok && t <= GD_TENSOR;
-}
-static int same_bits(const char *what, const void *a, const void *b, size_t bytes) {
-    int ok = memcmp(a, b, bytes) == 0;
-    fprintf(stderr, "%-40s %s\n", what, ok ? "bit-identical on rerun" : "DIFFERS on rerun  FAIL");
-    return ok;
 }
 static void gfree(void *p) { gpu->free(gpu, p); }
 /* Two device tensors of n bf16 (or fp32 with elem 4) hold the same bits. */
@@ -191,33 +101,34 @@ static void conv_case(int B, int T, int C, int K, const int starts[][6], uint64_
     mt_test_rng_seed(&rng, seed);
     char what[128];
     size_t n = (size_t)B * T * C, nw = (size_t)C * K;
-    float *x = rnd_bf(&rng, n, 1.0f), *w = rnd_bf(&rng, nw, 0.5f), *dy = rnd_bf(&rng, n, 1.0f);
-    float *fill = rnd_f32(&rng, nw, 1.0f);
+    float *x = mt_test_randn_bf(&rng, n, 1.0f), *w = mt_test_randn_bf(&rng, nw, 0.5f),
+          *dy = mt_test_randn_bf(&rng, n, 1.0f);
+    float *fill = mt_test_randn(&rng, nw, 1.0f);
     int32_t *ds = docs_from(starts, B, T);
-    int32_t *d_ds = ds ? up_raw(ds, (size_t)B * T * sizeof(int32_t)) : NULL;
-    void *d_x = up_bf(x, n), *d_w = up_bf(w, nw), *d_dy = up_bf(dy, n);
-    float *out = fnew(n), *dx = fnew(n), *dw = copyf(fill, nw);
+    int32_t *d_ds = ds ? mt_test_up_raw(gpu, ds, (size_t)B * T * sizeof(int32_t)) : NULL;
+    void *d_x = mt_test_up_bf(gpu, x, n), *d_w = mt_test_up_bf(gpu, w, nw), *d_dy = mt_test_up_bf(gpu, dy, n);
+    float *out = mt_test_fnew(n), *dx = mt_test_fnew(n), *dw = mt_test_copyf(fill, nw);
     cpu->causal_conv1d_forward(cpu, out, x, w, ds, B, T, C, K);
-    poison_fill(dx, n);
+    mt_test_nan_fill(dx, n);
     cpu->causal_conv1d_backward(cpu, dx, dw, dy, x, w, ds, B, T, C, K);
-    void *d_out = poison_bf(n), *d_dx = poison_bf(n);
-    float *d_dw = up_raw(fill, nw * sizeof(float));
+    void *d_out = mt_test_poison_bf(gpu, n), *d_dx = mt_test_poison_bf(gpu, n);
+    float *d_dw = mt_test_up_raw(gpu, fill, nw * sizeof(float));
     gpu->causal_conv1d_forward(gpu, d_out, d_x, d_w, d_ds, B, T, C, K);
     gpu->causal_conv1d_backward(gpu, d_dx, d_dw, d_dy, d_x, d_w, d_ds, B, T, C, K);
     const char *tag = ds ? " docs" : "";
     snprintf(what, sizeof what, "conv1d_fwd B=%d T=%d C=%d K=%d%s", B, T, C, K, tag);
-    assert_true(check_bf(what, d_out, out, n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_bf(gpu, what, d_out, out, n, BF_ATOL, BF_RTOL));
     snprintf(what, sizeof what, "conv1d_bwd dinp B=%d T=%d C=%d%s", B, T, C, tag);
-    assert_true(check_bf(what, d_dx, dx, n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_bf(gpu, what, d_dx, dx, n, BF_ATOL, BF_RTOL));
     snprintf(what, sizeof what, "conv1d_bwd dweight (+=) B=%d T=%d C=%d%s", B, T, C, tag);
-    assert_true(check_f32(what, d_dw, dw, nw, F32_ATOL, F32_RTOL));
-    float *g1 = down_f32(d_dw, nw);
+    assert_true(mt_test_check_f32(gpu, what, d_dw, dw, nw, F32_ATOL, F32_RTOL));
+    float *g1 = mt_test_down_f32(gpu, d_dw, nw);
     gpu->upload(gpu, d_dw, fill, nw * sizeof(float));
     gpu->causal_conv1d_backward(gpu, d_dx, d_dw, d_dy, d_x, d_w, d_ds, B, T, C, K);
-    float *g2 = down_f32(d_dw, nw);
-    assert_true(same_bits(what, g1, g2, nw * sizeof(float)));
+    float *g2 = mt_test_down_f32(gpu, d_dw, nw);
+    assert_true(mt_test_same_bits(what, g1, g2, nw * sizeof(float)));
     free(g1), free(g2);
-    void *d_dx2 = poison_bf(n); /* dweight NULL (a frozen conv) */
+    void *d_dx2 = mt_test_poison_bf(gpu, n); /* dweight NULL (a frozen conv) */
     gpu->causal_conv1d_backward(gpu, d_dx2, NULL, d_dy, d_x, d_w, d_ds, B, T, C, K);
     snprintf(what, sizeof what, "conv1d_bwd dinp, dweight NULL B=%d T=%d C=%d%s", B, T, C, tag);
     assert_true(same_dev(what, d_dx2, d_dx, n, sizeof(mt_bf16)));
@@ -242,20 +153,21 @@ static void l2_case(int R, int D, uint64_t seed) {
     mt_test_rng_seed(&rng, seed);
     char what[128];
     size_t n = (size_t)R * D;
-    float *x = rnd_bf(&rng, n, 1.0f), *dy = rnd_bf(&rng, n, 1.0f);
-    float *y = fnew(n), *rinv = fnew(R), *dx = fnew(n);
+    float *x = mt_test_randn_bf(&rng, n, 1.0f), *dy = mt_test_randn_bf(&rng, n, 1.0f);
+    float *y = mt_test_fnew(n), *rinv = mt_test_fnew(R), *dx = mt_test_fnew(n);
     cpu->l2norm_forward(cpu, y, rinv, x, R, D, 1e-6f);
     cpu->l2norm_backward(cpu, dx, dy, x, rinv, R, D);
-    void *d_x = up_bf(x, n), *d_dy = up_bf(dy, n), *d_y = poison_bf(n), *d_dx = poison_bf(n);
-    float *d_rinv = poison_f32(R);
+    void *d_x = mt_test_up_bf(gpu, x, n), *d_dy = mt_test_up_bf(gpu, dy, n), *d_y = mt_test_poison_bf(gpu, n),
+         *d_dx = mt_test_poison_bf(gpu, n);
+    float *d_rinv = mt_test_poison_f32(gpu, R);
     gpu->l2norm_forward(gpu, d_y, d_rinv, d_x, R, D, 1e-6f);
     gpu->l2norm_backward(gpu, d_dx, d_dy, d_x, d_rinv, R, D);
     snprintf(what, sizeof what, "l2norm_fwd R=%d D=%d", R, D);
-    assert_true(check_bf(what, d_y, y, n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_bf(gpu, what, d_y, y, n, BF_ATOL, BF_RTOL));
     snprintf(what, sizeof what, "l2norm_fwd rinv R=%d D=%d", R, D);
-    assert_true(check_f32(what, d_rinv, rinv, R, F32_ATOL, F32_RTOL));
+    assert_true(mt_test_check_f32(gpu, what, d_rinv, rinv, R, F32_ATOL, F32_RTOL));
     snprintf(what, sizeof what, "l2norm_bwd R=%d D=%d", R, D);
-    assert_true(check_bf(what, d_dx, dx, n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_bf(gpu, what, d_dx, dx, n, BF_ATOL, BF_RTOL));
     free(x), free(dy), free(y), free(rinv), free(dx);
     gfree(d_x), gfree(d_dy), gfree(d_y), gfree(d_dx), gfree(d_rinv);
 }
@@ -272,46 +184,50 @@ static void gates_case(int N, int H, uint64_t seed) {
     mt_test_rng_seed(&rng, seed);
     char what[128];
     size_t n = (size_t)N * H;
-    float *a = rnd_bf(&rng, n, 2.0f), *b = rnd_bf(&rng, n, 2.0f);
-    float *A = rnd_bf(&rng, H, 1.0f), *dt = rnd_bf(&rng, H, 1.0f);
+    float *a = mt_test_randn_bf(&rng, n, 2.0f), *b = mt_test_randn_bf(&rng, n, 2.0f);
+    float *A = mt_test_randn_bf(&rng, H, 1.0f), *dt = mt_test_randn_bf(&rng, H, 1.0f);
     a[0] = 25.0f; /* past softplus's threshold */
-    float *dg = rnd_f32(&rng, n, 1.0f), *db_in = rnd_f32(&rng, n, 1.0f);
-    float *fillA = rnd_f32(&rng, H, 1.0f), *fillT = rnd_f32(&rng, H, 1.0f);
-    float *g = fnew(n), *beta = fnew(n), *da = fnew(n), *db = fnew(n);
-    float *dA = copyf(fillA, H), *ddt = copyf(fillT, H);
+    float *dg = mt_test_randn(&rng, n, 1.0f), *db_in = mt_test_randn(&rng, n, 1.0f);
+    float *fillA = mt_test_randn(&rng, H, 1.0f), *fillT = mt_test_randn(&rng, H, 1.0f);
+    float *g = mt_test_fnew(n), *beta = mt_test_fnew(n), *da = mt_test_fnew(n), *db = mt_test_fnew(n);
+    float *dA = mt_test_copyf(fillA, H), *ddt = mt_test_copyf(fillT, H);
     cpu->gdn_gates_forward(cpu, g, beta, a, b, A, dt, N, H);
     cpu->gdn_gates_backward(cpu, da, db, dA, ddt, dg, db_in, a, b, A, dt, N, H);
-    void *d_a = up_bf(a, n), *d_b = up_bf(b, n), *d_A = up_bf(A, H), *d_dt = up_bf(dt, H);
-    float *d_dg = up_raw(dg, n * sizeof(float)), *d_dbi = up_raw(db_in, n * sizeof(float));
-    float *d_g = poison_f32(n), *d_beta = poison_f32(n);
-    void *d_da = poison_bf(n), *d_db = poison_bf(n);
-    float *d_dA = up_raw(fillA, H * sizeof(float)), *d_ddt = up_raw(fillT, H * sizeof(float));
+    void *d_a = mt_test_up_bf(gpu, a, n), *d_b = mt_test_up_bf(gpu, b, n), *d_A = mt_test_up_bf(gpu, A, H),
+         *d_dt = mt_test_up_bf(gpu, dt, H);
+    float *d_dg = mt_test_up_raw(gpu, dg, n * sizeof(float)),
+          *d_dbi = mt_test_up_raw(gpu, db_in, n * sizeof(float));
+    float *d_g = mt_test_poison_f32(gpu, n), *d_beta = mt_test_poison_f32(gpu, n);
+    void *d_da = mt_test_poison_bf(gpu, n), *d_db = mt_test_poison_bf(gpu, n);
+    float *d_dA = mt_test_up_raw(gpu, fillA, H * sizeof(float)),
+          *d_ddt = mt_test_up_raw(gpu, fillT, H * sizeof(float));
     gpu->gdn_gates_forward(gpu, d_g, d_beta, d_a, d_b, d_A, d_dt, N, H);
     gpu->gdn_gates_backward(gpu, d_da, d_db, d_dA, d_ddt, d_dg, d_dbi, d_a, d_b, d_A, d_dt, N, H);
     snprintf(what, sizeof what, "gdn_gates g N=%d H=%d", N, H);
-    assert_true(check_f32(what, d_g, g, n, F32_ATOL, F32_RTOL));
+    assert_true(mt_test_check_f32(gpu, what, d_g, g, n, F32_ATOL, F32_RTOL));
     snprintf(what, sizeof what, "gdn_gates beta N=%d H=%d", N, H);
-    assert_true(check_f32(what, d_beta, beta, n, F32_ATOL, F32_RTOL));
+    assert_true(mt_test_check_f32(gpu, what, d_beta, beta, n, F32_ATOL, F32_RTOL));
     snprintf(what, sizeof what, "gdn_gates da N=%d H=%d", N, H);
-    assert_true(check_bf(what, d_da, da, n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_bf(gpu, what, d_da, da, n, BF_ATOL, BF_RTOL));
     snprintf(what, sizeof what, "gdn_gates db N=%d H=%d", N, H);
-    assert_true(check_bf(what, d_db, db, n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_bf(gpu, what, d_db, db, n, BF_ATOL, BF_RTOL));
     snprintf(what, sizeof what, "gdn_gates dA_log (+=) N=%d H=%d", N, H);
-    assert_true(check_f32(what, d_dA, dA, H, F32_ATOL, F32_RTOL));
+    assert_true(mt_test_check_f32(gpu, what, d_dA, dA, H, F32_ATOL, F32_RTOL));
     snprintf(what, sizeof what, "gdn_gates ddt_bias (+=) N=%d H=%d", N, H);
-    assert_true(check_f32(what, d_ddt, ddt, H, F32_ATOL, F32_RTOL));
-    float *g1 = down_f32(d_dA, H), *t1 = down_f32(d_ddt, H);
+    assert_true(mt_test_check_f32(gpu, what, d_ddt, ddt, H, F32_ATOL, F32_RTOL));
+    float *g1 = mt_test_down_f32(gpu, d_dA, H), *t1 = mt_test_down_f32(gpu, d_ddt, H);
     gpu->upload(gpu, d_dA, fillA, H * sizeof(float));
     gpu->upload(gpu, d_ddt, fillT, H * sizeof(float));
     gpu->gdn_gates_backward(gpu, d_da, d_db, d_dA, d_ddt, d_dg, d_dbi, d_a, d_b, d_A, d_dt, N, H);
-    float *g2 = down_f32(d_dA, H), *t2 = down_f32(d_ddt, H);
-    assert_true(same_bits("gdn_gates dA_log", g1, g2, H * sizeof(float)));
-    assert_true(same_bits("gdn_gates ddt_bias", t1, t2, H * sizeof(float)));
+    float *g2 = mt_test_down_f32(gpu, d_dA, H), *t2 = mt_test_down_f32(gpu, d_ddt, H);
+    assert_true(mt_test_same_bits("gdn_gates dA_log", g1, g2, H * sizeof(float)));
+    assert_true(mt_test_same_bits("gdn_gates ddt_bias", t1, t2, H * sizeof(float)));
     free(g1), free(g2), free(t1), free(t2);
     /* dA_log NULL, ddt_bias NULL, both: da, db and the other sum the same bits; the NULL one's
      * buffer untouched */
-    void *d_da2 = poison_bf(n), *d_db2 = poison_bf(n);
-    float *d_dA2 = up_raw(fillA, H * sizeof(float)), *d_ddt2 = up_raw(fillT, H * sizeof(float));
+    void *d_da2 = mt_test_poison_bf(gpu, n), *d_db2 = mt_test_poison_bf(gpu, n);
+    float *d_dA2 = mt_test_up_raw(gpu, fillA, H * sizeof(float)),
+          *d_ddt2 = mt_test_up_raw(gpu, fillT, H * sizeof(float));
     for (int mode = 0; mode < 3; mode++) {
         gpu->upload(gpu, d_dA2, fillA, H * sizeof(float));
         gpu->upload(gpu, d_ddt2, fillT, H * sizeof(float));
@@ -324,8 +240,8 @@ static void gates_case(int N, int H, uint64_t seed) {
         assert_true(same_dev(what, d_db2, d_db, n, sizeof(mt_bf16)));
         /* the sum given: the full call's bits (d_dA, d_ddt hold it from the fill); the NULL one:
          * its fill */
-        float *hA = down_f32(d_dA2, H), *hT = down_f32(d_ddt2, H);
-        float *fullA = down_f32(d_dA, H), *fullT = down_f32(d_ddt, H);
+        float *hA = mt_test_down_f32(gpu, d_dA2, H), *hT = mt_test_down_f32(gpu, d_ddt2, H);
+        float *fullA = mt_test_down_f32(gpu, d_dA, H), *fullT = mt_test_down_f32(gpu, d_ddt, H);
         assert_memory_equal(hA, mode == 1 ? fullA : fillA, H * sizeof(float));
         assert_memory_equal(hT, mode == 0 ? fullT : fillT, H * sizeof(float));
         free(hA), free(hT), free(fullA), free(fullT);
@@ -349,33 +265,38 @@ static void grms_case(int R, int C, uint64_t seed) {
     mt_test_rng_seed(&rng, seed);
     char what[128];
     size_t n = (size_t)R * C;
-    float *x = rnd_bf(&rng, n, 1.0f), *z = rnd_bf(&rng, n, 2.0f), *w = rnd_bf(&rng, C, 1.0f);
-    float *dy = rnd_bf(&rng, n, 1.0f), *fill = rnd_f32(&rng, C, 1.0f);
-    float *y = fnew(n), *rstd = fnew(R), *dx = fnew(n), *dz = fnew(n), *dw = copyf(fill, C);
+    float *x = mt_test_randn_bf(&rng, n, 1.0f), *z = mt_test_randn_bf(&rng, n, 2.0f),
+          *w = mt_test_randn_bf(&rng, C, 1.0f);
+    float *dy = mt_test_randn_bf(&rng, n, 1.0f), *fill = mt_test_randn(&rng, C, 1.0f);
+    float *y = mt_test_fnew(n), *rstd = mt_test_fnew(R), *dx = mt_test_fnew(n), *dz = mt_test_fnew(n),
+          *dw = mt_test_copyf(fill, C);
     cpu->gated_rmsnorm_forward(cpu, y, rstd, x, z, w, R, C, 1e-6f);
     cpu->gated_rmsnorm_backward(cpu, dx, dz, dw, dy, x, z, w, rstd, R, C);
-    void *d_x = up_bf(x, n), *d_z = up_bf(z, n), *d_w = up_bf(w, C), *d_dy = up_bf(dy, n);
-    void *d_y = poison_bf(n), *d_dx = poison_bf(n), *d_dz = poison_bf(n);
-    float *d_rstd = poison_f32(R), *d_dw = up_raw(fill, C * sizeof(float));
+    void *d_x = mt_test_up_bf(gpu, x, n), *d_z = mt_test_up_bf(gpu, z, n), *d_w = mt_test_up_bf(gpu, w, C),
+         *d_dy = mt_test_up_bf(gpu, dy, n);
+    void *d_y = mt_test_poison_bf(gpu, n), *d_dx = mt_test_poison_bf(gpu, n),
+         *d_dz = mt_test_poison_bf(gpu, n);
+    float *d_rstd = mt_test_poison_f32(gpu, R), *d_dw = mt_test_up_raw(gpu, fill, C * sizeof(float));
     gpu->gated_rmsnorm_forward(gpu, d_y, d_rstd, d_x, d_z, d_w, R, C, 1e-6f);
     gpu->gated_rmsnorm_backward(gpu, d_dx, d_dz, d_dw, d_dy, d_x, d_z, d_w, d_rstd, R, C);
     snprintf(what, sizeof what, "gated_rmsnorm_fwd R=%d C=%d", R, C);
-    assert_true(check_bf(what, d_y, y, n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_bf(gpu, what, d_y, y, n, BF_ATOL, BF_RTOL));
     snprintf(what, sizeof what, "gated_rmsnorm_fwd rstd R=%d C=%d", R, C);
-    assert_true(check_f32(what, d_rstd, rstd, R, F32_ATOL, F32_RTOL));
+    assert_true(mt_test_check_f32(gpu, what, d_rstd, rstd, R, F32_ATOL, F32_RTOL));
     snprintf(what, sizeof what, "gated_rmsnorm_bwd dinp R=%d C=%d", R, C);
-    assert_true(check_bf(what, d_dx, dx, n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_bf(gpu, what, d_dx, dx, n, BF_ATOL, BF_RTOL));
     snprintf(what, sizeof what, "gated_rmsnorm_bwd dgate R=%d C=%d", R, C);
-    assert_true(check_bf(what, d_dz, dz, n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_bf(gpu, what, d_dz, dz, n, BF_ATOL, BF_RTOL));
     snprintf(what, sizeof what, "gated_rmsnorm_bwd dweight (+=) R=%d C=%d", R, C);
-    assert_true(check_f32(what, d_dw, dw, C, F32_ATOL, F32_RTOL));
-    float *g1 = down_f32(d_dw, C);
+    assert_true(mt_test_check_f32(gpu, what, d_dw, dw, C, F32_ATOL, F32_RTOL));
+    float *g1 = mt_test_down_f32(gpu, d_dw, C);
     gpu->upload(gpu, d_dw, fill, C * sizeof(float));
     gpu->gated_rmsnorm_backward(gpu, d_dx, d_dz, d_dw, d_dy, d_x, d_z, d_w, d_rstd, R, C);
-    float *g2 = down_f32(d_dw, C);
-    assert_true(same_bits(what, g1, g2, C * sizeof(float)));
+    float *g2 = mt_test_down_f32(gpu, d_dw, C);
+    assert_true(mt_test_same_bits(what, g1, g2, C * sizeof(float)));
     free(g1), free(g2);
-    void *d_dx2 = poison_bf(n), *d_dz2 = poison_bf(n); /* dweight NULL (a frozen norm) */
+    /* dweight NULL (a frozen norm) */
+    void *d_dx2 = mt_test_poison_bf(gpu, n), *d_dz2 = mt_test_poison_bf(gpu, n);
     gpu->gated_rmsnorm_backward(gpu, d_dx2, d_dz2, NULL, d_dy, d_x, d_z, d_w, d_rstd, R, C);
     snprintf(what, sizeof what, "gated_rmsnorm_bwd dinp, dweight NULL R=%d C=%d", R, C);
     assert_true(same_dev(what, d_dx2, d_dx, n, sizeof(mt_bf16)));
@@ -414,9 +335,9 @@ static void gd_make(gd_inputs *in, int B, int T, int Hk, int Hv, int Dk, int Dv,
     int nc = (T + MT_GATED_DELTA_CHUNK - 1) / MT_GATED_DELTA_CHUNK;
     in->nk = (size_t)B * T * Hk * Dk, in->nv = (size_t)B * T * Hv * Dv, in->ng = (size_t)B * T * Hv;
     in->ns = (size_t)B * Hv * nc * Dk * Dv;
-    in->q = rnd_f32(&rng, in->nk, 1.0f), in->k = rnd_f32(&rng, in->nk, 1.0f);
+    in->q = mt_test_randn(&rng, in->nk, 1.0f), in->k = mt_test_randn(&rng, in->nk, 1.0f);
     if (kcorr > 0) {
-        float *dir = rnd_f32(&rng, (size_t)Hk * Dk, 1.0f);
+        float *dir = mt_test_randn(&rng, (size_t)Hk * Dk, 1.0f);
         for (size_t r = 0; r < in->nk / Dk; r++)
             for (int d = 0; d < Dk; d++) in->k[r * Dk + d] += kcorr * dir[r % Hk * Dk + d];
         free(dir);
@@ -430,18 +351,19 @@ static void gd_make(gd_inputs *in, int B, int T, int Hk, int Hv, int Dk, int Dv,
                 x[r * Dk + d] = mt_bf16_to_f32(mt_f32_to_bf16((float)(x[r * Dk + d] / sqrt(ss))));
         }
     }
-    in->v = rnd_bf(&rng, in->nv, 1.0f), in->dout = rnd_bf(&rng, in->nv, 1.0f);
-    in->g = rnd_f32(&rng, in->ng, 1.0f), in->beta = rnd_f32(&rng, in->ng, 1.0f);
+    in->v = mt_test_randn_bf(&rng, in->nv, 1.0f), in->dout = mt_test_randn_bf(&rng, in->nv, 1.0f);
+    in->g = mt_test_randn(&rng, in->ng, 1.0f), in->beta = mt_test_randn(&rng, in->ng, 1.0f);
     for (size_t i = 0; i < in->ng; i++) {
         in->beta[i] = 1.0f / (1.0f + expf(-in->beta[i]));
         in->g[i] = -gscale * log1pf(expf(in->g[i]));
     }
     in->ds = docs_from(starts, B, T);
-    in->d_q = up_bf(in->q, in->nk), in->d_k = up_bf(in->k, in->nk), in->d_v = up_bf(in->v, in->nv);
-    in->d_dout = up_bf(in->dout, in->nv);
-    in->d_g = up_raw(in->g, in->ng * sizeof(float));
-    in->d_beta = up_raw(in->beta, in->ng * sizeof(float));
-    in->d_ds = in->ds ? up_raw(in->ds, (size_t)B * T * sizeof(int32_t)) : NULL;
+    in->d_q = mt_test_up_bf(gpu, in->q, in->nk), in->d_k = mt_test_up_bf(gpu, in->k, in->nk);
+    in->d_v = mt_test_up_bf(gpu, in->v, in->nv);
+    in->d_dout = mt_test_up_bf(gpu, in->dout, in->nv);
+    in->d_g = mt_test_up_raw(gpu, in->g, in->ng * sizeof(float));
+    in->d_beta = mt_test_up_raw(gpu, in->beta, in->ng * sizeof(float));
+    in->d_ds = in->ds ? mt_test_up_raw(gpu, in->ds, (size_t)B * T * sizeof(int32_t)) : NULL;
     if (!with_cpu_copy) free(in->q), free(in->k), free(in->v), free(in->dout), free(in->g),
         free(in->beta), in->q = in->k = in->v = in->dout = in->g = in->beta = NULL;
 }
@@ -463,15 +385,18 @@ static void gd_case(int B, int T, int Hk, int Hv, int Dk, int Dv, float gscale, 
     snprintf(tag, sizeof tag, "B=%d T=%d Hk=%d Hv=%d Dk=%d Dv=%d%s%s%s%s", B, T, Hk, Hv, Dk, Dv,
              in.ds ? " docs" : "", kcorr > 0 ? " correlated keys" : "",
              range ? " ranges of " : "", range ? range : "");
-    float *out = fnew(in.nv), *cs = fnew(in.ns), *dq = fnew(in.nk), *dk = fnew(in.nk);
-    float *dv = fnew(in.nv), *dg = fnew(in.ng), *db = fnew(in.ng);
+    float *out = mt_test_fnew(in.nv), *cs = mt_test_fnew(in.ns), *dq = mt_test_fnew(in.nk),
+          *dk = mt_test_fnew(in.nk);
+    float *dv = mt_test_fnew(in.nv), *dg = mt_test_fnew(in.ng), *db = mt_test_fnew(in.ng);
     cpu->gated_delta_forward(cpu, out, cs, in.q, in.k, in.v, in.g, in.beta, in.ds, B, T, Hk, Hv,
                              Dk, Dv, scale);
     cpu->gated_delta_backward(cpu, dq, dk, dv, dg, db, in.dout, cs, in.q, in.k, in.v, in.g, in.beta,
                               in.ds, B, T, Hk, Hv, Dk, Dv, scale);
-    void *d_out = poison_bf(in.nv), *d_dq = poison_bf(in.nk), *d_dk = poison_bf(in.nk);
-    void *d_dv = poison_bf(in.nv);
-    float *d_cs = poison_f32(in.ns), *d_dg = poison_f32(in.ng), *d_db = poison_f32(in.ng);
+    void *d_out = mt_test_poison_bf(gpu, in.nv), *d_dq = mt_test_poison_bf(gpu, in.nk),
+         *d_dk = mt_test_poison_bf(gpu, in.nk);
+    void *d_dv = mt_test_poison_bf(gpu, in.nv);
+    float *d_cs = mt_test_poison_f32(gpu, in.ns), *d_dg = mt_test_poison_f32(gpu, in.ng),
+          *d_db = mt_test_poison_f32(gpu, in.ng);
     gpu->gated_delta_forward(gpu, d_out, d_cs, in.d_q, in.d_k, in.d_v, in.d_g, in.d_beta, in.d_ds,
                              B, T, Hk, Hv, Dk, Dv, scale);
     gpu->gated_delta_backward(gpu, d_dq, d_dk, d_dv, d_dg, d_db, in.d_dout, d_cs, in.d_q, in.d_k,
@@ -492,12 +417,13 @@ static void gd_case(int B, int T, int Hk, int Hv, int Dk, int Dv, float gscale, 
     snprintf(what, sizeof what, "gd_bwd dbeta %s", tag);
     ok &= check_gd(what, d_db, 0, db, in.ng);
     /* the backward again: the same bits */
-    float *q1 = down_bf(d_dq, in.nk), *g1 = down_f32(d_dg, in.ng);
+    float *q1 = mt_test_down_bf(gpu, d_dq, in.nk), *g1 = mt_test_down_f32(gpu, d_dg, in.ng);
     gpu->gated_delta_backward(gpu, d_dq, d_dk, d_dv, d_dg, d_db, in.d_dout, d_cs, in.d_q, in.d_k,
                               in.d_v, in.d_g, in.d_beta, in.d_ds, B, T, Hk, Hv, Dk, Dv, scale);
-    float *q2 = down_bf(d_dq, in.nk), *g2 = down_f32(d_dg, in.ng);
+    float *q2 = mt_test_down_bf(gpu, d_dq, in.nk), *g2 = mt_test_down_f32(gpu, d_dg, in.ng);
     snprintf(what, sizeof what, "gd_bwd dq, dg %s", tag);
-    ok &= same_bits(what, q1, q2, in.nk * sizeof(float)) && same_bits(what, g1, g2, in.ng * sizeof(float));
+    ok &= mt_test_same_bits(what, q1, q2, in.nk * sizeof(float)) &&
+          mt_test_same_bits(what, g1, g2, in.ng * sizeof(float));
     free(q1), free(q2), free(g1), free(g2);
     free(out), free(cs), free(dq), free(dk), free(dv), free(dg), free(db);
     gfree(d_out), gfree(d_dq), gfree(d_dk), gfree(d_dv), gfree(d_cs), gfree(d_dg), gfree(d_db);

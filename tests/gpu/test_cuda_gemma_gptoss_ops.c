@@ -28,6 +28,8 @@
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "util/dev_buffers.h"
+#include "util/host_buffers.h"
 #include "util/testutil.h"
 
 #define BF_ATOL 1e-2
@@ -37,85 +39,7 @@
 
 static mt_backend *cpu, *gpu;
 
-/* ---------------- host <-> device helpers (as test_cuda_ops) ---------------- */
-
-static float *fnew(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
-
-static double rms(const float *x, size_t n) {
-    double s = 0;
-    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
-    return n ? sqrt(s / n) : 0.0;
-}
-
-static float bfr(float x) { return mt_bf16_to_f32(mt_f32_to_bf16(x)); }
-
-/* fp32 values already on the bf16 grid, normal(0, std) */
-static float *rnd_bf(mt_test_rng *rng, size_t n, float std) {
-    float *x = fnew(n);
-    mt_test_fill_normal(rng, x, n, std);
-    for (size_t i = 0; i < n; i++) x[i] = bfr(x[i]);
-    return x;
-}
-static float *rnd_f32(mt_test_rng *rng, size_t n, float std) {
-    float *x = fnew(n);
-    mt_test_fill_normal(rng, x, n, std);
-    return x;
-}
-static float *copyf(const float *x, size_t n) {
-    float *y = fnew(n);
-    memcpy(y, x, n * sizeof(float));
-    return y;
-}
-static void *up_bf(const float *x, size_t n) {
-    mt_bf16 *h = malloc((n ? n : 1) * sizeof(mt_bf16));
-    for (size_t i = 0; i < n; i++) h[i] = mt_f32_to_bf16(x[i]);
-    void *d = gpu->alloc(gpu, n * sizeof(mt_bf16));
-    gpu->upload(gpu, d, h, n * sizeof(mt_bf16));
-    free(h);
-    return d;
-}
-static float *up_f32(const float *x, size_t n) {
-    float *d = gpu->alloc(gpu, n * sizeof(float));
-    gpu->upload(gpu, d, x, n * sizeof(float));
-    return d;
-}
-static int32_t *up_i32(const int32_t *x, size_t n) {
-    int32_t *d = gpu->alloc(gpu, n * sizeof(int32_t));
-    gpu->upload(gpu, d, x, n * sizeof(int32_t));
-    return d;
-}
-static float *down_bf(const void *d, size_t n) {
-    mt_bf16 *h = malloc((n ? n : 1) * sizeof(mt_bf16));
-    gpu->download(gpu, h, d, n * sizeof(mt_bf16));
-    float *x = fnew(n);
-    for (size_t i = 0; i < n; i++) x[i] = mt_bf16_to_f32(h[i]);
-    free(h);
-    return x;
-}
-static float *down_f32(const float *d, size_t n) {
-    float *x = fnew(n);
-    gpu->download(gpu, x, d, n * sizeof(float));
-    return x;
-}
-static void *poison_bf(size_t n) {
-    mt_bf16 *h = malloc((n ? n : 1) * sizeof(mt_bf16));
-    for (size_t i = 0; i < n; i++) h[i] = 0x7fc0; /* bf16 NaN */
-    void *d = gpu->alloc(gpu, n * sizeof(mt_bf16));
-    gpu->upload(gpu, d, h, n * sizeof(mt_bf16));
-    free(h);
-    return d;
-}
-static void poison_fill(float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] = NAN;
-}
-
-/* gpu vs cpu with atol relative to the reference's RMS. */
-static int check(const char *what, const float *got, const float *ref, size_t n, double atol_rel,
-                 double rtol) {
-    double scale = rms(ref, n);
-    if (scale == 0) scale = 1;
-    return mt_allclose(what, got, ref, n, atol_rel * scale, rtol);
-}
+/* ---------------- checks (the buffers: util/dev_buffers.h) ---------------- */
 
 static int same_bits(const char *what, const void *a, const void *b, size_t bytes) {
     int ok = memcmp(a, b, bytes) == 0;
@@ -136,35 +60,36 @@ static void geglu_case(size_t n, size_t offset, uint64_t seed) {
     mt_test_rng_seed(&rng, seed);
     char what[96];
     size_t m = n + offset; /* `offset` elements in: misaligned pointers when odd */
-    float *g = rnd_bf(&rng, m, 2.0f), *u = rnd_bf(&rng, m, 1.0f), *d = rnd_bf(&rng, m, 1.0f);
+    float *g = mt_test_randn_bf(&rng, m, 2.0f), *u = mt_test_randn_bf(&rng, m, 1.0f),
+          *d = mt_test_randn_bf(&rng, m, 1.0f);
     for (size_t i = 0, j = 0; i < n; i += 17, j++) {
         float v = big[j % nbig];
         g[offset + i] = v;
-        if (v >= 30.0f) u[offset + i] = d[offset + i] = bfr(1.0f / v);
+        if (v >= 30.0f) u[offset + i] = d[offset + i] = mt_test_bf_round(1.0f / v);
     }
-    void *dg = up_bf(g, m), *du = up_bf(u, m), *dd = up_bf(d, m);
+    void *dg = mt_test_up_bf(gpu, g, m), *du = mt_test_up_bf(gpu, u, m), *dd = mt_test_up_bf(gpu, d, m);
     size_t b = offset * sizeof(mt_bf16);
     void *G = (char *)dg + b, *U = (char *)du + b, *Dd = (char *)dd + b;
 
-    float *out = fnew(n), *rg = fnew(n), *ru = fnew(n);
+    float *out = mt_test_fnew(n), *rg = mt_test_fnew(n), *ru = mt_test_fnew(n);
     cpu->geglu_forward(cpu, out, g + offset, u + offset, n);
-    void *d_out = poison_bf(m);
+    void *d_out = mt_test_poison_bf(gpu, m);
     gpu->geglu_forward(gpu, (char *)d_out + b, G, U, n);
-    float *got = down_bf(d_out, m);
+    float *got = mt_test_down_bf(gpu, d_out, m);
     snprintf(what, sizeof what, "geglu_fwd n=%zu off=%zu", n, offset);
-    assert_true(check(what, got + offset, out, n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_rms(what, got + offset, out, n, BF_ATOL, BF_RTOL));
     free(got);
 
     cpu->geglu_backward(cpu, rg, ru, d + offset, g + offset, u + offset, n);
-    void *d_dg = poison_bf(m), *d_du = poison_bf(m);
+    void *d_dg = mt_test_poison_bf(gpu, m), *d_du = mt_test_poison_bf(gpu, m);
     gpu->geglu_backward(gpu, (char *)d_dg + b, (char *)d_du + b, Dd, G, U, n);
-    got = down_bf(d_dg, m);
+    got = mt_test_down_bf(gpu, d_dg, m);
     snprintf(what, sizeof what, "geglu_bwd n=%zu off=%zu dgate", n, offset);
-    assert_true(check(what, got + offset, rg, n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_rms(what, got + offset, rg, n, BF_ATOL, BF_RTOL));
     free(got);
-    got = down_bf(d_du, m);
+    got = mt_test_down_bf(gpu, d_du, m);
     snprintf(what, sizeof what, "geglu_bwd n=%zu off=%zu dup", n, offset);
-    assert_true(check(what, got + offset, ru, n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_rms(what, got + offset, ru, n, BF_ATOL, BF_RTOL));
     free(got);
 
     gpu->free(gpu, dg), gpu->free(gpu, du), gpu->free(gpu, dd), gpu->free(gpu, d_out);
@@ -187,20 +112,20 @@ static void zero_rows_case(int N, int C, int32_t id, uint64_t seed) {
     mt_test_rng_seed(&rng, seed);
     char what[96];
     size_t n = (size_t)N * C;
-    float *x = rnd_bf(&rng, n, 1.0f);
+    float *x = mt_test_randn_bf(&rng, n, 1.0f);
     int32_t *ids = malloc((N ? N : 1) * sizeof(int32_t));
     int hits = 0;
     for (int i = 0; i < N; i++) {
         ids[i] = (int32_t)(mt_test_rng_u64(&rng) % 5); /* id 0..4: many rows of each */
         hits += ids[i] == id;
     }
-    void *d_x = up_bf(x, n);
-    int32_t *d_ids = up_i32(ids, N);
+    void *d_x = mt_test_up_bf(gpu, x, n);
+    int32_t *d_ids = mt_test_up_i32(gpu, ids, N);
     cpu->zero_rows_of_id(cpu, x, ids, id, N, C);
     gpu->zero_rows_of_id(gpu, d_x, d_ids, id, N, C);
-    float *got = down_bf(d_x, n);
+    float *got = mt_test_down_bf(gpu, d_x, n);
     snprintf(what, sizeof what, "zero_rows_of_id N=%d C=%d id=%d (%d rows)", N, C, id, hits);
-    assert_true(check(what, got, x, n, 0, 0)); /* exact */
+    assert_true(mt_test_check_rms(what, got, x, n, 0, 0)); /* exact */
     assert_memory_equal(got, x, n * sizeof(float)); /* +0, not -0 or the old value */
     gpu->free(gpu, d_x), gpu->free(gpu, d_ids);
     free(x), free(ids), free(got);
@@ -224,7 +149,7 @@ static void swiglu_clamped_case(int R, int F, size_t offset, uint64_t seed) {
     mt_test_rng_seed(&rng, seed);
     char what[128];
     size_t n = (size_t)R * F, m2 = 2 * n + 2 * offset, md = n + offset;
-    float *gu = rnd_bf(&rng, m2, 5.0f), *d = rnd_bf(&rng, md, 1.0f);
+    float *gu = mt_test_randn_bf(&rng, m2, 5.0f), *d = mt_test_randn_bf(&rng, md, 1.0f);
     float *x = gu + 2 * offset; /* (R, 2F) as the op sees it */
     if (n >= 3) {
         x[0] = limit;             /* gate 0 at the bound: passes */
@@ -236,26 +161,26 @@ static void swiglu_clamped_case(int R, int F, size_t offset, uint64_t seed) {
     }
     for (size_t i = 0; i < md; i++)
         if (d[i] == 0.0f) d[i] = 1.0f; /* a zero dout would hide a wrong zero gradient */
-    void *d_gu = up_bf(gu, m2), *d_d = up_bf(d, md);
+    void *d_gu = mt_test_up_bf(gpu, gu, m2), *d_d = mt_test_up_bf(gpu, d, md);
     size_t b = offset * sizeof(mt_bf16); /* `offset` outputs in: misaligned pointers when odd */
     void *X = (char *)d_gu + 2 * b, *Dd = (char *)d_d + b;
 
-    float *out = fnew(n), *dx = fnew(2 * n);
+    float *out = mt_test_fnew(n), *dx = mt_test_fnew(2 * n);
     cpu->swiglu_clamped_forward(cpu, out, x, R, F, alpha, limit);
-    void *d_out = poison_bf(md);
+    void *d_out = mt_test_poison_bf(gpu, md);
     gpu->swiglu_clamped_forward(gpu, (char *)d_out + b, X, R, F, alpha, limit);
-    float *got = down_bf(d_out, md);
+    float *got = mt_test_down_bf(gpu, d_out, md);
     snprintf(what, sizeof what, "swiglu_clamped_fwd R=%d F=%d off=%zu", R, F, offset);
-    assert_true(check(what, got + offset, out, n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_rms(what, got + offset, out, n, BF_ATOL, BF_RTOL));
     free(got);
 
     cpu->swiglu_clamped_backward(cpu, dx, d + offset, x, R, F, alpha, limit);
-    void *d_dx = poison_bf(m2);
+    void *d_dx = mt_test_poison_bf(gpu, m2);
     gpu->swiglu_clamped_backward(gpu, (char *)d_dx + 2 * b, Dd, X, R, F, alpha, limit);
-    got = down_bf(d_dx, m2);
+    got = mt_test_down_bf(gpu, d_dx, m2);
     float *gx = got + 2 * offset;
     snprintf(what, sizeof what, "swiglu_clamped_bwd R=%d F=%d off=%zu", R, F, offset);
-    assert_true(check(what, gx, dx, 2 * n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_rms(what, gx, dx, 2 * n, BF_ATOL, BF_RTOL));
     /* the clamps: exactly 0 where one acted, the bounds themselves pass */
     size_t gates_clamped = 0, ups_clamped = 0, bad = 0;
     for (size_t i = 0; i < n; i++) {
@@ -314,24 +239,25 @@ static void moe_io_case(const int rows[IO_E], int K, int M, int with_bias, uint6
     int R = off[IO_E];
     size_t nin = (size_t)R * K, nout = (size_t)R * M, nw = (size_t)IO_E * K * M,
            nb = (size_t)IO_E * M;
-    float *inp = rnd_bf(&rng, nin, 1.0f), *w = rnd_bf(&rng, nw, 1.0f / sqrtf((float)K));
-    float *bias = with_bias ? rnd_bf(&rng, nb, 0.5f) : NULL;
-    float *dout = rnd_bf(&rng, nout, 1.0f);
-    void *d_inp = up_bf(inp, nin), *d_w = up_bf(w, nw), *d_dout = up_bf(dout, nout);
-    void *d_bias = bias ? up_bf(bias, nb) : NULL;
-    int32_t *d_off = up_i32(off, IO_E + 1);
+    float *inp = mt_test_randn_bf(&rng, nin, 1.0f), *w = mt_test_randn_bf(&rng, nw, 1.0f / sqrtf((float)K));
+    float *bias = with_bias ? mt_test_randn_bf(&rng, nb, 0.5f) : NULL;
+    float *dout = mt_test_randn_bf(&rng, nout, 1.0f);
+    void *d_inp = mt_test_up_bf(gpu, inp, nin), *d_w = mt_test_up_bf(gpu, w, nw),
+         *d_dout = mt_test_up_bf(gpu, dout, nout);
+    void *d_bias = bias ? mt_test_up_bf(gpu, bias, nb) : NULL;
+    int32_t *d_off = mt_test_up_i32(gpu, off, IO_E + 1);
     char shape[96];
     snprintf(shape, sizeof shape, "moe_io rows %d,%d,%d,%d K=%d M=%d%s", rows[0], rows[1], rows[2],
              rows[3], K, M, bias ? " +bias" : "");
 
     /* forward */
-    float *out = fnew(nout);
+    float *out = mt_test_fnew(nout);
     cpu->moe_matmul_io_forward(cpu, out, inp, w, bias, off, off, IO_E, K, M);
-    void *d_out = poison_bf(nout);
+    void *d_out = mt_test_poison_bf(gpu, nout);
     gpu->moe_matmul_io_forward(gpu, d_out, d_inp, d_w, d_bias, d_off, off, IO_E, K, M);
-    float *got = down_bf(d_out, nout);
+    float *got = mt_test_down_bf(gpu, d_out, nout);
     snprintf(what, sizeof what, "%s fwd", shape);
-    assert_true(check(what, got, out, nout, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_rms(what, got, out, nout, BF_ATOL, BF_RTOL));
     free(got);
 
     /* backward: fills for the += outputs (dweight's magnitude: a sum of rows unit products) */
@@ -339,42 +265,43 @@ static void moe_io_case(const int rows[IO_E], int K, int M, int with_bias, uint6
     static const io_ask asks[] = {{1, 1, 1}, {1, 0, 0}, {0, 1, 1}, {1, 0, 1}, {0, 1, 0}, {0, 0, 1}};
     const int nasks = (int)(sizeof asks / sizeof asks[0]);
     for (int acc = 0; acc <= 1; acc++) {
-        float *fill_x = rnd_bf(&rng, nin, 1.0f), *fill_w = rnd_f32(&rng, nw, gscale);
-        float *fill_b = rnd_f32(&rng, nb, gscale);
+        float *fill_x = mt_test_randn_bf(&rng, nin, 1.0f), *fill_w = mt_test_randn(&rng, nw, gscale);
+        float *fill_b = mt_test_randn(&rng, nb, gscale);
         float *full_dinp = NULL, *full_dw = NULL, *full_db = NULL; /* asks[0]'s GPU results */
         for (int a = 0; a < nasks; a++) {
             io_ask q = asks[a];
-            float *dinp = copyf(fill_x, nin), *dw = copyf(fill_w, nw), *db = copyf(fill_b, nb);
-            if (!acc) poison_fill(dinp, nin);
+            float *dinp = mt_test_copyf(fill_x, nin), *dw = mt_test_copyf(fill_w, nw),
+                  *db = mt_test_copyf(fill_b, nb);
+            if (!acc) mt_test_nan_fill(dinp, nin);
             cpu->moe_matmul_io_backward(cpu, q.dinp ? dinp : NULL, q.dw ? dw : NULL,
                                         q.db ? db : NULL, dout, inp, w, off, off, IO_E, K, M, acc);
-            void *d_dinp = acc ? up_bf(fill_x, nin) : poison_bf(nin);
-            float *d_dw = up_f32(fill_w, nw), *d_db = up_f32(fill_b, nb);
+            void *d_dinp = acc ? mt_test_up_bf(gpu, fill_x, nin) : mt_test_poison_bf(gpu, nin);
+            float *d_dw = mt_test_up_f32(gpu, fill_w, nw), *d_db = mt_test_up_f32(gpu, fill_b, nb);
             gpu->moe_matmul_io_backward(gpu, q.dinp ? d_dinp : NULL, q.dw ? d_dw : NULL,
                                         q.db ? d_db : NULL, d_dout, d_inp, d_w, d_off, off, IO_E,
                                         K, M, acc);
-            float *g_dinp = down_bf(d_dinp, nin), *g_dw = down_f32(d_dw, nw);
-            float *g_db = down_f32(d_db, nb);
+            float *g_dinp = mt_test_down_bf(gpu, d_dinp, nin), *g_dw = mt_test_down_f32(gpu, d_dw, nw);
+            float *g_db = mt_test_down_f32(gpu, d_db, nb);
             char ask[48];
             snprintf(ask, sizeof ask, "dinp %s, dweight %s, dbias %s", q.dinp ? "set" : "NULL",
                      q.dw ? "set" : "NULL", q.db ? "set" : "NULL");
             if (q.dinp) {
                 snprintf(what, sizeof what, "%s bwd dinp (%s) [%s]", shape, acc ? "+=" : "=", ask);
-                assert_true(check(what, g_dinp, dinp, nin, BF_ATOL, BF_RTOL));
+                assert_true(mt_test_check_rms(what, g_dinp, dinp, nin, BF_ATOL, BF_RTOL));
             } else if (acc) { /* not asked: untouched (the poison of acc 0 is not compared) */
                 snprintf(what, sizeof what, "%s bwd dinp untouched [%s]", shape, ask);
                 assert_true(same_bits(what, g_dinp, fill_x, nin * sizeof(float)));
             }
             if (q.dw) {
                 snprintf(what, sizeof what, "%s bwd dweight (+=) [%s]", shape, ask);
-                assert_true(check(what, g_dw, dw, nw, F32_ATOL, F32_RTOL));
+                assert_true(mt_test_check_rms(what, g_dw, dw, nw, F32_ATOL, F32_RTOL));
             } else { /* not asked: untouched */
                 snprintf(what, sizeof what, "%s bwd dweight untouched [%s]", shape, ask);
                 assert_true(same_bits(what, g_dw, fill_w, nw * sizeof(float)));
             }
             if (q.db) {
                 snprintf(what, sizeof what, "%s bwd dbias (+=) [%s]", shape, ask);
-                assert_true(check(what, g_db, db, nb, F32_ATOL, F32_RTOL));
+                assert_true(mt_test_check_rms(what, g_db, db, nb, F32_ATOL, F32_RTOL));
             } else {
                 snprintf(what, sizeof what, "%s bwd dbias untouched [%s]", shape, ask);
                 assert_true(same_bits(what, g_db, fill_b, nb * sizeof(float)));

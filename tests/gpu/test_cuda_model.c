@@ -21,6 +21,10 @@
 #include "engine/engine.h"
 #include "io/model_io.h"
 #include "model/runner.h"
+#include "util/config_check.h"
+#include "util/dev_buffers.h"
+#include "util/fixture_io.h"
+#include "util/host_buffers.h"
 #include "util/nudge.h"
 #include "util/state_snapshot.h"
 #include "util/testutil.h"
@@ -37,17 +41,8 @@ static mt_backend *cpu, *gpu;
 static float *bf16_weights(const mt_param_table *t, float std, uint64_t seed) {
     float *w = mt_aligned_alloc((size_t)t->total * sizeof(float));
     mt_param_init(t, w, std, seed);
-    for (int64_t i = 0; i < t->total; i++) w[i] = mt_bf16_to_f32(mt_f32_to_bf16(w[i]));
+    mt_test_round_bf16(w, (size_t)t->total);
     return w;
-}
-
-static void *to_device_bf16(const float *w, size_t n) {
-    mt_bf16 *h = malloc(n * sizeof(mt_bf16));
-    mt_convert_f32_to_bf16(h, w, n);
-    void *d = gpu->alloc(gpu, n * sizeof(mt_bf16));
-    gpu->upload(gpu, d, h, n * sizeof(mt_bf16));
-    free(h);
-    return d;
 }
 
 static double rel_l2(const float *got, const float *ref, size_t n) {
@@ -120,7 +115,7 @@ static int compare_weights_ok(const mt_param_table *tp, const float *w, int B, i
     /* CUDA */
     mt_runner rg;
     mt_runner_init(&rg, &t, gpu, B, T);
-    void *wd = to_device_bf16(w, n);
+    void *wd = mt_test_up_bf(gpu, w, n);
     float *logits = malloc(nl * sizeof(float));
     mt_runner_logits(&rg, wd, ids, B, logits);
     float *gd = gpu->alloc(gpu, n * sizeof(float));
@@ -172,15 +167,7 @@ static void test_tiny_variants(void **state) {
 /* Qwen3.5: Gated DeltaNet and gated attention layers with partial RoPE and (1 + w) norms, and the
  * MoE with its gated shared expert; the fixtures' shapes (T 80: two chunks of the delta rule, the
  * second partial) and one with the real head sizes (Dk = Dv = 128, D 256). */
-static mt_config fixture_config(const char *name) {
-    char rel[256];
-    snprintf(rel, sizeof rel, "%s/config.json", name);
-    char *path = mt_fixture_path(rel);
-    mt_config c;
-    if (mt_config_load(&c, path) != MT_OK) fail_msg("%s", mt_error_message());
-    free(path);
-    return c;
-}
+static mt_config fixture_config(const char *name) { return mt_test_config_load("%s/config.json", name); }
 
 static void test_qwen3_5_models(void **state) {
     setenv("MT_EXPERIMENTAL_DELTANET_CUDA", "1", 1); /* what this test verifies */
@@ -468,18 +455,6 @@ static void test_training_tracks_cpu(void **state) {
     if (!ok) fail_msg("the CUDA loss curve leaves the envelope of the CPU run");
 }
 
-/* A committed fixture's table and weights, rounded to bf16 (both backends see the same values). */
-static float *load_fixture(const char *name, mt_param_table *t) {
-    char *dir = mt_fixture_path(name);
-    mt_config cfg = fixture_config(name);
-    mt_param_table_init(t, &cfg);
-    float *w = mt_aligned_alloc((size_t)t->total * sizeof(float));
-    if (mt_model_load(t, w, dir) != MT_OK) fail_msg("%s", mt_error_message());
-    for (int64_t i = 0; i < t->total; i++) w[i] = mt_bf16_to_f32(mt_f32_to_bf16(w[i]));
-    free(dir);
-    return w;
-}
-
 /* Gemma 3 (issue 29): the fixtures' own weights, sliding (window 8 < T) and full layers, GeGLU,
  * four norms a layer, query_pre_attn_scalar, the pad token's row (ids hold pad id 0), tied head.
  * gemma3_overflow's post-norm gains push the residual to ~9e4, where fp16 overflows: in bf16 the
@@ -488,12 +463,11 @@ static float *load_fixture(const char *name, mt_param_table *t) {
  * steps must skip none and follow the CPU's loss within STEP_TOL or the nudged runs' spread. */
 #define GEMMA_STEPS 10
 static void test_gemma3_models(void **state) {
-    gpu->attention_options = 1; /* what this test verifies (backend_cuda.cu) */
     const char *names[] = {"gemma3_tiny", "gemma3_overflow"};
     int ok = 1;
     for (int i = 0; i < 2; i++) {
         mt_param_table t;
-        float *w = load_fixture(names[i], &t);
+        float *w = mt_test_fixture_weights_bf16(names[i], &t); /* both backends see the same values */
         ok &= compare_weights_ok(&t, w, 2, 40, QWEN_NUDGES, names[i]);
         double ref_norm[GEMMA_STEPS], got_norm[GEMMA_STEPS], step_env[GEMMA_STEPS] = {0};
         double *ref = train_curve_with(cpu, &t, w, GEMMA_STEPS, 0, 0, 0, ref_norm);

@@ -33,46 +33,20 @@
 #include "engine/engine.h"
 #include "io/model_io.h"
 #include "model/runner.h"
+#include "util/dev_buffers.h"
+#include "util/fixture_io.h"
+#include "util/host_buffers.h"
 #include "util/nudge.h"
 #include "util/testutil.h"
 
 static mt_backend *cpu, *gpu;
 
-static void *dev_copy_on(mt_backend *be, const void *host, size_t bytes) {
-    void *d = be->alloc(be, bytes);
-    be->upload(be, d, host, bytes);
-    return d;
-}
-static void *dev_copy(const void *host, size_t bytes) { return dev_copy_on(gpu, host, bytes); }
-
-static void *dev_bf16_on(mt_backend *be, const float *x, size_t n) {
-    mt_bf16 *h = malloc(n * sizeof(mt_bf16));
-    mt_convert_f32_to_bf16(h, x, n);
-    void *d = dev_copy_on(be, h, n * sizeof(mt_bf16));
-    free(h);
-    return d;
-}
-static void *dev_bf16(const float *x, size_t n) { return dev_bf16_on(gpu, x, n); }
-
-static float *host_f32_of_bf16(const void *dev, size_t n) {
-    mt_bf16 *h = malloc(n * sizeof(mt_bf16));
-    gpu->download(gpu, h, dev, n * sizeof(mt_bf16));
-    float *f = malloc(n * sizeof(float));
-    mt_convert_bf16_to_f32(f, h, n);
-    free(h);
-    return f;
-}
-
 /* A bf16 result on the device against the fp32 reference (max-relative metric). */
 static void check_bf16(const char *what, const void *dev, const float *ref, size_t n, double tol) {
-    float *h = host_f32_of_bf16(dev, n);
+    float *h = mt_test_down_bf(gpu, dev, n);
     int ok = mt_check_rel(what, h, ref, n, tol);
     free(h);
     assert_true(ok);
-}
-
-static void round_bf16(float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] = mt_bf16_to_f32(mt_f32_to_bf16(x[i]));
 }
 
 /* Every op on one routing problem: n tokens, E experts, top-k. */
@@ -83,11 +57,11 @@ static void check_ops(int n, int E, int k, int C, int renorm) {
     size_t nE = (size_t)n * E, nk = (size_t)n * k, nC = (size_t)n * C, nkC = nk * C;
     float *logits = malloc(nE * sizeof(float));
     mt_test_fill_normal(&r, logits, nE, 3.0f);
-    round_bf16(logits, nE); /* both backends see the same values */
+    mt_test_round_bf16(logits, nE); /* both backends see the same values */
     float *probs = malloc(nE * 4), *w = malloc(nk * 4), *ps = calloc((size_t)E, 4);
     int32_t *idx = malloc(nk * 4), *cnt = calloc((size_t)E, 4);
     cpu->moe_route(cpu, probs, idx, w, cnt, ps, logits, n, E, k, renorm);
-    void *d_logits = dev_bf16(logits, nE);
+    void *d_logits = mt_test_up_bf(gpu, logits, nE);
     float *dp = gpu->alloc(gpu, nE * 4), *dw = gpu->alloc(gpu, nk * 4), *dps = gpu->alloc(gpu, (size_t)E * 4);
     int32_t *didx = gpu->alloc(gpu, nk * 4), *dcnt = gpu->alloc(gpu, (size_t)E * 4);
     gpu->zero(gpu, dps, (size_t)E * 4);
@@ -121,10 +95,10 @@ static void check_ops(int n, int E, int k, int C, int renorm) {
 
     /* gather, combine and their backward on bf16-exact data */
     float *x = malloc(nC * 4), *y = malloc(nkC * 4), *dout = malloc(nC * 4), *dxg = malloc(nkC * 4);
-    mt_test_fill_normal(&r, x, nC, 1.0f), round_bf16(x, nC);
-    mt_test_fill_normal(&r, y, nkC, 1.0f), round_bf16(y, nkC);
-    mt_test_fill_normal(&r, dout, nC, 1.0f), round_bf16(dout, nC);
-    mt_test_fill_normal(&r, dxg, nkC, 1.0f), round_bf16(dxg, nkC);
+    mt_test_fill_normal(&r, x, nC, 1.0f), mt_test_round_bf16(x, nC);
+    mt_test_fill_normal(&r, y, nkC, 1.0f), mt_test_round_bf16(y, nkC);
+    mt_test_fill_normal(&r, dout, nC, 1.0f), mt_test_round_bf16(dout, nC);
+    mt_test_fill_normal(&r, dxg, nkC, 1.0f), mt_test_round_bf16(dxg, nkC);
     float *xg = malloc(nkC * 4), *out = malloc(nC * 4), *dy = malloc(nkC * 4), *d_w = malloc(nk * 4);
     float *dx = malloc(nC * 4), *dz = malloc(nE * 4), *aux = malloc((size_t)E * 4);
     mt_test_fill_normal(&r, aux, (size_t)E, 0.1f);
@@ -133,10 +107,11 @@ static void check_ops(int n, int E, int k, int C, int renorm) {
     cpu->moe_combine_backward(cpu, dy, d_w, dout, y, w, inv, n, C, k);
     cpu->moe_gather_backward(cpu, dx, dxg, inv, n, C, k, 0);
     cpu->moe_route_backward(cpu, dz, d_w, probs, idx, w, aux, n, E, k, renorm);
-    void *dx_ = dev_bf16(x, nC), *dy_ = dev_bf16(y, nkC), *ddout = dev_bf16(dout, nC), *ddxg = dev_bf16(dxg, nkC);
+    void *dx_ = mt_test_up_bf(gpu, x, nC), *dy_ = mt_test_up_bf(gpu, y, nkC),
+         *ddout = mt_test_up_bf(gpu, dout, nC), *ddxg = mt_test_up_bf(gpu, dxg, nkC);
     void *dxg_out = gpu->alloc(gpu, nkC * 2), *dout_ = gpu->alloc(gpu, nC * 2), *ddy = gpu->alloc(gpu, nkC * 2);
     void *ddx = gpu->alloc(gpu, nC * 2), *ddz = gpu->alloc(gpu, nE * 2);
-    float *dd_w = gpu->alloc(gpu, nk * 4), *daux = dev_copy(aux, (size_t)E * 4);
+    float *dd_w = gpu->alloc(gpu, nk * 4), *daux = mt_test_up_raw(gpu, aux, (size_t)E * 4);
     gpu->moe_gather(gpu, dxg_out, dx_, dperm, n, C, k);
     gpu->moe_combine(gpu, dout_, dy_, dw, dinv, n, C, k);
     gpu->moe_combine_backward(gpu, ddy, dd_w, ddout, dy_, dw, dinv, n, C, k);
@@ -191,11 +166,11 @@ static expert_results run_experts(mt_backend *be, const int32_t *off, int R, con
         memcpy(d_dw, dw0, nw * 4);
         d_off = (int32_t *)off;
     } else {
-        d_inp = dev_bf16_on(be, inp, nin), d_w = dev_bf16_on(be, w, nw);
-        d_dout = dev_bf16_on(be, dout, nout);
+        d_inp = mt_test_up_bf(be, inp, nin), d_w = mt_test_up_bf(be, w, nw);
+        d_dout = mt_test_up_bf(be, dout, nout);
         d_out = be->alloc(be, nout * 2), d_dinp = be->alloc(be, nin * 2);
-        d_dw = dev_copy_on(be, dw0, nw * 4);
-        d_off = dev_copy_on(be, off, (XE + 1) * sizeof(int32_t));
+        d_dw = mt_test_up_raw(be, dw0, nw * 4);
+        d_off = mt_test_up_raw(be, off, (XE + 1) * sizeof(int32_t));
     }
     expert_results res;
     res.out = malloc(nout * 4), res.dinp = malloc(nin * 4), res.dinp_acc = malloc(nin * 4);
@@ -277,9 +252,9 @@ static void test_expert_gemms(void **state) {
     mt_test_rng_seed(&r, 99);
     float *inp = malloc(nin * 4), *w = malloc(nw * 4), *dout = malloc(nout * 4);
     float *dw0 = malloc(nw * 4);
-    mt_test_fill_normal(&r, inp, nin, 1.0f), round_bf16(inp, nin);
-    mt_test_fill_normal(&r, w, nw, 0.2f), round_bf16(w, nw);
-    mt_test_fill_normal(&r, dout, nout, 1.0f), round_bf16(dout, nout);
+    mt_test_fill_normal(&r, inp, nin, 1.0f), mt_test_round_bf16(inp, nin);
+    mt_test_fill_normal(&r, w, nw, 0.2f), mt_test_round_bf16(w, nw);
+    mt_test_fill_normal(&r, dout, nout, 1.0f), mt_test_round_bf16(dout, nout);
     mt_test_fill_normal(&r, dw0, nw, 1.0f);
     const char *env = getenv("MT_MOE_GEMM");
     char *was = env ? strdup(env) : NULL;
@@ -323,20 +298,6 @@ static void test_expert_gemms(void **state) {
     grouped->destroy(grouped), loop->destroy(loop), autom->destroy(autom);
     free(inp), free(w), free(dout), free(dw0);
     assert_true(ok);
-}
-
-/* A committed fixture's table and weights, rounded to bf16 (both backends see the same values). */
-static float *load_fixture(const char *name, mt_param_table *t) {
-    char *dir = mt_fixture_path(name), path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    mt_config cfg;
-    if (mt_config_load(&cfg, path) != MT_OK) fail_msg("%s", mt_error_message());
-    mt_param_table_init(t, &cfg);
-    float *w = mt_aligned_alloc((size_t)t->total * sizeof(float));
-    if (mt_model_load(t, w, dir) != MT_OK) fail_msg("%s", mt_error_message());
-    round_bf16(w, (size_t)t->total);
-    free(dir);
-    return w;
 }
 
 /* The CPU backend's routing choices, logged by wrapping its moe_route: every choice of the runs
@@ -408,7 +369,7 @@ static void fill_tokens(int32_t *ids, int32_t *tg, int N, int V, uint64_t seed) 
 static void compare_fixture(const char *name) {
     fprintf(stderr, "--- model %s\n", name);
     mt_param_table t;
-    float *w = load_fixture(name, &t);
+    float *w = mt_test_fixture_weights_bf16(name, &t); /* both backends see the same values */
     mt_config cfg = t.cfg;
     size_t n = (size_t)t.total;
     enum { B = 2, T = 12, N = B * T, SEEDS = 64, NUDGES = 4 };
@@ -458,7 +419,7 @@ static void compare_fixture(const char *name) {
     }
     mt_runner rg;
     mt_runner_init(&rg, &t, gpu, B, T);
-    void *wd = dev_bf16(w, n);
+    void *wd = mt_test_up_bf(gpu, w, n);
     float *gd = gpu->alloc(gpu, n * 4);
     gpu->zero(gpu, gd, n * 4);
     int64_t count;
@@ -513,7 +474,7 @@ static void engine_curve(mt_backend *be, const mt_param_table *t, const float *w
 static void check_engine(const char *name) {
     fprintf(stderr, "--- engine %s\n", name);
     mt_param_table t;
-    float *w = load_fixture(name, &t);
+    float *w = mt_test_fixture_weights_bf16(name, &t); /* both backends see the same values */
     mt_config cfg = t.cfg;
     enum { STEPS = 6 };
     double l0[STEPS], n0[STEPS], l[STEPS], g[STEPS];
@@ -564,7 +525,6 @@ static void test_models(void **state) {
  * the biased router and the clamped-SwiGLU experts with biases (the fixtures scale weights so the
  * clamps act), on the fixtures' own weights. */
 static void test_gpt_oss_models(void **state) {
-    gpu->attention_options = 1; /* what this test verifies (backend_cuda.cu) */
     compare_fixture("gpt_oss_tiny");
     compare_fixture("gpt_oss_tiny_aux");
 }

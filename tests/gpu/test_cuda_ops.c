@@ -41,6 +41,8 @@
 #include "core/error.h"
 #include "quant/fp8.h"
 #include "quant/nf4.h"
+#include "util/dev_buffers.h"
+#include "util/host_buffers.h"
 #include "util/testutil.h"
 
 #define BF_ATOL 1e-2
@@ -59,144 +61,6 @@
 #define BUDGET_CHILD_ARG "--budget-child"
 
 static mt_backend *cpu, *gpu;
-
-/* ---------------- host <-> device helpers ---------------- */
-
-static float *fnew(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
-
-static double rms(const float *x, size_t n) {
-    double s = 0;
-    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
-    return n ? sqrt(s / n) : 0.0;
-}
-
-/* fp32 values already on the bf16 grid, normal(0, std) */
-static float *rnd_bf(mt_test_rng *rng, size_t n, float std) {
-    float *x = fnew(n);
-    mt_test_fill_normal(rng, x, n, std);
-    for (size_t i = 0; i < n; i++) x[i] = mt_bf16_to_f32(mt_f32_to_bf16(x[i]));
-    return x;
-}
-static float *rnd_f32(mt_test_rng *rng, size_t n, float std) {
-    float *x = fnew(n);
-    mt_test_fill_normal(rng, x, n, std);
-    return x;
-}
-static float *copyf(const float *x, size_t n) {
-    float *y = fnew(n);
-    memcpy(y, x, n * sizeof(float));
-    return y;
-}
-
-static void *up_bf(const float *x, size_t n) {
-    mt_bf16 *h = malloc((n ? n : 1) * sizeof(mt_bf16));
-    for (size_t i = 0; i < n; i++) h[i] = mt_f32_to_bf16(x[i]);
-    void *d = gpu->alloc(gpu, n * sizeof(mt_bf16));
-    gpu->upload(gpu, d, h, n * sizeof(mt_bf16));
-    free(h);
-    return d;
-}
-static float *up_f32(const float *x, size_t n) {
-    float *d = gpu->alloc(gpu, n * sizeof(float));
-    gpu->upload(gpu, d, x, n * sizeof(float));
-    return d;
-}
-static int32_t *up_i32(const int32_t *x, size_t n) {
-    int32_t *d = gpu->alloc(gpu, n * sizeof(int32_t));
-    gpu->upload(gpu, d, x, n * sizeof(int32_t));
-    return d;
-}
-static float *down_bf(const void *d, size_t n) {
-    mt_bf16 *h = malloc((n ? n : 1) * sizeof(mt_bf16));
-    gpu->download(gpu, h, d, n * sizeof(mt_bf16));
-    float *x = fnew(n);
-    for (size_t i = 0; i < n; i++) x[i] = mt_bf16_to_f32(h[i]);
-    free(h);
-    return x;
-}
-static float *down_f32(const float *d, size_t n) {
-    float *x = fnew(n);
-    gpu->download(gpu, x, d, n * sizeof(float));
-    return x;
-}
-static void *poison_bf(size_t n) {
-    mt_bf16 *h = malloc((n ? n : 1) * sizeof(mt_bf16));
-    for (size_t i = 0; i < n; i++) h[i] = 0x7fc0; /* bf16 NaN */
-    void *d = gpu->alloc(gpu, n * sizeof(mt_bf16));
-    gpu->upload(gpu, d, h, n * sizeof(mt_bf16));
-    free(h);
-    return d;
-}
-static float *poison_f32(size_t n) {
-    float *h = fnew(n);
-    for (size_t i = 0; i < n; i++) h[i] = NAN;
-    float *d = up_f32(h, n);
-    free(h);
-    return d;
-}
-static void poison_fill(float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] = NAN;
-}
-
-/* gpu vs cpu with atol relative to the reference's RMS. */
-static int check(const char *what, const float *got, const float *ref, size_t n, double atol_rel,
-                 double rtol) {
-    double scale = rms(ref, n);
-    if (scale == 0) scale = 1;
-    return mt_allclose(what, got, ref, n, atol_rel * scale, rtol);
-}
-/* gpu bf16 output (device) vs cpu */
-static int check_bf(const char *what, const void *d, const float *ref, size_t n, double atol_rel,
-                    double rtol) {
-    float *g = down_bf(d, n);
-    int ok = check(what, g, ref, n, atol_rel, rtol);
-    free(g);
-    return ok;
-}
-static int check_f32(const char *what, const float *d, const float *ref, size_t n,
-                     double atol_rel, double rtol) {
-    float *g = down_f32(d, n);
-    int ok = check(what, g, ref, n, atol_rel, rtol);
-    free(g);
-    return ok;
-}
-/* gpu bf16 output (device) vs cpu with atol relative to each row's RMS (rows of `width`), plus
- * the tensor-level max|err|/max|ref| <= tensor_tol. */
-static int check_rows_bf(const char *what, const void *d, const float *ref, size_t rows, size_t width,
-                         double atol_rel, double rtol, double tensor_tol) {
-    float *g = down_bf(d, rows * width);
-    double worst = 0, floor = 0.5 * rms(ref, rows * width);
-    size_t bad = 0, worst_i = 0;
-    for (size_t r = 0; r < rows; r++) {
-        double scale = rms(ref + r * width, width);
-        if (scale < floor) scale = floor;
-        if (scale == 0) scale = 1;
-        for (size_t j = 0; j < width; j++) {
-            size_t i = r * width + j;
-            double err = fabs((double)g[i] - ref[i]), tol = atol_rel * scale + rtol * fabs(ref[i]);
-            double frac = err / tol;
-            if (!(err <= tol)) {
-                if (bad < 5) fprintf(stderr, "  %s[%zu]: got %.6g ref %.6g err %.3g tol %.3g\n", what, i, g[i], ref[i], err, tol);
-                bad++;
-                if (isnan(frac)) frac = INFINITY;
-            }
-            if (frac > worst) worst = frac, worst_i = i;
-        }
-    }
-    double tensor = mt_max_rel_err(g, ref, rows * width);
-    int ok = bad == 0 && tensor <= tensor_tol;
-    fprintf(stderr, "%-40s n=%-8zu worst[%zu] %.1f%% of row tol (atol %.0e*max(row rms, rms/2), rtol %.0e); "
-                    "max|err|/max|ref| %.3g (tol %.0e)%s\n",
-            what, rows * width, worst_i, 100 * worst, atol_rel, rtol, tensor, tensor_tol, ok ? "" : "  FAIL");
-    free(g);
-    return ok;
-}
-
-static int same_bits(const char *what, const void *a, const void *b, size_t bytes) {
-    int ok = memcmp(a, b, bytes) == 0;
-    fprintf(stderr, "%-40s %s\n", what, ok ? "bit-identical on rerun" : "DIFFERS on rerun  FAIL");
-    return ok;
-}
 
 /* ---------------- memory ---------------- */
 
@@ -230,35 +94,35 @@ static void embedding_case(int N, int C, int V, uint64_t seed) {
     mt_test_rng rng;
     mt_test_rng_seed(&rng, seed);
     char what[96];
-    float *table = rnd_bf(&rng, (size_t)V * C, 1.0f);
+    float *table = mt_test_randn_bf(&rng, (size_t)V * C, 1.0f);
     int32_t *ids = malloc(N * sizeof(int32_t));
     for (int n = 0; n < N; n++) ids[n] = (int32_t)(mt_test_rng_u64(&rng) % (uint64_t)V);
     if (N > 3) ids[N - 1] = ids[0], ids[N / 2] = ids[0]; /* repeats */
-    int32_t *d_ids = up_i32(ids, N);
-    void *d_table = up_bf(table, (size_t)V * C);
+    int32_t *d_ids = mt_test_up_i32(gpu, ids, N);
+    void *d_table = mt_test_up_bf(gpu, table, (size_t)V * C);
 
-    float *ref = fnew((size_t)N * C);
+    float *ref = mt_test_fnew((size_t)N * C);
     cpu->embedding_forward(cpu, ref, ids, table, N, C);
-    void *d_out = poison_bf((size_t)N * C);
+    void *d_out = mt_test_poison_bf(gpu, (size_t)N * C);
     gpu->embedding_forward(gpu, d_out, d_ids, d_table, N, C);
     snprintf(what, sizeof what, "embedding_fwd N=%d C=%d", N, C);
-    assert_true(check_bf(what, d_out, ref, (size_t)N * C, 0, 0));
+    assert_true(mt_test_check_bf(gpu, what, d_out, ref, (size_t)N * C, 0, 0));
 
-    float *dout = rnd_bf(&rng, (size_t)N * C, 1.0f);
-    float *fill = rnd_f32(&rng, (size_t)V * C, 1.0f);
-    float *dtab = copyf(fill, (size_t)V * C);
+    float *dout = mt_test_randn_bf(&rng, (size_t)N * C, 1.0f);
+    float *fill = mt_test_randn(&rng, (size_t)V * C, 1.0f);
+    float *dtab = mt_test_copyf(fill, (size_t)V * C);
     cpu->embedding_backward(cpu, dtab, dout, ids, N, C);
-    void *d_dout = up_bf(dout, (size_t)N * C);
-    float *d_dtab = up_f32(fill, (size_t)V * C);
+    void *d_dout = mt_test_up_bf(gpu, dout, (size_t)N * C);
+    float *d_dtab = mt_test_up_f32(gpu, fill, (size_t)V * C);
     gpu->embedding_backward(gpu, d_dtab, d_dout, d_ids, N, C);
     snprintf(what, sizeof what, "embedding_bwd N=%d C=%d V=%d (+=)", N, C, V);
-    assert_true(check_f32(what, d_dtab, dtab, (size_t)V * C, F32_ATOL, F32_RTOL));
+    assert_true(mt_test_check_f32(gpu, what, d_dtab, dtab, (size_t)V * C, F32_ATOL, F32_RTOL));
     /* determinism: the same start, the same bits */
-    float *g1 = down_f32(d_dtab, (size_t)V * C);
+    float *g1 = mt_test_down_f32(gpu, d_dtab, (size_t)V * C);
     gpu->upload(gpu, d_dtab, fill, (size_t)V * C * sizeof(float));
     gpu->embedding_backward(gpu, d_dtab, d_dout, d_ids, N, C);
-    float *g2 = down_f32(d_dtab, (size_t)V * C);
-    assert_true(same_bits(what, g1, g2, (size_t)V * C * sizeof(float)));
+    float *g2 = mt_test_down_f32(gpu, d_dtab, (size_t)V * C);
+    assert_true(mt_test_same_bits(what, g1, g2, (size_t)V * C * sizeof(float)));
 
     gpu->free(gpu, d_ids), gpu->free(gpu, d_table), gpu->free(gpu, d_out);
     gpu->free(gpu, d_dout), gpu->free(gpu, d_dtab);
@@ -280,53 +144,53 @@ static void rmsnorm_case(int R, int C, float eps, uint64_t seed, float offset) {
     mt_test_rng_seed(&rng, seed);
     char what[96];
     size_t n = (size_t)R * C;
-    float *inp = rnd_bf(&rng, n, 1.5f), *w = rnd_bf(&rng, C, 0.2f);
+    float *inp = mt_test_randn_bf(&rng, n, 1.5f), *w = mt_test_randn_bf(&rng, C, 0.2f);
     for (int c = 0; c < C; c++) w[c] = mt_bf16_to_f32(mt_f32_to_bf16((1.0f - offset) + w[c]));
-    void *d_inp = up_bf(inp, n), *d_w = up_bf(w, C);
+    void *d_inp = mt_test_up_bf(gpu, inp, n), *d_w = mt_test_up_bf(gpu, w, C);
 
-    float *out = fnew(n), *rstd = fnew(R);
+    float *out = mt_test_fnew(n), *rstd = mt_test_fnew(R);
     cpu->rmsnorm_forward(cpu, out, rstd, inp, w, R, C, eps, offset);
-    void *d_out = poison_bf(n);
-    float *d_rstd = poison_f32(R);
+    void *d_out = mt_test_poison_bf(gpu, n);
+    float *d_rstd = mt_test_poison_f32(gpu, R);
     gpu->rmsnorm_forward(gpu, d_out, d_rstd, d_inp, d_w, R, C, eps, offset);
     snprintf(what, sizeof what, "rmsnorm_fwd R=%d C=%d out", R, C);
-    assert_true(check_bf(what, d_out, out, n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_bf(gpu, what, d_out, out, n, BF_ATOL, BF_RTOL));
     snprintf(what, sizeof what, "rmsnorm_fwd R=%d C=%d rstd", R, C);
-    assert_true(check_f32(what, d_rstd, rstd, R, F32_ATOL, F32_RTOL));
+    assert_true(mt_test_check_f32(gpu, what, d_rstd, rstd, R, F32_ATOL, F32_RTOL));
 
     /* the backward of both gets the CPU's rstd */
     gpu->upload(gpu, d_rstd, rstd, R * sizeof(float));
-    float *dout = rnd_bf(&rng, n, 1.0f);
-    void *d_dout = up_bf(dout, n);
+    float *dout = mt_test_randn_bf(&rng, n, 1.0f);
+    void *d_dout = mt_test_up_bf(gpu, dout, n);
     for (int acc = 0; acc <= 1; acc++) {
-        float *fill_x = rnd_bf(&rng, n, 1.0f), *fill_w = rnd_f32(&rng, C, 3.0f);
-        float *dinp = copyf(fill_x, n), *dw = copyf(fill_w, C);
-        if (!acc) poison_fill(dinp, n);
+        float *fill_x = mt_test_randn_bf(&rng, n, 1.0f), *fill_w = mt_test_randn(&rng, C, 3.0f);
+        float *dinp = mt_test_copyf(fill_x, n), *dw = mt_test_copyf(fill_w, C);
+        if (!acc) mt_test_nan_fill(dinp, n);
         cpu->rmsnorm_backward(cpu, dinp, dw, dout, inp, w, rstd, R, C, acc, offset);
-        void *d_dinp = acc ? up_bf(fill_x, n) : poison_bf(n);
-        float *d_dw = up_f32(fill_w, C);
+        void *d_dinp = acc ? mt_test_up_bf(gpu, fill_x, n) : mt_test_poison_bf(gpu, n);
+        float *d_dw = mt_test_up_f32(gpu, fill_w, C);
         gpu->rmsnorm_backward(gpu, d_dinp, d_dw, d_dout, d_inp, d_w, d_rstd, R, C, acc, offset);
         snprintf(what, sizeof what, "rmsnorm_bwd R=%d C=%d dinp (%s)", R, C, acc ? "+=" : "=");
-        assert_true(check_bf(what, d_dinp, dinp, n, BF_ATOL, BF_RTOL));
+        assert_true(mt_test_check_bf(gpu, what, d_dinp, dinp, n, BF_ATOL, BF_RTOL));
         snprintf(what, sizeof what, "rmsnorm_bwd R=%d C=%d dweight (+=)", R, C);
-        assert_true(check_f32(what, d_dw, dw, C, F32_ATOL, F32_RTOL));
+        assert_true(mt_test_check_f32(gpu, what, d_dw, dw, C, F32_ATOL, F32_RTOL));
         if (acc) { /* dweight alone (dinp NULL), twice: same bits */
-            float *g1 = down_f32(d_dw, C);
+            float *g1 = mt_test_down_f32(gpu, d_dw, C);
             gpu->upload(gpu, d_dw, fill_w, C * sizeof(float));
             gpu->rmsnorm_backward(gpu, NULL, d_dw, d_dout, d_inp, d_w, d_rstd, R, C, 0, offset);
-            float *g2 = down_f32(d_dw, C);
-            assert_true(same_bits(what, g1, g2, C * sizeof(float)));
+            float *g2 = mt_test_down_f32(gpu, d_dw, C);
+            assert_true(mt_test_same_bits(what, g1, g2, C * sizeof(float)));
             free(g1), free(g2);
         }
         { /* dweight NULL (a frozen norm): dinp the same bits as with it */
-            void *d_frozen = acc ? up_bf(fill_x, n) : poison_bf(n);
+            void *d_frozen = acc ? mt_test_up_bf(gpu, fill_x, n) : mt_test_poison_bf(gpu, n);
             gpu->rmsnorm_backward(gpu, d_frozen, NULL, d_dout, d_inp, d_w, d_rstd, R, C, acc, offset);
             mt_bf16 *h1 = malloc(n * sizeof(mt_bf16)), *h2 = malloc(n * sizeof(mt_bf16));
             gpu->download(gpu, h1, d_dinp, n * sizeof(mt_bf16));
             gpu->download(gpu, h2, d_frozen, n * sizeof(mt_bf16));
             snprintf(what, sizeof what, "rmsnorm_bwd R=%d C=%d dinp, dweight NULL (%s)", R, C,
                      acc ? "+=" : "=");
-            assert_true(same_bits(what, h1, h2, n * sizeof(mt_bf16)));
+            assert_true(mt_test_same_bits(what, h1, h2, n * sizeof(mt_bf16)));
             free(h1), free(h2);
             gpu->free(gpu, d_frozen);
         }
@@ -355,57 +219,59 @@ static void matmul_case(int R, int K, int M, int with_bias, uint64_t seed) {
     mt_test_rng_seed(&rng, seed);
     char what[128];
     size_t nin = (size_t)R * K, nw = (size_t)M * K, nout = (size_t)R * M;
-    float *inp = rnd_bf(&rng, nin, 1.0f), *w = rnd_bf(&rng, nw, 1.0f / sqrtf((float)K));
-    float *bias = with_bias ? rnd_bf(&rng, M + 1, 0.5f) : NULL;
-    void *d_inp = up_bf(inp, nin), *d_w = up_bf(w, nw), *d_bias_mem = NULL, *d_bias = NULL;
+    float *inp = mt_test_randn_bf(&rng, nin, 1.0f), *w = mt_test_randn_bf(&rng, nw, 1.0f / sqrtf((float)K));
+    float *bias = with_bias ? mt_test_randn_bf(&rng, M + 1, 0.5f) : NULL;
+    void *d_inp = mt_test_up_bf(gpu, inp, nin), *d_w = mt_test_up_bf(gpu, w, nw), *d_bias_mem = NULL,
+         *d_bias = NULL;
     if (bias) { /* with_bias 2: a bias 2 bytes past an aligned address (not the epilogue path) */
-        d_bias_mem = up_bf(bias, M + 1);
+        d_bias_mem = mt_test_up_bf(gpu, bias, M + 1);
         d_bias = (char *)d_bias_mem + (with_bias == 2 ? sizeof(mt_bf16) : 0);
         if (with_bias == 2) memmove(bias, bias + 1, M * sizeof(float));
     }
 
-    float *out = fnew(nout);
+    float *out = mt_test_fnew(nout);
     cpu->matmul_forward(cpu, out, inp, w, bias, R, K, M);
-    void *d_out = poison_bf(nout);
+    void *d_out = mt_test_poison_bf(gpu, nout);
     gpu->matmul_forward(gpu, d_out, d_inp, d_w, d_bias, R, K, M);
     snprintf(what, sizeof what, "matmul_fwd R=%d K=%d M=%d%s", R, K, M,
              with_bias == 2 ? " +bias (unaligned)" : bias ? " +bias" : "");
-    assert_true(check_bf(what, d_out, out, nout, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_bf(gpu, what, d_out, out, nout, BF_ATOL, BF_RTOL));
 
-    float *dout = rnd_bf(&rng, nout, 1.0f);
-    void *d_dout = up_bf(dout, nout);
+    float *dout = mt_test_randn_bf(&rng, nout, 1.0f);
+    void *d_dout = mt_test_up_bf(gpu, dout, nout);
     float gscale = sqrtf((float)R); /* dweight's magnitude: a sum of R unit products */
     for (int acc = 0; acc <= 1; acc++) {
-        float *fill_x = rnd_bf(&rng, nin, 1.0f), *fill_w = rnd_f32(&rng, nw, gscale);
-        float *fill_b = rnd_f32(&rng, M, gscale);
-        float *dinp = copyf(fill_x, nin), *dw = copyf(fill_w, nw), *db = copyf(fill_b, M);
-        if (!acc) poison_fill(dinp, nin);
+        float *fill_x = mt_test_randn_bf(&rng, nin, 1.0f), *fill_w = mt_test_randn(&rng, nw, gscale);
+        float *fill_b = mt_test_randn(&rng, M, gscale);
+        float *dinp = mt_test_copyf(fill_x, nin), *dw = mt_test_copyf(fill_w, nw),
+              *db = mt_test_copyf(fill_b, M);
+        if (!acc) mt_test_nan_fill(dinp, nin);
         cpu->matmul_backward(cpu, dinp, dw, bias ? db : NULL, dout, inp, w, R, K, M, acc);
-        void *d_dinp = acc ? up_bf(fill_x, nin) : poison_bf(nin);
-        float *d_dw = up_f32(fill_w, nw), *d_db = up_f32(fill_b, M);
+        void *d_dinp = acc ? mt_test_up_bf(gpu, fill_x, nin) : mt_test_poison_bf(gpu, nin);
+        float *d_dw = mt_test_up_f32(gpu, fill_w, nw), *d_db = mt_test_up_f32(gpu, fill_b, M);
         gpu->matmul_backward(gpu, d_dinp, d_dw, bias ? d_db : NULL, d_dout, d_inp, d_w, R, K, M,
                              acc);
         snprintf(what, sizeof what, "matmul_bwd R=%d K=%d M=%d dinp (%s)", R, K, M,
                  acc ? "+=" : "=");
-        assert_true(check_bf(what, d_dinp, dinp, nin, BF_ATOL, BF_RTOL));
+        assert_true(mt_test_check_bf(gpu, what, d_dinp, dinp, nin, BF_ATOL, BF_RTOL));
         snprintf(what, sizeof what, "matmul_bwd R=%d K=%d M=%d dweight (+=)", R, K, M);
-        assert_true(check_f32(what, d_dw, dw, nw, F32_ATOL, F32_RTOL));
+        assert_true(mt_test_check_f32(gpu, what, d_dw, dw, nw, F32_ATOL, F32_RTOL));
         if (acc) { /* dweight alone (dinp NULL) again from the fill: the same bits */
-            float *g1 = down_f32(d_dw, nw);
+            float *g1 = mt_test_down_f32(gpu, d_dw, nw);
             gpu->upload(gpu, d_dw, fill_w, nw * sizeof(float));
             gpu->matmul_backward(gpu, NULL, d_dw, NULL, d_dout, d_inp, d_w, R, K, M, acc);
-            float *g2 = down_f32(d_dw, nw);
-            assert_true(same_bits(what, g1, g2, nw * sizeof(float)));
+            float *g2 = mt_test_down_f32(gpu, d_dw, nw);
+            assert_true(mt_test_same_bits(what, g1, g2, nw * sizeof(float)));
             free(g1), free(g2);
         }
         if (bias) {
             snprintf(what, sizeof what, "matmul_bwd R=%d K=%d M=%d dbias (+=)", R, K, M);
-            assert_true(check_f32(what, d_db, db, M, F32_ATOL, F32_RTOL));
-            float *g1 = down_f32(d_db, M);
+            assert_true(mt_test_check_f32(gpu, what, d_db, db, M, F32_ATOL, F32_RTOL));
+            float *g1 = mt_test_down_f32(gpu, d_db, M);
             gpu->upload(gpu, d_db, fill_b, M * sizeof(float));
             gpu->matmul_backward(gpu, NULL, NULL, d_db, d_dout, d_inp, d_w, R, K, M, acc);
-            float *g2 = down_f32(d_db, M);
-            assert_true(same_bits(what, g1, g2, M * sizeof(float)));
+            float *g2 = mt_test_down_f32(gpu, d_db, M);
+            assert_true(mt_test_same_bits(what, g1, g2, M * sizeof(float)));
             free(g1), free(g2);
         }
         gpu->free(gpu, d_dinp), gpu->free(gpu, d_dw), gpu->free(gpu, d_db);
@@ -436,26 +302,27 @@ static void matmul_forward_add_case(int R, int K, int M, size_t offset, uint64_t
     mt_test_rng_seed(&rng, seed);
     char what[128];
     size_t nin = (size_t)R * K, nw = (size_t)M * K, nout = (size_t)R * M;
-    float *inp = rnd_bf(&rng, nin, 1.0f), *w = rnd_bf(&rng, nw, 1.0f / sqrtf((float)K));
-    float *base = rnd_bf(&rng, nout + offset, 1.0f); /* offset: out not 16-byte aligned */
-    void *d_inp = up_bf(inp, nin), *d_w = up_bf(w, nw), *d_mem = up_bf(base, nout + offset);
+    float *inp = mt_test_randn_bf(&rng, nin, 1.0f), *w = mt_test_randn_bf(&rng, nw, 1.0f / sqrtf((float)K));
+    float *base = mt_test_randn_bf(&rng, nout + offset, 1.0f); /* offset: out not 16-byte aligned */
+    void *d_inp = mt_test_up_bf(gpu, inp, nin), *d_w = mt_test_up_bf(gpu, w, nw),
+         *d_mem = mt_test_up_bf(gpu, base, nout + offset);
     void *d_out = (char *)d_mem + offset * sizeof(mt_bf16);
-    float *ref = copyf(base + offset, nout);
+    float *ref = mt_test_copyf(base + offset, nout);
     cpu->matmul_forward_add(cpu, ref, inp, w, R, K, M);
     gpu->matmul_forward_add(gpu, d_out, d_inp, d_w, R, K, M);
-    float *got = down_bf(d_mem, nout + offset);
+    float *got = mt_test_down_bf(gpu, d_mem, nout + offset);
     snprintf(what, sizeof what, "matmul_fwd_add R=%d K=%d M=%d off=%zu", R, K, M, offset);
-    assert_true(check(what, got + offset, ref, nout, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_rms(what, got + offset, ref, nout, BF_ATOL, BF_RTOL));
     free(got);
     /* nothing to add: out keeps its bits */
-    void *d_keep = up_bf(base, nout + offset);
+    void *d_keep = mt_test_up_bf(gpu, base, nout + offset);
     mt_bf16 *h0 = malloc((nout + offset) * sizeof(mt_bf16)), *h1 = malloc((nout + offset) * sizeof(mt_bf16));
     gpu->download(gpu, h0, d_keep, (nout + offset) * sizeof(mt_bf16));
     gpu->matmul_forward_add(gpu, (char *)d_keep + offset * sizeof(mt_bf16), d_inp, d_w, R, 0, M);
     gpu->matmul_forward_add(gpu, (char *)d_keep + offset * sizeof(mt_bf16), d_inp, d_w, 0, K, M);
     gpu->download(gpu, h1, d_keep, (nout + offset) * sizeof(mt_bf16));
     snprintf(what, sizeof what, "matmul_fwd_add K=0 / R=0 (out kept)");
-    assert_true(same_bits(what, h0, h1, (nout + offset) * sizeof(mt_bf16)));
+    assert_true(mt_test_same_bits(what, h0, h1, (nout + offset) * sizeof(mt_bf16)));
     free(h0), free(h1);
     gpu->free(gpu, d_inp), gpu->free(gpu, d_w), gpu->free(gpu, d_mem), gpu->free(gpu, d_keep);
     free(inp), free(w), free(base), free(ref);
@@ -476,11 +343,11 @@ static void scale_case(size_t n, size_t offset, float sc, uint64_t seed) {
     mt_test_rng_seed(&rng, seed);
     char what[96];
     size_t m = n + offset;
-    float *x = rnd_bf(&rng, m, 2.0f), *ref = copyf(x, m);
+    float *x = mt_test_randn_bf(&rng, m, 2.0f), *ref = mt_test_copyf(x, m);
     cpu->scale(cpu, ref + offset, sc, n);
     mt_bf16 *want = malloc(m * sizeof(mt_bf16)), *got = malloc(m * sizeof(mt_bf16));
     for (size_t i = 0; i < m; i++) want[i] = mt_f32_to_bf16(ref[i]); /* the head: x itself */
-    void *d_x = up_bf(x, m);
+    void *d_x = mt_test_up_bf(gpu, x, m);
     gpu->scale(gpu, (char *)d_x + offset * sizeof(mt_bf16), sc, n);
     gpu->download(gpu, got, d_x, m * sizeof(mt_bf16));
     snprintf(what, sizeof what, "scale n=%zu off=%zu s=%g", n, offset, sc);
@@ -507,11 +374,11 @@ static void test_scale(void **state) {
 static void dequant_case(int fp8, size_t n, size_t qoff, size_t doff, uint64_t seed) {
     mt_test_rng rng;
     mt_test_rng_seed(&rng, seed);
-    float *x = rnd_f32(&rng, n, 0.02f), *ref = fnew(n);
+    float *x = mt_test_randn(&rng, n, 0.02f), *ref = mt_test_fnew(n);
     size_t qbytes = fp8 ? n : mt_nf4_bytes((int64_t)n);
     size_t nsc = n / (fp8 ? MT_FP8_BLOCK : MT_NF4_BLOCK);
     uint8_t *q = malloc(qbytes);
-    float *sc = fnew(nsc);
+    float *sc = mt_test_fnew(nsc);
     if (fp8) {
         assert_int_equal(mt_fp8_quantize(x, (int64_t)n, q, sc), MT_OK);
         for (size_t i = 0; i < n && i < 254 * 4; i++) { /* every non-NaN byte, a few scales */
@@ -528,8 +395,8 @@ static void dequant_case(int fp8, size_t n, size_t qoff, size_t doff, uint64_t s
 
     uint8_t *d_q = gpu->alloc(gpu, qbytes + qoff);
     gpu->upload(gpu, d_q + qoff, q, qbytes);
-    float *d_sc = up_f32(sc, nsc);
-    mt_bf16 *d_out = poison_bf(n + doff);
+    float *d_sc = mt_test_up_f32(gpu, sc, nsc);
+    mt_bf16 *d_out = mt_test_poison_bf(gpu, n + doff);
     if (fp8) gpu->dequant_fp8(gpu, d_out + doff, d_q + qoff, d_sc, n);
     else gpu->dequant_nf4(gpu, d_out + doff, d_q + qoff, d_sc, n);
     gpu->download(gpu, got, d_out + doff, n * sizeof(mt_bf16));
@@ -590,30 +457,30 @@ static void rope_case(int N, int nh, int D, int rd, int maxpos, uint64_t seed) {
     int32_t *pos = malloc(N * sizeof(int32_t));
     for (int i = 0; i < N; i++) pos[i] = (int32_t)(mt_test_rng_u64(&rng) % (uint64_t)maxpos);
     pos[0] = 0, pos[N - 1] = maxpos - 1;
-    float *inv = fnew(rd / 2);
+    float *inv = mt_test_fnew(rd / 2);
     for (int i = 0; i < rd / 2; i++) inv[i] = (float)pow(500000.0, -2.0 * i / rd);
-    int32_t *d_pos = up_i32(pos, N);
-    float *d_inv = up_f32(inv, rd / 2);
-    float *x = rnd_bf(&rng, n, 1.0f);
-    void *d_x = up_bf(x, n);
-    float *ref = copyf(x, n);
+    int32_t *d_pos = mt_test_up_i32(gpu, pos, N);
+    float *d_inv = mt_test_up_f32(gpu, inv, rd / 2);
+    float *x = mt_test_randn_bf(&rng, n, 1.0f);
+    void *d_x = mt_test_up_bf(gpu, x, n);
+    float *ref = mt_test_copyf(x, n);
     cpu->rope_forward(cpu, ref, pos, inv, N, nh, D, rd);
     gpu->rope_forward(gpu, d_x, d_pos, d_inv, N, nh, D, rd);
     snprintf(what, sizeof what, "rope_fwd N=%d nh=%d D=%d rd=%d maxpos=%d", N, nh, D, rd, maxpos);
-    assert_true(check_bf(what, d_x, ref, n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_bf(gpu, what, d_x, ref, n, BF_ATOL, BF_RTOL));
     /* the backward from the same input */
     free(ref);
-    ref = copyf(x, n);
+    ref = mt_test_copyf(x, n);
     gpu->free(gpu, d_x);
-    d_x = up_bf(x, n);
+    d_x = mt_test_up_bf(gpu, x, n);
     cpu->rope_backward(cpu, ref, pos, inv, N, nh, D, rd);
     gpu->rope_backward(gpu, d_x, d_pos, d_inv, N, nh, D, rd);
     snprintf(what, sizeof what, "rope_bwd N=%d nh=%d D=%d rd=%d maxpos=%d", N, nh, D, rd, maxpos);
-    assert_true(check_bf(what, d_x, ref, n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_bf(gpu, what, d_x, ref, n, BF_ATOL, BF_RTOL));
     /* forward after backward: back to x within two roundings */
     gpu->rope_forward(gpu, d_x, d_pos, d_inv, N, nh, D, rd);
     snprintf(what, sizeof what, "rope_bwd_then_fwd D=%d (= input)", D);
-    assert_true(check_bf(what, d_x, x, n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_bf(gpu, what, d_x, x, n, BF_ATOL, BF_RTOL));
     gpu->free(gpu, d_x), gpu->free(gpu, d_pos), gpu->free(gpu, d_inv);
     free(pos), free(inv), free(x), free(ref);
 }
@@ -634,45 +501,46 @@ static void swiglu_case(size_t n, size_t offset, uint64_t seed) {
     mt_test_rng_seed(&rng, seed);
     char what[96];
     size_t m = n + offset; /* `offset` elements in: misaligned pointers when odd */
-    float *g = rnd_bf(&rng, m, 2.0f), *u = rnd_bf(&rng, m, 1.0f), *d = rnd_bf(&rng, m, 1.0f);
+    float *g = mt_test_randn_bf(&rng, m, 2.0f), *u = mt_test_randn_bf(&rng, m, 1.0f),
+          *d = mt_test_randn_bf(&rng, m, 1.0f);
     g[offset] = mt_bf16_to_f32(mt_f32_to_bf16(-90.0f)); /* exp overflow side */
     if (n > 1) g[offset + 1] = 30.0f;
-    void *dg = up_bf(g, m), *du = up_bf(u, m), *dd = up_bf(d, m);
+    void *dg = mt_test_up_bf(gpu, g, m), *du = mt_test_up_bf(gpu, u, m), *dd = mt_test_up_bf(gpu, d, m);
     size_t b = offset * sizeof(mt_bf16);
     void *G = (char *)dg + b, *U = (char *)du + b, *Dd = (char *)dd + b;
 
-    float *out = fnew(n), *rg = fnew(n), *ru = fnew(n), *sum = fnew(n);
+    float *out = mt_test_fnew(n), *rg = mt_test_fnew(n), *ru = mt_test_fnew(n), *sum = mt_test_fnew(n);
     cpu->swiglu_forward(cpu, out, g + offset, u + offset, n);
-    void *d_out = poison_bf(m);
+    void *d_out = mt_test_poison_bf(gpu, m);
     gpu->swiglu_forward(gpu, (char *)d_out + b, G, U, n);
-    float *got = down_bf(d_out, m);
+    float *got = mt_test_down_bf(gpu, d_out, m);
     snprintf(what, sizeof what, "swiglu_fwd n=%zu off=%zu", n, offset);
-    assert_true(check(what, got + offset, out, n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_rms(what, got + offset, out, n, BF_ATOL, BF_RTOL));
     free(got);
 
     cpu->swiglu_backward(cpu, rg, ru, d + offset, g + offset, u + offset, n);
-    void *d_dg = poison_bf(m), *d_du = poison_bf(m);
+    void *d_dg = mt_test_poison_bf(gpu, m), *d_du = mt_test_poison_bf(gpu, m);
     gpu->swiglu_backward(gpu, (char *)d_dg + b, (char *)d_du + b, Dd, G, U, n);
-    got = down_bf(d_dg, m);
+    got = mt_test_down_bf(gpu, d_dg, m);
     snprintf(what, sizeof what, "swiglu_bwd n=%zu off=%zu dgate", n, offset);
-    assert_true(check(what, got + offset, rg, n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_rms(what, got + offset, rg, n, BF_ATOL, BF_RTOL));
     free(got);
-    got = down_bf(d_du, m);
+    got = mt_test_down_bf(gpu, d_du, m);
     snprintf(what, sizeof what, "swiglu_bwd n=%zu off=%zu dup", n, offset);
-    assert_true(check(what, got + offset, ru, n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_rms(what, got + offset, ru, n, BF_ATOL, BF_RTOL));
     free(got);
 
     cpu->add(cpu, sum, u + offset, d + offset, n);
-    void *d_sum = poison_bf(m);
+    void *d_sum = mt_test_poison_bf(gpu, m);
     gpu->add(gpu, (char *)d_sum + b, U, Dd, n);
-    got = down_bf(d_sum, m);
+    got = mt_test_down_bf(gpu, d_sum, m);
     snprintf(what, sizeof what, "add n=%zu off=%zu", n, offset);
-    assert_true(check(what, got + offset, sum, n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_rms(what, got + offset, sum, n, BF_ATOL, BF_RTOL));
     free(got);
     gpu->add(gpu, U, U, Dd, n); /* out aliases a */
-    got = down_bf(du, m);
+    got = mt_test_down_bf(gpu, du, m);
     snprintf(what, sizeof what, "add n=%zu off=%zu (out = a)", n, offset);
-    assert_true(check(what, got + offset, sum, n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_rms(what, got + offset, sum, n, BF_ATOL, BF_RTOL));
     free(got);
 
     gpu->free(gpu, dg), gpu->free(gpu, du), gpu->free(gpu, dd), gpu->free(gpu, d_out);
@@ -687,27 +555,29 @@ static void gate_case(int R, int C, int Cg, uint64_t seed) {
     mt_test_rng_seed(&rng, seed);
     char what[96];
     size_t n = (size_t)R * C, ng = (size_t)R * Cg;
-    float *x = rnd_bf(&rng, n, 1.0f), *g = rnd_bf(&rng, ng, 3.0f), *d = rnd_bf(&rng, n, 1.0f);
-    void *dx_ = up_bf(x, n), *dg_ = up_bf(g, ng), *dd_ = up_bf(d, n);
-    float *out = fnew(n), *rx = fnew(n), *rg = fnew(ng);
+    float *x = mt_test_randn_bf(&rng, n, 1.0f), *g = mt_test_randn_bf(&rng, ng, 3.0f),
+          *d = mt_test_randn_bf(&rng, n, 1.0f);
+    void *dx_ = mt_test_up_bf(gpu, x, n), *dg_ = mt_test_up_bf(gpu, g, ng), *dd_ = mt_test_up_bf(gpu, d, n);
+    float *out = mt_test_fnew(n), *rx = mt_test_fnew(n), *rg = mt_test_fnew(ng);
     cpu->sigmoid_gate_forward(cpu, out, x, g, R, C, Cg);
-    void *d_out = poison_bf(n);
+    void *d_out = mt_test_poison_bf(gpu, n);
     gpu->sigmoid_gate_forward(gpu, d_out, dx_, dg_, R, C, Cg);
     snprintf(what, sizeof what, "sigmoid_gate_fwd R=%d C=%d Cg=%d", R, C, Cg);
-    assert_true(check_bf(what, d_out, out, n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_bf(gpu, what, d_out, out, n, BF_ATOL, BF_RTOL));
     cpu->sigmoid_gate_backward(cpu, rx, rg, d, x, g, R, C, Cg);
-    void *d_dx = poison_bf(n), *d_dg = poison_bf(ng);
+    void *d_dx = mt_test_poison_bf(gpu, n), *d_dg = mt_test_poison_bf(gpu, ng);
     gpu->sigmoid_gate_backward(gpu, d_dx, d_dg, dd_, dx_, dg_, R, C, Cg);
     snprintf(what, sizeof what, "sigmoid_gate_bwd R=%d C=%d Cg=%d dx", R, C, Cg);
-    assert_true(check_bf(what, d_dx, rx, n, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_bf(gpu, what, d_dx, rx, n, BF_ATOL, BF_RTOL));
     snprintf(what, sizeof what, "sigmoid_gate_bwd R=%d C=%d Cg=%d dg", R, C, Cg);
-    assert_true(check_bf(what, d_dg, rg, ng, BF_ATOL, BF_RTOL));
+    assert_true(mt_test_check_bf(gpu, what, d_dg, rg, ng, BF_ATOL, BF_RTOL));
     /* split then join: the exact bytes back */
     int wa = C / 3 + 1, wb = C - wa;
-    void *a = poison_bf((size_t)R * wa), *b = poison_bf((size_t)R * wb), *back = poison_bf(n);
+    void *a = mt_test_poison_bf(gpu, (size_t)R * wa), *b = mt_test_poison_bf(gpu, (size_t)R * wb),
+         *back = mt_test_poison_bf(gpu, n);
     gpu->cols_split(gpu, a, b, dx_, R, wa, wb);
     gpu->cols_join(gpu, back, a, b, R, wa, wb);
-    float *got = down_bf(back, n), *xa = down_bf(a, (size_t)R * wa);
+    float *got = mt_test_down_bf(gpu, back, n), *xa = mt_test_down_bf(gpu, a, (size_t)R * wa);
     assert_memory_equal(got, x, n * sizeof(float));
     for (int r = 0; r < R; r++) assert_memory_equal(xa + (size_t)r * wa, x + (size_t)r * C, wa * sizeof(float));
     gpu->free(gpu, dx_), gpu->free(gpu, dg_), gpu->free(gpu, dd_), gpu->free(gpu, d_out);
@@ -738,11 +608,11 @@ static void test_sumsq_from_f32(void **state) {
     for (size_t t = 0; t < sizeof sizes / sizeof sizes[0]; t++) {
         size_t n = sizes[t];
         char what[96];
-        float *x = rnd_f32(&rng, n, 0.01f);
-        float *d_x = up_f32(x, n);
+        float *x = mt_test_randn(&rng, n, 0.01f);
+        float *d_x = mt_test_up_f32(gpu, x, n);
         float ref = 1.5f, start = 1.5f;
         cpu->sumsq(cpu, &ref, x, n);
-        float *d_out = up_f32(&start, 1);
+        float *d_out = mt_test_up_f32(gpu, &start, 1);
         gpu->sumsq(gpu, d_out, d_x, n);
         float got1, got2;
         gpu->download(gpu, &got1, d_out, sizeof got1);
@@ -751,7 +621,7 @@ static void test_sumsq_from_f32(void **state) {
         gpu->upload(gpu, d_out, &start, sizeof start);
         gpu->sumsq(gpu, d_out, d_x, n);
         gpu->download(gpu, &got2, d_out, sizeof got2);
-        assert_true(same_bits(what, &got1, &got2, sizeof got1));
+        assert_true(mt_test_same_bits(what, &got1, &got2, sizeof got1));
 
         /* from_f32: bits as mt_f32_to_bf16 (round to nearest even); specials and ties too */
         float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, 1e-40f, 3.0e38f, 1.00390625f,
@@ -760,7 +630,7 @@ static void test_sumsq_from_f32(void **state) {
         for (size_t i = 0; i < ns && i < n; i++) x[i] = specials[i];
         if (n > ns) x[ns] = NAN;
         gpu->upload(gpu, d_x, x, n * sizeof(float));
-        void *d_b = poison_bf(n + 1);
+        void *d_b = mt_test_poison_bf(gpu, n + 1);
         gpu->from_f32(gpu, d_b, d_x, n);
         mt_bf16 *hb = malloc((n + 1) * sizeof(mt_bf16));
         gpu->download(gpu, hb, d_b, (n + 1) * sizeof(mt_bf16));
@@ -789,7 +659,8 @@ static void attention_case(int B, int T, int H, int G, int D, int packed, uint64
     char what[128];
     int N = B * T;
     size_t nq = (size_t)N * H * D, nk = (size_t)N * G * D, nl = (size_t)B * H * T;
-    float *q = rnd_bf(&rng, nq, 1.0f), *k = rnd_bf(&rng, nk, 1.0f), *v = rnd_bf(&rng, nk, 1.0f);
+    float *q = mt_test_randn_bf(&rng, nq, 1.0f), *k = mt_test_randn_bf(&rng, nk, 1.0f),
+          *v = mt_test_randn_bf(&rng, nk, 1.0f);
     int32_t *doc = NULL, *d_doc = NULL;
     if (packed) { /* documents of random lengths 1..T/3+1 packed in each row */
         doc = malloc(N * sizeof(int32_t));
@@ -800,18 +671,18 @@ static void attention_case(int B, int T, int H, int G, int D, int packed, uint64
                 doc[b * T + t] = start;
             }
         }
-        d_doc = up_i32(doc, N);
+        d_doc = mt_test_up_i32(gpu, doc, N);
     }
-    void *d_q = up_bf(q, nq), *d_k = up_bf(k, nk), *d_v = up_bf(v, nk);
-    float *out = fnew(nq), *lse = fnew(nl);
+    void *d_q = mt_test_up_bf(gpu, q, nq), *d_k = mt_test_up_bf(gpu, k, nk), *d_v = mt_test_up_bf(gpu, v, nk);
+    float *out = mt_test_fnew(nq), *lse = mt_test_fnew(nl);
     cpu->attention_forward(cpu, out, lse, q, k, v, doc, B, T, H, G, D, NULL);
-    void *d_out = poison_bf(nq);
-    float *d_lse = poison_f32(nl);
+    void *d_out = mt_test_poison_bf(gpu, nq);
+    float *d_lse = mt_test_poison_f32(gpu, nl);
     gpu->attention_forward(gpu, d_out, d_lse, d_q, d_k, d_v, d_doc, B, T, H, G, D, NULL);
     const char *kind = packed ? "packed" : "causal";
     snprintf(what, sizeof what, "attn_fwd B=%d T=%d H=%d G=%d D=%d %s out", B, T, H, G, D, kind);
-    assert_true(check_bf(what, d_out, out, nq, BF_ATOL, BF_RTOL));
-    float *glse = down_f32(d_lse, nl);
+    assert_true(mt_test_check_bf(gpu, what, d_out, out, nq, BF_ATOL, BF_RTOL));
+    float *glse = mt_test_down_f32(gpu, d_lse, nl);
     snprintf(what, sizeof what, "attn_fwd B=%d T=%d H=%d G=%d D=%d %s lse", B, T, H, G, D, kind);
     assert_true(mt_allclose(what, glse, lse, nl, LSE_ATOL, LSE_RTOL));
     free(glse);
@@ -819,21 +690,25 @@ static void attention_case(int B, int T, int H, int G, int D, int packed, uint64
     /* the backward of both from the CPU's out (bf16-rounded) and lse */
     for (size_t i = 0; i < nq; i++) out[i] = mt_bf16_to_f32(mt_f32_to_bf16(out[i]));
     gpu->free(gpu, d_out);
-    d_out = up_bf(out, nq);
+    d_out = mt_test_up_bf(gpu, out, nq);
     gpu->upload(gpu, d_lse, lse, nl * sizeof(float));
-    float *dout = rnd_bf(&rng, nq, 1.0f);
-    void *d_dout = up_bf(dout, nq);
-    float *dq = fnew(nq), *dk = fnew(nk), *dv = fnew(nk);
+    float *dout = mt_test_randn_bf(&rng, nq, 1.0f);
+    void *d_dout = mt_test_up_bf(gpu, dout, nq);
+    float *dq = mt_test_fnew(nq), *dk = mt_test_fnew(nk), *dv = mt_test_fnew(nk);
     cpu->attention_backward(cpu, dq, dk, dv, dout, out, lse, q, k, v, doc, B, T, H, G, D, NULL);
-    void *d_dq = poison_bf(nq), *d_dk = poison_bf(nk), *d_dv = poison_bf(nk);
+    void *d_dq = mt_test_poison_bf(gpu, nq), *d_dk = mt_test_poison_bf(gpu, nk),
+         *d_dv = mt_test_poison_bf(gpu, nk);
     gpu->attention_backward(gpu, d_dq, d_dk, d_dv, d_dout, d_out, d_lse, d_q, d_k, d_v, d_doc, B,
                             T, H, G, D, NULL);
     snprintf(what, sizeof what, "attn_bwd B=%d T=%d H=%d G=%d D=%d %s dq", B, T, H, G, D, kind);
-    assert_true(check_rows_bf(what, d_dq, dq, nq / D, D, LOOSE_ATOL, LOOSE_RTOL, LOOSE_ATOL));
+    assert_true(mt_test_check_rows_bf(gpu, what, d_dq, dq, nq / D, D, LOOSE_ATOL, LOOSE_RTOL,
+                                      LOOSE_ATOL));
     snprintf(what, sizeof what, "attn_bwd B=%d T=%d H=%d G=%d D=%d %s dk", B, T, H, G, D, kind);
-    assert_true(check_rows_bf(what, d_dk, dk, nk / D, D, LOOSE_ATOL, LOOSE_RTOL, LOOSE_ATOL));
+    assert_true(mt_test_check_rows_bf(gpu, what, d_dk, dk, nk / D, D, LOOSE_ATOL, LOOSE_RTOL,
+                                      LOOSE_ATOL));
     snprintf(what, sizeof what, "attn_bwd B=%d T=%d H=%d G=%d D=%d %s dv", B, T, H, G, D, kind);
-    assert_true(check_rows_bf(what, d_dv, dv, nk / D, D, LOOSE_ATOL, LOOSE_RTOL, LOOSE_ATOL));
+    assert_true(mt_test_check_rows_bf(gpu, what, d_dv, dv, nk / D, D, LOOSE_ATOL, LOOSE_RTOL,
+                                      LOOSE_ATOL));
 
     gpu->free(gpu, d_q), gpu->free(gpu, d_k), gpu->free(gpu, d_v), gpu->free(gpu, d_out);
     gpu->free(gpu, d_lse), gpu->free(gpu, d_dout), gpu->free(gpu, d_dq), gpu->free(gpu, d_dk);
@@ -858,7 +733,7 @@ static void lm_head_case(int N, int C, int V, int with_dinp, int with_dw, uint64
     mt_test_rng_seed(&rng, seed);
     char what[128];
     size_t ni = (size_t)N * C, nw = (size_t)V * C;
-    float *inp = rnd_bf(&rng, ni, 1.0f), *w = rnd_bf(&rng, nw, 1.0f / sqrtf((float)C));
+    float *inp = mt_test_randn_bf(&rng, ni, 1.0f), *w = mt_test_randn_bf(&rng, nw, 1.0f / sqrtf((float)C));
     int32_t *tg = malloc(N * sizeof(int32_t));
     int valid = 0;
     for (int n = 0; n < N; n++) {
@@ -866,42 +741,42 @@ static void lm_head_case(int N, int C, int V, int with_dinp, int with_dw, uint64
         valid += tg[n] >= 0;
     }
     float scale = 1.0f / (float)(valid ? valid : 1);
-    void *d_inp = up_bf(inp, ni), *d_w = up_bf(w, nw);
-    int32_t *d_tg = up_i32(tg, N);
-    float *fill_w = rnd_f32(&rng, nw, 0.01f);
-    float *losses = fnew(N), *dinp = with_dinp ? fnew(ni) : NULL;
-    float *dw = with_dw ? copyf(fill_w, nw) : NULL;
-    if (dinp) poison_fill(dinp, ni);
+    void *d_inp = mt_test_up_bf(gpu, inp, ni), *d_w = mt_test_up_bf(gpu, w, nw);
+    int32_t *d_tg = mt_test_up_i32(gpu, tg, N);
+    float *fill_w = mt_test_randn(&rng, nw, 0.01f);
+    float *losses = mt_test_fnew(N), *dinp = with_dinp ? mt_test_fnew(ni) : NULL;
+    float *dw = with_dw ? mt_test_copyf(fill_w, nw) : NULL;
+    if (dinp) mt_test_nan_fill(dinp, ni);
     cpu->lm_head_loss(cpu, losses, dinp, dw, inp, w, tg, N, C, V, scale);
-    float *d_losses = poison_f32(N);
-    void *d_dinp = with_dinp ? poison_bf(ni) : NULL;
-    float *d_dw = with_dw ? up_f32(fill_w, nw) : NULL;
+    float *d_losses = mt_test_poison_f32(gpu, N);
+    void *d_dinp = with_dinp ? mt_test_poison_bf(gpu, ni) : NULL;
+    float *d_dw = with_dw ? mt_test_up_f32(gpu, fill_w, nw) : NULL;
     gpu->lm_head_loss(gpu, d_losses, d_dinp, d_dw, d_inp, d_w, d_tg, N, C, V, scale);
     const char *mode = with_dinp ? (with_dw ? "fwd+bwd" : "fwd+dinp") : "losses";
-    float *gl = down_f32(d_losses, N);
+    float *gl = mt_test_down_f32(gpu, d_losses, N);
     snprintf(what, sizeof what, "lm_head N=%d C=%d V=%d %s losses", N, C, V, mode);
     assert_true(mt_allclose(what, gl, losses, N, LOSS_ATOL, LOSS_RTOL));
     free(gl);
     if (with_dinp) {
         snprintf(what, sizeof what, "lm_head N=%d C=%d V=%d %s dinp", N, C, V, mode);
-        assert_true(check_bf(what, d_dinp, dinp, ni, LOOSE_ATOL, LOOSE_RTOL));
+        assert_true(mt_test_check_bf(gpu, what, d_dinp, dinp, ni, LOOSE_ATOL, LOOSE_RTOL));
     }
     if (with_dinp && with_dw) { /* dweight NULL (a frozen head): dinp the same bits */
-        void *d_frozen = poison_bf(ni);
+        void *d_frozen = mt_test_poison_bf(gpu, ni);
         gpu->lm_head_loss(gpu, d_losses, d_frozen, NULL, d_inp, d_w, d_tg, N, C, V, scale);
         mt_bf16 *h1 = malloc(ni * sizeof(mt_bf16)), *h2 = malloc(ni * sizeof(mt_bf16));
         gpu->download(gpu, h1, d_dinp, ni * sizeof(mt_bf16));
         gpu->download(gpu, h2, d_frozen, ni * sizeof(mt_bf16));
         snprintf(what, sizeof what, "lm_head N=%d C=%d V=%d dinp, dweight NULL", N, C, V);
-        assert_true(same_bits(what, h1, h2, ni * sizeof(mt_bf16)));
+        assert_true(mt_test_same_bits(what, h1, h2, ni * sizeof(mt_bf16)));
         free(h1), free(h2);
         gpu->free(gpu, d_frozen);
     }
     if (with_dw) { /* compare the increment: the fill is tiny against nothing */
-        float *g = down_f32(d_dw, nw);
+        float *g = mt_test_down_f32(gpu, d_dw, nw);
         for (size_t i = 0; i < nw; i++) g[i] -= fill_w[i], dw[i] -= fill_w[i];
         snprintf(what, sizeof what, "lm_head N=%d C=%d V=%d %s dweight (+=)", N, C, V, mode);
-        assert_true(check(what, g, dw, nw, LOOSE_ATOL, LOOSE_RTOL));
+        assert_true(mt_test_check_rms(what, g, dw, nw, LOOSE_ATOL, LOOSE_RTOL));
         free(g);
     }
     gpu->free(gpu, d_inp), gpu->free(gpu, d_w), gpu->free(gpu, d_tg), gpu->free(gpu, d_losses);

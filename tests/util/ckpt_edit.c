@@ -39,22 +39,28 @@ void mt_test_ckpt_restamp(const char *dir, const char *file) {
     mt_test_ckpt_store_state(dir, o);
 }
 
+json_t *mt_test_st_read_header(FILE *f, const char *path, uint64_t *n) {
+    unsigned char len8[8];
+    assert_int_equal(fread(len8, 1, 8, f), 8);
+    *n = 0;
+    for (int i = 7; i >= 0; i--) *n = *n << 8 | len8[i];
+    char *header = malloc(*n);
+    assert_int_equal(fread(header, 1, *n, f), *n);
+    json_error_t je;
+    json_t *o = json_loadb(header, *n, 0, &je);
+    free(header);
+    if (!o) fail_msg("%s: header is not JSON: %s", path, je.text);
+    return o;
+}
+
 int mt_test_ckpt_fill_f32(const char *dir, const char *file, const char *name_part, long first, long count,
                           float value) {
     char p[4400];
     snprintf(p, sizeof p, "%s/%s", dir, file);
     FILE *f = fopen(p, "r+b");
     if (!f) fail_msg("cannot open %s", p);
-    unsigned char len8[8];
-    assert_int_equal(fread(len8, 1, 8, f), 8);
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; i--) n = n << 8 | len8[i];
-    char *header = malloc(n);
-    assert_int_equal(fread(header, 1, n, f), n);
-    json_error_t je;
-    json_t *o = json_loadb(header, n, 0, &je);
-    free(header);
-    if (!o) fail_msg("%s: header is not JSON: %s", p, je.text);
+    uint64_t n;
+    json_t *o = mt_test_st_read_header(f, p, &n);
     const char *name;
     json_t *e;
     int touched = 0;

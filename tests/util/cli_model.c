@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "testutil.h"
 
@@ -28,6 +29,27 @@ int mt_cli_run(const mt_cli_env *env, char *out, size_t size, const char *fmt, .
     if (strstr(out, "Sanitizer") || strstr(out, "runtime error:")) fail_msg("sanitizer report from: %s\n%s", cmd, out);
     if (rc >= 128) fail_msg("crashed (exit %d = signal %d): %s\n%s", rc, rc - 128, cmd, out);
     return rc;
+}
+
+int mt_cli_exists(const mt_cli_env *env, const char *rel) {
+    char path[4096];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/%s", env->tmp, rel);
+    return lstat(path, &sb) == 0;
+}
+
+int mt_cli_train(const mt_cli_env *env, char *out, size_t size, const char *out_dir,
+                 const char *extra) {
+    return mt_cli_run(env, out, size,
+                      "train --model '%s' --data '%s/data.bin' --batch 2 --seq 16 --lr 1e-2 --warmup 1 "
+                      "--device cpu --out %s %s",
+                      env->fixture, env->fixture, out_dir, extra);
+}
+
+void mt_cli_train_ok(const mt_cli_env *env, char *out, size_t size, const char *out_dir,
+                     const char *extra) {
+    int rc = mt_cli_train(env, out, size, out_dir, extra);
+    if (rc != 0) fail_msg("train --out %s %s: exit %d\n%s", out_dir, extra, rc, out);
 }
 
 void mt_cli_expect(int rc, int want, const char *out, const char *needle) {

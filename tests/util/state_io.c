@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "io/model_io.h"
 #include "util/testutil.h"
 
 /* p's parts in the state's arenas, checked against the layout the caller's buffers follow. */
@@ -181,4 +182,17 @@ int mt_test_state_poisoned(const mt_test_state *ts, unsigned char byte) {
         for (size_t j = 0; j < b[i]; j++)
             if (((const unsigned char *)p[i])[j] != byte) return 0;
     return 1;
+}
+
+void mt_test_state_model_dir(mt_test_state *ts, const mt_param_table *t, const char *dir) {
+    size_t bytes = sizeof(float) * (size_t)t->total;
+    float *arena = mt_aligned_alloc(bytes), *w = mt_aligned_alloc(bytes);
+    if (mt_model_load(t, arena, dir) != MT_OK) fail_msg("%s", mt_error_message());
+    for (int i = 0; i < t->n_params; i++) {
+        const mt_param *p = &t->params[i];
+        assert_int_equal(ts->io.get_weights(ts, p, w), MT_OK);
+        assert_memory_equal(arena + p->offset, w, sizeof(float) * (size_t)p->numel);
+    }
+    free(arena);
+    free(w);
 }

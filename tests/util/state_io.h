@@ -28,6 +28,10 @@ void mt_test_state_fill_random(mt_test_state *ts, const mt_param_table *t, uint6
  * io); else prints the first difference and returns 0. */
 int mt_test_state_equal(mt_test_state *a, mt_test_state *b, const mt_param_table *t);
 
+/* dir's Hugging Face model (model.safetensors + config.json) loads into t with ts's weights, bit
+ * for bit. */
+void mt_test_state_model_dir(mt_test_state *ts, const mt_param_table *t, const char *dir);
+
 /* Every byte of the state's arenas (mt_optim_state_arenas, the upload copy included) set to byte,
  * and the check that they all still are (a refused load wrote nothing). */
 void mt_test_state_poison(mt_test_state *ts, unsigned char byte);

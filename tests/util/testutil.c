@@ -1,10 +1,12 @@
 #include "testutil.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
+#include <time.h>
 #include <sys/wait.h>
 
 int mt_allclose(const char *what, const float *got, const float *ref, size_t n, double atol,
@@ -31,6 +33,68 @@ int mt_allclose(const char *what, const float *got, const float *ref, size_t n, 
     fprintf(stderr, "%-40s n=%-8zu max_abs_err=%.3g worst[%zu] %.1f%% of tol (atol %.1g rtol %.1g)%s\n",
             what, n, max_abs, worst, 100.0 * worst_frac, atol, rtol, bad ? "  FAIL" : "");
     if (bad) fprintf(stderr, "  %zu of %zu elements out of tolerance\n", bad, n);
+    return bad == 0;
+}
+
+double mt_test_rms(const float *x, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return n ? sqrt(s / n) : 0.0;
+}
+
+int mt_test_check_rms(const char *what, const float *got, const float *ref, size_t n, double atol_rel,
+                      double rtol) {
+    double scale = mt_test_rms(ref, n);
+    if (scale == 0) scale = 1;
+    return mt_allclose(what, got, ref, n, atol_rel * scale, rtol);
+}
+
+int mt_test_check_rows(const char *what, const float *got, const float *ref, size_t rows, size_t width,
+                       double atol_rel, double rtol, double tensor_tol) {
+    double worst = 0, floor = 0.5 * mt_test_rms(ref, rows * width);
+    size_t bad = 0, worst_i = 0;
+    for (size_t r = 0; r < rows; r++) {
+        double scale = mt_test_rms(ref + r * width, width);
+        if (scale < floor) scale = floor;
+        if (scale == 0) scale = 1;
+        for (size_t j = 0; j < width; j++) {
+            size_t i = r * width + j;
+            double err = fabs((double)got[i] - ref[i]), tol = atol_rel * scale + rtol * fabs(ref[i]);
+            double frac = err / tol;
+            if (!(err <= tol)) {
+                if (bad < 5)
+                    fprintf(stderr, "  %s[%zu]: got %.6g ref %.6g err %.3g tol %.3g\n", what, i, got[i],
+                            ref[i], err, tol);
+                bad++;
+                if (isnan(frac)) frac = INFINITY;
+            }
+            if (frac > worst) worst = frac, worst_i = i;
+        }
+    }
+    double tensor = mt_max_rel_err(got, ref, rows * width);
+    int ok = bad == 0 && tensor <= tensor_tol;
+    fprintf(stderr, "%-40s n=%-8zu worst[%zu] %.1f%% of row tol (atol %.0e*max(row rms, rms/2), rtol %.0e); "
+                    "max|err|/max|ref| %.3g (tol %.0e)%s\n",
+            what, rows * width, worst_i, 100 * worst, atol_rel, rtol, tensor, tensor_tol, ok ? "" : "  FAIL");
+    return ok;
+}
+
+int mt_test_same_elems(const char *what, const void *got, const void *want, size_t n, size_t elem) {
+    const uint8_t *g = got, *w = want;
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (memcmp(g + i * elem, w + i * elem, elem) != 0) {
+            if (bad < 4) {
+                uint32_t gv = 0, wv = 0;
+                memcpy(&gv, g + i * elem, elem < 4 ? elem : 4);
+                memcpy(&wv, w + i * elem, elem < 4 ? elem : 4);
+                fprintf(stderr, "  %s[%zu]: got 0x%x, want 0x%x\n", what, i, gv, wv);
+            }
+            bad++;
+        }
+    }
+    fprintf(stderr, "%-34s %zu elements: %s (%zu differ)\n", what, n,
+            bad ? "DIFFER  FAIL" : "bit for bit", bad);
     return bad == 0;
 }
 
@@ -98,6 +162,12 @@ char *mt_fixture_path(const char *rel) {
     return p;
 }
 
+char *mt_fixture_vpathf(const char *fmt, va_list ap) {
+    char rel[1024];
+    vsnprintf(rel, sizeof rel, fmt, ap);
+    return mt_fixture_path(rel);
+}
+
 char *mt_test_tmpdir(void) {
     const char *base = getenv("TMPDIR");
     if (!base || !*base) base = "/tmp";
@@ -115,6 +185,59 @@ void mt_test_rmtree(const char *path) {
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
     if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", path);
+}
+
+char *mt_test_dir;
+
+int mt_test_dir_setup(void **state) {
+    mt_test_dir = mt_test_tmpdir();
+    return 0;
+}
+
+int mt_test_dir_teardown(void **state) {
+    mt_test_rmtree(mt_test_dir);
+    free(mt_test_dir);
+    mt_test_dir = NULL;
+    return 0;
+}
+
+char *mt_test_dir_sub(const char *name) {
+    size_t n = strlen(mt_test_dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    snprintf(p, n, "%s/%s", mt_test_dir, name);
+    return p;
+}
+
+const char *mt_test_dir_path(char *buf, const char *name) {
+    snprintf(buf, 512, "%s/%s", mt_test_dir, name);
+    return buf;
+}
+
+void mt_test_write_bytes(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    if (n) assert_int_equal(fwrite(data, 1, n, f), n);
+    fclose(f);
+}
+
+void mt_test_read_text(const char *path, char *buf, size_t size) {
+    buf[0] = '\0';
+    FILE *f = fopen(path, "rb");
+    if (!f) return;
+    size_t n = fread(buf, 1, size - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+}
+
+double mt_test_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void mt_test_sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
 }
 
 int mt_test_run(const char *cmd, char *buf, size_t buf_size) {
@@ -156,6 +279,11 @@ void mt_cli_env_free(mt_cli_env *env) {
     if (env->tmp) mt_test_rmtree(env->tmp);
     free(env->tmp), free(env->fixture);
     env->tmp = env->fixture = NULL;
+}
+
+int mt_cli_env_teardown(void **state) {
+    if (*state) mt_cli_env_free(*state);
+    return 0;
 }
 
 int mt_check_rel_l2(const char *what, const float *got, const float *ref, size_t n, double tol) {
