@@ -7,7 +7,12 @@
 # must be built without MPI (-DMT_MPI=OFF: the GPU machine has no Open MPI), e.g.
 #   scripts/build.sh build-dev -DMT_CUDA=ON -DMT_MPI=OFF
 # MT_DEBS=third_party/debs-run (scripts/device-deps.sh --runtime) holds only the run-time libraries
-# (8 MB instead of 15), which leaves more of the call's 64 MiB for binaries.
+# (8 MB instead of 15), which leaves more of the call's 64 MiB for binaries. Several test binaries
+# pass that limit (6 MB each, mostly device code): strip them and carry one .tar.xz (6 binaries:
+# 3 MB), unpacked there with python3's tarfile. Configure the build directory with
+# third_party/cudnn-frontend present (scripts/cudnn-frontend.sh): without it the binaries have no
+# cuDNN and attention runs on the built-in kernels (a git worktree lacks that ignored directory:
+# session 14's binaries did).
 #   scripts/gpu-prebuilt.sh COMMAND [ARGS...]    e.g. scripts/gpu-prebuilt.sh build/test_cuda_ops
 set -euo pipefail
 cd "$(dirname "$0")/.."
