@@ -155,12 +155,7 @@ void mt_config_gemma3_json(const mt_config *cfg, json_t *o) {
     json_object_del(o, "rope_theta");
     json_object_del(o, "rope_scaling");
     json_object_set_new(o, "hidden_activation", json_string("gelu_pytorch_tanh"));
-    json_t *types = json_array();
-    for (int l = 0; l < cfg->L; l++)
-        json_array_append_new(types, json_string(mt_config_layer_window(cfg, l) > 0 ? "sliding_attention"
-                                                                                  : "full_attention"));
-    json_object_set_new(o, "layer_types", types);
-    json_object_set_new(o, "sliding_window", json_integer(cfg->attn_window));
+    mt_config_sliding_json(cfg, o);
     json_object_set_new(o, "query_pre_attn_scalar", json_integer(cfg->query_pre_attn_scalar));
     json_object_set_new(o, "attention_bias", json_boolean(cfg->o_bias));
     json_object_set_new(o, "final_logit_softcapping", json_null());

@@ -321,11 +321,10 @@ void mt_config_gemma4_json(const mt_config *cfg, json_t *o) {
     json_object_del(o, "rope_theta");
     json_object_del(o, "rope_scaling");
     json_object_set_new(o, "hidden_activation", json_string("gelu_pytorch_tanh"));
-    json_t *types = json_array(), *plc = json_object();
+    mt_config_sliding_json(cfg, o);
+    json_t *plc = json_object(); /* the full layers' own shape */
     for (int l = 0; l < cfg->L; l++) {
-        int full = mt_config_layer_window(cfg, l) == 0;
-        json_array_append_new(types, json_string(full ? "full_attention" : "sliding_attention"));
-        if (!full) continue;
+        if (mt_config_layer_window(cfg, l) > 0) continue;
         char key[16];
         snprintf(key, sizeof key, "%d", l);
         json_t *e = json_object();
@@ -333,9 +332,7 @@ void mt_config_gemma4_json(const mt_config *cfg, json_t *o) {
         json_object_set_new(e, "num_key_value_heads", json_integer(cfg->global_G));
         json_object_set_new(plc, key, e);
     }
-    json_object_set_new(o, "layer_types", types);
     json_object_set_new(o, "per_layer_config", plc);
-    json_object_set_new(o, "sliding_window", json_integer(cfg->attn_window));
     json_object_set_new(o, "attention_k_eq_v", json_boolean(cfg->k_eq_v));
     json_object_set_new(o, "attention_bias", json_false());
     json_object_set_new(o, "final_logit_softcapping",

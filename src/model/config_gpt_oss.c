@@ -168,12 +168,7 @@ static json_t *rope_json(const mt_config *cfg, int with_theta) {
 }
 
 void mt_config_gpt_oss_json(const mt_config *cfg, json_t *o) {
-    json_t *types = json_array();
-    for (int l = 0; l < cfg->L; l++)
-        json_array_append_new(types, json_string(mt_config_layer_window(cfg, l) > 0 ? "sliding_attention"
-                                                                                  : "full_attention"));
-    json_object_set_new(o, "layer_types", types);
-    json_object_set_new(o, "sliding_window", json_integer(cfg->attn_window));
+    mt_config_sliding_json(cfg, o);
     json_object_set_new(o, "attention_bias", json_boolean(cfg->o_bias));
     json_object_set_new(o, "num_local_experts", json_integer(cfg->n_experts));
     json_object_set_new(o, "num_experts_per_tok", json_integer(cfg->top_k));

@@ -29,3 +29,12 @@ int mt_config_parse_sliding(mt_config *cfg, const mt_cfg_src *s, int every, int 
         return mt_error_set("%s: sliding_window = %d must be positive", s->path, cfg->attn_window);
     return MT_OK;
 }
+
+void mt_config_sliding_json(const mt_config *cfg, json_t *o) {
+    json_t *types = json_array();
+    for (int l = 0; l < cfg->L; l++)
+        json_array_append_new(types, json_string(mt_config_layer_window(cfg, l) > 0 ? "sliding_attention"
+                                                                                  : "full_attention"));
+    json_object_set_new(o, "layer_types", types);
+    json_object_set_new(o, "sliding_window", json_integer(cfg->attn_window));
+}

@@ -13,4 +13,7 @@
  * positive while a layer slides). MT_ERR names the file and the entry. */
 int mt_config_parse_sliding(mt_config *cfg, const mt_cfg_src *s, int every, int default_window);
 
+/* The reverse, into a config.json object o: layer_types (one entry a layer) and sliding_window. */
+void mt_config_sliding_json(const mt_config *cfg, json_t *o);
+
 #endif
