@@ -16,6 +16,11 @@
 #   t:NAME[:FILTER]  the GPU test NAME (MT_TEST_FILTER=FILTER where the test takes one)
 #   qwen35model  test_cuda_model's test_qwen3_5_models (issue 26: whole Qwen3.5 models, CUDA vs CPU)
 #   fp8gemm      bench/fp8_gemm_bench.cu: bf16 against block-scaled fp8 cuBLASLt GEMMs
+#   gdbench      test_cuda_gated_delta --bench with MT_GATED_DELTA_PROFILE=1 (the DeltaNet kernel's
+#                time by kernel, split and plain TF32)
+#   gdncu        Nsight Compute on the first launch of each DeltaNet kernel (B 1, T 4096): stall reasons
+#   lora:CFG:BASE[:BATCH]   LoRA rank 16 on bench/configs/CFG.json, base BASE, BATCH x 4096 (8), 3 steps
+#   full:CFG:STATE[:BATCH]  full-parameter on bench/configs/CFG.json, --state STATE (or auto), 3 steps
 # MT_BIN=DIR runs the binaries built here in DIR (scripts/gpu-prebuilt.sh says how; carry DIR's
 # megatrain and test binaries and MT_DEBS, default third_party/debs-run) instead of building there.
 # Every run is bounded by `timeout` (a megatrain run by MT_LIMIT, default 400 s) and by the call's budget: BUDGET seconds (default 570) from the
@@ -123,6 +128,29 @@ for stage in "$@"; do
       say "== fp8_gemm_bench"
       timeout "$(left 120)" "$bin/fp8_gemm_bench" > "$OUT/fp8-gemm.log" 2>&1
       say "rc $?"; cat "$OUT/fp8-gemm.log" | tee -a "$log" ;;
+    gdbench)
+      ensure_built
+      say "== test_cuda_gated_delta --bench (profiled)"
+      MT_GATED_DELTA_PROFILE=1 timeout "$(left 200)" "$bin/test_cuda_gated_delta" --bench > "$OUT/gdbench.log" 2>&1
+      say "rc $?"; grep -E "^B=|bench" "$OUT/gdbench.log" | tee -a "$log" ;;
+    gdncu)
+      ensure_built
+      ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+      if [ -z "$ncu" ]; then say "no ncu on this machine"; else
+        say "== ncu on the gated delta kernels"
+        timeout "$(left 150)" "$ncu" -k regex:gd_ --launch-count 7 --section SpeedOfLight --section Occupancy \
+          --section WarpStateStats --section LaunchStats --section ComputeWorkloadAnalysis \
+          "$bin/test_cuda_gated_delta" --bench > "$OUT/gdncu.log" 2>&1
+        say "rc $?"; grep -E "gd_|Duration|Warp Cycles Per Issued|Achieved Occupancy|Stall|Compute \(SM\) Throughput|Memory Throughput" "$OUT/gdncu.log" | head -80 | tee -a "$log"
+      fi ;;
+    lora:*)
+      ensure_built
+      IFS=: read -r _ cfg base batch <<< "$stage"
+      run_mt "lora-$cfg-$base" "bench/configs/$cfg.json" 3 "${batch:-8}" --lora 16 --base-dtype "$base" ;;
+    full:*)
+      ensure_built
+      IFS=: read -r _ cfg state batch <<< "$stage"
+      run_mt "full-$cfg-$state" "bench/configs/$cfg.json" 3 "${batch:-8}" ${state:+--state $state} ;;
     mt70:*) ensure_built; run_mt "70b-lora-${stage#mt70:}" bench/configs/llama-3.3-70b.json 2 8 --lora 16 --base-dtype "${stage#mt70:}" ;;
     *) say "unknown stage $stage"; exit 2 ;;
   esac

@@ -3,8 +3,11 @@
  * bf16, fp8, nf4: the quantized ones say so in the plan and move the loss a little, not a lot:
  * within 5% of bf16's final loss on this fixture), evaluation during a LoRA run against `megatrain
  * eval --adapter` of its checkpoint, the plan's lines, and the quantized base's cache on disk
- * (--base-cache), and on gpt-oss `info --lora`'s count and the refusal of the experts and the router
- * as targets. The math of each is checked elsewhere (test_train_torch: PEFT; test_lora_quant: the
+ * (--base-cache), and on gpt-oss and Gemma 4 `info --lora`'s count and the refusal of the experts
+ * and the router as targets; --base-dtype mxfp4 on the MXFP4 gpt-oss checkpoint (gpt_oss_mxfp4): the same step
+ * lines and adapter bytes as --base-dtype bf16 (the experts' values are exact either way on the
+ * CPU), with --base-cache too, its plan line, and its refusal on another family. The math of each
+ * is checked elsewhere (test_train_torch: PEFT; test_lora_quant: the
  * quantized base bit for bit). */
 #include <math.h>
 #include <stdio.h>
@@ -229,6 +232,91 @@ static void test_gpt_oss(void **state) {
     }
 }
 
+/* Gemma 4 (the lora_gemma4 and lora_gemma4_moe fixtures' bases): `info --lora` counts what PEFT
+ * trains there (every projection, v_proj only on the sliding layers, the dense MLP beside the
+ * experts: 5184 and 3840, as PEFT's get_nb_trainable_parameters), and on the MoE model a target
+ * naming the router or the experts is refused in one line saying what is supported. */
+static void test_gemma4(void **state) {
+    static const char *const counts[][2] = {
+        {"lora_gemma4", "lora: rank 4 on 26 modules (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj): "
+                        "5184 trainable parameters"},
+        {"lora_gemma4_moe", "lora: rank 4 on 20 modules (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj): "
+                            "3840 trainable parameters"},
+    };
+    for (int i = 0; i < 2; i++)
+        mt_cli_expect(mt_cli_run(&g_env, g_out, sizeof g_out, "info --model '%s/../%s/base' --lora 4",
+                                 g_env.fixture, counts[i][0]),
+                      0, g_out, counts[i][1]);
+    static const char *const refusals[][2] = {
+        {"q_proj,router", "the router of gemma4's MoE block (router.proj) stays frozen"},
+        {"proj", "the router of gemma4's MoE block (router.proj) stays frozen"},
+        {"experts", "gemma4's experts are fused 3-D parameters"},
+    };
+    for (int i = 0; i < 3; i++) {
+        mt_cli_expect(mt_cli_run(&g_env, g_out, sizeof g_out,
+                                 "train --model '%s/../lora_gemma4_moe/base' --data '%s/../lora_gemma4_moe/data.bin' "
+                                 "--steps 2 --batch 4 --seq 24 --device cpu --out gemma4_refused --lora 4 "
+                                 "--lora-targets %s",
+                                 g_env.fixture, g_env.fixture, refusals[i][0]),
+                      1, g_out, refusals[i][1]);
+        char first[1024];
+        assert_int_equal(mt_cli_error_lines(g_out, first, sizeof first), 1);
+        assert_non_null(strstr(first, "LoRA on gemma4 adapts the attention and the dense MLP: "
+                                      "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"));
+        assert_null(strstr(g_out, "step 1/"));
+    }
+}
+
+/* --base-dtype mxfp4 on the MXFP4 gpt-oss fixture: the checkpoint's experts kept as they are, and
+ * the run's step lines (as printed, full precision) and adapter the bytes of a bf16 base's run;
+ * the base cache (format mxfp4 in its name) read back gives them too. */
+static int oss_run(const char *out, const char *extra) {
+    return mt_cli_run(&g_env, g_out, sizeof g_out,
+                      "train --model '%s/../gpt_oss_mxfp4' --data '%s/../lora_gpt_oss/data.bin' --steps 4 --batch 2 "
+                      "--seq 24 --warmup 1 --lr 1e-2 --device cpu --lora 4 --out %s %s",
+                      g_env.fixture, g_env.fixture, out, extra);
+}
+
+static void same_steps(const char *a, const char *b) {
+    char pa[4200], pb[4200], ta[8][256], tb[8][256];
+    double la[8], na[8], lb[8], nb[8];
+    snprintf(pa, sizeof pa, "%s/%s/metrics.jsonl", g_env.tmp, a);
+    snprintf(pb, sizeof pb, "%s/%s/metrics.jsonl", g_env.tmp, b);
+    int n = mt_test_read_step_metrics(pa, 8, la, na, ta);
+    assert_int_equal(n, 4);
+    assert_int_equal(mt_test_read_step_metrics(pb, 8, lb, nb, tb), n);
+    for (int i = 0; i < n; i++)
+        if (strcmp(ta[i], tb[i]) != 0) fail_msg("step %d: %s: %s, %s: %s", i + 1, a, ta[i], b, tb[i]);
+}
+
+static void test_gpt_oss_mxfp4(void **state) {
+    mt_cli_expect(oss_run("oss_bf16", "--base-dtype bf16"), 0, g_out, "experts loaded from MXFP4 (dequantized)");
+    assert_non_null(strstr(g_out, "--base-dtype mxfp4 keeps them in MXFP4"));
+    mt_cli_expect(oss_run("oss_mxfp4", "--base-dtype mxfp4"), 0, g_out, "experts kept in MXFP4 in the frozen base");
+    assert_non_null(strstr(g_out, "quantized mxfp4"));
+    same_steps("oss_bf16", "oss_mxfp4");
+    same_adapter("oss_bf16", "oss_mxfp4");
+    mt_cli_expect(oss_run("oss_cache1", "--base-dtype mxfp4 --base-cache oq"), 0, g_out, "written (");
+    mt_cli_expect(oss_run("oss_cache2", "--base-dtype mxfp4 --base-cache oq"), 0, g_out, "read (");
+    mt_test_sh("ls '%s/oq/' | grep -q '^gpt_oss_mxfp4\\.mxfp4\\..*\\.mtq$'", g_env.tmp);
+    same_adapter("oss_bf16", "oss_cache1");
+    same_adapter("oss_bf16", "oss_cache2");
+    /* the plan says so, and counts the format among the largest bases */
+    mt_cli_expect(mt_cli_run(&g_env, g_out, sizeof g_out,
+                             "plan --model '%s/../gpt_oss_mxfp4' --batch 2 --seq 24 --device cuda --gpu-mem 8G "
+                             "--host-mem 8G --lora 4 --base-dtype mxfp4", g_env.fixture),
+                  0, g_out, "quantized mxfp4");
+    assert_non_null(strstr(strstr(g_out, "largest base of this shape that fits"), ", mxfp4 "));
+    mt_cli_expect(mt_cli_run(&g_env, g_out, sizeof g_out, "info --model '%s/../gpt_oss_mxfp4'", g_env.fixture), 0,
+                  g_out, "--base-dtype mxfp4");
+    /* another family: refused by name, in one line */
+    refused("--lora 4 --base-dtype mxfp4", "--base-dtype mxfp4: only gpt_oss models hold MXFP4 experts, and this is a llama model");
+    mt_cli_expect(mt_cli_run(&g_env, g_out, sizeof g_out, "plan --init '%s/base/config.json' --lora 4 --base-dtype mxfp4",
+                             g_env.fixture),
+                  1, g_out, "only gpt_oss models hold MXFP4 experts");
+    assert_null(strstr(g_out, ", mxfp4 ")); /* nor counted among a llama's largest bases */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refusals),
@@ -238,6 +326,8 @@ int main(void) {
         cmocka_unit_test(test_largest_base),
         cmocka_unit_test(test_base_cache),
         cmocka_unit_test(test_gpt_oss),
+        cmocka_unit_test(test_gemma4),
+        cmocka_unit_test(test_gpt_oss_mxfp4),
     };
     return cmocka_run_group_tests(tests, setup, mt_cli_env_teardown);
 }

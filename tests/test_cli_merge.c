@@ -5,8 +5,10 @@
  *    (max |got - ref| / max |ref|; fp32 rounding of the sum alone is ~6e-8); every other tensor is
  *    byte-identical to the base's; generation_config.json is copied.
  *  - PEFT's own merge_and_unload() of tests/fixtures/lora_llama, lora_qwen3_moe (made by
- *    make_lora_fixtures.py) and lora_gpt_oss (make_lora_gpt_oss_fixture.py: the fused experts,
- *    biases and sinks written back unchanged): our merge of base/ + adapter_final/ equals merged/
+ *    make_lora_fixtures.py), lora_gpt_oss (make_lora_gpt_oss_fixture.py: the fused experts,
+ *    biases and sinks written back unchanged), lora_gemma4 and lora_gemma4_moe
+ *    (make_lora_gemma4_fixture.py: no v_proj on the full layers, the layer_scalar buffers, the
+ *    router and fused experts written back unchanged): our merge of base/ + adapter_final/ equals merged/
  *    within 1e-6, the unadapted tensors byte for byte (skipped with a message when the fixture is
  *    absent).
  *  - Bad arguments and bad adapters: exit 1, one error line naming the flag or file, no --out. */
@@ -245,6 +247,8 @@ static void check_peft_fixture(const char *name) {
 static void test_peft_llama(void **state) { check_peft_fixture("lora_llama"); }
 static void test_peft_qwen3_moe(void **state) { check_peft_fixture("lora_qwen3_moe"); }
 static void test_peft_gpt_oss(void **state) { check_peft_fixture("lora_gpt_oss"); }
+static void test_peft_gemma4(void **state) { check_peft_fixture("lora_gemma4"); }
+static void test_peft_gemma4_moe(void **state) { check_peft_fixture("lora_gemma4_moe"); }
 
 /* ---- refusals ---- */
 
@@ -338,6 +342,8 @@ int main(void) {
         cmocka_unit_test(test_merge_bf16_base),
         cmocka_unit_test(test_peft_llama),  cmocka_unit_test(test_peft_qwen3_moe),
         cmocka_unit_test(test_peft_gpt_oss),
+        cmocka_unit_test(test_peft_gemma4),
+        cmocka_unit_test(test_peft_gemma4_moe),
         cmocka_unit_test(test_refusals),    cmocka_unit_test(test_help),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -7,8 +7,9 @@
  * keys as values, layer_scalar; the MoE block's router, scales, fused experts and norms beside the
  * dense MLP) and the count against the table and transformers' for the published 31B and 26B-A4B
  * shapes, the save round trip, refusals by name (the per-layer input embeddings and KV sharing of
- * E2B/E4B, ...), the backend check (a backend without Gemma 4's ops refused by name: CUDA today)
- * and LoRA refused. */
+ * E2B/E4B, ...), the backend check (a backend without Gemma 4's ops refused by name)
+ * and LoRA's adapter table (no v_proj on the full layers with keys as values; the MoE block's
+ * router and experts refused as targets by name). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/layer.h"
+#include "model/lora.h"
 #include "model/params.h"
 #include "util/config_check.h"
 #include "util/fixture_io.h"
@@ -303,9 +305,9 @@ static void test_save_roundtrip(void **state) {
     for (int i = 0; i < 5; i++) mt_test_config_roundtrip(&cases[i]); /* every field, the layer bits included */
 }
 
-/* A backend without Gemma 4's ops refuses it by name (CUDA today), the CPU backend has them; LoRA
- * is refused before anything runs. */
-static void test_backend_refused_lora_refused(void **state) {
+/* A backend without Gemma 4's ops refuses it by name (a fake one here), the CPU backend has them; LoRA
+ * runs (checked against PEFT: test_train_torch's lora_gemma4, lora_gemma4_moe). */
+static void test_backend_refused_lora_runs(void **state) {
     (void)state;
     mt_config c = load_fixture("gemma4_tiny");
     mt_backend *cpu = mt_backend_cpu_create();
@@ -325,8 +327,54 @@ static void test_backend_refused_lora_refused(void **state) {
     }
     cpu->destroy(cpu);
     c.lora_rank = 4;
-    assert_int_equal(mt_layer_check_runnable(&c), MT_ERR);
-    assert_non_null(strstr(mt_error_message(), "LoRA on Gemma 4"));
+    assert_int_equal(mt_layer_check_runnable(&c), MT_OK);
+}
+
+/* LoRA's adapter table: every projection of attention and the MLP; gemma4_tiny's full layers (2, 5)
+ * have no v_proj (keys as values) and their own q/k/o shapes; on gemma4_moe the dense MLP is
+ * adapted and the router and the experts are refused as targets by name. */
+static void test_lora_table(void **state) {
+    (void)state;
+    mt_config c = load_fixture("gemma4_tiny");
+    mt_param_table t;
+    mt_param_table_init(&t, &c);
+    mt_lora_table lt;
+    mt_lora_opts o = {.rank = 4};
+    if (mt_lora_table_init(&lt, &t, &o) != MT_OK) fail_msg("%s", mt_error_message());
+    assert_string_equal(lt.targets, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
+    assert_int_equal(lt.n_modules, 4 * 7 + 2 * 6);
+    /* sliding: q 4 (32 + 64), k and v 4 (32 + 32), o 4 (64 + 32), gate/up/down 4 (32 + 24); full
+     * (D 32, 1 kv head): q 4 (32 + 128), k 4 (32 + 32), o 4 (128 + 32), the MLP */
+    assert_int_equal(lt.n_real, 4 * (384 + 2 * 256 + 384 + 3 * 224) + 2 * (640 + 256 + 640 + 3 * 224));
+    for (int l = 0; l < c.L; l++) {
+        char name[160];
+        snprintf(name, sizeof name, "base_model.model.model.layers.%d.self_attn.v_proj.lora_A.weight", l);
+        int full = mt_config_layer_window(&c, l) == 0;
+        assert_int_equal(mt_lora_find_name(&lt, name) == NULL, full);
+        assert_int_equal(mt_lora_find(&lt, l, MT_W_V) == NULL, full);
+    }
+    const mt_lora_param *q = mt_lora_find_name(&lt, "base_model.model.model.layers.5.self_attn.q_proj.lora_B.weight");
+    assert_non_null(q);
+    assert_int_equal(q->shape[0], 128), assert_int_equal(q->shape[1], 4);
+    mt_lora_table_free(&lt);
+    o.targets = "v_proj,layer_scalar"; /* a buffer, not a module */
+    assert_int_equal(mt_lora_table_init(&lt, &t, &o), MT_ERR);
+    mt_param_table_free(&t);
+
+    c = load_fixture("gemma4_moe");
+    mt_param_table_init(&t, &c);
+    o.targets = NULL;
+    if (mt_lora_table_init(&lt, &t, &o) != MT_OK) fail_msg("%s", mt_error_message());
+    assert_int_equal(lt.n_modules, 2 * 7 + 6);
+    assert_non_null(mt_lora_find_name(&lt, "base_model.model.model.layers.1.mlp.down_proj.lora_A.weight"));
+    mt_lora_table_free(&lt);
+    static const char *const refused[] = {"router", "proj", "experts", "gate_up_proj", "q_proj,router.proj"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        o.targets = refused[i];
+        assert_int_equal(mt_lora_table_init(&lt, &t, &o), MT_ERR);
+        if (!strstr(mt_error_message(), "gemma4")) fail_msg("%s: %s", refused[i], mt_error_message());
+    }
+    mt_param_table_free(&t);
 }
 
 int main(void) {
@@ -338,7 +386,8 @@ int main(void) {
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_save_roundtrip),
-        cmocka_unit_test(test_backend_refused_lora_refused),
+        cmocka_unit_test(test_backend_refused_lora_runs),
+        cmocka_unit_test(test_lora_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -96,11 +96,68 @@ static void test_gpt_oss_20b(void **state) {
     mt_param_table_free(&t);
 }
 
+/* Gemma 4's published shapes (google/gemma-4-31B and 26B-A4B config.json's text_config, the fields
+ * that size them; as test_config_gemma4's test_published_counts), rank 16. 31B: 50 sliding layers
+ * (D 256, 16 kv heads) q 16 (5376 + 8192) = 217088, k and v 16 (5376 + 4096) = 151552, o 217088,
+ * gate, up, down 16 (5376 + 21504) = 430080 each: 2027520; 10 full layers (D 512, 4 kv heads,
+ * attention_k_eq_v: no v_proj) q 16 (5376 + 16384) = 348160, k 16 (5376 + 2048) = 118784, o 348160
+ * and the MLP: 2105344; 122429440 over 50 * 7 + 10 * 6 = 410 modules. 26B-A4B: 25 sliding layers
+ * (8 kv heads) q 16 (2816 + 4096) = 110592, k and v 16 (2816 + 2048) = 77824, o 110592, the dense
+ * MLP's gate, up, down 16 (2816 + 2112) = 78848 each: 613376; 5 full layers (2 kv heads, no v_proj)
+ * q 16 (2816 + 8192) = 176128, k 16 (2816 + 1024) = 61440, o 176128 and the MLP: 650240; the
+ * router and the 128 fused experts no targets: 18585600 over 205 modules. PEFT 0.21 on
+ * transformers 5.25's Gemma4ForCausalLM of these configs (meta device) counts the same
+ * (get_nb_trainable_parameters: 122429440 of 30819774720, 18585600 of 25251727360; q_proj,v_proj:
+ * 21913600 and 5591040). */
+static void test_gemma4(void **state) {
+    (void)state;
+#define G4_COMMON "\"model_type\": \"gemma4_text\", \"head_dim\": 256, \"global_head_dim\": 512, " \
+    "\"attention_k_eq_v\": true, \"vocab_size\": 262144, \"sliding_window\": 1024, " \
+    "\"final_logit_softcapping\": 30.0, \"hidden_size_per_layer_input\": 0, \"max_position_embeddings\": 262144"
+    mt_param_table t;
+    table_of(&t, "{" G4_COMMON ", \"hidden_size\": 5376, \"intermediate_size\": 21504, \"num_hidden_layers\": 60, "
+                 "\"num_attention_heads\": 32, \"num_key_value_heads\": 16, \"num_global_key_value_heads\": 4}");
+    int64_t p, m;
+    assert_int_equal(mt_lora_count(&t, 16, NULL, &p, &m), MT_OK);
+    assert_int_equal(m, 50 * 7 + 10 * 6);
+    assert_int_equal(p, 50 * (2 * 217088LL + 2 * 151552LL + 3 * 430080LL) +
+                            10 * (2 * 348160LL + 118784LL + 3 * 430080LL));
+    assert_int_equal(p, 122429440LL);
+    assert_int_equal(mt_lora_count(&t, 16, "q_proj,v_proj", &p, &m), MT_OK);
+    assert_int_equal(m, 60 + 50);
+    assert_int_equal(p, 21913600LL);
+    mt_param_table_free(&t);
+    table_of(&t, "{" G4_COMMON ", \"hidden_size\": 2816, \"intermediate_size\": 2112, \"num_hidden_layers\": 30, "
+                 "\"num_attention_heads\": 16, \"num_key_value_heads\": 8, \"num_global_key_value_heads\": 2, "
+                 "\"enable_moe_block\": true, \"num_experts\": 128, \"top_k_experts\": 8, "
+                 "\"moe_intermediate_size\": 704}");
+#undef G4_COMMON
+    assert_int_equal(mt_lora_count(&t, 16, NULL, &p, &m), MT_OK);
+    assert_int_equal(m, 25 * 7 + 5 * 6);
+    assert_int_equal(p, 25 * (2 * 110592LL + 2 * 77824LL + 3 * 78848LL) + 5 * (2 * 176128LL + 61440LL + 3 * 78848LL));
+    assert_int_equal(p, 18585600LL);
+    assert_int_equal(mt_lora_count(&t, 16, "q_proj,v_proj", &p, &m), MT_OK);
+    assert_int_equal(p, 5591040LL);
+    /* down_proj is the dense MLP's there (PEFT's too); the router and the experts are refused by name */
+    assert_int_equal(mt_lora_count(&t, 16, "down_proj", &p, &m), MT_OK);
+    assert_int_equal(m, 30);
+    static const char *const refused[][2] = {{"router", "router"}, {"proj", "router"}, {"router.proj", "router"},
+                                             {"q_proj,experts", "experts"}, {"gate_up_proj", "experts"},
+                                             {"experts.down_proj", "experts"}};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        assert_int_equal(mt_lora_count(&t, 16, refused[i][0], &p, &m), MT_ERR);
+        if (!strstr(mt_error_message(), refused[i][1]) || !strstr(mt_error_message(), "gemma4"))
+            fail_msg("%s: %s", refused[i][0], mt_error_message());
+    }
+    mt_param_table_free(&t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama70),
         cmocka_unit_test(test_qwen3_5_moe),
         cmocka_unit_test(test_gpt_oss_20b),
+        cmocka_unit_test(test_gemma4),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -344,6 +344,8 @@ static void test_refused_config(void **state) {
         {"target_modules", "[]", "\"target_modules\" must be a non-empty list"},
         {"target_modules", "\".*\\\\.(q_proj|v_proj)\"", "is the string \".*\\.(q_proj|v_proj)\": PEFT's regular expressions"},
         {"target_modules", "\"all-linear\"", "\"target_modules\" is \"all-linear\""},
+        /* a multimodal model's form, on a text model (PEFT would match nothing there) */
+        {"target_modules", "\".*language_model\\\\..*\\\\.(q_proj|v_proj)\"", "PEFT's regular expressions are not supported"},
         {"target_modules", "[\"q_proj\", 3]", "\"target_modules\" entry 1 is not a module name"},
         {"target_modules", "[\"q_proj\", \"w_nope\"]", "\"target_modules\": no module of this llama model is named \"w_nope\""},
         {"target_modules", "[\"embed_tokens\"]", "\"target_modules\": \"embed_tokens\": model.embed_tokens.weight is not a module megatrain adapts"},
@@ -454,13 +456,23 @@ static void test_refused_tensors(void **state) {
     expect_refused("t_none", &g_t, "t_none/adapter_model.safetensors", NULL);
 }
 
-/* A multimodal model's adapter as PEFT names it (model.language_model.layers...) loads too, the
- * table's names (model.layers...) as well; one of each for the same tensor is refused. */
+/* A multimodal model's adapter is saved as PEFT names it there (model.language_model.layers...,
+ * target_modules the regular expression that keeps the vision tower out) and loads back; the text
+ * model's names (model.layers..., as megatrain wrote them before) load as well; one of each for the
+ * same tensor is refused. */
 static void test_nested_keys(void **state) {
     mt_lora_table lt, back;
     float *arena = random_adapter(&lt, &g_vl, 2, 4, "q_proj,in_proj_qkv", 5), *got = NULL;
+    assert_non_null(mt_lora_find_name(&lt, "base_model.model.model.language_model.layers.3.self_attn.q_proj.lora_A.weight"));
     char *dir = tmp_path("vl");
     assert_int_equal(mt_lora_save_dir(&lt, arena, dir, "qwen3_5_vl_mtp", MT_F32), MT_OK);
+    char *cfg = tmp_path("vl/adapter_config.json");
+    json_t *o = json_load_file(cfg, 0, NULL);
+    assert_non_null(o);
+    assert_string_equal(json_string_value(json_object_get(o, "target_modules")),
+                        ".*language_model\\..*\\.(in_proj_qkv|q_proj)");
+    json_decref(o);
+    free(cfg);
     assert_int_equal(mt_lora_load_dir(dir, &g_vl, &back, &got), MT_OK);
     assert_memory_equal(got, arena, (size_t)lt.total * sizeof(float));
     free(got);
@@ -469,8 +481,8 @@ static void test_nested_keys(void **state) {
     char (*names)[200] = calloc((size_t)lt.n_params + 1, sizeof *names);
     for (int i = 0; i < lt.n_params; i++) {
         const mt_lora_param *p = &lt.params[i];
-        snprintf(names[i], sizeof names[i], "base_model.model.model.language_model.%s",
-                 p->name + strlen("base_model.model.model."));
+        snprintf(names[i], sizeof names[i], "base_model.model.model.%s",
+                 p->name + strlen("base_model.model.model.language_model."));
         w[i] = (mt_st_write_tensor){names[i], MT_F32, 2, {p->shape[0], p->shape[1]}, arena + p->offset};
     }
     char *path = tmp_path("vl/adapter_model.safetensors");
@@ -484,6 +496,11 @@ static void test_nested_keys(void **state) {
     w[lt.n_params] = (mt_st_write_tensor){p->name, MT_F32, 2, {p->shape[0], p->shape[1]}, arena + p->offset};
     assert_int_equal(mt_safetensors_write(path, w, lt.n_params + 1, NULL, 0), MT_OK);
     expect_refused("vl", &g_vl, "are the same adapter tensor", NULL);
+    /* the multimodal form with an empty name, or anything else after its head, is refused */
+    edited("vl", "vl_rx", "target_modules", "\".*language_model\\\\..*\\\\.(q_proj||in_proj_qkv)\"");
+    expect_refused("vl_rx", &g_vl, "keeps the vision tower out", "adapter_config.json");
+    edited("vl", "vl_rx2", "target_modules", "\".*language_model\\\\..*\\\\.(q_proj|in_proj_.*)\"");
+    expect_refused("vl_rx2", &g_vl, "PEFT's regular expressions are not supported", "adapter_config.json");
     /* a text-only model takes no language_model key */
     free(path);
     free(names);

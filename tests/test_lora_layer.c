@@ -12,8 +12,8 @@
  * relative difference seen is printed. Each adapted layer is run again as the engine runs it under
  * LoRA, with a gradient view holding the adapters' alone (every base weight, bias, norm, sink, router
  * and expert gradient NULL: frozen, no gradient work): output, input gradient and adapter gradients
- * bit for bit the same. gpt-oss (biased q/k/v/o, sinks, sliding window, the fused experts) and
- * Gemma 3 are among the configs. */
+ * bit for bit the same. gpt-oss (biased q/k/v/o, sinks, sliding window, the fused experts), Gemma 3
+ * and Gemma 4 (keys as values, the v-norm, the layer scalar, the MoE block) are among the configs. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -268,6 +268,18 @@ static void test_gpt_oss_gemma3(void **state) {
     check_config("gpt_oss_tiny tiled", &oss, 4, 5);
     check_config("gpt_oss_tiny_aux", &aux, 2, 0);
     check_config("gemma3_tiny", &g3, 4, 0);
+}
+
+/* Gemma 4: the full layers' own head dim and kv heads with keys as values (k_proj's adapter feeds
+ * the values through the v-norm as well), the per-layer scalar; the MoE block's router and fused
+ * experts beside the adapted dense MLP */
+static void test_gemma4(void **state) {
+    (void)state;
+    mt_config g4 = fixture_config("gemma4_tiny"), moe = fixture_config("gemma4_moe");
+    check_config("gemma4_tiny", &g4, 4, 0);
+    check_config("gemma4_tiny tiled", &g4, 4, 7);
+    check_config("gemma4_moe", &moe, 2, 0);
+    check_config("gemma4_moe tiled", &moe, 2, 7);
     printf("largest difference seen, relative to max|ref|: %.2e (bound %.0e)\n", worst_seen, RTOL);
 }
 
@@ -277,6 +289,7 @@ int main(void) {
         cmocka_unit_test(test_qwen3_5),
         cmocka_unit_test(test_mixtral),
         cmocka_unit_test(test_gpt_oss_gemma3),
+        cmocka_unit_test(test_gemma4),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

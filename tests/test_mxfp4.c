@@ -10,7 +10,13 @@
  * scale) value against the C library's ldexpf (exact; +-inf past FLT_MAX, never NaN), the nibble
  * order and layout on hand-made bytes, the dequantized down_proj within the quantizer's error of the
  * weight it came from (the orientation), the checkpoint-shape parser, refusals of bad sizes and
- * shapes with a message and nothing written, and the same bytes for 1, 2 and 3 threads. */
+ * shapes with a message and nothing written, and the same bytes for 1, 2 and 3 threads.
+ * Quantization (megatrain's own, for --base-dtype mxfp4 from fp32 values): every scale and code
+ * against a straightforward reference (the scale exponent by search, the nearest finite grid point
+ * by scanning, ties to the even code) on random blocks of magnitudes 2^-140 .. 2^100, the grid
+ * itself, every midpoint, negative values and -0, all-zero blocks, amax at a power of two and just
+ * past 6, FLT_MAX and subnormals; refusals of NaN / inf; values from MXFP4 requantize to the same
+ * values, with the same bytes for 1, 2 and 3 threads. */
 #include <float.h>
 #include <math.h>
 #include <omp.h>
@@ -325,6 +331,174 @@ static void test_threads(void **state) {
     free(blocks), free(scales);
 }
 
+/* ---- quantization (mxfp4.h): against a straightforward reference ---- */
+
+static const double grid[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+
+/* The scale exponent by search: the smallest e >= -127 with amax <= 6 * 2^e (in double). */
+static int ref_exponent(const float *x, int64_t stride) {
+    double amax = 0;
+    for (int j = 0; j < 32; j++) amax = fmax(amax, fabs((double)x[j * stride]));
+    int e = -127;
+    while (amax > 6.0 * ldexp(1.0, e)) e++;
+    return e;
+}
+
+/* x's code at scale 2^e: the grid point g * 2^e nearest |x| among the finite ones, a tie to the
+ * even code; x's sign bit on top. */
+static uint8_t ref_code(float x, int e) {
+    double v = fabs((double)x), best = INFINITY;
+    int c = 0;
+    for (int k = 0; k < 8; k++) {
+        double g = ldexp(grid[k], e);
+        if (g > FLT_MAX) continue;
+        double d = fabs(v - g);
+        if (d < best || (d == best && k % 2 == 0)) best = d, c = k;
+    }
+    return (uint8_t)(c | (signbit(x) ? 8 : 0));
+}
+
+/* in [M, C, R] (the table's [E, in, out]) quantized by mt_mxfp4_quantize_transposed: every scale
+ * and code byte the reference's, the round trip each x's nearest grid value; returns the blocks */
+static void check_quantize(const float *in, int64_t M, int64_t R, int64_t C, const char *what) {
+    int64_t G = C / 32, nb = M * R * G;
+    uint8_t *blocks = malloc((size_t)nb * 16), *scales = malloc((size_t)nb);
+    float *back = malloc((size_t)(M * R * C) * sizeof(float));
+    assert_int_equal(mt_mxfp4_quantize_transposed(in, M, R, C, blocks, scales), MT_OK);
+    assert_int_equal(mt_mxfp4_dequantize_transposed(blocks, scales, M, R, C, back), MT_OK);
+    int64_t bad = 0;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t g = 0; g < G; g++) {
+                int64_t b = (m * R + r) * G + g;
+                const float *x = in + (m * C + 32 * g) * R + r; /* x[j * R]: element (r, 32 g + j) */
+                int e = ref_exponent(x, R);
+                if (scales[b] != (uint8_t)(e + 127) && bad++ < 5)
+                    fprintf(stderr, "%s: block (%lld, %lld, %lld): scale %d, reference %d\n", what, (long long)m,
+                            (long long)r, (long long)g, scales[b], e + 127);
+                for (int j = 0; j < 32; j++) {
+                    float xj = x[j * R];
+                    uint8_t got = (uint8_t)(blocks[b * 16 + j / 2] >> (j % 2 ? 4 : 0) & 15u), want = ref_code(xj, e);
+                    /* the round trip: the reference's grid point, in the table's layout */
+                    float rt = back[(m * C + 32 * g + j) * R + r];
+                    float wv = (float)ldexp(grid[want & 7], e) * (want & 8 ? -1.0f : 1.0f);
+                    if ((got != want || bits(rt) != bits(wv)) && bad++ < 5)
+                        fprintf(stderr, "%s: element (%lld, %lld, %lld): x %a -> code %d (%a), reference %d (%a)\n",
+                                what, (long long)m, (long long)r, (long long)(32 * g + j), (double)xj, got,
+                                (double)rt, want, (double)wv);
+                }
+            }
+    if (bad) fail_msg("%s: %lld mismatches against the reference quantizer", what, (long long)bad);
+    printf("  quantize %s: %lld blocks, scales and codes the reference's\n", what, (long long)nb);
+    free(blocks), free(scales), free(back);
+}
+
+/* Random weights, each block drawn at its own magnitude (2^-140 .. 2^100, subnormal blocks and
+ * ones clamped at s = 0 included), in the table's transposed layout; then values on every grid
+ * point and every midpoint (the ties), negative ones, zeros of both signs. */
+static void test_quantize(void **state) {
+    (void)state;
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 2807);
+    const int64_t M = 3, R = 40, C = 96, n = M * R * C;
+    float *x = malloc((size_t)n * sizeof(float));
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t g = 0; g < C / 32; g++) {
+                int k = (int)(mt_test_rng_u64(&rng) % 241) - 140;
+                for (int j = 0; j < 32; j++)
+                    x[(m * C + 32 * g + j) * R + r] = ldexpf(mt_test_rng_normal(&rng), k);
+            }
+    check_quantize(x, M, R, C, "random");
+    /* one matrix (R = 1: the layouts agree), block by block: hand-made cases */
+    static const float ties[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+    static const uint8_t tie_code[] = {0, 2, 2, 4, 4, 6, 6}; /* 0, 1, 1, 2, 2, 4, 4: the even codes */
+    float b[32 * 8];
+    uint8_t blocks[16 * 8], scales[8];
+    memset(b, 0, sizeof b);
+    for (int j = 0; j < 8; j++) b[j] = (float)grid[j], b[8 + j] = -(float)grid[j]; /* block 0: the grid, amax 6 */
+    for (int j = 0; j < 7; j++) b[32 + j] = ties[j], b[32 + 8 + j] = -ties[j];     /* block 1: ties, amax 6 */
+    b[32 + 31] = 6.0f;
+    /* block 2: all zero; block 3: -0.0 everywhere */
+    for (int j = 0; j < 32; j++) b[96 + j] = -0.0f;
+    b[128] = 4.0f, b[129] = 1.0f;          /* block 4: amax 4, a power of two: X = 1, code 6 */
+    b[160] = 8.0f, b[161] = -0.5f;         /* block 5: amax 8: X = 2, -0.5 / 2 = -0.25 -> -0 */
+    b[192] = 0.125f, b[193] = 0.0078125f;  /* block 6: amax 2^-3: X = 2^-5 (6 / 32 >= 1 / 8) */
+    b[224] = 6.0001f, b[225] = 0.5f;       /* block 7: just past 6: X = 2 */
+    check_quantize(b, 1, 1, 32 * 8, "hand-made");
+    assert_int_equal(mt_mxfp4_quantize_transposed(b, 1, 1, 32 * 8, blocks, scales), MT_OK);
+    static const uint8_t want_scale[8] = {127, 127, 0, 0, 127, 128, 122, 128};
+    assert_memory_equal(scales, want_scale, 8);
+    for (int j = 0; j < 8; j++) { /* the grid maps to itself, code j; negative: j | 8 */
+        assert_int_equal(blocks[j / 2] >> (j % 2 ? 4 : 0) & 15, j);
+        assert_int_equal(blocks[4 + j / 2] >> (j % 2 ? 4 : 0) & 15, j | 8);
+    }
+    for (int j = 0; j < 7; j++) {
+        assert_int_equal(blocks[16 + j / 2] >> (j % 2 ? 4 : 0) & 15, tie_code[j]);
+        assert_int_equal(blocks[16 + (8 + j) / 2] >> ((8 + j) % 2 ? 4 : 0) & 15, tie_code[j] | 8);
+    }
+    for (int j = 0; j < 16; j++) assert_int_equal(blocks[32 + j], 0x00);  /* zeros: +0 */
+    for (int j = 0; j < 16; j++) assert_int_equal(blocks[48 + j], 0x88);  /* -0.0: -0, sign kept */
+    assert_int_equal(blocks[64], 6 | 2 << 4);   /* 4 -> code 6, 1 -> code 2 */
+    assert_int_equal(blocks[80], 6 | 8 << 4);   /* 8 / 2 = 4 -> 6; -0.25 -> -0 (tie to even) */
+    assert_int_equal(blocks[96], 6 | 0 << 4);   /* 2^-3 / 2^-5 = 4; 2^-7 / 2^-5 = 0.25 -> 0 */
+    assert_int_equal(blocks[112], 5);           /* 6.0001 / 2 = 3.00005 -> 3, code 5; 0.25 -> 0 */
+    /* the range's ends: FLT_MAX (4 * 2^126 = 2^128 overflows: 3 * 2^126 instead), tiny values */
+    float e[64] = {FLT_MAX, -FLT_MAX, 3.5f * 0x1p126f, 3.25f * 0x1p126f, 1.0f};
+    e[32] = 0x1p-149f, e[33] = -0x1p-140f, e[34] = 6 * 0x1p-127f, e[35] = 0x1p-128f;
+    check_quantize(e, 1, 1, 64, "extremes");
+    assert_int_equal(mt_mxfp4_quantize_transposed(e, 1, 1, 64, blocks, scales), MT_OK);
+    assert_int_equal(scales[0], 253);
+    assert_int_equal(blocks[0], 5 | 13 << 4); /* +-3 * 2^126 */
+    assert_int_equal(scales[1], 0);
+    assert_int_equal(blocks[16 + 1], 7 | 1 << 4); /* 6 * 2^-127: 6; 2^-128 = 0.5 * 2^-127: 0.5 */
+    float back[64];
+    assert_int_equal(mt_mxfp4_dequantize_transposed(blocks, scales, 1, 1, 64, back), MT_OK);
+    assert_true(back[0] == 3 * 0x1p126f && isfinite(back[1]) && back[34] == 6 * 0x1p-127f && back[35] == 0x1p-128f);
+    /* non-finite values are refused, naming the element */
+    e[5] = NAN;
+    assert_int_equal(mt_mxfp4_quantize_transposed(e, 1, 1, 64, blocks, scales), MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "element 5 is nan"));
+    e[5] = 0, e[40] = -INFINITY;
+    assert_int_equal(mt_mxfp4_quantize_transposed(e, 1, 1, 64, blocks, scales), MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "element 40 is -inf"));
+    assert_int_equal(mt_mxfp4_quantize_transposed(e, 1, 1, 48, blocks, scales), MT_ERR); /* 48 % 32 */
+    free(x);
+}
+
+/* Values that came from MXFP4 quantize back to the same values (mxfp4.h): random codes and scales
+ * (finite products), dequantized, quantized, dequantized again; and threaded, the same bytes. */
+static void test_requantize(void **state) {
+    (void)state;
+    const int64_t M = 4, R = 72, C = 32 * 30; /* 8640 blocks: threaded */
+    size_t n = (size_t)(M * R * C);
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 2808);
+    uint8_t *blocks = malloc(n / 2), *scales = malloc(n / 32), *b2 = malloc(n / 2), *s2 = malloc(n / 32);
+    for (size_t i = 0; i < n / 2; i++) blocks[i] = (uint8_t)mt_test_rng_u64(&rng);
+    for (size_t i = 0; i < n / 32; i++) scales[i] = (uint8_t)(mt_test_rng_u64(&rng) % 253); /* <= 2^125 */
+    float *x = malloc(n * 4), *y = malloc(n * 4);
+    assert_int_equal(mt_mxfp4_dequantize_transposed(blocks, scales, M, R, C, x), MT_OK);
+    int saved = omp_get_max_threads();
+    for (int t = 1; t <= 3; t++) {
+        omp_set_num_threads(t);
+        uint8_t *b3 = malloc(n / 2), *s3 = malloc(n / 32);
+        assert_int_equal(mt_mxfp4_quantize_transposed(x, M, R, C, b3, s3), MT_OK);
+        if (t == 1) memcpy(b2, b3, n / 2), memcpy(s2, s3, n / 32);
+        assert_memory_equal(b2, b3, n / 2);
+        assert_memory_equal(s2, s3, n / 32);
+        free(b3), free(s3);
+    }
+    omp_set_num_threads(saved);
+    assert_int_equal(mt_mxfp4_dequantize_transposed(b2, s2, M, R, C, y), MT_OK);
+    assert_memory_equal(x, y, n * 4);
+    size_t other = 0; /* the bytes may differ (a smaller scale where the block's top codes are small) */
+    for (size_t i = 0; i < n / 32; i++) other += s2[i] != scales[i];
+    printf("  requantized %zu blocks: the same values (%zu with a smaller scale than the source's)\n", n / 32,
+           other);
+    free(blocks), free(scales), free(b2), free(s2), free(x), free(y);
+}
+
 static int setup(void **state) {
     return mt_test_fixture_st_open(state, &ref, "mxfp4/mxfp4_ref.safetensors", "test_mxfp4");
 }
@@ -335,6 +509,7 @@ int main(void) {
         cmocka_unit_test(test_layout),   cmocka_unit_test(test_transformers),
         cmocka_unit_test(test_weight),   cmocka_unit_test(test_shape),
         cmocka_unit_test(test_refusals), cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_quantize), cmocka_unit_test(test_requantize),
     };
     return cmocka_run_group_tests(tests, setup, mt_test_fixture_st_teardown);
 }

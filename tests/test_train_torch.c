@@ -157,6 +157,14 @@ static void test_lora_gemma3(void **state) { run_lora_fixture("lora_gemma3"); }
 /* gpt-oss (make_lora_gpt_oss_fixture.py): adapters on q/k/v/o of sliding and full layers, over
  * their frozen biases, the frozen sinks and the frozen experts (the gpt_oss_tiny base) */
 static void test_lora_gpt_oss(void **state) { run_lora_fixture("lora_gpt_oss"); }
+/* Gemma 4 (make_lora_gemma4_fixture.py): adapters on every projection of sliding and full layers,
+ * the full layers with their own head dim and kv heads and keys as values (no v_proj there: k_proj's
+ * adapter reaches the values through the v-norm), the per-layer scalar, the soft-capped tied head;
+ * and with the MoE block, adapters on the dense MLP beside the frozen router and experts. All 10
+ * steps and the final adapters (the base frozen, these runs stay within 4e-6 of their float64
+ * twins: tests/fixtures/README.md) */
+static void test_lora_gemma4(void **state) { run_lora_fixture("lora_gemma4"); }
+static void test_lora_gemma4_moe(void **state) { run_lora_fixture("lora_gemma4_moe"); }
 
 static void test_train_llama(void **state) { run_fixture("train_llama"); }
 static void test_train_qwen2_tied(void **state) { run_fixture("train_qwen2_tied"); }
@@ -196,6 +204,8 @@ int main(void) {
         cmocka_unit_test(test_lora_qwen3_moe),
         cmocka_unit_test(test_lora_gemma3),
         cmocka_unit_test(test_lora_gpt_oss),
+        cmocka_unit_test(test_lora_gemma4),
+        cmocka_unit_test(test_lora_gemma4_moe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

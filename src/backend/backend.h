@@ -143,7 +143,7 @@ struct mt_backend {
                               0: the defaults only, and the layer check refuses the models that
                               need them */
     int rmsnorm_unweighted; /* rmsnorm_forward / _backward take weight NULL: no weight (Gemma 4's
-                               v_norm) (cpu); 0: a weight always */
+                               v_norm) (cpu, cuda); 0: a weight always */
     int64_t mem_budget; /* bytes alloc may hand out in all (cuda: --gpu-mem or the free memory at
                            start); 0: no limit (cpu) */
     mt_backend_memory memory; /* what the memory planner must know of the compute side */
@@ -335,6 +335,13 @@ struct mt_backend {
                         size_t n);
     void (*dequant_fp8)(mt_backend *be, void *dst, const uint8_t *q, const float *scales,
                         size_t n);
+    /* MXFP4 (quant/mxfp4.h; gpt-oss's experts, engine/quant_base.h): blocks (mats * rows * cols / 2
+     * bytes) and e8m0 scales (mats * rows * cols / 32 bytes) of mats row-major rows x cols
+     * matrices, 32 columns a block (the checkpoint's [E, out, in / 32, 16]); dst gets each matrix
+     * transposed, [mats, cols, rows] (the table's [E, in, out]), each value e2m1 * 2^(s - 127),
+     * exact (+-inf past the compute dtype's range). cols a multiple of 32. */
+    void (*dequant_mxfp4)(mt_backend *be, void *dst, const uint8_t *blocks, const uint8_t *scales,
+                          int64_t mats, int64_t rows, int64_t cols);
 
     /* One AdamW step of an optimizer state whose arenas live on the compute side (the GPU tier:
      * optim/state.h's mt_optim_arenas with compute-side pointers) over [offset, offset+n), with

@@ -218,6 +218,19 @@ int mt_cmd_info(int argc, char **argv) {
         printf("experts: MXFP4 on disk (%d tensors as mlp.experts.*_blocks + _scales): dequantized at load, "
                "trained unquantized, saved unquantized (fp32 checkpoints, bf16 from megatrain convert) "
                "without quantization_config\n", m.hf->n_mxfp4);
+    if (mt_base_format_check(cfg, MT_BASE_MXFP4) == MT_OK) { /* what a LoRA base in MXFP4 holds */
+        int64_t experts = 0;
+        for (int i = 0; i < m.table.n_params; i++)
+            if (mt_quant_base_quantizes(MT_BASE_MXFP4, &m.table.params[i])) experts += m.table.params[i].numel;
+        printf("LoRA base --base-dtype mxfp4: the experts' gate_up_proj and down_proj (%.4g B parameters) held "
+               "in MXFP4 (%s), the layers' other tensors in fp32: %.4g GiB for all %d layers\n",
+               (double)experts / 1e9,
+               m.hf && m.hf->n_mxfp4 > 0 ? "this checkpoint's blocks and scales as they are"
+                                        : "quantized on load: a power-of-two scale per 32 inputs",
+               mt_quant_base_bytes(&m.table, MT_BASE_MXFP4, 0, NULL) / 1073741824.0, cfg->L);
+    } else {
+        mt_error_clear();
+    }
     if (tensors) {
         for (int i = 0; i < m.table.n_params; i++) {
             const mt_param *p = &m.table.params[i];

@@ -15,7 +15,7 @@ static void print_usage(FILE *out) {
             "usage: megatrain plan (--model DIR|ORG/NAME | --init CONFIG.json) [--batch B] [--seq T]\n"
             "                      [--micro-batch auto|b] [--device auto|cpu|cuda] [--gpu-mem SIZE]\n"
             "                      [--state full|compact|tight] [--gpu-layers auto|N] [--host-mem SIZE]\n"
-            "                      [--packed] [--lora R [--lora-targets L] [--base-dtype bf16|fp8|nf4]]\n"
+            "                      [--packed] [--lora R [--lora-targets L] [--base-dtype bf16|fp8|nf4|mxfp4]]\n"
             "                      [--resident-weights auto|yes|no]\n"
             "  Prints what training would hold in host RAM and on the compute device, the tiles (the\n"
             "  layer's token chunk, the LM head's row chunk) and which layers' checkpoints wait in\n"
@@ -38,7 +38,8 @@ static void print_usage(FILE *out) {
             "  host (2 B/param in bf16), the adapters' weights, master, moments and gradient on the\n"
             "  GPU, no base gradient; --lora-targets, --base-dtype and --resident-weights as in train;\n"
             "  it also says the largest base of the model's shape (its layer count scaled, the layer\n"
-            "  pattern repeated) that the same plan holds, in each of bf16, fp8 and nf4.\n"
+            "  pattern repeated) that the same plan holds, in each of bf16, fp8 and nf4 (and mxfp4 on\n"
+            "  gpt-oss).\n"
             "  --model ORG/NAME [--revision R]: a model in the Hugging Face hub cache, offline\n"
             "  ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub; R: ref or commit,\n"
             "  default main)\n",
@@ -100,7 +101,8 @@ static int fits_with_layers(const mt_param_table *t, const mt_backend *be, mt_pl
 static void print_largest_base(const mt_param_table *t, const mt_backend *be, const mt_plan_request *rq,
                                const mt_lora_opts *lo) {
     printf("largest base of this shape that fits (the same plan, the layer count scaled):");
-    for (int f = MT_BASE_BF16; f <= MT_BASE_NF4; f++) {
+    for (int f = MT_BASE_BF16; f <= MT_BASE_MXFP4; f++) {
+        if (mt_base_format_check(&t->cfg, (mt_base_format)f) != MT_OK) continue; /* mxfp4: gpt-oss */
         mt_plan_request r = *rq;
         r.base_format = (mt_base_format)f;
         double n = 0;
@@ -171,7 +173,7 @@ int mt_cmd_plan(int argc, char **argv) {
         case 'p': packed = 1; break;
         case 'r': rc = mt_arg_int("--lora", optarg, 1, MT_LORA_MAX_RANK, &lora); break;
         case 'T': lora_targets = optarg; break;
-        case 'B': rc = mt_arg_choice("--base-dtype", optarg, "bf16|fp8|nf4", &base_dtype); break;
+        case 'B': rc = mt_arg_choice("--base-dtype", optarg, "bf16|fp8|nf4|mxfp4", &base_dtype); break;
         case 'W': rc = mt_arg_choice("--resident-weights", optarg, "auto|yes|no", &resident); break;
         case 'h': print_usage(stdout); return 0;
         default: print_usage(stderr); return 1;
@@ -189,6 +191,10 @@ int mt_cmd_plan(int argc, char **argv) {
     mt_lora_table lt = {0};
     if ((lora_targets || base_dtype) && !lora) {
         mt_error_set("--lora-targets and --base-dtype need --lora R");
+        mt_host_model_free(&m);
+        return mt_cli_fail();
+    }
+    if (mt_base_format_check(&m.table.cfg, (mt_base_format)base_dtype) != MT_OK) {
         mt_host_model_free(&m);
         return mt_cli_fail();
     }

@@ -591,7 +591,7 @@ static int initial_weights(train_run *r) {
     const mt_param_table *t = &r->model.table;
     const mt_state_io *io = mt_engine_state_io(r->e);
     if (r->o.model_dir && r->o.base_cache) return mt_cached_base_load(r->e, t, r->o.model_dir, r->o.base_cache, io);
-    if (r->o.model_dir) return mt_model_load_tensors(t, r->o.model_dir, set_tensor, (void *)io);
+    if (r->o.model_dir) return mt_base_weights_load(r->e, t, r->o.model_dir, io);
     int64_t biggest = 1;
     for (int i = 0; i < t->n_params; i++)
         if (t->params[i].numel > biggest) biggest = t->params[i].numel;
@@ -652,6 +652,7 @@ static int open_model(train_run *r) {
     const mt_config *cfg = &r->model.table.cfg;
     MT_TRY(mt_layer_check_runnable(cfg));
     MT_TRY(open_lora(r));
+    MT_TRY(mt_base_format_check(cfg, (mt_base_format)o->base_dtype));
     const mt_hf_source *hf = r->model.hf;
     if (hf && hf->n_carried > 0) /* a multimodal checkpoint: say what is not trained, and why */
         printf("carried, not trained: %d tensors of %s, copied unchanged into every checkpoint: %d "
@@ -659,8 +660,12 @@ static int open_model(train_run *r) {
                "prediction (mtp.*: not trained, so it will not follow the fine-tuned model), %d other\n",
                hf->n_carried, o->model_dir, hf->n_visual, hf->n_mtp,
                hf->n_carried - hf->n_visual - hf->n_mtp);
-    if (hf && hf->n_mxfp4 > 0 && r->have_lora) /* a published gpt-oss as a frozen base */
-        printf("experts loaded from MXFP4 (dequantized) into the frozen base\n");
+    if (hf && hf->n_mxfp4 > 0 && r->have_lora && o->base_dtype == MT_BASE_MXFP4) /* kept MXFP4 */
+        printf("experts kept in MXFP4 in the frozen base: the checkpoint's blocks and scales as they are "
+               "(the GPU tier's layers, if any, hold them dequantized)\n");
+    else if (hf && hf->n_mxfp4 > 0 && r->have_lora) /* a published gpt-oss as a frozen base */
+        printf("experts loaded from MXFP4 (dequantized) into the frozen base%s\n",
+               o->base_dtype ? "" : " (--base-dtype mxfp4 keeps them in MXFP4)");
     else if (hf && hf->n_mxfp4 > 0) /* a published gpt-oss: its experts train and save unquantized */
         printf("experts loaded from MXFP4 (dequantized): saved checkpoints hold them unquantized (fp32 "
                "here, bf16 from megatrain convert), with no quantization_config\n");
@@ -745,7 +750,7 @@ static int check_ranks(train_run *r) {
     if (o->base_dtype)
         return mt_error_set("--base-dtype %s: a quantized base runs on one rank yet (each rank would hold "
                             "the whole base); use --base-dtype bf16 on %d ranks",
-                            o->base_dtype == 1 ? "fp8" : "nf4", N);
+                            mt_base_format_name((mt_base_format)o->base_dtype), N);
     if (o->gpu_layers > 0)
         return mt_error_set("--gpu-layers %lld: the GPU tier is not supported on %d ranks yet; use "
                             "--gpu-layers 0",

@@ -87,7 +87,9 @@ void mt_train_opts_usage(FILE *out) {
 "  --lora-targets L       PEFT's target_modules, comma-separated (q_proj,v_proj, ...)\n"
 "  --base-dtype F         the frozen layers bf16 (default) | fp8 (e4m3, a scale per 128: 1.03\n"
 "                         B/param) | nf4 (QLoRA's 4-bit NormalFloat, an absmax per 64: 0.56\n"
-"                         B/param), quantized on load and dequantized on the GPU per layer;\n"
+"                         B/param) | mxfp4 (gpt-oss only: its experts in MXFP4, 0.53 B/param,\n"
+"                         an MXFP4 checkpoint's copied as they are; the rest fp32), quantized\n"
+"                         on load and dequantized on the GPU per layer;\n"
 "                         they stay on the GPU where they fit after the activations and saved\n"
 "                         internals (--resident-weights auto), else stream from pinned host memory\n"
 "                         (yes / no force either)\n"
@@ -299,7 +301,7 @@ static int parse_one(mt_train_opts *o, int c, const char *arg) {
         return MT_OK;
     case O_LORA_TARGETS: o->lora_targets = arg; return MT_OK;
     case O_ADAPTER: o->adapter = arg; return MT_OK;
-    case O_BASE_DTYPE: return mt_arg_choice("--base-dtype", arg, "bf16|fp8|nf4", &o->base_dtype);
+    case O_BASE_DTYPE: return mt_arg_choice("--base-dtype", arg, "bf16|fp8|nf4|mxfp4", &o->base_dtype);
     case O_BASE_CACHE: o->base_cache = arg; return MT_OK;
     case O_OFFLOAD: o->offload = 1; return MT_OK;
     case O_RESIDENT: return mt_arg_choice("--resident-weights", arg, "auto|yes|no", &o->resident);
@@ -360,7 +362,7 @@ int mt_train_opts_parse(mt_train_opts *o, int argc, char **argv, int *exit_now) 
         return mt_error_set("--lora-alpha, --lora-targets and --base-dtype need --lora R (or --adapter DIR): "
                             "only a frozen base is stored quantized");
     if (o->base_cache && !o->base_dtype)
-        return mt_error_set("--base-cache keeps a quantized base on disk: it needs --base-dtype fp8 or nf4");
+        return mt_error_set("--base-cache keeps a quantized base on disk: it needs --base-dtype fp8, nf4 or mxfp4");
     if (o->base_cache && !o->model_dir)
         return mt_error_set("--base-cache needs --model DIR (the cache is made from, and checked against, "
                             "the model's files)");
@@ -406,7 +408,7 @@ char *mt_train_opts_json(const mt_train_opts *o) {
         json_object_set_new(j, "lora_alpha", json_real(o->lora_alpha));
         json_object_set_new(j, "lora_targets", o->lora_targets ? json_string(o->lora_targets) : json_null());
         json_object_set_new(j, "adapter", o->adapter ? json_string(o->adapter) : json_null());
-        static const char *const base[] = {"bf16", "fp8", "nf4"};
+        static const char *const base[] = {"bf16", "fp8", "nf4", "mxfp4"};
         json_object_set_new(j, "base_dtype", json_string(base[o->base_dtype]));
     }
     char *s = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);

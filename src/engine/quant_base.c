@@ -6,15 +6,22 @@
 
 #include "core/error.h"
 #include "quant/fp8.h"
+#include "quant/mxfp4.h"
 #include "quant/nf4.h"
 
 #define SEG_ALIGN 256
-#define QUANT_PAD 128 /* both formats' blocks (64, 128) divide it */
+#define QUANT_PAD 128 /* nf4's and fp8's blocks (64, 128) divide it */
+
+typedef enum {
+    SEG_F32,   /* kept: fp32 values */
+    SEG_BLOCK, /* nf4 / fp8: codes, then fp32 scales, over numel padded to QUANT_PAD */
+    SEG_MXFP4, /* a gpt-oss expert tensor: the checkpoint's blocks, then its e8m0 scales */
+} seg_kind;
 
 typedef struct {
     int param;          /* index in the table */
-    int quantized;
-    int64_t n;          /* elements stored: numel, rounded up to QUANT_PAD when quantized */
+    seg_kind kind;
+    int64_t n;          /* elements stored: numel, rounded up to QUANT_PAD for SEG_BLOCK */
     size_t codes, scales; /* byte offsets in the blob (scales unused for fp32 segments) */
 } segment;
 
@@ -35,30 +42,77 @@ struct mt_quant_base {
 };
 
 const char *mt_base_format_name(mt_base_format f) {
-    return f == MT_BASE_NF4 ? "nf4" : f == MT_BASE_FP8 ? "fp8" : "bf16";
+    return f == MT_BASE_MXFP4 ? "mxfp4" : f == MT_BASE_NF4 ? "nf4" : f == MT_BASE_FP8 ? "fp8" : "bf16";
 }
 
 int mt_base_format_parse(const char *text, mt_base_format *out) {
-    for (int f = MT_BASE_BF16; f <= MT_BASE_NF4; f++)
+    for (int f = MT_BASE_BF16; f <= MT_BASE_MXFP4; f++)
         if (strcmp(text, mt_base_format_name((mt_base_format)f)) == 0) {
             *out = (mt_base_format)f;
             return MT_OK;
         }
-    return mt_error_set("--base-dtype %s: expected bf16, fp8 or nf4", text);
+    return mt_error_set("--base-dtype %s: expected bf16, fp8, nf4 or mxfp4", text);
 }
 
-int mt_quant_base_quantizes(const mt_param *p) {
+int mt_base_format_check(const mt_config *cfg, mt_base_format f) {
+    if (f != MT_BASE_MXFP4) return MT_OK;
+    if (cfg->arch != MT_ARCH_GPT_OSS)
+        return mt_error_set("--base-dtype mxfp4: only gpt_oss models hold MXFP4 experts, and this is a %s "
+                            "model (use --base-dtype nf4 or fp8)", cfg->model_type);
+    if (cfg->C % MT_MXFP4_BLOCK != 0 || cfg->moe_F % MT_MXFP4_BLOCK != 0)
+        return mt_error_set("--base-dtype mxfp4: the experts' input dimensions (hidden_size %d, "
+                            "intermediate_size %d) must be multiples of %d, MXFP4's block (use nf4 or fp8)",
+                            cfg->C, cfg->moe_F, MT_MXFP4_BLOCK);
+    return MT_OK;
+}
+
+/* What format f makes of tensor p. */
+static seg_kind kind_of(mt_base_format f, const mt_param *p) {
+    if (f == MT_BASE_MXFP4)
+        return p->kind == MT_W_EXP_GATE_UP || p->kind == MT_W_EXP_DOWN_IO ? SEG_MXFP4 : SEG_F32;
     /* gpt-oss's expert biases are 2-D ((E, width)) but biases: kept, as bitsandbytes keeps them */
     return p->ndim == 2 && p->kind != MT_W_ROUTER && p->kind != MT_W_SHARED_GATE &&
-           p->kind != MT_W_EXP_GATE_UP_BIAS && p->kind != MT_W_EXP_DOWN_BIAS;
+                   p->kind != MT_W_EXP_GATE_UP_BIAS && p->kind != MT_W_EXP_DOWN_BIAS
+               ? SEG_BLOCK
+               : SEG_F32;
 }
+
+int mt_quant_base_quantizes(mt_base_format f, const mt_param *p) { return kind_of(f, p) != SEG_F32; }
 
 static size_t align_up(size_t n) { return (n + SEG_ALIGN - 1) / SEG_ALIGN * SEG_ALIGN; }
 static int64_t pad_up(int64_t n) { return (n + QUANT_PAD - 1) / QUANT_PAD * QUANT_PAD; }
 
+/* An MXFP4 tensor's matrices: p is [E, in, out]; its blocks hold E matrices of `out` rows and `in`
+ * columns (the checkpoint's [E, out, in / 32, 16]). */
+static void mxfp4_dims(const mt_param *p, int64_t *mats, int64_t *rows, int64_t *cols) {
+    *mats = p->shape[0], *cols = p->shape[1], *rows = p->shape[2];
+}
+
 static int block_of(mt_base_format f) { return f == MT_BASE_NF4 ? 64 : 128; }
 static size_t code_bytes(mt_base_format f, int64_t n) {
     return f == MT_BASE_NF4 ? (size_t)n / 2 : (size_t)n;
+}
+
+/* Tensor p's segment in format f from byte `at` of the blob; returns where the next one starts. */
+static size_t place(mt_base_format f, const mt_param *p, size_t at, segment *s) {
+    s->kind = kind_of(f, p);
+    s->codes = at;
+    switch (s->kind) {
+    case SEG_BLOCK:
+        s->n = pad_up(p->numel);
+        s->scales = align_up(at + code_bytes(f, s->n));
+        return align_up(s->scales + (size_t)(s->n / block_of(f)) * sizeof(float));
+    case SEG_MXFP4: {
+        int64_t mats, rows, cols;
+        mxfp4_dims(p, &mats, &rows, &cols);
+        s->n = p->numel;
+        s->scales = align_up(at + mt_mxfp4_bytes(mats * rows, cols));
+        return align_up(s->scales + mt_mxfp4_scales(mats * rows, cols));
+    }
+    default:
+        s->n = p->numel;
+        return align_up(at + (size_t)s->n * sizeof(float));
+    }
 }
 
 /* Layer l's segments and blob size. */
@@ -68,39 +122,19 @@ static layer_blob layout(const mt_param_table *t, mt_base_format f, int l) {
     b.seg = mt_calloc((size_t)(hi - lo + 1), sizeof(segment));
     size_t at = 0;
     for (int i = lo; i < hi; i++) {
-        const mt_param *p = &t->params[i];
         segment *s = &b.seg[b.n_seg++];
         s->param = i;
-        s->quantized = mt_quant_base_quantizes(p);
-        if (s->quantized) {
-            s->n = pad_up(p->numel);
-            s->codes = at;
-            at = align_up(at + code_bytes(f, s->n));
-            s->scales = at;
-            at = align_up(at + (size_t)(s->n / block_of(f)) * sizeof(float));
-        } else {
-            s->n = p->numel;
-            s->codes = at;
-            at = align_up(at + (size_t)s->n * sizeof(float));
-        }
+        at = place(f, &t->params[i], at, s);
     }
     b.bytes = at;
     return b;
 }
 
-/* layout(t, f, l).bytes without the segments (the planner asks this many times a plan) */
+/* layout(t, f, l).bytes without keeping the segments (the planner asks this many times a plan) */
 static size_t blob_bytes(const mt_param_table *t, mt_base_format f, int l) {
     size_t at = 0;
-    for (int i = t->layer_first[l]; i < t->layer_first[l + 1]; i++) {
-        const mt_param *p = &t->params[i];
-        if (mt_quant_base_quantizes(p)) {
-            int64_t n = pad_up(p->numel);
-            at = align_up(at + code_bytes(f, n));
-            at = align_up(at + (size_t)(n / block_of(f)) * sizeof(float));
-        } else {
-            at = align_up(at + (size_t)p->numel * sizeof(float));
-        }
-    }
+    segment s;
+    for (int i = t->layer_first[l]; i < t->layer_first[l + 1]; i++) at = place(f, &t->params[i], at, &s);
     return at;
 }
 
@@ -142,8 +176,9 @@ double mt_quant_base_bytes(const mt_param_table *t, mt_base_format f, int first,
 
 mt_quant_base *mt_quant_base_create(const mt_param_table *t, mt_backend *be, mt_base_format f,
                                     int first, int on_device) {
-    MT_CHECK(f == MT_BASE_NF4 || f == MT_BASE_FP8, "a quantized base is fp8 or nf4 (got %s)",
-             mt_base_format_name(f));
+    MT_CHECK(f == MT_BASE_NF4 || f == MT_BASE_FP8 || f == MT_BASE_MXFP4,
+             "a quantized base is fp8, nf4 or mxfp4 (got %s)", mt_base_format_name(f));
+    MT_CHECK(mt_base_format_check(&t->cfg, f) == MT_OK, "%s", mt_error_message());
     MT_CHECK(first >= 0 && first <= t->cfg.L, "quantized base from layer %d of %d", first, t->cfg.L);
     mt_quant_base *q = mt_calloc(1, sizeof *q);
     q->t = t;
@@ -201,13 +236,33 @@ static void fetch(const mt_quant_base *q, const layer_blob *b, size_t off, void 
     else memcpy(dst, (const char *)b->blob + off, bytes);
 }
 
+/* An MXFP4 segment from fp32 values in p's [E, in, out] layout: quantized (quant/mxfp4.h). */
+static int set_mxfp4_f32(mt_quant_base *q, layer_blob *b, const segment *s, const mt_param *p,
+                         const float *w) {
+    int64_t mats, rows, cols;
+    mxfp4_dims(p, &mats, &rows, &cols);
+    size_t cb = mt_mxfp4_bytes(mats * rows, cols), sb = mt_mxfp4_scales(mats * rows, cols);
+    uint8_t *blocks = mt_aligned_alloc(cb), *scales = mt_aligned_alloc(sb);
+    int rc = mt_mxfp4_quantize_transposed(w, mats, rows, cols, blocks, scales);
+    if (rc == MT_OK) {
+        store(q, b, s->codes, blocks, cb);
+        store(q, b, s->scales, scales, sb);
+    } else {
+        mt_error_set("%s: %s", p->name, mt_error_message());
+    }
+    free(blocks);
+    free(scales);
+    return rc;
+}
+
 int mt_quant_base_set(mt_quant_base *q, const mt_param *p, const float *w) {
     layer_blob *b;
     const segment *s = segment_of(q, p, &b);
-    if (!s->quantized) {
+    if (s->kind == SEG_F32) {
         store(q, b, s->codes, w, (size_t)p->numel * sizeof(float));
         return MT_OK;
     }
+    if (s->kind == SEG_MXFP4) return set_mxfp4_f32(q, b, s, p, w);
     /* the values padded with zeros to the segment's length; most tensors need no padding, and
      * a copy of each (a 70B's 280 GB of fp32, on one thread) was a third of its setup */
     float *x = NULL;
@@ -234,12 +289,45 @@ int mt_quant_base_set(mt_quant_base *q, const mt_param *p, const float *w) {
     return rc;
 }
 
+int mt_quant_base_set_mxfp4(mt_quant_base *q, const mt_param *p, const uint8_t *blocks,
+                            const uint8_t *scales) {
+    layer_blob *b;
+    const segment *s = segment_of(q, p, &b);
+    if (s->kind != SEG_MXFP4)
+        return mt_error_set("%s: held as %s in this %s base, not MXFP4", p->name,
+                            s->kind == SEG_F32 ? "fp32" : mt_base_format_name(q->f), mt_base_format_name(q->f));
+    int64_t mats, rows, cols;
+    mxfp4_dims(p, &mats, &rows, &cols);
+    store(q, b, s->codes, blocks, mt_mxfp4_bytes(mats * rows, cols));
+    store(q, b, s->scales, scales, mt_mxfp4_scales(mats * rows, cols));
+    return MT_OK;
+}
+
+int mt_quant_base_take_mxfp4(void *ctx, const mt_param *p, const uint8_t *blocks, const uint8_t *scales) {
+    mt_quant_base *q = ctx;
+    if (!q || q->f != MT_BASE_MXFP4 || !mt_quant_base_holds(q, p) || !mt_quant_base_quantizes(q->f, p)) return 0;
+    MT_TRY(mt_quant_base_set_mxfp4(q, p, blocks, scales));
+    return 1;
+}
+
 int mt_quant_base_get(mt_quant_base *q, const mt_param *p, float *w) {
     layer_blob *b;
     const segment *s = segment_of(q, p, &b);
-    if (!s->quantized) {
+    if (s->kind == SEG_F32) {
         fetch(q, b, s->codes, w, (size_t)p->numel * sizeof(float));
         return MT_OK;
+    }
+    if (s->kind == SEG_MXFP4) {
+        int64_t mats, rows, cols;
+        mxfp4_dims(p, &mats, &rows, &cols);
+        size_t cb = mt_mxfp4_bytes(mats * rows, cols), sb = mt_mxfp4_scales(mats * rows, cols);
+        uint8_t *blocks = mt_aligned_alloc(cb), *scales = mt_aligned_alloc(sb);
+        fetch(q, b, s->codes, blocks, cb);
+        fetch(q, b, s->scales, scales, sb);
+        int rc = mt_mxfp4_dequantize_transposed(blocks, scales, mats, rows, cols, w);
+        free(blocks);
+        free(scales);
+        return rc;
     }
     size_t cb = code_bytes(q->f, s->n), sb = (size_t)(s->n / block_of(q->f)) * sizeof(float);
     uint8_t *codes = mt_aligned_alloc(cb);
@@ -280,13 +368,18 @@ void mt_quant_base_expand(const mt_quant_base *q, int l, void *dst, const void *
         const mt_param *p = &q->t->params[s->param];
         void *out = (char *)dst + (size_t)p->group_offset * elem;
         const char *src = (const char *)blob + s->codes;
-        if (!s->quantized)
+        if (s->kind == SEG_F32) {
             be->from_f32(be, out, (const float *)src, (size_t)s->n);
-        else if (q->f == MT_BASE_NF4)
+        } else if (s->kind == SEG_MXFP4) {
+            int64_t mats, rows, cols;
+            mxfp4_dims(p, &mats, &rows, &cols);
+            be->dequant_mxfp4(be, out, (const uint8_t *)src, (const uint8_t *)blob + s->scales, mats, rows, cols);
+        } else if (q->f == MT_BASE_NF4) {
             be->dequant_nf4(be, out, (const uint8_t *)src, (const float *)((const char *)blob + s->scales),
                             (size_t)s->n);
-        else
+        } else {
             be->dequant_fp8(be, out, (const uint8_t *)src, (const float *)((const char *)blob + s->scales),
                             (size_t)s->n);
+        }
     }
 }

@@ -20,6 +20,11 @@
 #define PEFT_VERSION "0.21.0"
 #define KEY_PREFIX "base_model.model.model."
 #define KEY_PREFIX_LM "base_model.model.model.language_model."
+/* target_modules of a multimodal model's adapter: PEFT's own form for gemma4 (its default
+ * TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING entry), a regular expression full-matched
+ * against module names that keeps the vision tower out, NAMES being "(a|b|...)". A plain list
+ * would match the vision tower's q_proj, ... too, which PEFT refuses or adapts. */
+#define LM_REGEX_HEAD ".*language_model\\..*\\."
 
 static char *path_join(const char *dir, const char *name) {
     size_t n = strlen(dir) + strlen(name) + 2;
@@ -34,7 +39,8 @@ static int cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* lt->targets as a sorted list without repeats (PEFT holds target_modules as a set). */
+/* lt->targets as a sorted list without repeats (PEFT holds target_modules as a set); a multimodal
+ * model's as the string LM_REGEX_HEAD "(a|b|...)" of that list. */
 static json_t *target_list(const mt_lora_table *lt) {
     char *copy = mt_strdup(lt->targets);
     int n = 1;
@@ -45,9 +51,20 @@ static json_t *target_list(const mt_lora_table *lt) {
         names[k++] = s;
     qsort(names, (size_t)k, sizeof *names, cmp_str);
     json_t *list = json_array();
+    size_t len = sizeof LM_REGEX_HEAD + 3 + strlen(lt->targets);
+    char *rx = mt_malloc(len);
+    size_t used = (size_t)snprintf(rx, len, "%s(", LM_REGEX_HEAD);
     for (int i = 0; i < k; i++)
-        if (i == 0 || strcmp(names[i], names[i - 1]) != 0)
+        if (i == 0 || strcmp(names[i], names[i - 1]) != 0) {
             json_array_append_new(list, json_string(names[i]));
+            used += (size_t)snprintf(rx + used, len - used, "%s%s", i ? "|" : "", names[i]);
+        }
+    snprintf(rx + used, len - used, ")");
+    if (lt->nested) {
+        json_decref(list);
+        list = json_string(rx);
+    }
+    free(rx);
     free(names);
     free(copy);
     return list;
@@ -194,12 +211,34 @@ static int plain_module_name(const char *s) {
     return strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.") == n;
 }
 
-/* target_modules -> comma-joined names in buf. */
-static int read_targets(const char *path, json_t *v, char *buf, size_t size) {
+/* A multimodal model's target_modules string LM_REGEX_HEAD "(a|b|...)" (or LM_REGEX_HEAD "a")
+ * -> "a,b,..." in buf; 0 when s is not of that form. */
+static int lm_regex_names(const char *s, char *buf, size_t size) {
+    size_t h = strlen(LM_REGEX_HEAD), n;
+    if (strncmp(s, LM_REGEX_HEAD, h) != 0) return 0;
+    s += h;
+    n = strlen(s);
+    if (n >= 2 && s[0] == '(' && s[n - 1] == ')') s++, n -= 2;
+    if (n == 0 || n >= size) return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i] == '|' ? ',' : s[i];
+        if (c != ',' && !strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_", c))
+            return 0;
+        if (c == ',' && (i == 0 || i + 1 == n || s[i + 1] == '|')) return 0; /* an empty name */
+        buf[i] = c;
+    }
+    buf[n] = '\0';
+    return 1;
+}
+
+/* target_modules -> comma-joined names in buf. nested: a multimodal model's, which may be the
+ * regular expression PEFT needs there (LM_REGEX_HEAD). */
+static int read_targets(const char *path, json_t *v, int nested, char *buf, size_t size) {
     if (!v || json_is_null(v))
         return mt_error_set("%s: \"target_modules\" is missing: which modules carry the adapter?", path);
     if (json_is_string(v)) {
         const char *s = json_string_value(v);
+        if (nested && lm_regex_names(s, buf, size)) return MT_OK;
         /* PEFT full-matches a string against whole module names; save_pretrained has already
          * expanded "all-linear" into a list, so only a hand-written config has it */
         if (strcmp(s, "all-linear") == 0)
@@ -208,7 +247,9 @@ static int read_targets(const char *path, json_t *v, char *buf, size_t size) {
         if (!plain_module_name(s))
             return mt_error_set("%s: \"target_modules\" is the string \"%s\": PEFT's regular "
                                 "expressions are not supported; list the module names, e.g. "
-                                "[\"q_proj\", \"v_proj\"]", path, s);
+                                "[\"q_proj\", \"v_proj\"]%s", path, s,
+                                nested ? " (a multimodal model's may also be \"" LM_REGEX_HEAD
+                                         "(q_proj|v_proj)\", which keeps the vision tower out)" : "");
         if (strlen(s) >= size) return mt_error_set("%s: \"target_modules\" is too long", path);
         snprintf(buf, size, "%s", s);
         return MT_OK;
@@ -297,7 +338,8 @@ static int read_config(const char *path, const mt_param_table *t, mt_lora_table 
     else if (!alpha) rc = mt_error_set("%s: \"lora_alpha\" is missing", path);
     else if (!json_is_number(alpha) || !(json_number_value(alpha) > 0))
         rc = mt_error_set("%s: \"lora_alpha\" must be a number > 0", path);
-    else rc = read_targets(path, json_object_get(o, "target_modules"), targets, sizeof targets);
+    else rc = read_targets(path, json_object_get(o, "target_modules"), t->cfg.nested, targets,
+                           sizeof targets);
     if (rc == MT_OK) {
         mt_lora_opts opts = {(int)json_integer_value(r), json_number_value(alpha), targets};
         if (mt_lora_table_init(lt, t, &opts) != MT_OK) {
@@ -315,12 +357,16 @@ static int read_config(const char *path, const mt_param_table *t, mt_lora_table 
 
 /* ---- load: adapter_model.safetensors ---- */
 
-/* The adapter tensor that file key `name` stands for, NULL when none. */
+/* The adapter tensor that file key `name` stands for, NULL when none. A multimodal model's
+ * adapter tensors are named as PEFT names them there (KEY_PREFIX_LM); the text model's spelling
+ * (KEY_PREFIX, which megatrain wrote before) stands for the same tensor. */
 static const mt_lora_param *find_key(const mt_lora_table *lt, const mt_param_table *t, const char *name) {
     const mt_lora_param *p = mt_lora_find_name(lt, name);
-    if (p || !t->cfg.nested || strncmp(name, KEY_PREFIX_LM, strlen(KEY_PREFIX_LM)) != 0) return p;
+    if (p || !t->cfg.nested || strncmp(name, KEY_PREFIX, strlen(KEY_PREFIX)) != 0 ||
+        strncmp(name, KEY_PREFIX_LM, strlen(KEY_PREFIX_LM)) == 0)
+        return p;
     char alias[sizeof p->name + 32];
-    snprintf(alias, sizeof alias, KEY_PREFIX "%s", name + strlen(KEY_PREFIX_LM));
+    snprintf(alias, sizeof alias, KEY_PREFIX_LM "%s", name + strlen(KEY_PREFIX));
     return mt_lora_find_name(lt, alias);
 }
 

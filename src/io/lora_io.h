@@ -19,18 +19,24 @@
 
 /* Writes DIR/adapter_model.safetensors (dtype MT_F32 or MT_BF16, round-to-nearest-even) and
  * DIR/adapter_config.json (sorted keys, indent 2, as PEFT writes it; base_model_name_or_path =
- * base_model_name, may be NULL: null). A DIR that does not exist is made as DIR.tmp.XXXXXX beside
- * it and renamed into place once both files are complete (parents are created); into an existing
- * directory each file is replaced atomically, the tensors first. MT_ERR names the file. */
+ * base_model_name, may be NULL: null). target_modules is the sorted list of names; for a
+ * multimodal checkpoint's language model (lt->nested) the regular expression
+ * .*language_model\..*\.(a|b|...) of them, PEFT's own form for gemma4, so that
+ * PeftModel.from_pretrained of the multimodal model adapts the language model alone (a plain list
+ * would also match the vision tower's q_proj, ...). A DIR that does not exist is made as
+ * DIR.tmp.XXXXXX beside it and renamed into place once both files are complete (parents are
+ * created); into an existing directory each file is replaced atomically, the tensors first. MT_ERR
+ * names the file. */
 int mt_lora_save_dir(const mt_lora_table *lt, const float *arena, const char *dir,
                      const char *base_model_name, mt_dtype dtype);
 
 /* Reads DIR's adapter for the model of table t: *lt_out built by mt_lora_table_init (rank r, alpha
  * lora_alpha, targets target_modules joined by commas), *arena_out (lt_out->total floats, aligned,
  * padding zero; the caller frees both) filled from F32, BF16 or F16 tensors. Every adapter tensor
- * must be there with its shape and no other tensor may be; in a multimodal (nested) model a key
- * may also name the module as transformers does, "base_model.model.model.language_model.X" for
- * the table's "base_model.model.model.X". On MT_ERR (one line naming the file and the field or
+ * must be there with its shape and no other tensor may be; in a multimodal (nested) model, whose
+ * keys are "base_model.model.model.language_model.X" as PEFT names them there, a key may also be
+ * the text model's "base_model.model.model.X", and target_modules may be the regular expression
+ * mt_lora_save_dir writes there. On MT_ERR (one line naming the file and the field or
  * tensor) *lt_out is zeroed and *arena_out NULL. */
 int mt_lora_load_dir(const char *dir, const mt_param_table *t, mt_lora_table *lt_out,
                      float **arena_out);

@@ -71,6 +71,15 @@ int mt_model_load_tensors(const mt_param_table *t, const char *dir,
 int mt_model_load_tensors_where(const mt_param_table *t, const char *dir,
                                 int (*want)(void *ctx, const mt_param *p),
                                 int (*sink)(void *ctx, const mt_param *p, const float *w), void *ctx) {
+    return mt_model_load_tensors_mxfp4(t, dir, want, sink, NULL, ctx);
+}
+
+int mt_model_load_tensors_mxfp4(const mt_param_table *t, const char *dir,
+                                int (*want)(void *ctx, const mt_param *p),
+                                int (*sink)(void *ctx, const mt_param *p, const float *w),
+                                int (*mxfp4)(void *ctx, const mt_param *p, const uint8_t *blocks,
+                                             const uint8_t *scales),
+                                void *ctx) {
     mt_safetensors *st;
     mt_hf_ref *refs;
     MT_TRY(open_resolved(t, dir, &st, &refs));
@@ -83,6 +92,13 @@ int mt_model_load_tensors_where(const mt_param_table *t, const char *dir,
     for (int i = 0; i < t->n_params && rc == MT_OK; i++) {
         const mt_param *p = &t->params[i];
         if (want && !want(ctx, p)) continue;
+        if (mxfp4 && refs[i].scales) { /* the pair as it is on disk (checked by mt_hf_resolve) */
+            int took = mxfp4(ctx, p, refs[i].x->data, refs[i].scales->data);
+            if (took != 0) {
+                rc = took == 1 ? MT_OK : MT_ERR;
+                continue;
+            }
+        }
         rc = mt_hf_ref_to_f32(&refs[i], p, buf);
         if (rc == MT_OK) rc = sink(ctx, p, buf);
     }

@@ -26,6 +26,16 @@ int mt_model_load_tensors(const mt_param_table *t, const char *dir,
 int mt_model_load_tensors_where(const mt_param_table *t, const char *dir,
                                 int (*want)(void *ctx, const mt_param *p),
                                 int (*sink)(void *ctx, const mt_param *p, const float *w), void *ctx);
+/* The same, and a tensor stored as an MXFP4 pair (gpt-oss's experts, io/mxfp4_tensor.h) is first
+ * offered to mxfp4 as it lies on disk: blocks [E, out, in / 32, 16] and scales [E, out, in / 32]
+ * for p's [E, in, out], byte for byte (a quantized base keeps them so: engine/quant_base.h). mxfp4
+ * returns 1 when it took them, 0 to have them dequantized and handed to sink, MT_ERR to stop. */
+int mt_model_load_tensors_mxfp4(const mt_param_table *t, const char *dir,
+                                int (*want)(void *ctx, const mt_param *p),
+                                int (*sink)(void *ctx, const mt_param *p, const float *w),
+                                int (*mxfp4)(void *ctx, const mt_param *p, const uint8_t *blocks,
+                                             const uint8_t *scales),
+                                void *ctx);
 
 /* Writes DIR/config.json (mt_hf_config_save: a nested config is t->hf's original text) and the
  * weights in table order, as dtype (MT_F32 or MT_BF16, round-to-nearest-even), named and laid out

@@ -63,8 +63,12 @@ static void add_tensor(mt_lora_table *lt, const mt_param *p, int base, int is_b,
     mt_lora_param *q = &lt->params[lt->n_params++];
     memset(q, 0, sizeof(*q));
     size_t n = strlen(p->name) - strlen(".weight");
-    snprintf(q->name, sizeof(q->name), "base_model.model.%.*s.lora_%c.weight", (int)n, p->name,
-             is_b ? 'B' : 'A');
+    /* a multimodal checkpoint's "model.X" is transformers' module model.language_model.X */
+    const char *name = p->name;
+    int lm = lt->nested && strncmp(name, "model.", 6) == 0;
+    if (lm) name += 6, n -= 6;
+    snprintf(q->name, sizeof(q->name), "base_model.model.%s%.*s.lora_%c.weight",
+             lm ? "model.language_model." : "", (int)n, name, is_b ? 'B' : 'A');
     q->base = base;
     q->layer = p->layer;
     q->kind = p->kind;
@@ -102,13 +106,45 @@ static int gpt_oss_check_target(const char *name, size_t len) {
     return MT_OK;
 }
 
+/* Whether dotted name (len chars) has a component equal to c. */
+static int has_component(const char *name, size_t len, const char *c) {
+    size_t n = strlen(c);
+    for (size_t i = 0; i + n <= len; i++)
+        if ((i == 0 || name[i - 1] == '.') && (i + n == len || name[i + n] == '.') &&
+            strncmp(name + i, c, n) == 0)
+            return 1;
+    return 0;
+}
+
+/* gemma4's MoE block beside the dense MLP: the router (router.proj, a Linear PEFT would adapt as
+ * "proj"; "router" itself PEFT refuses) and the fused experts (experts.gate_up_proj, down_proj:
+ * parameters, which PEFT reaches only through target_parameters) are not adapted; a target naming
+ * them is refused saying so. gate_proj, up_proj and down_proj name the dense MLP's modules there,
+ * as in PEFT. */
+static int gemma4_moe_check_target(const char *name, size_t len) {
+    if (has_component(name, len, "router") || has_component(name, len, "proj"))
+        return mt_error_set("--lora-targets \"%.*s\": the router of gemma4's MoE block (router.proj) "
+                            "stays frozen (megatrain adapts no router); LoRA on gemma4 adapts the "
+                            "attention and the dense MLP: " MT_LORA_GEMMA4_TARGETS, (int)len, name);
+    if (has_component(name, len, "experts") || has_component(name, len, "gate_up_proj"))
+        return mt_error_set("--lora-targets \"%.*s\": gemma4's experts are fused 3-D parameters "
+                            "(experts.gate_up_proj, down_proj), not Linear modules (PEFT reaches "
+                            "them only through target_parameters, which megatrain does not train); "
+                            "LoRA on gemma4 adapts the attention and the dense MLP: "
+                            MT_LORA_GEMMA4_TARGETS, (int)len, name);
+    return MT_OK;
+}
+
 int mt_lora_table_init(mt_lora_table *lt, const mt_param_table *t, const mt_lora_opts *o) {
     memset(lt, 0, sizeof(*lt));
     /* gpt-oss: adapters on q/k/v/o (the biases, sinks, router and experts stay frozen), checked
      * against PEFT 0.21 on the CPU (tests/fixtures/lora_gpt_oss); the default list matches those
      * alone there. Gemma 3 (gemma3_text): adapters on its projections checked against PEFT 0.21
-     * on the CPU (tests/fixtures/lora_gemma3). The CUDA backend refuses both families as a whole
-     * (mt_layer_backend_check). */
+     * on the CPU (tests/fixtures/lora_gemma3). Gemma 4: the same, with v_proj only where a layer
+     * has one (not the full layers with attention_k_eq_v, whose values are k_proj's output: its
+     * adapter reaches them), and on the MoE model the dense MLP's, the router and the experts
+     * frozen (tests/fixtures/lora_gemma4, lora_gemma4_moe). A backend without a family's ops
+     * refuses the family as a whole (mt_layer_backend_check), LoRA with it. */
     if (o->rank < 1 || o->rank > MT_LORA_MAX_RANK)
         return mt_error_set("--lora %d: the rank must be 1 to %d", o->rank, MT_LORA_MAX_RANK);
     int strict = o->targets != NULL; /* the default list names what any family may have */
@@ -124,6 +160,8 @@ int mt_lora_table_init(mt_lora_table *lt, const mt_param_table *t, const mt_lora
         int rc = len ? MT_OK : mt_error_set("--lora-targets \"%s\": an empty module name", targets);
         if (rc == MT_OK && strict && t->cfg.arch == MT_ARCH_GPT_OSS)
             rc = gpt_oss_check_target(p, len);
+        if (rc == MT_OK && strict && t->cfg.moe_beside_dense)
+            rc = gemma4_moe_check_target(p, len);
         if (rc == MT_OK) rc = match_target(t, p, len, strict, hit, &found);
         if (rc != MT_OK) {
             free(hit);
@@ -140,6 +178,7 @@ int mt_lora_table_init(mt_lora_table *lt, const mt_param_table *t, const mt_lora
     lt->alpha = o->alpha > 0 ? o->alpha : 2.0 * o->rank;
     lt->scale = (float)(lt->alpha / o->rank);
     lt->L = t->cfg.L;
+    lt->nested = t->cfg.nested;
     int modules = 0;
     for (int i = 0; i < t->n_params; i++) modules += hit[i];
     lt->params = mt_calloc((size_t)(2 * modules + 1), sizeof(mt_lora_param));

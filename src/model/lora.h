@@ -2,7 +2,8 @@
  * in features and out features holds lora_A (r, in) and lora_B (out, r); the module computes
  *   y = x W^T (+ b) + scale * (x A^T) B^T,   scale = alpha / r
  * with W frozen. Names are PEFT's: base_model.model.<module>.lora_A.weight, where <module> is the
- * Hugging Face tensor name less ".weight" (model.layers.3.self_attn.q_proj).
+ * Hugging Face tensor name less ".weight" (model.layers.3.self_attn.q_proj; in a multimodal
+ * checkpoint model.language_model.layers.3.self_attn.q_proj, as PEFT names it there).
  *
  * The adapter table lists every adapter tensor and its place in one adapter arena, layer by layer
  * in the parameter table's order, lora_A then lora_B of each module; offsets are aligned to
@@ -11,7 +12,10 @@
  * not Linear modules), nor the router, the embedding or the LM head (refused by name). On gpt-oss
  * that leaves the attention projections (MT_LORA_GPT_OSS_TARGETS; their biases stay frozen with
  * the sinks): its MLP is only the router and the fused experts, and a target naming them (or the
- * dense MLP's gate_proj, up_proj, down_proj) is refused saying so. */
+ * dense MLP's gate_proj, up_proj, down_proj) is refused saying so. On gemma4 every projection of
+ * attention and the dense MLP (MT_LORA_GEMMA4_TARGETS), v_proj where a layer has one (the full
+ * layers with attention_k_eq_v have none: their values are k_proj's output, adapter included);
+ * its MoE block's router (router.proj) and fused experts are refused by name. */
 #ifndef MT_LORA_H
 #define MT_LORA_H
 
@@ -29,6 +33,9 @@
     "q_proj,k_proj,v_proj,o_proj,in_proj_qkv,in_proj_z,in_proj_b,in_proj_a,out_proj,gate_proj,up_proj,down_proj"
 /* What LoRA on gpt-oss adapts, and what the default list matches there. */
 #define MT_LORA_GPT_OSS_TARGETS "q_proj,k_proj,v_proj,o_proj"
+/* What LoRA on gemma4 adapts (v_proj where a layer has one), and what the default list matches
+ * there; with the MoE block, gate/up/down are the dense MLP's. */
+#define MT_LORA_GEMMA4_TARGETS "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
 typedef struct {
     int rank;              /* r >= 1 */
@@ -59,6 +66,9 @@ typedef struct {
     int64_t n_real;        /* adapter parameters (padding excluded) */
     int L;
     int64_t *a_index;      /* (L * MT_LAYER_KINDS) index in params of a module's lora_A, -1 none */
+    int nested;            /* a multimodal checkpoint's language model (config.json's text_config):
+                              transformers names its modules model.language_model.X, so the names
+                              are base_model.model.model.language_model.X.lora_A.weight */
 } mt_lora_table;
 
 /* The adapters of o->rank over table t. MT_ERR naming a given target that matches no module of the

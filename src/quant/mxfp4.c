@@ -1,6 +1,8 @@
 /* MXFP4 dequantization (mxfp4.h has the format, the layout and what transformers does). */
 #include "quant/mxfp4.h"
 
+#include <math.h>
+
 #include "core/error.h"
 
 const float mt_mxfp4_e2m1[16] = MT_MXFP4_E2M1_INIT;
@@ -118,6 +120,62 @@ int mt_mxfp4_dequantize_transposed(const uint8_t *blocks, const uint8_t *scales,
                 o[(2 * j + 1) * rows + r] = t[q[j] >> 4];
             }
         }
+    }
+    return MT_OK;
+}
+
+/* ---- quantization (mxfp4.h) ---- */
+
+/* |v| in [0, 6] -> its e2m1 magnitude code 0..7: the nearest grid value, ties to the even code.
+ * The midpoints between codes i and i + 1; a value on one takes i + 1 when i is odd. */
+static inline uint8_t e2m1_round(float v) {
+    static const float mid[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+    uint8_t c = 0;
+    for (int i = 0; i < 7; i++) c += (uint8_t)(i & 1 ? v >= mid[i] : v > mid[i]);
+    return c;
+}
+
+uint8_t mt_mxfp4_quantize_block(const float *x, int64_t stride, uint8_t codes[MT_MXFP4_BLOCK_BYTES]) {
+    float amax = 0.0f;
+    for (int j = 0; j < MT_MXFP4_BLOCK; j++) amax = fmaxf(amax, fabsf(x[j * stride]));
+    /* the smallest e with amax <= 6 * 2^e: amax = m 2^k, m in [0.5, 1), and 6 * 2^(k-3) = 0.75 * 2^k */
+    int e = -MT_MXFP4_SCALE_BIAS;
+    if (amax > 0.0f) {
+        int k;
+        float m = frexpf(amax, &k);
+        e = m <= 0.75f ? k - 3 : k - 2;
+        if (e < -MT_MXFP4_SCALE_BIAS) e = -MT_MXFP4_SCALE_BIAS; /* amax <= 6 * 2^-127 */
+    }
+    /* 1 / X: 2^-e, e in [-127, 126] (amax <= FLT_MAX < 6 * 2^126); ldexpf is exact here */
+    float inv = ldexpf(1.0f, -e);
+    for (int j = 0; j < MT_MXFP4_BLOCK_BYTES; j++) {
+        uint8_t q[2];
+        for (int h = 0; h < 2; h++) {
+            float v = x[(2 * j + h) * stride];
+            uint8_t c = e2m1_round(fabsf(v) * inv);
+            if (e == 126 && c > 5) c = 5; /* 4 * 2^126 = 2^128 is past FLT_MAX: 3 * 2^126 */
+            q[h] = (uint8_t)(c | (signbit(v) ? 8u : 0u));
+        }
+        codes[j] = (uint8_t)(q[0] | q[1] << 4);
+    }
+    return (uint8_t)(e + MT_MXFP4_SCALE_BIAS);
+}
+
+int mt_mxfp4_quantize_transposed(const float *in, int64_t mats, int64_t rows, int64_t cols,
+                                 uint8_t *blocks, uint8_t *scales) {
+    MT_TRY(check_sizes("mxfp4 quantize", mats, rows, cols));
+    int64_t n = mats * rows * cols;
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(in[i]))
+            return mt_error_set("mxfp4 quantize: element %lld is %g (MXFP4 holds finite values)",
+                                (long long)i, (double)in[i]);
+    int64_t groups = cols / MT_MXFP4_BLOCK, nb = mats * rows * groups;
+    /* block b = (m, r, g): the 32 values in[m][32 g + j][r], j = 0..31, `rows` apart */
+#pragma omp parallel for schedule(static) if (nb >= MXFP4_PARALLEL_MIN_BLOCKS)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t m = b / (rows * groups), r = (b / groups) % rows, g = b % groups;
+        const float *x = in + m * cols * rows + g * MT_MXFP4_BLOCK * rows + r;
+        scales[b] = mt_mxfp4_quantize_block(x, rows, blocks + b * MT_MXFP4_BLOCK_BYTES);
     }
     return MT_OK;
 }

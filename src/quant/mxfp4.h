@@ -30,7 +30,23 @@
  * `mlp.experts.down_proj_blocks` [E, H, F / 32, 16], i.e. [out, in] as an nn.Linear weight.
  * transformers then transposes each matrix (out.transpose(1, 2)) into its parameter layout
  * [E, in, out] (GptOssExperts.gate_up_proj [E, H, 2F], down_proj [E, F, H], used as x @ W):
- * mt_mxfp4_dequantize_transposed writes that layout. */
+ * mt_mxfp4_dequantize_transposed writes that layout.
+ *
+ * Quantization (megatrain's own; a LoRA base from a bf16 or fp32 checkpoint or a random init,
+ * --base-dtype mxfp4): a block's scale is the smallest power of two X = 2^e with amax <= 6 X (amax
+ * the block's largest |x|), i.e. e = ceil(log2(amax / 6)) computed exactly (frexp, no rounding),
+ * at least -127, e8m0's smallest (an all-zero block, or one with amax <= 6 * 2^-127: s = 0; e is
+ * at most 126 as amax <= FLT_MAX). Then every x / X lies in [-6, 6] (no element saturates; the OCP
+ * spec's floor(log2 amax) - 2 would clip amax / X in (6, 8) to 6) and is rounded to the nearest
+ * of {0, 0.5, 1, 1.5, 2, 3, 4, 6}, ties to the even code (0.25 -> 0, 0.75 -> 1, 1.25 -> 1,
+ * 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), with x's sign (a negative x that rounds to 0 is code 8,
+ * -0). So dequantize(quantize(x)) is the grid point X * P nearest x; the one exception is where
+ * that point is 4 * 2^126 = 2^128, past FLT_MAX (|x| >= 3.5 * 2^126, about 3e38): such x takes
+ * the largest finite one, 3 * 2^126. x / X is exact in fp32 (X a power of two) but for results
+ * below 2^-126, which are far below the first midpoint 0.25 and round to 0 either way. A
+ * non-finite value is refused (MT_ERR naming its index). Values that came from MXFP4 (a dequantized
+ * checkpoint) quantize back to the same values: X is never above their block's scale, and the
+ * e2m1 grid doubled or quadrupled up to amax is within the grid. */
 #ifndef MT_QUANT_MXFP4_H
 #define MT_QUANT_MXFP4_H
 
@@ -96,6 +112,18 @@ int mt_mxfp4_dequantize_bf16(const uint8_t *blocks, const uint8_t *scales, int64
  * GptOssExperts parameter layout [E, in, out]. MT_ERR as above (mats >= 0 too). */
 int mt_mxfp4_dequantize_transposed(const uint8_t *blocks, const uint8_t *scales, int64_t mats,
                                    int64_t rows, int64_t cols, float *out);
+
+/* One block's 32 values, x[j * stride] for j = 0..31, quantized as above: codes[16] (element 2j in
+ * byte j's low nibble, 2j + 1 in its high one) and the e8m0 scale returned. The values must be
+ * finite (mt_mxfp4_quantize_transposed checks). */
+uint8_t mt_mxfp4_quantize_block(const float *x, int64_t stride, uint8_t codes[MT_MXFP4_BLOCK_BYTES]);
+
+/* The inverse of mt_mxfp4_dequantize_transposed's layout: in [mats, cols, rows] (gpt-oss's
+ * parameter layout [E, in, out]) -> blocks and scales of mats row-major rows x cols matrices
+ * (the checkpoint's [E, out, in / 32, 16] and [E, out, in / 32]), each block 32 columns of a row.
+ * MT_ERR (nothing promised written) for bad sizes as above or a non-finite input (its index). */
+int mt_mxfp4_quantize_transposed(const float *in, int64_t mats, int64_t rows, int64_t cols,
+                                 uint8_t *blocks, uint8_t *scales);
 
 #ifdef __cplusplus
 }

@@ -12,10 +12,11 @@
  *    is drawn at scale 0.05 because at the 0.3 the llama case uses, the nudged CPU runs' step-1
  *    norm spans 8.6..20.1 against 29.7 unnudged (routing flips), which is where session 13's "7.58
  *    against 29.65" came from; at 0.05 the loss moves 4e-4 and the norm 5.6e-3;
- *  - a quantized base (nf4, fp8) on CUDA equals, bit for bit, the CUDA run on a bf16 base holding
- *    the quantization's round trip: the dequantization kernel writes round-to-nearest bf16 of the
- *    fp32 product, which is what setting the round trip's fp32 values into a bf16 base stores;
- *    streamed from pinned host memory, and with a GPU tier.
+ *  - a quantized base (nf4, fp8, and mxfp4 on gpt-oss) on CUDA equals, bit for bit, the CUDA run
+ *    on a bf16 base holding the quantization's round trip: the dequantization kernel writes
+ *    round-to-nearest bf16 of the fp32 product (mxfp4: the exact value, transposed into [E, in,
+ *    out]), which is what setting the round trip's fp32 values into a bf16 base stores; streamed
+ *    from pinned host memory, and with a GPU tier.
  * Exits 77 (skipped) without a usable CUDA device. */
 #include <math.h>
 #include <stdio.h>
@@ -143,6 +144,8 @@ static void test_quantized(void **state) {
     quantized_bit_for_bit("lora_llama/base/config.json", MT_BASE_FP8, 0);
     quantized_bit_for_bit("lora_llama/base/config.json", MT_BASE_NF4, 1);
     quantized_bit_for_bit("qwen3_5_moe/config.json", MT_BASE_NF4, 0);
+    quantized_bit_for_bit("gpt_oss_mxfp4/config.json", MT_BASE_MXFP4, 0); /* the experts in MXFP4 */
+    quantized_bit_for_bit("gpt_oss_mxfp4/config.json", MT_BASE_MXFP4, 1);
 }
 
 int main(void) {

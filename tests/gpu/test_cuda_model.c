@@ -462,34 +462,54 @@ static void test_training_tracks_cpu(void **state) {
  * residual of 9e4 has a spacing of 512, so its logits move by rounding alone), and 10 training
  * steps must skip none and follow the CPU's loss within STEP_TOL or the nudged runs' spread. */
 #define GEMMA_STEPS 10
+/* One Gemma fixture as above: the step against the CPU, then the 10 training steps; 1 when all
+ * passed (everything is printed either way). */
+static int gemma_fixture_ok(const char *name) {
+    mt_param_table t;
+    float *w = mt_test_fixture_weights_bf16(name, &t); /* both backends see the same values */
+    int ok = compare_weights_ok(&t, w, 2, 40, QWEN_NUDGES, name);
+    double ref_norm[GEMMA_STEPS], got_norm[GEMMA_STEPS], step_env[GEMMA_STEPS] = {0};
+    double *ref = train_curve_with(cpu, &t, w, GEMMA_STEPS, 0, 0, 0, ref_norm);
+    double *got = train_curve_with(gpu, &t, w, GEMMA_STEPS, 0, 0, 0, got_norm);
+    for (int k = 0; k < QWEN_NUDGES; k++) {
+        float *p = mt_test_nudged(&t, w, 1234 + (uint64_t)k, 4.0 / 512);
+        double *alt = train_curve_with(cpu, &t, p, GEMMA_STEPS, 0, 0, 0, NULL);
+        for (int s = 0; s < GEMMA_STEPS; s++) step_env[s] = fmax(step_env[s], fabs(alt[s] - ref[s]) / ref[s]);
+        free(alt), free(p);
+    }
+    for (int s = 0; s < GEMMA_STEPS; s++) {
+        double rel = fabs(got[s] - ref[s]) / ref[s], tol = fmax(STEP_TOL, 1.5 * step_env[s]);
+        int good = isfinite(got[s]) && isfinite(got_norm[s]) && rel <= tol;
+        fprintf(stderr, "%s step %d: cpu %.4f cuda %.4f (rel %.3g; nudged cpu %.3g; tol %.3g), grad norm "
+                        "cpu %.4f cuda %.4f%s\n", name, s + 1, ref[s], got[s], rel, step_env[s], tol,
+                ref_norm[s], got_norm[s], good ? "" : "  FAIL");
+        ok &= good;
+    }
+    free(ref), free(got), free(w);
+    mt_param_table_free(&t);
+    return ok;
+}
+
 static void test_gemma3_models(void **state) {
     const char *names[] = {"gemma3_tiny", "gemma3_overflow"};
     int ok = 1;
-    for (int i = 0; i < 2; i++) {
-        mt_param_table t;
-        float *w = mt_test_fixture_weights_bf16(names[i], &t); /* both backends see the same values */
-        ok &= compare_weights_ok(&t, w, 2, 40, QWEN_NUDGES, names[i]);
-        double ref_norm[GEMMA_STEPS], got_norm[GEMMA_STEPS], step_env[GEMMA_STEPS] = {0};
-        double *ref = train_curve_with(cpu, &t, w, GEMMA_STEPS, 0, 0, 0, ref_norm);
-        double *got = train_curve_with(gpu, &t, w, GEMMA_STEPS, 0, 0, 0, got_norm);
-        for (int k = 0; k < QWEN_NUDGES; k++) {
-            float *p = mt_test_nudged(&t, w, 1234 + (uint64_t)k, 4.0 / 512);
-            double *alt = train_curve_with(cpu, &t, p, GEMMA_STEPS, 0, 0, 0, NULL);
-            for (int s = 0; s < GEMMA_STEPS; s++) step_env[s] = fmax(step_env[s], fabs(alt[s] - ref[s]) / ref[s]);
-            free(alt), free(p);
-        }
-        for (int s = 0; s < GEMMA_STEPS; s++) {
-            double rel = fabs(got[s] - ref[s]) / ref[s], tol = fmax(STEP_TOL, 1.5 * step_env[s]);
-            int good = isfinite(got[s]) && isfinite(got_norm[s]) && rel <= tol;
-            fprintf(stderr, "%s step %d: cpu %.4f cuda %.4f (rel %.3g; nudged cpu %.3g; tol %.3g), grad norm "
-                            "cpu %.4f cuda %.4f%s\n", names[i], s + 1, ref[s], got[s], rel, step_env[s], tol,
-                    ref_norm[s], got_norm[s], good ? "" : "  FAIL");
-            ok &= good;
-        }
-        free(ref), free(got), free(w);
-        mt_param_table_free(&t);
-    }
+    for (int i = 0; i < 2; i++) ok &= gemma_fixture_ok(names[i]);
     if (!ok) fail_msg("a Gemma 3 model differs between CUDA and the CPU (see above)");
+}
+
+/* Gemma 4 (issue 29), the same checks on its fixtures: gemma4_tiny (the dense 31B's switches:
+ * keys as values and the weightless v-norm, full layers with their own head dim, kv heads and
+ * partial proportional RoPE, the per-layer scalar, the soft-capped head at cap 2, tied), gemma4_vl
+ * (the multimodal checkpoint's text model: v_proj with the v-norm, no cap, untied head) and
+ * gemma4_moe (the 26B-A4B's MoE block beside the dense MLP: the router's own norm and scale, the
+ * per-expert gate scale). Every CUDA op these reach: test_cuda_gemma4_ops and
+ * test_cuda_gemma_gptoss_ops. */
+static void test_gemma4_models(void **state) {
+    const char *names[] = {"gemma4_tiny", "gemma4_vl", "gemma4_moe"};
+    setenv("MT_EXPERIMENTAL_GEMMA4_CUDA", "1", 1); /* what this test verifies (model/layer.c) */
+    int ok = 1;
+    for (int i = 0; i < 3; i++) ok &= gemma_fixture_ok(names[i]);
+    if (!ok) fail_msg("a Gemma 4 model differs between CUDA and the CPU (see above)");
 }
 
 /* ---- packed rows: cuDNN's variable-length attention (the default) against ours ----
@@ -747,6 +767,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen3_5_models),
         cmocka_unit_test(test_gemma3_models),
+        cmocka_unit_test(test_gemma4_models),
         cmocka_unit_test(test_tiny_variants),
         cmocka_unit_test(test_small_models),
         cmocka_unit_test(test_memory_modes_agree),

@@ -27,7 +27,10 @@
  * for bit the full call's. matmul_forward_add (out += inp @ W^T onto a bf16 out) against the CPU's
  * at the bf16 tolerance; scale bit for bit the bf16 rounding of the CPU's fp32 product.
  * dequant_nf4 / dequant_fp8 (a quantized frozen base, src/quant): bit for bit the CPU backend's fp32
- * products rounded once to bf16, on the vector and the scalar (misaligned) paths. */
+ * products rounded once to bf16, on the vector and the scalar (misaligned) paths. dequant_mxfp4
+ * (gpt-oss's experts, transposed into [E, in, out]): bit for bit the CPU backend's fp32 values in
+ * bf16 (exact both), every scale byte 0..255 (subnormal, overflowing and s = 255 products), partial
+ * tiles, past the grid cap, on the 16-byte and the byte (misaligned) paths. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -40,6 +43,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "quant/fp8.h"
+#include "quant/mxfp4.h"
 #include "quant/nf4.h"
 #include "util/dev_buffers.h"
 #include "util/host_buffers.h"
@@ -419,6 +423,53 @@ static void test_dequant(void **state) {
         dequant_case(fp8, 128 * 50, 1, 0, 104);                  /* codes misaligned */
         dequant_case(fp8, 128 * 50, 0, 1, 105);                  /* output misaligned */
     }
+}
+
+/* dequant_mxfp4: M matrices of R x C (the checkpoint's [E, out, in]) from random code bytes and
+ * scales, the first 256 scales every byte 0..255, the codes uploaded at byte offset qoff (non-zero:
+ * the byte-load kernel) and written to a poisoned bf16 output at element offset doff: the CPU
+ * backend's fp32 result in bf16 (exact, infinities included), bit for bit, every element written. */
+static void dequant_mxfp4_case(int64_t M, int64_t R, int64_t C, size_t qoff, size_t doff, uint64_t seed) {
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, seed);
+    size_t n = (size_t)(M * R * C), nb = n / MT_MXFP4_BLOCK;
+    uint8_t *blocks = malloc(n / 2), *scales = malloc(nb);
+    for (size_t i = 0; i < n / 2; i++) blocks[i] = (uint8_t)mt_test_rng_u64(&rng);
+    for (size_t i = 0; i < nb; i++) scales[i] = i < 256 ? (uint8_t)i : (uint8_t)(100 + mt_test_rng_u64(&rng) % 60);
+    float *ref = mt_test_fnew(n);
+    cpu->dequant_mxfp4(cpu, ref, blocks, scales, M, R, C);
+    mt_bf16 *want = malloc(n * sizeof(mt_bf16)), *got = malloc(n * sizeof(mt_bf16));
+    for (size_t i = 0; i < n; i++) want[i] = mt_f32_to_bf16(ref[i]);
+    uint8_t *d_b = gpu->alloc(gpu, n / 2 + qoff), *d_s = gpu->alloc(gpu, nb);
+    gpu->upload(gpu, d_b + qoff, blocks, n / 2);
+    gpu->upload(gpu, d_s, scales, nb);
+    mt_bf16 *d_out = mt_test_poison_bf(gpu, n + doff);
+    gpu->dequant_mxfp4(gpu, d_out + doff, d_b + qoff, d_s, M, R, C);
+    gpu->download(gpu, got, d_out + doff, n * sizeof(mt_bf16));
+    char what[96];
+    snprintf(what, sizeof what, "dequant_mxfp4 %lldx%lldx%lld qoff=%zu doff=%zu", (long long)M, (long long)R,
+             (long long)C, qoff, doff);
+    size_t bad = 0, first = n;
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want[i] && bad++ == 0) first = i;
+    if (bad)
+        fprintf(stderr, "%-40s DIFFERS  FAIL: %zu of %zu, first at %zu: got 0x%04x, want 0x%04x\n", what, bad, n,
+                first, got[first], want[first]);
+    else
+        fprintf(stderr, "%-40s bit for bit the CPU's values in bf16\n", what);
+    assert_true(bad == 0);
+    gpu->free(gpu, d_b), gpu->free(gpu, d_s), gpu->free(gpu, d_out);
+    free(blocks), free(scales), free(ref), free(want), free(got);
+}
+
+static void test_dequant_mxfp4(void **state) {
+    (void)state;
+    dequant_mxfp4_case(1, 32, 32, 0, 0, 111);
+    dequant_mxfp4_case(3, 45, 32 * 11, 0, 0, 112);       /* partial tiles: rows and groups */
+    dequant_mxfp4_case(4, 64, 2880, 0, 0, 113);         /* gpt-oss's input width */
+    dequant_mxfp4_case(80, 1000, 32 * 17, 0, 0, 114);   /* 7680 tiles: past the grid cap */
+    dequant_mxfp4_case(3, 45, 32 * 11, 1, 0, 115);       /* codes misaligned: byte loads */
+    dequant_mxfp4_case(3, 45, 32 * 11, 0, 1, 116);       /* output misaligned */
 }
 
 /* The plan cache holds an MoE model's variety of shapes: 3000 row counts of one product (as many
@@ -894,6 +945,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_matmul_plan_cache),
         cmocka_unit_test(test_matmul_forward_add), cmocka_unit_test(test_scale),
         cmocka_unit_test(test_dequant),
+        cmocka_unit_test(test_dequant_mxfp4),
         cmocka_unit_test(test_rope),      cmocka_unit_test(test_swiglu_add),
         cmocka_unit_test(test_gates_split),
         cmocka_unit_test(test_sumsq_from_f32), cmocka_unit_test(test_attention),

@@ -5,7 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/error.h"
 #include "quant/fp8.h"
+#include "quant/mxfp4.h"
 #include "quant/nf4.h"
 #include "util/cmocka_includes.h"
 
@@ -24,12 +26,13 @@ void mt_test_quant_round_trip(mt_base_format f, float *x, int64_t n) {
     free(scales);
 }
 
-mt_test_lora_result mt_test_lora_run(mt_backend *be, const mt_param_table *t, const mt_lora_table *lt, const float *weights,
-                      mt_base_format f, int gpu_layers, const int32_t *ids, const int32_t *tg,
-                      float *readback) {
+static mt_test_lora_result run(mt_backend *be, const mt_param_table *t, const mt_lora_table *lt, const float *weights,
+                               mt_test_lora_load load, void *load_ctx, mt_base_format f, int gpu_layers,
+                               const int32_t *ids, const int32_t *tg, float *readback) {
     mt_engine_opts o = {.batch = MT_TEST_LORA_B, .micro_batch = 1, .T = MT_TEST_LORA_T, .n_slots = 2, .opt_threads = 1,
                         .lora = lt, .base_format = f, .gpu_layers = gpu_layers, .seed = 9};
     mt_engine *e = mt_engine_create(t, be, &o, weights);
+    if (load && load(e, load_ctx) != MT_OK) fail_msg("loading the base: %s", mt_error_message());
     mt_adamw_hparams hp = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
     mt_test_lora_result r;
     /* B non-zero: the first step's lora_A gradient too */
@@ -60,6 +63,19 @@ mt_test_lora_result mt_test_lora_run(mt_backend *be, const mt_param_table *t, co
     return r;
 }
 
+mt_test_lora_result mt_test_lora_run(mt_backend *be, const mt_param_table *t, const mt_lora_table *lt, const float *weights,
+                                     mt_base_format f, int gpu_layers, const int32_t *ids, const int32_t *tg,
+                                     float *readback) {
+    return run(be, t, lt, weights, NULL, NULL, f, gpu_layers, ids, tg, readback);
+}
+
+mt_test_lora_result mt_test_lora_run_loaded(mt_backend *be, const mt_param_table *t, const mt_lora_table *lt,
+                                            mt_test_lora_load load, void *load_ctx, mt_base_format f,
+                                            int gpu_layers, const int32_t *ids, const int32_t *tg,
+                                            float *readback) {
+    return run(be, t, lt, NULL, load, load_ctx, f, gpu_layers, ids, tg, readback);
+}
+
 
 float *mt_test_quant_reference(const mt_param_table *t, const float *w, mt_base_format f, int first,
                                int *quantized, int *kept) {
@@ -69,8 +85,17 @@ float *mt_test_quant_reference(const mt_param_table *t, const float *w, mt_base_
     for (int i = 0; i < t->n_params; i++) {
         const mt_param *p = &t->params[i];
         if (p->layer < first || p->layer >= t->cfg.L) continue;
-        if (!mt_quant_base_quantizes(p)) {
+        if (!mt_quant_base_quantizes(f, p)) {
             (*kept)++;
+            continue;
+        }
+        if (f == MT_BASE_MXFP4) { /* [E, in, out], blocks of 32 inputs; no padding */
+            int64_t E = p->shape[0], in = p->shape[1], out = p->shape[2];
+            uint8_t *blocks = malloc(mt_mxfp4_bytes(E * out, in)), *scales = malloc(mt_mxfp4_scales(E * out, in));
+            assert_int_equal(mt_mxfp4_quantize_transposed(w + p->offset, E, out, in, blocks, scales), MT_OK);
+            assert_int_equal(mt_mxfp4_dequantize_transposed(blocks, scales, E, out, in, ref + p->offset), MT_OK);
+            free(blocks), free(scales);
+            (*quantized)++;
             continue;
         }
         int64_t n = (p->numel + 127) / 128 * 128;

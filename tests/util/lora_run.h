@@ -27,8 +27,17 @@ mt_test_lora_result mt_test_lora_run(mt_backend *be, const mt_param_table *t, co
                                      const float *weights, mt_base_format f, int gpu_layers,
                                      const int32_t *ids, const int32_t *tg, float *readback);
 
+/* The same, the engine created without weights and then given them by load(e, load_ctx) (through
+ * its state io and quantized base), which must return MT_OK. */
+typedef int (*mt_test_lora_load)(mt_engine *e, void *load_ctx);
+mt_test_lora_result mt_test_lora_run_loaded(mt_backend *be, const mt_param_table *t, const mt_lora_table *lt,
+                                            mt_test_lora_load load, void *load_ctx, mt_base_format f,
+                                            int gpu_layers, const int32_t *ids, const int32_t *tg,
+                                            float *readback);
+
 /* A copy of w whose tensors a quantized base of format f from layer `first` quantizes hold their
- * round trip (each over its numel rounded up to 128); *quantized, *kept count the tensors. */
+ * round trip (fp8, nf4: each over its numel rounded up to 128; mxfp4: quant/mxfp4.h's quantizer,
+ * blocks of 32 inputs of gpt-oss's [E, in, out] experts); *quantized, *kept count the tensors. */
 float *mt_test_quant_reference(const mt_param_table *t, const float *w, mt_base_format f, int first,
                                int *quantized, int *kept);
 

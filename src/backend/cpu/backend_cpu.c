@@ -6,6 +6,7 @@
 
 #include "../../core/error.h"
 #include "../../quant/fp8.h"
+#include "../../quant/mxfp4.h"
 #include "../../quant/nf4.h"
 #include "../backend.h"
 #include "cpu_ops.h"
@@ -211,6 +212,12 @@ static void cpu_dequant_fp8(mt_backend *be, void *dst, const uint8_t *q, const f
                             size_t n) {
     mt_fp8_dequantize(q, scales, (int64_t)n, dst);
 }
+static void cpu_dequant_mxfp4(mt_backend *be, void *dst, const uint8_t *blocks, const uint8_t *scales,
+                              int64_t mats, int64_t rows, int64_t cols) {
+    /* bad sizes are the caller's bug (the op has no error return) */
+    MT_CHECK(mt_mxfp4_dequantize_transposed(blocks, scales, mats, rows, cols, dst) == MT_OK, "dequant_mxfp4: %s",
+             mt_error_message());
+}
 /* The arenas are host memory here: the state's own update. A bad range or dtype is the caller's
  * bug (the op has no error return). */
 static void cpu_optim_update(mt_backend *be, const mt_optim_arenas *s, const mt_optim_step *a,
@@ -325,6 +332,7 @@ mt_backend *mt_backend_cpu_create(void) {
     be->from_bf16 = cpu_from_bf16;
     be->dequant_nf4 = cpu_dequant_nf4;
     be->dequant_fp8 = cpu_dequant_fp8;
+    be->dequant_mxfp4 = cpu_dequant_mxfp4;
     be->optim_update = cpu_optim_update;
     be->lm_head_loss = cpu_lm_head_loss;
     be->lm_head_loss_softcap = cpu_lm_head_loss_softcap;

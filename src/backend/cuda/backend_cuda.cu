@@ -511,6 +511,12 @@ static void cu_add(mt_backend *be, void *out, const void *a, const void *b, size
 static void cu_scale(mt_backend *be, void *x, float s, size_t n) {
     mt_cuda_scale((bf16 *)x, s, n, S(be));
 }
+static void cu_scale_by(mt_backend *be, void *out, const void *x, const void *s, size_t n) {
+    mt_cuda_scale_by((bf16 *)out, (const bf16 *)x, (const bf16 *)s, n, S(be));
+}
+static void cu_softcap(mt_backend *be, void *x, float cap, size_t n) {
+    mt_cuda_softcap((bf16 *)x, cap, n, S(be));
+}
 static void cu_sumsq(mt_backend *be, float *out, const float *x, size_t n) {
     mt_cuda_sumsq(out, x, n, S(be));
 }
@@ -528,6 +534,10 @@ static void cu_dequant_fp8(mt_backend *be, void *dst, const uint8_t *q, const fl
                            size_t n) {
     mt_cuda_dequant_fp8((bf16 *)dst, q, scales, n, S(be));
 }
+static void cu_dequant_mxfp4(mt_backend *be, void *dst, const uint8_t *blocks, const uint8_t *scales,
+                             int64_t mats, int64_t rows, int64_t cols) {
+    mt_cuda_dequant_mxfp4((bf16 *)dst, blocks, scales, mats, rows, cols, S(be));
+}
 static void cu_optim_update(mt_backend *be, const mt_optim_arenas *s, const mt_optim_step *a,
                             size_t offset, size_t n, const void *grad, mt_dtype grad_dtype) {
     mt_cuda_optim_update(s, a, offset, n, grad, grad_dtype, S(be));
@@ -537,6 +547,22 @@ static void cu_lm_head_loss(mt_backend *be, float *losses, void *dinp, float *dw
                             int C, int V, float loss_scale) {
     mt_cuda_lm_head_loss(be, losses, (bf16 *)dinp, dweight, (const bf16 *)inp,
                          (const bf16 *)weight, targets, N, C, V, loss_scale, S(be));
+}
+static void cu_lm_head_loss_softcap(mt_backend *be, float *losses, void *dinp, float *dweight,
+                                    const void *inp, const void *weight, const int32_t *targets,
+                                    int N, int C, int V, float loss_scale, float cap) {
+    mt_cuda_lm_head_loss_softcap(be, losses, (bf16 *)dinp, dweight, (const bf16 *)inp,
+                                 (const bf16 *)weight, targets, N, C, V, loss_scale, cap, S(be));
+}
+static void cu_moe_expert_scale_forward(mt_backend *be, float *w_out, const float *w,
+                                        const int32_t *top_idx, const void *scale, int n, int k) {
+    mt_cuda_moe_expert_scale_forward(w_out, w, top_idx, (const bf16 *)scale, n, k, S(be));
+}
+static void cu_moe_expert_scale_backward(mt_backend *be, float *d_w, float *d_scale,
+                                         const float *d_out, const float *w,
+                                         const int32_t *top_idx, const void *scale, int n, int k) {
+    mt_cuda_moe_expert_scale_backward(d_w, d_scale, d_out, w, top_idx, (const bf16 *)scale, n, k,
+                                      S(be));
 }
 
 #undef S
@@ -640,6 +666,9 @@ mt_backend *mt_backend_cuda_create(int64_t mem_budget_bytes) {
     be->embedding_backward = cu_embedding_backward;
     be->rmsnorm_forward = cu_rmsnorm_forward;
     be->rmsnorm_backward = cu_rmsnorm_backward;
+    /* weight NULL (Gemma 4's v_norm); Gemma 4's ops against the CPU: tests/gpu/
+     * test_cuda_gemma4_ops, whole models: test_cuda_model test_gemma4_models */
+    be->rmsnorm_unweighted = 1;
     be->matmul_forward = cu_matmul_forward;
     be->matmul_backward = cu_matmul_backward;
     be->matmul_forward_add = cu_matmul_forward_add;
@@ -674,13 +703,17 @@ mt_backend *mt_backend_cuda_create(int64_t mem_budget_bytes) {
     be->zero_rows_of_id = cu_zero_rows_of_id;
     be->add = cu_add;
     be->scale = cu_scale;
+    be->scale_by = cu_scale_by;
+    be->softcap = cu_softcap;
     be->sumsq = cu_sumsq;
     be->from_f32 = cu_from_f32;
     be->from_bf16 = cu_from_bf16;
     be->dequant_nf4 = cu_dequant_nf4;
     be->dequant_fp8 = cu_dequant_fp8;
+    be->dequant_mxfp4 = cu_dequant_mxfp4;
     be->optim_update = cu_optim_update;
     be->lm_head_loss = cu_lm_head_loss;
+    be->lm_head_loss_softcap = cu_lm_head_loss_softcap;
     be->moe_route = cu_moe_route;
     be->moe_group = cu_moe_group;
     be->moe_gather = cu_moe_gather;
@@ -688,6 +721,8 @@ mt_backend *mt_backend_cuda_create(int64_t mem_budget_bytes) {
     be->moe_combine = cu_moe_combine;
     be->moe_combine_backward = cu_moe_combine_backward;
     be->moe_route_backward = cu_moe_route_backward;
+    be->moe_expert_scale_forward = cu_moe_expert_scale_forward;
+    be->moe_expert_scale_backward = cu_moe_expert_scale_backward;
     be->moe_matmul_forward = cu_moe_matmul_forward;
     be->moe_matmul_backward = cu_moe_matmul_backward;
     be->moe_matmul_io_forward = cu_moe_matmul_io_forward;

@@ -23,6 +23,11 @@
  *   4. dweight^T (C, V) += op_N(x: col-major (C, nc), ld C) @ op_T(dl: col-major (V, nc), ld V)
  *                          m = C, n = V, k = nc; C = D fp32, ld C, beta 1        ("NT")
  *
+ * Soft-cap (Gemma 4's final_logit_softcapping, cap > 0; mt_cuda_lm_head_loss_softcap): step 2
+ * reads each fp32 logit z as l = cap * tanh(z / cap) (the CPU's order, accurate tanhf, taken again
+ * in the second pass rather than stored: no extra pass over the logits), the loss is over l, and
+ * dlogits = loss_scale * (softmax(l) - onehot) * (1 - (l / cap)^2), formed in fp32, then bf16.
+ *
  * Targets: targets[n] < 0 means ignored (loss 0, zero dlogits row). Targets >= V are a bug of the
  * data path (ids are validated when the data is loaded; a host-side check here would need a sync):
  * the kernel never reads out of bounds for them, writes a NaN loss so that the bug shows in the
@@ -79,14 +84,29 @@ __device__ __forceinline__ void block_lse(float &m, float &s) {
     /* every warp reduced the same 32 values in the same order: all threads now agree */
 }
 
+/* A logit as the loss sees it: z itself, or cap * tanh(z / cap) under the soft-cap. */
+template <bool CAP>
+__device__ __forceinline__ float lm_logit(float z, float cap) {
+    return CAP ? cap * tanhf(z / cap) : z;
+}
+
+/* The factor of dlogits through the soft-cap: dl/dz = 1 - (l / cap)^2 (1 without it). */
+template <bool CAP>
+__device__ __forceinline__ float lm_slope(float l, float cap) {
+    if (!CAP) return 1.0f;
+    float t = l / cap;
+    return 1.0f - t * t;
+}
+
 /* One block per row of the chunk. logits (rows, V) fp32; dl (rows, V) bf16 or NULL (loss only);
  * targets and losses already offset to the chunk. VEC: V % 4 == 0, so every row starts 16-byte
- * aligned in logits and 8-byte aligned in dl (the buffers themselves are 256-byte aligned). */
-template <bool VEC>
+ * aligned in logits and 8-byte aligned in dl (the buffers themselves are 256-byte aligned). CAP:
+ * the soft-cap at cap (the file's comment); without it the kernel is the plain one. */
+template <bool VEC, bool CAP>
 __global__ void __launch_bounds__(LM_HEAD_THREADS)
     lm_head_ce_kernel(const float *__restrict__ logits, bf16 *__restrict__ dl,
                       float *__restrict__ losses, const int32_t *__restrict__ targets, int V,
-                      float loss_scale) {
+                      float loss_scale, float cap) {
     const int row = blockIdx.x;
     const float *x = logits + (size_t)row * V;
     bf16 *d = dl ? dl + (size_t)row * V : nullptr;
@@ -111,6 +131,8 @@ __global__ void __launch_bounds__(LM_HEAD_THREADS)
         const float4 *x4 = (const float4 *)x;
         for (int i = threadIdx.x; i < V / 4; i += blockDim.x) {
             float4 v = x4[i];
+            v.x = lm_logit<CAP>(v.x, cap), v.y = lm_logit<CAP>(v.y, cap);
+            v.z = lm_logit<CAP>(v.z, cap), v.w = lm_logit<CAP>(v.w, cap);
             float mn = fmaxf(fmaxf(m, fmaxf(v.x, v.y)), fmaxf(v.z, v.w));
             s = s * __expf(m - mn) + __expf(v.x - mn) + __expf(v.y - mn) + __expf(v.z - mn) +
                 __expf(v.w - mn);
@@ -118,7 +140,7 @@ __global__ void __launch_bounds__(LM_HEAD_THREADS)
         }
     } else {
         for (int j = threadIdx.x; j < V; j += blockDim.x) {
-            float v = x[j];
+            float v = lm_logit<CAP>(x[j], cap);
             if (v > m) {
                 s = s * __expf(m - v) + 1.0f;
                 m = v;
@@ -130,7 +152,8 @@ __global__ void __launch_bounds__(LM_HEAD_THREADS)
     block_lse(m, s);
 
     const bool valid = tgt < V; /* tgt >= V: data bug; never read out of bounds */
-    if (threadIdx.x == 0) losses[row] = valid ? (m - x[tgt]) + logf(s) : __int_as_float(0x7fc00000);
+    if (threadIdx.x == 0)
+        losses[row] = valid ? (m - lm_logit<CAP>(x[tgt], cap)) + logf(s) : __int_as_float(0x7fc00000);
     if (!d) return;
 
     /* pass 2: dlogits = loss_scale * softmax - loss_scale * onehot, formed in fp32, stored bf16 */
@@ -140,11 +163,15 @@ __global__ void __launch_bounds__(LM_HEAD_THREADS)
         const float4 *x4 = (const float4 *)x;
         for (int i = threadIdx.x; i < V / 4; i += blockDim.x) {
             float4 v = __ldcs(x4 + i); /* last use of the logits: stream past L2 */
+            v.x = lm_logit<CAP>(v.x, cap), v.y = lm_logit<CAP>(v.y, cap);
+            v.z = lm_logit<CAP>(v.z, cap), v.w = lm_logit<CAP>(v.w, cap);
             int j = 4 * i;
             float g0 = k * __expf(v.x - m) - (j + 0 == t ? loss_scale : 0.0f);
             float g1 = k * __expf(v.y - m) - (j + 1 == t ? loss_scale : 0.0f);
             float g2 = k * __expf(v.z - m) - (j + 2 == t ? loss_scale : 0.0f);
             float g3 = k * __expf(v.w - m) - (j + 3 == t ? loss_scale : 0.0f);
+            g0 *= lm_slope<CAP>(v.x, cap), g1 *= lm_slope<CAP>(v.y, cap);
+            g2 *= lm_slope<CAP>(v.z, cap), g3 *= lm_slope<CAP>(v.w, cap);
             __nv_bfloat162 lo = __floats2bfloat162_rn(g0, g1);
             __nv_bfloat162 hi = __floats2bfloat162_rn(g2, g3);
             uint2 u;
@@ -154,7 +181,8 @@ __global__ void __launch_bounds__(LM_HEAD_THREADS)
         }
     } else {
         for (int j = threadIdx.x; j < V; j += blockDim.x) {
-            float g = k * __expf(x[j] - m) - (j == t ? loss_scale : 0.0f);
+            float l = lm_logit<CAP>(x[j], cap);
+            float g = (k * __expf(l - m) - (j == t ? loss_scale : 0.0f)) * lm_slope<CAP>(l, cap);
             d[j] = __float2bfloat16(g);
         }
     }
@@ -229,7 +257,17 @@ static void lt_gemm(mt_cuda_ctx *ctx, cudaStream_t s, cublasOperation_t ta, cubl
 void mt_cuda_lm_head_loss(mt_backend *be, float *losses, bf16 *dinp, float *dweight,
                           const bf16 *inp, const bf16 *weight, const int32_t *targets, int N,
                           int C, int V, float loss_scale, cudaStream_t s) {
+    mt_cuda_lm_head_loss_softcap(be, losses, dinp, dweight, inp, weight, targets, N, C, V,
+                                 loss_scale, 0.0f, s);
+}
+
+/* cap 0: the plain loss (its kernel unchanged); cap > 0: the soft-capped one. */
+void mt_cuda_lm_head_loss_softcap(mt_backend *be, float *losses, bf16 *dinp, float *dweight,
+                                  const bf16 *inp, const bf16 *weight, const int32_t *targets,
+                                  int N, int C, int V, float loss_scale, float cap,
+                                  cudaStream_t s) {
     MT_CHECK(N >= 0 && C > 0 && V > 0, "lm_head_loss: N=%d C=%d V=%d", N, C, V);
+    MT_CHECK(cap >= 0, "lm_head_loss: soft-cap %g", cap);
     if (N == 0) return;
     mt_cuda_ctx *ctx = mt_cuda_ctx_of(be);
     const int chunk = mt_cuda_lm_head_chunk_rows(N, V); /* cuda_memory.h */
@@ -249,12 +287,20 @@ void mt_cuda_lm_head_loss(mt_backend *be, float *losses, bf16 *dinp, float *dwei
                 0.0f);
 
         /* 2. losses and dlogits */
-        if (vec)
-            lm_head_ce_kernel<true><<<nc, LM_HEAD_THREADS, 0, s>>>(logits, dl, losses + n0,
-                                                                   targets + n0, V, loss_scale);
+        float *ls = losses + n0;
+        const int32_t *tg = targets + n0;
+        if (cap > 0 && vec)
+            lm_head_ce_kernel<true, true><<<nc, LM_HEAD_THREADS, 0, s>>>(logits, dl, ls, tg, V,
+                                                                         loss_scale, cap);
+        else if (cap > 0)
+            lm_head_ce_kernel<false, true><<<nc, LM_HEAD_THREADS, 0, s>>>(logits, dl, ls, tg, V,
+                                                                          loss_scale, cap);
+        else if (vec)
+            lm_head_ce_kernel<true, false><<<nc, LM_HEAD_THREADS, 0, s>>>(logits, dl, ls, tg, V,
+                                                                          loss_scale, cap);
         else
-            lm_head_ce_kernel<false><<<nc, LM_HEAD_THREADS, 0, s>>>(logits, dl, losses + n0,
-                                                                    targets + n0, V, loss_scale);
+            lm_head_ce_kernel<false, false><<<nc, LM_HEAD_THREADS, 0, s>>>(logits, dl, ls, tg, V,
+                                                                           loss_scale, cap);
         CUDA_LAUNCH_CHECK();
         if (!dinp) continue;
 

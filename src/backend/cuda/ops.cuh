@@ -15,7 +15,7 @@ void mt_cuda_embedding_backward(float *dtable, const bf16 *dout, const int32_t *
 /* x (N, C): rows n with ids[n] == id set to zero (backend.h's zero_rows_of_id) */
 void mt_cuda_zero_rows_of_id(bf16 *x, const int32_t *ids, int32_t id, int N, int C, cudaStream_t s);
 
-/* rmsnorm.cu */
+/* rmsnorm.cu (weight NULL: the unweighted norm, backend.h's rmsnorm_unweighted) */
 void mt_cuda_rmsnorm_forward(bf16 *out, float *rstd, const bf16 *inp, const bf16 *weight, int R,
                              int C, float eps, float w_offset, cudaStream_t s);
 void mt_cuda_rmsnorm_backward(bf16 *dinp, float *dweight, const bf16 *dout, const bf16 *inp,
@@ -113,6 +113,11 @@ void mt_cuda_geglu_forward(bf16 *out, const bf16 *gate, const bf16 *up, size_t n
 void mt_cuda_geglu_backward(bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gate,
                             const bf16 *up, size_t n, cudaStream_t s);
 
+/* softcap.cu (Gemma 4: the logits' cap * tanh(x / cap) in place; out = x * s[0], s one bf16 on
+ * the device, out may alias x) */
+void mt_cuda_softcap(bf16 *x, float cap, size_t n, cudaStream_t s);
+void mt_cuda_scale_by(bf16 *out, const bf16 *x, const bf16 *sc, size_t n, cudaStream_t s);
+
 /* swiglu_clamped.cu (gpt-oss's clamped SwiGLU over interleaved gate/up columns) */
 void mt_cuda_swiglu_clamped_forward(bf16 *out, const bf16 *gate_up, int R, int F, float alpha,
                                     float limit, cudaStream_t s);
@@ -137,6 +142,11 @@ void mt_cuda_dequant_nf4(bf16 *dst, const uint8_t *codes, const float *absmax, s
                          cudaStream_t s);
 void mt_cuda_dequant_fp8(bf16 *dst, const uint8_t *q, const float *scales, size_t n,
                          cudaStream_t s);
+/* MXFP4 (gpt-oss's experts): mats row-major rows x cols matrices of e2m1 blocks (32 columns, an
+ * e8m0 scale each) -> dst [mats, cols, rows] bf16, each matrix transposed, as backend.h's
+ * dequant_mxfp4 */
+void mt_cuda_dequant_mxfp4(bf16 *dst, const uint8_t *blocks, const uint8_t *scales, int64_t mats,
+                           int64_t rows, int64_t cols, cudaStream_t s);
 
 /* moe.cu (mixture-of-experts routing; the experts' GEMMs: moe_gemm.cu, or matmul per expert) */
 void mt_cuda_moe_route(float *probs, int32_t *top_idx, float *top_w, int32_t *counts,
@@ -156,6 +166,14 @@ void mt_cuda_moe_combine_backward(bf16 *dy, float *d_w, const bf16 *dout, const 
 void mt_cuda_moe_route_backward(bf16 *d_logits, const float *d_w, const float *probs,
                                 const int32_t *top_idx, const float *top_w, const float *aux_grad,
                                 int n, int E, int k, int renorm, cudaStream_t s);
+
+/* moe_scale.cu (Gemma 4's per-expert gate scale, backend.h's moe_expert_scale_*; d_scale NULL:
+ * skipped; deterministic sums without float atomics) */
+void mt_cuda_moe_expert_scale_forward(float *w_out, const float *w, const int32_t *top_idx,
+                                      const bf16 *scale, int n, int k, cudaStream_t s);
+void mt_cuda_moe_expert_scale_backward(float *d_w, float *d_scale, const float *d_out,
+                                       const float *w, const int32_t *top_idx, const bf16 *scale,
+                                       int n, int k, cudaStream_t s);
 
 /* moe_gemm.cu (the experts' GEMMs as cuBLAS grouped GEMMs; backend.h's moe_matmul_*, whose
  * arguments they take). _backward returns 0 when cuBLAS refused the fp32 weight gradient (nothing
@@ -182,9 +200,14 @@ void mt_cuda_moe_matmul_io_backward(mt_cuda_ctx *ctx, bf16 *dinp, float *dweight
                                     const int32_t *offsets, const int32_t *offsets_host, int E,
                                     int K, int M, int accumulate, cudaStream_t s);
 
-/* lm_head_loss.cu (chunked: the (N, V) logits never exist) */
+/* lm_head_loss.cu (chunked: the (N, V) logits never exist); _softcap with Gemma 4's soft-capped
+ * logits (cap > 0; 0 is the plain op) */
 void mt_cuda_lm_head_loss(mt_backend *be, float *losses, bf16 *dinp, float *dweight,
                           const bf16 *inp, const bf16 *weight, const int32_t *targets, int N,
                           int C, int V, float loss_scale, cudaStream_t s);
+void mt_cuda_lm_head_loss_softcap(mt_backend *be, float *losses, bf16 *dinp, float *dweight,
+                                  const bf16 *inp, const bf16 *weight, const int32_t *targets,
+                                  int N, int C, int V, float loss_scale, float cap,
+                                  cudaStream_t s);
 
 #endif

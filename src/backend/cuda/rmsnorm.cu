@@ -2,7 +2,10 @@
  * w_offset 1 qwen3_5's (1 + w), the offset added to w in fp32 (every w below is w + w_offset).
  * One warp per row, fp32 math, bf16 storage; 16-byte accesses when C % 8 == 0.
  * Backward: dx = rstd * (dy * w) - x * rstd^3 / C * sum_c(dy * w * x) (one warp per row);
- * dweight += sum_r dy * x * rstd by the deterministic column sum of cuda_vec.cuh. */
+ * dweight += sum_r dy * x * rstd by the deterministic column sum of cuda_vec.cuh.
+ * weight NULL (backend.h's rmsnorm_unweighted, Gemma 4's v_norm): y = x * rstd, and the backward
+ * ignores dweight. The kernels then read no weight and take w + w_offset as 0 + 1 (exact, so the
+ * products are the weighted op's with w = 1, as the CPU's). */
 #include "cuda_vec.cuh"
 #include "ops.cuh"
 
@@ -39,19 +42,20 @@ static __global__ void __launch_bounds__(32 * RMS_WARPS)
     ss = warp_sum(ss);
     float s = 1.0f / sqrtf(ss / (float)C + eps);
     if (lane == 0) rstd[r] = s;
+    const float wo = weight ? w_offset : 1.0f; /* weight NULL: w + wo = 0 + 1 */
     if (VEC == 8) {
         for (int c = lane * 8; c < C; c += 256) {
-            float a[8], w[8], o[8];
+            float a[8], w[8] = {0, 0, 0, 0, 0, 0, 0, 0}, o[8];
             ld8(x + c, a);
-            ld8(weight + c, w);
+            if (weight) ld8(weight + c, w);
 #pragma unroll
-            for (int j = 0; j < 8; j++) o[j] = (a[j] * s) * (w[j] + w_offset);
+            for (int j = 0; j < 8; j++) o[j] = (a[j] * s) * (w[j] + wo);
             st8(y + c, o);
         }
     } else {
         for (int c = lane; c < C; c += 32)
             y[c] = __float2bfloat16_rn((__bfloat162float(x[c]) * s) *
-                                       (__bfloat162float(weight[c]) + w_offset));
+                                       ((weight ? __bfloat162float(weight[c]) : 0.0f) + wo));
     }
 }
 
@@ -65,39 +69,41 @@ static __global__ void __launch_bounds__(32 * RMS_WARPS)
     bf16 *dx = dinp + (size_t)r * C;
     float s = rstd[r];
     float dot = 0.0f;
+    const float wo = weight ? w_offset : 1.0f; /* weight NULL: w + wo = 0 + 1 */
     if (VEC == 8) {
         for (int c = lane * 8; c < C; c += 256) {
-            float a[8], g[8], w[8];
+            float a[8], g[8], w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             ld8(x + c, a);
             ld8(dy + c, g);
-            ld8(weight + c, w);
+            if (weight) ld8(weight + c, w);
 #pragma unroll
-            for (int j = 0; j < 8; j++) dot += g[j] * (w[j] + w_offset) * a[j];
+            for (int j = 0; j < 8; j++) dot += g[j] * (w[j] + wo) * a[j];
         }
     } else {
         for (int c = lane; c < C; c += 32)
-            dot += __bfloat162float(dy[c]) * (__bfloat162float(weight[c]) + w_offset) *
+            dot += __bfloat162float(dy[c]) * ((weight ? __bfloat162float(weight[c]) : 0.0f) + wo) *
                    __bfloat162float(x[c]);
     }
     dot = warp_sum(dot);
     float k = dot * s * s * s / (float)C;
     if (VEC == 8) {
         for (int c = lane * 8; c < C; c += 256) {
-            float a[8], g[8], w[8], o[8];
+            float a[8], g[8], w[8] = {0, 0, 0, 0, 0, 0, 0, 0}, o[8];
             ld8(x + c, a);
             ld8(dy + c, g);
-            ld8(weight + c, w);
+            if (weight) ld8(weight + c, w);
             if (accumulate) ld8(dx + c, o);
 #pragma unroll
             for (int j = 0; j < 8; j++) {
-                float v = s * g[j] * (w[j] + w_offset) - k * a[j];
+                float v = s * g[j] * (w[j] + wo) - k * a[j];
                 o[j] = accumulate ? o[j] + v : v;
             }
             st8(dx + c, o);
         }
     } else {
         for (int c = lane; c < C; c += 32) {
-            float v = s * __bfloat162float(dy[c]) * (__bfloat162float(weight[c]) + w_offset) -
+            float v = s * __bfloat162float(dy[c]) *
+                          ((weight ? __bfloat162float(weight[c]) : 0.0f) + wo) -
                       k * __bfloat162float(x[c]);
             if (accumulate) v += __bfloat162float(dx[c]);
             dx[c] = __float2bfloat16_rn(v);
@@ -108,7 +114,8 @@ static __global__ void __launch_bounds__(32 * RMS_WARPS)
 void mt_cuda_rmsnorm_forward(bf16 *out, float *rstd, const bf16 *inp, const bf16 *weight, int R,
                              int C, float eps, float w_offset, cudaStream_t s) {
     MT_CHECK(R >= 0 && C > 0, "rmsnorm_forward: R=%d C=%d", R, C);
-    MT_CHECK(R == 0 || (out && rstd && inp && weight), "rmsnorm_forward: NULL tensor");
+    /* weight NULL: the unweighted norm */
+    MT_CHECK(R == 0 || (out && rstd && inp), "rmsnorm_forward: NULL tensor");
     if (R == 0) return;
     unsigned grid = (unsigned)((R + RMS_WARPS - 1) / RMS_WARPS);
     if (C % 8 == 0 && mt_aligned16(out) && mt_aligned16(inp) && mt_aligned16(weight))
@@ -122,7 +129,8 @@ void mt_cuda_rmsnorm_backward(bf16 *dinp, float *dweight, const bf16 *dout, cons
                               const bf16 *weight, const float *rstd, int R, int C, int accumulate,
                               float w_offset, cudaStream_t s) {
     MT_CHECK(R >= 0 && C > 0, "rmsnorm_backward: R=%d C=%d", R, C);
-    MT_CHECK(R == 0 || (dout && inp && weight && rstd), "rmsnorm_backward: NULL tensor");
+    /* weight NULL: the unweighted norm, which has no dweight */
+    MT_CHECK(R == 0 || (dout && inp && rstd), "rmsnorm_backward: NULL tensor");
     if (R == 0) return;
     if (dinp) {
         unsigned grid = (unsigned)((R + RMS_WARPS - 1) / RMS_WARPS);
@@ -135,5 +143,5 @@ void mt_cuda_rmsnorm_backward(bf16 *dinp, float *dweight, const bf16 *dout, cons
                 dinp, dout, inp, weight, rstd, R, C, accumulate, w_offset);
         CUDA_LAUNCH_CHECK();
     }
-    if (dweight) mt_cuda_colsum(dweight, dout, inp, rstd, R, C, s);
+    if (dweight && weight) mt_cuda_colsum(dweight, dout, inp, rstd, R, C, s);
 }
