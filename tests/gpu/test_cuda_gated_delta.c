@@ -381,10 +381,11 @@ static void gd_case(int B, int T, int Hk, int Hv, int Dk, int Dv, float gscale, 
     gd_make(&in, B, T, Hk, Hv, Dk, Dv, gscale, kcorr, starts, seed, 1);
     float scale = 1.0f / sqrtf((float)Dk);
     char what[200], tag[128];
-    const char *range = getenv("MT_GATED_DELTA_RANGE");
-    snprintf(tag, sizeof tag, "B=%d T=%d Hk=%d Hv=%d Dk=%d Dv=%d%s%s%s%s", B, T, Hk, Hv, Dk, Dv,
+    const char *range = getenv("MT_GATED_DELTA_RANGE"), *prec = getenv("MT_GATED_DELTA_TF32");
+    snprintf(tag, sizeof tag, "B=%d T=%d Hk=%d Hv=%d Dk=%d Dv=%d%s%s%s%s%s%s", B, T, Hk, Hv, Dk, Dv,
              in.ds ? " docs" : "", kcorr > 0 ? " correlated keys" : "",
-             range ? " ranges of " : "", range ? range : "");
+             range ? " ranges of " : "", range ? range : "", prec ? " TF32 mode " : "",
+             prec ? prec : "");
     float *out = mt_test_fnew(in.nv), *cs = mt_test_fnew(in.ns), *dq = mt_test_fnew(in.nk),
           *dk = mt_test_fnew(in.nk);
     float *dv = mt_test_fnew(in.nv), *dg = mt_test_fnew(in.ng), *db = mt_test_fnew(in.ng);
@@ -455,6 +456,14 @@ static void test_gated_delta(void **state) {
     unsetenv("MT_GATED_DELTA_RANGE");
 }
 
+/* The same cases with split TF32 only where Tm or W meets a product (MT_GATED_DELTA_TF32=tm,
+ * gated_delta_chunk.cuh), the rest plain TF32: the same bounds as the default's. */
+static void test_gated_delta_split_tm(void **state) {
+    setenv("MT_GATED_DELTA_TF32", "tm", 1);
+    test_gated_delta(state);
+    unsetenv("MT_GATED_DELTA_TF32");
+}
+
 /* ---------------- timing ---------------- */
 
 static void bench_one(int B, int T, int Hk, int Hv, int Dk, int Dv, int iters, int seed) {
@@ -495,15 +504,17 @@ static void bench_one(int B, int T, int Hk, int Hv, int Dk, int Dv, int iters, i
 }
 
 /* The Qwen3.6-35B-A3B layer at B = 1 (the peers' shape) and at the training batch 16 x 4096; with
- * the split TF32 products (the default) and, for what they cost, plain TF32. */
+ * the split TF32 products (the default), split only through Tm and W, and plain TF32. */
 static int bench(void) {
     const int Hk = 16, Hv = 32, Dk = 128, Dv = 128, iters = 3;
     const int Ts[3] = {4096, 32768, 131072};
-    for (int mode = 0; mode < 2; mode++) {
-        if (mode) setenv("MT_GATED_DELTA_TF32", "1", 1);
+    static const char *modes[3] = {"split", "tm", "1"};
+    static const char *names[3] = {"split TF32, the default", "split TF32 where Tm or W meets a product",
+                                   "plain TF32"};
+    for (int mode = 0; mode < 3; mode++) {
+        setenv("MT_GATED_DELTA_TF32", modes[mode], 1);
         printf("gated_delta bench (%s): Hk=%d Hv=%d Dk=%d Dv=%d, chunk %d, %d timed runs each "
-               "(after one warm-up)\n", mode ? "plain TF32" : "split TF32, the default", Hk, Hv,
-               Dk, Dv, MT_GATED_DELTA_CHUNK, iters);
+               "(after one warm-up)\n", names[mode], Hk, Hv, Dk, Dv, MT_GATED_DELTA_CHUNK, iters);
         for (int ti = 0; ti < 3; ti++) bench_one(1, Ts[ti], Hk, Hv, Dk, Dv, iters, 90 + ti);
         bench_one(16, 4096, Hk, Hv, Dk, Dv, iters, 95);
     }
@@ -526,6 +537,7 @@ int main(int argc, char **argv) {
             cmocka_unit_test(test_ops_present), cmocka_unit_test(test_causal_conv1d),
             cmocka_unit_test(test_l2norm),      cmocka_unit_test(test_gdn_gates),
             cmocka_unit_test(test_gated_rmsnorm), cmocka_unit_test(test_gated_delta),
+            cmocka_unit_test(test_gated_delta_split_tm),
         };
         failed = cmocka_run_group_tests(tests, NULL, NULL);
     }

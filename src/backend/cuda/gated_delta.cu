@@ -10,13 +10,14 @@
  * do not depend on the state (U, W) and the one that does. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "cuda_memory.h"
 #include "gated_delta_chunk.cuh"
 #include "ops.cuh"
 
-template <bool SPLIT>
+template <int MODE>
 static __global__ void __launch_bounds__(GD_THREADS)
     gd_fwd_prep_kernel(float *W, float *U, const bf16 *k, const bf16 *v, const float *g,
                        const float *beta, const int32_t *doc_start, int T, int Hk, int Hv, int Dk,
@@ -45,11 +46,11 @@ static __global__ void __launch_bounds__(GD_THREADS)
     }
     __syncthreads();
     size_t row = gd_row(bh, R, lc, 0);
-    gd_mm<false, false, SPLIT>(W + row * Dkp, Dkp, Tm, GD_LDL, Kc, ldk, L, Dkp, L, false, 0, 8);
-    gd_mm<false, false, SPLIT>(U + row * Dvp, Dvp, Tm, GD_LDL, Vs, ldv, L, Dvp, L, false, 0, 8);
+    gd_mm<false, false, GD_TM(MODE)>(W + row * Dkp, Dkp, Tm, GD_LDL, Kc, ldk, L, Dkp, L, false, 0, 8);
+    gd_mm<false, false, GD_TM(MODE)>(U + row * Dvp, Dvp, Tm, GD_LDL, Vs, ldv, L, Dvp, L, false, 0, 8);
 }
 
-template <bool SPLIT>
+template <int MODE>
 static __global__ void __launch_bounds__(GD_THREADS)
     gd_fwd_scan_kernel(float *chunk_states, float *U, const float *W, const bf16 *k,
                        const float *g, const float *beta, const int32_t *doc_start, int T, int Hk,
@@ -78,7 +79,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
         gd_load_chunk(NULL, Kc, ldk, st, NULL, k, g, beta, doc_start, b, c0, Lc, kh, vh, T, Hk, Hv,
                       Dk, Dkp, 1.0f);
         __syncthreads();
-        gd_mm<false, false, SPLIT>(X, LDB, Ws, ldk, S, LDB, L, BV, Dkp, false, 0, 8); /* W S */
+        gd_mm<false, false, GD_TM(MODE)>(X, LDB, Ws, ldk, S, LDB, L, BV, Dkp, false, 0, 8); /* W S */
         __syncthreads();
         for (int e = tid; e < L * BV; e += nt) { /* Vn = U - W S over U; X = diag(lam) Vn */
             int i = e / BV, j = e % BV;
@@ -92,7 +93,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
         float eL = st->eL;
         for (int e = tid; e < Dkp * BV; e += nt) S[e / BV * LDB + e % BV] *= eL;
         __syncthreads();
-        gd_mm<true, false, SPLIT>(S, LDB, Kc, ldk, X, LDB, Dkp, BV, L, true, 0, 8);
+        gd_mm<true, false, GD_ALL(MODE)>(S, LDB, Kc, ldk, X, LDB, Dkp, BV, L, true, 0, 8);
         __syncthreads();
     }
     if (c_begin + R < nc) { /* the next range starts from it */
@@ -170,9 +171,11 @@ int mt_cuda_gd_range_chunks(size_t per_chunk, int nc) {
     return r > nc ? nc : (int)r;
 }
 
-int mt_cuda_gd_split(void) {
+int mt_cuda_gd_mode(void) {
     const char *e = getenv("MT_GATED_DELTA_TF32");
-    return !(e && e[0] == '1');
+    if (e && strcmp(e, "1") == 0) return GD_PLAIN;
+    if (e && strcmp(e, "tm") == 0) return GD_SPLIT_TM;
+    return GD_SPLIT_ALL;
 }
 
 static int gd_prof_on = -1;
@@ -217,7 +220,7 @@ void mt_cuda_gd_set_smem(const void *kernel, size_t smem) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 }
 
-template <bool SPLIT>
+template <int MODE>
 static void forward_ranges(mt_backend *be, bf16 *out, float *chunk_states, const bf16 *q,
                            const bf16 *k, const bf16 *v, const float *g, const float *beta,
                            const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk, int Dv,
@@ -230,18 +233,18 @@ static void forward_ranges(mt_backend *be, bf16 *out, float *chunk_states, const
     size_t sp = mt_cuda_gated_delta_smem_of(MT_GD_FWD_PREP, Dk, Dv);
     size_t ss = mt_cuda_gated_delta_smem_of(MT_GD_FWD_SCAN, Dk, Dv);
     size_t so = mt_cuda_gated_delta_smem_of(MT_GD_FWD_OUT, Dk, Dv);
-    mt_cuda_gd_set_smem((const void *)gd_fwd_prep_kernel<SPLIT>, sp);
-    mt_cuda_gd_set_smem((const void *)gd_fwd_scan_kernel<SPLIT>, ss);
+    mt_cuda_gd_set_smem((const void *)gd_fwd_prep_kernel<MODE>, sp);
+    mt_cuda_gd_set_smem((const void *)gd_fwd_scan_kernel<MODE>, ss);
     mt_cuda_gd_set_smem((const void *)gd_fwd_out_kernel, so);
     mt_cuda_gd_prof_start(s);
     for (int c = 0; c < nc; c += R) {
         int Rr = min(R, nc - c);
         float *U = W + (size_t)BH * Rr * L * Dkp;
-        gd_fwd_prep_kernel<SPLIT><<<dim3(Rr, BH), GD_THREADS, sp, s>>>(
+        gd_fwd_prep_kernel<MODE><<<dim3(Rr, BH), GD_THREADS, sp, s>>>(
             W, U, k, v, g, beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, Dvp, c, Rr);
         CUDA_LAUNCH_CHECK();
         mt_cuda_gd_prof_mark(s, MT_GD_FWD_PREP);
-        gd_fwd_scan_kernel<SPLIT><<<dim3(nvb, BH), GD_THREADS, ss, s>>>(
+        gd_fwd_scan_kernel<MODE><<<dim3(nvb, BH), GD_THREADS, ss, s>>>(
             chunk_states, U, W, k, g, beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, Dvp, c, Rr, nc);
         CUDA_LAUNCH_CHECK();
         mt_cuda_gd_prof_mark(s, MT_GD_FWD_SCAN);
@@ -261,10 +264,17 @@ void mt_cuda_gated_delta_forward(mt_backend *be, bf16 *out, float *chunk_states,
     mt_cuda_gated_delta_check("gated_delta_forward", B, T, Hk, Hv, Dk, Dv);
     if (B == 0 || T == 0) return;
     MT_CHECK(out && chunk_states && q && k && v && g && beta, "gated_delta_forward: NULL tensor");
-    if (mt_cuda_gd_split())
-        forward_ranges<true>(be, out, chunk_states, q, k, v, g, beta, doc_start, B, T, Hk, Hv, Dk,
-                             Dv, scale, s);
-    else
-        forward_ranges<false>(be, out, chunk_states, q, k, v, g, beta, doc_start, B, T, Hk, Hv, Dk,
-                              Dv, scale, s);
+    switch (mt_cuda_gd_mode()) {
+    case GD_PLAIN:
+        forward_ranges<GD_PLAIN>(be, out, chunk_states, q, k, v, g, beta, doc_start, B, T, Hk, Hv,
+                                 Dk, Dv, scale, s);
+        break;
+    case GD_SPLIT_TM:
+        forward_ranges<GD_SPLIT_TM>(be, out, chunk_states, q, k, v, g, beta, doc_start, B, T, Hk,
+                                    Hv, Dk, Dv, scale, s);
+        break;
+    default:
+        forward_ranges<GD_SPLIT_ALL>(be, out, chunk_states, q, k, v, g, beta, doc_start, B, T, Hk,
+                                     Hv, Dk, Dv, scale, s);
+    }
 }

@@ -23,7 +23,7 @@ static __device__ __forceinline__ float gd_warp_sum(float v) {
     return v;
 }
 
-template <bool SPLIT>
+template <int MODE>
 static __global__ void __launch_bounds__(GD_THREADS)
     gd_bwd_prep_kernel(float *W, float *DUL, float *TKP, const bf16 *dout, const bf16 *q, const bf16 *k,
                        const float *g, const float *beta, const int32_t *doc_start, int T, int Hk,
@@ -40,7 +40,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
                   scale);
     __syncthreads();
     gd_kd(KD, Kc, ldk, Dkp, st);
-    gd_mm<false, true, SPLIT>(P, LDL, Qs, ldk, Kc, ldk, L, L, Dkp, false, 0, 8);
+    gd_mm<false, true, GD_ALL(MODE)>(P, LDL, Qs, ldk, Kc, ldk, L, L, Dkp, false, 0, 8);
     __syncthreads();
     gd_solve(Tm, KD, st, tid);
     if (tid >= L) { /* while threads 0-63 solve */
@@ -54,8 +54,8 @@ static __global__ void __launch_bounds__(GD_THREADS)
             1.0f, NULL, L, nt - L);
     __syncthreads();
     size_t row = gd_row(bh, R, lc, 0);
-    gd_mm<false, false, SPLIT>(W + row * Dkp, Dkp, Tm, LDL, Kc, ldk, L, Dkp, L, false, 0, 8);
-    gd_mm<true, false, SPLIT>(DUL + row * Dvp, Dvp, P, LDL, DO, ldv, L, Dvp, L, false, 0, 8);
+    gd_mm<false, false, GD_TM(MODE)>(W + row * Dkp, Dkp, Tm, LDL, Kc, ldk, L, Dkp, L, false, 0, 8);
+    gd_mm<true, false, GD_ALL(MODE)>(DUL + row * Dvp, Dvp, P, LDL, DO, ldv, L, Dvp, L, false, 0, 8);
     float *tkp = TKP + gd_row(bh, R, lc, 0) * 3 * L; /* KD, Tm, P for the chunk kernel's blocks */
     for (int e = tid; e < L * L; e += nt) {
         int i = e / L, j = e % L;
@@ -63,7 +63,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
     }
 }
 
-template <bool SPLIT>
+template <int MODE>
 static __global__ void __launch_bounds__(GD_THREADS)
     gd_bwd_scan_kernel(float *dstates, float *carry, const float *W, const float *DUL,
                        const bf16 *dout, const bf16 *q, const bf16 *k, const float *g,
@@ -96,7 +96,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
         __syncthreads();
         gd_tile(DO, LDB, dout + (((size_t)b * T + c0) * Hv + vh) * Dv + v0, (size_t)Hv * Dv, Lc,
                 min(BV, Dv - v0), L, BV, 1.0f, st->fe); /* dO with its rows by fe */
-        gd_mm<false, false, SPLIT>(X, LDB, Kc, ldk, dS, LDB, L, BV, Dkp, false, 0, 8); /* K dSn */
+        gd_mm<false, false, GD_ALL(MODE)>(X, LDB, Kc, ldk, dS, LDB, L, BV, Dkp, false, 0, 8); /* K dSn */
         __syncthreads();
         for (int e = tid; e < L * BV; e += nt) { /* -dU */
             int i = e / BV, j = e % BV;
@@ -105,8 +105,8 @@ static __global__ void __launch_bounds__(GD_THREADS)
         float eL = st->eL;
         for (int e = tid; e < Dkp * BV; e += nt) dS[e / BV * LDB + e % BV] *= eL;
         __syncthreads();
-        gd_mm<true, false, SPLIT>(dS, LDB, Qs, ldk, DO, LDB, Dkp, BV, L, true, 0, 8);
-        gd_mm<true, false, SPLIT>(dS, LDB, Ws, ldk, DU, LDB, Dkp, BV, L, true, 0, 8);
+        gd_mm<true, false, GD_ALL(MODE)>(dS, LDB, Qs, ldk, DO, LDB, Dkp, BV, L, true, 0, 8);
+        gd_mm<true, false, GD_TM(MODE)>(dS, LDB, Ws, ldk, DU, LDB, Dkp, BV, L, true, 0, 8);
         __syncthreads();
     }
     if (c_begin > 0) { /* the range before starts from it */
@@ -119,7 +119,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
 
 /* Parts (N_r, P, Dk) for dq and dk and (N_r, P) for dg and dbeta, N_r = B R L the range's tokens
  * (local index (b R + lc) L + i), P = Hv * nvb, part index vh * nvb + vb. */
-template <bool SPLIT>
+template <int MODE>
 static __global__ void __launch_bounds__(GD_THREADS)
     gd_bwd_chunk_kernel(bf16 *dv, float *dq_part, float *dk_part, float *dg_part,
                         float *dbeta_part, const float *dstates, const float *TKP, const bf16 *dout,
@@ -157,27 +157,27 @@ static __global__ void __launch_bounds__(GD_THREADS)
     for (int e = tid; e < Dkp * BV; e += nt) sd += S0[e / BV * LDB + e % BV] * dS[e / BV * LDB + e % BV];
     sd = gd_warp_sum(sd);
     if (lane == 0) red[warp] = sd;
-    gd_mm<false, false, SPLIT>(X, LDB, Kc, ldk, S0, LDB, L, BV, Dkp, false, 0, 8);
+    gd_mm<false, false, GD_TM(MODE)>(X, LDB, Kc, ldk, S0, LDB, L, BV, Dkp, false, 0, 8);
     __syncthreads();
     for (int e = tid; e < L * BV; e += nt) { /* R = diag(beta)(V - diag(fe) X), in DO's place */
         int i = e / BV, j = e % BV;
         DO[i * LDB + j] = st->beta[i] * (Vt[i * LDB + j] - st->fe[i] * X[i * LDB + j]);
     }
     __syncthreads();
-    gd_mm<false, false, SPLIT>(U, LDB, Tm, LDL, DO, LDB, L, BV, L, false, 0, 4);    /* U = Tm R */
-    gd_mm<false, false, SPLIT>(DR, LDB, Kc, ldk, dS, LDB, L, BV, Dkp, false, 4, 4); /* K dSn */
+    gd_mm<false, false, GD_TM(MODE)>(U, LDB, Tm, LDL, DO, LDB, L, BV, L, false, 0, 4);    /* U = Tm R */
+    gd_mm<false, false, GD_ALL(MODE)>(DR, LDB, Kc, ldk, dS, LDB, L, BV, Dkp, false, 4, 4); /* K dSn */
     __syncthreads();
     gd_tile(DO, LDB, dout + (n0 * Hv + vh) * Dv + v0, (size_t)Hv * Dv, Lc, bv, L, BV);
     __syncthreads();
-    gd_mm<true, false, SPLIT>(DU, LDB, Pm, LDL, DO, LDB, L, BV, L, false, 0, 8); /* dU = P^T dO */
+    gd_mm<true, false, GD_ALL(MODE)>(DU, LDB, Pm, LDL, DO, LDB, L, BV, L, false, 0, 8); /* dU = P^T dO */
     __syncthreads();
     for (int e = tid; e < L * BV; e += nt) DU[e / BV * LDB + e % BV] += st->lam[e / BV] * DR[e / BV * LDB + e % BV];
     __syncthreads();
-    gd_mm<true, false, SPLIT>(DR, LDB, Tm, LDL, DU, LDB, L, BV, L, false, 0, 8); /* dR = Tm^T dU */
+    gd_mm<true, false, GD_TM(MODE)>(DR, LDB, Tm, LDL, DU, LDB, L, BV, L, false, 0, 8); /* dR = Tm^T dU */
     __syncthreads();
     /* dA = -(dR U^T) in Tm's place (stored un-negated), dP = dO U^T */
-    gd_mm<false, true, SPLIT>(Tm, LDL, DR, LDB, U, LDB, L, L, BV, false, 0, 4);
-    gd_mm<false, true, SPLIT>(dP, LDL, DO, LDB, U, LDB, L, L, BV, false, 4, 4);
+    gd_mm<false, true, GD_TM(MODE)>(Tm, LDL, DR, LDB, U, LDB, L, L, BV, false, 0, 4);
+    gd_mm<false, true, GD_ALL(MODE)>(dP, LDL, DO, LDB, U, LDB, L, L, BV, false, 4, 4);
     __syncthreads();
     /* the rows' dG (+ at G_i) and dbeta; w_ij kept in Pm for the columns' (- at G_j) */
     if (tid < L) {
@@ -216,7 +216,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
     }
     __syncthreads();
     /* dQ = diag(fe) dO S0^T + (dP o Dm) K; its dG_i = fe_i Q_i . (S0 dO_i) */
-    gd_mm<false, true, SPLIT>(LK, ldk, DO, LDB, S0, LDB, L, Dkp, BV, false, 0, 8);
+    gd_mm<false, true, GD_ALL(MODE)>(LK, ldk, DO, LDB, S0, LDB, L, Dkp, BV, false, 0, 8);
     __syncthreads();
     for (int i = warp; i < L; i += nw) {
         float d = 0.0f, fe = st->fe[i];
@@ -228,7 +228,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
         if (lane == 0) dG[i] += fe * d;
     }
     __syncthreads();
-    gd_mm<false, false, SPLIT>(LK, ldk, dP, LDL, Kc, ldk, L, Dkp, L, true, 0, 8);
+    gd_mm<false, false, GD_ALL(MODE)>(LK, ldk, dP, LDL, Kc, ldk, L, Dkp, L, true, 0, 8);
     __syncthreads();
     for (int e = tid; e < L * Dkp; e += nt) {
         int i = e / Dkp, d = e % Dkp;
@@ -247,7 +247,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
         if (lane == 0) dG[i] += d;
     }
     /* dK = diag(lam) U dSn^T + dX S0^T + (dP o Dm)^T Q + (M + M^T) K */
-    gd_mm<false, true, SPLIT>(LK, ldk, U, LDB, dS, LDB, L, Dkp, BV, false, 0, 8);
+    gd_mm<false, true, GD_ALL(MODE)>(LK, ldk, U, LDB, dS, LDB, L, Dkp, BV, false, 0, 8);
     __syncthreads();
     for (int j = warp; j < L; j += nw) {
         float d = 0.0f, lam = st->lam[j];
@@ -262,9 +262,9 @@ static __global__ void __launch_bounds__(GD_THREADS)
         }
     }
     __syncthreads();
-    gd_mm<false, true, SPLIT>(LK, ldk, DU, LDB, S0, LDB, L, Dkp, BV, true, 0, 8);
-    gd_mm<true, false, SPLIT>(LK, ldk, dP, LDL, Qs, ldk, L, Dkp, L, true, 0, 8);
-    gd_mm<false, false, SPLIT>(LK, ldk, KD, LDL, Kc, ldk, L, Dkp, L, true, 0, 8);
+    gd_mm<false, true, GD_ALL(MODE)>(LK, ldk, DU, LDB, S0, LDB, L, Dkp, BV, true, 0, 8);
+    gd_mm<true, false, GD_ALL(MODE)>(LK, ldk, dP, LDL, Qs, ldk, L, Dkp, L, true, 0, 8);
+    gd_mm<false, false, GD_ALL(MODE)>(LK, ldk, KD, LDL, Kc, ldk, L, Dkp, L, true, 0, 8);
     __syncthreads();
     for (int e = tid; e < L * Dkp; e += nt) {
         int i = e / Dkp, d = e % Dkp;
@@ -322,7 +322,7 @@ static __global__ void gd_reduce_kernel(bf16 *dq, bf16 *dk, float *dg, float *db
     }
 }
 
-template <bool SPLIT>
+template <int MODE>
 static void backward_ranges(mt_backend *be, bf16 *dq, bf16 *dk, bf16 *dv, float *dg, float *dbeta,
                             const bf16 *dout, const float *chunk_states, const bf16 *q,
                             const bf16 *k, const bf16 *v, const float *g, const float *beta,
@@ -341,9 +341,9 @@ static void backward_ranges(mt_backend *be, bf16 *dq, bf16 *dk, bf16 *dv, float 
     size_t sp = mt_cuda_gated_delta_smem_of(MT_GD_BWD_PREP, Dk, Dv);
     size_t ss = mt_cuda_gated_delta_smem_of(MT_GD_BWD_SCAN, Dk, Dv);
     size_t sc = mt_cuda_gated_delta_smem_of(MT_GD_BWD_CHUNK, Dk, Dv);
-    mt_cuda_gd_set_smem((const void *)gd_bwd_prep_kernel<SPLIT>, sp);
-    mt_cuda_gd_set_smem((const void *)gd_bwd_scan_kernel<SPLIT>, ss);
-    mt_cuda_gd_set_smem((const void *)gd_bwd_chunk_kernel<SPLIT>, sc);
+    mt_cuda_gd_set_smem((const void *)gd_bwd_prep_kernel<MODE>, sp);
+    mt_cuda_gd_set_smem((const void *)gd_bwd_scan_kernel<MODE>, ss);
+    mt_cuda_gd_set_smem((const void *)gd_bwd_chunk_kernel<MODE>, sc);
     mt_cuda_gd_prof_start(s);
     for (int end = nc; end > 0;) {
         int Rr = min(R, end), c = end - Rr;
@@ -352,16 +352,16 @@ static void backward_ranges(mt_backend *be, bf16 *dq, bf16 *dk, bf16 *dv, float 
         float *dstates = DUL + (size_t)BH * Rr * L * Dvp, *dq_part = dstates + BH * Rr * sdkv;
         float *dk_part = dq_part + Nr * P * Dk, *dg_part = dk_part + Nr * P * Dk;
         float *dbeta_part = dg_part + Nr * P, *TKP = dbeta_part + Nr * P;
-        gd_bwd_prep_kernel<SPLIT><<<dim3(Rr, BH), GD_THREADS, sp, s>>>(
+        gd_bwd_prep_kernel<MODE><<<dim3(Rr, BH), GD_THREADS, sp, s>>>(
             W, DUL, TKP, dout, q, k, g, beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, Dvp, scale, c, Rr);
         CUDA_LAUNCH_CHECK();
         mt_cuda_gd_prof_mark(s, MT_GD_BWD_PREP);
-        gd_bwd_scan_kernel<SPLIT><<<dim3(nvb, BH), GD_THREADS, ss, s>>>(
+        gd_bwd_scan_kernel<MODE><<<dim3(nvb, BH), GD_THREADS, ss, s>>>(
             dstates, carry, W, DUL, dout, q, k, g, beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, Dvp,
             scale, c, Rr, nc);
         CUDA_LAUNCH_CHECK();
         mt_cuda_gd_prof_mark(s, MT_GD_BWD_SCAN);
-        gd_bwd_chunk_kernel<SPLIT><<<dim3(Rr, BH, nvb), GD_THREADS, sc, s>>>(
+        gd_bwd_chunk_kernel<MODE><<<dim3(Rr, BH, nvb), GD_THREADS, sc, s>>>(
             dv, dq_part, dk_part, dg_part, dbeta_part, dstates, TKP, dout, chunk_states, q, k, v, g,
             beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, scale, c, Rr, nc);
         CUDA_LAUNCH_CHECK();
@@ -387,10 +387,17 @@ void mt_cuda_gated_delta_backward(mt_backend *be, bf16 *dq, bf16 *dk, bf16 *dv, 
     if (B == 0 || T == 0) return;
     MT_CHECK(dq && dk && dv && dg && dbeta && dout && chunk_states && q && k && v && g && beta,
              "gated_delta_backward: NULL tensor");
-    if (mt_cuda_gd_split())
-        backward_ranges<true>(be, dq, dk, dv, dg, dbeta, dout, chunk_states, q, k, v, g, beta,
-                              doc_start, B, T, Hk, Hv, Dk, Dv, scale, s);
-    else
-        backward_ranges<false>(be, dq, dk, dv, dg, dbeta, dout, chunk_states, q, k, v, g, beta,
-                               doc_start, B, T, Hk, Hv, Dk, Dv, scale, s);
+    switch (mt_cuda_gd_mode()) {
+    case GD_PLAIN:
+        backward_ranges<GD_PLAIN>(be, dq, dk, dv, dg, dbeta, dout, chunk_states, q, k, v, g, beta,
+                                  doc_start, B, T, Hk, Hv, Dk, Dv, scale, s);
+        break;
+    case GD_SPLIT_TM:
+        backward_ranges<GD_SPLIT_TM>(be, dq, dk, dv, dg, dbeta, dout, chunk_states, q, k, v, g,
+                                     beta, doc_start, B, T, Hk, Hv, Dk, Dv, scale, s);
+        break;
+    default:
+        backward_ranges<GD_SPLIT_ALL>(be, dq, dk, dv, dg, dbeta, dout, chunk_states, q, k, v, g,
+                                      beta, doc_start, B, T, Hk, Hv, Dk, Dv, scale, s);
+    }
 }

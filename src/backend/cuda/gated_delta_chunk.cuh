@@ -269,9 +269,20 @@ static __device__ __forceinline__ size_t gd_row(int bh, int R, int lc, int i) {
 /* The kernels, for mt_cuda_gated_delta_smem_of. */
 enum { MT_GD_FWD_PREP, MT_GD_FWD_SCAN, MT_GD_FWD_OUT, MT_GD_BWD_PREP, MT_GD_BWD_SCAN, MT_GD_BWD_CHUNK };
 size_t mt_cuda_gated_delta_smem_of(int kernel, int Dk, int Dv);
-/* Whether the products through Tm and W run as split TF32 (the default) or plain TF32
- * (MT_GATED_DELTA_TF32=1: a diagnostic, to measure what the split costs and buys). */
-int mt_cuda_gd_split(void);
+/* The products' precision, MT_GATED_DELTA_TF32 (a diagnostic, to measure what the split costs
+ * and buys; the default is GD_SPLIT_ALL):
+ *   GD_PLAIN      "1"      every product plain TF32
+ *   GD_SPLIT_TM   "tm"     split TF32 where Tm or W is an operand, or where a product's result
+ *                          next meets Tm (the backward's K S0, whose error U = Tm R amplifies);
+ *                          the rest plain
+ *   GD_SPLIT_ALL  "split"  every product of the prep, scan and backward-chunk kernels split (the
+ *                          forward's output kernel is plain in every mode)
+ * A kernel's MODE template argument is one of these; GD_TM(MODE) and GD_ALL(MODE) are the SPLIT
+ * arguments of gd_mm for the two kinds of product. */
+enum { GD_PLAIN = 0, GD_SPLIT_TM = 1, GD_SPLIT_ALL = 2 };
+#define GD_TM(MODE) ((MODE) >= GD_SPLIT_TM)
+#define GD_ALL(MODE) ((MODE) >= GD_SPLIT_ALL)
+int mt_cuda_gd_mode(void);
 void mt_cuda_gd_set_smem(const void *kernel, size_t smem);
 
 /* Chunks a range so that `per_chunk` bytes of scratch a chunk (all rows and heads) stay under
