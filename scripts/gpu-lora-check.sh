@@ -8,7 +8,7 @@
 #   ops          test_cuda_ops
 #   mt8:BASE     megatrain LoRA rank 16 on the Llama-3.1-8B shape, 16 x 4096 a step, base BASE
 #   full8        megatrain full-parameter on the same shape and batch (LoRA vs full)
-#   peer:BASE    bench/peft_lora_bench.py (PEFT + transformers, gradient checkpointing, 4 x 4
+#   peer:BASE[:CFG]  bench/peft_lora_bench.py (CFG a bench/configs name, default llama-3.1-8b) (PEFT + transformers, gradient checkpointing, 4 x 4
 #                accumulated), base bf16 or nf4 (bitsandbytes); carry third_party/wheels with the
 #                peft and bitsandbytes wheels (scripts/peer-wheels.sh)
 #   mt70:BASE    the Llama-3.3-70B shape, rank 16, base BASE, 8 x 4096 a step (no peer fits)
@@ -21,6 +21,7 @@
 #   gdncu        Nsight Compute on the first launch of each DeltaNet kernel (B 1, T 4096): stall reasons
 #   lora:CFG:BASE[:BATCH]   LoRA rank 16 on bench/configs/CFG.json, base BASE, BATCH x 4096 (8), 3 steps
 #   full:CFG:STATE[:BATCH]  full-parameter on bench/configs/CFG.json, --state STATE (or auto), 3 steps
+#   long:CFG:SEQ:STATE      full-parameter, one row of SEQ tokens a step, 2 steps (long context)
 # MT_BIN=DIR runs the binaries built here in DIR (scripts/gpu-prebuilt.sh says how; carry DIR's
 # megatrain and test binaries and MT_DEBS, default third_party/debs-run) instead of building there.
 # Every run is bounded by `timeout` (a megatrain run by MT_LIMIT, default 400 s) and by the call's budget: BUDGET seconds (default 570) from the
@@ -56,18 +57,19 @@ run_mt() { # NAME CONFIG STEPS BATCH EXTRA...: the first step warms up; the step
   grep -E "LoRA|base|memory plan|GPU |host|step [0-9]+/|summary|throughput|error" "$OUT/mt-$name.log" | tail -30 | tee -a "$log"
 }
 
-run_peer() { # BASE
-  say "== peer: PEFT $1"
+run_peer() { # BASE [CONFIG]
+  local cfg=${2:-llama-3.1-8b}
+  say "== peer: PEFT $1 on $cfg"
   local site=/tmp/peer-site t0
   if [ ! -d $site ]; then
     mkdir -p $site
     for w in third_party/wheels/*.whl; do python3 -m zipfile -e "$w" $site; done
   fi
   t0=$(date +%s)
-  PYTHONPATH=$site timeout "$(left 400)" python3 bench/peft_lora_bench.py --config bench/configs/llama-3.1-8b.json \
-    --base "$1" --rank 16 --batch 16 --micro-batch 4 --seq 4096 --steps 2 > "$OUT/peer-$1.log" 2>&1
+  PYTHONPATH=$site timeout "$(left 400)" python3 bench/peft_lora_bench.py --config "bench/configs/$cfg.json" \
+    --base "$1" --rank 16 --batch 16 --micro-batch 4 --seq 4096 --steps 2 > "$OUT/peer-$1-$cfg.log" 2>&1
   say "rc $? in $(( $(date +%s) - t0 )) s"
-  grep -E "^step|^peft|Error|error" "$OUT/peer-$1.log" | tail -6 | tee -a "$log"
+  grep -E "^step|^peft|Error|error" "$OUT/peer-$1-$cfg.log" | tail -6 | tee -a "$log"
 }
 
 bin=${MT_BIN:-build-gpu}
@@ -116,7 +118,7 @@ for stage in "$@"; do
     q36:*) ensure_built; MT_EXPERIMENTAL_DELTANET_CUDA=1 run_mt "q36-lora-${stage#q36:}" bench/configs/qwen3.6-35b-a3b.json 2 8 --lora 16 --base-dtype "${stage#q36:}" ;;
     mt8:*) ensure_built; run_mt "8b-lora-${stage#mt8:}" bench/configs/llama-3.1-8b.json 3 16 --lora 16 --base-dtype "${stage#mt8:}" ;;
     full8) ensure_built; run_mt 8b-full bench/configs/llama-3.1-8b.json 3 16 ;;
-    peer:*) ensure_built; run_peer "${stage#peer:}" ;;
+    peer:*) ensure_built; IFS=: read -r _ pbase pcfg <<< "$stage"; run_peer "$pbase" "$pcfg" ;;
     qwen35model)
       ensure_built
       say "== test_cuda_model test_qwen3_5_models"
@@ -151,6 +153,10 @@ for stage in "$@"; do
       ensure_built
       IFS=: read -r _ cfg state batch <<< "$stage"
       run_mt "full-$cfg-$state" "bench/configs/$cfg.json" 3 "${batch:-8}" ${state:+--state $state} ;;
+    long:*)
+      ensure_built
+      IFS=: read -r _ cfg seq state <<< "$stage"
+      run_mt "long-$cfg-$seq" "bench/configs/$cfg.json" 2 1 --seq "$seq" ${state:+--state $state} ;;
     mt70:*) ensure_built; run_mt "70b-lora-${stage#mt70:}" bench/configs/llama-3.3-70b.json 2 8 --lora 16 --base-dtype "${stage#mt70:}" ;;
     *) say "unknown stage $stage"; exit 2 ;;
   esac
