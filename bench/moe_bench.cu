@@ -43,7 +43,8 @@
  *    Weight gradients accumulate into fp32 (beta 1) as matmul_backward's dweight does (cuBLASLt,
  *    D fp32, beta 1). A probe at the start says whether this cuBLAS does bf16 x bf16 -> bf16 and
  *    -> fp32 (beta 0 and beta 1) in the grouped call; where it refuses fp32, the op runs the
- *    weight gradients per expert (it says so once on stderr) and those rows read "grouped = loop".
+ *    weight gradients as zero-padded strided batches (moe_gemm.cu; it says so once on stderr) and
+ *    those rows read "padded".
  *    Beside them, "dense": the same FLOPs as one be->matmul_* over all n*k rows with expert 0's
  *    weights, what a dense layer of that width reaches (the ceiling a grouped GEMM aims at).
  *    Check: on the same inputs, max |grouped - loop| / max |loop| per output tensor, against
@@ -523,7 +524,7 @@ static void run_grouped(moe_case *c, double *loop_total, double *grouped_total) 
         CUDA_CHECK(cudaMemcpyAsync(gw[i], lw[i], eFC * 4, cudaMemcpyDeviceToDevice, g_stream));
     }
     /* grouped's weight gradients, when cuBLAS refuses fp32 D: the op's own per-expert loop */
-    const char *wnote = g_grouped_f32 ? "fp32, beta 1" : "refused by cuBLAS: both loop";
+    const char *wnote = g_grouped_f32 ? "fp32, beta 1" : "refused by cuBLAS: padded batches";
 
     /* checks: one run of each mode on the same inputs */
     set_grouped(0), x_fwd_gate_up(c, lg, lu), set_grouped(1), x_fwd_gate_up(c, gg, gu);
@@ -574,7 +575,7 @@ static void run_grouped(moe_case *c, double *loop_total, double *grouped_total) 
                   be->matmul_backward(be, gg, NULL, NULL, ws->moe_d_y, ws->moe_act, c->w.exp_down,
                                       R, Fe, C, 0);
               }),
-        three(g_grouped_f32 ? "bwd down dweight" : "bwd down dweight (grouped = loop)", f,
+        three(g_grouped_f32 ? "bwd down dweight" : "bwd down dweight (padded)", f,
               [&] { x_bwd_down_dw(c, lw[2]); }, [&] { x_bwd_down_dw(c, gw[2]); },
               [&] {
                   be->matmul_backward(be, NULL, gw[2], NULL, ws->moe_d_y, ws->moe_act,
@@ -588,7 +589,7 @@ static void run_grouped(moe_case *c, double *loop_total, double *grouped_total) 
                   be->matmul_backward(be, gy, NULL, NULL, ws->moe_d_up, ws->moe_x, c->w.exp_up, R,
                                       C, Fe, 1);
               }),
-        three(g_grouped_f32 ? "bwd gate+up dweight" : "bwd gate+up dweight (grouped = loop)",
+        three(g_grouped_f32 ? "bwd gate+up dweight" : "bwd gate+up dweight (padded)",
               2 * f, [&] { x_bwd_gate_up_dw(c, lw[0], lw[1]); },
               [&] { x_bwd_gate_up_dw(c, gw[0], gw[1]); },
               [&] {

@@ -22,6 +22,8 @@
 #   lora:CFG:BASE[:BATCH]   LoRA rank 16 on bench/configs/CFG.json, base BASE, BATCH x 4096 (8), 3 steps
 #   full:CFG:STATE[:BATCH]  full-parameter on bench/configs/CFG.json, --state STATE (or auto), 3 steps
 #   long:CFG:SEQ:STATE      full-parameter, one row of SEQ tokens a step, 2 steps (long context)
+#   moebench[:ONLY]  bench/moe_bench.cu --iters 3 (--only qwen3|mixtral): the MoE block by piece,
+#                the experts' GEMMs loop against grouped
 # MT_BIN=DIR runs the binaries built here in DIR (scripts/gpu-prebuilt.sh says how; carry DIR's
 # megatrain and test binaries and MT_DEBS, default third_party/debs-run) instead of building there.
 # Every run is bounded by `timeout` (a megatrain run by MT_LIMIT, default 400 s) and by the call's budget: BUDGET seconds (default 570) from the
@@ -157,6 +159,12 @@ for stage in "$@"; do
       ensure_built
       IFS=: read -r _ cfg seq state <<< "$stage"
       run_mt "long-$cfg-$seq" "bench/configs/$cfg.json" 2 1 --seq "$seq" ${state:+--state $state} ;;
+    moebench|moebench:*)
+      ensure_built
+      say "== moe_bench --iters 3 ${stage#moebench}"
+      a=${stage#moebench}; a=${a#:}
+      timeout "$(left 300)" "$bin/moe_bench" --iters 3 ${a:+--only $a} > "$OUT/moe-bench.log" 2>&1
+      say "rc $?"; grep -E "^==|total|forward \+ backward|mt_moe_|all expert GEMMs|dweight|FAIL|megatrain:" "$OUT/moe-bench.log" | tee -a "$log" ;;
     mt70:*) ensure_built; run_mt "70b-lora-${stage#mt70:}" bench/configs/llama-3.3-70b.json 2 8 --lora 16 --base-dtype "${stage#mt70:}" ;;
     *) say "unknown stage $stage"; exit 2 ;;
   esac

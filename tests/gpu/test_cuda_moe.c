@@ -143,7 +143,10 @@ static void test_ops(void **state) {
 
 /* ---- the experts' GEMMs: MT_MOE_GEMM=grouped (one cuBLAS grouped GEMM per product) against the
  * loop (one cuBLASLt call per expert) and the CPU's fp32 op, on bf16-exact inputs; auto (the
- * default) at this size must be the grouped one ---- */
+ * default) at this size must be the grouped one. Where cuBLAS refuses the grouped fp32 weight
+ * gradient, grouped's dweight is moe_gemm.cu's zero-padded strided batches (at these rows: 16
+ * experts of at most 30 rows, 153 in all, under its 4x padding limit), in runs split at the
+ * empty experts, whose gradients must keep their bits ---- */
 
 enum { XE = 16, XK = 40, XM = 24, XSTRIDE = XM * XK + 8 }; /* K not a multiple of 16 */
 

@@ -377,7 +377,9 @@ static void cu_moe_matmul_backward(mt_backend *be, void *dinp, float *dweight, c
     }
     if (!mt_cuda_moe_matmul_backward(c, (bf16 *)dinp, dweight, (const bf16 *)dout,
                                      (const bf16 *)inp, (const bf16 *)weight, w_stride, offsets,
-                                     offsets_host, E, K, M, accumulate, S(be)))
+                                     offsets_host, E, K, M, accumulate, S(be)) &&
+        !mt_cuda_moe_dweight_padded(be, dweight, (const bf16 *)dout, (const bf16 *)inp, w_stride,
+                                    offsets, offsets_host, E, K, M, S(be)))
         mt_backend_moe_matmul_loop_backward(be, NULL, dweight, dout, inp, weight, w_stride, offsets,
                                             offsets_host, E, K, M, 0);
 }

@@ -22,6 +22,10 @@
  * different times, so the planner's count of that buffer holds for both. */
 #define MT_CUDA_GATED_DELTA_SCRATCH MT_CUDA_LM_HEAD_SCRATCH
 
+/* The experts' padded weight-gradient slabs (moe_gemm.cu) stay under this: the same op scratch
+ * buffer again, at another time than the LM head's and the gated delta rule's. */
+#define MT_CUDA_MOE_PAD_SCRATCH MT_CUDA_LM_HEAD_SCRATCH
+
 /* Rows per chunk of the LM head over N rows: the fp32 logits chunk fits
  * MT_CUDA_LM_HEAD_LOGITS_BYTES, rounded down to a multiple of 64 (GEMM tiles; keeps chunk offsets
  * n0 * C aligned), at least 16, at most N. Here so that the planner prints what the kernel runs. */

@@ -12,15 +12,18 @@
  * handle works in the cuBLASLt workspace (on the compute stream, as every matmul); its pointer
  * arrays (3 x E pointers) are the only device memory it takes outside the budget.
  *
- * cuBLAS may refuse bf16 x bf16 -> fp32 (the weight gradient's D) in the grouped call: the first
- * refusal is printed once (under MT_MOE_GEMM=grouped; auto says nothing) and the weight gradients
- * go back to the per-expert loop (the same cuBLASLt calls as MT_MOE_GEMM=loop); the data products
- * stay grouped. */
+ * cuBLAS may refuse bf16 x bf16 -> fp32 (the weight gradient's D) in the grouped call (cuBLAS 13.1
+ * on the H200 does): the first refusal is printed once (under MT_MOE_GEMM=grouped; auto says
+ * nothing) and the weight gradients run as zero-padded strided batches (below), or, where padding
+ * would cost too much, back in the per-expert loop (the same cuBLASLt calls as MT_MOE_GEMM=loop);
+ * the data products stay grouped. */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include <cublas_v2.h>
 
+#include "cuda_memory.h"
+#include "cuda_vec.cuh"
 #include "ops.cuh"
 
 #if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120500
@@ -132,6 +135,89 @@ static cublasStatus_t grouped(mt_cuda_moe_gemm *g, cublasOperation_t ta, cublasO
 #endif
 }
 
+/* ---- the weight gradients where the grouped call refuses fp32 D: padded strided batches ----
+ * dW_e += inp_e^T dout_e for a run of consecutive experts as ONE strided-batched GEMM (bf16 in,
+ * fp32 D, beta 1: the loop's math, another summation order), after copying each expert's rows
+ * into a zero-padded slab of `cap` rows (cap: the most rows an expert has in this call; zero rows
+ * add exactly nothing). The slabs live in the op scratch, in runs of experts that fit
+ * MT_CUDA_MOE_PAD_SCRATCH. Worth it while the loop's GEMMs are small (launch-bound at ~88
+ * TFLOP/s at 256 rows an expert, moe_bench session 8), which is when auto groups at all. */
+
+/* dst[j][r][:] = src row offsets[e0 + j] + r, or zeros past expert e0 + j's rows. V elements
+ * a thread (8: one 16-byte load, when width and the base allow it). */
+template <int V>
+static __global__ void pad_rows_kernel(bf16 *dst, const bf16 *src, const int32_t *off, int e0,
+                                       int cap, int width) {
+    int j = blockIdx.y;
+    size_t per = (size_t)cap * width / V;
+    int r0 = off[e0 + j], rows = off[e0 + j + 1] - r0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < per;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i * V / width, c = i * V % width;
+        bf16 *d = dst + ((size_t)j * cap + r) * width + c;
+        if (V == 8) {
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if ((int)r < rows) v = *(const uint4 *)(src + ((size_t)r0 + r) * width + c);
+            *(uint4 *)d = v;
+        } else {
+            d[0] = (int)r < rows ? src[((size_t)r0 + r) * width + c] : __float2bfloat16_rn(0.0f);
+        }
+    }
+}
+
+static void pad_rows(bf16 *dst, const bf16 *src, const int32_t *off, int e0, int nexp, int cap,
+                     int width, cudaStream_t s) {
+    int vec = width % 8 == 0 && mt_aligned16(src) && mt_aligned16(dst);
+    size_t per = (size_t)cap * width / (vec ? 8 : 1);
+    unsigned bx = (unsigned)((per + MT_CUDA_EW_THREADS - 1) / MT_CUDA_EW_THREADS);
+    if (bx > 1024) bx = 1024;
+    dim3 grid(bx, (unsigned)nexp);
+    if (vec) pad_rows_kernel<8><<<grid, MT_CUDA_EW_THREADS, 0, s>>>(dst, src, off, e0, cap, width);
+    else pad_rows_kernel<1><<<grid, MT_CUDA_EW_THREADS, 0, s>>>(dst, src, off, e0, cap, width);
+    CUDA_LAUNCH_CHECK();
+}
+
+int mt_cuda_moe_dweight_padded(mt_backend *be, float *dweight, const bf16 *dout, const bf16 *inp,
+                               size_t w_stride, const int32_t *offsets,
+                               const int32_t *offsets_host, int E, int K, int M, cudaStream_t s) {
+    mt_cuda_ctx *ctx = mt_cuda_ctx_of(be);
+    int cap = 0;
+    for (int e = 0; e < E; e++) {
+        int r = offsets_host[e + 1] - offsets_host[e];
+        if (r > cap) cap = r;
+    }
+    if (cap == 0) return 1; /* no rows: nothing to add */
+    /* padding past 4x the rows (skewed routing) or a slab over the scratch: the loop is better */
+    size_t slab = (size_t)cap * (size_t)(K + M) * sizeof(bf16);
+    if ((int64_t)E * cap > 4 * (int64_t)offsets_host[E] || slab > MT_CUDA_MOE_PAD_SCRATCH)
+        return 0;
+    int run = (int)(MT_CUDA_MOE_PAD_SCRATCH / slab);
+    if (run > E) run = E;
+    bf16 *pad_inp = (bf16 *)mt_cuda_scratch(be, (size_t)run * slab);
+    bf16 *pad_dout = pad_inp + (size_t)run * cap * K;
+    mt_cuda_moe_gemm *g = state(ctx, E, s);
+    const float one = 1.0f;
+    for (int e0 = 0; e0 < E;) {
+        /* a run of consecutive experts with rows (an expert without rows is skipped, as the loop
+         * skips it: its gradient keeps its bits), at most `run` long */
+        if (offsets_host[e0 + 1] == offsets_host[e0]) {
+            e0++;
+            continue;
+        }
+        int n = 1;
+        while (n < run && e0 + n < E && offsets_host[e0 + n + 1] > offsets_host[e0 + n]) n++;
+        pad_rows(pad_inp, inp, offsets, e0, n, cap, K, s);
+        pad_rows(pad_dout, dout, offsets, e0, n, cap, M, s);
+        CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+            g->h, CUBLAS_OP_N, CUBLAS_OP_T, K, M, cap, &one, pad_inp, CUDA_R_16BF, K,
+            (long long)cap * K, pad_dout, CUDA_R_16BF, M, (long long)cap * M, &one,
+            dweight + (size_t)e0 * w_stride, CUDA_R_32F, K, (long long)w_stride, n,
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        e0 += n;
+    }
+    return 1;
+}
+
 static operand weights(const void *p, size_t w_stride, size_t elem) {
     return {(const char *)p, w_stride * elem, 0};
 }
@@ -180,6 +266,6 @@ int mt_cuda_moe_matmul_backward(mt_cuda_ctx *ctx, bf16 *dinp, float *dweight, co
     g->f32_refused = 1;
     if (ctx->moe_gemm_mode == MT_MOE_GEMM_GROUPED) /* asked for by name: say it */
         fprintf(stderr, "megatrain: cuBLAS's grouped GEMM refuses bf16 x bf16 -> fp32 (status %d): "
-                "the experts' weight gradients run one GEMM per expert\n", (int)st);
+                "the experts' weight gradients run as zero-padded batches (or one GEMM per expert)\n", (int)st);
     return 0;
 }

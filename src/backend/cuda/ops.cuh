@@ -188,6 +188,13 @@ int mt_cuda_moe_matmul_backward(mt_cuda_ctx *ctx, bf16 *dinp, float *dweight, co
                                 const int32_t *offsets, const int32_t *offsets_host, int E, int K,
                                 int M, int accumulate, cudaStream_t s);
 void mt_cuda_moe_gemm_free(mt_cuda_ctx *ctx);
+/* The weight gradients of moe_matmul_backward as zero-padded strided batches through the op
+ * scratch (when cuBLAS refuses the grouped fp32 D). Returns 0 with nothing enqueued when padding
+ * would cost over 4x the rows or one expert's slab exceeds MT_CUDA_MOE_PAD_SCRATCH (the caller
+ * loops), 1 when enqueued. */
+int mt_cuda_moe_dweight_padded(mt_backend *be, float *dweight, const bf16 *dout, const bf16 *inp,
+                               size_t w_stride, const int32_t *offsets,
+                               const int32_t *offsets_host, int E, int K, int M, cudaStream_t s);
 
 /* moe_io.cu (gpt-oss's experts stored [E, in, out] with biases; backend.h's moe_matmul_io_*, whose
  * arguments they take): one GEMM per expert with rows through matmul.cu's launchers */
