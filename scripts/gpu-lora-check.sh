@@ -163,8 +163,11 @@ for stage in "$@"; do
       ensure_built
       say "== moe_bench --iters 3 ${stage#moebench}"
       a=${stage#moebench}; a=${a#:}
-      timeout "$(left 300)" "$bin/moe_bench" --iters 3 ${a:+--only $a} > "$OUT/moe-bench.log" 2>&1
-      say "rc $?"; grep -E "^==|total|forward \+ backward|mt_moe_|all expert GEMMs|dweight|FAIL|megatrain:" "$OUT/moe-bench.log" | tee -a "$log" ;;
+      for rk in vector scalar; do # the routing's row kernels, new and old, side by side
+        say "-- MT_MOE_ROW_KERNELS=$rk"
+        MT_MOE_ROW_KERNELS=$rk timeout "$(left 200)" "$bin/moe_bench" --iters 3 ${a:+--only $a} > "$OUT/moe-bench-$rk.log" 2>&1
+        say "rc $?"; grep -E "^==|gather|combine|group|total|forward \+ backward|mt_moe_|all expert GEMMs|dweight|FAIL|megatrain:" "$OUT/moe-bench-$rk.log" | tee -a "$log"
+      done ;;
     mt70:*) ensure_built; run_mt "70b-lora-${stage#mt70:}" bench/configs/llama-3.3-70b.json 2 8 --lora 16 --base-dtype "${stage#mt70:}" ;;
     *) say "unknown stage $stage"; exit 2 ;;
   esac

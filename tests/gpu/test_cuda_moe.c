@@ -139,6 +139,7 @@ static void test_ops(void **state) {
     check_ops(300, 8, 2, 64, 0);
     check_ops(1000, 128, 8, 40, 1); /* Qwen3-30B-A3B's E and k; C not a multiple of 8 */
     check_ops(5, 64, 3, 8, 0);       /* most experts get no token */
+    check_ops(64, 16, 4, 2056, 1);   /* a wide row: the vector kernels' loop over it, and its tail */
 }
 
 /* ---- the experts' GEMMs: MT_MOE_GEMM=grouped (one cuBLAS grouped GEMM per product) against the

@@ -4,6 +4,9 @@
  * tokens, E experts, k choices; assignment a = t*k + j; grouped rows sorted by expert, then a.
  * One warp per token for the router's softmax/top-k and its backward (E up to a few thousand, k
  * small), one block per expert for the stable grouping, grid-stride loops for the row copies. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "cuda_vec.cuh"
 #include "ops.cuh"
 
@@ -204,11 +207,93 @@ static __global__ void combine_backward_kernel(bf16 *dy, float *d_w, const bf16 
     if (lane == 0) d_w[a] = dot;
 }
 
+/* The same four as row kernels on 16-byte vectors (8 bf16), for C a multiple of 8 with aligned
+ * tensors (every model's width): one block per row, its threads across the row, no division per
+ * element; the scalar kernels above measured 15-20% of HBM bandwidth (moe_bench, session 8). The
+ * same fp32 sums in the same order (over j), so the same bits; combine_backward's dot product is
+ * summed in another order (lane-strided vectors). */
+#define MOE_ROW_THREADS 128
+
+/* MT_MOE_ROW_KERNELS=scalar keeps the scalar kernels (for moe_bench's side by side). */
+static int moe_vec_ok(int C, const void *a, const void *b) {
+    static int scalar = -1;
+    if (scalar < 0) {
+        const char *e = getenv("MT_MOE_ROW_KERNELS");
+        scalar = e && strcmp(e, "scalar") == 0;
+    }
+    return !scalar && C % 8 == 0 && mt_aligned16(a) && mt_aligned16(b);
+}
+
+static __global__ void gather_vec_kernel(bf16 *xg, const bf16 *x, const int32_t *perm, int C, int k) {
+    size_t r = blockIdx.x;
+    const uint4 *src = (const uint4 *)(x + (size_t)(perm[r] / k) * C);
+    uint4 *dst = (uint4 *)(xg + r * C);
+    for (int c = threadIdx.x; c < C / 8; c += blockDim.x) dst[c] = src[c];
+}
+
+static __global__ void gather_backward_vec_kernel(bf16 *dx, const bf16 *dxg, const int32_t *inv,
+                                                  int C, int k, int accumulate) {
+    size_t t = blockIdx.x;
+    for (int c = threadIdx.x * 8; c < C; c += blockDim.x * 8) {
+        float v[8], a[8];
+        if (accumulate) ld8(dx + t * C + c, v);
+        else
+            for (int i = 0; i < 8; i++) v[i] = 0.0f;
+        for (int j = 0; j < k; j++) {
+            ld8(dxg + (size_t)inv[t * k + j] * C + c, a);
+            for (int i = 0; i < 8; i++) v[i] += a[i];
+        }
+        st8(dx + t * C + c, v);
+    }
+}
+
+static __global__ void combine_vec_kernel(bf16 *out, const bf16 *y, const float *top_w,
+                                          const int32_t *inv, int C, int k) {
+    size_t t = blockIdx.x;
+    for (int c = threadIdx.x * 8; c < C; c += blockDim.x * 8) {
+        float v[8], a[8];
+        for (int i = 0; i < 8; i++) v[i] = 0.0f;
+        for (int j = 0; j < k; j++) {
+            float w = top_w[t * k + j];
+            ld8(y + (size_t)inv[t * k + j] * C + c, a);
+            for (int i = 0; i < 8; i++) v[i] += w * a[i];
+        }
+        st8(out + t * C + c, v);
+    }
+}
+
+/* One warp per assignment, as the scalar kernel, each lane on 8-element vectors. */
+static __global__ void combine_backward_vec_kernel(bf16 *dy, float *d_w, const bf16 *dout,
+                                                   const bf16 *y, const float *top_w,
+                                                   const int32_t *inv, int nk, int C, int k) {
+    int a = blockIdx.x * MOE_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (a >= nk) return;
+    size_t t = (size_t)a / k, row = (size_t)inv[a];
+    float w = top_w[a], dot = 0;
+    for (int c = lane * 8; c < C; c += 32 * 8) {
+        float g[8], yy[8], o[8];
+        ld8(dout + t * C + c, g);
+        ld8(y + row * C + c, yy);
+        for (int i = 0; i < 8; i++) {
+            o[i] = w * g[i];
+            dot += g[i] * yy[i];
+        }
+        st8(dy + row * C + c, o);
+    }
+    dot = warp_sum(dot);
+    if (lane == 0) d_w[a] = dot;
+}
+
 void mt_cuda_moe_gather(bf16 *xg, const bf16 *x, const int32_t *perm, int n, int C, int k,
                         cudaStream_t s) {
     size_t nkC = (size_t)n * k * C;
     if (nkC == 0) return;
     MT_CHECK(xg && x && perm, "moe_gather: NULL tensor");
+    if (moe_vec_ok(C, xg, x)) {
+        gather_vec_kernel<<<(unsigned)(n * k), MOE_ROW_THREADS, 0, s>>>(xg, x, perm, C, k);
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     gather_kernel<<<mt_ew_blocks(nkC), MT_CUDA_EW_THREADS, 0, s>>>(xg, x, perm, nkC, C, k);
     CUDA_LAUNCH_CHECK();
 }
@@ -218,6 +303,12 @@ void mt_cuda_moe_gather_backward(bf16 *dx, const bf16 *dxg, const int32_t *inv, 
     size_t nC = (size_t)n * C;
     if (nC == 0) return;
     MT_CHECK(dx && dxg && inv, "moe_gather_backward: NULL tensor");
+    if (moe_vec_ok(C, dx, dxg)) {
+        gather_backward_vec_kernel<<<(unsigned)n, MOE_ROW_THREADS, 0, s>>>(dx, dxg, inv, C, k,
+                                                                           accumulate);
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     gather_backward_kernel<<<mt_ew_blocks(nC), MT_CUDA_EW_THREADS, 0, s>>>(dx, dxg, inv, nC, C, k,
                                                                           accumulate);
     CUDA_LAUNCH_CHECK();
@@ -228,6 +319,11 @@ void mt_cuda_moe_combine(bf16 *out, const bf16 *y, const float *top_w, const int
     size_t nC = (size_t)n * C;
     if (nC == 0) return;
     MT_CHECK(out && y && top_w && inv, "moe_combine: NULL tensor");
+    if (moe_vec_ok(C, out, y)) {
+        combine_vec_kernel<<<(unsigned)n, MOE_ROW_THREADS, 0, s>>>(out, y, top_w, inv, C, k);
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     combine_kernel<<<mt_ew_blocks(nC), MT_CUDA_EW_THREADS, 0, s>>>(out, y, top_w, inv, nC, C, k);
     CUDA_LAUNCH_CHECK();
 }
@@ -238,6 +334,12 @@ void mt_cuda_moe_combine_backward(bf16 *dy, float *d_w, const bf16 *dout, const 
     int nk = n * k;
     if (nk <= 0) return;
     MT_CHECK(dy && d_w && dout && y && top_w && inv, "moe_combine_backward: NULL tensor");
+    if (moe_vec_ok(C, dy, dout) && mt_aligned16(y)) {
+        combine_backward_vec_kernel<<<token_blocks(nk), MOE_WARPS * 32, 0, s>>>(
+            dy, d_w, dout, y, top_w, inv, nk, C, k);
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     combine_backward_kernel<<<token_blocks(nk), MOE_WARPS * 32, 0, s>>>(dy, d_w, dout, y, top_w, inv,
                                                                        nk, C, k);
     CUDA_LAUNCH_CHECK();
