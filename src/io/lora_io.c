@@ -257,28 +257,33 @@ static int lm_regex_names(const char *s, char *buf, size_t size) {
     return 1;
 }
 
+/* A list of names (field "target_modules" or "target_parameters") -> comma-joined names in buf. */
+static int join_names(const char *path, const char *field, json_t *v, char *buf, size_t size) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        json_t *e = json_array_get(v, i);
+        const char *s = json_is_string(e) ? json_string_value(e) : NULL;
+        if (!s || !plain_module_name(s))
+            return mt_error_set("%s: \"%s\" entry %zu is not a %s name (letters, digits, '_', '.')",
+                                path, field, i, strcmp(field, "target_modules") ? "parameter" : "module");
+        size_t n = strlen(s);
+        if (used + n + 2 > size)
+            return mt_error_set("%s: \"%s\" is longer than %zu characters", path, field, size - 1);
+        if (used) buf[used++] = ',';
+        memcpy(buf + used, s, n + 1);
+        used += n;
+    }
+    return MT_OK;
+}
+
 /* target_parameters (null, absent or a list of names) -> comma-joined names in buf ("" none). */
 static int read_parameters(const char *path, json_t *v, char *buf, size_t size) {
     buf[0] = '\0';
     if (!v || json_is_null(v)) return MT_OK;
     if (!json_is_array(v))
         return mt_error_set("%s: \"target_parameters\" must be a list of parameter names", path);
-    size_t used = 0;
-    for (size_t i = 0; i < json_array_size(v); i++) {
-        json_t *e = json_array_get(v, i);
-        const char *s = json_is_string(e) ? json_string_value(e) : NULL;
-        if (!s || !plain_module_name(s))
-            return mt_error_set("%s: \"target_parameters\" entry %zu is not a parameter name "
-                                "(letters, digits, '_', '.')", path, i);
-        size_t n = strlen(s);
-        if (used + n + 2 > size)
-            return mt_error_set("%s: \"target_parameters\" is longer than %zu characters", path,
-                                size - 1);
-        if (used) buf[used++] = ',';
-        memcpy(buf + used, s, n + 1);
-        used += n;
-    }
-    return MT_OK;
+    return join_names(path, "target_parameters", v, buf, size);
 }
 
 /* target_modules -> comma-joined names in buf. nested: a multimodal model's, which may be the
@@ -311,22 +316,7 @@ static int read_targets(const char *path, json_t *v, int nested, int params, cha
     }
     if (!json_is_array(v) || json_array_size(v) == 0)
         return mt_error_set("%s: \"target_modules\" must be a non-empty list of module names", path);
-    size_t used = 0;
-    buf[0] = '\0';
-    for (size_t i = 0; i < json_array_size(v); i++) {
-        json_t *e = json_array_get(v, i);
-        const char *s = json_is_string(e) ? json_string_value(e) : NULL;
-        if (!s || !plain_module_name(s))
-            return mt_error_set("%s: \"target_modules\" entry %zu is not a module name (letters, "
-                                "digits, '_', '.')", path, i);
-        size_t n = strlen(s);
-        if (used + n + 2 > size)
-            return mt_error_set("%s: \"target_modules\" is longer than %zu characters", path, size - 1);
-        if (used) buf[used++] = ',';
-        memcpy(buf + used, s, n + 1);
-        used += n;
-    }
-    return MT_OK;
+    return join_names(path, "target_modules", v, buf, size);
 }
 
 /* Every field of o that changes what the adapter computes or where it sits, checked. */
