@@ -208,17 +208,29 @@ static void test_base_cache(void **state) {
 }
 
 /* gpt-oss (the lora_gpt_oss fixture's base): `info --lora` counts what PEFT trains there (the default
- * list resolves to the attention projections: 2560, as PEFT's get_nb_trainable_parameters), and a
- * target naming the experts or the router is refused in one line saying what is supported. */
+ * list resolves to the attention projections: 2560, as PEFT's get_nb_trainable_parameters; with the
+ * experts' gate_up_proj and down_proj, PEFT's target_parameters, 5376 as PEFT counts
+ * lora_gpt_oss_experts), and a target naming the experts' module, the dense MLP's names or the router
+ * is refused in one line saying what is supported; fused experts on another family are refused. */
 static void test_gpt_oss(void **state) {
     mt_cli_expect(mt_cli_run(&g_env, g_out, sizeof g_out, "info --model '%s/../lora_gpt_oss/base' --lora 4",
                              g_env.fixture),
                   0, g_out, "lora: rank 4 on 8 modules (q_proj,k_proj,v_proj,o_proj): 2560 trainable parameters");
+    mt_cli_expect(mt_cli_run(&g_env, g_out, sizeof g_out,
+                             "info --model '%s/../lora_gpt_oss/base' --lora 4 --lora-targets "
+                             "q_proj,k_proj,v_proj,o_proj,mlp.experts.gate_up_proj,down_proj", g_env.fixture),
+                  0, g_out, "lora: rank 4 on 12 modules (q_proj,k_proj,v_proj,o_proj,gate_up_proj,down_proj): "
+                            "5376 trainable parameters");
+    mt_cli_expect(mt_cli_run(&g_env, g_out, sizeof g_out,
+                             "info --model '%s/../lora_qwen3_moe/base' --lora 4 --lora-targets q_proj,gate_up_proj",
+                             g_env.fixture),
+                  1, g_out, "is supported on gpt_oss only, not qwen3_moe");
     static const char *const refusals[][2] = {
-        {"q_proj,v_proj,down_proj", "gpt_oss's MLP is only its experts"},
+        {"q_proj,v_proj,gate_proj", "gpt_oss's MLP is only its experts"},
+        {"experts", "gpt_oss's MLP is only its experts"},
         {"router", "gpt_oss's router (mlp.router) is not a Linear module"},
     };
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 3; i++) {
         mt_cli_expect(mt_cli_run(&g_env, g_out, sizeof g_out,
                                  "train --model '%s/../lora_gpt_oss/base' --data '%s/../lora_gpt_oss/data.bin' "
                                  "--steps 2 --batch 4 --seq 24 --device cpu --out gpt_oss_refused --lora 4 "
@@ -227,7 +239,8 @@ static void test_gpt_oss(void **state) {
                       1, g_out, refusals[i][1]);
         char first[1024];
         assert_int_equal(mt_cli_error_lines(g_out, first, sizeof first), 1);
-        assert_non_null(strstr(first, "LoRA on gpt_oss adapts the attention projections: q_proj,k_proj,v_proj,o_proj"));
+        assert_non_null(strstr(first, "LoRA on gpt_oss adapts the attention projections "
+                                      "(q_proj,k_proj,v_proj,o_proj) and the experts (gate_up_proj,down_proj)"));
         assert_null(strstr(g_out, "step 1/"));
     }
 }
@@ -296,6 +309,16 @@ static void test_gpt_oss_mxfp4(void **state) {
     assert_non_null(strstr(g_out, "quantized mxfp4"));
     same_steps("oss_bf16", "oss_mxfp4");
     same_adapter("oss_bf16", "oss_mxfp4");
+    /* adapters on the experts over the MXFP4 experts: the bf16 base's run too (the MXFP4 values
+     * dequantize exactly on the CPU) */
+    const char *experts = "--lora-targets q_proj,k_proj,v_proj,o_proj,gate_up_proj,down_proj";
+    char extra[256];
+    snprintf(extra, sizeof extra, "--base-dtype bf16 %s", experts);
+    mt_cli_expect(oss_run("oss_bf16_experts", extra), 0, g_out, "gate_up_proj,down_proj)");
+    snprintf(extra, sizeof extra, "--base-dtype mxfp4 %s", experts);
+    mt_cli_expect(oss_run("oss_mxfp4_experts", extra), 0, g_out, "experts kept in MXFP4 in the frozen base");
+    same_steps("oss_bf16_experts", "oss_mxfp4_experts");
+    same_adapter("oss_bf16_experts", "oss_mxfp4_experts");
     mt_cli_expect(oss_run("oss_cache1", "--base-dtype mxfp4 --base-cache oq"), 0, g_out, "written (");
     mt_cli_expect(oss_run("oss_cache2", "--base-dtype mxfp4 --base-cache oq"), 0, g_out, "read (");
     mt_test_sh("ls '%s/oq/' | grep -q '^gpt_oss_mxfp4\\.mxfp4\\..*\\.mtq$'", g_env.tmp);

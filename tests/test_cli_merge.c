@@ -96,6 +96,24 @@ static float *reference(const mt_st_tensor *w, const float *a, const float *b, i
     return ref;
 }
 
+/* The fused experts' W (E, in, out): W[e] + scale * A_e^T B_e^T in fp64, A (r E, in) and B (out, r E)
+ * in PEFT's layout (expert e's rows e r + k of A, columns k E + e of B). */
+static float *reference_experts(const mt_st_tensor *w, const float *a, const float *b, int r,
+                                float scale) {
+    float *ref = to_f32(w);
+    int64_t E = w->shape[0], in = w->shape[1], out = w->shape[2];
+    for (int64_t e = 0; e < E; e++)
+        for (int64_t i = 0; i < in; i++)
+            for (int64_t o = 0; o < out; o++) {
+                double s = 0;
+                for (int k = 0; k < r; k++)
+                    s += (double)a[(e * r + k) * in + i] * b[o * r * E + k * E + e];
+                float *x = &ref[(e * in + i) * out + o];
+                *x = (float)((double)*x + (double)scale * s);
+            }
+    return ref;
+}
+
 /* Each tensor of merged against base: adapted ones (lt over table t, in arena) as ref_of says,
  * the others byte-identical (want_dtype: the merged file's dtype; a BF16 one is the base rounded). */
 static void check_merged(const char *base_dir, const char *merged_dir, const mt_param_table *t,
@@ -116,7 +134,15 @@ static void check_merged(const char *base_dir, const char *merged_dir, const mt_
         assert_non_null(p);
         const mt_lora_param *a = mt_lora_find(lt, p->layer, p->kind);
         if (a && p->expert < 0) {
-            float *ref = reference(x, arena + a->offset, arena + a[1].offset, lt->rank, lt->scale);
+            float *ref;
+            if (a->experts) { /* the arena's lora_B back in PEFT's layout */
+                float *b_peft = malloc((size_t)a[1].numel * sizeof(float));
+                mt_lora_peft_layout(&a[1], arena + a[1].offset, b_peft, 1);
+                ref = reference_experts(x, arena + a->offset, b_peft, lt->rank, lt->scale);
+                free(b_peft);
+            } else {
+                ref = reference(x, arena + a->offset, arena + a[1].offset, lt->rank, lt->scale);
+            }
             float *got = to_f32(y);
             if (want_dtype == MT_BF16)
                 for (int64_t j = 0; j < x->numel; j++) ref[j] = mt_bf16_to_f32(mt_f32_to_bf16(ref[j]));
@@ -247,6 +273,8 @@ static void check_peft_fixture(const char *name) {
 static void test_peft_llama(void **state) { check_peft_fixture("lora_llama"); }
 static void test_peft_qwen3_moe(void **state) { check_peft_fixture("lora_qwen3_moe"); }
 static void test_peft_gpt_oss(void **state) { check_peft_fixture("lora_gpt_oss"); }
+/* the experts' delta folded into the fused (E, in, out) gate_up_proj and down_proj */
+static void test_peft_gpt_oss_experts(void **state) { check_peft_fixture("lora_gpt_oss_experts"); }
 static void test_peft_gemma4(void **state) { check_peft_fixture("lora_gemma4"); }
 static void test_peft_gemma4_moe(void **state) { check_peft_fixture("lora_gemma4_moe"); }
 
@@ -342,6 +370,7 @@ int main(void) {
         cmocka_unit_test(test_merge_bf16_base),
         cmocka_unit_test(test_peft_llama),  cmocka_unit_test(test_peft_qwen3_moe),
         cmocka_unit_test(test_peft_gpt_oss),
+        cmocka_unit_test(test_peft_gpt_oss_experts),
         cmocka_unit_test(test_peft_gemma4),
         cmocka_unit_test(test_peft_gemma4_moe),
         cmocka_unit_test(test_refusals),    cmocka_unit_test(test_help),

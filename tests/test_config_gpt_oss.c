@@ -198,14 +198,37 @@ static void test_backend_and_lora_targets(void **state) {
     /* per layer q (64, 32) and o (32, 64): 4 (32 + 64) each; k and v (32, 32): 4 (32 + 32) each */
     assert_int_equal(lt.n_real, 2 * (2 * 384 + 2 * 256));
     mt_lora_table_free(&lt);
+    /* the experts (PEFT's target_parameters): lora_A (r E, in), lora_B (out, r E) of the fused
+     * gate_up_proj (E 4, C 32, 2 Fe 16) and down_proj (4, 8, 32), keys as PEFT nests its wrappers */
+    o.targets = "q_proj,k_proj,v_proj,o_proj,gate_up_proj,mlp.experts.down_proj";
+    if (mt_lora_table_init(&lt, &t, &o) != MT_OK) fail_msg("%s", mt_error_message());
+    assert_string_equal(lt.targets, MT_LORA_GPT_OSS_TARGETS);
+    assert_string_equal(lt.parameters, "mlp.experts.gate_up_proj,mlp.experts.down_proj");
+    assert_int_equal(lt.n_modules, 2 * 6);
+    assert_int_equal(lt.n_real, 2 * (2 * 384 + 2 * 256) + 2 * (4 * 4 * (32 + 16) + 4 * 4 * (8 + 32)));
+    const mt_lora_param *a = mt_lora_find(&lt, 1, MT_W_EXP_GATE_UP), *d = mt_lora_find(&lt, 1, MT_W_EXP_DOWN_IO);
+    assert_non_null(a);
+    assert_non_null(d);
+    assert_string_equal(a->name, "base_model.model.model.layers.1.mlp.experts.base_layer.lora_A.weight");
+    assert_string_equal(a[1].name, "base_model.model.model.layers.1.mlp.experts.base_layer.lora_B.weight");
+    assert_string_equal(d->name, "base_model.model.model.layers.1.mlp.experts.lora_A.weight");
+    assert_true(a->experts == 4 && a->shape[0] == 16 && a->shape[1] == 32);
+    assert_true(a[1].shape[0] == 16 && a[1].shape[1] == 16 && d->shape[1] == 8 && d[1].shape[0] == 32);
+    mt_lora_table_free(&lt);
+    o.targets = "q_proj,down_proj"; /* down_proj alone: no nesting */
+    if (mt_lora_table_init(&lt, &t, &o) != MT_OK) fail_msg("%s", mt_error_message());
+    assert_string_equal(lt.parameters, "mlp.experts.down_proj");
+    assert_string_equal(mt_lora_find(&lt, 0, MT_W_EXP_DOWN_IO)->name,
+                        "base_model.model.model.layers.0.mlp.experts.lora_A.weight");
+    mt_lora_table_free(&lt);
     static const char *const refused[][2] = {
         {"q_proj,router", "gpt_oss's router (mlp.router) is not a Linear module"},
         {"mlp.router", "gpt_oss's router"},
-        {"q_proj,v_proj,gate_up_proj", "gpt_oss's MLP is only its experts"},
         {"experts", "gpt_oss's MLP is only its experts"},
-        {"down_proj", "through target_parameters"},
+        {"q_proj,up_proj", "gpt_oss's MLP is only its experts"},
         {"q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", "\"gate_proj\": gpt_oss's MLP"},
         {"sinks", "no module of this gpt_oss model is named \"sinks\""},
+        {"self_attn.gate_up_proj", "no module of this gpt_oss model is named"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         o.targets = refused[i][0];
@@ -213,7 +236,8 @@ static void test_backend_and_lora_targets(void **state) {
         if (!strstr(mt_error_message(), refused[i][1]))
             fail_msg("--lora-targets %s: \"%s\" does not say \"%s\"", refused[i][0],
                      mt_error_message(), refused[i][1]);
-        if (i < 6 && !strstr(mt_error_message(), "adapts the attention projections: " MT_LORA_GPT_OSS_TARGETS))
+        if (i < 5 && !strstr(mt_error_message(), "adapts the attention projections (" MT_LORA_GPT_OSS_TARGETS
+                                                 ") and the experts (" MT_LORA_GPT_OSS_EXPERTS ")"))
             fail_msg("--lora-targets %s: \"%s\" does not say what is supported", refused[i][0],
                      mt_error_message());
     }

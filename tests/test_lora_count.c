@@ -88,11 +88,34 @@ static void test_gpt_oss_20b(void **state) {
     assert_int_equal(p, 7962624LL);
     assert_int_equal(mt_lora_count(&t, 8, "q_proj,v_proj", &p, &m), MT_OK);
     assert_int_equal(p, 1990656LL);
-    /* the experts and the router are not PEFT Linear modules there: refused by name */
-    assert_int_equal(mt_lora_count(&t, 16, "q_proj,down_proj", &p, &m), MT_ERR);
+    /* the experts through PEFT's target_parameters: down_proj (E 32, 2880, 2880) takes lora_A
+     * (16 x 32, 2880) and lora_B (2880, 16 x 32) a layer */
+    assert_int_equal(mt_lora_count(&t, 16, "q_proj,down_proj", &p, &m), MT_OK);
+    assert_int_equal(m, 24 * 2);
+    assert_int_equal(p, 24 * (111616LL + 2 * 16 * 32 * 2880LL));
+    /* the router, and the dense MLP's names, are not modules there: refused by name */
+    assert_int_equal(mt_lora_count(&t, 16, "q_proj,gate_proj", &p, &m), MT_ERR);
     assert_non_null(strstr(mt_error_message(), "experts"));
     assert_int_equal(mt_lora_count(&t, 16, "router", &p, &m), MT_ERR);
     assert_non_null(strstr(mt_error_message(), "router"));
+    mt_param_table_free(&t);
+}
+
+/* gpt-oss-120b (openai/gpt-oss-120b config.json: 36 layers, 128 experts, the 20b's widths), rank 16
+ * on the attention and the experts' projections (the issue's run): per layer q, o 16 (2880 + 4096),
+ * k, v 16 (2880 + 512), gate_up 16 x 128 (2880 + 5760), down 16 x 128 (2880 + 2880). */
+static void test_gpt_oss_120b(void **state) {
+    (void)state;
+    mt_param_table t;
+    table_of(&t, "{\"model_type\": \"gpt_oss\", \"hidden_size\": 2880, \"intermediate_size\": 2880, "
+                 "\"num_hidden_layers\": 36, \"num_attention_heads\": 64, \"num_key_value_heads\": 8, "
+                 "\"head_dim\": 64, \"vocab_size\": 201088, \"num_local_experts\": 128, "
+                 "\"num_experts_per_tok\": 4, \"sliding_window\": 128}");
+    int64_t p, m;
+    assert_int_equal(mt_lora_count(&t, 16, "q_proj,k_proj,v_proj,o_proj,gate_up_proj,down_proj", &p, &m), MT_OK);
+    assert_int_equal(m, 36 * 6);
+    assert_int_equal(p, 36 * (2 * 111616LL + 2 * 54272LL + 16 * 128 * (8640LL + 5760LL)));
+    assert_int_equal(p, 1073627136LL);
     mt_param_table_free(&t);
 }
 
@@ -157,6 +180,7 @@ int main(void) {
         cmocka_unit_test(test_llama70),
         cmocka_unit_test(test_qwen3_5_moe),
         cmocka_unit_test(test_gpt_oss_20b),
+        cmocka_unit_test(test_gpt_oss_120b),
         cmocka_unit_test(test_gemma4),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

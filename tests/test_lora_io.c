@@ -331,7 +331,7 @@ static void test_refused_config(void **state) {
         {"alpha_pattern", "{\"q_proj\": 16}", "\"alpha_pattern\" is set"},
         {"layers_to_transform", "[0]", "\"layers_to_transform\" is set"},
         {"exclude_modules", "[\"v_proj\"]", "\"exclude_modules\" is set"},
-        {"target_parameters", "[\"mlp.experts.gate_up_proj\"]", "\"target_parameters\" is set"},
+        {"target_parameters", "[\"mlp.experts.gate_up_proj\"]", "supported on gpt_oss only"},
         {"trainable_token_indices", "[1, 2]", "\"trainable_token_indices\" is set"},
         {"r", NULL, "\"r\" is missing"},
         {"r", "0", "\"r\" must be an integer from 1"},

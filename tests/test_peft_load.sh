@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # PEFT loads the adapter a megatrain LoRA run saves, and the adapted model computes what megatrain
-# computes: `megatrain train --adapter` on the lora_llama, lora_gpt_oss, lora_gemma4 and lora_gemma4_moe fixtures
+# computes: `megatrain train --adapter` on the lora_llama, lora_gpt_oss, lora_gpt_oss_experts, lora_gemma4 and
+# lora_gemma4_moe fixtures
 # (10 steps) and a multimodal gemma4_vl run, then PEFT's loss on the
 # fixture's batch against `megatrain eval --adapter` of the same checkpoint (1e-5,
 # tests/fixtures/check_peft_load.py); and PEFT's own trained adapter (adapter_final) through
@@ -22,7 +23,7 @@ eval_loss() { # the loss `megatrain eval --adapter DIR [--model BASE]` prints on
     "$bin" eval --model "${2:-$fx/base}" --adapter "$1" --data "$fx/data.bin" --batch 4 --seq "$seq" --batches 1 |
         sed -n 's/.*: loss \([0-9.]*\),.*/\1/p'
 }
-for name in lora_llama lora_gpt_oss lora_gemma4 lora_gemma4_moe; do
+for name in lora_llama lora_gpt_oss lora_gpt_oss_experts lora_gemma4 lora_gemma4_moe; do
     fx="$src/tests/fixtures/$name"
     seq=$(sed -n 's/.*--seq \([0-9]*\).*/\1/p' "$fx/args.txt")
     (cd "$fx" && "$bin" train --model base --adapter adapter_init --out "$tmp/$name" --device cpu $(cat args.txt) >/dev/null)

@@ -157,6 +157,9 @@ static void test_lora_gemma3(void **state) { run_lora_fixture("lora_gemma3"); }
 /* gpt-oss (make_lora_gpt_oss_fixture.py): adapters on q/k/v/o of sliding and full layers, over
  * their frozen biases, the frozen sinks and the frozen experts (the gpt_oss_tiny base) */
 static void test_lora_gpt_oss(void **state) { run_lora_fixture("lora_gpt_oss"); }
+/* gpt-oss with its experts adapted too (PEFT's target_parameters on the fused gate_up_proj and
+ * down_proj: lora_A (r E, in), lora_B (out, r E), the keys PEFT's nested wrappers give) */
+static void test_lora_gpt_oss_experts(void **state) { run_lora_fixture("lora_gpt_oss_experts"); }
 /* Gemma 4 (make_lora_gemma4_fixture.py): adapters on every projection of sliding and full layers,
  * the full layers with their own head dim and kv heads and keys as values (no v_proj there: k_proj's
  * adapter reaches the values through the v-norm), the per-layer scalar, the soft-capped tied head;
@@ -204,6 +207,7 @@ int main(void) {
         cmocka_unit_test(test_lora_qwen3_moe),
         cmocka_unit_test(test_lora_gemma3),
         cmocka_unit_test(test_lora_gpt_oss),
+        cmocka_unit_test(test_lora_gpt_oss_experts),
         cmocka_unit_test(test_lora_gemma4),
         cmocka_unit_test(test_lora_gemma4_moe),
     };

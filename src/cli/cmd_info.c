@@ -27,7 +27,9 @@ static void print_usage(FILE *out) {
             "  --lora-targets L    PEFT's target_modules, comma-separated (default: every linear\n"
             "                      projection of attention, the Gated DeltaNet and the MLPs, shared\n"
             "                      experts included; not the router, the experts or the LM head: on\n"
-            "                      gpt_oss the attention's q_proj, k_proj, v_proj, o_proj)\n"
+            "                      gpt_oss the attention's q_proj, k_proj, v_proj, o_proj; name\n"
+            "                      gate_up_proj and down_proj there to adapt its experts too, PEFT's\n"
+            "                      target_parameters)\n"
             "  --model ORG/NAME [--revision R]: a model in the Hugging Face hub cache, offline\n"
             "  ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub; R: ref or commit,\n"
             "  default main)\n");
@@ -204,8 +206,10 @@ int mt_cmd_info(int argc, char **argv) {
            "  --device cpu the upload copy is fp32 and the compute side is host RAM too)\n");
     if (model_dir) printf("weights: all %d tensors present and valid\n", m.table.n_params);
     if (lora) { /* the names that matched: what a default list resolves to on this family */
+        char names[sizeof lt.targets + sizeof lt.parameters];
         printf("lora: rank %d on %d modules (%s): %lld trainable parameters (%.3f%% of %.0f), as PEFT "
-               "counts them\n", lora, lt.n_modules, lt.targets, (long long)lt.n_real,
+               "counts them\n", lora, lt.n_modules, mt_lora_targets_text(&lt, names, sizeof names),
+               (long long)lt.n_real,
                100.0 * (double)lt.n_real / n, n);
         mt_lora_table_free(&lt);
     }

@@ -629,18 +629,23 @@ static int open_lora(train_run *r) {
         if (o->lora_alpha && o->lora_alpha != r->lora.alpha)
             return mt_error_set("--lora-alpha %g: the adapter %s has lora_alpha %g", o->lora_alpha,
                                 o->adapter, r->lora.alpha);
-        if (o->lora_targets && strcmp(o->lora_targets, r->lora.targets) != 0)
+        char names[sizeof r->lora.targets + sizeof r->lora.parameters];
+        mt_lora_targets_text(&r->lora, names, sizeof names);
+        if (o->lora_targets && strcmp(o->lora_targets, names) != 0)
             return mt_error_set("--lora-targets %s: the adapter %s targets %s", o->lora_targets,
-                                o->adapter, r->lora.targets);
+                                o->adapter, names);
     } else {
         mt_lora_opts lo = {.rank = (int)o->lora, .alpha = o->lora_alpha, .targets = o->lora_targets};
         MT_TRY(mt_lora_table_init(&r->lora, t, &lo));
         r->have_lora = 1;
     }
     t->cfg.lora_rank = r->lora.rank;
+    t->cfg.lora_experts = r->lora.parameters[0] != '\0';
+    char names[sizeof r->lora.targets + sizeof r->lora.parameters];
     printf("LoRA: rank %d, alpha %g on %d modules (%s), %.3fM trainable parameters of %.1fM; the "
            "base is frozen%s%s\n",
-           r->lora.rank, r->lora.alpha, r->lora.n_modules, r->lora.targets, r->lora.n_real / 1e6,
+           r->lora.rank, r->lora.alpha, r->lora.n_modules,
+           mt_lora_targets_text(&r->lora, names, sizeof names), r->lora.n_real / 1e6,
            (t->n_real + r->lora.n_real) / 1e6, o->adapter ? "; starting from the adapter " : "",
            o->adapter ? o->adapter : "");
     return MT_OK;

@@ -634,11 +634,12 @@ static void print_state(const mt_plan *p, FILE *out) {
     const mt_engine_opts *eo = &p->eo;
     if (eo->lora) {
         const mt_lora_table *lt = eo->lora;
+        char names[sizeof lt->targets + sizeof lt->parameters];
         fprintf(out, "\nLoRA: rank %d, alpha %g (scale %g) on %d modules (%s): %.4gM adapter "
                      "parameters, their state %.1f MiB on the %s (fp32 master, moments, gradient); "
                      "the base frozen: its weights alone, %d B/param, no gradient",
-                lt->rank, lt->alpha, (double)lt->scale, lt->n_modules, lt->targets,
-                (double)lt->n_real / 1e6, mt_lora_state_bytes(lt, p->dtype) / 1048576.0,
+                lt->rank, lt->alpha, (double)lt->scale, lt->n_modules,
+                mt_lora_targets_text(lt, names, sizeof names), (double)lt->n_real / 1e6, mt_lora_state_bytes(lt, p->dtype) / 1048576.0,
                 p->backend.host_ram ? "compute side (host RAM)" : "GPU", (int)mt_dtype_size(p->dtype));
         if (eo->gpu_layers)
             fprintf(out, "; layers 0-%d of %d resident on the GPU (%.2f GiB)", eo->gpu_layers - 1,

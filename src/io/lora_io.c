@@ -79,8 +79,8 @@ static char *config_text(const mt_lora_table *lt, const char *base_model_name) {
                                "corda_config", "eva_config", "exclude_modules", "kasa_config",
                                "layer_replication", "layers_pattern", "layers_to_transform",
                                "lora_ga_config", "megatron_config", "modules_to_save",
-                               "monteclora_config", "revision", "target_parameters",
-                               "trainable_token_indices", "use_bdlora", "velora_config"};
+                               "monteclora_config", "revision", "trainable_token_indices",
+                               "use_bdlora", "velora_config"};
     for (size_t i = 0; i < sizeof null_keys / sizeof *null_keys; i++)
         json_object_set(o, null_keys[i], null);
     const char *false_keys[] = {"ensure_weight_tying", "fan_in_fan_out", "lora_bias", "use_dora",
@@ -107,6 +107,15 @@ static char *config_text(const mt_lora_table *lt, const char *base_model_name) {
     json_object_set_new(o, "qalora_group_size", json_integer(16));
     json_object_set_new(o, "r", json_integer(lt->rank));
     json_object_set_new(o, "target_modules", target_list(lt));
+    json_t *params = json_null(); /* gpt-oss's experts: PEFT's list, in the order it was given */
+    if (lt->parameters[0]) {
+        params = json_array();
+        char *copy = mt_strdup(lt->parameters);
+        for (char *save = NULL, *p = strtok_r(copy, ",", &save); p; p = strtok_r(NULL, ",", &save))
+            json_array_append_new(params, json_string(p));
+        free(copy);
+    }
+    json_object_set_new(o, "target_parameters", params);
     json_object_set_new(o, "task_type", json_string("CAUSAL_LM"));
     json_decref(null);
     char *text = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
@@ -118,11 +127,27 @@ static char *config_text(const mt_lora_table *lt, const char *base_model_name) {
 typedef struct {
     const mt_lora_table *lt;
     const float *arena;
+    mt_dtype dtype;
 } fill_ctx;
 
-static int fill_bf16(void *ctx, int i, int64_t begin, int64_t n, void *dst) {
+/* Tensor i in PEFT's layout: the arena's (an experts' lora_B regrouped: mt_lora_peft_layout). */
+static int fill_tensor(void *ctx, int i, int64_t begin, int64_t n, void *dst) {
     const fill_ctx *c = ctx;
-    mt_convert_f32_to_bf16(dst, c->arena + c->lt->params[i].offset + begin, (size_t)n);
+    const mt_lora_param *p = &c->lt->params[i];
+    const float *src = c->arena + p->offset + begin;
+    float *peft = NULL;
+    if (p->experts && p->is_b) { /* PEFT's element j = (o, k, e) of (out, r, E): the arena's (e, o, k) */
+        int64_t E = p->experts, rE = p->shape[1], out = p->shape[0], r = rE / E;
+        peft = mt_malloc((size_t)n * sizeof(float));
+        for (int64_t j = 0; j < n; j++) {
+            int64_t at = begin + j, o = at / rE, k = at % rE / E, e = at % E;
+            peft[j] = c->arena[p->offset + (e * out + o) * r + k];
+        }
+        src = peft;
+    }
+    if (c->dtype == MT_F32) memcpy(dst, src, (size_t)n * sizeof(float));
+    else mt_convert_f32_to_bf16(dst, src, (size_t)n);
+    free(peft);
     return MT_OK;
 }
 
@@ -138,12 +163,13 @@ static int save_files(const mt_lora_table *lt, const float *arena, const char *d
         w[i].ndim = 2;
         w[i].shape[0] = p->shape[0];
         w[i].shape[1] = p->shape[1];
-        w[i].data = dtype == MT_F32 ? (const void *)(arena + p->offset) : NULL;
+        w[i].data = dtype == MT_F32 && !(p->experts && p->is_b) ? (const void *)(arena + p->offset)
+                                                                 : NULL;
     }
     const mt_st_meta meta[] = {{"format", "pt"}};
-    fill_ctx ctx = {lt, arena};
+    fill_ctx ctx = {lt, arena, dtype};
     char *path = path_join(dir, WEIGHTS_FILE);
-    int rc = mt_safetensors_write_fill(path, w, lt->n_params, meta, 1, fill_bf16, &ctx);
+    int rc = mt_safetensors_write_fill(path, w, lt->n_params, meta, 1, fill_tensor, &ctx);
     free(path);
     free(w);
     if (rc != MT_OK) return rc;
@@ -231,9 +257,43 @@ static int lm_regex_names(const char *s, char *buf, size_t size) {
     return 1;
 }
 
+/* A list of names (field "target_modules" or "target_parameters") -> comma-joined names in buf. */
+static int join_names(const char *path, const char *field, json_t *v, char *buf, size_t size) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        json_t *e = json_array_get(v, i);
+        const char *s = json_is_string(e) ? json_string_value(e) : NULL;
+        if (!s || !plain_module_name(s))
+            return mt_error_set("%s: \"%s\" entry %zu is not a %s name (letters, digits, '_', '.')",
+                                path, field, i, strcmp(field, "target_modules") ? "parameter" : "module");
+        size_t n = strlen(s);
+        if (used + n + 2 > size)
+            return mt_error_set("%s: \"%s\" is longer than %zu characters", path, field, size - 1);
+        if (used) buf[used++] = ',';
+        memcpy(buf + used, s, n + 1);
+        used += n;
+    }
+    return MT_OK;
+}
+
+/* target_parameters (null, absent or a list of names) -> comma-joined names in buf ("" none). */
+static int read_parameters(const char *path, json_t *v, char *buf, size_t size) {
+    buf[0] = '\0';
+    if (!v || json_is_null(v)) return MT_OK;
+    if (!json_is_array(v))
+        return mt_error_set("%s: \"target_parameters\" must be a list of parameter names", path);
+    return join_names(path, "target_parameters", v, buf, size);
+}
+
 /* target_modules -> comma-joined names in buf. nested: a multimodal model's, which may be the
- * regular expression PEFT needs there (LM_REGEX_HEAD). */
-static int read_targets(const char *path, json_t *v, int nested, char *buf, size_t size) {
+ * regular expression PEFT needs there (LM_REGEX_HEAD). params: target_parameters are set, so that
+ * target_modules may be empty (or null). */
+static int read_targets(const char *path, json_t *v, int nested, int params, char *buf,
+                        size_t size) {
+    buf[0] = '\0';
+    if (params && (!v || json_is_null(v) || (json_is_array(v) && json_array_size(v) == 0)))
+        return MT_OK;
     if (!v || json_is_null(v))
         return mt_error_set("%s: \"target_modules\" is missing: which modules carry the adapter?", path);
     if (json_is_string(v)) {
@@ -256,22 +316,7 @@ static int read_targets(const char *path, json_t *v, int nested, char *buf, size
     }
     if (!json_is_array(v) || json_array_size(v) == 0)
         return mt_error_set("%s: \"target_modules\" must be a non-empty list of module names", path);
-    size_t used = 0;
-    buf[0] = '\0';
-    for (size_t i = 0; i < json_array_size(v); i++) {
-        json_t *e = json_array_get(v, i);
-        const char *s = json_is_string(e) ? json_string_value(e) : NULL;
-        if (!s || !plain_module_name(s))
-            return mt_error_set("%s: \"target_modules\" entry %zu is not a module name (letters, "
-                                "digits, '_', '.')", path, i);
-        size_t n = strlen(s);
-        if (used + n + 2 > size)
-            return mt_error_set("%s: \"target_modules\" is longer than %zu characters", path, size - 1);
-        if (used) buf[used++] = ',';
-        memcpy(buf + used, s, n + 1);
-        used += n;
-    }
-    return MT_OK;
+    return join_names(path, "target_modules", v, buf, size);
 }
 
 /* Every field of o that changes what the adapter computes or where it sits, checked. */
@@ -310,8 +355,6 @@ static int check_config(const char *path, json_t *o) {
     MT_TRY(refuse_nonempty(path, o, "layers_to_transform", "adapters on some layers only are not "
                            "supported (every layer)"));
     MT_TRY(refuse_nonempty(path, o, "exclude_modules", "excluded modules are not supported"));
-    MT_TRY(refuse_nonempty(path, o, "target_parameters", "adapters on parameters (the experts) "
-                           "are not supported"));
     MT_TRY(refuse_nonempty(path, o, "trainable_token_indices", "trained token embeddings are not "
                            "supported"));
     MT_TRY(refuse_nonempty(path, o, "layer_replication", "replicated layers are not supported"));
@@ -328,7 +371,7 @@ static int read_config(const char *path, const mt_param_table *t, mt_lora_table 
     json_t *o = json_load_file(path, 0, &je);
     if (!o) return mt_error_set("%s: not valid JSON (line %d: %s)", path, je.line, je.text);
     int rc = MT_OK;
-    char targets[sizeof lt->targets];
+    char targets[sizeof lt->targets], params[sizeof lt->parameters * 2];
     json_t *r = json_object_get(o, "r"), *alpha = json_object_get(o, "lora_alpha");
     if (!json_is_object(o)) rc = mt_error_set("%s: not a JSON object", path);
     else if (check_config(path, o) != MT_OK) rc = MT_ERR;
@@ -338,17 +381,21 @@ static int read_config(const char *path, const mt_param_table *t, mt_lora_table 
     else if (!alpha) rc = mt_error_set("%s: \"lora_alpha\" is missing", path);
     else if (!json_is_number(alpha) || !(json_number_value(alpha) > 0))
         rc = mt_error_set("%s: \"lora_alpha\" must be a number > 0", path);
-    else rc = read_targets(path, json_object_get(o, "target_modules"), t->cfg.nested, targets,
-                           sizeof targets);
+    else if (read_parameters(path, json_object_get(o, "target_parameters"), params,
+                             sizeof params) != MT_OK)
+        rc = MT_ERR;
+    else rc = read_targets(path, json_object_get(o, "target_modules"), t->cfg.nested,
+                           params[0] != '\0', targets, sizeof targets);
     if (rc == MT_OK) {
-        mt_lora_opts opts = {(int)json_integer_value(r), json_number_value(alpha), targets};
+        mt_lora_opts opts = {(int)json_integer_value(r), json_number_value(alpha), targets, params};
         if (mt_lora_table_init(lt, t, &opts) != MT_OK) {
             /* its message speaks of --lora-targets: say which file the names came from */
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", mt_error_message());
             const char *m = strncmp(msg, "--lora-targets", 14) == 0 ? msg + 14 : msg;
             while (*m == ' ' || *m == ':') m++;
-            rc = mt_error_set("%s: \"target_modules\": %s", path, m);
+            rc = mt_error_set("%s: %s%s", path, strncmp(msg, "target_parameters", 17) == 0 ? ""
+                              : "\"target_modules\": ", m);
         }
     }
     json_decref(o);
@@ -408,8 +455,17 @@ static int read_tensors(const char *path, const mt_safetensors *st, const mt_par
                               " ask for it)", path, lt->params[k].name, lt->targets, lt->rank);
     if (rc == MT_OK) {
         memset(arena, 0, (size_t)lt->total * sizeof(float));
-        for (int k = 0; k < lt->n_params && rc == MT_OK; k++)
-            rc = mt_st_tensor_to_f32(by_param[k], arena + lt->params[k].offset);
+        for (int k = 0; k < lt->n_params && rc == MT_OK; k++) {
+            const mt_lora_param *p = &lt->params[k];
+            if (!(p->experts && p->is_b)) {
+                rc = mt_st_tensor_to_f32(by_param[k], arena + p->offset);
+                continue;
+            }
+            float *peft = mt_malloc((size_t)p->numel * sizeof(float)); /* (out, r E) -> (E, out, r) */
+            rc = mt_st_tensor_to_f32(by_param[k], peft);
+            if (rc == MT_OK) mt_lora_peft_layout(p, peft, arena + p->offset, 0);
+            free(peft);
+        }
     }
     free(by_param);
     return rc;

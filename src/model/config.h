@@ -142,6 +142,7 @@ typedef struct {
     /* Not the checkpoint's: set by the trainer when LoRA adapters of this rank train (model/lora.h;
      * 0: none), so that the layer's workspace and the planner count the adapters' scratch */
     int lora_rank;
+    int lora_experts;         /* the trainer's too: the adapters include gpt-oss's experts */
 } mt_config;
 
 /* Layer l's token mixer (transformers' layer_types[l]). */

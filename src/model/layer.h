@@ -145,6 +145,9 @@ typedef struct {
     /* LoRA (cfg->lora_rank > 0): scale * x A^T of the adapter being applied, and its gradient;
      * (N, rank), remade per projection in the backward (model/linear.h) */
     void *lora_u, *lora_du;
+    /* LoRA on gpt-oss's experts: scale * x A_e^T over the grouped rows and its gradient, (n*k, rank),
+     * remade in the backward (model/moe.c) */
+    void *lora_moe_u, *lora_moe_du;
 } mt_layer_ws;
 
 /* The untiled workspace (mlp_chunk 0), and one whose chunk rows hold mlp_chunk (>= 0) tokens. */

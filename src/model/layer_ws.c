@@ -110,6 +110,11 @@ static int ws_fields(const mt_config *cfg, ws_field *f) {
             {WS(moe_d_gate), kG, 0, 0, 1}, {WS(moe_d_up), kF, 0, 0, 1},
         };
         ws_append(f, &n, moe, sizeof moe / sizeof moe[0]);
+        if (cfg->lora_rank > 0 && cfg->arch == MT_ARCH_GPT_OSS) { /* adapters on the experts */
+            int kr = k * cfg->lora_rank;
+            ws_field lora_moe[] = {{WS(lora_moe_u), kr, 0, 0, 1}, {WS(lora_moe_du), kr, 0, 0, 1}};
+            ws_append(f, &n, lora_moe, sizeof lora_moe / sizeof lora_moe[0]);
+        }
         if (cfg->moe_beside_dense) { /* gemma4 */
             ws_field g4[] = {
                 {WS(g4_y1), C, 0, 0, 1},      {WS(g4_y2), C, 0, 0, 1},      {WS(g4_y2n), C, 0, 0, 1},

@@ -6,6 +6,7 @@
 
 #include "../core/error.h"
 #include "linear.h"
+#include "lora.h"
 
 static float *f32(void *p) { return (float *)p; }
 
@@ -140,6 +141,66 @@ static void shared_backward(const mt_layer_ctx *lc, const mt_layer_weights *w,
     mt_linear_backward(lc, w, g, MT_W_UP, dx, f32(g->up), NULL, ws->d_up, x, w->up, n, C, F, 1, ws);
 }
 
+/* LoRA on a gpt-oss experts' projection `kind` (model/lora.h): expert e's W[e] (in, out) carries
+ * scale * A_e^T B_e^T, A_e (r, in) and B_e (out, r) its slices of the arena (A (E, r, in), B
+ * (E, out, r)), so that over e's grouped rows x (rows, in)
+ *   y += scale * (x A_e^T) B_e^T
+ * as three products on the grouped GEMMs (moe_matmul_forward: weight (M, K) per expert): u = x
+ * A_e^T into ws->lora_moe_u, u *= scale, then scratch = u B_e^T, y += scratch. This is PEFT's
+ * ParamWrapper (x (W + scale A^T B^T)) without the (E, in, out) delta: E r (in + out) adapter
+ * elements and 2 r (in + out) FLOPs a row, nothing of W's size. The backward remakes u (r columns)
+ * and, from dy: du = dy B_e, dB_e += dy^T u (u scaled), du *= scale, dx += du A_e, dA_e += du^T x.
+ * NULL lora / no adapter on kind: nothing. */
+static int expert_adapter(const mt_layer_weights *w, mt_param_kind kind) {
+    return w->lora && w->lora->a[kind];
+}
+
+static void expert_lora_u(const mt_layer_ctx *lc, const mt_lora_view *lv, mt_param_kind kind,
+                          const void *x, int in, mt_layer_ws *ws, const int32_t *off_d,
+                          const int32_t *off) {
+    mt_backend *be = lc->be;
+    const mt_config *cfg = lc->cfg;
+    int E = cfg->n_experts, r = lv->rank;
+    size_t nk = (size_t)off[E];
+    MT_CHECK(ws->lora_moe_u && r <= cfg->lora_rank,
+             "LoRA rank %d on the experts: the layer workspace was sized for rank %d", r,
+             cfg->lora_rank);
+    be->moe_matmul_forward(be, ws->lora_moe_u, x, lv->a[kind], (size_t)r * in, off_d, off, E, in, r);
+    be->scale(be, ws->lora_moe_u, lv->scale, nk * (size_t)r);
+}
+
+/* y (grouped rows, out) += the adapter's term on x (grouped rows, in); scratch: (rows, out). */
+static void expert_lora_forward(const mt_layer_ctx *lc, const mt_layer_weights *w,
+                                mt_param_kind kind, void *y, const void *x, void *scratch, int in,
+                                int out, mt_layer_ws *ws, const int32_t *off_d, const int32_t *off) {
+    if (!expert_adapter(w, kind)) return;
+    mt_backend *be = lc->be;
+    const mt_lora_view *lv = w->lora;
+    int E = lc->cfg->n_experts, r = lv->rank;
+    expert_lora_u(lc, lv, kind, x, in, ws, off_d, off);
+    be->moe_matmul_forward(be, scratch, ws->lora_moe_u, lv->b[kind], (size_t)out * r, off_d, off, E,
+                           r, out);
+    be->add(be, y, y, scratch, (size_t)off[E] * out);
+}
+
+/* dx (grouped rows, in) += the adapter's share of the gradient from dy; dA, dB (fp32) += theirs. */
+static void expert_lora_backward(const mt_layer_ctx *lc, const mt_layer_weights *w,
+                                 const mt_layer_weights *g, mt_param_kind kind, void *dx,
+                                 const void *dy, const void *x, int in, int out, mt_layer_ws *ws,
+                                 const int32_t *off_d, const int32_t *off) {
+    if (!expert_adapter(w, kind)) return;
+    mt_backend *be = lc->be;
+    const mt_lora_view *lv = w->lora, *lg = g->lora;
+    MT_CHECK(lg && lg->a[kind], "LoRA: the gradient view has no experts' adapter where the weights do");
+    int E = lc->cfg->n_experts, r = lv->rank;
+    expert_lora_u(lc, lv, kind, x, in, ws, off_d, off);
+    be->moe_matmul_backward(be, ws->lora_moe_du, (float *)lg->b[kind], dy, ws->lora_moe_u,
+                            lv->b[kind], (size_t)out * r, off_d, off, E, r, out, 0);
+    be->scale(be, ws->lora_moe_du, lv->scale, (size_t)off[E] * (size_t)r);
+    be->moe_matmul_backward(be, dx, (float *)lg->a[kind], ws->lora_moe_du, x, lv->a[kind],
+                            (size_t)r * in, off_d, off, E, in, r, 1);
+}
+
 /* gpt-oss's experts on the grouped rows (ws->moe_x, offsets set): gate_up = x @ W[e] + b[e] into
  * moe_gate (n*k, 2Fe, gate and up interleaved), the clamped SwiGLU into moe_act, then
  * y = act @ down[e] + b[e] into moe_y: each expert's down bias inside its routing weight. */
@@ -150,10 +211,16 @@ static void oss_experts_forward(const mt_layer_ctx *lc, const mt_layer_weights *
     int C = cfg->C, Fe = cfg->moe_F, E = cfg->n_experts, nk = n * cfg->top_k;
     be->moe_matmul_io_forward(be, ws->moe_gate, ws->moe_x, w->exp_gate_up, w->exp_gate_up_bias,
                               ws->moe_offsets, off, E, C, 2 * Fe);
+    /* the adapters' scratch: the backward's moe_d_gate / moe_d_y, idle until the backward (whose
+     * recompute runs this forward before it writes them) */
+    expert_lora_forward(lc, w, MT_W_EXP_GATE_UP, ws->moe_gate, ws->moe_x, ws->moe_d_gate, C, 2 * Fe,
+                        ws, ws->moe_offsets, off);
     be->swiglu_clamped_forward(be, ws->moe_act, ws->moe_gate, nk, Fe, (float)cfg->swiglu_alpha,
                                (float)cfg->swiglu_limit);
     be->moe_matmul_io_forward(be, ws->moe_y, ws->moe_act, w->exp_down_io, w->exp_down_bias,
                               ws->moe_offsets, off, E, Fe, C);
+    expert_lora_forward(lc, w, MT_W_EXP_DOWN_IO, ws->moe_y, ws->moe_act, ws->moe_d_y, Fe, C, ws,
+                        ws->moe_offsets, off);
 }
 
 /* Its backward from moe_d_y into moe_d_x; the experts' weight and bias gradients accumulate. */
@@ -165,11 +232,15 @@ static void oss_experts_backward(const mt_layer_ctx *lc, const mt_layer_weights 
     const int32_t *off = ws->moe_offsets_host, *off_d = ws->moe_offsets; /* this forward's */
     be->moe_matmul_io_backward(be, ws->moe_d_act, f32(g->exp_down_io), f32(g->exp_down_bias),
                                ws->moe_d_y, ws->moe_act, w->exp_down_io, off_d, off, E, Fe, C, 0);
+    expert_lora_backward(lc, w, g, MT_W_EXP_DOWN_IO, ws->moe_d_act, ws->moe_d_y, ws->moe_act, Fe, C,
+                         ws, off_d, off);
     be->swiglu_clamped_backward(be, ws->moe_d_gate, ws->moe_d_act, ws->moe_gate, nk, Fe,
                                 (float)cfg->swiglu_alpha, (float)cfg->swiglu_limit);
     be->moe_matmul_io_backward(be, ws->moe_d_x, f32(g->exp_gate_up), f32(g->exp_gate_up_bias),
                                ws->moe_d_gate, ws->moe_x, w->exp_gate_up, off_d, off, E, C, 2 * Fe,
                                0);
+    expert_lora_backward(lc, w, g, MT_W_EXP_GATE_UP, ws->moe_d_x, ws->moe_d_gate, ws->moe_x, C,
+                         2 * Fe, ws, off_d, off);
 }
 
 void mt_moe_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, const void *x, void *out,
