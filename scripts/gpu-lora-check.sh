@@ -19,7 +19,8 @@
 #   gdbench      test_cuda_gated_delta --bench with MT_GATED_DELTA_PROFILE=1 (the DeltaNet kernel's
 #                time by kernel, split and plain TF32)
 #   gdncu        Nsight Compute on the first launch of each DeltaNet kernel (B 1, T 4096): stall reasons
-#   lora:CFG:BASE[:BATCH]   LoRA rank 16 on bench/configs/CFG.json, base BASE, BATCH x 4096 (8), 3 steps
+#   lora:CFG:BASE[:BATCH[:TARGETS]]  LoRA rank 16 on bench/configs/CFG.json, base BASE, BATCH x 4096
+#                (8), 3 steps; TARGETS a --lora-targets list (commas)
 #   full:CFG:STATE[:BATCH]  full-parameter on bench/configs/CFG.json, --state STATE (or auto), 3 steps
 #   long:CFG:SEQ:STATE      full-parameter, one row of SEQ tokens a step, 2 steps (long context)
 #   moebench[:ONLY]  bench/moe_bench.cu --iters 3 (--only qwen3|mixtral): the MoE block by piece,
@@ -149,8 +150,8 @@ for stage in "$@"; do
       fi ;;
     lora:*)
       ensure_built
-      IFS=: read -r _ cfg base batch <<< "$stage"
-      run_mt "lora-$cfg-$base" "bench/configs/$cfg.json" 3 "${batch:-8}" --lora 16 --base-dtype "$base" ;;
+      IFS=: read -r _ cfg base batch targets <<< "$stage"
+      run_mt "lora-$cfg-$base${targets:+-targets}" "bench/configs/$cfg.json" 3 "${batch:-8}" --lora 16 --base-dtype "$base" ${targets:+--lora-targets $targets} ;;
     full:*)
       ensure_built
       IFS=: read -r _ cfg state batch <<< "$stage"

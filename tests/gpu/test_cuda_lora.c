@@ -40,15 +40,16 @@ typedef struct {
 
 #define NUDGES 3
 
-static void model_init(lora_model *m, const char *config, float init_scale) {
+static void model_init(lora_model *m, const char *config, float init_scale, const char *targets) {
     char *path = mt_fixture_path(config);
     mt_config cfg;
     if (mt_config_load(&cfg, path) != MT_OK) fail_msg("%s: %s", path, mt_error_message());
     free(path);
     mt_param_table_init(&m->t, &cfg);
-    mt_lora_opts lo = {.rank = 4};
+    mt_lora_opts lo = {.rank = 4, .targets = targets};
     assert_int_equal(mt_lora_table_init(&m->lt, &m->t, &lo), MT_OK);
     m->t.cfg.lora_rank = m->lt.rank;
+    m->t.cfg.lora_experts = m->lt.parameters[0] != '\0'; /* as train sets it */
     m->w = mt_aligned_alloc((size_t)m->t.total * sizeof(float));
     mt_param_init(&m->t, m->w, init_scale, 3);
     for (int i = 0; i < MT_TEST_LORA_B * MT_TEST_LORA_T; i++)
@@ -86,9 +87,10 @@ static void nudged_envelope(lora_model *m, mt_backend *cpu, const mt_test_lora_r
     }
 }
 
-static void against_cpu(const char *config, float init_scale, double loss_tol, double w_tol) {
+static void against_cpu(const char *config, const char *targets, float init_scale, double loss_tol,
+                        double w_tol) {
     lora_model m;
-    model_init(&m, config, init_scale);
+    model_init(&m, config, init_scale, targets);
     mt_backend *cpu = mt_backend_cpu_create();
     mt_test_lora_result c = mt_test_lora_run(cpu, &m.t, &m.lt, m.w, MT_BASE_BF16, 0, m.ids, m.tg, NULL);
     double le, ne, we;
@@ -114,9 +116,9 @@ static void against_cpu(const char *config, float init_scale, double loss_tol, d
     model_free(&m);
 }
 
-static void quantized_bit_for_bit(const char *config, mt_base_format f, int tier) {
+static void quantized_bit_for_bit(const char *config, const char *targets, mt_base_format f, int tier) {
     lora_model m;
-    model_init(&m, config, 0.3f);
+    model_init(&m, config, 0.3f, targets);
     int quantized, kept;
     float *ref = mt_test_quant_reference(&m.t, m.w, f, tier, &quantized, &kept);
     mt_test_lora_result q = mt_test_lora_run(gpu, &m.t, &m.lt, m.w, f, tier, m.ids, m.tg, NULL);
@@ -132,20 +134,29 @@ static void quantized_bit_for_bit(const char *config, mt_base_format f, int tier
     model_free(&m);
 }
 
-static void test_llama(void **state) { against_cpu("lora_llama/base/config.json", 0.3f, 2e-2, 5e-2); }
+static void test_llama(void **state) { against_cpu("lora_llama/base/config.json", NULL, 0.3f, 2e-2, 5e-2); }
 static void test_qwen3_5_moe(void **state) {
     setenv("MT_EXPERIMENTAL_DELTANET_CUDA", "1", 1); /* what this test verifies (model/layer.c) */
-    against_cpu("qwen3_5_moe/config.json", 0.05f, 2e-2, 5e-2);
+    against_cpu("qwen3_5_moe/config.json", NULL, 0.05f, 2e-2, 5e-2);
+}
+/* gpt-oss with adapters on the attention and on the experts' fused gate_up and down (PEFT's
+ * target_parameters), at the MoE case's scale */
+#define GPT_OSS_EXPERTS "q_proj,k_proj,v_proj,o_proj,gate_up_proj,down_proj"
+static void test_gpt_oss_experts(void **state) {
+    setenv("MT_EXPERIMENTAL_LORA_EXPERTS_CUDA", "1", 1); /* what this test verifies (model/layer.c) */
+    against_cpu("gpt_oss_tiny/config.json", GPT_OSS_EXPERTS, 0.05f, 2e-2, 5e-2);
 }
 
 static void test_quantized(void **state) {
     setenv("MT_EXPERIMENTAL_DELTANET_CUDA", "1", 1); /* qwen3_5_moe's LoRA: against itself here */
-    quantized_bit_for_bit("lora_llama/base/config.json", MT_BASE_NF4, 0);
-    quantized_bit_for_bit("lora_llama/base/config.json", MT_BASE_FP8, 0);
-    quantized_bit_for_bit("lora_llama/base/config.json", MT_BASE_NF4, 1);
-    quantized_bit_for_bit("qwen3_5_moe/config.json", MT_BASE_NF4, 0);
-    quantized_bit_for_bit("gpt_oss_mxfp4/config.json", MT_BASE_MXFP4, 0); /* the experts in MXFP4 */
-    quantized_bit_for_bit("gpt_oss_mxfp4/config.json", MT_BASE_MXFP4, 1);
+    setenv("MT_EXPERIMENTAL_LORA_EXPERTS_CUDA", "1", 1); /* and gpt-oss's expert LoRA */
+    quantized_bit_for_bit("lora_llama/base/config.json", NULL, MT_BASE_NF4, 0);
+    quantized_bit_for_bit("lora_llama/base/config.json", NULL, MT_BASE_FP8, 0);
+    quantized_bit_for_bit("lora_llama/base/config.json", NULL, MT_BASE_NF4, 1);
+    quantized_bit_for_bit("qwen3_5_moe/config.json", NULL, MT_BASE_NF4, 0);
+    quantized_bit_for_bit("gpt_oss_mxfp4/config.json", NULL, MT_BASE_MXFP4, 0); /* the experts in MXFP4 */
+    quantized_bit_for_bit("gpt_oss_mxfp4/config.json", NULL, MT_BASE_MXFP4, 1);
+    quantized_bit_for_bit("gpt_oss_mxfp4/config.json", GPT_OSS_EXPERTS, MT_BASE_MXFP4, 0);
 }
 
 int main(void) {
@@ -157,6 +168,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama),
         cmocka_unit_test(test_qwen3_5_moe),
+        cmocka_unit_test(test_gpt_oss_experts),
         cmocka_unit_test(test_quantized),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
