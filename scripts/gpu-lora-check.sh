@@ -22,6 +22,7 @@
 #   lora:CFG:BASE[:BATCH[:TARGETS]]  LoRA rank 16 on bench/configs/CFG.json, base BASE, BATCH x 4096
 #                (8), 3 steps; TARGETS a --lora-targets list (commas)
 #   full:CFG:STATE[:BATCH]  full-parameter on bench/configs/CFG.json, --state STATE (or auto), 3 steps
+#   oldfull:CFG:STATE[:BATCH]  full: with MT_OLD_BIN's megatrain (a baseline build, carried beside)
 #   long:CFG:SEQ:STATE      full-parameter, one row of SEQ tokens a step, 2 steps (long context)
 #   moebench[:ONLY]  bench/moe_bench.cu --iters 3 (--only qwen3|mixtral): the MoE block by piece,
 #                the experts' GEMMs loop against grouped
@@ -156,6 +157,10 @@ for stage in "$@"; do
       ensure_built
       IFS=: read -r _ cfg state batch <<< "$stage"
       run_mt "full-$cfg-$state" "bench/configs/$cfg.json" 3 "${batch:-8}" ${state:+--state $state} ;;
+    oldfull:*) # the same with MT_OLD_BIN's megatrain (the baseline, side by side)
+      ensure_built
+      IFS=: read -r _ cfg state batch <<< "$stage"
+      bin=$MT_OLD_BIN run_mt "oldfull-$cfg-$state" "bench/configs/$cfg.json" 3 "${batch:-8}" ${state:+--state $state} ;;
     long:*)
       ensure_built
       IFS=: read -r _ cfg seq state <<< "$stage"
@@ -164,9 +169,11 @@ for stage in "$@"; do
       ensure_built
       say "== moe_bench --iters 3 ${stage#moebench}"
       a=${stage#moebench}; a=${a#:}
-      for rk in vector scalar; do # the routing's row kernels, new and old, side by side
-        say "-- MT_MOE_ROW_KERNELS=$rk"
-        MT_MOE_ROW_KERNELS=$rk timeout "$(left 200)" "$bin/moe_bench" --iters 3 ${a:+--only $a} > "$OUT/moe-bench-$rk.log" 2>&1
+      # the routing's row kernels, new and old, side by side; MT_OLD_BIN: an older build's too
+      for rk in vector scalar ${MT_OLD_BIN:+old}; do
+        b2=$bin; [ "$rk" = old ] && b2=$MT_OLD_BIN
+        say "-- $rk ($b2/moe_bench)"
+        MT_MOE_ROW_KERNELS=$rk timeout "$(left 200)" "$b2/moe_bench" --iters 3 ${a:+--only $a} > "$OUT/moe-bench-$rk.log" 2>&1
         say "rc $?"; grep -E "^==|gather|combine|group|total|forward \+ backward|mt_moe_|all expert GEMMs|dweight|FAIL|megatrain:" "$OUT/moe-bench-$rk.log" | tee -a "$log"
       done ;;
     mt70:*) ensure_built; run_mt "70b-lora-${stage#mt70:}" bench/configs/llama-3.3-70b.json 2 8 --lora 16 --base-dtype "${stage#mt70:}" ;;
