@@ -24,7 +24,7 @@
 #   full:CFG:STATE[:BATCH]  full-parameter on bench/configs/CFG.json, --state STATE (or auto), 3 steps
 #   oldfull:CFG:STATE[:BATCH]  full: with MT_OLD_BIN's megatrain (a baseline build, carried beside)
 #   long:CFG:SEQ:STATE      full-parameter, one row of SEQ tokens a step, 2 steps (long context)
-#   moebench[:ONLY]  bench/moe_bench.cu --iters 3 (--only qwen3|mixtral): the MoE block by piece,
+#   moebench[:ONLY]  bench/moe_bench.cu --iters 3 (--only qwen3|mixtral, or quick: --quick): the MoE block by piece,
 #                the experts' GEMMs loop against grouped
 # MT_BIN=DIR runs the binaries built here in DIR (scripts/gpu-prebuilt.sh says how; carry DIR's
 # megatrain and test binaries and MT_DEBS, default third_party/debs-run) instead of building there.
@@ -173,7 +173,7 @@ for stage in "$@"; do
       for rk in vector scalar ${MT_OLD_BIN:+old}; do
         b2=$bin; [ "$rk" = old ] && b2=$MT_OLD_BIN
         say "-- $rk ($b2/moe_bench)"
-        MT_MOE_ROW_KERNELS=$rk timeout "$(left 200)" "$b2/moe_bench" --iters 3 ${a:+--only $a} > "$OUT/moe-bench-$rk.log" 2>&1
+        MT_MOE_ROW_KERNELS=$rk timeout "$(left 200)" "$b2/moe_bench" --iters 3 $([ "$a" = quick ] && echo --quick || echo ${a:+--only $a}) > "$OUT/moe-bench-$rk.log" 2>&1
         say "rc $?"; grep -E "^==|gather|combine|group|total|forward \+ backward|mt_moe_|all expert GEMMs|dweight|FAIL|megatrain:" "$OUT/moe-bench-$rk.log" | tee -a "$log"
       done ;;
     mt70:*) ensure_built; run_mt "70b-lora-${stage#mt70:}" bench/configs/llama-3.3-70b.json 2 8 --lora 16 --base-dtype "${stage#mt70:}" ;;
