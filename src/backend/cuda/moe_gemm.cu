@@ -40,7 +40,8 @@ struct mt_cuda_moe_gemm {
     cublasOperation_t *ta, *tb;
     int *m, *n, *k, *lda, *ldb, *ldc, *gs;
     float *alpha, *beta;
-    int f32_refused;        /* cuBLAS refused fp32 D: weight gradients loop */
+    int f32_refused;        /* cuBLAS refused fp32 D: weight gradients padded (or loop) */
+    int padded_refused;     /* cuBLAS refused the padded strided batches too: they loop */
 };
 
 /* An operand of expert e: base + e * e_stride + offsets[e] * r_stride bytes. */
@@ -193,10 +194,12 @@ int mt_cuda_moe_dweight_padded(mt_backend *be, float *dweight, const bf16 *dout,
         return 0;
     int run = (int)(MT_CUDA_MOE_PAD_SCRATCH / slab);
     if (run > E) run = E;
+    mt_cuda_moe_gemm *g = state(ctx, E, s);
+    if (g->padded_refused) return 0;
     bf16 *pad_inp = (bf16 *)mt_cuda_scratch(be, (size_t)run * slab);
     bf16 *pad_dout = pad_inp + (size_t)run * cap * K;
-    mt_cuda_moe_gemm *g = state(ctx, E, s);
     const float one = 1.0f;
+    int added = 0;
     for (int e0 = 0; e0 < E;) {
         /* a run of consecutive experts with rows (an expert without rows is skipped, as the loop
          * skips it: its gradient keeps its bits), at most `run` long */
@@ -208,11 +211,18 @@ int mt_cuda_moe_dweight_padded(mt_backend *be, float *dweight, const bf16 *dout,
         while (n < run && e0 + n < E && offsets_host[e0 + n + 1] > offsets_host[e0 + n]) n++;
         pad_rows(pad_inp, inp, offsets, e0, n, cap, K, s);
         pad_rows(pad_dout, dout, offsets, e0, n, cap, M, s);
-        CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        cublasStatus_t st = cublasGemmStridedBatchedEx(
             g->h, CUBLAS_OP_N, CUBLAS_OP_T, K, M, cap, &one, pad_inp, CUDA_R_16BF, K,
             (long long)cap * K, pad_dout, CUDA_R_16BF, M, (long long)cap * M, &one,
             dweight + (size_t)e0 * w_stride, CUDA_R_32F, K, (long long)w_stride, n,
-            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        /* a refusal of the first run added nothing yet: the caller loops, now and from now on */
+        if (st != CUBLAS_STATUS_SUCCESS && !added) {
+            g->padded_refused = 1;
+            return 0;
+        }
+        CUBLAS_CHECK(st);
+        added = 1;
         e0 += n;
     }
     return 1;
