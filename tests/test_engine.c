@@ -135,13 +135,16 @@ static void check_memory_modes(const char *variant, mt_state_format format) {
     /* att: layers keeping only their attention output (before the `saved` ones) */
     /* comm: a comm of one rank (the local one), so that the schedule's collectives run (the
      * data-parallel path at N = 1, as nccl on one GPU: test_cuda_dp) */
-    enum { MODES = 18 };
-    const struct { int offload, saved, resident, tier, grads_dev, att, comm; } mode[MODES] = {
+    /* upd: the host groups updated on the compute side, their state streamed through it
+     * (update_on_device; compact and tight with grads_dev: with full it does not apply) */
+    enum { MODES = 21 };
+    const struct { int offload, saved, resident, tier, grads_dev, att, comm, upd; } mode[MODES] = {
         {0, 0, 0, 0, 0, 0}, {3, 0, 0, 0, 0, 0}, {0, 3, 0, 0, 0, 0}, {0, 1, 0, 0, 0, 0},
         {0, 3, 1, 0, 0, 0}, {3, 0, 1, 0, 0, 0}, {0, 0, 0, 1, 0, 0}, {0, 0, 0, 3, 0, 0},
         {0, 0, 0, 0, 1, 0}, {3, 0, 1, 2, 1, 0}, {1, 0, 0, 0, 0, 0}, {2, 0, 1, 0, 0, 0},
         {2, 0, 0, 1, 1, 0}, {0, 0, 0, 0, 0, 3}, {0, 1, 0, 0, 0, 2}, {0, 1, 0, 1, 0, 1},
-        {0, 0, 0, 0, 0, 0, 1}, {2, 0, 1, 0, 1, 0, 1}};
+        {0, 0, 0, 0, 0, 0, 1}, {2, 0, 1, 0, 1, 0, 1}, {0, 0, 0, 0, 1, 0, 0, 1},
+        {3, 0, 1, 2, 1, 0, 0, 1}, {2, 0, 0, 1, 1, 0, 0, 1}};
     double loss[MODES][3], norm[MODES][3], eval[MODES];
     mt_test_snapshot snap[MODES];
     for (int k = 0; k < MODES; k++) {
@@ -151,8 +154,11 @@ static void check_memory_modes(const char *variant, mt_state_format format) {
                             .opt_threads = 1, .offload = mode[k].offload, .saved_layers = mode[k].saved,
                             .resident = mode[k].resident, .state = format, .gpu_layers = mode[k].tier,
                             .grads_on_device = mode[k].grads_dev, .seed = 77,
-                            .saved_attention = mode[k].att};
+                            .saved_attention = mode[k].att, .update_on_device = mode[k].upd};
         mt_engine *e = mt_engine_create(&s.table, be, &o, s.weights);
+        /* the streamed update took effect where it applies (not a vacuous mode) */
+        assert_int_equal(mt_train_state_updates_on_device(mt_engine_state(e)),
+                         mode[k].upd && format != MT_STATE_FULL);
         for (int step = 0; step < 3; step++) {
             mt_step_result r;
             mt_engine_step(e, s.ids, s.targets, &hp, step + 1, 1.0, &r);
@@ -164,9 +170,9 @@ static void check_memory_modes(const char *variant, mt_state_format format) {
         }
         int64_t count;
         eval[k] = mt_engine_eval(e, s.ids, s.targets, B_ROWS, &count) / (double)count;
-        fprintf(stderr, "%s %s offload %d saved %d att %d resident %d tier %d grads_dev %d comm %d: losses %.7f %.7f "
-                "%.7f, eval %.7f\n", variant, mt_state_format_name(format), mode[k].offload, mode[k].saved,
-                mode[k].att, mode[k].resident, mode[k].tier, mode[k].grads_dev, mode[k].comm, loss[k][0], loss[k][1],
+        fprintf(stderr, "%s %s offload %d saved %d att %d resident %d tier %d grads_dev %d comm %d upd %d: losses "
+                "%.7f %.7f %.7f, eval %.7f\n", variant, mt_state_format_name(format), mode[k].offload, mode[k].saved,
+                mode[k].att, mode[k].resident, mode[k].tier, mode[k].grads_dev, mode[k].comm, mode[k].upd, loss[k][0], loss[k][1],
                 loss[k][2], eval[k]);
         mt_test_snapshot_state(&snap[k], e, &s.table);
         mt_engine_destroy(e);

@@ -195,7 +195,8 @@ static int quantized(const mt_engine_opts *o) { return o->lora && o->base_format
 static mt_train_state_opts state_opts(const mt_engine_opts *o) {
     mt_train_state_opts so = {.format = o->lora ? MT_STATE_FROZEN : o->state, .gpu_layers = o->gpu_layers,
                               .layers_outside = quantized(o),
-                              .grads_on_device = o->grads_on_device, .seed = o->seed,
+                              .grads_on_device = o->grads_on_device,
+                              .update_on_device = o->update_on_device, .seed = o->seed,
                               .n_threads = o->opt_threads, .ranks = o->ranks, .comm = o->comm};
     return so;
 }

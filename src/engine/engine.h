@@ -73,6 +73,8 @@ typedef struct {
                          on the compute side and are updated there; never loaded */
     int grads_on_device; /* compact/tight: gradients wait for the update on the compute side
                             (else in a pinned host buffer); full keeps them in the upload copy */
+    int update_on_device; /* with grads_on_device: the host groups' AdamW runs on the compute side,
+                             their state streamed through it (train_state.h) */
     uint64_t seed;    /* tight's rounding seed */
     int mlp_chunk;    /* the layer's MLP runs over chunks of this many tokens (0: the whole
                          micro-batch), so its working memory is O(chunk): long sequences

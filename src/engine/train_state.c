@@ -59,6 +59,16 @@ struct mt_train_state {
     int n_pieces;
     int *group_first;      /* [layer + 1]: the group's first piece; [L + 2] = n_pieces */
 
+    /* update_on_device: two compute-side slots of a piece's state (its whole blocks), used in
+     * turn, so that one piece's state goes up while the previous one's comes down */
+    struct {
+        mt_optim_arenas a;
+        size_t cap;             /* elements a slot holds */
+        mt_event *up, *done, *down;
+        int used;               /* a download was enqueued (down is worth waiting for) */
+    } stage[2];
+    int stage_next, on_device;
+
     /* compute-side gradients of host groups, fetched a piece ahead of the update */
     void *fetch_buf[2];
     mt_event *fetched[2];
@@ -74,6 +84,11 @@ struct mt_train_state {
 /* The 8-bit formats: their gradients wait in a place of their own (full's wait in the upload
  * copy; frozen has none). */
 static int grads_apart(mt_state_format f) { return f == MT_STATE_COMPACT || f == MT_STATE_TIGHT; }
+
+/* The host groups are updated on the compute side (update_on_device, where it applies). */
+static int streams_update(const mt_train_state_opts *o) {
+    return o->update_on_device && o->grads_on_device && grads_apart(o->format) && o->ranks <= 1;
+}
 
 int mt_train_state_in_tier(const mt_train_state *s, int layer) {
     return layer >= 0 && layer < s->o.gpu_layers;
@@ -183,8 +198,11 @@ void mt_train_state_bytes_of(const mt_param_table *t, mt_dtype compute, const mt
         else b->host_grads = el * n_host;
     }
     b->dev_grads += el * n_tier;
-    if (o->grads_on_device && grads_apart(o->format))
-        b->host_grads += 2.0 * el * (double)(mt_group_max_size(t) < FETCH_PIECE ? mt_group_max_size(t) : FETCH_PIECE);
+    double piece = (double)(mt_group_max_size(t) < FETCH_PIECE ? mt_group_max_size(t) : FETCH_PIECE);
+    if (streams_update(o)) /* the two staging slots, counted with the gradients they consume */
+        b->dev_grads += 2.0 * per * (piece + MT_OPTIM_BLOCK);
+    else if (o->grads_on_device && grads_apart(o->format))
+        b->host_grads += 2.0 * el * piece;
     b->host_total = b->host_weights + b->host_moments + b->host_upload + b->host_grads;
     b->dev_total = b->dev_tier + b->dev_grads;
 }
@@ -261,6 +279,48 @@ static void tier_init(mt_train_state *s) {
     if (s->tier_weights != d->w) be->from_bf16(be, s->tier_weights, d->w, n);
     /* frozen: the LoRA engine never writes the base's gradients */
     s->tier_grads = s->o.format == MT_STATE_FROZEN ? NULL : dev_alloc(be, n * s->elem);
+}
+
+/* The staging slots of update_on_device: the mirror's arenas (what this format has) for the
+ * largest piece plus a block (a piece's whole blocks). */
+static void stage_init(mt_train_state *s) {
+    if (!streams_update(&s->o)) return;
+    mt_backend *be = s->be;
+    mt_optim_arenas m = mt_optim_state_arenas(s->mirror);
+    int64_t gmax = mt_group_max_size(s->t);
+    size_t cap = (size_t)(gmax < FETCH_PIECE ? gmax : FETCH_PIECE) + MT_OPTIM_BLOCK;
+    size_t nb = cap / MT_OPTIM_BLOCK + 1;
+    for (int i = 0; i < 2; i++) {
+        mt_optim_arenas *d = &s->stage[i].a;
+        *d = m;
+        d->w = dev_alloc(be, cap * mt_dtype_size(m.w_dtype));
+        d->master = m.master ? dev_alloc(be, cap * 4) : NULL;
+        d->m = m.m ? dev_alloc(be, cap * 4) : NULL;
+        d->v = m.v ? dev_alloc(be, cap * 4) : NULL;
+        d->comp = m.comp ? dev_alloc(be, cap * 2) : NULL;
+        d->mq = m.mq ? dev_alloc(be, cap) : NULL;
+        d->vq = m.vq ? dev_alloc(be, cap) : NULL;
+        d->ms = m.ms ? dev_alloc(be, nb * 4) : NULL;
+        d->vs = m.vs ? dev_alloc(be, nb * 4) : NULL;
+        s->stage[i].cap = cap;
+        s->stage[i].up = be->event_create(be);
+        s->stage[i].done = be->event_create(be);
+        s->stage[i].down = be->event_create(be);
+    }
+    s->on_device = 1;
+}
+
+static void stage_free(mt_train_state *s) {
+    mt_backend *be = s->be;
+    for (int i = 0; i < 2 && s->on_device; i++) {
+        mt_optim_arenas *d = &s->stage[i].a;
+        void *p[] = {d->w, d->master, d->m, d->v, d->comp, d->mq, d->vq, d->ms, d->vs};
+        for (size_t j = 0; j < sizeof p / sizeof p[0]; j++)
+            if (p[j]) be->free(be, p[j]);
+        be->event_destroy(be, s->stage[i].up);
+        be->event_destroy(be, s->stage[i].done);
+        be->event_destroy(be, s->stage[i].down);
+    }
 }
 
 static void init_io(mt_train_state *s);
@@ -343,7 +403,8 @@ mt_train_state *mt_train_state_create(const mt_param_table *t, mt_backend *be,
             s->group_piece[g + 1] = g + 1;
         }
     }
-    if (o->grads_on_device && grads_apart(o->format)) {
+    stage_init(s);
+    if (o->grads_on_device && grads_apart(o->format) && !s->on_device) {
         for (int i = 0; i < 2; i++) {
             int64_t n = mt_group_max_size(t) < FETCH_PIECE ? mt_group_max_size(t) : FETCH_PIECE;
             s->fetch_buf[i] = be->host_alloc(be, (size_t)n * s->elem);
@@ -377,6 +438,7 @@ void mt_train_state_free(mt_train_state *s) {
     void *dev[] = {d->w, d->master, d->m, d->v, d->comp, d->mq, d->vq, d->ms, d->vs, s->tier_grads};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) be->free(be, dev[i]);
+    stage_free(s);
     mt_optim_state_free(s->mirror);
     free(s->pieces);
     free(s->group_first);
@@ -384,6 +446,7 @@ void mt_train_state_free(mt_train_state *s) {
 }
 
 int mt_train_state_n_pieces(const mt_train_state *s) { return s->n_pieces; }
+int mt_train_state_updates_on_device(const mt_train_state *s) { return s->on_device; }
 
 /* ---- updates ---- */
 
@@ -434,11 +497,84 @@ static const void *fetched(mt_train_state *s, int k) {
     return s->fetch_buf[b];
 }
 
+/* Copies the arenas' elements [e0, e0 + d->n) and blocks [b0, b0 + d->nblocks) of host state h
+ * to the slot d (up) or back (down), on stream st. */
+static void stage_copy(mt_backend *be, mt_stream st, const mt_optim_arenas *d,
+                       const mt_optim_arenas *h, size_t e0, size_t b0, int up) {
+    size_t n = d->n, nb = d->nblocks, ws = mt_dtype_size(h->w_dtype);
+    struct { void *dev, *host; size_t bytes; } part[] = {
+        {d->w, h->w ? (char *)h->w + e0 * ws : NULL, n * ws},
+        {d->master, h->master ? h->master + e0 : NULL, n * 4},
+        {d->m, h->m ? h->m + e0 : NULL, n * 4},
+        {d->v, h->v ? h->v + e0 : NULL, n * 4},
+        {d->comp, h->comp ? h->comp + e0 : NULL, n * 2},
+        {d->mq, h->mq ? h->mq + e0 : NULL, n},
+        {d->vq, h->vq ? h->vq + e0 : NULL, n},
+        {d->ms, h->ms ? h->ms + b0 : NULL, nb * 4},
+        {d->vs, h->vs ? h->vs + b0 : NULL, nb * 4},
+    };
+    for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {
+        if (!part[i].dev) continue;
+        if (up) be->copy_async(be, st, part[i].dev, part[i].host, part[i].bytes);
+        else be->copy_async(be, st, part[i].host, part[i].dev, part[i].bytes);
+    }
+}
+
+/* update_on_device: piece pc of host piece hp_ on the compute side. Its whole blocks go up to the
+ * next slot (once that slot's previous download is over), optim_update runs there with the
+ * gradient where it waits (as the tier's does: the host kernel's bits; the index base keeps
+ * tight's rounding that of the whole arena), and the blocks come back; the caller waits for the
+ * downloads before the group counts as updated. */
+static void update_piece_on_device(mt_train_state *s, host_piece *hp_, const update_piece *pc,
+                                   const mt_optim_step *a) {
+    mt_backend *be = s->be;
+    mt_optim_arenas h = mt_optim_state_arenas(hp_->st);
+    size_t off = (size_t)(pc->offset - hp_->base), n = (size_t)pc->n, B = MT_OPTIM_BLOCK;
+    size_t b0 = off / B, b1 = (off + n + B - 1) / B;
+    if (b1 > h.nblocks) b1 = h.nblocks;
+    size_t e0 = b0 * B, e1 = b1 * B < h.n ? b1 * B : h.n;
+    int k = s->stage_next;
+    s->stage_next ^= 1;
+    if (s->stage[k].used) be->event_sync(be, s->stage[k].down);
+    MT_CHECK(e1 - e0 <= s->stage[k].cap, "update piece of %zu elements over the staging slot's %zu",
+             e1 - e0, s->stage[k].cap);
+    mt_optim_arenas d = s->stage[k].a;
+    d.n = e1 - e0;
+    d.nblocks = b1 - b0;
+    d.seed = h.seed;
+    d.index_base = h.index_base + e0;
+    stage_copy(be, MT_STREAM_H2D, &d, &h, e0, b0, 1);
+    be->event_record(be, s->stage[k].up, MT_STREAM_H2D);
+    be->stream_wait(be, MT_STREAM_COMPUTE, s->stage[k].up);
+    be->optim_update(be, &d, a, off - e0, n, (const char *)hp_->grads + off * s->elem, be->dtype);
+    be->event_record(be, s->stage[k].done, MT_STREAM_COMPUTE);
+    be->stream_wait(be, MT_STREAM_D2H, s->stage[k].done);
+    stage_copy(be, MT_STREAM_D2H, &d, &h, e0, b0, 0);
+    be->event_record(be, s->stage[k].down, MT_STREAM_D2H);
+    s->stage[k].used = 1;
+}
+
+static void be_sync_down(mt_train_state *s, int i) {
+    s->be->event_sync(s->be, s->stage[i].down);
+    s->stage[i].used = 0;
+}
+
 /* Group `layer`, piece by piece (restore: only consumes the fetched gradients). */
 static void update_pieces(mt_train_state *s, int layer, const mt_adamw_hparams *hp, int64_t step,
                           float grad_scale, int restore) {
     host_piece *hp_ = piece_of(s, layer);
     int64_t goff = group_start(s, layer);
+    if (s->on_device && hp_->grads_dev) {
+        if (restore) return; /* nothing was fetched; the gradient stays where it is */
+        for (int k = s->group_first[layer + 1]; k < s->group_first[layer + 2]; k++) {
+            mt_optim_step a = step_args(hp, &s->pieces[k], step, grad_scale);
+            update_piece_on_device(s, hp_, &s->pieces[k], &a);
+        }
+        /* the group's state (the upload copy the next forward reads among it) is back */
+        for (int i = 0; i < 2; i++)
+            if (s->stage[i].used) be_sync_down(s, i);
+        return;
+    }
     for (int k = s->group_first[layer + 1]; k < s->group_first[layer + 2]; k++) {
         const update_piece *pc = &s->pieces[k];
         const void *g = hp_->grads_dev ? fetched(s, k)

@@ -63,6 +63,10 @@ typedef struct {
     mt_state_format format;
     int gpu_layers;      /* k: layers 0..k-1 in the GPU tier (0..L) */
     int grads_on_device; /* compact/tight host pieces: gradients wait on the compute side */
+    int update_on_device;/* with grads_on_device (compact/tight): the host groups are updated on
+                            the compute side (optim_update, the host kernel's bits), their state
+                            streamed up and back through two staging slots piece by piece, instead
+                            of their gradients coming down to a host update (ignored otherwise) */
     uint64_t seed;       /* tight's rounding seed */
     int n_threads;       /* of one host update (<= 0: all) */
     int ranks;           /* data-parallel ranks sharing the host state (<= 1: one, unsharded) */
@@ -93,6 +97,8 @@ typedef struct mt_train_state mt_train_state;
 mt_train_state *mt_train_state_create(const mt_param_table *t, mt_backend *be,
                                       const mt_train_state_opts *o);
 void mt_train_state_free(mt_train_state *s);
+/* 1 when the host groups are updated on the compute side (update_on_device took effect). */
+int mt_train_state_updates_on_device(const mt_train_state *s);
 
 /* 1 when group `layer` (-1 embed .. L head) is in the GPU tier. */
 int mt_train_state_in_tier(const mt_train_state *s, int layer);
