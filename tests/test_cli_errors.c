@@ -263,6 +263,9 @@ static void test_bad_flags(void **state) {
         {"--seq 0", "--seq", NULL},
         {"stray_argument", "stray_argument", NULL},
         {"--steps", "--steps", NULL}, /* no value */
+        {"--update-on disk", "--update-on", "disk"},
+        /* the streamed update needs gradients waiting on a GPU: the cpu device refuses it */
+        {"--update-on gpu --state tight", "--update-on gpu", "in host memory"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *out = f("o_flag%zu", i);

@@ -819,9 +819,17 @@ static int train(train_run *r) {
                              rows only run forwards, whose workspace is none) */
                           .documents = r->data.packed.data != NULL,
                           .lora = r->have_lora ? &r->lora : NULL,
-                          .base_format = (mt_base_format)o->base_dtype};
+                          .base_format = (mt_base_format)o->base_dtype,
+                          .update_on_device = o->update_on == 1};
     mt_engine_opts eo;
     MT_TRY(phase(r, mt_run_check_memory(&r->model.table, r->be, &rq, &eo)));
+    if (o->update_on == 1 && !(eo.grads_on_device && eo.state != MT_STATE_FULL && r->ranks <= 1 &&
+                               !r->have_lora))
+        MT_TRY(phase(r, mt_error_set("--update-on gpu: needs --state compact or tight on a GPU, one "
+                                     "rank, no LoRA, and the plan's gradients waiting on the GPU "
+                                     "(this plan: --state %s, gradients %s)",
+                                     mt_state_format_name(eo.state),
+                                     eo.grads_on_device ? "on the GPU" : "in host memory")));
     eo.opt_threads = (int)o->threads;
     eo.seed = (uint64_t)o->seed; /* tight's rounding; a resume takes the checkpoint's */
     eo.trace = o->trace_path != NULL;

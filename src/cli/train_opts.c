@@ -135,6 +135,10 @@ void mt_train_opts_usage(FILE *out) {
 "  --resident-weights W   auto | yes | no: every layer's weights keep a GPU slot through the step,\n"
 "                         so they cross PCIe once per step instead of twice (auto: when every\n"
 "                         layer already keeps its internals and the slots still fit)\n"
+"  --update-on W          host | gpu: where the AdamW of the layers outside the GPU tier runs\n"
+"                         (default host). gpu (--state compact|tight, gradients waiting on the\n"
+"                         GPU): their state streams through the GPU piece by piece, the same bits\n"
+"                         as the host update; experimental: not yet measured on a GPU\n"
 "  --threads N            optimizer threads (default: all cores)\n"
 "  --save-every K         checkpoint every K steps (default 0: at the end only)\n"
 "  --keep K               checkpoints kept (default 3); while steps are being skipped (non-finite),\n"
@@ -179,7 +183,7 @@ enum {
     O_MODEL = 1000, O_INIT, O_DATA, O_OUT, O_STEPS, O_BATCH, O_SEQ, O_MICRO, O_LR, O_MIN_LR,
     O_WARMUP, O_SCHEDULE, O_BETA1, O_BETA2, O_EPS, O_WD, O_CLIP, O_SEED, O_NO_SHUFFLE, O_DEVICE,
     O_GPU_MEM, O_SAVE_EVERY, O_KEEP, O_RESUME, O_EVAL_DATA, O_EVAL_SPLIT, O_EVAL_EVERY, O_EVAL_BATCHES, O_LOG,
-    O_TRACE, O_THREADS, O_DOC_SEP, O_MAX_TIME, O_STOP_AT, O_NO_SAVE, O_OFFLOAD, O_SAVED_LAYERS, O_RESIDENT, O_HELP,
+    O_TRACE, O_THREADS, O_DOC_SEP, O_MAX_TIME, O_STOP_AT, O_NO_SAVE, O_OFFLOAD, O_SAVED_LAYERS, O_RESIDENT, O_UPDATE_ON, O_HELP,
     O_ON_NONFINITE, O_MAX_NONFINITE, O_OVERWRITE, O_RESUME_CHANGED, O_STATE, O_GPU_LAYERS,
     O_NO_TENSORBOARD, O_REVISION, O_LORA, O_LORA_ALPHA, O_LORA_DROPOUT, O_LORA_TARGETS, O_ADAPTER,
     O_BASE_DTYPE, O_BASE_CACHE,
@@ -208,7 +212,8 @@ static const struct option long_opts[] = {
     {"stop-at", required_argument, 0, O_STOP_AT},   {"no-save", no_argument, 0, O_NO_SAVE},
     {"no-tensorboard", no_argument, 0, O_NO_TENSORBOARD}, {"revision", required_argument, 0, O_REVISION},
     {"offload-checkpoints", no_argument, 0, O_OFFLOAD}, {"saved-layers", required_argument, 0, O_SAVED_LAYERS},
-    {"resident-weights", required_argument, 0, O_RESIDENT}, {"help", no_argument, 0, O_HELP},
+    {"resident-weights", required_argument, 0, O_RESIDENT}, {"update-on", required_argument, 0, O_UPDATE_ON},
+    {"help", no_argument, 0, O_HELP},
     {"on-nonfinite", required_argument, 0, O_ON_NONFINITE}, {"max-nonfinite", required_argument, 0, O_MAX_NONFINITE},
     {"overwrite", no_argument, 0, O_OVERWRITE},     {"resume-changed", no_argument, 0, O_RESUME_CHANGED},
     {"state", required_argument, 0, O_STATE},       {"gpu-layers", required_argument, 0, O_GPU_LAYERS},
@@ -307,6 +312,7 @@ static int parse_one(mt_train_opts *o, int c, const char *arg) {
     case O_BASE_CACHE: o->base_cache = arg; return MT_OK;
     case O_OFFLOAD: o->offload = 1; return MT_OK;
     case O_RESIDENT: return mt_arg_choice("--resident-weights", arg, "auto|yes|no", &o->resident);
+    case O_UPDATE_ON: return mt_arg_choice("--update-on", arg, "host|gpu", &o->update_on);
     case O_SAVED_LAYERS:
         if (strcmp(arg, "auto") == 0) return o->saved_layers = -1, MT_OK;
         return mt_arg_int("--saved-layers", arg, 0, 1 << 20, &o->saved_layers);

@@ -330,7 +330,7 @@ int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan
     p->eo = (mt_engine_opts){.batch = B, .T = rq->T, .n_slots = rq->n_slots,
                              .saved_layers = rq->saved_layers > 0 ? rq->saved_layers : 0,
                              .resident = rq->resident == 1, .state = rq->state, .ranks = rq->ranks,
-                             .lora = rq->lora};
+                             .lora = rq->lora, .update_on_device = rq->update_on_device};
     if (rq->lora && rq->base_format != MT_BASE_BF16) {
         p->eo.base_format = rq->base_format;
         p->eo.base_on_device = rq->resident == 1;

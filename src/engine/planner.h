@@ -83,6 +83,10 @@ typedef struct {
     mt_base_format base_format; /* LoRA: the frozen layers bf16, fp8 or nf4 (engine/quant_base.h);
                                    quantized, --resident-weights yes keeps their blobs on the GPU
                                    (2 slots still: a layer is dequantized into one per load) */
+    int update_on_device; /* --update-on gpu: where gradients wait on the GPU (compact, tight),
+                             the host groups' AdamW runs there, their state streamed (engine.h);
+                             the plan counts its staging slots (its step-time estimate does not
+                             yet model it: it still assumes the host update) */
 } mt_plan_request;
 
 typedef struct {

@@ -223,7 +223,7 @@ static void host_piece_init(mt_train_state *s, host_piece *p, int64_t base, int6
     p->base = base;
     p->n = n;
     mt_optim_alloc a = {.alloc = pinned_alloc, .free = pinned_free, .ctx = be,
-                        .upload_dtype = s->up_dtype};
+                        .upload_dtype = s->up_dtype, .all = streams_update(&s->o)};
     p->st = mt_optim_state_create(s->o.format, (size_t)n, s->o.seed, &a);
     mt_optim_state_set_index_base(p->st, (uint64_t)base);
     if (!grads_apart(s->o.format)) return; /* full: in the upload copy; frozen: none */

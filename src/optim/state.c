@@ -100,8 +100,19 @@ static void *w_alloc(const mt_optim_alloc *a, size_t bytes) {
     return mt_aligned_alloc(bytes);
 }
 
-static void *zeroed(size_t bytes) {
-    void *p = mt_aligned_alloc(bytes);
+/* Every other arena: through alloc too when it asks for all (a state streamed to the compute
+ * side), else plain aligned memory. */
+static void *arena_alloc(const mt_optim_alloc *a, size_t bytes) {
+    return a->all ? w_alloc(a, bytes) : mt_aligned_alloc(bytes);
+}
+static void arena_free(const mt_optim_alloc *a, void *p) {
+    if (!p) return;
+    if (a->all && a->free) a->free(a->ctx, p);
+    else if (!a->all || !a->alloc) free(p);
+}
+
+static void *zeroed(const mt_optim_alloc *a, size_t bytes) {
+    void *p = arena_alloc(a, bytes);
     memset(p, 0, bytes);
     return p;
 }
@@ -130,20 +141,21 @@ mt_optim_state *mt_optim_state_create(mt_state_format f, size_t n, uint64_t seed
     a->w = w_alloc(&s->alloc, wbytes);
     memset(a->w, 0, wbytes);
     if (f == MT_STATE_FROZEN) return s; /* the upload copy is all it has */
+    const mt_optim_alloc *al = &s->alloc;
     if (f == MT_STATE_FULL) {
-        a->master = zeroed(n * 4);
-        a->m = zeroed(n * 4);
-        a->v = zeroed(n * 4);
+        a->master = zeroed(al, n * 4);
+        a->m = zeroed(al, n * 4);
+        a->v = zeroed(al, n * 4);
         return s;
     }
-    if (f == MT_STATE_COMPACT) a->comp = zeroed(n * 2);
-    a->mq = mt_aligned_alloc(n);
-    a->vq = mt_aligned_alloc(n);
+    if (f == MT_STATE_COMPACT) a->comp = zeroed(al, n * 2);
+    a->mq = arena_alloc(al, n);
+    a->vq = arena_alloc(al, n);
     /* moments zero: the code of 0.0, scale 0 */
     memset(a->mq, mt_qmap_nearest(mt_qmap_signed(), 0.0f), n);
     memset(a->vq, mt_qmap_nearest(mt_qmap_unsigned(), 0.0f), n);
-    a->ms = mt_calloc(a->nblocks, sizeof(float));
-    a->vs = mt_calloc(a->nblocks, sizeof(float));
+    a->ms = zeroed(al, a->nblocks * sizeof(float));
+    a->vs = zeroed(al, a->nblocks * sizeof(float));
     return s;
 }
 
@@ -152,8 +164,8 @@ void mt_optim_state_free(mt_optim_state *s) {
     mt_optim_arenas *a = &s->a;
     if (s->alloc.free) s->alloc.free(s->alloc.ctx, a->w);
     else if (!s->alloc.alloc) free(a->w);
-    free(a->master); free(a->m); free(a->v); free(a->comp);
-    free(a->mq); free(a->vq); free(a->ms); free(a->vs);
+    void *parts[] = {a->master, a->m, a->v, a->comp, a->mq, a->vq, a->ms, a->vs};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) arena_free(&s->alloc, parts[i]);
     free(s);
 }
 

@@ -101,6 +101,8 @@ typedef struct {
     void (*free)(void *ctx, void *p);
     void *ctx;
     mt_dtype upload_dtype;
+    int all;          /* every arena through alloc (a state whose parts stream to the compute
+                         side: pinned, so that the copies run asynchronously) */
 } mt_optim_alloc;
 
 /* One tensor of the state, for checkpoints: saving `bytes` from `data` and restoring them into

@@ -267,7 +267,7 @@ static void test_memory_modes_agree(void **state) {
  * upload copy are bit for bit what they were (the skipped update rewrites the upload copy, which
  * held the gradients, from the master), and training goes on with finite steps. The bad batch
  * reads one token whose (untied) embedding row is NaN. */
-static void check_nonfinite_step_skipped(mt_state_format format, int tier) {
+static void check_nonfinite_step_skipped(mt_state_format format, int tier, int upd) {
     mt_config cfg = small_config(64);
     cfg.V = 256;
     cfg.tie_word_embeddings = 0;
@@ -279,9 +279,11 @@ static void check_nonfinite_step_skipped(mt_state_format format, int tier) {
         if (t.params[i].kind == MT_W_EMBED)
             for (int c = 0; c < cfg.C; c++) w[t.params[i].offset + (int64_t)bad_token * cfg.C + c] = NAN;
     mt_engine_opts o = {.batch = B, .micro_batch = 2, .T = T, .n_slots = 2, .opt_threads = 2,
-                        .state = format, .gpu_layers = tier, .grads_on_device = 1, .seed = 3};
+                        .state = format, .gpu_layers = tier, .grads_on_device = 1, .seed = 3,
+                        .update_on_device = upd};
     mt_engine *e = mt_engine_create(&t, gpu, &o, w);
-    fprintf(stderr, "state %s, GPU tier %d layers\n", mt_state_format_name(format), tier);
+    fprintf(stderr, "state %s, GPU tier %d layers, update on the GPU %d\n", mt_state_format_name(format),
+            tier, upd);
     int32_t ids[4 * 64], tg[4 * 64];
     for (int i = 0; i < B * T; i++) ids[i] = (i * 7 + 3) % bad_token, tg[i] = (i * 5 + 1) % bad_token;
     mt_adamw_hparams hp = {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
@@ -323,15 +325,17 @@ static void check_nonfinite_step_skipped(mt_state_format format, int tier) {
 static void test_nonfinite_step_skipped(void **state) {
     (void)state;
     for (int f = MT_STATE_FULL; f <= MT_STATE_TIGHT; f++) {
-        check_nonfinite_step_skipped((mt_state_format)f, 0);
-        check_nonfinite_step_skipped((mt_state_format)f, 2);
+        check_nonfinite_step_skipped((mt_state_format)f, 0, 0);
+        check_nonfinite_step_skipped((mt_state_format)f, 2, 0);
+        if (f != MT_STATE_FULL) check_nonfinite_step_skipped((mt_state_format)f, 0, 1);
     }
 }
 
 /* The GPU tier changes where a layer's update runs, not what it computes: the CUDA AdamW of each
  * format gives the host kernel's bits (test_cuda_optim), so training with layers in the tier, and
- * with the gradients waiting on the GPU or in host memory, gives the same losses and state, bit
- * for bit, as training with every layer streamed. */
+ * with the gradients waiting on the GPU or in host memory, or with the host layers' state streamed
+ * through the GPU for their update (update_on_device), gives the same losses and state, bit for
+ * bit, as training with every layer streamed and updated on the host. */
 static void test_gpu_tier_same_bits(void **state) {
     (void)state;
     mt_config cfg = small_config(64);
@@ -343,31 +347,38 @@ static void test_gpu_tier_same_bits(void **state) {
     for (int i = 0; i < B * T; i++) ids[i] = (i * 7 + 3) % cfg.V, tg[i] = (i * 5 + 1) % cfg.V;
     mt_adamw_hparams hp = {.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
     for (int f = MT_STATE_FULL; f <= MT_STATE_TIGHT; f++) {
-        const struct { int tier, grads_dev; } mode[3] = {{0, 1}, {2, 1}, {1, 0}};
-        mt_test_snapshot snap[3];
-        double loss[3][4];
-        for (int k = 0; k < 3; k++) {
+        /* upd: the host layers' update on the GPU, their state streamed (update_on_device;
+         * compact and tight only) */
+        enum { NM = 5 };
+        const struct { int tier, grads_dev, upd; } mode[NM] = {{0, 1, 0}, {2, 1, 0}, {1, 0, 0},
+                                                              {0, 1, 1}, {2, 1, 1}};
+        mt_test_snapshot snap[NM];
+        double loss[NM][4];
+        for (int k = 0; k < NM; k++) {
             mt_engine_opts o = {.batch = B, .micro_batch = 2, .T = T, .n_slots = 2, .opt_threads = 2,
                                 .state = (mt_state_format)f, .gpu_layers = mode[k].tier,
-                                .grads_on_device = mode[k].grads_dev, .seed = 9};
+                                .grads_on_device = mode[k].grads_dev, .seed = 9,
+                                .update_on_device = mode[k].upd};
             mt_engine *e = mt_engine_create(&t, gpu, &o, w);
+            assert_int_equal(mt_train_state_updates_on_device(mt_engine_state(e)),
+                             mode[k].upd && f != MT_STATE_FULL);
             for (int s = 0; s < 4; s++) {
                 mt_step_result r;
                 mt_engine_step(e, ids, tg, &hp, s + 1, 1.0, &r);
                 loss[k][s] = r.loss;
             }
-            fprintf(stderr, "%s tier %d grads_dev %d: losses %.7f %.7f %.7f %.7f\n",
-                    mt_state_format_name((mt_state_format)f), mode[k].tier, mode[k].grads_dev,
+            fprintf(stderr, "%s tier %d grads_dev %d upd %d: losses %.7f %.7f %.7f %.7f\n",
+                    mt_state_format_name((mt_state_format)f), mode[k].tier, mode[k].grads_dev, mode[k].upd,
                     loss[k][0], loss[k][1], loss[k][2], loss[k][3]);
             mt_test_snapshot_state(&snap[k], e, &t);
             mt_engine_destroy(e);
         }
         assert_true(loss[0][3] < loss[0][0]);
-        for (int k = 1; k < 3; k++) {
+        for (int k = 1; k < NM; k++) {
             for (int s = 0; s < 4; s++) assert_true(loss[k][s] == loss[0][s]);
             mt_test_snapshot_equal(&snap[0], &snap[k]);
         }
-        for (int k = 0; k < 3; k++) mt_test_snapshot_free(&snap[k]);
+        for (int k = 0; k < NM; k++) mt_test_snapshot_free(&snap[k]);
     }
     free(w);
     mt_param_table_free(&t);
