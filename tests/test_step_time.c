@@ -25,6 +25,7 @@
 #include "engine/flops.h"
 #include "engine/planner.h"
 #include "engine/step_time.h"
+#include "optim/state.h"
 #include "model/config.h"
 #include "model/params.h"
 #include "util/testutil.h"
@@ -259,6 +260,40 @@ static void test_pieces_by_hand(void **state) {
     mt_param_table_free(&t);
 }
 
+/* --update-on gpu (update_on_device): the host groups' update at the pace of their state crossing
+ * PCIe both ways, tight's 4.03 B/param (mt_optim_bytes_per_param) at the duplex 46.2 GB/s; the
+ * state's bytes join the uploads and replace the gradients' downloads; the compute is unchanged.
+ * Not with full (its gradients wait in the upload copy) nor without grads_on_device. */
+static void test_streamed_update_by_hand(void **state) {
+    (void)state;
+    mt_param_table t;
+    load(&t, "../../bench/configs/qwen2.5-7b.json");
+    mt_backend_memory m = mt_backend_cuda_memory();
+    mt_engine_opts o = opts_7b(MT_STATE_TIGHT, 0);
+    o.grads_on_device = 1;
+    mt_step_time host, st;
+    mt_step_time_of(&t, MT_BF16, &o, &m, 3.4e9, &host);
+    o.update_on_device = 1;
+    mt_step_time_of(&t, MT_BF16, &o, &m, 3.4e9, &st);
+    double per = mt_optim_bytes_per_param(MT_STATE_TIGHT), n = 7615616512.0;
+    assert_true(st.streamed && !host.streamed && st.state_bytes == per);
+    assert_true(st.host_params == n && fabs(st.host_s - n * per / 46.2e9) < 1e-9);
+    assert_true(fabs(st.h2d_bytes - (host.h2d_bytes + n * per)) < 1.0);
+    assert_true(fabs(st.d2h_bytes - (host.d2h_bytes - n * 2 + n * per)) < 1.0);
+    assert_true(st.compute_s == host.compute_s);
+    assert_true(st.host_s < host.host_s && st.wait_s <= host.wait_s);
+    fprintf(stderr, "7B tight at 16 x 4096: host update %.2f s (wait %.2f), streamed %.2f s (wait %.2f), "
+            "PCIe %.2f -> %.2f s\n", host.host_s, host.wait_s, st.host_s, st.wait_s, host.pcie_s, st.pcie_s);
+    o.grads_on_device = 0; /* no gradient on the GPU: nothing streams */
+    mt_step_time_of(&t, MT_BF16, &o, &m, 3.4e9, &st);
+    assert_false(st.streamed);
+    o = opts_7b(MT_STATE_FULL, 0);
+    o.grads_on_device = 1, o.update_on_device = 1;
+    mt_step_time_of(&t, MT_BF16, &o, &m, 3.4e9, &st);
+    assert_false(st.streamed);
+    mt_param_table_free(&t);
+}
+
 /* MoE layers count the router and the k experts a token goes through, not all E, and not the
  * dense intermediate_size: Qwen3-30B-A3B (48 layers, C 2048, 32/4 heads of 128, 128 experts of
  * 768, top 8, V 151936). A layer's matmul parameters a token uses: q 2048 x 4096, k and v 2048 x
@@ -432,6 +467,7 @@ int main(void) {
         cmocka_unit_test(test_capped_explicit_cpu), cmocka_unit_test(test_pieces_by_hand),
         cmocka_unit_test(test_moe_flops),          cmocka_unit_test(test_plan_moe_cli),
         cmocka_unit_test(test_moe_extra_by_hand), cmocka_unit_test(test_deltanet_extra_by_hand),
+        cmocka_unit_test(test_streamed_update_by_hand),
     };
     return cmocka_run_group_tests(tests, setup, mt_cli_env_teardown);
 }

@@ -537,16 +537,22 @@ static void print_checkpoints(const mt_plan *p, FILE *out) {
 }
 
 /* "gpu tier: ..." why --gpu-layers auto has the size it has (timed plans). */
+/* What the update of the host groups is called: where it runs (--update-on). */
+static const char *update_name(const mt_step_time *s) {
+    return s->streamed ? "the streamed update" : "the host update";
+}
+
 static void print_tier_reason(const mt_plan *p, FILE *out) {
     if (!p->tier_auto || p->host_short) return;
     const mt_step_time *now = &p->time, *few = &p->tier_host_time;
+    const char *un = update_name(now);
     int k = p->eo.gpu_layers, h = p->tier_host;
     fprintf(out, "gpu tier:    ");
     if (p->budget <= 0) {
         if (k) fprintf(out, "%d layers, what the host needs", k);
         else fprintf(out, "none");
-        fprintf(out, " (no GPU budget to fit: --gpu-mem); with %s the host update (%.2f s) %s the next "
-                "forward (%.2f s)", k ? "them" : "none", few->host_s,
+        fprintf(out, " (no GPU budget to fit: --gpu-mem); with %s %s (%.2f s) %s the next "
+                "forward (%.2f s)", k ? "them" : "none", un, few->host_s,
                 mt_step_time_waits(few) ? "holds back" : "keeps ahead of", few->forward_s);
         if (mt_step_time_waits(few)) fprintf(out, " by %.2f s", few->wait_s);
         fputc('\n', out);
@@ -555,7 +561,7 @@ static void print_tier_reason(const mt_plan *p, FILE *out) {
     if (k == h && !mt_step_time_waits(few)) {
         if (k) fprintf(out, "%d layers (%.2f GiB), the fewest that let the host hold the rest; ", k, p->mem.dev_tier / MT_GIB);
         else fprintf(out, "none: ");
-        fprintf(out, "the host update (%.2f s) keeps ahead of the next forward (%.2f s)\n", now->host_s, now->forward_s);
+        fprintf(out, "%s (%.2f s) keeps ahead of the next forward (%.2f s)\n", un, now->host_s, now->forward_s);
         return;
     }
     /* what the fewest layers (those the host RAM needs) would leave */
@@ -564,7 +570,7 @@ static void print_tier_reason(const mt_plan *p, FILE *out) {
     if (k != h && h) fprintf(out, "with %d (what the host RAM needs) ", h);
     else if (k != h) fprintf(out, "with none ");
     else if (h) fprintf(out, "what the host RAM needs; with them ");
-    fprintf(out, "the host update (%.2f s) %s the next forward (%.2f s) back %.2f s; ", few->host_s,
+    fprintf(out, "%s (%.2f s) %s the next forward (%.2f s) back %.2f s; ", un, few->host_s,
             k == h ? "holds" : "would hold", few->forward_s, few->wait_s);
     if (k == h)
         fprintf(out, "%s beside the plan\n", h ? "no more tier layers fit" : "no tier layer fits");
@@ -591,26 +597,33 @@ static void print_step_time(const mt_plan *p, FILE *out) {
     if (s->delta_s > 0) /* the delta rule's kernel runs far below the GEMMs' rate */
         snprintf(moe + strlen(moe), sizeof moe - strlen(moe), "; + %.2f s for the Gated DeltaNet's chunked "
                  "rule at %.0f TFLOP/s", s->delta_s, p->backend.delta_rule_rate / 1e12);
-    fprintf(out, "step time:   ~%.2f s: compute %.2f s (%.3g PFLOP at %.0f TFLOP/s%s), PCIe %.2f s (up %.2f "
-            "GiB, down %.2f GiB), host AdamW %.2f s (%.2f Gparam at %.1f Gparam/s: %s)\n",
-            est > s->pcie_s ? est : s->pcie_s, s->compute_s, s->flops / 1e15, p->backend.flops_rate / 1e12,
-            moe, s->pcie_s, s->h2d_bytes / MT_GIB, s->d2h_bytes / MT_GIB,
-            s->host_s, s->host_params / 1e9, p->host_rate / 1e9, p->host_rate_source);
-    if (s->bound == MT_BOUND_HOST)
-        fprintf(out, "             bound: the host update, which only the next forward (%.2f s) overlaps: that "
-                "forward starts %.2f s after the backward and waits %.2f s more; ", s->forward_s, s->start_s,
-                s->wait_s);
+    char upd[256];
+    if (s->streamed)
+        snprintf(upd, sizeof upd, "the update on the GPU %.2f s (--update-on gpu: %.2f Gparam, their "
+                 "state streamed, %.2f B/param each way at %.1f GB/s)", s->host_s, s->host_params / 1e9,
+                 s->state_bytes, p->backend.duplex_rate / 1e9);
     else
-        fprintf(out, "             bound: %s; the host update overlaps the next forward (%.2f s), which starts "
+        snprintf(upd, sizeof upd, "host AdamW %.2f s (%.2f Gparam at %.1f Gparam/s: %s)", s->host_s,
+                 s->host_params / 1e9, p->host_rate / 1e9, p->host_rate_source);
+    fprintf(out, "step time:   ~%.2f s: compute %.2f s (%.3g PFLOP at %.0f TFLOP/s%s), PCIe %.2f s (up %.2f "
+            "GiB, down %.2f GiB), %s\n",
+            est > s->pcie_s ? est : s->pcie_s, s->compute_s, s->flops / 1e15, p->backend.flops_rate / 1e12,
+            moe, s->pcie_s, s->h2d_bytes / MT_GIB, s->d2h_bytes / MT_GIB, upd);
+    if (s->bound == MT_BOUND_HOST)
+        fprintf(out, "             bound: %s, which only the next forward (%.2f s) overlaps: that "
+                "forward starts %.2f s after the backward and waits %.2f s more; ", update_name(s), s->forward_s,
+                s->start_s, s->wait_s);
+    else
+        fprintf(out, "             bound: %s; %s overlaps the next forward (%.2f s), which starts "
                 "%.2f s after the backward and waits %.2f s more; ",
-                s->bound == MT_BOUND_PCIE ? "PCIe (the copies overlap the whole step)" : "compute",
+                s->bound == MT_BOUND_PCIE ? "PCIe (the copies overlap the whole step)" : "compute", update_name(s),
                 s->forward_s, s->start_s, s->wait_s);
     if (p->compute_batch)
         fprintf(out, "compute-bound from --batch %d at --seq %d (memory aside)\n", p->compute_batch, p->eo.T);
     else
         fprintf(out, "compute-bound at no --batch up to 2^20 at --seq %d\n", p->eo.T);
-    fprintf(out, "per layer:   %.2f GiB of weights up %s a step, forward %.0f ms, host update %.0f ms",
-            s->layer_bytes / MT_GIB, p->eo.resident ? "once" : "twice", s->layer_forward_s * 1e3,
+    fprintf(out, "per layer:   %.2f GiB of weights up %s a step, forward %.0f ms, %s %.0f ms",
+            s->layer_bytes / MT_GIB, p->eo.resident ? "once" : "twice", s->layer_forward_s * 1e3, update_name(s) + 4,
             s->layer_host_s * 1e3);
     if (p->expert_share > 0)
         fprintf(out, "; an MoE layer's experts are %.0f%% of its bytes, a token computes with %d of %d",

@@ -85,8 +85,8 @@ typedef struct {
                                    (2 slots still: a layer is dequantized into one per load) */
     int update_on_device; /* --update-on gpu: where gradients wait on the GPU (compact, tight),
                              the host groups' AdamW runs there, their state streamed (engine.h);
-                             the plan counts its staging slots (its step-time estimate does not
-                             yet model it: it still assumes the host update) */
+                             the plan counts its staging slots and estimates the step with it
+                             (step_time.h) */
 } mt_plan_request;
 
 typedef struct {

@@ -6,6 +6,7 @@
 #include "core/cpu_isa.h"
 #include "core/error.h"
 #include "engine/flops.h"
+#include "optim/state.h"
 
 int mt_step_time_known(const mt_backend_memory *m) {
     return !m->host_ram && m->flops_rate > 0 && m->h2d_rate > 0 && m->d2h_rate > 0 && m->duplex_rate > 0;
@@ -88,6 +89,12 @@ void mt_step_time_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_op
     const double N = (double)eo->batch * eo->T, el = upload_elem(eo->state, dtype),
                  grad_el = (double)mt_dtype_size(dtype), set = N * c->C * (double)mt_dtype_size(dtype);
     *st = (mt_step_time){0};
+    st->streamed = eo->update_on_device && eo->grads_on_device && eo->ranks <= 1 &&
+                   (eo->state == MT_STATE_COMPACT || eo->state == MT_STATE_TIGHT);
+    if (st->streamed) { /* the update runs at the pace of its state's crossings */
+        st->state_bytes = mt_optim_bytes_per_param(eo->state);
+        host_rate = m->duplex_rate / st->state_bytes;
+    }
     st->flops = mt_flops_executed(c, N, eo->T, eo->saved_layers, eo->saved_attention);
     st->forward_s = mt_flops_head_forward(c, N) / m->flops_rate;
     for (int l = 0; l < L; l++) st->forward_s += layer_forward_s(c, l, eo, N, m);
@@ -109,7 +116,8 @@ void mt_step_time_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_op
     int passes = eo->resident ? 1 : 2;
     st->h2d_bytes = (passes * layers + embed + head) * el + (eo->offload > 1 ? eo->offload - 1 : 0) * set +
                     8.0 * N; /* ids and targets */
-    st->d2h_bytes = st->host_params * grad_el + eo->offload * set;
+    st->d2h_bytes = st->host_params * (st->streamed ? st->state_bytes : grad_el) + eo->offload * set;
+    if (st->streamed) st->h2d_bytes += st->host_params * st->state_bytes;
     double up = st->h2d_bytes / m->h2d_rate, down = st->d2h_bytes / m->d2h_rate,
            both = (st->h2d_bytes + st->d2h_bytes) / (2 * m->duplex_rate);
     st->pcie_s = up > down ? up : down;

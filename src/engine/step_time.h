@@ -20,6 +20,10 @@
  *    for that layer's update, the head's for the head's. The tier's layers (0..k-1) wait for
  *    nothing, so with k of them the host starts k layers ahead of the forward (their own update,
  *    on the compute stream, runs meanwhile: at GPU memory speed it is a few ms, left out).
+ *  - --update-on gpu (engine.h update_on_device): the same schedule, the "host" update running at
+ *    the pace of each group's state going up and coming back (double-buffered, so at the duplex
+ *    rate; the weights' own uploads are not counted against that link there, so it is optimistic
+ *    where PCIe is busy), and the state's bytes in the PCIe totals instead of the gradients'.
  *  - wait_s: how much later that forward ends than with an instant host from the same start
  *    (loads and compute simulated layer by layer; 0: the host keeps ahead).
  */
@@ -55,6 +59,11 @@ typedef struct {
     int mixer_layers[2];
     double mixer_params[2], mixer_forward_s[2];
     mt_step_bound bound;           /* what bounds the step (mt_step_time_of says how) */
+    int streamed;                  /* --update-on gpu: host_s is the streamed update's, at the pace
+                                      of the state crossing PCIe both ways (duplex_rate / state_bytes
+                                      a param), the state's bytes in h2d and d2h (no gradient
+                                      comes down) */
+    double state_bytes;            /* streamed: the state's bytes a param (each way) */
 } mt_step_time;
 
 /* 1 when the forward waits for the host (MT_STEP_WAIT_SHARE). */
