@@ -21,7 +21,8 @@
 #   gdncu        Nsight Compute on the first launch of each DeltaNet kernel (B 1, T 4096): stall reasons
 #   lora:CFG:BASE[:BATCH[:TARGETS]]  LoRA rank 16 on bench/configs/CFG.json, base BASE, BATCH x 4096
 #                (8), 3 steps; TARGETS a --lora-targets list (commas)
-#   full:CFG:STATE[:BATCH]  full-parameter on bench/configs/CFG.json, --state STATE (or auto), 3 steps
+#   full:CFG:STATE[:BATCH[:EXTRA]]  full-parameter on bench/configs/CFG.json, --state STATE (or auto),
+#                3 steps; EXTRA more train flags, commas for spaces (e.g. --update-on,gpu)
 #   oldfull:CFG:STATE[:BATCH]  full: with MT_OLD_BIN's megatrain (a baseline build, carried beside)
 #   long:CFG:SEQ:STATE      full-parameter, one row of SEQ tokens a step, 2 steps (long context)
 #   moebench[:ONLY]  bench/moe_bench.cu --iters 3 (--only qwen3|mixtral, or quick: --quick): the MoE block by piece,
@@ -155,8 +156,8 @@ for stage in "$@"; do
       run_mt "lora-$cfg-$base${targets:+-targets}" "bench/configs/$cfg.json" 3 "${batch:-8}" --lora 16 --base-dtype "$base" ${targets:+--lora-targets $targets} ;;
     full:*)
       ensure_built
-      IFS=: read -r _ cfg state batch <<< "$stage"
-      run_mt "full-$cfg-$state" "bench/configs/$cfg.json" 3 "${batch:-8}" ${state:+--state $state} ;;
+      IFS=: read -r _ cfg state batch extra <<< "$stage"
+      run_mt "full-$cfg-$state${extra:+-x}" "bench/configs/$cfg.json" 3 "${batch:-8}" ${state:+--state $state} ${extra//,/ } ;;
     oldfull:*) # the same with MT_OLD_BIN's megatrain (the baseline, side by side)
       ensure_built
       IFS=: read -r _ cfg state batch <<< "$stage"
