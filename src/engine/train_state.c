@@ -234,6 +234,21 @@ static void host_piece_init(mt_train_state *s, host_piece *p, int64_t base, int6
 
 static void *dev_alloc(mt_backend *be, size_t bytes) { return bytes ? be->alloc(be, bytes) : NULL; }
 
+/* d's arenas on the compute side for n elements and nb blocks: those that m (a state of the
+ * format) has. */
+static void dev_arenas_like(mt_backend *be, mt_optim_arenas *d, const mt_optim_arenas *m, size_t n,
+                            size_t nb) {
+    d->w = dev_alloc(be, n * mt_dtype_size(m->w_dtype));
+    d->master = m->master ? dev_alloc(be, n * 4) : NULL;
+    d->m = m->m ? dev_alloc(be, n * 4) : NULL;
+    d->v = m->v ? dev_alloc(be, n * 4) : NULL;
+    d->comp = m->comp ? dev_alloc(be, n * 2) : NULL;
+    d->mq = m->mq ? dev_alloc(be, n) : NULL;
+    d->vq = m->vq ? dev_alloc(be, n) : NULL;
+    d->ms = m->ms ? dev_alloc(be, nb * 4) : NULL;
+    d->vs = m->vs ? dev_alloc(be, nb * 4) : NULL;
+}
+
 /* The tier's arenas on the compute side, as the mirror's (a zero state) repeated per layer. */
 static void tier_init(mt_train_state *s) {
     mt_backend *be = s->be;
@@ -252,15 +267,7 @@ static void tier_init(mt_train_state *s) {
     d->nblocks = nb;
     d->seed = s->o.seed;
     d->index_base = (uint64_t)s->tier_base;
-    d->w = dev_alloc(be, n * mt_dtype_size(m.w_dtype));
-    d->master = m.master ? dev_alloc(be, n * 4) : NULL;
-    d->m = m.m ? dev_alloc(be, n * 4) : NULL;
-    d->v = m.v ? dev_alloc(be, n * 4) : NULL;
-    d->comp = m.comp ? dev_alloc(be, n * 2) : NULL;
-    d->mq = m.mq ? dev_alloc(be, n) : NULL;
-    d->vq = m.vq ? dev_alloc(be, n) : NULL;
-    d->ms = m.ms ? dev_alloc(be, nb * 4) : NULL;
-    d->vs = m.vs ? dev_alloc(be, nb * 4) : NULL;
+    dev_arenas_like(be, d, &m, n, nb);
     /* every layer starts as the zero mirror */
     size_t ln = (size_t)t->layer_size, lb = ln / MT_OPTIM_BLOCK;
     for (int l = 0; l < k; l++) {
@@ -293,15 +300,7 @@ static void stage_init(mt_train_state *s) {
     for (int i = 0; i < 2; i++) {
         mt_optim_arenas *d = &s->stage[i].a;
         *d = m;
-        d->w = dev_alloc(be, cap * mt_dtype_size(m.w_dtype));
-        d->master = m.master ? dev_alloc(be, cap * 4) : NULL;
-        d->m = m.m ? dev_alloc(be, cap * 4) : NULL;
-        d->v = m.v ? dev_alloc(be, cap * 4) : NULL;
-        d->comp = m.comp ? dev_alloc(be, cap * 2) : NULL;
-        d->mq = m.mq ? dev_alloc(be, cap) : NULL;
-        d->vq = m.vq ? dev_alloc(be, cap) : NULL;
-        d->ms = m.ms ? dev_alloc(be, nb * 4) : NULL;
-        d->vs = m.vs ? dev_alloc(be, nb * 4) : NULL;
+        dev_arenas_like(be, d, &m, cap, nb);
         s->stage[i].cap = cap;
         s->stage[i].up = be->event_create(be);
         s->stage[i].done = be->event_create(be);
