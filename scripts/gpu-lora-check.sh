@@ -23,6 +23,8 @@
 #                (8), 3 steps; TARGETS a --lora-targets list (commas)
 #   full:CFG:STATE[:BATCH[:EXTRA]]  full-parameter on bench/configs/CFG.json, --state STATE (or auto),
 #                3 steps; EXTRA more train flags, commas for spaces (e.g. --update-on,gpu)
+#   adamw:CFG:STATE  bench adamw --pattern training on the GPU machine: the host update, then
+#                --update-on gpu's streamed one, of CFG's state
 #   oldfull:CFG:STATE[:BATCH]  full: with MT_OLD_BIN's megatrain (a baseline build, carried beside)
 #   long:CFG:SEQ:STATE      full-parameter, one row of SEQ tokens a step, 2 steps (long context)
 #   moebench[:ONLY]  bench/moe_bench.cu --iters 3 (--only qwen3|mixtral, or quick: --quick): the MoE block by piece,
@@ -176,6 +178,15 @@ for stage in "$@"; do
         say "-- $rk ($b2/moe_bench)"
         MT_MOE_ROW_KERNELS=$rk timeout "$(left 200)" "$b2/moe_bench" --iters 3 $([ "$a" = quick ] && echo --quick || echo ${a:+--only $a}) > "$OUT/moe-bench-$rk.log" 2>&1
         say "rc $?"; grep -E "^==|gather|combine|group|total|forward \+ backward|mt_moe_|all expert GEMMs|dweight|FAIL|megatrain:" "$OUT/moe-bench-$rk.log" | tee -a "$log"
+      done ;;
+    adamw:*) # the host groups' update alone: on the host, then streamed through the GPU (--update-on gpu)
+      ensure_built
+      IFS=: read -r _ cfg state <<< "$stage"
+      for u in host gpu; do
+        say "== bench adamw --pattern training $cfg --state $state --update-on $u"
+        timeout "$(left 200)" "$bin/megatrain" bench adamw --pattern training --model "bench/configs/$cfg.json" \
+          --device cuda --grad bf16 --state "$state" --reps 3 --update-on $u > "$OUT/adamw-$cfg-$state-$u.log" 2>&1
+        say "rc $?"; tail -n 3 "$OUT/adamw-$cfg-$state-$u.log" | tee -a "$log"
       done ;;
     mt70:*) ensure_built; run_mt "70b-lora-${stage#mt70:}" bench/configs/llama-3.3-70b.json 2 8 --lora 16 --base-dtype "${stage#mt70:}" ;;
     *) say "unknown stage $stage"; exit 2 ;;

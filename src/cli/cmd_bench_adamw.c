@@ -68,7 +68,9 @@ static void usage(void) {
     fprintf(stderr, "usage: megatrain bench adamw [--state full|compact|tight] [--params N] "
                     "[--threads K] [--grad f32|bf16] [--alias] [--reps R] [--no-scalar]\n"
                     "       megatrain bench adamw --pattern training --model CONFIG.json "
-                    "[--device cpu|cuda] [--state S] [--threads K] [--grad f32|bf16] [--reps R]\n");
+                    "[--device cpu|cuda] [--state S] [--threads K] [--grad f32|bf16] [--reps R]\n"
+                    "                         [--update-on host|gpu]  (gpu: train --update-on gpu's "
+                    "streamed update; --device cuda, compact or tight)\n");
 }
 
 /* Best time of `reps` updates of the whole state (after one warm-up), in seconds. */
@@ -214,7 +216,7 @@ static void time_training(const mt_param_table *t, mt_backend *be, mt_train_stat
 }
 
 static int bench_training(mt_state_format f, const char *model, int device, int threads,
-                          int bf16_grad, int reps) {
+                          int bf16_grad, int reps, int update_on_gpu) {
     mt_config cfg;
     if (mt_arg_named("--model", mt_config_load(&cfg, model))) return mt_cli_fail();
     mt_param_table t;
@@ -225,6 +227,12 @@ static int bench_training(mt_state_format f, const char *model, int device, int 
         return mt_cli_fail();
     }
     int cuda = device == 2;
+    if (update_on_gpu && !(cuda && f != MT_STATE_FULL)) {
+        be->destroy(be);
+        mt_param_table_free(&t);
+        mt_error_set("--update-on gpu: needs --device cuda and --state compact or tight");
+        return mt_cli_fail();
+    }
     if (cuda && !bf16_grad) {
         be->destroy(be);
         mt_param_table_free(&t);
@@ -237,7 +245,9 @@ static int bench_training(mt_state_format f, const char *model, int device, int 
     printf("adamw --pattern training: %s, %zu parameters (%lld with padding), --state %s, "
            "%d threads, %s grad, %s\n", model, (size_t)t.n_real, (long long)t.total,
            mt_state_format_name(f), threads, bf16_grad ? "bf16" : "f32",
-           cuda ? "gradients on the GPU, fetched piece by piece" : "gradients in host memory");
+           update_on_gpu ? "gradients on the GPU, the state streamed through it (--update-on gpu)"
+           : cuda       ? "gradients on the GPU, fetched piece by piece"
+                        : "gradients in host memory");
     /* one call over as many parameters first (freed before the engine's state is made) */
     int rc = 0;
     /* full: the gradient in the upload copy (--alias) when both are bf16, as in the engine */
@@ -250,7 +260,7 @@ static int bench_training(mt_state_format f, const char *model, int device, int 
     }
     mt_train_state_opts so = {.format = f, .gpu_layers = 0,
                               .grads_on_device = cuda && f != MT_STATE_FULL, .seed = 1,
-                              .n_threads = threads};
+                              .n_threads = threads, .update_on_device = update_on_gpu};
     mt_train_state *st = mt_train_state_create(&t, be, &so);
     void *stage = mt_aligned_alloc((size_t)mt_group_max_size(&t) * mt_dtype_size(be->dtype));
     double best, mean;
@@ -268,7 +278,7 @@ static int bench_training(mt_state_format f, const char *model, int device, int 
 int mt_bench_adamw(int argc, char **argv) {
     int64_t n = 64ll << 20, threads = omp_get_max_threads(), reps = 5;
     int grad_kind = 0, alias = 0, scalar = 1, state = MT_STATE_FULL, pattern = 0, device = 0;
-    int params_given = 0;
+    int params_given = 0, update_on = 0;
     const char *model = NULL;
     static const struct option opts[] = {
         {"state", required_argument, 0, 'S'},  {"pattern", required_argument, 0, 'P'},
@@ -276,6 +286,7 @@ int mt_bench_adamw(int argc, char **argv) {
         {"params", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
         {"grad", required_argument, 0, 'g'},   {"alias", no_argument, 0, 'a'},
         {"reps", required_argument, 0, 'r'},   {"no-scalar", no_argument, 0, 's'},
+        {"update-on", required_argument, 0, 'u'},
         {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
     optind = 1;
     for (int c; (c = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
@@ -295,6 +306,7 @@ int mt_bench_adamw(int argc, char **argv) {
         case 'r': if (mt_arg_int("--reps", optarg, 1, 1000, &reps)) return mt_cli_fail(); break;
         case 'a': alias = 1; break;
         case 's': scalar = 0; break;
+        case 'u': if (mt_arg_choice("--update-on", optarg, "host|gpu", &update_on)) return mt_cli_fail(); break;
         default: usage(); return c == 'h' ? 0 : 1;
         }
     }
@@ -323,7 +335,11 @@ int mt_bench_adamw(int argc, char **argv) {
     }
     if (pattern)
         return bench_training((mt_state_format)state, model, device ? device : 1, (int)threads,
-                              grad_kind, (int)reps);
+                              grad_kind, (int)reps, update_on);
+    if (update_on) {
+        mt_error_set("--update-on gpu: with --pattern training only");
+        return mt_cli_fail();
+    }
     if (state != MT_STATE_FULL)
         return bench_state((mt_state_format)state, (size_t)n, (int)threads, grad_kind, (int)reps,
                            scalar);
