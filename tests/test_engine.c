@@ -334,7 +334,7 @@ static void test_optimizer_overlaps_forward(void **state) {
  * saw the bad batch gives: the same loss, norm and state, bit for bit. The bad batch is made by a
  * NaN embedding row for one token that only it contains (llama_gqa is untied, so the row feeds
  * nothing else, and its gradient in the good batches is zero). */
-static void check_nonfinite_step_skipped(mt_state_format format, int tier) {
+static void check_nonfinite_step_skipped(mt_state_format format, int tier, int upd) {
     setup s;
     setup_init(&s, "llama_gqa", 2);
     int V = s.cfg.V, N = B_ROWS * T_LEN, bad_token = V - 1;
@@ -351,8 +351,10 @@ static void check_nonfinite_step_skipped(mt_state_format format, int tier) {
         bad[i] = i == 5 ? bad_token : good2[i];
     }
     mt_backend *be = mt_backend_cpu_create();
+    /* upd: gradients waiting on the compute side and the host groups updated there, streamed */
     mt_engine_opts o = {.batch = B_ROWS, .micro_batch = 2, .T = T_LEN, .n_slots = 2, .opt_threads = 1,
-                        .state = format, .gpu_layers = tier, .seed = 5};
+                        .state = format, .gpu_layers = tier, .seed = 5, .grads_on_device = upd,
+                        .update_on_device = upd};
 
     /* run A: good1, bad (skipped), good2 */
     mt_engine *a = mt_engine_create(&s.table, be, &o, s.weights);
@@ -453,8 +455,9 @@ static void test_mlp_tiled_engine(void **state) {
 static void test_nonfinite_step_skipped(void **state) {
     (void)state;
     for (int f = MT_STATE_FULL; f <= MT_STATE_TIGHT; f++) {
-        check_nonfinite_step_skipped((mt_state_format)f, 0);
-        check_nonfinite_step_skipped((mt_state_format)f, 1);
+        check_nonfinite_step_skipped((mt_state_format)f, 0, 0);
+        check_nonfinite_step_skipped((mt_state_format)f, 1, 0);
+        if (f != MT_STATE_FULL) check_nonfinite_step_skipped((mt_state_format)f, 0, 1);
     }
 }
 
