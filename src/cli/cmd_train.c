@@ -823,8 +823,8 @@ static int train(train_run *r) {
                           .update_on_device = o->update_on == 1};
     mt_engine_opts eo;
     MT_TRY(phase(r, mt_run_check_memory(&r->model.table, r->be, &rq, &eo)));
-    if (o->update_on == 1 && !(eo.grads_on_device && eo.state != MT_STATE_FULL && r->ranks <= 1 &&
-                               !r->have_lora))
+    eo.ranks = r->ranks;
+    if (o->update_on == 1 && !mt_engine_streams_update(&eo))
         MT_TRY(phase(r, mt_error_set("--update-on gpu: needs --state compact or tight on a GPU, one "
                                      "rank, no LoRA, and the plan's gradients waiting on the GPU "
                                      "(this plan: --state %s, gradients %s)",
@@ -833,7 +833,6 @@ static int train(train_run *r) {
     eo.opt_threads = (int)o->threads;
     eo.seed = (uint64_t)o->seed; /* tight's rounding; a resume takes the checkpoint's */
     eo.trace = o->trace_path != NULL;
-    eo.ranks = r->ranks;
     eo.comm = r->nccl ? r->nccl : r->ranks > 1 ? r->comm : NULL; /* nccl on the GPUs, else mpi */
     o->micro_batch = eo.micro_batch; /* resolved: for the header and the stored arguments */
     if (r->ranks > 1) /* the planner chose it from this host's memory */

@@ -981,6 +981,10 @@ int mt_engine_set_documents(mt_engine *e, const int32_t *doc_start) {
 }
 
 mt_train_state *mt_engine_state(mt_engine *e) { return e->ts; }
+int mt_engine_streams_update(const mt_engine_opts *o) {
+    mt_train_state_opts so = state_opts(o);
+    return mt_train_state_streams_update(&so);
+}
 mt_quant_base *mt_engine_quant_base(mt_engine *e) { return e->qbase; }
 
 /* With a quantized base: the state's io, but the base's own tensors go to and from it. */

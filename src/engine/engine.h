@@ -166,6 +166,9 @@ const mt_state_io *mt_engine_state_io(mt_engine *e);
  * small models (a big model's arena would not fit; use mt_engine_state_io). */
 void mt_engine_get_weights(mt_engine *e, float *arena);
 void mt_engine_set_weights(mt_engine *e, const float *arena);
+/* 1 when an engine of options o updates its host groups on the compute side (--update-on gpu:
+ * update_on_device where it applies, train_state.h; LoRA's frozen state never). */
+int mt_engine_streams_update(const mt_engine_opts *o);
 /* The state itself (tests look at the upload copy around a skipped step). */
 mt_train_state *mt_engine_state(mt_engine *e);
 /* The quantized frozen base (a LoRA run with --base-dtype fp8|nf4), else NULL. */

@@ -539,7 +539,7 @@ static void print_checkpoints(const mt_plan *p, FILE *out) {
 /* "gpu tier: ..." why --gpu-layers auto has the size it has (timed plans). */
 /* What the update of the host groups is called: where it runs (--update-on). */
 static const char *update_name(const mt_step_time *s) {
-    return s->streamed ? "the streamed update" : "the host update";
+    return s->streamed ? "streamed update" : "host update";
 }
 
 static void print_tier_reason(const mt_plan *p, FILE *out) {
@@ -551,7 +551,7 @@ static void print_tier_reason(const mt_plan *p, FILE *out) {
     if (p->budget <= 0) {
         if (k) fprintf(out, "%d layers, what the host needs", k);
         else fprintf(out, "none");
-        fprintf(out, " (no GPU budget to fit: --gpu-mem); with %s %s (%.2f s) %s the next "
+        fprintf(out, " (no GPU budget to fit: --gpu-mem); with %s the %s (%.2f s) %s the next "
                 "forward (%.2f s)", k ? "them" : "none", un, few->host_s,
                 mt_step_time_waits(few) ? "holds back" : "keeps ahead of", few->forward_s);
         if (mt_step_time_waits(few)) fprintf(out, " by %.2f s", few->wait_s);
@@ -561,7 +561,7 @@ static void print_tier_reason(const mt_plan *p, FILE *out) {
     if (k == h && !mt_step_time_waits(few)) {
         if (k) fprintf(out, "%d layers (%.2f GiB), the fewest that let the host hold the rest; ", k, p->mem.dev_tier / MT_GIB);
         else fprintf(out, "none: ");
-        fprintf(out, "%s (%.2f s) keeps ahead of the next forward (%.2f s)\n", un, now->host_s, now->forward_s);
+        fprintf(out, "the %s (%.2f s) keeps ahead of the next forward (%.2f s)\n", un, now->host_s, now->forward_s);
         return;
     }
     /* what the fewest layers (those the host RAM needs) would leave */
@@ -570,7 +570,7 @@ static void print_tier_reason(const mt_plan *p, FILE *out) {
     if (k != h && h) fprintf(out, "with %d (what the host RAM needs) ", h);
     else if (k != h) fprintf(out, "with none ");
     else if (h) fprintf(out, "what the host RAM needs; with them ");
-    fprintf(out, "%s (%.2f s) %s the next forward (%.2f s) back %.2f s; ", un, few->host_s,
+    fprintf(out, "the %s (%.2f s) %s the next forward (%.2f s) back %.2f s; ", un, few->host_s,
             k == h ? "holds" : "would hold", few->forward_s, few->wait_s);
     if (k == h)
         fprintf(out, "%s beside the plan\n", h ? "no more tier layers fit" : "no tier layer fits");
@@ -610,11 +610,11 @@ static void print_step_time(const mt_plan *p, FILE *out) {
             est > s->pcie_s ? est : s->pcie_s, s->compute_s, s->flops / 1e15, p->backend.flops_rate / 1e12,
             moe, s->pcie_s, s->h2d_bytes / MT_GIB, s->d2h_bytes / MT_GIB, upd);
     if (s->bound == MT_BOUND_HOST)
-        fprintf(out, "             bound: %s, which only the next forward (%.2f s) overlaps: that "
+        fprintf(out, "             bound: the %s, which only the next forward (%.2f s) overlaps: that "
                 "forward starts %.2f s after the backward and waits %.2f s more; ", update_name(s), s->forward_s,
                 s->start_s, s->wait_s);
     else
-        fprintf(out, "             bound: %s; %s overlaps the next forward (%.2f s), which starts "
+        fprintf(out, "             bound: %s; the %s overlaps the next forward (%.2f s), which starts "
                 "%.2f s after the backward and waits %.2f s more; ",
                 s->bound == MT_BOUND_PCIE ? "PCIe (the copies overlap the whole step)" : "compute", update_name(s),
                 s->forward_s, s->start_s, s->wait_s);
@@ -623,7 +623,7 @@ static void print_step_time(const mt_plan *p, FILE *out) {
     else
         fprintf(out, "compute-bound at no --batch up to 2^20 at --seq %d\n", p->eo.T);
     fprintf(out, "per layer:   %.2f GiB of weights up %s a step, forward %.0f ms, %s %.0f ms",
-            s->layer_bytes / MT_GIB, p->eo.resident ? "once" : "twice", s->layer_forward_s * 1e3, update_name(s) + 4,
+            s->layer_bytes / MT_GIB, p->eo.resident ? "once" : "twice", s->layer_forward_s * 1e3, update_name(s),
             s->layer_host_s * 1e3);
     if (p->expert_share > 0)
         fprintf(out, "; an MoE layer's experts are %.0f%% of its bytes, a token computes with %d of %d",

@@ -89,8 +89,7 @@ void mt_step_time_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_op
     const double N = (double)eo->batch * eo->T, el = upload_elem(eo->state, dtype),
                  grad_el = (double)mt_dtype_size(dtype), set = N * c->C * (double)mt_dtype_size(dtype);
     *st = (mt_step_time){0};
-    st->streamed = eo->update_on_device && eo->grads_on_device && eo->ranks <= 1 &&
-                   (eo->state == MT_STATE_COMPACT || eo->state == MT_STATE_TIGHT);
+    st->streamed = mt_engine_streams_update(eo);
     if (st->streamed) { /* the update runs at the pace of its state's crossings */
         st->state_bytes = mt_optim_bytes_per_param(eo->state);
         host_rate = m->duplex_rate / st->state_bytes;

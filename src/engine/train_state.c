@@ -85,8 +85,7 @@ struct mt_train_state {
  * copy; frozen has none). */
 static int grads_apart(mt_state_format f) { return f == MT_STATE_COMPACT || f == MT_STATE_TIGHT; }
 
-/* The host groups are updated on the compute side (update_on_device, where it applies). */
-static int streams_update(const mt_train_state_opts *o) {
+int mt_train_state_streams_update(const mt_train_state_opts *o) {
     return o->update_on_device && o->grads_on_device && grads_apart(o->format) && o->ranks <= 1;
 }
 
@@ -199,7 +198,7 @@ void mt_train_state_bytes_of(const mt_param_table *t, mt_dtype compute, const mt
     }
     b->dev_grads += el * n_tier;
     double piece = (double)(mt_group_max_size(t) < FETCH_PIECE ? mt_group_max_size(t) : FETCH_PIECE);
-    if (streams_update(o)) /* the two staging slots, counted with the gradients they consume */
+    if (mt_train_state_streams_update(o)) /* the two staging slots, counted with the gradients they consume */
         b->dev_grads += 2.0 * per * (piece + MT_OPTIM_BLOCK);
     else if (o->grads_on_device && grads_apart(o->format))
         b->host_grads += 2.0 * el * piece;
@@ -223,7 +222,7 @@ static void host_piece_init(mt_train_state *s, host_piece *p, int64_t base, int6
     p->base = base;
     p->n = n;
     mt_optim_alloc a = {.alloc = pinned_alloc, .free = pinned_free, .ctx = be,
-                        .upload_dtype = s->up_dtype, .all = streams_update(&s->o)};
+                        .upload_dtype = s->up_dtype, .all = mt_train_state_streams_update(&s->o)};
     p->st = mt_optim_state_create(s->o.format, (size_t)n, s->o.seed, &a);
     mt_optim_state_set_index_base(p->st, (uint64_t)base);
     if (!grads_apart(s->o.format)) return; /* full: in the upload copy; frozen: none */
@@ -291,7 +290,7 @@ static void tier_init(mt_train_state *s) {
 /* The staging slots of update_on_device: the mirror's arenas (what this format has) for the
  * largest piece plus a block (a piece's whole blocks). */
 static void stage_init(mt_train_state *s) {
-    if (!streams_update(&s->o)) return;
+    if (!mt_train_state_streams_update(&s->o)) return;
     mt_backend *be = s->be;
     mt_optim_arenas m = mt_optim_state_arenas(s->mirror);
     int64_t gmax = mt_group_max_size(s->t);
@@ -553,7 +552,7 @@ static void update_piece_on_device(mt_train_state *s, host_piece *hp_, const upd
     s->stage[k].used = 1;
 }
 
-static void be_sync_down(mt_train_state *s, int i) {
+static void stage_wait_down(mt_train_state *s, int i) {
     s->be->event_sync(s->be, s->stage[i].down);
     s->stage[i].used = 0;
 }
@@ -571,7 +570,7 @@ static void update_pieces(mt_train_state *s, int layer, const mt_adamw_hparams *
         }
         /* the group's state (the upload copy the next forward reads among it) is back */
         for (int i = 0; i < 2; i++)
-            if (s->stage[i].used) be_sync_down(s, i);
+            if (s->stage[i].used) stage_wait_down(s, i);
         return;
     }
     for (int k = s->group_first[layer + 1]; k < s->group_first[layer + 2]; k++) {

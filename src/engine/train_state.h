@@ -99,6 +99,9 @@ mt_train_state *mt_train_state_create(const mt_param_table *t, mt_backend *be,
 void mt_train_state_free(mt_train_state *s);
 /* 1 when the host groups are updated on the compute side (update_on_device took effect). */
 int mt_train_state_updates_on_device(const mt_train_state *s);
+/* 1 when options o would have them updated there: update_on_device with grads_on_device, compact
+ * or tight, one rank (otherwise update_on_device is ignored). */
+int mt_train_state_streams_update(const mt_train_state_opts *o);
 
 /* 1 when group `layer` (-1 embed .. L head) is in the GPU tier. */
 int mt_train_state_in_tier(const mt_train_state *s, int layer);

@@ -128,26 +128,27 @@ typedef struct {
     const mt_lora_table *lt;
     const float *arena;
     mt_dtype dtype;
+    int peft_of;  /* the tensor peft holds in PEFT's layout (-1: none) */
+    float *peft;
 } fill_ctx;
 
-/* Tensor i in PEFT's layout: the arena's (an experts' lora_B regrouped: mt_lora_peft_layout). */
+/* Tensor i in PEFT's layout: the arena's, an experts' lora_B regrouped (mt_lora_peft_layout,
+ * once per tensor into one buffer: the writer fills a tensor's chunks in order). */
 static int fill_tensor(void *ctx, int i, int64_t begin, int64_t n, void *dst) {
-    const fill_ctx *c = ctx;
+    fill_ctx *c = ctx;
     const mt_lora_param *p = &c->lt->params[i];
     const float *src = c->arena + p->offset + begin;
-    float *peft = NULL;
-    if (p->experts && p->is_b) { /* PEFT's element j = (o, k, e) of (out, r, E): the arena's (e, o, k) */
-        int64_t E = p->experts, rE = p->shape[1], out = p->shape[0], r = rE / E;
-        peft = mt_malloc((size_t)n * sizeof(float));
-        for (int64_t j = 0; j < n; j++) {
-            int64_t at = begin + j, o = at / rE, k = at % rE / E, e = at % E;
-            peft[j] = c->arena[p->offset + (e * out + o) * r + k];
+    if (p->experts && p->is_b) {
+        if (c->peft_of != i) {
+            free(c->peft);
+            c->peft = mt_malloc((size_t)p->numel * sizeof(float));
+            mt_lora_peft_layout(p, c->arena + p->offset, c->peft, 1);
+            c->peft_of = i;
         }
-        src = peft;
+        src = c->peft + begin;
     }
     if (c->dtype == MT_F32) memcpy(dst, src, (size_t)n * sizeof(float));
     else mt_convert_f32_to_bf16(dst, src, (size_t)n);
-    free(peft);
     return MT_OK;
 }
 
@@ -167,9 +168,10 @@ static int save_files(const mt_lora_table *lt, const float *arena, const char *d
                                                                  : NULL;
     }
     const mt_st_meta meta[] = {{"format", "pt"}};
-    fill_ctx ctx = {lt, arena, dtype};
+    fill_ctx ctx = {lt, arena, dtype, -1, NULL};
     char *path = path_join(dir, WEIGHTS_FILE);
     int rc = mt_safetensors_write_fill(path, w, lt->n_params, meta, 1, fill_tensor, &ctx);
+    free(ctx.peft);
     free(path);
     free(w);
     if (rc != MT_OK) return rc;
