@@ -329,6 +329,56 @@ static void test_optimizer_overlaps_forward(void **state) {
     setup_free(&s);
 }
 
+/* The streamed update (update_on_device) keeps its staging slots busy across groups: a group is
+ * done (its span ends, the next forward may read it) while the next group's state goes up, not
+ * before that group starts; and still never before the forward of its layer. */
+static void test_streamed_update_spans_groups(void **state) {
+    (void)state;
+    setup s;
+    setup_init(&s, "llama_gqa", 4);
+    mt_backend *be = mt_backend_cpu_create();
+    mt_engine_opts o = {.batch = B_ROWS, .micro_batch = 2, .T = T_LEN, .n_slots = 2, .opt_threads = 1,
+                        .trace = 1, .state = MT_STATE_COMPACT, .grads_on_device = 1,
+                        .update_on_device = 1, .gpu_layers = 1};
+    mt_engine *e = mt_engine_create(&s.table, be, &o, s.weights);
+    assert_true(mt_train_state_updates_on_device(mt_engine_state(e)));
+    mt_optimizer_set_delay_us(mt_engine_optimizer(e), 20000);
+    const int steps = 3;
+    for (int step = 0; step < steps; step++) {
+        mt_step_result r;
+        mt_engine_step(e, s.ids, s.targets, &hp, step + 1, 1.0, &r);
+    }
+    mt_engine_finish(e);
+    int n, L = s.cfg.L, overlaps = 0;
+    mt_span *sp = mt_trace_spans(mt_engine_trace(e), &n);
+    for (int step = 0; step < steps; step++) {
+        for (int l = -1; l < L; l++) {
+            const mt_span *a = find_span(sp, n, MT_SPAN_OPTIMIZER, step, l);
+            const mt_span *b = find_span(sp, n, MT_SPAN_OPTIMIZER, step, l + 1);
+            assert_non_null(a);
+            assert_non_null(b);
+            assert_true(a->t1 <= b->t1); /* done in order */
+            /* streamed groups (the embed, layers 1.. and the head: layer 0 is in the tier) */
+            int streamed = l != 0 && l + 1 != 0;
+            if (streamed) {
+                assert_true(a->t1 > b->t0); /* done while the next group's update runs */
+                overlaps++;
+            }
+            if (step + 1 < steps && l >= 0) { /* never a stale weight */
+                const mt_span *fwd = find_span(sp, n, MT_SPAN_FORWARD, step + 1, l);
+                assert_non_null(fwd);
+                assert_true(fwd->t0 >= a->t1);
+            }
+        }
+    }
+    fprintf(stderr, "%d streamed groups were done while the next one's update ran\n", overlaps);
+    assert_int_equal(overlaps, steps * (L - 1));
+    free(sp);
+    mt_engine_destroy(e);
+    be->destroy(be);
+    setup_free(&s);
+}
+
 /* A step whose loss is NaN applies no update: master, moments and the upload copy are bit for bit
  * what they were, and the next finite step (with the same Adam step t) gives what a run that never
  * saw the bad batch gives: the same loss, norm and state, bit for bit. The bad batch is made by a
@@ -466,6 +516,7 @@ int main(void) {
         cmocka_unit_test(test_transfers_per_step),
         cmocka_unit_test(test_engine_matches_runner),
         cmocka_unit_test(test_optimizer_overlaps_forward),
+        cmocka_unit_test(test_streamed_update_spans_groups),
         cmocka_unit_test(test_memory_modes),
         cmocka_unit_test(test_set_weights_between_steps),
         cmocka_unit_test(test_nonfinite_step_skipped),

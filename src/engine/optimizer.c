@@ -22,6 +22,7 @@ struct mt_optimizer {
     /* the job: set by start, consumed by the thread */
     int pending, running, stop;
     int groups_done;          /* of the running step, in order embed, layers, head */
+    double *group_t0;         /* [group index]: when its update began (its trace span) */
     mt_adamw_hparams hp;
     int64_t step;
     int restore;              /* the job restores the groups instead (a skip) */
@@ -46,17 +47,12 @@ static void *optimizer_main(void *arg) {
         int L = o->t->cfg.L;
         mt_train_state_begin_update(o->st);
         for (int layer = -1; layer <= L; layer++) {
-            double t0 = mt_trace_now(o->trace);
+            o->group_t0[group_index(o->t, layer)] = mt_trace_now(o->trace);
+            if (o->delay_us) usleep((useconds_t)o->delay_us); /* before: it is done inside */
             if (o->restore) mt_train_state_restore_group(o->st, layer);
             else mt_train_state_update_group(o->st, layer, &o->hp, o->step, o->grad_scale);
-            if (o->delay_us) usleep((useconds_t)o->delay_us);
-            mt_trace_add(o->trace, MT_SPAN_OPTIMIZER, MT_LANE_OPT, (int)o->step - 1, layer, t0,
-                         mt_trace_now(o->trace));
-            pthread_mutex_lock(&o->mu);
-            o->groups_done = group_index(o->t, layer) + 1;
-            pthread_cond_broadcast(&o->cv);
-            pthread_mutex_unlock(&o->mu);
         }
+        mt_train_state_end_update(o->st);
         pthread_mutex_lock(&o->mu);
         o->last_ms = mt_trace_wall_ms() - start;
         o->running = 0;
@@ -66,10 +62,24 @@ static void *optimizer_main(void *arg) {
     return NULL;
 }
 
+/* The train state's word that a group is done: its span ends (a streamed group's overlaps the
+ * next group's start) and the next forward may read it. */
+static void group_done(void *ctx, int layer) {
+    mt_optimizer *o = ctx;
+    mt_trace_add(o->trace, MT_SPAN_OPTIMIZER, MT_LANE_OPT, (int)o->step - 1, layer,
+                 o->group_t0[group_index(o->t, layer)], mt_trace_now(o->trace));
+    pthread_mutex_lock(&o->mu);
+    o->groups_done = group_index(o->t, layer) + 1;
+    pthread_cond_broadcast(&o->cv);
+    pthread_mutex_unlock(&o->mu);
+}
+
 mt_optimizer *mt_optimizer_create(const mt_param_table *t, mt_train_state *st, mt_backend *be,
                                   mt_trace *trace) {
     mt_optimizer *o = mt_calloc(1, sizeof *o);
     *o = (mt_optimizer){.t = t, .st = st, .be = be, .trace = trace};
+    o->group_t0 = mt_calloc((size_t)t->cfg.L + 2, sizeof *o->group_t0);
+    mt_train_state_on_group_done(st, group_done, o);
     pthread_mutex_init(&o->mu, NULL);
     pthread_cond_init(&o->cv, NULL);
     MT_CHECK(pthread_create(&o->thread, NULL, optimizer_main, o) == 0, "cannot start the optimizer thread");
@@ -86,6 +96,7 @@ void mt_optimizer_destroy(mt_optimizer *o) {
     pthread_join(o->thread, NULL);
     pthread_mutex_destroy(&o->mu);
     pthread_cond_destroy(&o->cv);
+    free(o->group_t0);
     free(o);
 }
 

@@ -66,8 +66,14 @@ struct mt_train_state {
         size_t cap;             /* elements a slot holds */
         mt_event *up, *done, *down;
         int used;               /* a download was enqueued (down is worth waiting for) */
+        int layer;              /* the group of that download */
     } stage[2];
     int stage_next, on_device;
+    /* update_on_device: the group whose state may still be coming back (NO_GROUP: none); the
+     * next group's pieces go up meanwhile, so the slots never drain between groups */
+    int unsettled;
+    mt_group_done_fn done_fn; /* told when a group is done (mt_train_state_on_group_done) */
+    void *done_ctx;
 
     /* compute-side gradients of host groups, fetched a piece ahead of the update */
     void *fetch_buf[2];
@@ -78,6 +84,8 @@ struct mt_train_state {
 
     mt_state_io io;
 };
+
+#define NO_GROUP (-100) /* below the embed group's -1 */
 
 /* ---- places ---- */
 
@@ -379,6 +387,7 @@ mt_train_state *mt_train_state_create(const mt_param_table *t, mt_backend *be,
     s->o = *o;
     s->ranks = ranks;
     s->rank = ranks > 1 ? mt_comm_rank(o->comm) : 0;
+    s->unsettled = NO_GROUP;
     s->elem = mt_dtype_size(be->dtype);
     /* full, frozen: an upload copy in the compute dtype; compact, tight: their bf16 master */
     s->up_dtype = grads_apart(o->format) ? MT_BF16 : be->dtype;
@@ -445,6 +454,10 @@ void mt_train_state_free(mt_train_state *s) {
 
 int mt_train_state_n_pieces(const mt_train_state *s) { return s->n_pieces; }
 int mt_train_state_updates_on_device(const mt_train_state *s) { return s->on_device; }
+void mt_train_state_on_group_done(mt_train_state *s, mt_group_done_fn fn, void *ctx) {
+    s->done_fn = fn;
+    s->done_ctx = ctx;
+}
 
 /* ---- updates ---- */
 
@@ -479,6 +492,7 @@ static void fetch_one(mt_train_state *s) {
 
 void mt_train_state_begin_update(mt_train_state *s) {
     s->seq = 0; /* the weights change: a read starts over */
+    s->unsettled = NO_GROUP;
     if (!s->fetch_buf[0]) return;
     s->fetch_next = 0;
     s->held[0] = s->held[1] = -1;
@@ -550,11 +564,26 @@ static void update_piece_on_device(mt_train_state *s, host_piece *hp_, const upd
     stage_copy(be, MT_STREAM_D2H, &d, &h, e0, b0, 0);
     be->event_record(be, s->stage[k].down, MT_STREAM_D2H);
     s->stage[k].used = 1;
+    s->stage[k].layer = pc->layer;
 }
 
-static void stage_wait_down(mt_train_state *s, int i) {
-    s->be->event_sync(s->be, s->stage[i].down);
-    s->stage[i].used = 0;
+static void group_done(mt_train_state *s, int layer) {
+    if (s->done_fn) s->done_fn(s->done_ctx, layer);
+}
+
+/* The unsettled group is back once no slot's last download is its own: a slot is reused only
+ * after its download (update_piece_on_device), so two pieces of the next group settle it without
+ * a wait. wait: wait for what is left (a one-piece group next, a group not streamed, the end). */
+static void settle(mt_train_state *s, int wait) {
+    if (s->unsettled == NO_GROUP) return;
+    for (int i = 0; i < 2; i++) {
+        if (!s->stage[i].used || s->stage[i].layer != s->unsettled) continue;
+        if (!wait) return;
+        s->be->event_sync(s->be, s->stage[i].down);
+        s->stage[i].used = 0;
+    }
+    group_done(s, s->unsettled);
+    s->unsettled = NO_GROUP;
 }
 
 /* Group `layer`, piece by piece (restore: only consumes the fetched gradients). */
@@ -562,17 +591,19 @@ static void update_pieces(mt_train_state *s, int layer, const mt_adamw_hparams *
                           float grad_scale, int restore) {
     host_piece *hp_ = piece_of(s, layer);
     int64_t goff = group_start(s, layer);
-    if (s->on_device && hp_->grads_dev) {
-        if (restore) return; /* nothing was fetched; the gradient stays where it is */
+    if (s->on_device && hp_->grads_dev && !restore) {
         for (int k = s->group_first[layer + 1]; k < s->group_first[layer + 2]; k++) {
             mt_optim_step a = step_args(hp, &s->pieces[k], step, grad_scale);
             update_piece_on_device(s, hp_, &s->pieces[k], &a);
+            settle(s, 0); /* the group before, once its downloads are over */
         }
-        /* the group's state (the upload copy the next forward reads among it) is back */
-        for (int i = 0; i < 2; i++)
-            if (s->stage[i].used) stage_wait_down(s, i);
+        settle(s, 1);
+        /* done when its state (the upload copy the next forward reads among it) is back */
+        s->unsettled = layer;
         return;
     }
+    if (s->on_device && hp_->grads_dev) return; /* restore: nothing was fetched; it stays */
+    settle(s, 1);
     for (int k = s->group_first[layer + 1]; k < s->group_first[layer + 2]; k++) {
         const update_piece *pc = &s->pieces[k];
         const void *g = hp_->grads_dev ? fetched(s, k)
@@ -586,15 +617,27 @@ static void update_pieces(mt_train_state *s, int layer, const mt_adamw_hparams *
         }
         if (hp_->grads_dev) fetch_one(s); /* into the buffer just used */
     }
+    if (!restore) group_done(s, layer);
+}
+
+/* A group with nothing to update here: done once those before it are. */
+static void nothing_to_do(mt_train_state *s, int layer) {
+    settle(s, 1);
+    group_done(s, layer);
 }
 
 void mt_train_state_update_group(mt_train_state *s, int layer, const mt_adamw_hparams *hp,
                                  int64_t step, float grad_scale) {
-    if (mt_train_state_in_tier(s, layer) || s->o.format == MT_STATE_FROZEN) return;
+    if (mt_train_state_in_tier(s, layer) || s->o.format == MT_STATE_FROZEN) {
+        nothing_to_do(s, layer);
+        return;
+    }
     update_pieces(s, layer, hp, step, grad_scale, 0);
 }
 
-void mt_train_state_restore_group(mt_train_state *s, int layer) {
+void mt_train_state_end_update(mt_train_state *s) { settle(s, 1); }
+
+static void restore_weights(mt_train_state *s, int layer) {
     /* frozen: no update ever touched the weights */
     if (mt_train_state_in_tier(s, layer) || s->o.format == MT_STATE_FROZEN) return;
     host_piece *pc = piece_of(s, layer);
@@ -617,6 +660,12 @@ void mt_train_state_restore_group(mt_train_state *s, int layer) {
         if (s->up_dtype == MT_BF16) mt_convert_f32_to_bf16((mt_bf16 *)a.w + off, a.master + off, n);
         else memcpy((float *)a.w + off, a.master + off, n * sizeof(float));
     }
+}
+
+void mt_train_state_restore_group(mt_train_state *s, int layer) {
+    settle(s, 1);
+    restore_weights(s, layer);
+    group_done(s, layer);
 }
 
 void mt_train_state_update_tier(mt_train_state *s, const mt_adamw_hparams *hp, int64_t step,

@@ -125,11 +125,19 @@ void *mt_train_state_tier_weights(const mt_train_state *s, int layer);
 void *mt_train_state_grad_dev(const mt_train_state *s, int layer);
 void *mt_train_state_grad_host(const mt_train_state *s, int layer);
 
-/* The optimizer thread's work on a host group (tier groups: nothing). fetch: called once per
- * step before the first group, so that compute-side gradients can be fetched a group ahead. */
+/* The optimizer thread's work on a host group (tier groups: nothing), in group order between
+ * begin_update (once a step, before the first group: compute-side gradients are fetched a group
+ * ahead) and end_update. A group is done when the weights the next forward reads are its
+ * updated ones; on the host that is when update_group returns, but a streamed update
+ * (updates_on_device) has a group's state come back while the next group's goes up, so it is
+ * done during a later call, or at end_update. fn (NULL: none), on the optimizer thread, hears of
+ * each group as it is done, in order (restore_group: at once). */
+typedef void (*mt_group_done_fn)(void *ctx, int layer);
+void mt_train_state_on_group_done(mt_train_state *s, mt_group_done_fn fn, void *ctx);
 void mt_train_state_begin_update(mt_train_state *s);
 void mt_train_state_update_group(mt_train_state *s, int layer, const mt_adamw_hparams *hp,
                                  int64_t step, float grad_scale);
+void mt_train_state_end_update(mt_train_state *s);
 /* After a skipped step: the weights the next forward reads are as before the step. */
 void mt_train_state_restore_group(mt_train_state *s, int layer);
 /* The tier's update, enqueued on the compute stream once the clip coefficient is known. */
