@@ -148,6 +148,50 @@ static void test_gpu_tier_auto(void **state) {
     mt_param_table_free(&t);
 }
 
+/* --update-on auto (update_on_device MT_AUTO) takes the streamed update exactly where it applies,
+ * its plan fits and its estimate is 5% shorter, and says what the other would take: the
+ * Qwen3-30B-A3B shape, tight, host-bound at a slow host AdamW, takes it; the same with a host that
+ * keeps up does not (no gain); --state full never (it does not apply). Each choice equals the
+ * plan asked for explicitly. */
+static void test_update_on_auto(void **state) {
+    (void)state;
+    mt_param_table t;
+    load_config(&t, "../../bench/configs/qwen3-30b-a3b.json");
+    mt_backend be = planned_gpu(139 * GIB);
+    const struct { mt_state_format f; double host_adamw; int streamed; } cases[] = {
+        {MT_STATE_TIGHT, 3.4e9, 1}, {MT_STATE_TIGHT, 1e15, 0}, {MT_STATE_FULL, 3.4e9, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mt_plan_request rq = auto_request(16, 4096);
+        rq.state = cases[i].f;
+        rq.gpu_layers = MT_AUTO;
+        rq.host_available = 1400.0 * GIB;
+        rq.host_adamw = cases[i].host_adamw;
+        mt_plan a, g, h;
+        rq.update_on_device = MT_AUTO;
+        assert_int_equal(mt_plan_resolve(&t, &be, &rq, &a), MT_OK);
+        rq.update_on_device = 1;
+        assert_int_equal(mt_plan_resolve(&t, &be, &rq, &g), MT_OK);
+        rq.update_on_device = 0;
+        assert_int_equal(mt_plan_resolve(&t, &be, &rq, &h), MT_OK);
+        double ta = mt_step_time_total(&a.time), tg = mt_step_time_total(&g.time),
+               th = mt_step_time_total(&h.time);
+        fprintf(stderr, "%s host AdamW %.3g: auto %.2f s (streamed %d), gpu %.2f s, host %.2f s\n",
+                mt_state_format_name(cases[i].f), cases[i].host_adamw, ta, a.time.streamed, tg, th);
+        assert_int_equal(a.time.streamed, cases[i].streamed);
+        assert_int_equal(a.eo.update_on_device, cases[i].streamed);
+        assert_true(ta == (cases[i].streamed ? tg : th)); /* the plan asked for explicitly */
+        if (cases[i].f == MT_STATE_FULL) {
+            assert_int_equal(a.update_auto, 0); /* nothing to compare */
+            continue;
+        }
+        assert_int_equal(a.update_auto, 1);
+        assert_true(a.update_other_s == (cases[i].streamed ? th : tg));
+        if (cases[i].streamed) assert_true(tg < 0.95 * th);
+        else assert_true(tg >= 0.95 * th);
+    }
+    mt_param_table_free(&t);
+}
+
 /* When the host cannot hold the plan, the error names a --state that would fit (and it does): the
  * 14B shape under full needs 192 GiB of host state, compact 83 GiB (its gradients, 28 GiB, on the
  * GPU). With a 40 GiB GPU it would be tight (compact's gradients do not fit there). */
@@ -719,6 +763,7 @@ int main(void) {
         cmocka_unit_test(test_suggests_state),      cmocka_unit_test(test_long_context_tiles),
         cmocka_unit_test(test_long_context_h200),   cmocka_unit_test(test_long_context_what_fits),
         cmocka_unit_test(test_config_512k),
+        cmocka_unit_test(test_update_on_auto),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -16,7 +16,7 @@ static void print_usage(FILE *out) {
             "                      [--micro-batch auto|b] [--device auto|cpu|cuda] [--gpu-mem SIZE]\n"
             "                      [--state full|compact|tight] [--gpu-layers auto|N] [--host-mem SIZE]\n"
             "                      [--packed] [--lora R [--lora-targets L] [--base-dtype bf16|fp8|nf4|mxfp4]]\n"
-            "                      [--resident-weights auto|yes|no] [--update-on host|gpu]\n"
+            "                      [--resident-weights auto|yes|no] [--update-on host|gpu|auto]\n"
             "  Prints what training would hold in host RAM and on the compute device, the tiles (the\n"
             "  layer's token chunk, the LM head's row chunk) and which layers' checkpoints wait in\n"
             "  pinned host memory, and exits 0 when it fits this machine, 1 when it does not (with\n"
@@ -34,7 +34,8 @@ static void print_usage(FILE *out) {
             "  On a GPU it also estimates the step: compute, PCIe and host AdamW time, what bounds\n"
             "  it, the smallest compute-bound --batch; MT_HOST_ADAMW=G sets the host AdamW rate in\n"
             "  Gparam/s (default: the format's, measured in training on the H200 host).\n"
-            "  --update-on gpu plans (and estimates) the streamed update of train --update-on gpu.\n"
+            "  --update-on gpu plans (and estimates) the streamed update of train --update-on gpu;\n"
+            "  auto plans both and keeps the faster estimate (as train --update-on auto).\n"
             "  --lora R plans LoRA training (train --lora): the frozen base's weights alone on the\n"
             "  host (2 B/param in bf16), the adapters' weights, master, moments and gradient on the\n"
             "  GPU, no base gradient; --lora-targets, --base-dtype and --resident-weights as in train;\n"
@@ -177,7 +178,7 @@ int mt_cmd_plan(int argc, char **argv) {
         case 'T': lora_targets = optarg; break;
         case 'B': rc = mt_arg_choice("--base-dtype", optarg, "bf16|fp8|nf4|mxfp4", &base_dtype); break;
         case 'W': rc = mt_arg_choice("--resident-weights", optarg, "auto|yes|no", &resident); break;
-        case 'U': rc = mt_arg_choice("--update-on", optarg, "host|gpu", &update_on); break;
+        case 'U': rc = mt_arg_choice("--update-on", optarg, "host|gpu|auto", &update_on); break;
         case 'h': print_usage(stdout); return 0;
         default: print_usage(stderr); return 1;
         }
@@ -231,7 +232,7 @@ int mt_cmd_plan(int argc, char **argv) {
                               .state = (mt_state_format)state, .gpu_layers = (int)gpu_layers,
                               .documents = packed, .lora = lora ? &lt : NULL,
                               .base_format = (mt_base_format)base_dtype,
-                              .update_on_device = update_on == 1};
+                              .update_on_device = update_on == 2 ? MT_AUTO : update_on};
         mt_engine_opts eo;
         printf("%.1fM parameters, %lld x %lld tokens per step%s, %s backend%s\n", m.table.n_real / 1e6,
                (long long)B, (long long)T, packed ? " (packed rows)" : "", be->name,

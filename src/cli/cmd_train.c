@@ -820,7 +820,7 @@ static int train(train_run *r) {
                           .documents = r->data.packed.data != NULL,
                           .lora = r->have_lora ? &r->lora : NULL,
                           .base_format = (mt_base_format)o->base_dtype,
-                          .update_on_device = o->update_on == 1};
+                          .update_on_device = o->update_on == 2 ? MT_AUTO : o->update_on};
     mt_engine_opts eo;
     MT_TRY(phase(r, mt_run_check_memory(&r->model.table, r->be, &rq, &eo)));
     eo.ranks = r->ranks;

@@ -135,10 +135,11 @@ void mt_train_opts_usage(FILE *out) {
 "  --resident-weights W   auto | yes | no: every layer's weights keep a GPU slot through the step,\n"
 "                         so they cross PCIe once per step instead of twice (auto: when every\n"
 "                         layer already keeps its internals and the slots still fit)\n"
-"  --update-on W          host | gpu: where the AdamW of the layers outside the GPU tier runs\n"
-"                         (default host). gpu (--state compact|tight, gradients waiting on the\n"
-"                         GPU): their state streams through the GPU piece by piece, the same bits\n"
-"                         as the host update; experimental: not yet measured on a GPU\n"
+"  --update-on W          host | gpu | auto: where the AdamW of the layers outside the GPU tier\n"
+"                         runs (default host). gpu (--state compact|tight, gradients waiting on\n"
+"                         the GPU): their state streams through the GPU piece by piece, the same\n"
+"                         bits as the host update; auto: gpu where it applies and the plan's step\n"
+"                         estimate is 5%% shorter with it (`plan` prints both)\n"
 "  --threads N            optimizer threads (default: all cores)\n"
 "  --save-every K         checkpoint every K steps (default 0: at the end only)\n"
 "  --keep K               checkpoints kept (default 3); while steps are being skipped (non-finite),\n"
@@ -312,7 +313,7 @@ static int parse_one(mt_train_opts *o, int c, const char *arg) {
     case O_BASE_CACHE: o->base_cache = arg; return MT_OK;
     case O_OFFLOAD: o->offload = 1; return MT_OK;
     case O_RESIDENT: return mt_arg_choice("--resident-weights", arg, "auto|yes|no", &o->resident);
-    case O_UPDATE_ON: return mt_arg_choice("--update-on", arg, "host|gpu", &o->update_on);
+    case O_UPDATE_ON: return mt_arg_choice("--update-on", arg, "host|gpu|auto", &o->update_on);
     case O_SAVED_LAYERS:
         if (strcmp(arg, "auto") == 0) return o->saved_layers = -1, MT_OK;
         return mt_arg_int("--saved-layers", arg, 0, 1 << 20, &o->saved_layers);

@@ -24,7 +24,7 @@ typedef struct {
     int offload;                /* layer checkpoints in host memory (also chosen when --gpu-mem is short) */
     int64_t saved_layers;       /* layers that keep their internals (skip the recompute); -1 = auto */
     int resident;               /* --resident-weights: 0 auto, 1 yes, 2 no */
-    int update_on;              /* --update-on: 0 host, 1 gpu */
+    int update_on;              /* --update-on: 0 host, 1 gpu, 2 auto */
     int state;                  /* --state: mt_state_format (0 full) */
     int64_t gpu_layers;         /* --gpu-layers: the GPU tier's layers; -1 = auto */
     int64_t eval_every, eval_batches;

@@ -1,6 +1,7 @@
 #include "engine/planner.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -298,8 +299,8 @@ static int choose_all(const mt_param_table *t, const mt_backend *be, const mt_pl
     return found;
 }
 
-int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan_request *rq,
-                    mt_plan *p) {
+static int resolve(const mt_param_table *t, const mt_backend *be, const mt_plan_request *rq,
+                   mt_plan *p) {
     const int B = rq->batch, L = t->cfg.L;
     memset(p, 0, sizeof *p);
     p->backend = be->memory;
@@ -406,6 +407,39 @@ int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan
         mt_step_time_of(t, be->dtype, &p->eo, &p->backend, p->host_rate, &p->time);
         p->compute_batch = mt_step_time_compute_batch(t, be->dtype, &p->eo, &p->backend, p->host_rate);
     }
+    return MT_OK;
+}
+
+/* A plan the engine can run as it stands. */
+static int fits(const mt_plan *p) { return host_fits(p) && fits_budget(p); }
+
+int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan_request *rq,
+                    mt_plan *p) {
+    if (rq->update_on_device != MT_AUTO) return resolve(t, be, rq, p);
+    /* auto: the host update, unless the streamed one applies, fits and is estimated faster by
+     * more than the model's noise (a plan of its own: its staging slots change the tier) */
+    mt_plan_request h = *rq, g = *rq;
+    h.update_on_device = 0;
+    g.update_on_device = 1;
+    MT_TRY(resolve(t, be, &h, p));
+    mt_engine_opts eo = p->eo;
+    eo.update_on_device = 1;
+    eo.grads_on_device = 1;
+    if (!p->timed || !mt_engine_streams_update(&eo)) return MT_OK;
+    mt_plan *q = mt_calloc(1, sizeof *q);
+    int rc = resolve(t, be, &g, q);
+    double host_s = mt_step_time_total(&p->time);
+    int take = rc == MT_OK && fits(q) && mt_engine_streams_update(&q->eo) &&
+               mt_step_time_total(&q->time) < 0.95 * host_s;
+    if (take) {
+        *p = *q;
+        p->update_other_s = host_s;
+    } else {
+        p->update_other_s = rc == MT_OK && fits(q) ? mt_step_time_total(&q->time) : 0;
+    }
+    p->update_auto = 1;
+    free(q);
+    mt_error_clear();
     return MT_OK;
 }
 
@@ -589,7 +623,6 @@ static void print_tier_reason(const mt_plan *p, FILE *out) {
 static void print_step_time(const mt_plan *p, FILE *out) {
     const mt_step_time *s = &p->time;
     const mt_config *c = &p->cfg;
-    double est = s->compute_s + s->start_s + s->wait_s;
     char moe[256] = "";
     if (c->n_experts)
         snprintf(moe, sizeof moe, ", active experts only; + %.2f s for the MoE layers' GEMM calls and routing",
@@ -607,8 +640,16 @@ static void print_step_time(const mt_plan *p, FILE *out) {
                  s->host_params / 1e9, p->host_rate / 1e9, p->host_rate_source);
     fprintf(out, "step time:   ~%.2f s: compute %.2f s (%.3g PFLOP at %.0f TFLOP/s%s), PCIe %.2f s (up %.2f "
             "GiB, down %.2f GiB), %s\n",
-            est > s->pcie_s ? est : s->pcie_s, s->compute_s, s->flops / 1e15, p->backend.flops_rate / 1e12,
+            mt_step_time_total(s), s->compute_s, s->flops / 1e15, p->backend.flops_rate / 1e12,
             moe, s->pcie_s, s->h2d_bytes / MT_GIB, s->d2h_bytes / MT_GIB, upd);
+    if (p->update_auto) {
+        fprintf(out, "             --update-on auto: %s", s->streamed ? "gpu" : "host");
+        if (p->update_other_s > 0)
+            fprintf(out, " (~%.2f s a step with the %s update)\n", p->update_other_s,
+                    s->streamed ? "host" : "streamed");
+        else
+            fprintf(out, " (the streamed update's plan does not fit)\n");
+    }
     if (s->bound == MT_BOUND_HOST)
         fprintf(out, "             bound: the %s, which only the next forward (%.2f s) overlaps: that "
                 "forward starts %.2f s after the backward and waits %.2f s more; ", update_name(s), s->forward_s,

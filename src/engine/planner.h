@@ -86,7 +86,8 @@ typedef struct {
     int update_on_device; /* --update-on gpu: where gradients wait on the GPU (compact, tight),
                              the host groups' AdamW runs there, their state streamed (engine.h);
                              the plan counts its staging slots and estimates the step with it
-                             (step_time.h) */
+                             (step_time.h); MT_AUTO: where the estimate says it is faster (and
+                             it fits) */
 } mt_plan_request;
 
 typedef struct {
@@ -121,6 +122,8 @@ typedef struct {
     int tier_capped;      /* auto: the GPU memory ran out before the forward stopped waiting */
     double expert_share;  /* MoE: the experts' share of an MoE layer's parameters */
     int documents;        /* from the request: the pool is counted for packed rows */
+    int update_auto;      /* --update-on auto: the planner compared both places ... */
+    double update_other_s;/* ... and this is the step's estimate with the other (0: it did not fit) */
 } mt_plan;
 
 /* Resolves the request. MT_ERR (message naming the flag) when the request contradicts itself or

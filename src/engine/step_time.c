@@ -82,6 +82,11 @@ static double forward_end(const mt_param_table *t, const mt_engine_opts *eo, dou
 
 int mt_step_time_waits(const mt_step_time *st) { return st->wait_s > MT_STEP_WAIT_SHARE * st->forward_s; }
 
+double mt_step_time_total(const mt_step_time *st) {
+    double est = st->compute_s + st->start_s + st->wait_s;
+    return est > st->pcie_s ? est : st->pcie_s;
+}
+
 void mt_step_time_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_opts *eo,
                      const mt_backend_memory *m, double host_rate, mt_step_time *st) {
     const mt_config *c = &t->cfg;

@@ -68,6 +68,9 @@ typedef struct {
 
 /* 1 when the forward waits for the host (MT_STEP_WAIT_SHARE). */
 int mt_step_time_waits(const mt_step_time *st);
+/* The step's estimate in seconds: the compute with the forward's late start and waits, or the
+ * copies where they take longer. */
+double mt_step_time_total(const mt_step_time *st);
 
 /* 1 when the backend reports the rates an estimate needs. */
 int mt_step_time_known(const mt_backend_memory *m);
