@@ -7,7 +7,11 @@ compute, no double quantization, as megatrain's nf4 base). Prints tokens/s of th
 
 Usage: python bench/peft_lora_bench.py --config bench/configs/llama-3.1-8b.json --base nf4 \\
            --rank 16 --batch 16 --micro-batch 4 --seq 4096 --steps 3 [--device cuda|cpu]
+           [--targets q_proj,k_proj,...] [--target-parameters mlp.experts.gate_up_proj,...]
 (--device cpu with a tiny config checks the script itself; its timing means nothing.)
+--targets replaces the module list (gpt-oss: q_proj,k_proj,v_proj,o_proj, its experts being fused
+parameters); --target-parameters adds PEFT's adapters on parameters (gpt-oss's experts:
+mlp.experts.gate_up_proj,mlp.experts.down_proj), as megatrain's --lora-targets gate_up_proj,down_proj.
 """
 import argparse
 import json
@@ -49,7 +53,11 @@ def main():
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--targets", default=",".join(TARGETS))
+    ap.add_argument("--target-parameters", default="")
     a = ap.parse_args()
+    targets = a.targets.split(",")
+    params = [p for p in a.target_parameters.split(",") if p]
     assert a.batch % a.micro_batch == 0, "--micro-batch must divide --batch"
     torch.manual_seed(0)
     with open(a.config) as f:
@@ -62,8 +70,10 @@ def main():
     model.to(a.device)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.enable_input_require_grads()
+    extra = {"target_parameters": params} if params else {}
     model = get_peft_model(model, LoraConfig(r=a.rank, lora_alpha=2 * a.rank, lora_dropout=0.0,
-                                             target_modules=TARGETS, bias="none", task_type="CAUSAL_LM"))
+                                             target_modules=targets, bias="none", task_type="CAUSAL_LM",
+                                             **extra))
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     ids = torch.randint(0, cfg.vocab_size, (a.batch, a.seq), device=a.device)

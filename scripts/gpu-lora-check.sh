@@ -10,7 +10,10 @@
 #   full8        megatrain full-parameter on the same shape and batch (LoRA vs full)
 #   peer:BASE[:CFG]  bench/peft_lora_bench.py (CFG a bench/configs name, default llama-3.1-8b) (PEFT + transformers, gradient checkpointing, 4 x 4
 #                accumulated), base bf16 or nf4 (bitsandbytes); carry third_party/wheels with the
-#                peft and bitsandbytes wheels (scripts/peer-wheels.sh)
+#                peft and bitsandbytes wheels (scripts/peer-wheels.sh).
+#                peer:BASE:CFG:TARGETS[:PARAMS]: PEFT's module list and target_parameters (gpt-oss:
+#                peer:bf16:gpt-oss-20b:q_proj,k_proj,v_proj,o_proj:mlp.experts.gate_up_proj,mlp.experts.down_proj);
+#                PEER_MICRO sets its micro-batch (default 4)
 #   mt70:BASE    the Llama-3.3-70B shape, rank 16, base BASE, 8 x 4096 a step (no peer fits)
 #   q36:BASE     the Qwen3.6-35B-A3B shape (Gated DeltaNet + MoE), rank 16, base BASE, 8 x 4096
 #   t:NAME[:FILTER]  the GPU test NAME (MT_TEST_FILTER=FILTER where the test takes one)
@@ -64,8 +67,8 @@ run_mt() { # NAME CONFIG STEPS BATCH EXTRA...: the first step warms up; the step
   grep -E "LoRA|base|memory plan|GPU |host|step [0-9]+/|summary|throughput|error" "$OUT/mt-$name.log" | tail -30 | tee -a "$log"
 }
 
-run_peer() { # BASE [CONFIG]
-  local cfg=${2:-llama-3.1-8b}
+run_peer() { # BASE [CONFIG [TARGETS [PARAMETERS]]]
+  local cfg=${2:-llama-3.1-8b} targets=${3:-} params=${4:-}
   say "== peer: PEFT $1 on $cfg"
   local site=/tmp/peer-site t0
   if [ ! -d $site ]; then
@@ -74,7 +77,8 @@ run_peer() { # BASE [CONFIG]
   fi
   t0=$(date +%s)
   PYTHONPATH=$site timeout "$(left 400)" python3 bench/peft_lora_bench.py --config "bench/configs/$cfg.json" \
-    --base "$1" --rank 16 --batch 16 --micro-batch 4 --seq 4096 --steps 2 > "$OUT/peer-$1-$cfg.log" 2>&1
+    --base "$1" --rank 16 --batch 16 --micro-batch "${PEER_MICRO:-4}" --seq 4096 --steps 2 \
+    ${targets:+--targets $targets} ${params:+--target-parameters $params} > "$OUT/peer-$1-$cfg.log" 2>&1
   say "rc $? in $(( $(date +%s) - t0 )) s"
   grep -E "^step|^peft|Error|error" "$OUT/peer-$1-$cfg.log" | tail -6 | tee -a "$log"
 }
@@ -125,7 +129,7 @@ for stage in "$@"; do
     q36:*) ensure_built; MT_EXPERIMENTAL_DELTANET_CUDA=1 run_mt "q36-lora-${stage#q36:}" bench/configs/qwen3.6-35b-a3b.json 2 8 --lora 16 --base-dtype "${stage#q36:}" ;;
     mt8:*) ensure_built; run_mt "8b-lora-${stage#mt8:}" bench/configs/llama-3.1-8b.json 3 16 --lora 16 --base-dtype "${stage#mt8:}" ;;
     full8) ensure_built; run_mt 8b-full bench/configs/llama-3.1-8b.json 3 16 ;;
-    peer:*) ensure_built; IFS=: read -r _ pbase pcfg <<< "$stage"; run_peer "$pbase" "$pcfg" ;;
+    peer:*) ensure_built; IFS=: read -r _ pbase pcfg ptargets pparams <<< "$stage"; run_peer "$pbase" "$pcfg" "$ptargets" "$pparams" ;;
     qwen35model)
       ensure_built
       say "== test_cuda_model test_qwen3_5_models"

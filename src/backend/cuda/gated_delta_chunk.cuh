@@ -22,7 +22,18 @@
  * Long inputs run in ranges of chunks (gd_range_chunks) so that the fp32 scratch between the
  * kernels (W, U or dU, the backward's state gradients and per-column-block parts) stays under
  * MT_CUDA_GATED_DELTA_SCRATCH, which the planner counts (cuda_memory.h); the scans carry the
- * state (in chunk_states) and its gradient (in a carry buffer) from range to range. */
+ * state (in chunk_states) and its gradient (in a carry buffer) from range to range.
+ *
+ * Speed, and what limits it (bench/RESULTS.md sessions 9-10, test_cuda_gated_delta --bench on the
+ * Qwen3.6-35B-A3B layer): 5-7 TFLOP/s forward + backward, 2-8x slower than flash-linear-attention's
+ * forward. Not the tensor cores: every product in plain TF32 (a third of split TF32's work) ran
+ * only 17-20% faster (session 10, ba2ff12). The backward's chunk kernel takes ~70% of the backward; at 229 KB of shared
+ * memory it runs one block (8 warps) an SM through ~20 barrier-separated phases, with fp32 tiles
+ * streamed through shared memory and each of the GD_BV column blocks of a chunk redoing the
+ * (L, L) x (L, Dk) products of dq and dk. What a faster design needs: operands kept in registers
+ * across products (mma fragments, not shared-memory round trips), bf16 storage of the inputs
+ * that are bf16 already (q, k, v, dO: exact, half the bytes), the chunk-wide products done once
+ * a chunk rather than once a column block, and enough warps an SM to hide the latency. */
 #ifndef MT_CUDA_GATED_DELTA_CHUNK_CUH
 #define MT_CUDA_GATED_DELTA_CHUNK_CUH
 
