@@ -126,7 +126,7 @@ for stage in "$@"; do
       MT_TEST_FILTER=$f timeout "$(left "${TEST_LIMIT:-300}")" "$bin/$t" > "$OUT/$t${f:+-$f}.log" 2>&1
       say "rc $? ($(grep -c '\[       OK \]' "$OUT/$t${f:+-$f}.log") OK, $(grep -c '\[  FAILED  \]' "$OUT/$t${f:+-$f}.log") FAILED lines)"
       grep -E "FAIL|error" "$OUT/$t${f:+-$f}.log" | head -12 | tee -a "$log" ;;
-    q36:*) ensure_built; MT_EXPERIMENTAL_DELTANET_CUDA=1 run_mt "q36-lora-${stage#q36:}" bench/configs/qwen3.6-35b-a3b.json 2 8 --lora 16 --base-dtype "${stage#q36:}" ;;
+    q36:*) ensure_built; run_mt "q36-lora-${stage#q36:}" bench/configs/qwen3.6-35b-a3b.json 2 8 --lora 16 --base-dtype "${stage#q36:}" ;;
     mt8:*) ensure_built; run_mt "8b-lora-${stage#mt8:}" bench/configs/llama-3.1-8b.json 3 16 --lora 16 --base-dtype "${stage#mt8:}" ;;
     full8) ensure_built; run_mt 8b-full bench/configs/llama-3.1-8b.json 3 16 ;;
     peer:*) ensure_built; IFS=: read -r _ pbase pcfg ptargets pparams <<< "$stage"; run_peer "$pbase" "$pcfg" "$ptargets" "$pparams" ;;

@@ -189,6 +189,23 @@ static void test_update_on_auto(void **state) {
         if (cases[i].streamed) assert_true(tg < 0.95 * th);
         else assert_true(tg >= 0.95 * th);
     }
+    /* an H100 and 125 GiB of host at 4 x 4096: gradients in host memory would allow a larger
+     * micro-batch, but --update-on gpu (and auto, which takes it) keeps them on the GPU, where the
+     * streamed update needs them (session 16's H100 run was refused for this) */
+    mt_backend h100 = planned_gpu((int64_t)(78.66 * GIB));
+    for (int upd = 0; upd < 2; upd++) {
+        mt_plan_request rq = auto_request(4, 4096);
+        rq.state = MT_STATE_TIGHT;
+        rq.gpu_layers = MT_AUTO;
+        rq.host_available = 125.0 * GIB;
+        rq.host_adamw = 3.4e9;
+        rq.update_on_device = upd ? MT_AUTO : 1;
+        mt_plan p;
+        assert_int_equal(mt_plan_resolve(&t, &h100, &rq, &p), MT_OK);
+        assert_int_equal(mt_plan_check(&p), MT_OK);
+        assert_true(p.eo.grads_on_device);
+        assert_true(mt_engine_streams_update(&p.eo));
+    }
     mt_param_table_free(&t);
 }
 

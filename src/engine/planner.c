@@ -279,7 +279,10 @@ static int choose_all(const mt_param_table *t, const mt_backend *be, const mt_pl
     int eight_bit = rq->state != MT_STATE_FULL;
     p->eo.grads_on_device = eight_bit && !p->backend.host_ram;
     int found = choose_places(t, be->dtype, rq, p);
-    if (p->eo.grads_on_device) {
+    /* --update-on gpu streams the update through gradients waiting on the GPU: keep them there
+     * when that fits, whatever else the other place would gain */
+    int keep = rq->update_on_device == 1 && found;
+    if (p->eo.grads_on_device && !keep) {
         mt_plan q = *p;
         q.eo.grads_on_device = 0;
         q.host_short = 0;

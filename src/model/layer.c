@@ -45,37 +45,14 @@ int mt_layer_backend_check(const mt_config *cfg, const mt_backend *be) {
                             "per-layer scalar, the soft-capped LM head, the pad token's embedding "
                             "row, the MoE block's per-expert scale): use --device cpu", cfg->model_type,
                             be->name);
-    /* Gemma 4's CUDA ops exist but have not yet run against the CPU on a GPU (tests/gpu/
-     * test_cuda_gemma4_ops, test_cuda_model test_gemma4_models): refused unless asked for. */
-    const char *g4 = getenv("MT_EXPERIMENTAL_GEMMA4_CUDA");
-    if (cfg->arch == MT_ARCH_GEMMA4 && be->dtype != MT_F32 && !(g4 && strcmp(g4, "1") == 0))
-        return mt_error_set("%s: Gemma 4 on the %s backend is not yet verified against the CPU: use "
-                            "--device cpu, or MT_EXPERIMENTAL_GEMMA4_CUDA=1 to run it anyway",
-                            cfg->model_type, be->name);
-    /* LoRA on gpt-oss's experts runs on the backend's grouped GEMMs (model/moe.c) but has been
-     * checked against PEFT on the CPU only (tests/fixtures/lora_gpt_oss_experts); test_cuda_lora
-     * test_gpt_oss_experts checks CUDA against the CPU. Refused unless asked for. */
-    const char *le = getenv("MT_EXPERIMENTAL_LORA_EXPERTS_CUDA");
-    if (cfg->lora_experts && be->dtype != MT_F32 && !(le && strcmp(le, "1") == 0))
-        return mt_error_set("%s: LoRA on the experts (--lora-targets gate_up_proj,down_proj, or an "
-                            "adapter with target_parameters) is not yet verified on the %s backend: "
-                            "use --device cpu, adapt the attention alone, or "
-                            "MT_EXPERIMENTAL_LORA_EXPERTS_CUDA=1 to run it anyway",
-                            cfg->model_type, be->name);
+    /* Gemma 4, LoRA on gpt-oss's experts and LoRA on Gated DeltaNet layers run on CUDA as verified
+     * against the CPU on a GPU (tests/gpu/test_cuda_gemma4_ops, test_cuda_model test_gemma4_models,
+     * test_cuda_lora test_gpt_oss_experts and test_qwen3_5_moe: bench/RESULTS.md, session 16) */
     int n = mt_config_mixer_layers(cfg, MT_MIXER_GATED_DELTANET);
     if (n > 0 && !be->gated_delta_forward)
         return mt_error_set("%s: %d of the %d layers are Gated DeltaNets, whose ops the %s backend "
                             "does not have yet: use --device cpu", cfg->model_type, n, cfg->L,
                             be->name);
-    /* Whole qwen3_5 models on CUDA match the CPU within bf16's envelope (tests/gpu/test_cuda_model
-     * test_qwen3_5_models, bench/RESULTS.md session 13). LoRA on them is not yet verified there:
-     * test_cuda_lora test_qwen3_5_moe's first run was a chaotic case that could not tell (session
-     * 14) and its rework has not yet run on a GPU. Refused unless asked for. */
-    const char *ok = getenv("MT_EXPERIMENTAL_DELTANET_CUDA");
-    if (n > 0 && be->dtype != MT_F32 && cfg->lora_rank > 0 && !(ok && strcmp(ok, "1") == 0))
-        return mt_error_set("%s: LoRA on the %s backend's Gated DeltaNet layers is not yet verified "
-                            "against the CPU (full-parameter training is): use --device cpu, or "
-                            "MT_EXPERIMENTAL_DELTANET_CUDA=1 to run it anyway", cfg->model_type, be->name);
     return MT_OK;
 }
 

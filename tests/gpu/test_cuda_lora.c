@@ -136,20 +136,16 @@ static void quantized_bit_for_bit(const char *config, const char *targets, mt_ba
 
 static void test_llama(void **state) { against_cpu("lora_llama/base/config.json", NULL, 0.3f, 2e-2, 5e-2); }
 static void test_qwen3_5_moe(void **state) {
-    setenv("MT_EXPERIMENTAL_DELTANET_CUDA", "1", 1); /* what this test verifies (model/layer.c) */
     against_cpu("qwen3_5_moe/config.json", NULL, 0.05f, 2e-2, 5e-2);
 }
 /* gpt-oss with adapters on the attention and on the experts' fused gate_up and down (PEFT's
  * target_parameters), at the MoE case's scale */
 #define GPT_OSS_EXPERTS "q_proj,k_proj,v_proj,o_proj,gate_up_proj,down_proj"
 static void test_gpt_oss_experts(void **state) {
-    setenv("MT_EXPERIMENTAL_LORA_EXPERTS_CUDA", "1", 1); /* what this test verifies (model/layer.c) */
     against_cpu("gpt_oss_tiny/config.json", GPT_OSS_EXPERTS, 0.05f, 2e-2, 5e-2);
 }
 
 static void test_quantized(void **state) {
-    setenv("MT_EXPERIMENTAL_DELTANET_CUDA", "1", 1); /* qwen3_5_moe's LoRA: against itself here */
-    setenv("MT_EXPERIMENTAL_LORA_EXPERTS_CUDA", "1", 1); /* and gpt-oss's expert LoRA */
     quantized_bit_for_bit("lora_llama/base/config.json", NULL, MT_BASE_NF4, 0);
     quantized_bit_for_bit("lora_llama/base/config.json", NULL, MT_BASE_FP8, 0);
     quantized_bit_for_bit("lora_llama/base/config.json", NULL, MT_BASE_NF4, 1);

@@ -170,7 +170,6 @@ static void test_tiny_variants(void **state) {
 static mt_config fixture_config(const char *name) { return mt_test_config_load("%s/config.json", name); }
 
 static void test_qwen3_5_models(void **state) {
-    setenv("MT_EXPERIMENTAL_DELTANET_CUDA", "1", 1); /* what this test verifies */
     int ok = 1; /* every case runs and prints, then the test fails if one differed */
     ok &= compare_model_ok(fixture_config("qwen3_5_dense"), 2, 80, QWEN_NUDGES, "qwen3_5_dense");
     ok &= compare_model_ok(fixture_config("qwen3_5_layers_tied"), 2, 80, QWEN_NUDGES, "qwen3_5_layers_tied");
@@ -517,7 +516,6 @@ static void test_gemma3_models(void **state) {
  * test_cuda_gemma_gptoss_ops. */
 static void test_gemma4_models(void **state) {
     const char *names[] = {"gemma4_tiny", "gemma4_vl", "gemma4_moe"};
-    setenv("MT_EXPERIMENTAL_GEMMA4_CUDA", "1", 1); /* what this test verifies (model/layer.c) */
     int ok = 1;
     for (int i = 0; i < 3; i++) ok &= gemma_fixture_ok(names[i]);
     if (!ok) fail_msg("a Gemma 4 model differs between CUDA and the CPU (see above)");
