@@ -55,6 +55,9 @@ static int fits_budget(const mt_plan *p) {
     return p->backend.host_ram || p->budget <= 0 || p->compute_bytes <= (double)p->budget;
 }
 
+/* A plan the engine can run as it stands. */
+static int fits(const mt_plan *p) { return host_fits(p) && fits_budget(p); }
+
 static int layers_in(double bytes, double per_layer, int most) {
     if (bytes <= 0 || per_layer <= 0) return 0;
     double k = floor(bytes / per_layer);
@@ -374,7 +377,7 @@ static int resolve(const mt_param_table *t, const mt_backend *be, const mt_plan_
         auto_saved_layers(p);
         measure(t, be->dtype, p);
     }
-    if (!rq->no_suggest && !rq->lora && (!host_fits(p) || !fits_budget(p))) {
+    if (!rq->no_suggest && !rq->lora && !fits(p)) {
         /* what would fit instead, each with one thing changed (mt_plan_check names them) */
         suggest_state(t, be, rq, p);
         if (!p->backend.host_ram && p->budget > 0) p->fit_gpu_mem = smallest_gpu_mem(t, be, rq);
@@ -412,9 +415,6 @@ static int resolve(const mt_param_table *t, const mt_backend *be, const mt_plan_
     }
     return MT_OK;
 }
-
-/* A plan the engine can run as it stands. */
-static int fits(const mt_plan *p) { return host_fits(p) && fits_budget(p); }
 
 int mt_plan_resolve(const mt_param_table *t, const mt_backend *be, const mt_plan_request *rq,
                     mt_plan *p) {

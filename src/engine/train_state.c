@@ -586,24 +586,26 @@ static void settle(mt_train_state *s, int wait) {
     s->unsettled = NO_GROUP;
 }
 
-/* Group `layer`, piece by piece (restore: only consumes the fetched gradients). */
+/* update_on_device: group `layer` piece by piece through the slots; done (settle) when its state,
+ * the upload copy the next forward reads among it, is back. */
+static void update_streamed(mt_train_state *s, int layer, const mt_adamw_hparams *hp, int64_t step,
+                            float grad_scale) {
+    for (int k = s->group_first[layer + 1]; k < s->group_first[layer + 2]; k++) {
+        mt_optim_step a = step_args(hp, &s->pieces[k], step, grad_scale);
+        update_piece_on_device(s, piece_of(s, layer), &s->pieces[k], &a);
+        settle(s, 0); /* the group before, once its downloads are over */
+    }
+    settle(s, 1);
+    s->unsettled = layer;
+}
+
+/* Group `layer` on the host, piece by piece (restore: only consumes the fetched gradients; a
+ * streamed update fetched none). */
 static void update_pieces(mt_train_state *s, int layer, const mt_adamw_hparams *hp, int64_t step,
                           float grad_scale, int restore) {
     host_piece *hp_ = piece_of(s, layer);
     int64_t goff = group_start(s, layer);
-    if (s->on_device && hp_->grads_dev && !restore) {
-        for (int k = s->group_first[layer + 1]; k < s->group_first[layer + 2]; k++) {
-            mt_optim_step a = step_args(hp, &s->pieces[k], step, grad_scale);
-            update_piece_on_device(s, hp_, &s->pieces[k], &a);
-            settle(s, 0); /* the group before, once its downloads are over */
-        }
-        settle(s, 1);
-        /* done when its state (the upload copy the next forward reads among it) is back */
-        s->unsettled = layer;
-        return;
-    }
-    if (s->on_device && hp_->grads_dev) return; /* restore: nothing was fetched; it stays */
-    settle(s, 1);
+    if (s->on_device && hp_->grads_dev) return;
     for (int k = s->group_first[layer + 1]; k < s->group_first[layer + 2]; k++) {
         const update_piece *pc = &s->pieces[k];
         const void *g = hp_->grads_dev ? fetched(s, k)
@@ -617,11 +619,10 @@ static void update_pieces(mt_train_state *s, int layer, const mt_adamw_hparams *
         }
         if (hp_->grads_dev) fetch_one(s); /* into the buffer just used */
     }
-    if (!restore) group_done(s, layer);
 }
 
-/* A group with nothing to update here: done once those before it are. */
-static void nothing_to_do(mt_train_state *s, int layer) {
+/* Group `layer`, whose update (if any) is over: done once those before it are. */
+static void done_in_order(mt_train_state *s, int layer) {
     settle(s, 1);
     group_done(s, layer);
 }
@@ -629,10 +630,13 @@ static void nothing_to_do(mt_train_state *s, int layer) {
 void mt_train_state_update_group(mt_train_state *s, int layer, const mt_adamw_hparams *hp,
                                  int64_t step, float grad_scale) {
     if (mt_train_state_in_tier(s, layer) || s->o.format == MT_STATE_FROZEN) {
-        nothing_to_do(s, layer);
-        return;
+        done_in_order(s, layer); /* nothing to update here */
+    } else if (s->on_device && piece_of(s, layer)->grads_dev) {
+        update_streamed(s, layer, hp, step, grad_scale);
+    } else {
+        update_pieces(s, layer, hp, step, grad_scale, 0);
+        done_in_order(s, layer);
     }
-    update_pieces(s, layer, hp, step, grad_scale, 0);
 }
 
 void mt_train_state_end_update(mt_train_state *s) { settle(s, 1); }
@@ -663,9 +667,8 @@ static void restore_weights(mt_train_state *s, int layer) {
 }
 
 void mt_train_state_restore_group(mt_train_state *s, int layer) {
-    settle(s, 1);
     restore_weights(s, layer);
-    group_done(s, layer);
+    done_in_order(s, layer);
 }
 
 void mt_train_state_update_tier(mt_train_state *s, const mt_adamw_hparams *hp, int64_t step,
