@@ -238,7 +238,7 @@ static void check_case(int B, int T, int H, int G, int D, int docmax, int fwd_wa
     CUDA_CHECK(cudaMemset(rdk, 0, nk * 4));
     CUDA_CHECK(cudaMemset(rdv, 0, nk * 4));
 
-    mt_cuda_attention_forward(out, lse, q, k, v, doc, B, T, H, G, D, 0);
+    mt_cuda_attention_forward(nullptr, out, lse, q, k, v, doc, B, T, H, G, D, 0);
     const mt_attention_impl ran_fwd = mt_cuda_attention_last(0);
     mt_cuda_attention_backward(nullptr, dq, dk, dv, dout, out, lse, q, k, v, doc, B, T, H, G, D, 0);
     const mt_attention_impl ran_bwd = mt_cuda_attention_last(1);
@@ -309,15 +309,15 @@ static impl_time time_impl(mt_attention_impl impl, bf16 *out, float *lse, bf16 *
     CUDA_CHECK(cudaDeviceSynchronize());
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    mt_cuda_attention_forward(out, lse, q, k, v, doc, B, T, H, G, D, 0);
+    mt_cuda_attention_forward(nullptr, out, lse, q, k, v, doc, B, T, H, G, D, 0);
     mt_cuda_attention_backward(nullptr, dq, dk, dv, dout, out, lse, q, k, v, doc, B, T, H, G, D, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
     clock_gettime(CLOCK_MONOTONIC, &t1);
     r.first_ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6;
-    mt_cuda_attention_forward(out, lse, q, k, v, doc, B, T, H, G, D, 0); /* warm */
+    mt_cuda_attention_forward(nullptr, out, lse, q, k, v, doc, B, T, H, G, D, 0); /* warm */
     mt_cuda_attention_backward(nullptr, dq, dk, dv, dout, out, lse, q, k, v, doc, B, T, H, G, D, 0);
     CUDA_CHECK(cudaEventRecord(e0));
-    for (int i = 0; i < iters; i++) mt_cuda_attention_forward(out, lse, q, k, v, doc, B, T, H, G, D, 0);
+    for (int i = 0; i < iters; i++) mt_cuda_attention_forward(nullptr, out, lse, q, k, v, doc, B, T, H, G, D, 0);
     CUDA_CHECK(cudaEventRecord(e1));
     for (int i = 0; i < iters; i++)
         mt_cuda_attention_backward(nullptr, dq, dk, dv, dout, out, lse, q, k, v, doc, B, T, H, G, D, 0);
@@ -379,7 +379,7 @@ static void bench(int B, int T, int H, int G, int D, int docmax, int iters) {
         printf("     cudnn workspace: fwd %.1f MiB, bwd %.1f MiB (ours: bwd %.1f MiB)\n", wf / 1048576.0,
                wb / 1048576.0, (nl * 4.0 + nq * 4.0) / 1048576.0);
     mt_cuda_attention_set_impl(MT_ATTENTION_AUTO);
-    mt_cuda_attention_forward(out[0], lse[0], q, k, v, doc, B, T, H, G, D, 0);
+    mt_cuda_attention_forward(nullptr, out[0], lse[0], q, k, v, doc, B, T, H, G, D, 0);
     mt_cuda_attention_backward(nullptr, dq[0], dk[0], dv[0], dout, out[0], lse[0], q, k, v, doc, B,
                                T, H, G, D, 0);
     CUDA_CHECK(cudaDeviceSynchronize());

@@ -24,10 +24,12 @@
 #   gdncu        Nsight Compute on the first launch of each DeltaNet kernel (B 1, T 4096): stall reasons
 #   lora:CFG:BASE[:BATCH[:TARGETS]]  LoRA rank 16 on bench/configs/CFG.json, base BASE, BATCH x 4096
 #                (8), 3 steps; TARGETS a --lora-targets list (commas)
-#   full:CFG:STATE[:BATCH[:EXTRA]]  full-parameter on bench/configs/CFG.json, --state STATE (or auto),
+#   full:CFG:STATE[:BATCH[:EXTRA]]  full-parameter on bench/configs/CFG.json, --state STATE,
 #                3 steps; EXTRA more train flags, commas for spaces (e.g. --update-on,gpu)
 #   adamw:CFG:STATE  bench adamw --pattern training on the GPU machine: the host update, then
 #                --update-on gpu's streamed one, of CFG's state
+#   cut:CFG:LAYERS:STATE[:BATCH[:EXTRA]]  full-parameter on CFG cut to its first LAYERS layers, 3 steps,
+#                with --trace (trace-CFG-LAYERS.json): where a new family's step goes, cheaply
 #   oldfull:CFG:STATE[:BATCH]  full: with MT_OLD_BIN's megatrain (a baseline build, carried beside)
 #   long:CFG:SEQ:STATE      full-parameter, one row of SEQ tokens a step, 2 steps (long context)
 #   moebench[:ONLY]  bench/moe_bench.cu --iters 3 (--only qwen3|mixtral, or quick: --quick): the MoE block by piece,
@@ -55,9 +57,17 @@ left() { # the seconds a step may take: min(ITS_LIMIT, what the call has left le
 . scripts/gpu-build-step.sh
 stamp() { say "   [$(( $(date +%s) - start )) s]"; }
 
+tokens_for() { # CONFIG: random tokens of its vocabulary (uint16 or uint32 as megatrain reads them)
+  local vocab
+  vocab=$(python3 -c "import json,sys; c=json.load(open(sys.argv[1])); print(c.get('vocab_size') or c.get('text_config',{}).get('vocab_size'))" "$1")
+  tokens=/tmp/tokens_$vocab.bin
+  [ -f "$tokens" ] || python3 bench/make_tokens.py "$vocab" $((4 * 16 * 4096 + 1)) "$tokens"
+}
+
 run_mt() { # NAME CONFIG STEPS BATCH EXTRA...: the first step warms up; the step lines are kept
   local name=$1 cfg=$2 steps=$3 batch=$4 t0
   shift 4
+  tokens_for "$cfg"
   say "== megatrain $name ($*)"
   t0=$(date +%s)
   timeout "$(left "${MT_LIMIT:-400}")" "$bin/megatrain" train --init "$cfg" --data "$tokens" --out "/tmp/mt-lora-$name" \
@@ -100,8 +110,6 @@ ensure_built() {
   else
     gpu_build_step lora
   fi
-  tokens=/tmp/lora_tokens_128256.bin # random tokens of the Llama 3 vocabulary, 4 steps of 16 x 4096
-  [ -f $tokens ] || python3 bench/make_tokens.py 128256 $((4 * 16 * 4096 + 1)) $tokens
   built=1
 }
 
@@ -164,6 +172,19 @@ for stage in "$@"; do
       ensure_built
       IFS=: read -r _ cfg state batch extra <<< "$stage"
       run_mt "full-$cfg-$state${extra:+-x}" "bench/configs/$cfg.json" 3 "${batch:-8}" ${state:+--state $state} ${extra//,/ } ;;
+    cut:*)
+      ensure_built
+      IFS=: read -r _ cfg layers state batch extra <<< "$stage"
+      python3 - "bench/configs/$cfg.json" "$layers" "/tmp/cut-$cfg-$layers.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); n = int(sys.argv[2])
+t = c.get("text_config", c)
+t["num_hidden_layers"] = n
+if "layer_types" in t: t["layer_types"] = t["layer_types"][:n]
+json.dump(c, open(sys.argv[3], "w"))
+PY
+      run_mt "cut-$cfg-$layers${extra:+-x}" "/tmp/cut-$cfg-$layers.json" 3 "${batch:-1}" ${state:+--state $state} \
+        --trace "$OUT/trace-$cfg-$layers.json" ${extra//,/ } ;;
     oldfull:*) # the same with MT_OLD_BIN's megatrain (the baseline, side by side)
       ensure_built
       IFS=: read -r _ cfg state batch <<< "$stage"

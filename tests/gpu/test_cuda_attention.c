@@ -2,7 +2,8 @@
  * backward against the fp32 CPU reference, against our own kernels, the per-shape choice
  * (MT_ATTENTION, attention_cudnn.h) and the fall back to our kernels where cuDNN does not apply.
  * Then the options (mt_attention_opts: scale, window, sinks with dsinks) on our kernels, both the
- * tensor-core path (D 64, 128) and the fallback (other D), against the CPU reference.
+ * tensor-core path (D 64, 128) and the fallback (other D), and the scale and window on cuDNN's
+ * graphs (heads of 64 to 512), against the CPU reference.
  * Exits 77 (ctest: skipped) when no CUDA device is usable. Without a usable cuDNN the cuDNN cases
  * check that our kernels ran instead, unless MT_REQUIRE_CUDNN=1 (scripts/gpu-attention-check.sh
  * sets it on the GPU machine), which makes a missing cuDNN a failure.
@@ -60,10 +61,10 @@ static int have_cudnn; /* cuDNN loaded and usable on this machine */
  * when doc is not NULL): per query row, s = scale q.k in fp64, p = exp(s - max) rounded to bf16 for
  * the PV product, the sum of the unrounded p, out rounded to bf16. */
 static float *bf16_p_forward(const float *q, const float *k, const float *v, const int32_t *doc,
-                             int B, int T, int H, int G, int D) {
+                             int B, int T, int H, int G, int D, float opt_scale, int window) {
     float *out = mt_test_fnew((size_t)B * T * H * D);
     const int rep = H / G;
-    const double scale = 1.0 / sqrt((double)D);
+    const double scale = opt_scale != 0 ? (double)opt_scale : 1.0 / sqrt((double)D);
 #pragma omp parallel
     {
         double *s = malloc((size_t)T * sizeof(double));
@@ -73,7 +74,8 @@ static float *bf16_p_forward(const float *q, const float *k, const float *v, con
         for (long task = 0; task < (long)B * H * T; task++) {
             int t = (int)(task % T), h = (int)(task / T % H), b = (int)(task / T / H), g = h / rep;
             const float *Q = q + (((size_t)b * T + t) * H + h) * D;
-            const int j0 = doc ? doc[(size_t)b * T + t] : 0;
+            int j0 = doc ? doc[(size_t)b * T + t] : 0;
+            if (window > 0 && t - window + 1 > j0) j0 = t - window + 1;
             double mx = -INFINITY, l = 0;
             for (int j = j0; j <= t; j++) {
                 const float *K = k + (((size_t)b * T + j) * G + g) * D;
@@ -330,7 +332,7 @@ static void cudnn_case(int B, int T, int H, int G, int D, uint64_t seed) {
     expect_ran(what, 0, want);
     snprintf(what, sizeof what, "cudnn backward B=%d T=%d H=%d G=%d D=%d", B, T, H, G, D);
     expect_ran(what, 1, want);
-    float *emul = bf16_p_forward(p.q, p.k, p.v, NULL, B, T, H, G, D);
+    float *emul = bf16_p_forward(p.q, p.k, p.v, NULL, B, T, H, G, D, 0, 0);
     compare("cudnn vs cpu", &p, &got, &ref, 1.0, have_cudnn ? emul : NULL);
     free(emul);
     result_free(&ref), result_free(&got);
@@ -435,7 +437,7 @@ static void docs_case(int B, int T, int H, int G, int D, const int *lens, int nl
     result ref = cpu_run(&p);
     result got = gpu_run(&p, MT_ATTENTION_CUDNN, MT_ATTENTION_CUDNN, &ref);
     expect_docs_ran("cudnn docs", &p);
-    float *emul = bf16_p_forward(p.q, p.k, p.v, p.doc, B, T, H, G, D);
+    float *emul = bf16_p_forward(p.q, p.k, p.v, p.doc, B, T, H, G, D, 0, 0);
     compare("cudnn docs vs cpu", &p, &got, &ref, 1.0, have_cudnn ? emul : NULL);
     free(emul);
     result_free(&ref), result_free(&got);
@@ -496,7 +498,7 @@ static void test_docs_steps(void **state) {
         result ref = cpu_run(&p);
         result got = gpu_run(&p, MT_ATTENTION_CUDNN, MT_ATTENTION_CUDNN, &ref);
         expect_docs_ran(i ? "docs step 2" : "docs step 1", &p);
-        float *emul = bf16_p_forward(p.q, p.k, p.v, p.doc, p.B, p.T, p.H, p.G, p.D);
+        float *emul = bf16_p_forward(p.q, p.k, p.v, p.doc, p.B, p.T, p.H, p.G, p.D, 0, 0);
         compare(i ? "docs step 2 vs cpu" : "docs step 1 vs cpu", &p, &got, &ref, 1.0,
                 have_cudnn ? emul : NULL);
         free(emul);
@@ -569,26 +571,57 @@ static void problem_set_opts(problem *p, float scale, int window, int sinks, uin
     p->d_sinks = mt_test_up_bf(gpu, p->sinks, (size_t)p->H);
 }
 
+/* cuDNN asked for with options and no sinks (its graphs take a scale and a window): it must run
+ * for the head sizes the models use (64, 128, 256) where cuDNN is usable, and may hand other D
+ * to our kernels; either way, each direction against the CPU (the backward from the CPU's out and
+ * lse), the forward with the bf16-P algorithm's budget when cuDNN ran it (cudnn_case says why). */
+static void opts_cudnn_case(const problem *p, const result *ref, const char *tag) {
+    result got = gpu_run(p, MT_ATTENTION_CUDNN, MT_ATTENTION_CUDNN, ref);
+    char what[160];
+    int must = have_cudnn && (p->D == 64 || p->D == 128 || p->D == 256);
+    mt_attention_impl ran[2] = {mt_cuda_attention_last(0), mt_cuda_attention_last(1)};
+    for (int bwd = 0; bwd < 2; bwd++) {
+        snprintf(what, sizeof what, "%s cudnn B=%d T=%d D=%d %s", tag, p->B, p->T, p->D,
+                 bwd ? "backward" : "forward");
+        if (must) expect_ran(what, bwd, MT_ATTENTION_CUDNN);
+        else fprintf(stderr, "%-48s ran %s (either may)\n", what,
+                     ran[bwd] == MT_ATTENTION_CUDNN ? "cudnn" : "own");
+    }
+    float *emul = NULL;
+    if (ran[0] == MT_ATTENTION_CUDNN)
+        emul = bf16_p_forward(p->q, p->k, p->v, p->doc, p->B, p->T, p->H, p->G, p->D, p->scale,
+                              p->window);
+    snprintf(what, sizeof what, "%s cudnn", tag);
+    compare(what, p, &got, ref, 1.0, emul);
+    free(emul);
+    result_free(&got);
+}
+
 /* Our kernels with options against the CPU, each direction alone (the backward from the CPU's out
- * and lse), with the plain tolerances (and dsinks'); cuDNN is asked for and must not run (its
- * graphs have no options). With sinks, also every row's lse >= its head's sink (the sink's logit
- * is in the lse; the CPU comparison checks the value). Tensor-core path for D 64 and 128, the
- * fallback kernels for any other D. */
+ * and lse), with the plain tolerances (and dsinks'); then, without sinks, cuDNN (opts_cudnn_case).
+ * With sinks cuDNN is asked for and must not run (its graphs have no sinks); also every row's lse
+ * >= its head's sink (the sink's logit is in the lse; the CPU comparison checks the value).
+ * Tensor-core path for D 64 and 128, the fallback kernels for any other D. */
 static void opts_case(int B, int T, int H, int G, int D, int packed, float scale, int window,
                       int sinks, uint64_t seed) {
     problem p;
     problem_init(&p, B, T, H, G, D, packed, seed);
     problem_set_opts(&p, scale, window, sinks, seed + 1000);
     result ref = cpu_run(&p);
-    result got = gpu_run(&p, MT_ATTENTION_CUDNN, MT_ATTENTION_CUDNN, &ref);
+    mt_attention_impl asked = sinks ? MT_ATTENTION_CUDNN : MT_ATTENTION_OWN;
+    result got = gpu_run(&p, asked, asked, &ref);
     char tag[96], what[160];
+    const int gemm = D > 128 && D % 8 == 0; /* attention_gemm.cu, else the fallback kernels */
     snprintf(tag, sizeof tag, "opts scale=%g W=%d%s%s", scale, window, sinks ? " sinks" : "",
-             D == 64 || D == 128 ? "" : " (fallback)");
+             D == 64 || D == 128 ? "" : gemm ? " (gemm)" : " (fallback)");
     snprintf(what, sizeof what, "%s B=%d T=%d D=%d forward", tag, B, T, D);
     expect_ran(what, 0, MT_ATTENTION_OWN);
+    assert_int_equal(mt_cuda_attention_gemm_ran(0), gemm);
     snprintf(what, sizeof what, "%s B=%d T=%d D=%d backward", tag, B, T, D);
     expect_ran(what, 1, MT_ATTENTION_OWN);
+    assert_int_equal(mt_cuda_attention_gemm_ran(1), gemm);
     compare(tag, &p, &got, &ref, 1.0, NULL);
+    if (!sinks) opts_cudnn_case(&p, &ref, tag);
     if (sinks) {
         size_t bad = 0;
         for (int b = 0; b < B; b++)
@@ -623,7 +656,7 @@ static void test_options_scale(void **state) {
     mt_attention_impl want = have_cudnn ? MT_ATTENTION_CUDNN : MT_ATTENTION_OWN;
     expect_ran("opts all default: forward", 0, want);
     expect_ran("opts all default: backward", 1, want);
-    float *emul = bf16_p_forward(p.q, p.k, p.v, NULL, p.B, p.T, p.H, p.G, p.D);
+    float *emul = bf16_p_forward(p.q, p.k, p.v, NULL, p.B, p.T, p.H, p.G, p.D, 0, 0);
     compare("opts all default", &p, &got, &ref, 1.0, have_cudnn ? emul : NULL);
     free(emul);
     result_free(&ref), result_free(&got);
@@ -651,6 +684,24 @@ static void test_options_sinks(void **state) {
     opts_case(2, 300, 8, 2, 64, 1, 0, 0, 1, 832);   /* packed documents */
     opts_case(2, 100, 4, 2, 33, 0, 0, 0, 1, 833);   /* fallback */
     opts_case(1, 100, 4, 4, 48, 1, 0, 0, 1, 834);   /* fallback, packed, G = H */
+}
+
+/* Gemma 4's heads: 256 on the sliding layers (a window and query_pre_attn_scalar's scale), 512 on
+ * the global ones. Ours runs them on the fp32 fallback only; cuDNN must take 256, and may take 512
+ * (whether cuDNN has a Hopper engine for 512 is the GPU's answer: the log says which ran). */
+static void test_options_wide_heads(void **state) {
+    opts_case(1, 700, 4, 2, 256, 0, 0.0625f, 200, 0, 851); /* a band across tiles */
+    opts_case(2, 300, 4, 2, 256, 1, 0.0625f, 64, 0, 852);  /* inside packed documents */
+    opts_case(1, 300, 4, 1, 256, 0, 0, 0, 0, 853);         /* no options: the plain graph */
+    opts_case(1, 300, 4, 2, 512, 0, 0.0625f, 0, 0, 854);   /* a global layer */
+    opts_case(1, 200, 2, 1, 512, 1, 0, 0, 0, 855);         /* a global layer, packed */
+    /* attention_gemm.cu over many blocks of queries (1 MiB of scratch a block: 64 queries with
+     * the window, 96 without), a partial last block, keys from k0 > 0, dK/dV summed over blocks */
+    mt_cuda_attention_gemm_set_block_bytes((size_t)1 << 20);
+    opts_case(1, 700, 4, 2, 256, 0, 0.0625f, 200, 0, 856);
+    opts_case(2, 300, 8, 2, 512, 1, 0, 0, 0, 857);
+    opts_case(1, 333, 4, 1, 256, 1, 0.1f, 50, 1, 858);     /* sinks too (ours only) */
+    mt_cuda_attention_gemm_set_block_bytes(0);
 }
 
 /* scale, window and sinks together, GQA, both paths. */
@@ -697,6 +748,8 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], BAD_ENV_CHILD_ARG) == 0) return bad_env_child();
     cpu = mt_backend_cpu_create();
     gpu = mt_backend_cuda_create(0);
+    /* the paths behind MT_EXPERIMENTAL_ATTENTION (attention_cudnn.h) are what these cases test */
+    mt_cuda_attention_set_experimental(1);
     const char *why = NULL;
     long version = 0;
     have_cudnn = mt_cuda_cudnn_status(&why, &version);
@@ -717,8 +770,12 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_choice),
         cmocka_unit_test(test_options_scale),     cmocka_unit_test(test_options_window),
         cmocka_unit_test(test_options_sinks),     cmocka_unit_test(test_options_all),
+        cmocka_unit_test(test_options_wide_heads),
         cmocka_unit_test(test_bad_env),
     };
+    /* MT_TEST_FILTER: run the tests whose names match it (cmocka's pattern) */
+    const char *filter = getenv("MT_TEST_FILTER");
+    if (filter && *filter) cmocka_set_test_filter(filter);
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     gpu->destroy(gpu);
     cpu->destroy(cpu);

@@ -33,9 +33,11 @@
  *    (dK, dV accumulate in fp32 registers over the whole loop and are written once, no atomics);
  *    dS^T goes through shared memory for dQ = dS K, added with fp32 float2 atomicAdd into the
  *    accumulator; (3) the accumulator is converted to bf16 dq.
- * Fallback (any other D, or misaligned pointers): simple correct kernels, one warp per query row
- * (forward, dq) or per key row (dk, dv), streaming 32 keys/queries at a time with fp32 math.
- * Nothing T x T is ever materialized.
+ * Heads wider than 128 (D % 8 == 0) that cuDNN does not take: attention_gemm.cu's blocked GEMMs
+ * (which do materialize a block of queries x their keys).
+ * Fallback (any other D, misaligned pointers, or no cuBLASLt context): simple correct kernels, one
+ * warp per query row (forward, dq) or per key row (dk, dv), streaming 32 keys/queries at a time
+ * with fp32 math. Nothing T x T is ever materialized.
  * cuDNN's fused flash attention (attention_cudnn.cu) runs instead where attention_cudnn.h's choice
  * (MT_ATTENTION, per shape) says so; the launchers below ask it first.
  */
@@ -921,6 +923,13 @@ bool fast_path(int D, const void *a, const void *b, const void *c, const void *d
            aligned16(c) && aligned16(d) && aligned16(e);
 }
 
+/* attention_gemm.cu's blocked GEMMs: heads the flash kernels lack, where cuBLASLt is at hand;
+ * a, b, c: the tensors its 16-byte row copies read or write (cuBLASLt takes any alignment). */
+bool gemm_path(const mt_cuda_ctx *ctx, int D, const void *a, const void *b, const void *c) {
+    return mt_cuda_attention_experimental() && mt_cuda_attention_gemm_applies(ctx, D) &&
+           !force_fallback() && aligned16(a) && aligned16(b) && aligned16(c);
+}
+
 void check_shapes(int B, int T, int H, int G, int D) {
     MT_CHECK(B >= 0 && T >= 0 && H >= 0 && D > 0, "attention: B=%d T=%d H=%d D=%d", B, T, H, D);
     MT_CHECK(G > 0 && H % G == 0, "attention: H=%d is not a multiple of G=%d", H, G);
@@ -951,10 +960,11 @@ attn_options resolve_options(const mt_attention_opts *opts, int T, int D) {
 
 } // namespace
 
-void mt_cuda_attention_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
+void mt_cuda_attention_forward(mt_cuda_ctx *ctx, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                const int32_t *doc_start, int B, int T, int H, int G, int D,
                                cudaStream_t s, const mt_attention_opts *opts) {
     check_shapes(B, T, H, G, D);
+    mt_cuda_attention_gemm_note(0, 0);
     if (B == 0 || T == 0 || H == 0) return;
     if (mt_cuda_attention_cudnn_forward(out, lse, q, k, v, doc_start, B, T, H, G, D, opts, s))
         return;
@@ -972,6 +982,12 @@ void mt_cuda_attention_forward(bf16 *out, float *lse, const bf16 *q, const bf16 
         }
         return;
     }
+    if (gemm_path(ctx, D, q, k, v)) {
+        mt_cuda_attention_gemm_note(0, 1);
+        mt_cuda_attention_gemm_forward(ctx, out, lse, q, k, v, doc_start, B, T, H, G, D, scale,
+                                       o.window, o.sinks, s);
+        return;
+    }
     const size_t rows = (size_t)B * T * H;
     const size_t smem = (size_t)kFbWarps * 2 * D * sizeof(float);
     MT_CHECK(smem <= 48 * 1024, "attention: D=%d too large for the fallback kernel", D);
@@ -985,8 +1001,8 @@ void mt_cuda_attention_backward(mt_cuda_ctx *ctx, bf16 *dq, bf16 *dk, bf16 *dv, 
                                 const bf16 *out, const float *lse, const bf16 *q, const bf16 *k,
                                 const bf16 *v, const int32_t *doc_start, int B, int T, int H,
                                 int G, int D, cudaStream_t s, const mt_attention_opts *opts) {
-    (void)ctx;
     check_shapes(B, T, H, G, D);
+    mt_cuda_attention_gemm_note(1, 0);
     if (B == 0 || T == 0 || H == 0) return;
     if (mt_cuda_attention_cudnn_backward(dq, dk, dv, dout, out, lse, q, k, v, doc_start, B, T, H, G,
                                          D, opts, s))
@@ -1021,6 +1037,10 @@ void mt_cuda_attention_backward(mt_cuda_ctx *ctx, bf16 *dq, bf16 *dk, bf16 *dv, 
         const size_t n = rows * D;
         attn_f32_to_bf16_kernel<<<(unsigned)((n / 4 + 255) / 256 + 1), 256, 0, s>>>(dq, dqacc, n);
         CUDA_LAUNCH_CHECK();
+    } else if (gemm_path(ctx, D, dout, q, dq)) {
+        mt_cuda_attention_gemm_note(1, 1);
+        mt_cuda_attention_gemm_backward(ctx, dq, dk, dv, dout, lse, delta, q, k, v, doc_start, B, T,
+                                        H, G, D, scale, o.window, s);
     } else {
         const size_t smem_q = (size_t)kFbWarps * 3 * D * sizeof(float);
         const size_t smem_k = (size_t)kFbWarps * 4 * D * sizeof(float);

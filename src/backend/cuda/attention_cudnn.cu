@@ -14,7 +14,10 @@
  * Layout, without copies: our token-major rows q (B*T, H, D) are cuDNN's BSHD, i.e. dims
  * (B, H, T, D) with strides (T*H*D, D, H*D, 1); k, v, dk, dv likewise with G heads; out, dout, dq
  * as q. GQA: cuDNN maps query head h to kv head h / (H/G), as we do. Causal: the top-left diagonal
- * band with right bound 0 (key s visible to query t iff s <= t). Scale 1/sqrt(D) in fp32.
+ * band with right bound 0 (key s visible to query t iff s <= t). Scale 1/sqrt(D) in fp32, or the
+ * call's (mt_attention_opts.scale: Gemma's query_pre_attn_scalar); a window W (gpt-oss, Gemma's
+ * sliding layers) is the band's left bound W (key s kept iff s + W > t). The sinks have no graph
+ * here yet: calls with sinks run our kernels.
  * Softmax statistics: cuDNN's Stats is max + ln(sum exp) of the scaled scores, natural log, fp32,
  * dims (B, H, T, 1) with strides (H*T, T, 1, 1): exactly our lse (B, H, T). So cuDNN writes our
  * lse buffer and its backward reads it, and either forward can feed either backward.
@@ -116,6 +119,18 @@ extern "C" mt_attention_impl mt_cuda_attention_get_impl(void) {
 
 extern "C" mt_attention_impl mt_cuda_attention_last(int backward) { return g_last[backward ? 1 : 0]; }
 
+static int g_experimental = -1; /* -1: MT_EXPERIMENTAL_ATTENTION not read yet */
+
+extern "C" int mt_cuda_attention_experimental(void) {
+    if (g_experimental < 0) {
+        const char *e = getenv("MT_EXPERIMENTAL_ATTENTION");
+        g_experimental = e && *e && strcmp(e, "0") != 0 ? 1 : 0;
+    }
+    return g_experimental;
+}
+
+extern "C" void mt_cuda_attention_set_experimental(int on) { g_experimental = on ? 1 : 0; }
+
 #if MT_HAVE_CUDNN
 
 #define NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING
@@ -152,11 +167,32 @@ enum : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeqQ, kSeqKV, 
 struct plan_key {
     int backward, device, B, T, H, G, D;
     int S = 0, s_max = 0, off64 = 0;
+    /* the options cuDNN takes (mt_attention_opts less the sinks): the scale as its float's bits
+     * (0: 1/sqrt(D)) and the window W (0: none; else key s visible to query t iff t-W < s <= t) */
+    uint32_t scale_bits = 0;
+    int window = 0;
     bool operator<(const plan_key &o) const {
-        return std::tie(backward, device, B, T, H, G, D, S, s_max, off64) <
-               std::tie(o.backward, o.device, o.B, o.T, o.H, o.G, o.D, o.S, o.s_max, o.off64);
+        return std::tie(backward, device, B, T, H, G, D, S, s_max, off64, scale_bits, window) <
+               std::tie(o.backward, o.device, o.B, o.T, o.H, o.G, o.D, o.S, o.s_max, o.off64,
+                        o.scale_bits, o.window);
     }
 };
+
+/* A scale (0: 1/sqrt(D)) and window into k. A window W >= T hides no key: no window. */
+void set_key_options(float scale, int window, int T, plan_key *k) {
+    if (scale != 0) memcpy(&k->scale_bits, &scale, sizeof k->scale_bits);
+    k->window = window > 0 && window < T ? window : 0;
+}
+
+/* The options of a call into k; false when it asks for one that our graphs lack (the sinks), or
+ * for any while MT_EXPERIMENTAL_ATTENTION is off. */
+bool key_options(const mt_attention_opts *o, int T, plan_key *k) {
+    if (!o) return true;
+    if (o->sinks) return false;
+    if (!mt_attention_opts_plain(o) && !mt_cuda_attention_experimental()) return false;
+    set_key_options(o->scale, o->window, T, k);
+    return true;
+}
 
 struct plan {
     std::shared_ptr<fe::graph::Graph> graph; /* null: cuDNN cannot run this shape */
@@ -306,7 +342,8 @@ std::shared_ptr<fe::graph::Graph> make_graph(const plan_key &k, int sm_version) 
     const bool docs = k.S > 0;
     /* b "rows" of t tokens: the B rows, or the S sequences of at most s_max tokens */
     const int64_t b = docs ? k.S : k.B, t = docs ? k.s_max : k.T, H = k.H, G = k.G, D = k.D;
-    const float scale = 1.0f / sqrtf((float)k.D);
+    float scale = 1.0f / sqrtf((float)k.D);
+    if (k.scale_bits) memcpy(&scale, &k.scale_bits, sizeof scale);
     auto g = std::make_shared<fe::graph::Graph>();
     if (sm_version) g->set_sm_version(sm_version); /* before the nodes: they copy the context */
     g->set_io_data_type(fe::DataType_t::BFLOAT16)
@@ -331,6 +368,8 @@ std::shared_ptr<fe::graph::Graph> make_graph(const plan_key &k, int sm_version) 
                         .set_attn_scale(scale)
                         .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                         .set_diagonal_band_right_bound(0);
+        /* cuDNN keeps key s for query t iff s + W > t: our window exactly */
+        if (k.window > 0) opts.set_diagonal_band_left_bound(k.window);
         if (docs) opts.set_padding_mask(true).set_seq_len_q(seq_q).set_seq_len_kv(seq_kv);
         auto [O, Stats] = g->sdpa(Q, K, V, opts);
         rows_output(O, kO, b, t, H, D, q_off);
@@ -347,6 +386,7 @@ std::shared_ptr<fe::graph::Graph> make_graph(const plan_key &k, int sm_version) 
                         .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                         .set_diagonal_band_right_bound(0)
                         .set_deterministic_algorithm(false); /* dQ by atomics, as ours */
+        if (k.window > 0) opts.set_diagonal_band_left_bound(k.window);
         if (docs) /* the workspace (fp32 dQ, GQA's full-head dK dV) sized by the tokens */
             opts.set_padding_mask(true)
                 .set_seq_len_q(seq_q)
@@ -380,12 +420,17 @@ plan &plan_locked(const plan_key &k, cudnnHandle_t h) {
         why = ex.what();
     }
     if (!p.graph) {
-        char docs[96] = "";
+        char docs[96] = "", opts[64] = "";
         if (k.S) snprintf(docs, sizeof docs, " as %d sequences of up to %d", k.S, k.s_max);
+        if (k.scale_bits || k.window) {
+            float scale;
+            memcpy(&scale, &k.scale_bits, sizeof scale);
+            snprintf(opts, sizeof opts, " scale=%g window=%d", k.scale_bits ? scale : 0.0f, k.window);
+        }
         fprintf(stderr,
-                "megatrain: cuDNN has no %s attention plan for B=%d T=%d H=%d G=%d D=%d%s (%s); "
+                "megatrain: cuDNN has no %s attention plan for B=%d T=%d H=%d G=%d D=%d%s%s (%s); "
                 "using the built-in kernel for this shape\n",
-                k.backward ? "backward" : "forward", k.B, k.T, k.H, k.G, k.D, docs,
+                k.backward ? "backward" : "forward", k.B, k.T, k.H, k.G, k.D, opts, docs,
                 why.empty() ? "no reason given" : why.c_str());
     }
     return g_plans.emplace(k, std::move(p)).first->second;
@@ -395,14 +440,17 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 /* Whether this call goes to cuDNN by the choice in force, before asking cuDNN: rows without
  * documents (plain graph) or, unless MT_ATTENTION_DOCS=own, packed rows (variable-length graph,
- * which also needs D % 16 == 0: the frontend drops the token-sized backward workspace otherwise). */
+ * which also needs D % 16 == 0: the frontend drops the token-sized backward workspace otherwise).
+ * auto's short-row backward stays ours only where ours has tensor cores (D 64, 128): for any other
+ * D ours is the fp32 fallback, 10-100x slower (Gemma 4's heads of 256 and 512, session 17). */
 bool wanted(int backward, const int32_t *doc_start, int T, int D,
             std::initializer_list<const void *> ptrs) {
     mt_attention_impl impl = mt_cuda_attention_get_impl();
     if (impl == MT_ATTENTION_OWN || D % 8 != 0) return false;
     if (doc_start) {
         if (mt_cuda_attention_get_docs_impl() != MT_ATTENTION_CUDNN || D % 16 != 0) return false;
-    } else if (impl == MT_ATTENTION_AUTO && backward && T < MT_CUDNN_BWD_MIN_T) {
+    } else if (impl == MT_ATTENTION_AUTO && backward && T < MT_CUDNN_BWD_MIN_T &&
+               (D == 64 || D == 128 || !mt_cuda_attention_experimental())) {
         return false;
     }
     for (const void *p : ptrs)
@@ -620,6 +668,14 @@ extern "C" int mt_cuda_attention_cudnn_validate(int backward, int B, int T, int 
     return validate_key(k, sm_version, why, why_size);
 }
 
+extern "C" int mt_cuda_attention_cudnn_validate_opts(int backward, int B, int T, int H, int G,
+                                                     int D, float scale, int window,
+                                                     int sm_version, char *why, size_t why_size) {
+    plan_key k = {backward ? 1 : 0, 0, B, T, H, G, D};
+    set_key_options(scale, window, T, &k);
+    return validate_key(k, sm_version, why, why_size);
+}
+
 extern "C" int mt_cuda_attention_cudnn_plan_count(void) {
     std::lock_guard<std::mutex> lock(g_mu);
     return (int)g_plans.size();
@@ -660,9 +716,9 @@ namespace {
 
 /* The variable-length plan of this call (its layout in *lay), or null: then the caller runs the
  * plain graph when every row is one document (*plain), or our kernels. Locked. */
-plan *docs_plan_locked(int backward, const int32_t *doc_start, int B, int T, int H, int G, int D,
+plan *docs_plan_locked(const int32_t *doc_start, int B, int T, int H, int G, int D,
                        cudaStream_t s, plan_key *key, cudnnHandle_t *h, docs_layout **lay,
-                       bool *plain) {
+                       bool *plain) { /* key: the plain graph's, options included */
     *plain = false;
     docs_layout *l = docs_layout_locked(doc_start, B, T, H, G, D, s);
     if (!l) return nullptr;
@@ -670,7 +726,6 @@ plan *docs_plan_locked(int backward, const int32_t *doc_start, int B, int T, int
         *plain = true;
         return nullptr;
     }
-    *key = {backward, 0, B, T, H, G, D};
     key->S = l->sh.S, key->s_max = l->sh.s_max, key->off64 = l->off64;
     *lay = l;
     return usable_plan_locked(*key, h);
@@ -683,15 +738,15 @@ bool mt_cuda_attention_cudnn_forward(bf16 *out, float *lse, const bf16 *q, const
                                      int G, int D, const mt_attention_opts *opts, cudaStream_t s) {
     g_last[0] = MT_ATTENTION_OWN;
     g_last_docs[0] = {0, 0, 0};
-    if (!mt_attention_opts_plain(opts)) return false; /* our graphs have no scale, window, sinks */
+    plan_key key = {0, 0, B, T, H, G, D};
+    if (!key_options(opts, T, &key)) return false;
     if (!wanted(0, doc_start, T, D, {out, lse, q, k, v})) return false;
     std::lock_guard<std::mutex> lock(g_mu);
-    plan_key key = {0, 0, B, T, H, G, D};
     cudnnHandle_t h = nullptr;
     docs_layout *lay = nullptr;
     bool plain = !doc_start;
     plan *p = plain ? usable_plan_locked(key, &h)
-                    : docs_plan_locked(0, doc_start, B, T, H, G, D, s, &key, &h, &lay, &plain);
+                    : docs_plan_locked(doc_start, B, T, H, G, D, s, &key, &h, &lay, &plain);
     if (!p && plain && doc_start) p = usable_plan_locked(key, &h);
     if (!p) return false;
     std::unordered_map<fe::graph::Tensor_attributes::uid_t, void *> pack = {
@@ -721,15 +776,15 @@ bool mt_cuda_attention_cudnn_backward(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *
                                       const mt_attention_opts *opts, cudaStream_t s) {
     g_last[1] = MT_ATTENTION_OWN;
     g_last_docs[1] = {0, 0, 0};
-    if (!mt_attention_opts_plain(opts)) return false; /* our graphs have no scale, window, sinks */
+    plan_key key = {1, 0, B, T, H, G, D};
+    if (!key_options(opts, T, &key)) return false;
     if (!wanted(1, doc_start, T, D, {dq, dk, dv, dout, out, lse, q, k, v})) return false;
     std::lock_guard<std::mutex> lock(g_mu);
-    plan_key key = {1, 0, B, T, H, G, D};
     cudnnHandle_t h = nullptr;
     docs_layout *lay = nullptr;
     bool plain = !doc_start;
     plan *p = plain ? usable_plan_locked(key, &h)
-                    : docs_plan_locked(1, doc_start, B, T, H, G, D, s, &key, &h, &lay, &plain);
+                    : docs_plan_locked(doc_start, B, T, H, G, D, s, &key, &h, &lay, &plain);
     if (!p && plain && doc_start) p = usable_plan_locked(key, &h);
     if (!p) return false;
     std::unordered_map<fe::graph::Tensor_attributes::uid_t, void *> pack = {
@@ -766,6 +821,12 @@ extern "C" long long mt_cuda_attention_cudnn_workspace(int, int, int, int, int, 
 extern "C" long long mt_cuda_attention_cudnn_last_workspace(int) { return -1; }
 
 extern "C" int mt_cuda_attention_cudnn_plan_count(void) { return 0; }
+
+extern "C" int mt_cuda_attention_cudnn_validate_opts(int, int, int, int, int, int, float, int, int,
+                                                     char *why, size_t why_size) {
+    if (why && why_size) snprintf(why, why_size, "built without cuDNN");
+    return -1;
+}
 
 extern "C" int mt_cuda_attention_cudnn_validate_docs(int, int, int, int, int, int, int, int, int,
                                                      char *why, size_t why_size) {

@@ -303,7 +303,7 @@ static void cu_rope_backward(mt_backend *be, void *dx, const int32_t *pos, const
 static void cu_attention_forward(mt_backend *be, void *out, float *lse, const void *q,
                                  const void *k, const void *v, const int32_t *doc_start, int B,
                                  int T, int H, int G, int D, const mt_attention_opts *opts) {
-    mt_cuda_attention_forward((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
+    mt_cuda_attention_forward(mt_cuda_ctx_of(be), (bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v,
                               doc_start, B, T, H, G, D, S(be), opts);
 }
 static void cu_attention_backward(mt_backend *be, void *dq, void *dk, void *dv, const void *dout,

@@ -215,6 +215,15 @@ static void lt_gemm(mt_cuda_ctx *ctx, cublasOperation_t ta, cublasOperation_t tb
     CUDA_LAUNCH_CHECK();
 }
 
+void mt_cuda_gemm_rm(mt_cuda_ctx *ctx, int ta, int tb, int M, int N, int K, const bf16 *A, int lda,
+                     const bf16 *B, int ldb, void *C, cudaDataType dtype, int ldc, float beta,
+                     cudaStream_t s) {
+    /* row-major C (M, N) is column-major C^T (N, M) = op(B)^T op(A)^T: B's storage read as
+     * column-major is B^T, so untransposed B is op N there (and A likewise) */
+    lt_gemm(ctx, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, B, ldb, A,
+            lda, C, dtype, ldc, beta, NULL, s);
+}
+
 /* out (R, M) = bias rows, or zeros when bias is NULL. */
 static __global__ void fill_rows_kernel(bf16 *out, const bf16 *bias, int R, int M) {
     size_t total = (size_t)R * M;

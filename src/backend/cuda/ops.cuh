@@ -38,10 +38,35 @@ void mt_cuda_rope_forward(bf16 *x, const int32_t *pos, const float *inv_freq, in
 void mt_cuda_rope_backward(bf16 *dx, const int32_t *pos, const float *inv_freq, int N, int nh,
                            int D, int rd, cudaStream_t s);
 
+/* Row-major C (M, N) = op(A) op(B) + beta C through cuBLASLt (matmul.cu's plans): A (M, K), or
+ * stored (K, M) when ta; B (K, N), or stored (N, K) when tb; lda, ldb, ldc row strides in
+ * elements; bf16 A and B, C of dtype (CUDA_R_32F or CUDA_R_16BF), fp32 accumulation. */
+void mt_cuda_gemm_rm(mt_cuda_ctx *ctx, int ta, int tb, int M, int N, int K, const bf16 *A, int lda,
+                     const bf16 *B, int ldb, void *C, cudaDataType dtype, int ldc, float beta,
+                     cudaStream_t s);
+
+/* attention_gemm.cu: attention as GEMMs over blocks of queries, for D > 128 (D % 8 == 0) where
+ * neither the flash kernels nor cuDNN run (the file says why and how); scale resolved (not 0),
+ * window 0 or < T, sinks NULL or (H) bf16. delta (B, H, T): rowsum(dout * out), as attention.cu's
+ * backward computes it; the sinks' gradient is attention.cu's (it needs only lse and delta). */
+bool mt_cuda_attention_gemm_applies(const mt_cuda_ctx *ctx, int D);
+/* attention.cu notes what each call ran (mt_cuda_attention_gemm_ran, attention_cudnn.h). */
+void mt_cuda_attention_gemm_note(int backward, int ran);
+void mt_cuda_attention_gemm_forward(mt_cuda_ctx *ctx, bf16 *out, float *lse, const bf16 *q,
+                                    const bf16 *k, const bf16 *v, const int32_t *doc_start, int B,
+                                    int T, int H, int G, int D, float scale, int window,
+                                    const bf16 *sinks, cudaStream_t s);
+void mt_cuda_attention_gemm_backward(mt_cuda_ctx *ctx, bf16 *dq, bf16 *dk, bf16 *dv,
+                                     const bf16 *dout, const float *lse, const float *delta,
+                                     const bf16 *q, const bf16 *k, const bf16 *v,
+                                     const int32_t *doc_start, int B, int T, int H, int G, int D,
+                                     float scale, int window, cudaStream_t s);
+
 /* attention.cu (flash attention: never materializes T x T). opts as backend.h's (sinks bf16 on
  * the device, dsinks fp32 on the device), after the stream so that callers of the plain op (NULL,
- * the default) need not pass it. */
-void mt_cuda_attention_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
+ * the default) need not pass it. ctx NULL: no cuBLASLt, so heads other than 64 and 128 that cuDNN
+ * does not take run the fp32 fallback kernels rather than attention_gemm.cu. */
+void mt_cuda_attention_forward(mt_cuda_ctx *ctx, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                const int32_t *doc_start, int B, int T, int H, int G, int D,
                                cudaStream_t s, const mt_attention_opts *opts = nullptr);
 void mt_cuda_attention_backward(mt_cuda_ctx *ctx, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout,
