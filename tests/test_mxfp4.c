@@ -410,6 +410,12 @@ static void test_quantize(void **state) {
                     x[(m * C + 32 * g + j) * R + r] = ldexpf(mt_test_rng_normal(&rng), k);
             }
     check_quantize(x, M, R, C, "random");
+    /* large enough for the threaded loop (>= 2048 blocks), R not a multiple of 16 */
+    const int64_t M2 = 2, R2 = 170, C2 = 256, n2 = M2 * R2 * C2;
+    float *x2 = malloc((size_t)n2 * sizeof(float));
+    for (int64_t i = 0; i < n2; i++) x2[i] = ldexpf(mt_test_rng_normal(&rng), (int)(i % 7) - 3);
+    check_quantize(x2, M2, R2, C2, "random, threaded");
+    free(x2);
     /* one matrix (R = 1: the layouts agree), block by block: hand-made cases */
     static const float ties[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
     static const uint8_t tie_code[] = {0, 2, 2, 4, 4, 6, 6}; /* 0, 1, 1, 2, 2, 4, 4: the even codes */

@@ -930,6 +930,22 @@ bool gemm_path(const mt_cuda_ctx *ctx, int D, const void *a, const void *b, cons
            !force_fallback() && aligned16(a) && aligned16(b) && aligned16(c);
 }
 
+/* Once a process: the fp32 fallback kernels run a model's attention, which costs 10-100x the
+ * tensor-core paths (a Gemma 4 step took 297 s on the H100, session 17), so the user hears why. */
+void note_fallback(int D) {
+    static bool said = false;
+    if (said) return;
+    said = true;
+    fprintf(stderr,
+            "megatrain: attention with heads of %d runs the fp32 fallback kernels (one warp a query "
+            "row), which are 10-100x slower than the tensor-core paths (heads of 64 or 128, or cuDNN "
+            "where it applies)%s\n",
+            D,
+            D > 128 && D % 8 == 0 && !mt_cuda_attention_experimental()
+                ? "; MT_EXPERIMENTAL_ATTENTION=1 runs them as GEMMs (not yet verified on a GPU)"
+                : "");
+}
+
 void check_shapes(int B, int T, int H, int G, int D) {
     MT_CHECK(B >= 0 && T >= 0 && H >= 0 && D > 0, "attention: B=%d T=%d H=%d D=%d", B, T, H, D);
     MT_CHECK(G > 0 && H % G == 0, "attention: H=%d is not a multiple of G=%d", H, G);
@@ -991,6 +1007,7 @@ void mt_cuda_attention_forward(mt_cuda_ctx *ctx, bf16 *out, float *lse, const bf
     const size_t rows = (size_t)B * T * H;
     const size_t smem = (size_t)kFbWarps * 2 * D * sizeof(float);
     MT_CHECK(smem <= 48 * 1024, "attention: D=%d too large for the fallback kernel", D);
+    note_fallback(D);
     auto fallback = o.window > 0 || o.sinks ? attn_fwd_fallback<true> : attn_fwd_fallback<false>;
     fallback<<<(unsigned)((rows + kFbWarps - 1) / kFbWarps), kFbWarps * 32, smem, s>>>(
         out, lse, q, k, v, doc_start, B, T, H, G, D, scale, o.window, o.sinks);
