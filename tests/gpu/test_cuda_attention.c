@@ -61,7 +61,8 @@ static int have_cudnn; /* cuDNN loaded and usable on this machine */
  * when doc is not NULL): per query row, s = scale q.k in fp64, p = exp(s - max) rounded to bf16 for
  * the PV product, the sum of the unrounded p, out rounded to bf16. */
 static float *bf16_p_forward(const float *q, const float *k, const float *v, const int32_t *doc,
-                             int B, int T, int H, int G, int D, float opt_scale, int window) {
+                             int B, int T, int H, int G, int D, float opt_scale, int window,
+                             const float *sinks) {
     float *out = mt_test_fnew((size_t)B * T * H * D);
     const int rep = H / G;
     const double scale = opt_scale != 0 ? (double)opt_scale : 1.0 / sqrt((double)D);
@@ -85,6 +86,8 @@ static float *bf16_p_forward(const float *q, const float *k, const float *v, con
                 if (s[j] > mx) mx = s[j];
             }
             for (int d = 0; d < D; d++) acc[d] = 0;
+            if (sinks && sinks[h] > mx) mx = sinks[h]; /* the sink joins the max and the sum */
+            if (sinks) l += exp(sinks[h] - mx);
             for (int j = j0; j <= t; j++) {
                 float p = (float)exp(s[j] - mx);
                 l += p;
@@ -332,7 +335,7 @@ static void cudnn_case(int B, int T, int H, int G, int D, uint64_t seed) {
     expect_ran(what, 0, want);
     snprintf(what, sizeof what, "cudnn backward B=%d T=%d H=%d G=%d D=%d", B, T, H, G, D);
     expect_ran(what, 1, want);
-    float *emul = bf16_p_forward(p.q, p.k, p.v, NULL, B, T, H, G, D, 0, 0);
+    float *emul = bf16_p_forward(p.q, p.k, p.v, NULL, B, T, H, G, D, 0, 0, NULL);
     compare("cudnn vs cpu", &p, &got, &ref, 1.0, have_cudnn ? emul : NULL);
     free(emul);
     result_free(&ref), result_free(&got);
@@ -437,7 +440,7 @@ static void docs_case(int B, int T, int H, int G, int D, const int *lens, int nl
     result ref = cpu_run(&p);
     result got = gpu_run(&p, MT_ATTENTION_CUDNN, MT_ATTENTION_CUDNN, &ref);
     expect_docs_ran("cudnn docs", &p);
-    float *emul = bf16_p_forward(p.q, p.k, p.v, p.doc, B, T, H, G, D, 0, 0);
+    float *emul = bf16_p_forward(p.q, p.k, p.v, p.doc, B, T, H, G, D, 0, 0, NULL);
     compare("cudnn docs vs cpu", &p, &got, &ref, 1.0, have_cudnn ? emul : NULL);
     free(emul);
     result_free(&ref), result_free(&got);
@@ -498,7 +501,7 @@ static void test_docs_steps(void **state) {
         result ref = cpu_run(&p);
         result got = gpu_run(&p, MT_ATTENTION_CUDNN, MT_ATTENTION_CUDNN, &ref);
         expect_docs_ran(i ? "docs step 2" : "docs step 1", &p);
-        float *emul = bf16_p_forward(p.q, p.k, p.v, p.doc, p.B, p.T, p.H, p.G, p.D, 0, 0);
+        float *emul = bf16_p_forward(p.q, p.k, p.v, p.doc, p.B, p.T, p.H, p.G, p.D, 0, 0, NULL);
         compare(i ? "docs step 2 vs cpu" : "docs step 1 vs cpu", &p, &got, &ref, 1.0,
                 have_cudnn ? emul : NULL);
         free(emul);
@@ -571,7 +574,7 @@ static void problem_set_opts(problem *p, float scale, int window, int sinks, uin
     p->d_sinks = mt_test_up_bf(gpu, p->sinks, (size_t)p->H);
 }
 
-/* cuDNN asked for with options and no sinks (its graphs take a scale and a window): it must run
+/* cuDNN asked for with options (its graphs take a scale, a window and the forward's sinks): it must run
  * for the head sizes the models use (64, 128, 256) where cuDNN is usable, and may hand other D
  * to our kernels; either way, each direction against the CPU (the backward from the CPU's out and
  * lse), the forward with the bf16-P algorithm's budget when cuDNN ran it (cudnn_case says why). */
@@ -590,7 +593,7 @@ static void opts_cudnn_case(const problem *p, const result *ref, const char *tag
     float *emul = NULL;
     if (ran[0] == MT_ATTENTION_CUDNN)
         emul = bf16_p_forward(p->q, p->k, p->v, p->doc, p->B, p->T, p->H, p->G, p->D, p->scale,
-                              p->window);
+                              p->window, p->sinks);
     snprintf(what, sizeof what, "%s cudnn", tag);
     compare(what, p, &got, ref, 1.0, emul);
     free(emul);
@@ -598,18 +601,17 @@ static void opts_cudnn_case(const problem *p, const result *ref, const char *tag
 }
 
 /* Our kernels with options against the CPU, each direction alone (the backward from the CPU's out
- * and lse), with the plain tolerances (and dsinks'); then, without sinks, cuDNN (opts_cudnn_case).
- * With sinks cuDNN is asked for and must not run (its graphs have no sinks); also every row's lse
- * >= its head's sink (the sink's logit is in the lse; the CPU comparison checks the value).
- * Tensor-core path for D 64 and 128, the fallback kernels for any other D. */
+ * and lse), with the plain tolerances (and dsinks'); with sinks also every row's lse >= its head's
+ * sink (the sink's logit is in the lse; the CPU comparison checks the value). Tensor-core path for
+ * D 64 and 128, attention_gemm.cu for wider D % 8 == 0, the fallback kernels for any other D. Then
+ * cuDNN (opts_cudnn_case). */
 static void opts_case(int B, int T, int H, int G, int D, int packed, float scale, int window,
                       int sinks, uint64_t seed) {
     problem p;
     problem_init(&p, B, T, H, G, D, packed, seed);
     problem_set_opts(&p, scale, window, sinks, seed + 1000);
     result ref = cpu_run(&p);
-    mt_attention_impl asked = sinks ? MT_ATTENTION_CUDNN : MT_ATTENTION_OWN;
-    result got = gpu_run(&p, asked, asked, &ref);
+    result got = gpu_run(&p, MT_ATTENTION_OWN, MT_ATTENTION_OWN, &ref);
     char tag[96], what[160];
     const int gemm = D > 128 && D % 8 == 0; /* attention_gemm.cu, else the fallback kernels */
     snprintf(tag, sizeof tag, "opts scale=%g W=%d%s%s", scale, window, sinks ? " sinks" : "",
@@ -621,7 +623,7 @@ static void opts_case(int B, int T, int H, int G, int D, int packed, float scale
     expect_ran(what, 1, MT_ATTENTION_OWN);
     assert_int_equal(mt_cuda_attention_gemm_ran(1), gemm);
     compare(tag, &p, &got, &ref, 1.0, NULL);
-    if (!sinks) opts_cudnn_case(&p, &ref, tag);
+    opts_cudnn_case(&p, &ref, tag);
     if (sinks) {
         size_t bad = 0;
         for (int b = 0; b < B; b++)
@@ -656,7 +658,7 @@ static void test_options_scale(void **state) {
     mt_attention_impl want = have_cudnn ? MT_ATTENTION_CUDNN : MT_ATTENTION_OWN;
     expect_ran("opts all default: forward", 0, want);
     expect_ran("opts all default: backward", 1, want);
-    float *emul = bf16_p_forward(p.q, p.k, p.v, NULL, p.B, p.T, p.H, p.G, p.D, 0, 0);
+    float *emul = bf16_p_forward(p.q, p.k, p.v, NULL, p.B, p.T, p.H, p.G, p.D, 0, 0, NULL);
     compare("opts all default", &p, &got, &ref, 1.0, have_cudnn ? emul : NULL);
     free(emul);
     result_free(&ref), result_free(&got);
@@ -700,7 +702,7 @@ static void test_options_wide_heads(void **state) {
     mt_cuda_attention_gemm_set_block_bytes((size_t)1 << 20);
     opts_case(1, 700, 4, 2, 256, 0, 0.0625f, 200, 0, 856);
     opts_case(2, 300, 8, 2, 512, 1, 0, 0, 0, 857);
-    opts_case(1, 333, 4, 1, 256, 1, 0.1f, 50, 1, 858);     /* sinks too (ours only) */
+    opts_case(1, 333, 4, 1, 256, 1, 0.1f, 50, 1, 858);     /* sinks too */
     mt_cuda_attention_gemm_set_block_bytes(0);
 }
 

@@ -65,22 +65,25 @@ static void test_docs_graphs_validate(void **state) {
 }
 
 /* The graphs with a call's options: Gemma 3's query_pre_attn_scalar and 1024-token window (heads
- * of 128), Gemma 4's sliding layers (heads of 256, window 1024), gpt-oss's 128-token band (64). */
+ * of 128), Gemma 4's sliding layers (heads of 256, window 1024), gpt-oss's 128-token band (64) and
+ * its sinks (the forward's sink tensor), on its sliding and its full layers. */
 static void test_options_graphs_validate(void **state) {
-    static const struct { int B, T, H, G, D; float scale; int window; } shapes[] = {
-        {16, 4096, 32, 16, 128, 0.0771517f, 1024}, {1, 131072, 32, 16, 128, 0.0771517f, 1024},
-        {16, 4096, 16, 8, 256, 1.0f, 1024},         {1, 4096, 64, 8, 64, 0, 128},
-        {2, 300, 8, 2, 128, 0.2f, 0},               {1, 700, 4, 2, 256, 0.0625f, 200},
+    static const struct { int B, T, H, G, D; float scale; int window, sinks; } shapes[] = {
+        {16, 4096, 32, 16, 128, 0.0771517f, 1024, 0}, {1, 131072, 32, 16, 128, 0.0771517f, 1024, 0},
+        {16, 4096, 16, 8, 256, 1.0f, 1024, 0},         {1, 4096, 64, 8, 64, 0, 128, 0},
+        {2, 300, 8, 2, 128, 0.2f, 0, 0},               {1, 700, 4, 2, 256, 0.0625f, 200, 0},
+        {16, 4096, 64, 8, 64, 0, 128, 1},              {16, 4096, 64, 8, 64, 0, 0, 1},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int bwd = 0; bwd < 2; bwd++) {
             char why[512];
             int ok = mt_cuda_attention_cudnn_validate_opts(
                 bwd, shapes[i].B, shapes[i].T, shapes[i].H, shapes[i].G, shapes[i].D,
-                shapes[i].scale, shapes[i].window, 90, why, sizeof why);
-            fprintf(stderr, "%s B=%d T=%d H=%d G=%d D=%d scale=%g W=%d sm_90: %s%s%s%s\n",
+                shapes[i].scale, shapes[i].window, shapes[i].sinks, 90, why, sizeof why);
+            fprintf(stderr, "%s B=%d T=%d H=%d G=%d D=%d scale=%g W=%d%s sm_90: %s%s%s%s\n",
                     bwd ? "bwd" : "fwd", shapes[i].B, shapes[i].T, shapes[i].H, shapes[i].G,
-                    shapes[i].D, shapes[i].scale, shapes[i].window, ok == 1 ? "valid" : "invalid",
+                    shapes[i].D, shapes[i].scale, shapes[i].window, shapes[i].sinks ? " sinks" : "",
+                    ok == 1 ? "valid" : "invalid",
                     *why ? " (" : "", why, *why ? ")" : "");
             assert_int_equal(ok, 1);
         }

@@ -946,6 +946,21 @@ void note_fallback(int D) {
                 : "");
 }
 
+/* opts->dsinks += the sinks' gradient, from lse and Delta = rowsum(dout * out): for a backward
+ * that did not compute it (cuDNN's, whose graph needs no sinks). */
+void sinks_grad(const mt_attention_opts *opts, const bf16 *dout, const bf16 *out, const float *lse,
+                int B, int T, int H, int D, cudaStream_t s) {
+    const size_t rows = (size_t)B * T * H;
+    float *delta = nullptr;
+    CUDA_CHECK(cudaMallocAsync((void **)&delta, rows * sizeof(float), s));
+    attn_bwd_delta_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, s>>>(delta, dout, out, B, T, H, D);
+    CUDA_LAUNCH_CHECK();
+    attn_bwd_dsinks_kernel<<<H, kSinkThreads, 0, s>>>(opts->dsinks, (const bf16 *)opts->sinks, lse,
+                                                      delta, B, T, H);
+    CUDA_LAUNCH_CHECK();
+    CUDA_CHECK(cudaFreeAsync(delta, s));
+}
+
 void check_shapes(int B, int T, int H, int G, int D) {
     MT_CHECK(B >= 0 && T >= 0 && H >= 0 && D > 0, "attention: B=%d T=%d H=%d D=%d", B, T, H, D);
     MT_CHECK(G > 0 && H % G == 0, "attention: H=%d is not a multiple of G=%d", H, G);
@@ -1022,8 +1037,10 @@ void mt_cuda_attention_backward(mt_cuda_ctx *ctx, bf16 *dq, bf16 *dk, bf16 *dv, 
     mt_cuda_attention_gemm_note(1, 0);
     if (B == 0 || T == 0 || H == 0) return;
     if (mt_cuda_attention_cudnn_backward(dq, dk, dv, dout, out, lse, q, k, v, doc_start, B, T, H, G,
-                                         D, opts, s))
+                                         D, opts, s)) {
+        if (opts && opts->sinks && opts->dsinks) sinks_grad(opts, dout, out, lse, B, T, H, D, s);
         return;
+    }
     const attn_options o = resolve_options(opts, T, D);
     const float scale = o.scale;
     float *dsinks = opts && o.sinks ? opts->dsinks : nullptr;

@@ -16,8 +16,10 @@
  * as q. GQA: cuDNN maps query head h to kv head h / (H/G), as we do. Causal: the top-left diagonal
  * band with right bound 0 (key s visible to query t iff s <= t). Scale 1/sqrt(D) in fp32, or the
  * call's (mt_attention_opts.scale: Gemma's query_pre_attn_scalar); a window W (gpt-oss, Gemma's
- * sliding layers) is the band's left bound W (key s kept iff s + W > t). The sinks have no graph
- * here yet: calls with sinks run our kernels.
+ * sliding layers) is the band's left bound W (key s kept iff s + W > t). gpt-oss's sinks join the
+ * forward's softmax as cuDNN's sink token (its Stats then hold them, as our lse does); the backward
+ * needs no sinks (P = exp(s - lse)), and the sinks' gradient is attention.cu's. Every option is
+ * behind MT_EXPERIMENTAL_ATTENTION until test_cuda_attention passes on a GPU (attention_cudnn.h).
  * Softmax statistics: cuDNN's Stats is max + ln(sum exp) of the scaled scores, natural log, fp32,
  * dims (B, H, T, 1) with strides (H*T, T, 1, 1): exactly our lse (B, H, T). So cuDNN writes our
  * lse buffer and its backward reads it, and either forward can feed either backward.
@@ -160,7 +162,7 @@ namespace {
 constexpr long kMinVersion = 90000; /* bf16 causal GQA SDPA forward and backward on Hopper */
 constexpr int kMaxDevices = 64;
 
-enum : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeqQ, kSeqKV, kQOff, kKVOff, kStOff };
+enum : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeqQ, kSeqKV, kQOff, kKVOff, kStOff, kSink };
 
 /* S = 0: the plain graph over B rows of T; S > 0: the variable-length graph of S sequences padded
  * to s_max over B*T tokens, with ragged offsets in int64 when off64 (else int32). */
@@ -171,10 +173,13 @@ struct plan_key {
      * (0: 1/sqrt(D)) and the window W (0: none; else key s visible to query t iff t-W < s <= t) */
     uint32_t scale_bits = 0;
     int window = 0;
+    /* the forward's sinks: (1, H, 1, 1) fp32 logits in the softmax's max and sum, so in Stats as in
+     * our lse; the backward needs none (P = exp(s - lse) holds them), its dsinks are attention.cu's */
+    int sinks = 0;
     bool operator<(const plan_key &o) const {
-        return std::tie(backward, device, B, T, H, G, D, S, s_max, off64, scale_bits, window) <
+        return std::tie(backward, device, B, T, H, G, D, S, s_max, off64, scale_bits, window, sinks) <
                std::tie(o.backward, o.device, o.B, o.T, o.H, o.G, o.D, o.S, o.s_max, o.off64,
-                        o.scale_bits, o.window);
+                        o.scale_bits, o.window, o.sinks);
     }
 };
 
@@ -184,14 +189,20 @@ void set_key_options(float scale, int window, int T, plan_key *k) {
     k->window = window > 0 && window < T ? window : 0;
 }
 
-/* The options of a call into k; false when it asks for one that our graphs lack (the sinks), or
- * for any while MT_EXPERIMENTAL_ATTENTION is off. */
+/* The options of a call into k (k->backward set); false while MT_EXPERIMENTAL_ATTENTION is off
+ * and the call asks for any. */
 bool key_options(const mt_attention_opts *o, int T, plan_key *k) {
     if (!o) return true;
-    if (o->sinks) return false;
     if (!mt_attention_opts_plain(o) && !mt_cuda_attention_experimental()) return false;
     set_key_options(o->scale, o->window, T, k);
+    k->sinks = o->sinks && !k->backward;
     return true;
+}
+
+/* (H) bf16 -> fp32: the sinks as cuDNN's sink tensor reads them. */
+__global__ void sinks_to_f32_kernel(float *dst, const bf16 *src, int H) {
+    int h = blockIdx.x * blockDim.x + threadIdx.x;
+    if (h < H) dst[h] = __bfloat162float(src[h]);
 }
 
 struct plan {
@@ -370,6 +381,13 @@ std::shared_ptr<fe::graph::Graph> make_graph(const plan_key &k, int sm_version) 
                         .set_diagonal_band_right_bound(0);
         /* cuDNN keeps key s for query t iff s + W > t: our window exactly */
         if (k.window > 0) opts.set_diagonal_band_left_bound(k.window);
+        if (k.sinks)
+            opts.set_sink_token(g->tensor(fe::graph::Tensor_attributes()
+                                              .set_name("sink")
+                                              .set_uid(kSink)
+                                              .set_dim({1, H, 1, 1})
+                                              .set_stride({H, 1, 1, 1})
+                                              .set_data_type(fe::DataType_t::FLOAT)));
         if (docs) opts.set_padding_mask(true).set_seq_len_q(seq_q).set_seq_len_kv(seq_kv);
         auto [O, Stats] = g->sdpa(Q, K, V, opts);
         rows_output(O, kO, b, t, H, D, q_off);
@@ -669,10 +687,11 @@ extern "C" int mt_cuda_attention_cudnn_validate(int backward, int B, int T, int 
 }
 
 extern "C" int mt_cuda_attention_cudnn_validate_opts(int backward, int B, int T, int H, int G,
-                                                     int D, float scale, int window,
+                                                     int D, float scale, int window, int sinks,
                                                      int sm_version, char *why, size_t why_size) {
     plan_key k = {backward ? 1 : 0, 0, B, T, H, G, D};
     set_key_options(scale, window, T, &k);
+    k.sinks = sinks && !backward;
     return validate_key(k, sm_version, why, why_size);
 }
 
@@ -758,7 +777,15 @@ bool mt_cuda_attention_cudnn_forward(bf16 *out, float *lse, const bf16 *q, const
         pack[kSeqQ] = lay->seq, pack[kSeqKV] = lay->seq;
         pack[kQOff] = lay->q_off, pack[kKVOff] = lay->kv_off, pack[kStOff] = lay->st_off;
     }
+    float *sinks = nullptr;
+    if (key.sinks) {
+        CUDA_CHECK(cudaMallocAsync((void **)&sinks, (size_t)H * sizeof(float), s));
+        sinks_to_f32_kernel<<<(H + 127) / 128, 128, 0, s>>>(sinks, (const bf16 *)opts->sinks, H);
+        CUDA_LAUNCH_CHECK();
+        pack[kSink] = sinks;
+    }
     bool ran = run_locked(*p, key, h, pack, s);
+    if (sinks) CUDA_CHECK(cudaFreeAsync(sinks, s));
     if (stats) {
         if (ran) lse_transpose(lse, stats, B, T, H, 0, s);
         CUDA_CHECK(cudaFreeAsync(stats, s));
@@ -823,7 +850,7 @@ extern "C" long long mt_cuda_attention_cudnn_last_workspace(int) { return -1; }
 extern "C" int mt_cuda_attention_cudnn_plan_count(void) { return 0; }
 
 extern "C" int mt_cuda_attention_cudnn_validate_opts(int, int, int, int, int, int, float, int, int,
-                                                     char *why, size_t why_size) {
+                                                     int, char *why, size_t why_size) {
     if (why && why_size) snprintf(why, why_size, "built without cuDNN");
     return -1;
 }

@@ -10,8 +10,8 @@
  * (11 of 2M, 158%), and test_cuda_model's 50-step curve with cuDNN stays inside the spread that
  * bf16-sized nudges of the weights cause (session 5). Ours keeps P more precisely and remains for
  * short rows' backward (D 64 and 128 only: for other D ours is the fp32 fallback),
- * MT_ATTENTION_DOCS=own (below), `own`, and every call with sinks (the graphs here take a scale and
- * a window, not sinks), whatever the choice.
+ * MT_ATTENTION_DOCS=own (below), `own`, and every call with options (a scale, a window, sinks)
+ * unless MT_EXPERIMENTAL_ATTENTION=1 (below), whatever the choice.
  *   own    our kernels always (packed rows included);
  *   cudnn  cuDNN for every case it supports (documents packed in a row as MT_ATTENTION_DOCS says,
  *          16-byte aligned tensors, a shape cuDNN has a plan for), our kernels for the rest;
@@ -85,7 +85,7 @@ int mt_cuda_attention_cudnn_validate_docs(int backward, int S, int s_max, int B,
                                           int G, int D, int sm_version, char *why,
                                           size_t why_size);
 /* MT_EXPERIMENTAL_ATTENTION=1 (default 0) turns on the session-17 paths that have not yet passed
- * test_cuda_attention on a GPU: cuDNN's graphs with a call's scale and window, cuDNN's short-row
+ * test_cuda_attention on a GPU: cuDNN's graphs with a call's scale, window and sinks, cuDNN's short-row
  * backward for heads other than 64 and 128, and attention_gemm.cu for heads wider than 128 (Gemma
  * 4's 256 and 512, which otherwise run the fp32 fallback, 10-100x slower). Off, every such call
  * runs as before. set_experimental overrides the variable (tests). */
@@ -115,11 +115,11 @@ long long mt_cuda_attention_cudnn_workspace(int backward, int B, int T, int H, i
  * does not, with the frontend's reason in why; -1 when cuDNN is not usable or not built in. */
 int mt_cuda_attention_cudnn_validate(int backward, int B, int T, int H, int G, int D,
                                      int sm_version, char *why, size_t why_size);
-/* As mt_cuda_attention_cudnn_validate, with a call's options: scale (0: 1/sqrt(D)) and window W
- * (0: none; W >= T: none). */
+/* As mt_cuda_attention_cudnn_validate, with a call's options: scale (0: 1/sqrt(D)), window W
+ * (0: none; W >= T: none) and sinks (1: the forward's sink tensor; the backward has none). */
 int mt_cuda_attention_cudnn_validate_opts(int backward, int B, int T, int H, int G, int D,
-                                          float scale, int window, int sm_version, char *why,
-                                          size_t why_size);
+                                          float scale, int window, int sinks, int sm_version,
+                                          char *why, size_t why_size);
 
 #ifdef __cplusplus
 }
