@@ -169,8 +169,8 @@ enum : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeqQ, kSeqKV, 
 struct plan_key {
     int backward, device, B, T, H, G, D;
     int S = 0, s_max = 0, off64 = 0;
-    /* the options cuDNN takes (mt_attention_opts less the sinks): the scale as its float's bits
-     * (0: 1/sqrt(D)) and the window W (0: none; else key s visible to query t iff t-W < s <= t) */
+    /* the call's options (mt_attention_opts): the scale as its float's bits (0: 1/sqrt(D)) and
+     * the window W (0: none; else key s visible to query t iff t-W < s <= t) */
     uint32_t scale_bits = 0;
     int window = 0;
     /* the forward's sinks: (1, H, 1, 1) fp32 logits in the softmax's max and sum, so in Stats as in
@@ -438,12 +438,13 @@ plan &plan_locked(const plan_key &k, cudnnHandle_t h) {
         why = ex.what();
     }
     if (!p.graph) {
-        char docs[96] = "", opts[64] = "";
+        char docs[96] = "", opts[80] = "";
         if (k.S) snprintf(docs, sizeof docs, " as %d sequences of up to %d", k.S, k.s_max);
-        if (k.scale_bits || k.window) {
+        if (k.scale_bits || k.window || k.sinks) {
             float scale;
             memcpy(&scale, &k.scale_bits, sizeof scale);
-            snprintf(opts, sizeof opts, " scale=%g window=%d", k.scale_bits ? scale : 0.0f, k.window);
+            snprintf(opts, sizeof opts, " scale=%g window=%d%s", k.scale_bits ? scale : 0.0f,
+                     k.window, k.sinks ? " sinks" : "");
         }
         fprintf(stderr,
                 "megatrain: cuDNN has no %s attention plan for B=%d T=%d H=%d G=%d D=%d%s%s (%s); "
