@@ -478,7 +478,7 @@ bool wanted(int backward, const int32_t *doc_start, int T, int D,
 }
 
 /* The noted documents holding rows doc_start .. doc_start + B*T, or null (with a note, once). */
-const int32_t *noted_rows_locked(const int32_t *doc_start, int B, int T, uint64_t *generation) {
+const int32_t *find_noted_locked(const int32_t *doc_start, int B, int T, uint64_t *generation) {
     auto it = g_noted_docs.upper_bound(doc_start);
     if (it != g_noted_docs.begin()) {
         --it;
@@ -489,6 +489,13 @@ const int32_t *noted_rows_locked(const int32_t *doc_start, int B, int T, uint64_
             return n.host.data() + at;
         }
     }
+    return nullptr;
+}
+
+/* find_noted_locked, with a note (once) when there are none. */
+const int32_t *noted_rows_locked(const int32_t *doc_start, int B, int T, uint64_t *generation) {
+    const int32_t *rows = find_noted_locked(doc_start, B, T, generation);
+    if (rows) return rows;
     if (!g_docs_unnoted_said)
         fprintf(stderr, "megatrain: packed rows whose document starts were not noted to the backend "
                         "(note_documents); their attention uses the built-in kernel\n");
@@ -732,6 +739,12 @@ extern "C" void mt_cuda_attention_forget_documents(const void *p) {
     g_noted_docs.erase((const int32_t *)p);
 }
 
+extern "C" const int32_t *mt_cuda_attention_noted_rows(const int32_t *doc_start, int B, int T) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    uint64_t generation = 0;
+    return find_noted_locked(doc_start, B, T, &generation);
+}
+
 namespace {
 
 /* The variable-length plan of this call (its layout in *lay), or null: then the caller runs the
@@ -865,6 +878,8 @@ extern "C" int mt_cuda_attention_cudnn_validate_docs(int, int, int, int, int, in
 extern "C" void mt_cuda_attention_note_documents(const int32_t *, const int32_t *, int, int) {}
 
 extern "C" void mt_cuda_attention_forget_documents(const void *) {}
+
+extern "C" const int32_t *mt_cuda_attention_noted_rows(const int32_t *, int, int) { return NULL; }
 
 extern "C" int mt_cuda_attention_cudnn_validate(int, int, int, int, int, int, int, char *why,
                                                 size_t why_size) {

@@ -73,6 +73,9 @@ void mt_cuda_attention_note_documents(const int32_t *doc_start, const int32_t *h
                                       int B, int T);
 /* Forgets what was noted at device address p (the backend frees p). */
 void mt_cuda_attention_forget_documents(const void *p);
+/* The host copy of rows doc_start .. + B*T as last noted (valid until the next note of that
+ * array), or NULL when none was (or the build has no cuDNN: notes are its only use). */
+const int32_t *mt_cuda_attention_noted_rows(const int32_t *doc_start, int B, int T);
 /* How many (direction, shape) plans are cached, those cuDNN refused included: graph caching's
  * count, for the tests. */
 int mt_cuda_attention_cudnn_plan_count(void);

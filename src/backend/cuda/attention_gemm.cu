@@ -20,8 +20,9 @@
  * zeroed: with a window, blocks of about W queries keep that to about half the work; without one,
  * at most half of the diagonal block. Each block's key count is rounded up to a multiple of
  * kKeyStep (the extra keys masked), so that the GEMMs come in few shapes for matmul.cu's plan cache
- * (else a long row would make a new shape a block). Packed documents are masked, not skipped: a
- * block reads keys from k0 whatever its documents (a long row of short documents wastes work).
+ * (else a long row would make a new shape a block). Packed documents: a block's keys start at its
+ * first query's document start when the host copy of the starts is at hand (noted to the backend,
+ * attention_cudnn.h), since a row's starts never decrease; without it, at 0 (masked, wasted).
  * Scratch (stream-ordered pool, outside the planner's budget like the flash backward's): per block
  * 2 fp32 and 4 bf16 (r*nq, nk) buffers and the packed rows, sized to about g_block_bytes by the
  * choice of nq (at least 16 queries, which long rows of many heads can push past it); dK, dV
@@ -194,10 +195,12 @@ scratch scratch_alloc(int r, int nq, int ld, int T, int D, bool backward, cudaSt
 }
 
 /* The keys queries [q0, q0 + nq) read: [k0, k0 + nk), covering their visible ones [k0, q0 + nq)
- * (rounded: keys_read), and the buffers' row stride. */
-void block_keys(int q0, int nq, int window, block_geom *k) {
+ * (rounded: keys_read), and the buffers' row stride. host_doc: the row's document starts (B*T,
+ * host), or NULL. */
+void block_keys(int q0, int nq, int window, const int32_t *host_doc, block_geom *k) {
     k->q0 = q0, k->nq = nq;
     k->k0 = window > 0 ? max(0, q0 - window + 1) : 0;
+    if (host_doc) k->k0 = max(k->k0, (int)host_doc[(size_t)k->b * k->T + q0]);
     k->nk = keys_read(q0 + nq - k->k0, k->k0, k->T);
     k->ld = (k->nk + 7) / 8 * 8; /* 16-byte rows for the bf16 operands */
 }
@@ -221,6 +224,7 @@ void mt_cuda_attention_gemm_forward(mt_cuda_ctx *ctx, bf16 *out, float *lse, con
                                     int T, int H, int G, int D, float scale, int window,
                                     const bf16 *sinks, cudaStream_t s) {
     const int r = H / G, nq_max = block_queries(r, T, window);
+    const int32_t *host_doc = doc_start ? mt_cuda_attention_noted_rows(doc_start, B, T) : nullptr;
     scratch sc = scratch_alloc(r, nq_max, widest_row(nq_max, T, window), T, D, false, s);
     block_geom geo;
     const int threads = D / 8 < 128 ? 64 : 128;
@@ -229,7 +233,7 @@ void mt_cuda_attention_gemm_forward(mt_cuda_ctx *ctx, bf16 *out, float *lse, con
             for (int q0 = 0; q0 < T; q0 += nq_max) {
                 const int nq = min(nq_max, T - q0);
                 geo = {b, T, H, g, r, 0, 0, 0, 0, 0, window, doc_start, scale};
-                block_keys(q0, nq, window, &geo);
+                block_keys(q0, nq, window, host_doc, &geo);
                 const int M = r * nq;
                 const bf16 *kb = k + (((size_t)b * T + geo.k0) * G + g) * D;
                 const bf16 *vb = v + (((size_t)b * T + geo.k0) * G + g) * D;
@@ -256,6 +260,7 @@ void mt_cuda_attention_gemm_backward(mt_cuda_ctx *ctx, bf16 *dq, bf16 *dk, bf16 
                                      const int32_t *doc_start, int B, int T, int H, int G, int D,
                                      float scale, int window, cudaStream_t s) {
     const int r = H / G, nq_max = block_queries(r, T, window);
+    const int32_t *host_doc = doc_start ? mt_cuda_attention_noted_rows(doc_start, B, T) : nullptr;
     scratch sc = scratch_alloc(r, nq_max, widest_row(nq_max, T, window), T, D, true, s);
     block_geom geo;
     const int threads = D / 8 < 128 ? 64 : 128;
@@ -266,7 +271,7 @@ void mt_cuda_attention_gemm_backward(mt_cuda_ctx *ctx, bf16 *dq, bf16 *dk, bf16 
             for (int q0 = 0; q0 < T; q0 += nq_max) {
                 const int nq = min(nq_max, T - q0);
                 geo = {b, T, H, g, r, 0, 0, 0, 0, 0, window, doc_start, scale};
-                block_keys(q0, nq, window, &geo);
+                block_keys(q0, nq, window, host_doc, &geo);
                 const int M = r * nq, nk = geo.nk, ld = geo.ld;
                 const bf16 *kb = k + (((size_t)b * T + geo.k0) * G + g) * D;
                 const bf16 *vb = v + (((size_t)b * T + geo.k0) * G + g) * D;
