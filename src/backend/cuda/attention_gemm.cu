@@ -205,6 +205,39 @@ void block_keys(int q0, int nq, int window, const int32_t *host_doc, block_geom 
     k->ld = (k->nk + 7) / 8 * 8; /* 16-byte rows for the bf16 operands */
 }
 
+/* What every block of a call shares. */
+struct gemm_call {
+    int T, H, G, D, r, nq_max, window;
+    const int32_t *doc, *host_doc;
+    float scale;
+    const bf16 *k, *v;
+};
+
+gemm_call call_of(const bf16 *k, const bf16 *v, const int32_t *doc_start, int B, int T, int H,
+                  int G, int D, float scale, int window) {
+    const int r = H / G;
+    return {T, H, G, D, r, block_queries(r, T, window), window, doc_start,
+            doc_start ? mt_cuda_attention_noted_rows(doc_start, B, T) : nullptr, scale, k, v};
+}
+
+/* Block (b, g, q0) of c: its geometry, and where its keys and values start. */
+struct block {
+    block_geom geo;
+    int M;
+    const bf16 *k, *v;
+};
+
+block block_at(const gemm_call &c, int b, int g, int q0) {
+    block bl;
+    bl.geo = {b, c.T, c.H, g, c.r, 0, 0, 0, 0, 0, c.window, c.doc, c.scale};
+    const int nq = min(c.nq_max, c.T - q0);
+    block_keys(q0, nq, c.window, c.host_doc, &bl.geo);
+    bl.M = c.r * nq;
+    const size_t at = (((size_t)b * c.T + bl.geo.k0) * c.G + g) * c.D;
+    bl.k = c.k + at, bl.v = c.v + at;
+    return bl;
+}
+
 } // namespace
 
 extern "C" void mt_cuda_attention_gemm_set_block_bytes(size_t bytes) {
@@ -223,20 +256,17 @@ void mt_cuda_attention_gemm_forward(mt_cuda_ctx *ctx, bf16 *out, float *lse, con
                                     const bf16 *k, const bf16 *v, const int32_t *doc_start, int B,
                                     int T, int H, int G, int D, float scale, int window,
                                     const bf16 *sinks, cudaStream_t s) {
-    const int r = H / G, nq_max = block_queries(r, T, window);
-    const int32_t *host_doc = doc_start ? mt_cuda_attention_noted_rows(doc_start, B, T) : nullptr;
+    const gemm_call c = call_of(k, v, doc_start, B, T, H, G, D, scale, window);
+    const int r = c.r, nq_max = c.nq_max;
     scratch sc = scratch_alloc(r, nq_max, widest_row(nq_max, T, window), T, D, false, s);
-    block_geom geo;
     const int threads = D / 8 < 128 ? 64 : 128;
     for (int b = 0; b < B; b++)
         for (int g = 0; g < G; g++)
             for (int q0 = 0; q0 < T; q0 += nq_max) {
-                const int nq = min(nq_max, T - q0);
-                geo = {b, T, H, g, r, 0, 0, 0, 0, 0, window, doc_start, scale};
-                block_keys(q0, nq, window, host_doc, &geo);
-                const int M = r * nq;
-                const bf16 *kb = k + (((size_t)b * T + geo.k0) * G + g) * D;
-                const bf16 *vb = v + (((size_t)b * T + geo.k0) * G + g) * D;
+                const block bl = block_at(c, b, g, q0);
+                const block_geom &geo = bl.geo;
+                const int M = bl.M, nq = geo.nq;
+                const bf16 *kb = bl.k, *vb = bl.v;
                 pack_rows_kernel<<<M, threads, 0, s>>>(sc.qp, q, b, T, H, D, g, r, q0, nq);
                 CUDA_LAUNCH_CHECK();
                 mt_cuda_gemm_rm(ctx, 0, 1, M, geo.nk, D, sc.qp, D, kb, G * D, sc.S, CUDA_R_32F,
@@ -259,22 +289,19 @@ void mt_cuda_attention_gemm_backward(mt_cuda_ctx *ctx, bf16 *dq, bf16 *dk, bf16 
                                      const bf16 *q, const bf16 *k, const bf16 *v,
                                      const int32_t *doc_start, int B, int T, int H, int G, int D,
                                      float scale, int window, cudaStream_t s) {
-    const int r = H / G, nq_max = block_queries(r, T, window);
-    const int32_t *host_doc = doc_start ? mt_cuda_attention_noted_rows(doc_start, B, T) : nullptr;
+    const gemm_call c = call_of(k, v, doc_start, B, T, H, G, D, scale, window);
+    const int r = c.r, nq_max = c.nq_max;
     scratch sc = scratch_alloc(r, nq_max, widest_row(nq_max, T, window), T, D, true, s);
-    block_geom geo;
     const int threads = D / 8 < 128 ? 64 : 128;
     for (int b = 0; b < B; b++)
         for (int g = 0; g < G; g++) {
             CUDA_CHECK(cudaMemsetAsync(sc.dk, 0, (size_t)T * D * sizeof(float), s));
             CUDA_CHECK(cudaMemsetAsync(sc.dv, 0, (size_t)T * D * sizeof(float), s));
             for (int q0 = 0; q0 < T; q0 += nq_max) {
-                const int nq = min(nq_max, T - q0);
-                geo = {b, T, H, g, r, 0, 0, 0, 0, 0, window, doc_start, scale};
-                block_keys(q0, nq, window, host_doc, &geo);
-                const int M = r * nq, nk = geo.nk, ld = geo.ld;
-                const bf16 *kb = k + (((size_t)b * T + geo.k0) * G + g) * D;
-                const bf16 *vb = v + (((size_t)b * T + geo.k0) * G + g) * D;
+                const block bl = block_at(c, b, g, q0);
+                const block_geom &geo = bl.geo;
+                const int M = bl.M, nq = geo.nq, nk = geo.nk, ld = geo.ld;
+                const bf16 *kb = bl.k, *vb = bl.v;
                 pack_rows_kernel<<<M, threads, 0, s>>>(sc.qp, q, b, T, H, D, g, r, q0, nq);
                 CUDA_LAUNCH_CHECK();
                 pack_rows_kernel<<<M, threads, 0, s>>>(sc.dop, dout, b, T, H, D, g, r, q0, nq);
