@@ -946,18 +946,26 @@ void note_fallback(int D) {
                 : "");
 }
 
-/* opts->dsinks += the sinks' gradient, from lse and Delta = rowsum(dout * out): for a backward
- * that did not compute it (cuDNN's, whose graph needs no sinks). */
-void sinks_grad(const mt_attention_opts *opts, const bf16 *dout, const bf16 *out, const float *lse,
-                int B, int T, int H, int D, cudaStream_t s) {
+/* delta (B, H, T) = rowsum(dout * out); then, with dsinks, dsinks += the sinks' gradient (from
+ * lse and delta). */
+void delta_and_dsinks(float *delta, float *dsinks, const bf16 *sinks, const bf16 *dout,
+                      const bf16 *out, const float *lse, int B, int T, int H, int D,
+                      cudaStream_t s) {
     const size_t rows = (size_t)B * T * H;
-    float *delta = nullptr;
-    CUDA_CHECK(cudaMallocAsync((void **)&delta, rows * sizeof(float), s));
     attn_bwd_delta_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, s>>>(delta, dout, out, B, T, H, D);
     CUDA_LAUNCH_CHECK();
-    attn_bwd_dsinks_kernel<<<H, kSinkThreads, 0, s>>>(opts->dsinks, (const bf16 *)opts->sinks, lse,
-                                                      delta, B, T, H);
+    if (!dsinks) return;
+    attn_bwd_dsinks_kernel<<<H, kSinkThreads, 0, s>>>(dsinks, sinks, lse, delta, B, T, H);
     CUDA_LAUNCH_CHECK();
+}
+
+/* opts->dsinks += the sinks' gradient, for a backward that did not compute it (cuDNN's, whose
+ * graph needs no sinks). */
+void sinks_grad(const mt_attention_opts *opts, const bf16 *dout, const bf16 *out, const float *lse,
+                int B, int T, int H, int D, cudaStream_t s) {
+    float *delta = nullptr;
+    CUDA_CHECK(cudaMallocAsync((void **)&delta, (size_t)B * T * H * sizeof(float), s));
+    delta_and_dsinks(delta, opts->dsinks, (const bf16 *)opts->sinks, dout, out, lse, B, T, H, D, s);
     CUDA_CHECK(cudaFreeAsync(delta, s));
 }
 
@@ -991,9 +999,10 @@ attn_options resolve_options(const mt_attention_opts *opts, int T, int D) {
 
 } // namespace
 
-void mt_cuda_attention_forward(mt_cuda_ctx *ctx, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
-                               const int32_t *doc_start, int B, int T, int H, int G, int D,
-                               cudaStream_t s, const mt_attention_opts *opts) {
+void mt_cuda_attention_forward(mt_cuda_ctx *ctx, bf16 *out, float *lse, const bf16 *q,
+                               const bf16 *k, const bf16 *v, const int32_t *doc_start, int B,
+                               int T, int H, int G, int D, cudaStream_t s,
+                               const mt_attention_opts *opts) {
     check_shapes(B, T, H, G, D);
     mt_cuda_attention_gemm_note(0, 0);
     if (B == 0 || T == 0 || H == 0) return;
@@ -1054,12 +1063,7 @@ void mt_cuda_attention_backward(mt_cuda_ctx *ctx, bf16 *dq, bf16 *dk, bf16 *dv, 
     float *delta = (float *)scratch;
     float *dqacc = (float *)((char *)scratch + delta_bytes);
 
-    attn_bwd_delta_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, s>>>(delta, dout, out, B, T, H, D);
-    CUDA_LAUNCH_CHECK();
-    if (dsinks) {
-        attn_bwd_dsinks_kernel<<<H, kSinkThreads, 0, s>>>(dsinks, o.sinks, lse, delta, B, T, H);
-        CUDA_LAUNCH_CHECK();
-    }
+    delta_and_dsinks(delta, dsinks, o.sinks, dout, out, lse, B, T, H, D, s);
     if (fast) {
         CUDA_CHECK(cudaMemsetAsync(dqacc, 0, rows * D * sizeof(float), s));
         if (D == 64)

@@ -66,9 +66,9 @@ void mt_cuda_attention_gemm_backward(mt_cuda_ctx *ctx, bf16 *dq, bf16 *dk, bf16 
  * the device, dsinks fp32 on the device), after the stream so that callers of the plain op (NULL,
  * the default) need not pass it. ctx NULL: no cuBLASLt, so heads other than 64 and 128 that cuDNN
  * does not take run the fp32 fallback kernels rather than attention_gemm.cu. */
-void mt_cuda_attention_forward(mt_cuda_ctx *ctx, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
-                               const int32_t *doc_start, int B, int T, int H, int G, int D,
-                               cudaStream_t s, const mt_attention_opts *opts = nullptr);
+void mt_cuda_attention_forward(mt_cuda_ctx *ctx, bf16 *out, float *lse, const bf16 *q,
+                               const bf16 *k, const bf16 *v, const int32_t *doc_start, int B,
+                               int T, int H, int G, int D, cudaStream_t s, const mt_attention_opts *opts = nullptr);
 void mt_cuda_attention_backward(mt_cuda_ctx *ctx, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout,
                                 const bf16 *out, const float *lse, const bf16 *q, const bf16 *k,
                                 const bf16 *v, const int32_t *doc_start, int B, int T, int H,
