@@ -125,9 +125,9 @@ static void test_engine_matches_runner(void **state) {
  * the weights cross twice per step, once when resident, never in the GPU tier. Checkpoints of all
  * layers or of the first 1 or 2 of 3 in host memory. Also with qwen3's
  * q/k norm, whose internals are the most. For each optimizer state format. */
-static void check_memory_modes(const char *variant, mt_state_format format) {
+static void check_memory_modes(const char *variant, mt_state_format format, int L) {
     setup s;
-    setup_init(&s, variant, 3);
+    setup_init(&s, variant, L);
     /* the GPU tier (gpu_layers) and the gradients' place (grads_on_device) are modes too: on the
      * cpu backend the tier's update is the host kernel, so every mode gives the same bits */
     /* offload: how many of the 3 layers keep their checkpoints on the host (3: all; 1, 2: across
@@ -137,14 +137,20 @@ static void check_memory_modes(const char *variant, mt_state_format format) {
      * data-parallel path at N = 1, as nccl on one GPU: test_cuda_dp) */
     /* upd: the host groups updated on the compute side, their state streamed through it
      * (update_on_device; compact and tight with grads_dev: with full it does not apply) */
-    enum { MODES = 21 };
-    const struct { int offload, saved, resident, tier, grads_dev, att, comm, upd; } mode[MODES] = {
+    /* every: sparse checkpoints (2: the odd layers' inputs remade in the backward), alone and
+     * with the tier (the remade layer in it), saved internals or attention, resident weights,
+     * gradients on the device and the streamed update, a comm */
+    enum { MODES = 28 };
+    const struct { int offload, saved, resident, tier, grads_dev, att, comm, upd, every; } mode[MODES] = {
         {0, 0, 0, 0, 0, 0}, {3, 0, 0, 0, 0, 0}, {0, 3, 0, 0, 0, 0}, {0, 1, 0, 0, 0, 0},
         {0, 3, 1, 0, 0, 0}, {3, 0, 1, 0, 0, 0}, {0, 0, 0, 1, 0, 0}, {0, 0, 0, 3, 0, 0},
         {0, 0, 0, 0, 1, 0}, {3, 0, 1, 2, 1, 0}, {1, 0, 0, 0, 0, 0}, {2, 0, 1, 0, 0, 0},
         {2, 0, 0, 1, 1, 0}, {0, 0, 0, 0, 0, 3}, {0, 1, 0, 0, 0, 2}, {0, 1, 0, 1, 0, 1},
         {0, 0, 0, 0, 0, 0, 1}, {2, 0, 1, 0, 1, 0, 1}, {0, 0, 0, 0, 1, 0, 0, 1},
-        {3, 0, 1, 2, 1, 0, 0, 1}, {2, 0, 0, 1, 1, 0, 0, 1}};
+        {3, 0, 1, 2, 1, 0, 0, 1}, {2, 0, 0, 1, 1, 0, 0, 1},
+        {0, 0, 0, 0, 0, 0, 0, 0, 2}, {0, 0, 0, 1, 0, 0, 0, 0, 2}, {0, 1, 0, 0, 0, 1, 0, 0, 2},
+        {0, 2, 0, 0, 0, 0, 0, 0, 2}, {0, 3, 1, 0, 0, 0, 0, 0, 2}, {0, 0, 0, 0, 1, 0, 0, 1, 2},
+        {0, 0, 0, 0, 1, 0, 1, 0, 2}};
     double loss[MODES][3], norm[MODES][3], eval[MODES];
     mt_test_snapshot snap[MODES];
     for (int k = 0; k < MODES; k++) {
@@ -154,7 +160,8 @@ static void check_memory_modes(const char *variant, mt_state_format format) {
                             .opt_threads = 1, .offload = mode[k].offload, .saved_layers = mode[k].saved,
                             .resident = mode[k].resident, .state = format, .gpu_layers = mode[k].tier,
                             .grads_on_device = mode[k].grads_dev, .seed = 77,
-                            .saved_attention = mode[k].att, .update_on_device = mode[k].upd};
+                            .saved_attention = mode[k].att, .update_on_device = mode[k].upd,
+                            .checkpoint_every = mode[k].every};
         mt_engine *e = mt_engine_create(&s.table, be, &o, s.weights);
         /* the streamed update took effect where it applies (not a vacuous mode) */
         assert_int_equal(mt_train_state_updates_on_device(mt_engine_state(e)),
@@ -170,9 +177,10 @@ static void check_memory_modes(const char *variant, mt_state_format format) {
         }
         int64_t count;
         eval[k] = mt_engine_eval(e, s.ids, s.targets, B_ROWS, &count) / (double)count;
-        fprintf(stderr, "%s %s offload %d saved %d att %d resident %d tier %d grads_dev %d comm %d upd %d: losses "
-                "%.7f %.7f %.7f, eval %.7f\n", variant, mt_state_format_name(format), mode[k].offload, mode[k].saved,
-                mode[k].att, mode[k].resident, mode[k].tier, mode[k].grads_dev, mode[k].comm, mode[k].upd, loss[k][0], loss[k][1],
+        fprintf(stderr, "%s L %d %s offload %d saved %d att %d resident %d tier %d grads_dev %d comm %d upd %d every %d: "
+                "losses %.7f %.7f %.7f, eval %.7f\n", variant, L, mt_state_format_name(format), mode[k].offload,
+                mode[k].saved, mode[k].att, mode[k].resident, mode[k].tier, mode[k].grads_dev, mode[k].comm,
+                mode[k].upd, mode[k].every, loss[k][0], loss[k][1],
                 loss[k][2], eval[k]);
         mt_test_snapshot_state(&snap[k], e, &s.table);
         mt_engine_destroy(e);
@@ -237,9 +245,11 @@ static void test_set_weights_between_steps(void **state) {
 static void test_memory_modes(void **state) {
     (void)state;
     for (int f = MT_STATE_FULL; f <= MT_STATE_TIGHT; f++) {
-        check_memory_modes("qwen2_bias_tied", (mt_state_format)f);
-        check_memory_modes("qwen3_qknorm", (mt_state_format)f);
+        check_memory_modes("qwen2_bias_tied", (mt_state_format)f, 3);
+        check_memory_modes("qwen3_qknorm", (mt_state_format)f, 3);
     }
+    /* an even count: the backward starts with a remade input (sparse checkpoints) */
+    check_memory_modes("qwen3_qknorm", MT_STATE_TIGHT, 4);
 }
 
 /* The k-th (0-based) span of a kind, step and group on a lane. */

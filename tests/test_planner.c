@@ -699,10 +699,18 @@ static void test_long_context_what_fits(void **state) {
                               "pinned host memory (35.00 GiB), layers 10-27 on the GPU; the GPU holds 22 sets, 77.00 GiB");
     mt_cli_expect(rc, 0, out, "15.12 GiB of the budget kept free for the backend's pool");
     mt_cli_expect(rc, 0, out, "fits");
-    /* full state does not fit there (test_long_context_h200 says why) and names compact */
+    /* full state fits there only with sparse checkpoints (every second layer's input; the host
+     * holds no offloaded ones beside full's 14 B/param) ... */
     rc = mt_cli_run(&env, out, sizeof out,
                     "plan --init '%s' --batch 1 --seq 524288 --device cuda --gpu-mem 139G "
                     "--host-mem 125G --state full", cfg_7b);
+    mt_cli_expect(rc, 0, out, "every second layer's (14 of 28) on the GPU, the others remade in the backward");
+    mt_cli_expect(rc, 0, out, "remakes the inputs that sparse checkpoints do not keep");
+    /* ... so with every layer's checkpoint it does not (test_long_context_h200 says why) and
+     * names compact */
+    rc = mt_cli_run(&env, out, sizeof out,
+                    "plan --init '%s' --batch 1 --seq 524288 --device cuda --gpu-mem 139G "
+                    "--host-mem 125G --state full --checkpoint-every 1", cfg_7b);
     mt_cli_expect(rc, 1, out, "--state compact would fit");
     /* 80 GiB of GPU: the smallest budget that fits is named, and the longest --seq */
     rc = mt_cli_run(&env, out, sizeof out,
@@ -743,6 +751,44 @@ static void test_long_context_what_fits(void **state) {
 /* The 512k benchmark config (bench/configs/qwen2.5-7b-512k.json): the 7B shape with
  * max_position_embeddings 524288 and rope_theta 1e7 (Qwen2.5-1M's long-context base frequency);
  * its 512k plan fits the H200 with compact state and no warning about the length. */
+/* Sparse checkpoints (issue 29: Gemma 3 27B at 128k tokens on the H200 with 119 GiB of host RAM
+ * free): with every layer's checkpoint nothing fits (on the GPU they take 84 GiB; offloaded, the
+ * host RAM the state needs), with every second one the plan fits, and its step counts the remade
+ * inputs (31 layers' forwards again). --checkpoint-every 2 with --offload-checkpoints is refused by
+ * name. */
+static void test_sparse_checkpoints(void **state) {
+    (void)state;
+    static char out[OUT_SIZE];
+    char *cfg = mt_fixture_path("../../bench/configs/gemma-3-27b.json");
+    const char *args = "--batch 1 --seq 131072 --device cuda --gpu-mem 139G --host-mem 119G --state tight";
+    int rc = mt_cli_run(&env, out, sizeof out, "plan --init '%s' %s", cfg, args);
+    fprintf(stderr, "%s", out);
+    mt_cli_expect(rc, 0, out, "every second layer's (31 of 62) on the GPU, the others remade in the backward "
+                              "(the forward of the layer before each, again: 31 layers); the GPU holds 34 sets");
+    mt_cli_expect(rc, 0, out, "s remakes the inputs that sparse checkpoints do not keep");
+    mt_cli_expect(rc, 0, out, "fits");
+    rc = mt_cli_run(&env, out, sizeof out, "plan --init '%s' %s --checkpoint-every 1", cfg, args);
+    mt_cli_expect(rc, 1, out, "host RAM: training needs");
+    mt_param_table t;
+    load_config(&t, "../../bench/configs/gemma-3-27b.json");
+    mt_backend be = planned_gpu(139LL << 30);
+    mt_plan_request rq = auto_request(1, 4096);
+    rq.checkpoint_every = 2;
+    rq.offload = 1;
+    mt_plan p;
+    assert_int_equal(mt_plan_resolve(&t, &be, &rq, &p), MT_ERR);
+    assert_non_null(strstr(mt_error_message(), "--checkpoint-every 2"));
+    assert_non_null(strstr(mt_error_message(), "--offload-checkpoints"));
+    mt_param_table_free(&t);
+    rc = mt_cli_run(&env, out, sizeof out, "plan --init '%s' %s --checkpoint-every 3", cfg, args);
+    mt_cli_expect(rc, 1, out, "--checkpoint-every");
+    /* short sequences keep every layer's input whatever auto may do */
+    rc = mt_cli_run(&env, out, sizeof out, "plan --init '%s' --batch 8 --seq 4096 --device cuda --gpu-mem 139G "
+                    "--host-mem 119G --state tight", cfg);
+    mt_cli_expect(rc, 0, out, "all 62 on the GPU");
+    free(cfg);
+}
+
 static void test_config_512k(void **state) {
     (void)state;
     char *path = mt_fixture_path("../../bench/configs/qwen2.5-7b-512k.json");
@@ -779,7 +825,7 @@ int main(void) {
         cmocka_unit_test(test_state_bytes_per_param), cmocka_unit_test(test_gpu_tier_auto),
         cmocka_unit_test(test_suggests_state),      cmocka_unit_test(test_long_context_tiles),
         cmocka_unit_test(test_long_context_h200),   cmocka_unit_test(test_long_context_what_fits),
-        cmocka_unit_test(test_config_512k),
+        cmocka_unit_test(test_config_512k),         cmocka_unit_test(test_sparse_checkpoints),
         cmocka_unit_test(test_update_on_auto),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -17,6 +17,7 @@ static void print_usage(FILE *out) {
             "                      [--state full|compact|tight] [--gpu-layers auto|N] [--host-mem SIZE]\n"
             "                      [--packed] [--lora R [--lora-targets L] [--base-dtype bf16|fp8|nf4|mxfp4]]\n"
             "                      [--resident-weights auto|yes|no] [--update-on host|gpu|auto]\n"
+            "                      [--checkpoint-every auto|1|2]\n"
             "  Prints what training would hold in host RAM and on the compute device, the tiles (the\n"
             "  layer's token chunk, the LM head's row chunk) and which layers' checkpoints wait in\n"
             "  pinned host memory, and exits 0 when it fits this machine, 1 when it does not (with\n"
@@ -36,6 +37,8 @@ static void print_usage(FILE *out) {
             "  Gparam/s (default: the format's, measured in training on the H200 host).\n"
             "  --update-on gpu plans (and estimates) the streamed update of train --update-on gpu;\n"
             "  auto plans both and keeps the faster estimate (as train --update-on auto).\n"
+            "  --checkpoint-every as in train: 2 keeps every second layer's input and remakes the\n"
+            "  others in the backward; auto only when nothing fits otherwise.\n"
             "  --lora R plans LoRA training (train --lora): the frozen base's weights alone on the\n"
             "  host (2 B/param in bf16), the adapters' weights, master, moments and gradient on the\n"
             "  GPU, no base gradient; --lora-targets, --base-dtype and --resident-weights as in train;\n"
@@ -137,7 +140,7 @@ int mt_cmd_plan(int argc, char **argv) {
     int device = 0, state = 0, packed = 0;
     int64_t gpu_layers = MT_AUTO, host_mem = 0, lora = 0;
     const char *lora_targets = NULL;
-    int base_dtype = 0, resident = 0, update_on = 0;
+    int base_dtype = 0, resident = 0, update_on = 0, every = 0;
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"revision", required_argument, 0, 'R'},
                                          {"init", required_argument, 0, 'i'},
@@ -155,6 +158,7 @@ int mt_cmd_plan(int argc, char **argv) {
                                          {"base-dtype", required_argument, 0, 'B'},
                                          {"resident-weights", required_argument, 0, 'W'},
                                          {"update-on", required_argument, 0, 'U'},
+                                         {"checkpoint-every", required_argument, 0, 'C'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c;
@@ -179,6 +183,7 @@ int mt_cmd_plan(int argc, char **argv) {
         case 'B': rc = mt_arg_choice("--base-dtype", optarg, "bf16|fp8|nf4|mxfp4", &base_dtype); break;
         case 'W': rc = mt_arg_choice("--resident-weights", optarg, "auto|yes|no", &resident); break;
         case 'U': rc = mt_arg_choice("--update-on", optarg, "host|gpu|auto", &update_on); break;
+        case 'C': rc = mt_arg_choice("--checkpoint-every", optarg, "auto|1|2", &every); break;
         case 'h': print_usage(stdout); return 0;
         default: print_usage(stderr); return 1;
         }
@@ -223,7 +228,7 @@ int mt_cmd_plan(int argc, char **argv) {
     }
     if (rc == MT_OK) {
         mt_plan_request rq = {.batch = (int)B, .T = (int)T, .micro_batch = (int)b, .offload = MT_AUTO,
-                              .saved_layers = MT_AUTO,
+                              .saved_layers = MT_AUTO, .checkpoint_every = every ? every : MT_AUTO,
                               .resident = resident == 1 ? 1 : resident == 2 ? 0 : MT_AUTO, .n_slots = 2,
                               .gpu_mem = gpu_mem,
                               /* another machine will train: this one's RAM says nothing */

@@ -141,6 +141,7 @@ typedef struct {
     int64_t first_step;    /* the step this process started at */
     double rest_ms;        /* time of this process's steps but the first (for the ETA) */
     int saved_layers;      /* layers whose backward skips the recompute (for the MFU) */
+    int checkpoint_every;  /* 2: sparse checkpoints, the remade inputs' forwards (for the MFU) */
     int saved_attention;   /* layers whose backward skips the attention's recompute */
 } train_run;
 
@@ -365,8 +366,9 @@ static int train_loop(train_run *r) {
                              .skipped = res.skipped,
                              .eta_s = timed > 0 ? r->rest_ms / (double)timed * (double)(last - r->step) / 1e3 : -1,
                              .gpu = gpu,
-                             .mfu = (r->have_lora ? mt_flops_executed_frozen : mt_flops_executed)(
-                                        &r->model.table.cfg, (double)B * T, T, r->saved_layers, r->saved_attention) /
+                             .mfu = ((r->have_lora ? mt_flops_executed_frozen : mt_flops_executed)(
+                                         &r->model.table.cfg, (double)B * T, T, r->saved_layers, r->saved_attention) +
+                                     mt_flops_remade(&r->model.table.cfg, (double)B * T, T, r->checkpoint_every)) /
                                     sec / H200_GEMM_PEAK,
                              .h2d_gbs = res.h2d_bytes / sec / 1e9,
                              .d2h_gbs = res.d2h_bytes / sec / 1e9,
@@ -810,6 +812,7 @@ static int train(train_run *r) {
                host_available / 1073741824.0, mt_comm_local_size(r->comm));
     mt_plan_request rq = {.batch = (int)r->rows, .T = (int)o->seq, .micro_batch = (int)o->micro_batch,
                           .offload = o->offload ? 1 : MT_AUTO, .saved_layers = (int)o->saved_layers,
+                          .checkpoint_every = o->checkpoint_every ? o->checkpoint_every : MT_AUTO,
                           .resident = o->resident == 1 ? 1 : o->resident == 2 ? 0 : MT_AUTO,
                           .n_slots = 2, .gpu_mem = o->gpu_mem, .host_available = host_available,
                           .state = (mt_state_format)o->state,
@@ -840,6 +843,7 @@ static int train(train_run *r) {
                                              "the micro-batch the planner chose (give --micro-batch)")));
     r->saved_layers = eo.saved_layers;
     r->saved_attention = eo.saved_attention;
+    r->checkpoint_every = eo.checkpoint_every;
     /* setup can take minutes at tens of billions of parameters (pinning host memory, drawing the
      * initial weights): say what it is doing, and afterwards how long each part took */
     printf("setting up: the plan's memory%s, then the %s ...\n",

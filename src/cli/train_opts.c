@@ -113,6 +113,10 @@ void mt_train_opts_usage(FILE *out) {
 "                         it (bench/configs/qwen2.5-7b-512k.json: 524288, rope_theta 1e7)\n"
 "  --offload-checkpoints  keep every layer's checkpoint in host memory in any case (default:\n"
 "                         the fewest layers' that make the plan fit, at any --seq)\n"
+"  --checkpoint-every N   auto | 1 | 2: 2 keeps only every second layer's input and remakes the\n"
+"                         others in the backward (one more forward of half the layers, ~1/8 more\n"
+"                         compute, for about half the checkpoints' GPU memory); auto (default):\n"
+"                         only when no plan fits otherwise, on the GPU or offloaded\n"
 "  --state compact|tight  frees host RAM for offloaded checkpoints (6.03 or 4.03 B/param, not 14)\n"
 "  MT_ATTENTION=auto|cudnn|own  (environment, CUDA) cuDNN's forward and its backward from 4096\n"
 "                         tokens a row (default), cuDNN's fused attention wherever it applies,\n"
@@ -184,7 +188,7 @@ enum {
     O_MODEL = 1000, O_INIT, O_DATA, O_OUT, O_STEPS, O_BATCH, O_SEQ, O_MICRO, O_LR, O_MIN_LR,
     O_WARMUP, O_SCHEDULE, O_BETA1, O_BETA2, O_EPS, O_WD, O_CLIP, O_SEED, O_NO_SHUFFLE, O_DEVICE,
     O_GPU_MEM, O_SAVE_EVERY, O_KEEP, O_RESUME, O_EVAL_DATA, O_EVAL_SPLIT, O_EVAL_EVERY, O_EVAL_BATCHES, O_LOG,
-    O_TRACE, O_THREADS, O_DOC_SEP, O_MAX_TIME, O_STOP_AT, O_NO_SAVE, O_OFFLOAD, O_SAVED_LAYERS, O_RESIDENT, O_UPDATE_ON, O_HELP,
+    O_TRACE, O_THREADS, O_DOC_SEP, O_MAX_TIME, O_STOP_AT, O_NO_SAVE, O_OFFLOAD, O_SAVED_LAYERS, O_RESIDENT, O_UPDATE_ON, O_HELP, O_CKPT_EVERY,
     O_ON_NONFINITE, O_MAX_NONFINITE, O_OVERWRITE, O_RESUME_CHANGED, O_STATE, O_GPU_LAYERS,
     O_NO_TENSORBOARD, O_REVISION, O_LORA, O_LORA_ALPHA, O_LORA_DROPOUT, O_LORA_TARGETS, O_ADAPTER,
     O_BASE_DTYPE, O_BASE_CACHE,
@@ -214,7 +218,7 @@ static const struct option long_opts[] = {
     {"no-tensorboard", no_argument, 0, O_NO_TENSORBOARD}, {"revision", required_argument, 0, O_REVISION},
     {"offload-checkpoints", no_argument, 0, O_OFFLOAD}, {"saved-layers", required_argument, 0, O_SAVED_LAYERS},
     {"resident-weights", required_argument, 0, O_RESIDENT}, {"update-on", required_argument, 0, O_UPDATE_ON},
-    {"help", no_argument, 0, O_HELP},
+    {"checkpoint-every", required_argument, 0, O_CKPT_EVERY}, {"help", no_argument, 0, O_HELP},
     {"on-nonfinite", required_argument, 0, O_ON_NONFINITE}, {"max-nonfinite", required_argument, 0, O_MAX_NONFINITE},
     {"overwrite", no_argument, 0, O_OVERWRITE},     {"resume-changed", no_argument, 0, O_RESUME_CHANGED},
     {"state", required_argument, 0, O_STATE},       {"gpu-layers", required_argument, 0, O_GPU_LAYERS},
@@ -313,6 +317,7 @@ static int parse_one(mt_train_opts *o, int c, const char *arg) {
     case O_BASE_CACHE: o->base_cache = arg; return MT_OK;
     case O_OFFLOAD: o->offload = 1; return MT_OK;
     case O_RESIDENT: return mt_arg_choice("--resident-weights", arg, "auto|yes|no", &o->resident);
+    case O_CKPT_EVERY: return mt_arg_choice("--checkpoint-every", arg, "auto|1|2", &o->checkpoint_every);
     case O_UPDATE_ON: return mt_arg_choice("--update-on", arg, "host|gpu|auto", &o->update_on);
     case O_SAVED_LAYERS:
         if (strcmp(arg, "auto") == 0) return o->saved_layers = -1, MT_OK;

@@ -24,6 +24,7 @@ typedef struct {
     int offload;                /* layer checkpoints in host memory (also chosen when --gpu-mem is short) */
     int64_t saved_layers;       /* layers that keep their internals (skip the recompute); -1 = auto */
     int resident;               /* --resident-weights: 0 auto, 1 yes, 2 no */
+    int checkpoint_every;       /* --checkpoint-every: 0 auto, 1, 2 (sparse checkpoints) */
     int update_on;              /* --update-on: 0 host, 1 gpu, 2 auto */
     int state;                  /* --state: mt_state_format (0 full) */
     int64_t gpu_layers;         /* --gpu-layers: the GPU tier's layers; -1 = auto */

@@ -107,7 +107,10 @@ static size_t set_bytes(const mt_engine *e) {
  * and come back one layer ahead of the backward: they rotate through two sets on the compute side
  * (layer l in set l % 2). The inputs of the other layers, and the last output, keep a set each
  * after those two; with every layer offloaded the last output takes a rotating set too (set L % 2,
- * nothing reads the one it replaces). */
+ * nothing reads the one it replaces). Sparse checkpoints (checkpoint_every 2, no offload): the
+ * even layers' inputs keep a set each (l / 2), the odd layers' share the next one (the forward
+ * writes it and the next layer reads it at once; the backward remakes it), the last output the
+ * one after. */
 static int offloaded(const mt_engine *e, int l) { return l < e->o.offload; }
 
 static int rotating(const mt_engine *e, int l) {
@@ -115,16 +118,24 @@ static int rotating(const mt_engine *e, int l) {
     return offloaded(e, l) || (e->o.offload == L && l == L);
 }
 
+static int sparse(const mt_engine_opts *o) { return o->checkpoint_every == 2; }
+
+/* Whether layer l's input (l = L: the last output) is kept from the forward to the backward. */
+static int kept(const mt_engine *e, int l) { return !sparse(&e->o) || l % 2 == 0 || l == e->t->cfg.L; }
+
 /* Sets of layer inputs on the compute side. */
-static int act_sets(int L, int offload) {
-    if (!offload) return L + 1;
-    return offload == L ? 2 : 2 + (L + 1 - offload);
+static int act_sets(int L, const mt_engine_opts *o) {
+    if (sparse(o)) return (L + 1) / 2 + 2;
+    if (!o->offload) return L + 1;
+    return o->offload == L ? 2 : 2 + (L + 1 - o->offload);
 }
 
 /* The input of layer l (l = L: the last output) for micro-batch m on the compute side. */
 static void *act_at(const mt_engine *e, int l, int m) {
     size_t per_mb = (size_t)e->bN * e->t->cfg.C * e->elem;
-    int set = !e->o.offload ? l : rotating(e, l) ? l % 2 : 2 + (l - e->o.offload);
+    int L = e->t->cfg.L, set;
+    if (sparse(&e->o)) set = l == L ? (L + 1) / 2 + 1 : kept(e, l) ? l / 2 : (L + 1) / 2;
+    else set = !e->o.offload ? l : rotating(e, l) ? l % 2 : 2 + (l - e->o.offload);
     return (char *)e->acts + ((size_t)set * e->M + m) * per_mb;
 }
 
@@ -238,7 +249,7 @@ void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_
     if (o->ranks > 1 && !o->lora) p->dev_grads += 4.0 * (double)mt_shard_size(mt_group_max_size(t), o->ranks); /* g_shard (cpu) */
     if (dtype != MT_BF16 && o->state != MT_STATE_FULL) p->dev_grads += 2.0 * mt_group_max_size(t); /* widen */
     /* the layer inputs (L + 1 sets, fewer when offloaded: act_sets) and the gradient dx */
-    p->dev_checkpoints = (act_sets(t->cfg.L, o->offload) + 1) * N * t->cfg.C * el;
+    p->dev_checkpoints = (act_sets(t->cfg.L, o) + 1) * N * t->cfg.C * el;
     p->host_total += (double)o->offload * N * t->cfg.C * el;
     p->dev_saved_per_layer = (double)(o->batch / o->micro_batch) *
                              (double)mt_layer_saved_bytes_tiled(&t->cfg, dtype, o->micro_batch * o->T, o->mlp_chunk);
@@ -537,6 +548,23 @@ static void load_checkpoint(mt_engine *e, int l) {
     e->h2d_bytes += (double)set_bytes(e);
 }
 
+/* Layer l's forward for every micro-batch (weights in slot s, or the tier's), from its input set
+ * into the next one's: with `save`, layers that keep their internals write them (the step's
+ * forward), else everything goes to the shared workspace. The span is `kind`. */
+static void layer_forward(mt_engine *e, int l, int s, int save, mt_span_kind kind) {
+    mt_lora_view lv;
+    mt_layer_weights lw = layer_weights(e, l, s, &lv);
+    double t0 = mt_trace_now(e->trace);
+    int h = busy_begin(e);
+    for (int m = 0; m < e->M; m++) {
+        mt_tokens tok = tokens_of(e, m);
+        mt_layer_ws ws = save ? ws_for(e, l, m) : e->ws;
+        mt_layer_forward(&e->lc, &tok, &lw, act_at(e, l, m), act_at(e, l + 1, m), &ws);
+    }
+    busy_end(e, h, kind, l);
+    mt_trace_add(e->trace, kind, MT_LANE_MAIN, e->step, l, t0, mt_trace_now(e->trace));
+}
+
 /* Embedding and every layer, micro-batch by micro-batch, saving each layer's input (when `save`
  * and offloading, to the host). Each layer's compute is issued before the load of the layer
  * ahead(e) positions on, so that on an asynchronous backend the copy runs while the layer computes. */
@@ -558,18 +586,8 @@ static void forward(mt_engine *e, const mt_model_view *w, int save) {
         /* a rotating output set held layer l - 1's input: its copy to the host must be done */
         if (rotating(e, l + 1)) be->stream_wait(be, MT_STREAM_COMPUTE, e->ckpt_saved[(l + 1) % 2]);
         if (!tier) be->stream_wait(be, MT_STREAM_COMPUTE, e->slot_loaded[s]);
-        mt_lora_view lv;
-        mt_layer_weights lw = layer_weights(e, l, s, &lv);
-        double t0 = mt_trace_now(e->trace);
-        int h = busy_begin(e);
-        for (int m = 0; m < e->M; m++) {
-            mt_tokens tok = tokens_of(e, m);
-            mt_layer_ws ws = save ? ws_for(e, l, m) : e->ws;
-            mt_layer_forward(&e->lc, &tok, &lw, act_at(e, l, m), act_at(e, l + 1, m), &ws);
-        }
-        busy_end(e, h, MT_SPAN_FORWARD, l);
+        layer_forward(e, l, s, save, MT_SPAN_FORWARD);
         if (!tier) be->event_record(be, e->slot_free[s], MT_STREAM_COMPUTE);
-        mt_trace_add(e->trace, MT_SPAN_FORWARD, MT_LANE_MAIN, e->step, l, t0, mt_trace_now(e->trace));
         if (!tier) prefetch_layers(e, pos + ahead(e), 0, 1);
     }
     load_group(e, L, e->head_w, e->head_free, e->head_loaded, 1);
@@ -586,6 +604,23 @@ static void backward_prefetch(mt_engine *e) {
     prefetch_layers(e, ahead(e) - 1, 1, 0);
 }
 
+/* Sparse checkpoints: layer l's input (odd l, at backward position i) was not kept; it is remade
+ * from layer l - 1's kept input by running that layer's forward again, with its weights loaded
+ * now (backward position i + 1, one ahead of the usual prefetch, into the slot layer l + 1 has just
+ * freed; no load for the GPU tier or resident weights). The forward writes the shared working
+ * activations only (no saved internals, no router statistics: the step's were final after its
+ * forward), and the same bits as the forward's, so the backward sees the input the forward saw. */
+static void remake_input(mt_engine *e, int l, int i) {
+    mt_backend *be = e->be;
+    int p = l - 1, tier = p < e->k;
+    int s = tier ? -1 : slot_of(e, i + 1, 1);
+    if (!tier) {
+        prefetch_layers(e, i + 1, 1, 0);
+        be->stream_wait(be, MT_STREAM_COMPUTE, e->slot_loaded[s]);
+    }
+    layer_forward(e, p, s, 0, MT_SPAN_REMAKE);
+}
+
 static void backward(mt_engine *e, const mt_model_view *g) {
     mt_backend *be = e->be;
     int L = e->t->cfg.L;
@@ -593,6 +628,7 @@ static void backward(mt_engine *e, const mt_model_view *g) {
         int l = L - 1 - i;
         int tier = l < e->k; /* the streamed layers come first: position i */
         int s = tier ? -1 : slot_of(e, i, 1);
+        if (!kept(e, l)) remake_input(e, l, i);
         /* the last offloaded layer's input is still on the compute side; the others were reloaded */
         if (offloaded(e, l) && l < e->o.offload - 1)
             be->stream_wait(be, MT_STREAM_COMPUTE, e->ckpt_loaded[l % 2]);
@@ -775,6 +811,8 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
                  !(o->offload && o->saved_attention),
              "saved attention of %d layers: with %d saved layers at most %d, and 0 with offloaded "
              "checkpoints", o->saved_attention, o->saved_layers, t->cfg.L - o->saved_layers);
+    MT_CHECK(o->checkpoint_every >= 0 && o->checkpoint_every <= 2 && !(sparse(o) && o->offload),
+             "checkpoints every %d layers: 1 or 2, and 1 with offloaded checkpoints", o->checkpoint_every);
     MT_CHECK(o->gpu_layers >= 0 && o->gpu_layers <= t->cfg.L, "GPU tier of %d layers: the model has %d",
              o->gpu_layers, t->cfg.L);
     int ranks = o->ranks > 1 ? o->ranks : 1;
@@ -863,7 +901,7 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
     }
     e->compute_done = new_event(e);
     e->norms = be->alloc(be, (size_t)(L + 2) * sizeof(float));
-    e->acts = be->alloc(be, (size_t)act_sets(L, o->offload) * N * cfg->C * e->elem);
+    e->acts = be->alloc(be, (size_t)act_sets(L, o) * N * cfg->C * e->elem);
     if (o->offload) {
         e->host_ckpt = be->host_alloc(be, (size_t)o->offload * N * cfg->C * e->elem);
         e->ckpt_ready = new_event(e);
@@ -900,7 +938,7 @@ mt_engine *mt_engine_create(const mt_param_table *t, mt_backend *be, const mt_en
     mt_layer_ws_init_tiled(&e->ws, &e->lc, e->bN, o->mlp_chunk);
     mt_head_ws_init(&e->head_ws, &e->lc, e->bN);
     e->loads = mt_calloc((size_t)L + 2, sizeof(int));
-    e->max_busy = 4 * L + 4;
+    e->max_busy = 6 * L + 4; /* forward, backward, remade inputs, head: begin and end */
     e->busy = mt_calloc((size_t)e->max_busy, sizeof(mt_event *));
     for (int i = 0; i < e->max_busy; i++) e->busy[i] = new_event(e);
     if (o->trace) e->trace = mt_trace_create();

@@ -14,6 +14,8 @@
  * With o->offload = k the first k layers' checkpoints go to pinned host memory as the forward makes
  * them and come back one layer ahead of the backward, so the compute side holds two sets for
  * them instead of k (checkpoints across tiers: the plan offloads as few layers as it must).
+ * With o->checkpoint_every = 2 only every second layer's input is kept; the backward remakes the
+ * others from it (engine.c, remake_input).
  * With o->saved_layers = k the last k layers also keep their internals (model/layer.h), so their
  * backward remakes only the elementwise pieces: same bits, one forward's matmuls and attention less.
  *
@@ -66,6 +68,12 @@ typedef struct {
     int saved_attention; /* the saved_attention layers before those keep only their attention's
                             output and statistics (mt_layer_attention_saved_bytes per micro-batch):
                             their backward remakes all but the attention; 0 with offload */
+    int checkpoint_every; /* 2: sparse checkpoints, only the even layers' inputs (and the last
+                             output) are kept; an odd layer's input is remade in the backward by
+                             running the layer before it again, into one shared set: about half
+                             the checkpoints' memory for one more forward of half the layers.
+                             0 or 1: every layer's input kept. 2 is the most (a wider stride would
+                             reload weights in the backward). Not with offload */
     int resident;     /* every layer's weights keep a slot of their own through the step (n_slots
                          is then L): loaded once per step, for the forward; the backward reuses them */
     mt_state_format state; /* optimizer state format (optim/state.h) */

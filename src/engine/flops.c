@@ -116,3 +116,10 @@ double mt_flops_executed_frozen(const mt_config *c, double tokens, int T, int sa
                                 int saved_attention) {
     return executed(c, tokens, T, saved_layers, saved_attention, 1);
 }
+
+double mt_flops_remade(const mt_config *c, double tokens, int T, int every) {
+    double sum = 0;
+    for (int l = 1; every == 2 && l < c->L; l += 2)
+        sum += mt_flops_layer_projections(c, l - 1, tokens, 1) + mt_flops_layer_attention_forward(c, l - 1, tokens, T);
+    return sum;
+}

@@ -52,6 +52,10 @@ double mt_flops_head_forward(const mt_config *c, double tokens);
  * its two backward products. MoE layers count their active experts only (so the projections are
  * 6 * N_active * tokens, as the throughput line counts them). */
 double mt_flops_executed(const mt_config *c, double tokens, int T, int saved_layers, int saved_attention);
+/* What sparse checkpoints add (every == 2, engine.h checkpoint_every): the forward, again in the
+ * backward, of the layer before each odd one (its projections, MLP or experts, attention); 0 for
+ * every <= 1. Not in mt_flops_executed, whose callers add it. */
+double mt_flops_remade(const mt_config *c, double tokens, int T, int every);
 /* The same for a LoRA run (a frozen base): the backward computes the activations' gradient alone,
  * no weight gradient, so the projections' and the LM head's backward count once, not twice. The
  * adapters' own products (rank r: 2 r (in + out) a token and module, forward; ~0.5% of an 8B's

@@ -175,16 +175,38 @@ static int choose_mlp_chunk(const mt_param_table *t, mt_dtype dtype, const mt_pl
     return 0;
 }
 
+/* Where step 1 keeps the checkpoints: every layer's input on the compute side, some in host
+ * memory, or every second one on the compute side (sparse), in that order of preference. */
+enum { PLACE_DEVICE, PLACE_HOST, PLACE_SPARSE, PLACES };
+
+/* The places the request allows, in order of preference. */
+static int allowed_places(const mt_plan_request *rq, const mt_plan *p, int *places) {
+    int n = 0;
+    if (rq->checkpoint_every != 2) {
+        if (rq->offload != 1) places[n++] = PLACE_DEVICE;
+        if (rq->offload == 1 || p->offload_auto) places[n++] = PLACE_HOST;
+    }
+    if (rq->checkpoint_every == 2 || (rq->checkpoint_every == MT_AUTO && p->offload_auto)) places[n++] = PLACE_SPARSE;
+    return n;
+}
+
 /* 1. the largest micro-batch that fits with the checkpoints on the compute side, else with them
- * offloaded (the tier chosen for each: offloaded checkpoints take host RAM); when nothing fits,
- * the smallest plan tried (mt_plan_check refuses it unless it fits without the headroom).
- * Returns 1 when one fits. */
+ * offloaded (the tier chosen for each: offloaded checkpoints take host RAM), else sparse; when
+ * nothing fits, the smallest plan tried (of each place its last, the smallest of those:
+ * mt_plan_check refuses it unless it fits without the headroom). Returns 1 when one fits. */
 static int choose_places(const mt_param_table *t, mt_dtype dtype, const mt_plan_request *rq,
                          mt_plan *p) {
-    int B = rq->batch;
-    int found = 0, off_first = rq->offload == 1, off_last = rq->offload == 1 || p->offload_auto;
-    for (int off = off_first; off <= off_last && !found; off++) {
+    int B = rq->batch, places[PLACES], n = allowed_places(rq, p, places);
+    int found = 0;
+    mt_plan *smallest = NULL; /* when no place fits with room: the place whose plan was smallest */
+    for (int i = 0; i < n && !found; i++) {
+        if (i > 0) {
+            if (!smallest) smallest = mt_malloc(sizeof *smallest), *smallest = *p;
+            else if (p->compute_bytes < smallest->compute_bytes) *smallest = *p;
+        }
+        int off = places[i] == PLACE_HOST;
         p->eo.offload = off ? p->L : 0; /* the tier is chosen for the most host checkpoints */
+        p->eo.checkpoint_every = places[i] == PLACE_SPARSE ? 2 : 1;
         p->eo.micro_batch = p->micro_auto ? B : rq->micro_batch; /* the host side does not depend on it */
         if (p->joint && p->tier_auto) p->eo.gpu_layers = 0; /* chosen per placement */
         else if (p->tier_auto && !p->host_short) choose_tier(t, dtype, p);
@@ -193,7 +215,7 @@ static int choose_places(const mt_param_table *t, mt_dtype dtype, const mt_plan_
             if (B % b) continue;
             p->eo.micro_batch = b;
             p->eo.mlp_chunk = 0;
-            if (place_checkpoints(t, dtype, rq, p, off)) {
+                if (place_checkpoints(t, dtype, rq, p, off)) {
                 found = 1;
                 break;
             }
@@ -204,14 +226,17 @@ static int choose_places(const mt_param_table *t, mt_dtype dtype, const mt_plan_
             if (!p->micro_auto) break;
         }
     }
+    if (!found && smallest && smallest->compute_bytes < p->compute_bytes) *p = *smallest;
+    free(smallest);
     return found;
 }
 
-/* Which of two resolved plans is better: one that fits, then without offloaded checkpoints, then
- * the larger micro-batch, then the host fitting. */
+/* Which of two resolved plans is better: one that fits, then the host fitting, then every
+ * layer's checkpoint kept, then without offloaded checkpoints, then the larger micro-batch. */
 static int better(const mt_plan *a, int a_fits, const mt_plan *b, int b_fits) {
     if (a_fits != b_fits) return a_fits > b_fits;
     if (a->host_short != b->host_short) return a->host_short < b->host_short;
+    if (a->eo.checkpoint_every != b->eo.checkpoint_every) return a->eo.checkpoint_every < b->eo.checkpoint_every;
     if (a->eo.offload != b->eo.offload) return a->eo.offload < b->eo.offload;
     return a->eo.micro_batch > b->eo.micro_batch;
 }
@@ -330,6 +355,12 @@ static int resolve(const mt_param_table *t, const mt_backend *be, const mt_plan_
     if (rq->saved_layers > 0 && rq->offload == 1)
         return mt_error_set("--saved-layers %d: --offload-checkpoints keeps no layer's internals on "
                             "the compute side; use 0 or auto", rq->saved_layers);
+    if (rq->checkpoint_every != MT_AUTO && (rq->checkpoint_every < 0 || rq->checkpoint_every > 2))
+        return mt_error_set("--checkpoint-every %d: 1 (every layer's input) or 2 (every second one)",
+                            rq->checkpoint_every);
+    if (rq->checkpoint_every == 2 && rq->offload == 1)
+        return mt_error_set("--checkpoint-every 2 keeps the checkpoints on the compute side; "
+                            "--offload-checkpoints moves them to host memory: use one of the two");
     p->micro_auto = rq->micro_batch == MT_AUTO;
     p->offload_auto = rq->offload == MT_AUTO && !p->backend.host_ram;
     p->tier_auto = rq->gpu_layers == MT_AUTO;
@@ -496,6 +527,12 @@ int mt_plan_check(const mt_plan *p) {
     if (fits_budget(p) || p->host_short) return check_host(p);
     char fits[320];
     what_fits(p, 0, fits, sizeof fits);
+    if (p->eo.checkpoint_every == 2)
+        return mt_error_set("GPU memory: the plan needs %.2f GiB at --micro-batch %d even with sparse "
+                            "checkpoints (--checkpoint-every 2), the budget is %.2f GiB (%s); lower "
+                            "--batch or --seq, or %s%s",
+                            p->compute_bytes / g, b, (double)p->budget / g, budget_source(p),
+                            more_memory(p), fits);
     if (!p->eo.offload)
         return mt_error_set("GPU memory: the plan needs %.2f GiB at --micro-batch %d, the budget is "
                             "%.2f GiB (%s); use a smaller --micro-batch (or auto), "
@@ -563,6 +600,14 @@ static void print_checkpoints(const mt_plan *p, FILE *out) {
     else snprintf(host, sizeof host, "layers 0-%d", k - 1);
     if (k == L - 1) snprintf(dev_layers, sizeof dev_layers, "layer %d", k);
     else snprintf(dev_layers, sizeof dev_layers, "layers %d-%d", k, L - 1);
+    if (eo->checkpoint_every == 2) {
+        int kept = (L + 1) / 2;
+        fprintf(out, "every second layer's (%d of %d) on %s, the others remade in the backward (the "
+                "forward of the layer before each, again: %d layers); %s holds %.0f sets, %.2f GiB (its %d, "
+                "1 shared by the remade inputs, the last output, the gradient)\n", kept, L, dev, L / 2, dev,
+                p->mem.dev_checkpoints / set, p->mem.dev_checkpoints / MT_GIB, kept);
+        return;
+    }
     if (!k) fprintf(out, "all %d on %s", L, dev);
     else if (k < L)
         fprintf(out, "%s in pinned host memory (%.2f GiB), %s on %s", host, k * set / MT_GIB, dev_layers, dev);
@@ -626,18 +671,22 @@ static void print_tier_reason(const mt_plan *p, FILE *out) {
 static void print_step_time(const mt_plan *p, FILE *out) {
     const mt_step_time *s = &p->time;
     const mt_config *c = &p->cfg;
-    char moe[256] = "";
+    char moe[384] = "";
     if (c->n_experts)
         snprintf(moe, sizeof moe, ", active experts only; + %.2f s for the MoE layers' GEMM calls and routing",
                  s->moe_s);
     if (s->delta_s > 0) /* the delta rule's kernel runs far below the GEMMs' rate */
         snprintf(moe + strlen(moe), sizeof moe - strlen(moe), "; + %.2f s for the Gated DeltaNet's chunked "
                  "rule at %.0f TFLOP/s", s->delta_s, p->backend.delta_rule_rate / 1e12);
+    if (s->remake_s > 0)
+        snprintf(moe + strlen(moe), sizeof moe - strlen(moe), "; of which %.2f s remakes the inputs that "
+                 "sparse checkpoints do not keep", s->remake_s);
     char upd[256];
     if (s->streamed)
         snprintf(upd, sizeof upd, "the update on the GPU %.2f s (--update-on gpu: %.2f Gparam, their "
-                 "state streamed, %.2f B/param each way at %.1f GB/s)", s->host_s, s->host_params / 1e9,
-                 s->state_bytes, p->backend.duplex_rate / 1e9);
+                 "state streamed, %.2f B/param each way at %.1f GB/s, the uplink shared with the next "
+                 "forward's weights)", s->host_s, s->host_params / 1e9, s->state_bytes,
+                 p->backend.duplex_rate / 1e9);
     else
         snprintf(upd, sizeof upd, "host AdamW %.2f s (%.2f Gparam at %.1f Gparam/s: %s)", s->host_s,
                  s->host_params / 1e9, p->host_rate / 1e9, p->host_rate_source);
@@ -736,6 +785,9 @@ void mt_plan_print(const mt_plan *p, FILE *out) {
                 : p->budget <= 0 ? "the whole batch; no GPU budget to fit"
                 : eo->offload ? "no micro-batch fits with the checkpoints on the GPU; the largest "
                                 "that fits with some of them in host memory"
+                : eo->checkpoint_every == 2 ? "no micro-batch fits with every layer's checkpoint, on "
+                                              "the GPU or in host memory; the largest that fits with "
+                                              "every second one"
                               : "the largest that fits the budget with the checkpoints on the GPU");
     print_state(p, out);
     fprintf(out, "\nmemory plan: ");

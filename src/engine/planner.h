@@ -22,6 +22,11 @@
  *     micro 8, 4, 2 = 376, 362, 343 TFLOPS). On a backend whose compute side is host RAM (cpu)
  *     nothing is offloaded and b is the largest that host RAM holds: B unless RAM is short (one
  *     pass gives BLAS the most rows; there is no copy to overlap).
+ *     When no plan fits that way either (long context, where the host is full too: offloading
+ *     moves checkpoints into the host RAM the state needs), sparse checkpoints
+ *     (--checkpoint-every auto): only every second layer's input kept, the others remade in the
+ *     backward; about half the checkpoints' memory for one more forward of half the layers
+ *     (~1/8 of the step's compute), so it comes after offloading, which costs only PCIe.
  *  2. saved internals (--saved-layers auto): as many layers as the memory left holds.
  *  3. resident weights (auto): when every layer keeps its internals and the L slots still fit.
  * Within step 1, at the smallest micro-batch (a long sequence), the layer's MLP is tiled over
@@ -65,6 +70,8 @@ typedef struct {
     int T;                /* tokens per sequence */
     int micro_batch;      /* b dividing B, or MT_AUTO */
     int offload;          /* 1: the layer checkpoints go to host memory; MT_AUTO: when short */
+    int checkpoint_every; /* 2: sparse checkpoints (engine.h); 1 (or 0): every layer's input;
+                             MT_AUTO: sparse only when nothing fits otherwise (with offload auto) */
     int saved_layers;     /* 0..L, or MT_AUTO */
     int resident;         /* 0, 1, or MT_AUTO */
     int n_slots;          /* weight slots (>= 2) when not resident */

@@ -95,9 +95,14 @@ void mt_step_time_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_op
                  grad_el = (double)mt_dtype_size(dtype), set = N * c->C * (double)mt_dtype_size(dtype);
     *st = (mt_step_time){0};
     st->streamed = mt_engine_streams_update(eo);
-    if (st->streamed) { /* the update runs at the pace of its state's crossings */
+    if (st->streamed) {
+        /* the update runs at the pace of its state's crossings, up and back at the duplex rate;
+         * the next forward's weights follow each group's update up the same link (el a param),
+         * so the uplink carries state + weights while the update runs: 30.5 Gparam of tight
+         * (4.03 + 2 B up) took 3.9-4.0 s on the H100 host (session 17), 46.2 GB/s; the state alone
+         * would have been 2.7 s */
         st->state_bytes = mt_optim_bytes_per_param(eo->state);
-        host_rate = m->duplex_rate / st->state_bytes;
+        host_rate = m->duplex_rate / (st->state_bytes + el);
     }
     st->flops = mt_flops_executed(c, N, eo->T, eo->saved_layers, eo->saved_attention);
     st->forward_s = mt_flops_head_forward(c, N) / m->flops_rate;
@@ -110,7 +115,13 @@ void mt_step_time_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_op
     }
     /* DeltaNet layers: the recurrence's forward, its recompute unless saved, the backward (2.5x) */
     for (int l = 0; l < L; l++) st->delta_s += delta_extra_s(c, l, N, m) * (1 + (l < L - eo->saved_layers) + 2.5);
+    /* sparse checkpoints: the layer before each odd one runs its forward again in the backward */
+    for (int l = 1; eo->checkpoint_every == 2 && l < L; l += 2) st->remake_s += layer_forward_s(c, l - 1, eo, N, m);
+    st->flops += mt_flops_remade(c, N, eo->T, eo->checkpoint_every);
     st->compute_s = st->flops / m->flops_rate + st->moe_s + st->delta_s;
+    /* the remade layers' MoE and DeltaNet time beyond their FLOPs (their FLOPs are in flops) */
+    for (int l = 1; eo->checkpoint_every == 2 && l < L; l += 2)
+        st->compute_s += moe_pass_extra_s(c, l - 1, N, call, m, 0) + delta_extra_s(c, l - 1, N, m);
 
     /* the host groups: embed, the streamed layers, head */
     double embed = (double)mt_group_size(t, MT_GROUP_EMBED), head = (double)mt_group_size(t, L), layers = 0;

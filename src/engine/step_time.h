@@ -3,7 +3,8 @@
  * forward waits for the host update (what --gpu-layers auto weighs, planner.h). Arithmetic only.
  *
  * The schedule estimated is the engine's (engine.c, optimizer.c):
- *  - compute: the step's executed matmul FLOPs (flops.h: forward, recompute, backward, LM head;
+ *  - compute: the step's executed matmul FLOPs (flops.h: forward, recompute, backward, LM head,
+ *    sparse checkpoints' remade inputs;
  *    MoE layers their k active experts) at the backend's flops_rate; MoE layers add what the
  *    backend reports beyond FLOPs (a fixed cost per expert GEMM call, the grouped GEMM's rate,
  *    the routing kernels' bytes; moe_pass_extra_s) per call of a micro-batch or chunk.
@@ -22,8 +23,9 @@
  *    on the compute stream, runs meanwhile: at GPU memory speed it is a few ms, left out).
  *  - --update-on gpu (engine.h update_on_device): the same schedule, the "host" update running at
  *    the pace of each group's state going up and coming back (double-buffered, so at the duplex
- *    rate; the weights' own uploads are not counted against that link there, so it is optimistic
- *    where PCIe is busy), and the state's bytes in the PCIe totals instead of the gradients'.
+ *    rate), with the next forward's weights sharing the uplink (each group's upload follows its
+ *    update): duplex_rate / (state + weight bytes) parameters/s; the state's bytes in the PCIe
+ *    totals instead of the gradients'.
  *  - wait_s: how much later that forward ends than with an instant host from the same start
  *    (loads and compute simulated layer by layer; 0: the host keeps ahead).
  */
@@ -48,6 +50,8 @@ typedef struct {
     double delta_s;                /* the Gated DeltaNet layers' recurrence beyond its FLOPs at the
                                       GEMMs' rate (delta_rule_rate) */
     double forward_s;              /* of which the forward (layers and the LM head's product) */
+    double remake_s;               /* of which sparse checkpoints' remade inputs (the forward of
+                                      every layer before an odd one, again in the backward) */
     double h2d_bytes, d2h_bytes, pcie_s;
     double host_params, host_s;    /* parameters the host updates; at host_rate */
     double start_s;                /* the next forward starts this long after the backward */
@@ -63,7 +67,8 @@ typedef struct {
                                       of the state crossing PCIe both ways (duplex_rate / state_bytes
                                       a param), the state's bytes in h2d and d2h (no gradient
                                       comes down) */
-    double state_bytes;            /* streamed: the state's bytes a param (each way) */
+    double state_bytes;            /* streamed: the state's bytes a param (each way; the uplink
+                                      also carries the weights' upload, el) */
 } mt_step_time;
 
 /* 1 when the forward waits for the host (MT_STEP_WAIT_SHARE). */

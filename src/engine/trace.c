@@ -77,7 +77,7 @@ void mt_trace_drop_before(mt_trace *t, int step) {
 
 static const char *const span_names[MT_SPAN_KINDS] = {
     "forward", "backward", "head", "load", "grad out", "adamw", "wait optimizer", "checkpoint out",
-    "checkpoint in",
+    "checkpoint in", "remake",
 };
 static const char *const lane_names[MT_LANES] = {
     "host: compute issued", "host: H2D issued", "host: D2H issued", "optimizer threads",

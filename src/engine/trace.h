@@ -28,6 +28,8 @@ typedef enum {
     MT_SPAN_WAIT_OPT,    /* the main thread waiting for the optimizer */
     MT_SPAN_CKPT_OUT,    /* offload: a layer checkpoint to host memory */
     MT_SPAN_CKPT_IN,     /* offload: a layer checkpoint back */
+    MT_SPAN_REMAKE,      /* sparse checkpoints: a layer's forward again in the backward, to remake
+                            the next layer's input (group = the layer run) */
     MT_SPAN_KINDS,
 } mt_span_kind;
 

@@ -203,10 +203,11 @@ static void test_small_models(void **state) {
 }
 
 static double *train_curve_with(mt_backend *be, const mt_param_table *t, const float *w, int steps,
-                                int offload, int saved_layers, int resident, double *norms) {
+                                int offload, int saved_layers, int resident, int every, double *norms) {
     const int B = 4, T = 64;
     mt_engine_opts o = {.batch = B, .micro_batch = 2, .T = T, .n_slots = 2, .opt_threads = 2,
-                        .offload = offload, .saved_layers = saved_layers, .resident = resident};
+                        .offload = offload, .saved_layers = saved_layers, .resident = resident,
+                        .checkpoint_every = every};
     mt_engine *e = mt_engine_create(t, be, &o, w);
     int32_t ids[B * T], tg[B * T];
     double *curve = malloc((size_t)steps * sizeof(double));
@@ -237,20 +238,24 @@ static void test_memory_modes_agree(void **state) {
     mt_param_table_init(&t, &cfg);
     float *w = bf16_weights(&t, 0.02f, 8);
     const int steps = 6;
-    /* offload: layers whose checkpoints go to the host (cfg.L: all; 1: across tiers) */
-    const struct { int offload, saved, resident; } mode[] = {{0, 0, 0}, {cfg.L, 0, 0}, {0, 2, 0}, {0, 1, 0},
-                                                             {0, 2, 1}, {1, 0, 0}};
+    /* offload: layers whose checkpoints go to the host (cfg.L: all; 1: across tiers); every 2:
+     * sparse checkpoints (layer 1's input remade in the backward), alone, with the last layer's
+     * internals saved, with every layer's saved and resident weights */
+    const struct { int offload, saved, resident, every; } mode[] = {
+        {0, 0, 0}, {cfg.L, 0, 0}, {0, 2, 0}, {0, 1, 0}, {0, 2, 1}, {1, 0, 0},
+        {0, 0, 0, 2}, {0, 1, 0, 2}, {0, 2, 1, 2}};
     double norm0[6], norm[6];
-    double *ref = train_curve_with(gpu, &t, w, steps, 0, 0, 0, norm0);
+    double *ref = train_curve_with(gpu, &t, w, steps, 0, 0, 0, 1, norm0);
     int ok = 1;
     for (int k = 1; k < (int)(sizeof mode / sizeof mode[0]); k++) {
         double *got = train_curve_with(gpu, &t, w, steps, mode[k].offload, mode[k].saved,
-                                       mode[k].resident, norm);
+                                       mode[k].resident, mode[k].every, norm);
         for (int s = 0; s < steps; s++) {
             double dl = fabs(got[s] - ref[s]) / ref[s], dn = fabs(norm[s] - norm0[s]) / norm0[s];
             int good = dl <= MODE_LOSS_TOL && dn <= MODE_NORM_TOL;
-            fprintf(stderr, "offload %d saved %d resident %d step %d: loss %.6f vs %.6f (rel %.2g), norm %.5f vs %.5f "
-                    "(rel %.2g)%s\n", mode[k].offload, mode[k].saved, mode[k].resident, s + 1, got[s], ref[s], dl, norm[s],
+            fprintf(stderr, "offload %d saved %d resident %d every %d step %d: loss %.6f vs %.6f (rel %.2g), norm "
+                    "%.5f vs %.5f (rel %.2g)%s\n", mode[k].offload, mode[k].saved, mode[k].resident, mode[k].every,
+                    s + 1, got[s], ref[s], dl, norm[s],
                     norm0[s], dn, good ? "" : "  FAIL");
             ok &= good;
         }
@@ -426,12 +431,12 @@ static void test_training_tracks_cpu(void **state) {
     float *w = bf16_weights(&t, 0.02f, 8);
     const int steps = 50;
     double ref_norm[50], got_norm[50];
-    double *ref = train_curve_with(cpu, &t, w, steps, 0, 0, 0, ref_norm);
-    double *got = train_curve_with(gpu, &t, w, steps, 0, 0, 0, got_norm);
+    double *ref = train_curve_with(cpu, &t, w, steps, 0, 0, 0, 1, ref_norm);
+    double *got = train_curve_with(gpu, &t, w, steps, 0, 0, 0, 1, got_norm);
     double envelope[5] = {0}, step_env[50] = {0};
     for (int k = 0; k < NUDGES; k++) {
         float *p = nudged(&t, w, 1234 + (uint64_t)k);
-        double *alt = train_curve_with(cpu, &t, p, steps, 0, 0, 0, NULL);
+        double *alt = train_curve_with(cpu, &t, p, steps, 0, 0, 0, 1, NULL);
         for (int i = 0; i < 5; i++) {
             double d = window_rel(ref, alt, 10 * i);
             if (d > envelope[i]) envelope[i] = d;
@@ -479,11 +484,11 @@ static int gemma_fixture_ok(const char *name) {
     float *w = mt_test_fixture_weights_bf16(name, &t); /* both backends see the same values */
     int ok = compare_weights_ok(&t, w, 2, 40, QWEN_NUDGES, name);
     double ref_norm[GEMMA_STEPS], got_norm[GEMMA_STEPS], step_env[GEMMA_STEPS] = {0};
-    double *ref = train_curve_with(cpu, &t, w, GEMMA_STEPS, 0, 0, 0, ref_norm);
-    double *got = train_curve_with(gpu, &t, w, GEMMA_STEPS, 0, 0, 0, got_norm);
+    double *ref = train_curve_with(cpu, &t, w, GEMMA_STEPS, 0, 0, 0, 1, ref_norm);
+    double *got = train_curve_with(gpu, &t, w, GEMMA_STEPS, 0, 0, 0, 1, got_norm);
     for (int k = 0; k < QWEN_NUDGES; k++) {
         float *p = mt_test_nudged(&t, w, 1234 + (uint64_t)k, 4.0 / 512);
-        double *alt = train_curve_with(cpu, &t, p, GEMMA_STEPS, 0, 0, 0, NULL);
+        double *alt = train_curve_with(cpu, &t, p, GEMMA_STEPS, 0, 0, 0, 1, NULL);
         for (int s = 0; s < GEMMA_STEPS; s++) step_env[s] = fmax(step_env[s], fabs(alt[s] - ref[s]) / ref[s]);
         free(alt), free(p);
     }
