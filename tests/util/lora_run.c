@@ -26,11 +26,14 @@ void mt_test_quant_round_trip(mt_base_format f, float *x, int64_t n) {
     free(scales);
 }
 
+int mt_test_lora_checkpoint_every = 0;
+
 static mt_test_lora_result run(mt_backend *be, const mt_param_table *t, const mt_lora_table *lt, const float *weights,
                                mt_test_lora_load load, void *load_ctx, mt_base_format f, int gpu_layers,
                                const int32_t *ids, const int32_t *tg, float *readback) {
     mt_engine_opts o = {.batch = MT_TEST_LORA_B, .micro_batch = 1, .T = MT_TEST_LORA_T, .n_slots = 2, .opt_threads = 1,
-                        .lora = lt, .base_format = f, .gpu_layers = gpu_layers, .seed = 9};
+                        .lora = lt, .base_format = f, .gpu_layers = gpu_layers, .seed = 9,
+                        .checkpoint_every = mt_test_lora_checkpoint_every};
     mt_engine *e = mt_engine_create(t, be, &o, weights);
     if (load && load(e, load_ctx) != MT_OK) fail_msg("loading the base: %s", mt_error_message());
     mt_adamw_hparams hp = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};

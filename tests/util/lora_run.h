@@ -20,6 +20,9 @@ typedef struct {
 /* x (n, a multiple of 128) -> its round trip through format f (fp8 or nf4). */
 void mt_test_quant_round_trip(mt_base_format f, float *x, int64_t n);
 
+/* The engine's checkpoint_every for the runs below (0: every layer's input kept; 2: sparse). */
+extern int mt_test_lora_checkpoint_every;
+
 /* MT_TEST_LORA_STEPS AdamW steps of lt's adapters (lora_B set non-zero, deterministic) on the base
  * `weights` (fp32 arena) in format f with gpu_layers tier layers, on backend be, the rows ids/tg
  * (MT_TEST_LORA_B x MT_TEST_LORA_T); readback (t->total, or NULL): the weights the engine holds. */
