@@ -242,16 +242,20 @@ static int set_mxfp4_f32(mt_quant_base *q, layer_blob *b, const segment *s, cons
     int64_t mats, rows, cols;
     mxfp4_dims(p, &mats, &rows, &cols);
     size_t cb = mt_mxfp4_bytes(mats * rows, cols), sb = mt_mxfp4_scales(mats * rows, cols);
-    uint8_t *blocks = mt_aligned_alloc(cb), *scales = mt_aligned_alloc(sb);
+    /* a host blob takes the codes in place: no temporaries to fault in and copy (a gpt-oss-120b
+     * expert tensor's are 1.1 GB) */
+    uint8_t *blocks = q->on_device ? mt_aligned_alloc(cb) : (uint8_t *)b->blob + s->codes;
+    uint8_t *scales = q->on_device ? mt_aligned_alloc(sb) : (uint8_t *)b->blob + s->scales;
     int rc = mt_mxfp4_quantize_transposed(w, mats, rows, cols, blocks, scales);
-    if (rc == MT_OK) {
-        store(q, b, s->codes, blocks, cb);
-        store(q, b, s->scales, scales, sb);
-    } else {
-        mt_error_set("%s: %s", p->name, mt_error_message());
+    if (rc != MT_OK) mt_error_set("%s: %s", p->name, mt_error_message());
+    if (q->on_device) {
+        if (rc == MT_OK) {
+            store(q, b, s->codes, blocks, cb);
+            store(q, b, s->scales, scales, sb);
+        }
+        free(blocks);
+        free(scales);
     }
-    free(blocks);
-    free(scales);
     return rc;
 }
 
@@ -273,19 +277,20 @@ int mt_quant_base_set(mt_quant_base *q, const mt_param *p, const float *w) {
     }
     const float *src = x ? x : w;
     size_t cb = code_bytes(q->f, s->n), sb = (size_t)(s->n / block_of(q->f)) * sizeof(float);
-    uint8_t *codes = mt_aligned_alloc(cb);
-    float *scales = mt_aligned_alloc(sb);
+    uint8_t *codes = q->on_device ? mt_aligned_alloc(cb) : (uint8_t *)b->blob + s->codes; /* as mxfp4 */
+    float *scales = q->on_device ? mt_aligned_alloc(sb) : (float *)((char *)b->blob + s->scales);
     int rc = q->f == MT_BASE_NF4 ? mt_nf4_quantize(src, s->n, codes, scales)
                                  : mt_fp8_quantize(src, s->n, codes, scales);
-    if (rc == MT_OK) {
-        store(q, b, s->codes, codes, cb);
-        store(q, b, s->scales, scales, sb);
-    } else {
-        mt_error_set("%s: %s", p->name, mt_error_message());
+    if (rc != MT_OK) mt_error_set("%s: %s", p->name, mt_error_message());
+    if (q->on_device) {
+        if (rc == MT_OK) {
+            store(q, b, s->codes, codes, cb);
+            store(q, b, s->scales, scales, sb);
+        }
+        free(codes);
+        free(scales);
     }
     free(x);
-    free(codes);
-    free(scales);
     return rc;
 }
 
