@@ -236,26 +236,33 @@ static void fetch(const mt_quant_base *q, const layer_blob *b, size_t off, void 
     else memcpy(dst, (const char *)b->blob + off, bytes);
 }
 
+/* Where a quantizer writes a segment's codes or scales (bytes at byte `off` of the blob): in place
+ * in a host blob, so there are no temporaries to fault in and copy (a gpt-oss-120b expert tensor's
+ * are 1.1 GB); a temporary for a blob on the device, which codes_done stores and frees. */
+static void *codes_at(const mt_quant_base *q, layer_blob *b, size_t off, size_t bytes) {
+    return q->on_device ? mt_aligned_alloc(bytes) : (char *)b->blob + off;
+}
+static void codes_done(const mt_quant_base *q, layer_blob *b, const segment *s, void *codes, size_t cb,
+                       void *scales, size_t sb, int rc) {
+    if (!q->on_device) return;
+    if (rc == MT_OK) {
+        store(q, b, s->codes, codes, cb);
+        store(q, b, s->scales, scales, sb);
+    }
+    free(codes);
+    free(scales);
+}
+
 /* An MXFP4 segment from fp32 values in p's [E, in, out] layout: quantized (quant/mxfp4.h). */
 static int set_mxfp4_f32(mt_quant_base *q, layer_blob *b, const segment *s, const mt_param *p,
                          const float *w) {
     int64_t mats, rows, cols;
     mxfp4_dims(p, &mats, &rows, &cols);
     size_t cb = mt_mxfp4_bytes(mats * rows, cols), sb = mt_mxfp4_scales(mats * rows, cols);
-    /* a host blob takes the codes in place: no temporaries to fault in and copy (a gpt-oss-120b
-     * expert tensor's are 1.1 GB) */
-    uint8_t *blocks = q->on_device ? mt_aligned_alloc(cb) : (uint8_t *)b->blob + s->codes;
-    uint8_t *scales = q->on_device ? mt_aligned_alloc(sb) : (uint8_t *)b->blob + s->scales;
+    uint8_t *blocks = codes_at(q, b, s->codes, cb), *scales = codes_at(q, b, s->scales, sb);
     int rc = mt_mxfp4_quantize_transposed(w, mats, rows, cols, blocks, scales);
     if (rc != MT_OK) mt_error_set("%s: %s", p->name, mt_error_message());
-    if (q->on_device) {
-        if (rc == MT_OK) {
-            store(q, b, s->codes, blocks, cb);
-            store(q, b, s->scales, scales, sb);
-        }
-        free(blocks);
-        free(scales);
-    }
+    codes_done(q, b, s, blocks, cb, scales, sb, rc);
     return rc;
 }
 
@@ -277,19 +284,12 @@ int mt_quant_base_set(mt_quant_base *q, const mt_param *p, const float *w) {
     }
     const float *src = x ? x : w;
     size_t cb = code_bytes(q->f, s->n), sb = (size_t)(s->n / block_of(q->f)) * sizeof(float);
-    uint8_t *codes = q->on_device ? mt_aligned_alloc(cb) : (uint8_t *)b->blob + s->codes; /* as mxfp4 */
-    float *scales = q->on_device ? mt_aligned_alloc(sb) : (float *)((char *)b->blob + s->scales);
+    uint8_t *codes = codes_at(q, b, s->codes, cb);
+    float *scales = codes_at(q, b, s->scales, sb);
     int rc = q->f == MT_BASE_NF4 ? mt_nf4_quantize(src, s->n, codes, scales)
                                  : mt_fp8_quantize(src, s->n, codes, scales);
     if (rc != MT_OK) mt_error_set("%s: %s", p->name, mt_error_message());
-    if (q->on_device) {
-        if (rc == MT_OK) {
-            store(q, b, s->codes, codes, cb);
-            store(q, b, s->scales, scales, sb);
-        }
-        free(codes);
-        free(scales);
-    }
+    codes_done(q, b, s, codes, cb, scales, sb, rc);
     free(x);
     return rc;
 }

@@ -89,6 +89,28 @@ static void test_options_graphs_validate(void **state) {
         }
 }
 
+/* The variable-length graphs (packed documents) with options validate for sm_90: the shapes of
+ * test_cuda_attention's packed option cases (S and s_max as their buckets), and one plain. */
+static void test_docs_options_graphs(void **state) {
+    static const struct { int S, s_max, B, T, H, G, D; float scale; int window, sinks; } shapes[] = {
+        {4, 128, 1, 200, 4, 1, 128, 0.05f, 0, 0}, {8, 128, 2, 300, 8, 2, 64, 0, 3, 0},
+        {8, 128, 2, 300, 8, 2, 64, 0, 0, 1},      {8, 128, 2, 300, 4, 2, 256, 0.0625f, 64, 0},
+        {8, 128, 2, 300, 8, 2, 128, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int bwd = 0; bwd < 2; bwd++) {
+            char why[512] = "";
+            int ok = mt_cuda_attention_cudnn_validate_docs_opts(
+                bwd, shapes[i].S, shapes[i].s_max, shapes[i].B, shapes[i].T, shapes[i].H, shapes[i].G,
+                shapes[i].D, shapes[i].scale, shapes[i].window, shapes[i].sinks, 90, why, sizeof why);
+            fprintf(stderr, "docs %s S=%d s_max=%d D=%d scale=%g W=%d%s sm_90: %s%s%s%s\n", bwd ? "bwd" : "fwd",
+                    shapes[i].S, shapes[i].s_max, shapes[i].D, shapes[i].scale, shapes[i].window,
+                    shapes[i].sinks ? " sinks" : "", ok == 1 ? "valid" : "invalid", *why ? " (" : "", why,
+                    *why ? ")" : "");
+            assert_int_equal(ok, 1);
+        }
+}
+
 /* The check can fail: query heads that are not a multiple of the kv heads. */
 static void test_bad_graph_refused(void **state) {
     expect_valid(0, 1, 100, 8, 3, 128, 0);
@@ -108,6 +130,7 @@ int main(void) {
         cmocka_unit_test(test_bad_graph_refused),
         cmocka_unit_test(test_docs_graphs_validate),
         cmocka_unit_test(test_options_graphs_validate),
+        cmocka_unit_test(test_docs_options_graphs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL) ? 1 : 0;
 }

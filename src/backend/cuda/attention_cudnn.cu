@@ -721,6 +721,17 @@ extern "C" int mt_cuda_attention_cudnn_validate_docs(int backward, int S, int s_
     return validate_key(k, sm_version, why, why_size);
 }
 
+extern "C" int mt_cuda_attention_cudnn_validate_docs_opts(int backward, int S, int s_max, int B, int T,
+                                                          int H, int G, int D, float scale, int window,
+                                                          int sinks, int sm_version, char *why,
+                                                          size_t why_size) {
+    plan_key k = {backward ? 1 : 0, 0, B, T, H, G, D};
+    k.S = S, k.s_max = s_max, k.off64 = (int64_t)B * T * H * D > INT32_MAX;
+    set_key_options(scale, window, T, &k);
+    k.sinks = sinks && !backward;
+    return validate_key(k, sm_version, why, why_size);
+}
+
 extern "C" void mt_cuda_attention_note_documents(const int32_t *doc_start,
                                                  const int32_t *host_doc_start, int B, int T) {
     std::lock_guard<std::mutex> lock(g_mu);
@@ -871,6 +882,11 @@ extern "C" int mt_cuda_attention_cudnn_validate_opts(int, int, int, int, int, in
 
 extern "C" int mt_cuda_attention_cudnn_validate_docs(int, int, int, int, int, int, int, int, int,
                                                      char *why, size_t why_size) {
+    if (why && why_size) snprintf(why, why_size, "built without cuDNN");
+    return -1;
+}
+extern "C" int mt_cuda_attention_cudnn_validate_docs_opts(int, int, int, int, int, int, int, int, float,
+                                                          int, int, int, char *why, size_t why_size) {
     if (why && why_size) snprintf(why, why_size, "built without cuDNN");
     return -1;
 }

@@ -87,6 +87,10 @@ long long mt_cuda_attention_cudnn_last_workspace(int backward);
 int mt_cuda_attention_cudnn_validate_docs(int backward, int S, int s_max, int B, int T, int H,
                                           int G, int D, int sm_version, char *why,
                                           size_t why_size);
+/* The same with a call's options (scale, window, the forward's sinks), as the plain graphs take them. */
+int mt_cuda_attention_cudnn_validate_docs_opts(int backward, int S, int s_max, int B, int T, int H,
+                                               int G, int D, float scale, int window, int sinks,
+                                               int sm_version, char *why, size_t why_size);
 /* MT_EXPERIMENTAL_ATTENTION=1 (default 0) turns on the session-17 paths that have not yet passed
  * test_cuda_attention on a GPU: cuDNN's graphs with a call's scale, window and sinks, cuDNN's short-row
  * backward for heads other than 64 and 128, and attention_gemm.cu for heads wider than 128 (Gemma
