@@ -449,6 +449,39 @@ static void test_workspace_shrinks_with_chunk(void **state) {
     }
 }
 
+/* The Gated DeltaNet's chunk states as the engine's calls take them: B rows of T tokens take
+ * B x ceil(T / 64) states (mixer_deltanet.c), which mt_layer_ws_bytes_rows counts; the bound over
+ * any row length (mt_layer_ws_bytes_tiled) counts 2 x ceil(N / 64). Nothing else differs, and a
+ * model without DeltaNet layers counts no state either way. The Qwen3.5-27B shape at one row of
+ * 128k: 6 GiB apart. */
+static void test_delta_states_by_rows(void **state) {
+    (void)state;
+    char *path = mt_fixture_path("qwen3_5_dense/config.json");
+    mt_config cfg;
+    assert_int_equal(mt_config_load(&cfg, path), MT_OK);
+    free(path);
+    const size_t one = (size_t)cfg.lin_Hv * cfg.lin_Dk * cfg.lin_Dv * sizeof(float);
+    const struct { int B, T; } shapes[] = {{2, 300}, {1, 64}, {4, 65}, {3, 1}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        int B = shapes[i].B, T = shapes[i].T, N = B * T;
+        size_t rows = mt_layer_ws_bytes_rows(&cfg, MT_F32, B, T, 0);
+        size_t bound = mt_layer_ws_bytes_tiled(&cfg, MT_F32, N, 0);
+        size_t want = (2 * (size_t)((N + 63) / 64) - (size_t)B * ((T + 63) / 64)) * one;
+        fprintf(stderr, "qwen3_5_dense B=%d T=%d: %zu bytes by rows, %zu bounded\n", B, T, rows, bound);
+        assert_int_equal(bound - rows, want);
+    }
+    mt_config plain = mt_test_tiny_config("llama_bias");
+    assert_int_equal(mt_layer_ws_bytes_rows(&plain, MT_F32, 2, 300, 0),
+                     mt_layer_ws_bytes_tiled(&plain, MT_F32, 600, 0));
+    path = mt_fixture_path("../../configs/qwen3.5-27b.json");
+    assert_int_equal(mt_config_load(&cfg, path), MT_OK);
+    free(path);
+    double gib = (double)(mt_layer_ws_bytes_tiled(&cfg, MT_BF16, 131072, 1024) -
+                          mt_layer_ws_bytes_rows(&cfg, MT_BF16, 1, 131072, 1024)) / 1073741824.0;
+    fprintf(stderr, "qwen3.5-27b, 1 x 131072: the bound counts %.2f GiB more chunk states\n", gib);
+    assert_true(gib > 5.9 && gib < 6.1);
+}
+
 /* configs/qwen2.5-7b.json at N = 512k tokens in bf16 (no q/k norm): the whole fields cost
  * 4 H*D + 4 G*D + C elements and 4 H bytes (lse) a token, the chunk rows 6F + 4C elements and 8
  * bytes (rstd1, rstd2) a token, `chunk` tokens' worth. */
@@ -484,7 +517,7 @@ int main(void) {
         cmocka_unit_test(test_gemma3_layer_matches_untiled),
         cmocka_unit_test(test_gemma4_layer_matches_untiled),
         cmocka_unit_test(test_workspace_shrinks_with_chunk),
-        cmocka_unit_test(test_qwen7b_long_context_bytes),
+        cmocka_unit_test(test_qwen7b_long_context_bytes), cmocka_unit_test(test_delta_states_by_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

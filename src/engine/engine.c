@@ -257,7 +257,8 @@ void mt_engine_plan_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_
                                        (double)mt_layer_attention_saved_bytes(&t->cfg, dtype, o->micro_batch * o->T);
     p->dev_saved = o->saved_layers * p->dev_saved_per_layer +
                    o->saved_attention * p->dev_saved_attention_per_layer;
-    p->dev_work = (double)mt_layer_ws_bytes_tiled(&t->cfg, dtype, (int)bN, o->mlp_chunk) + 2 * bN * t->cfg.C * el +
+    p->dev_work = (double)mt_layer_ws_bytes_rows(&t->cfg, dtype, o->micro_batch, o->T, o->mlp_chunk) +
+                  2 * bN * t->cfg.C * el +
                   N * 4 * 5; /* ids, targets, losses, positions, document starts */
     p->dev_total = p->dev_slots + p->dev_embed_head + p->dev_grads + p->dev_checkpoints + p->dev_saved +
                    p->dev_work + p->dev_tier + p->dev_lora;

@@ -157,6 +157,11 @@ void mt_layer_ws_free(mt_layer_ws *ws, const mt_layer_ctx *lc);
 /* Bytes mt_layer_ws_init (_tiled) allocates on the compute side for max_N tokens. */
 size_t mt_layer_ws_bytes(const mt_config *cfg, mt_dtype dtype, int max_N);
 size_t mt_layer_ws_bytes_tiled(const mt_config *cfg, mt_dtype dtype, int max_N, int mlp_chunk);
+/* The same for calls of B rows of T tokens (what the engine makes): the Gated DeltaNet's chunk
+ * states, taken at the first call, counted as that call takes them (B x ceil(T / 64) of them), not
+ * bounded over any row length as above (2 x ceil(N / 64): 6 GiB too many for the Qwen3.5-27B
+ * shape at 128k). */
+size_t mt_layer_ws_bytes_rows(const mt_config *cfg, mt_dtype dtype, int B, int T, int mlp_chunk);
 
 /* Saved internals: the fields of mt_layer_ws that cost a matmul or the attention to remake (q, k,
  * v, att, h, gate, up, lse, qwen3's q_raw, k_raw, q_rstd, k_rstd, gemma4's v_raw, v_rstd,

@@ -151,20 +151,33 @@ static int is_saved(const ws_field *f, int N, int chunk) {
     return f->saved && !(f->chunk && mt_layer_chunk_rows(chunk, N) < N);
 }
 
-size_t mt_layer_ws_bytes_tiled(const mt_config *cfg, mt_dtype dtype, int max_N, int mlp_chunk) {
+/* The fields' bytes (the chunk states aside). */
+static size_t fields_bytes(const mt_config *cfg, mt_dtype dtype, int max_N, int mlp_chunk) {
     ws_field f[WS_MAX_FIELDS];
     int n = ws_fields(cfg, f);
     size_t total = 0;
     for (int i = 0; i < n; i++)
         total += field_bytes(&f[i], dtype, ws_rows(&f[i], max_N, mlp_chunk));
-    /* the delta rule's chunk states (mt_lin_states), taken at the first call: one Dk x Dv state
-     * per chunk of 64 tokens and value head, counted for rows of at least 64 tokens (a row's last
-     * chunk may be partial: one more chunk a row, bounded by rows of 64) */
-    if (mt_config_mixer_layers(cfg, MT_MIXER_GATED_DELTANET) > 0) {
-        size_t chunks = 2 * (((size_t)max_N + MT_GATED_DELTA_CHUNK - 1) / MT_GATED_DELTA_CHUNK);
-        total += chunks * (size_t)cfg->lin_Hv * cfg->lin_Dk * cfg->lin_Dv * sizeof(float);
-    }
     return total;
+}
+
+/* The delta rule's chunk states (mt_lin_states): one Dk x Dv fp32 state per chunk of 64 tokens
+ * and value head, none without DeltaNet layers. */
+static size_t states_bytes(const mt_config *cfg, size_t chunks) {
+    if (mt_config_mixer_layers(cfg, MT_MIXER_GATED_DELTANET) == 0) return 0;
+    return chunks * (size_t)cfg->lin_Hv * cfg->lin_Dk * cfg->lin_Dv * sizeof(float);
+}
+
+static size_t chunks_of(size_t T) { return (T + MT_GATED_DELTA_CHUNK - 1) / MT_GATED_DELTA_CHUNK; }
+
+size_t mt_layer_ws_bytes_tiled(const mt_config *cfg, mt_dtype dtype, int max_N, int mlp_chunk) {
+    /* states counted for rows of at least 64 tokens (a row's last chunk may be partial: one more
+     * chunk a row, bounded by rows of 64) */
+    return fields_bytes(cfg, dtype, max_N, mlp_chunk) + states_bytes(cfg, 2 * chunks_of((size_t)max_N));
+}
+
+size_t mt_layer_ws_bytes_rows(const mt_config *cfg, mt_dtype dtype, int B, int T, int mlp_chunk) {
+    return fields_bytes(cfg, dtype, B * T, mlp_chunk) + states_bytes(cfg, (size_t)B * chunks_of((size_t)T));
 }
 
 size_t mt_layer_ws_bytes(const mt_config *cfg, mt_dtype dtype, int max_N) {
