@@ -200,10 +200,6 @@ static int choose_places(const mt_param_table *t, mt_dtype dtype, const mt_plan_
     int found = 0;
     mt_plan *smallest = NULL; /* when no place fits with room: the place whose plan was smallest */
     for (int i = 0; i < n && !found; i++) {
-        if (i > 0) {
-            if (!smallest) smallest = mt_malloc(sizeof *smallest), *smallest = *p;
-            else if (p->compute_bytes < smallest->compute_bytes) *smallest = *p;
-        }
         int off = places[i] == PLACE_HOST;
         p->eo.offload = off ? p->L : 0; /* the tier is chosen for the most host checkpoints */
         p->eo.checkpoint_every = places[i] == PLACE_SPARSE ? 2 : 1;
@@ -215,7 +211,7 @@ static int choose_places(const mt_param_table *t, mt_dtype dtype, const mt_plan_
             if (B % b) continue;
             p->eo.micro_batch = b;
             p->eo.mlp_chunk = 0;
-                if (place_checkpoints(t, dtype, rq, p, off)) {
+            if (place_checkpoints(t, dtype, rq, p, off)) {
                 found = 1;
                 break;
             }
@@ -225,8 +221,12 @@ static int choose_places(const mt_param_table *t, mt_dtype dtype, const mt_plan_
             }
             if (!p->micro_auto) break;
         }
+        if (!found && (!smallest || p->compute_bytes < smallest->compute_bytes)) {
+            if (!smallest) smallest = mt_malloc(sizeof *smallest);
+            *smallest = *p;
+        }
     }
-    if (!found && smallest && smallest->compute_bytes < p->compute_bytes) *p = *smallest;
+    if (!found && smallest) *p = *smallest;
     free(smallest);
     return found;
 }
@@ -595,11 +595,6 @@ static void print_checkpoints(const mt_plan *p, FILE *out) {
     double set = (double)eo->batch * eo->T * p->cfg.C * (double)mt_dtype_size(p->dtype);
     const char *dev = p->backend.host_ram ? "the compute side" : "the GPU";
     fprintf(out, "checkpoints: %.2f GiB a layer (its input, %d x %d tokens); ", set / MT_GIB, eo->batch, eo->T);
-    char host[32], dev_layers[32];
-    if (k == 1) snprintf(host, sizeof host, "layer 0");
-    else snprintf(host, sizeof host, "layers 0-%d", k - 1);
-    if (k == L - 1) snprintf(dev_layers, sizeof dev_layers, "layer %d", k);
-    else snprintf(dev_layers, sizeof dev_layers, "layers %d-%d", k, L - 1);
     if (eo->checkpoint_every == 2) {
         int kept = (L + 1) / 2;
         fprintf(out, "every second layer's (%d of %d) on %s, the others remade in the backward (the "
@@ -608,6 +603,11 @@ static void print_checkpoints(const mt_plan *p, FILE *out) {
                 p->mem.dev_checkpoints / set, p->mem.dev_checkpoints / MT_GIB, kept);
         return;
     }
+    char host[32], dev_layers[32];
+    if (k == 1) snprintf(host, sizeof host, "layer 0");
+    else snprintf(host, sizeof host, "layers 0-%d", k - 1);
+    if (k == L - 1) snprintf(dev_layers, sizeof dev_layers, "layer %d", k);
+    else snprintf(dev_layers, sizeof dev_layers, "layers %d-%d", k, L - 1);
     if (!k) fprintf(out, "all %d on %s", L, dev);
     else if (k < L)
         fprintf(out, "%s in pinned host memory (%.2f GiB), %s on %s", host, k * set / MT_GIB, dev_layers, dev);

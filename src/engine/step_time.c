@@ -115,13 +115,11 @@ void mt_step_time_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_op
     }
     /* DeltaNet layers: the recurrence's forward, its recompute unless saved, the backward (2.5x) */
     for (int l = 0; l < L; l++) st->delta_s += delta_extra_s(c, l, N, m) * (1 + (l < L - eo->saved_layers) + 2.5);
-    /* sparse checkpoints: the layer before each odd one runs its forward again in the backward */
+    /* sparse checkpoints: the layer before each odd one runs its forward again in the backward
+     * (its time in remake_s; its FLOPs join the executed ones after) */
     for (int l = 1; eo->checkpoint_every == 2 && l < L; l += 2) st->remake_s += layer_forward_s(c, l - 1, eo, N, m);
+    st->compute_s = st->flops / m->flops_rate + st->moe_s + st->delta_s + st->remake_s;
     st->flops += mt_flops_remade(c, N, eo->T, eo->checkpoint_every);
-    st->compute_s = st->flops / m->flops_rate + st->moe_s + st->delta_s;
-    /* the remade layers' MoE and DeltaNet time beyond their FLOPs (their FLOPs are in flops) */
-    for (int l = 1; eo->checkpoint_every == 2 && l < L; l += 2)
-        st->compute_s += moe_pass_extra_s(c, l - 1, N, call, m, 0) + delta_extra_s(c, l - 1, N, m);
 
     /* the host groups: embed, the streamed layers, head */
     double embed = (double)mt_group_size(t, MT_GROUP_EMBED), head = (double)mt_group_size(t, L), layers = 0;

@@ -713,14 +713,6 @@ extern "C" long long mt_cuda_attention_cudnn_last_workspace(int backward) {
     return g_last_workspace[backward ? 1 : 0];
 }
 
-extern "C" int mt_cuda_attention_cudnn_validate_docs(int backward, int S, int s_max, int B, int T,
-                                                     int H, int G, int D, int sm_version,
-                                                     char *why, size_t why_size) {
-    plan_key k = {backward ? 1 : 0, 0, B, T, H, G, D};
-    k.S = S, k.s_max = s_max, k.off64 = (int64_t)B * T * H * D > INT32_MAX;
-    return validate_key(k, sm_version, why, why_size);
-}
-
 extern "C" int mt_cuda_attention_cudnn_validate_docs_opts(int backward, int S, int s_max, int B, int T,
                                                           int H, int G, int D, float scale, int window,
                                                           int sinks, int sm_version, char *why,
@@ -730,6 +722,13 @@ extern "C" int mt_cuda_attention_cudnn_validate_docs_opts(int backward, int S, i
     set_key_options(scale, window, T, &k);
     k.sinks = sinks && !backward;
     return validate_key(k, sm_version, why, why_size);
+}
+
+extern "C" int mt_cuda_attention_cudnn_validate_docs(int backward, int S, int s_max, int B, int T,
+                                                     int H, int G, int D, int sm_version,
+                                                     char *why, size_t why_size) {
+    return mt_cuda_attention_cudnn_validate_docs_opts(backward, S, s_max, B, T, H, G, D, 0, 0, 0,
+                                                      sm_version, why, why_size);
 }
 
 extern "C" void mt_cuda_attention_note_documents(const int32_t *doc_start,
