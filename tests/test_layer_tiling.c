@@ -34,7 +34,7 @@ typedef struct {
     mt_backend *be;
     mt_layer_ctx lc;
     float *w, *inv_freq, *inp, *dout, *grads0;
-    int32_t *pos;
+    int32_t *pos, *doc_start; /* doc_start NULL: one document a row */
     int B, T, N;
 } layer_case;
 
@@ -102,8 +102,9 @@ static void case_init(layer_case *c, mt_config cfg, int B, int T) {
 }
 
 static void case_free(layer_case *c) {
-    void *bufs[] = {c->w, c->inv_freq, c->pos, c->inp, c->dout};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) c->be->free(c->be, bufs[i]);
+    void *bufs[] = {c->w, c->inv_freq, c->pos, c->inp, c->dout, c->doc_start};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) c->be->free(c->be, bufs[i]);
     free(c->grads0);
     c->be->destroy(c->be);
     mt_param_table_free(&c->table);
@@ -168,7 +169,7 @@ static layer_result case_run(layer_case *c, int mlp_chunk, int saved, mt_recompu
         assert_ptr_not_equal(run_ws.lse, ws.lse);
         recompute = MT_RECOMPUTE_KEEP_ATTENTION;
     }
-    mt_tokens tok = {.B = c->B, .T = c->T, .pos = c->pos, .doc_start = NULL};
+    mt_tokens tok = {.B = c->B, .T = c->T, .pos = c->pos, .doc_start = c->doc_start};
     mt_layer_weights w = mt_layer_view_of(&c->table, c->w, sizeof(float));
     float *grads = be->alloc(be, layer_floats(c) * sizeof(float));
     be->upload(be, grads, c->grads0, layer_floats(c) * sizeof(float));
@@ -376,6 +377,49 @@ static void test_gemma4_layer_matches_untiled(void **state) {
     }
 }
 
+/* Gives the case's rows documents starting at the positions `starts` (each row the same; the
+ * first must be 0), and positions counted from each document's start. */
+static void case_documents(layer_case *c, const int *starts, int n) {
+    int32_t *ds = malloc((size_t)c->N * sizeof(int32_t));
+    int32_t *pos = malloc((size_t)c->N * sizeof(int32_t));
+    for (int b = 0; b < c->B; b++)
+        for (int t = 0, d = 0; t < c->T; t++) {
+            while (d + 1 < n && starts[d + 1] <= t) d++;
+            ds[b * c->T + t] = starts[d];
+            pos[b * c->T + t] = t - starts[d];
+        }
+    c->doc_start = c->be->alloc(c->be, (size_t)c->N * sizeof(int32_t));
+    c->be->upload(c->be, c->doc_start, ds, (size_t)c->N * sizeof(int32_t));
+    c->be->upload(c->be, c->pos, pos, (size_t)c->N * sizeof(int32_t));
+    free(ds);
+    free(pos);
+}
+
+/* Qwen3.5's Gated DeltaNet layer (fixtures qwen3_5_dense and qwen3_5_moe, layer 0) tiled: each row
+ * runs in spans of max(chunk, 64) tokens with the delta rule's state carried between them (and
+ * saved at each span start for the backward, which remakes each span's forward), the conv reading
+ * the K-1 tokens before a span; rows of 150 tokens make 2-3 spans, whole rows one at a time past
+ * that. Then with packed documents: one starting inside a span, one at a span's first token (64),
+ * one in the conv's context of the next span (126-128: its conv must not read across it). */
+static void test_deltanet_layer_matches_untiled(void **state) {
+    (void)state;
+    const char *names[] = {"qwen3_5_dense/config.json", "qwen3_5_moe/config.json"};
+    for (int f = 0; f < 2; f++) {
+        mt_config cfg = mt_test_config_load("%s", names[f]);
+        assert_int_equal(mt_config_layer_mixer(&cfg, 0), MT_MIXER_GATED_DELTANET);
+        for (int docs = 0; docs < 2; docs++) {
+            layer_case c;
+            case_init(&c, cfg, 2, 150); /* N 300 */
+            if (docs) {
+                const int starts[] = {0, 40, 64, 127, 140};
+                case_documents(&c, starts, 5);
+            }
+            check_chunks(&c, 100, 128);
+            case_free(&c);
+        }
+    }
+}
+
 /* Counts what the workspace allocates through the backend. */
 static size_t alloc_count;
 static void *(*cpu_alloc)(mt_backend *be, size_t bytes);
@@ -461,8 +505,7 @@ static mt_config config_at(const char *rel) {
 /* The Gated DeltaNet's chunk states as the engine's calls take them: B rows of T tokens take
  * B x ceil(T / 64) states (mixer_deltanet.c), which mt_layer_ws_bytes_rows counts; the bound over
  * any row length (mt_layer_ws_bytes_tiled) counts 2 x ceil(N / 64). Nothing else differs, and a
- * model without DeltaNet layers counts no state either way. The Qwen3.5-27B shape at one row of
- * 128k: 6 GiB apart. */
+ * model without DeltaNet layers counts no state either way. */
 static void test_delta_states_by_rows(void **state) {
     (void)state;
     mt_config cfg = config_at("qwen3_5_dense/config.json");
@@ -480,11 +523,18 @@ static void test_delta_states_by_rows(void **state) {
     mt_config plain = mt_test_tiny_config("llama_bias");
     assert_int_equal(mt_layer_ws_bytes_rows(&plain, MT_F32, 2, 300, 0),
                      mt_layer_ws_bytes_tiled(&plain, MT_F32, 600, 0));
+    /* tiled (the 27B shape, one row of 128k in chunks of 1024): one span's 16 chunk states, 127
+     * saved span starts, the two gradients between spans and the conv's 3 context rows; the bound
+     * counts 128 starts (N / span). The DeltaNet fields hold a span: the workspace drops by tens
+     * of GiB from the untiled one. */
     cfg = config_at("../../configs/qwen3.5-27b.json");
-    double gib = (double)(mt_layer_ws_bytes_tiled(&cfg, MT_BF16, 131072, 1024) -
-                          mt_layer_ws_bytes_rows(&cfg, MT_BF16, 1, 131072, 1024)) / 1073741824.0;
-    fprintf(stderr, "qwen3.5-27b, 1 x 131072: the bound counts %.2f GiB more chunk states\n", gib);
-    assert_true(gib > 5.9 && gib < 6.1);
+    const size_t one27 = (size_t)cfg.lin_Hv * cfg.lin_Dk * cfg.lin_Dv * sizeof(float);
+    size_t untiled = mt_layer_ws_bytes_rows(&cfg, MT_BF16, 1, 131072, 0);
+    size_t tiled = mt_layer_ws_bytes_rows(&cfg, MT_BF16, 1, 131072, 1024);
+    assert_int_equal(mt_layer_ws_bytes_tiled(&cfg, MT_BF16, 131072, 1024) - tiled, one27);
+    fprintf(stderr, "qwen3.5-27b, 1 x 131072: workspace %.2f GiB untiled, %.2f GiB tiled at 1024\n",
+            untiled / 1073741824.0, tiled / 1073741824.0);
+    assert_true(untiled - tiled > (size_t)30 << 30);
 }
 
 /* configs/qwen2.5-7b.json at N = 512k tokens in bf16 (no q/k norm): the whole fields cost
@@ -518,6 +568,7 @@ int main(void) {
         cmocka_unit_test(test_wider_layer_matches_untiled),
         cmocka_unit_test(test_gemma3_layer_matches_untiled),
         cmocka_unit_test(test_gemma4_layer_matches_untiled),
+        cmocka_unit_test(test_deltanet_layer_matches_untiled),
         cmocka_unit_test(test_workspace_shrinks_with_chunk),
         cmocka_unit_test(test_qwen7b_long_context_bytes), cmocka_unit_test(test_delta_states_by_rows),
     };

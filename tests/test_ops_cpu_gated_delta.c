@@ -210,7 +210,7 @@ static void check_gated_delta(int B, int T, int Hk, int Hv, int Dk, int Dv, g_re
 
     float *out = mt_test_fnew(nv), *st = mt_test_fnew((size_t)B * Hv * nc * Dk * Dv);
     mt_test_nan_fill(out, nv), mt_test_nan_fill(st, (size_t)B * Hv * nc * Dk * Dv);
-    be->gated_delta_forward(be, out, st, q, k, v, g, beta, ds, B, T, Hk, Hv, Dk, Dv, scale);
+    be->gated_delta_forward(be, out, st, q, k, v, g, beta, ds, B, T, Hk, Hv, Dk, Dv, scale, NULL);
     assert_true(check_rel_d("gated_delta_forward out", out, c.out, nv, GD_FWD_TOL));
 
     if (fd) { /* the reference's backward against its own central differences */
@@ -235,7 +235,7 @@ static void check_gated_delta(int B, int T, int Hk, int Hv, int Dk, int Dv, g_re
     mt_test_nan_fill(dq, nk), mt_test_nan_fill(dk, nk), mt_test_nan_fill(dv, nv);
     mt_test_nan_fill(dg, ng), mt_test_nan_fill(db, ng);
     be->gated_delta_backward(be, dq, dk, dv, dg, db, R, st, q, k, v, g, beta, ds, B, T, Hk, Hv, Dk,
-                             Dv, scale);
+                             Dv, scale, NULL);
     assert_true(check_rel_d("gated_delta_backward dq", dq, rq, nk, GD_BWD_TOL));
     assert_true(check_rel_d("gated_delta_backward dk", dk, rk, nk, GD_BWD_TOL));
     assert_true(check_rel_d("gated_delta_backward dv", dv, rv, nv, GD_BWD_TOL));
@@ -246,7 +246,7 @@ static void check_gated_delta(int B, int T, int Hk, int Hv, int Dk, int Dv, g_re
     float *dq2 = mt_test_fnew(nk), *dg2 = mt_test_fnew(ng);
     memcpy(dq2, dq, nk * sizeof(float)), memcpy(dg2, dg, ng * sizeof(float));
     be->gated_delta_backward(be, dq, dk, dv, dg, db, R, st, q, k, v, g, beta, ds, B, T, Hk, Hv, Dk,
-                             Dv, scale);
+                             Dv, scale, NULL);
     assert_memory_equal(dq, dq2, nk * sizeof(float));
     assert_memory_equal(dg, dg2, ng * sizeof(float));
 
@@ -298,9 +298,9 @@ static void test_gated_delta_packed_equals_separate(void **state) {
     float *out = mt_test_fnew(nv), *cs = mt_test_fnew((size_t)Hv * 3 * Dk * Dv), *dq = mt_test_fnew(nk),
           *dk = mt_test_fnew(nk);
     float *dv = mt_test_fnew(nv), *dg = mt_test_fnew(ng), *db = mt_test_fnew(ng);
-    be->gated_delta_forward(be, out, cs, q, k, v, g, beta, ds, 1, T, Hk, Hv, Dk, Dv, scale);
+    be->gated_delta_forward(be, out, cs, q, k, v, g, beta, ds, 1, T, Hk, Hv, Dk, Dv, scale, NULL);
     be->gated_delta_backward(be, dq, dk, dv, dg, db, R, cs, q, k, v, g, beta, ds, 1, T, Hk, Hv, Dk,
-                             Dv, scale);
+                             Dv, scale, NULL);
     float *eo = mt_test_fnew(nv), *edq = mt_test_fnew(nk), *edk = mt_test_fnew(nk), *edv = mt_test_fnew(nv),
           *edg = mt_test_fnew(ng);
     float *edb = mt_test_fnew(ng), *scs = mt_test_fnew((size_t)Hv * 3 * Dk * Dv);
@@ -308,10 +308,10 @@ static void test_gated_delta_packed_equals_separate(void **state) {
         int t0 = starts[0][d], len = starts[0][d + 1] - t0;
         size_t ok = (size_t)t0 * Hk * Dk, ov = (size_t)t0 * Hv * Dv, og = (size_t)t0 * Hv;
         be->gated_delta_forward(be, eo + ov, scs, q + ok, k + ok, v + ov, g + og, beta + og, NULL,
-                                1, len, Hk, Hv, Dk, Dv, scale);
+                                1, len, Hk, Hv, Dk, Dv, scale, NULL);
         be->gated_delta_backward(be, edq + ok, edk + ok, edv + ov, edg + og, edb + og, R + ov, scs,
                                  q + ok, k + ok, v + ov, g + og, beta + og, NULL, 1, len, Hk, Hv,
-                                 Dk, Dv, scale);
+                                 Dk, Dv, scale, NULL);
     }
     assert_true(check_rel("packed vs separate: out", out, eo, nv, GD_FWD_TOL));
     assert_true(check_rel("packed vs separate: dq", dq, edq, nk, GD_FWD_TOL));
@@ -360,9 +360,9 @@ static void test_gated_delta_transformers(void **state) {
     float *out = mt_test_fnew(nv), *cs = mt_test_fnew((size_t)B * Hv * nc * Dk * Dv);
     float *dq = mt_test_fnew(nk), *dk = mt_test_fnew(nk), *dv = mt_test_fnew(nv), *dg = mt_test_fnew(ng),
           *db = mt_test_fnew(ng);
-    be->gated_delta_forward(be, out, cs, q, k, v, g, beta, NULL, B, T, Hk, Hv, Dk, Dv, scale);
+    be->gated_delta_forward(be, out, cs, q, k, v, g, beta, NULL, B, T, Hk, Hv, Dk, Dv, scale, NULL);
     be->gated_delta_backward(be, dq, dk, dv, dg, db, R, cs, q, k, v, g, beta, NULL, B, T, Hk, Hv,
-                             Dk, Dv, scale);
+                             Dk, Dv, scale, NULL);
     assert_true(check_rel("transformers out", out, ref_out, nv, FIXTURE_TOL));
     assert_true(check_rel("transformers dq", dq, rq, nk, FIXTURE_TOL));
     assert_true(check_rel("transformers dk", dk, rk, nk, FIXTURE_TOL));
@@ -419,7 +419,7 @@ static void check_conv(int B, int T, int C, int K, const int starts[][6], uint64
     conv_ref_run(&c);
     float *out = mt_test_fnew(n), *ref = mt_test_to_float(c.out, n);
     mt_test_nan_fill(out, n);
-    be->causal_conv1d_forward(be, out, x, w, ds, B, T, C, K);
+    be->causal_conv1d_forward(be, out, x, w, ds, B, T, C, K, 0);
     fprintf(stderr, "causal_conv1d B=%d T=%d C=%d K=%d%s\n", B, T, C, K, ds ? " (documents)" : "");
     assert_true(mt_allclose("causal_conv1d_forward", out, ref, n, FWD_ATOL, FWD_RTOL));
     float *gx = mt_test_fd_grad(conv_loss, &c, c.x, n, FD_H),
@@ -428,12 +428,12 @@ static void check_conv(int B, int T, int C, int K, const int starts[][6], uint64
     mt_test_nan_fill(dx, n);
     for (size_t i = 0; i < nw; i++) dw[i] = 1.0f; /* accumulates: 1 + gradient */
     for (size_t i = 0; i < nw; i++) gw[i] += 1.0f;
-    be->causal_conv1d_backward(be, dx, dw, R, x, w, ds, B, T, C, K);
+    be->causal_conv1d_backward(be, dx, dw, R, x, w, ds, B, T, C, K, 0);
     assert_true(mt_allclose("causal_conv1d_backward dinp", dx, gx, n, BWD_ATOL, BWD_RTOL));
     assert_true(mt_allclose("causal_conv1d_backward dweight (+= 1)", dw, gw, nw, BWD_ATOL, BWD_RTOL));
     float *dx_frozen = mt_test_fnew(n); /* dweight NULL: dinp the same bits */
     mt_test_nan_fill(dx_frozen, n);
-    be->causal_conv1d_backward(be, dx_frozen, NULL, R, x, w, ds, B, T, C, K);
+    be->causal_conv1d_backward(be, dx_frozen, NULL, R, x, w, ds, B, T, C, K, 0);
     assert_memory_equal(dx_frozen, dx, n * sizeof(float));
     free(dx_frozen);
     free(x), free(w), free(R), free(ds), free(c.x), free(c.w), free(c.R), free(c.out), free(out);
@@ -644,8 +644,8 @@ static void test_frozen_weights_large(void **state) {
         int32_t *ds = docs_from(st, B, T);
         for (int i = 0; i < C * K; i++) dw[i] = 0.0f;
         mt_test_nan_fill(dx, n), mt_test_nan_fill(dx2, n);
-        be->causal_conv1d_backward(be, dx, dw, R, x, w, ds, B, T, C, K);
-        be->causal_conv1d_backward(be, dx2, NULL, R, x, w, ds, B, T, C, K);
+        be->causal_conv1d_backward(be, dx, dw, R, x, w, ds, B, T, C, K, 0);
+        be->causal_conv1d_backward(be, dx2, NULL, R, x, w, ds, B, T, C, K, 0);
         assert_memory_equal(dx2, dx, n * sizeof(float));
         free(x), free(w), free(R), free(dw), free(dx), free(dx2), free(ds);
     }

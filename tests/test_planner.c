@@ -789,6 +789,27 @@ static void test_sparse_checkpoints(void **state) {
     free(cfg);
 }
 
+/* The Qwen3.5-27B shape at one row of 128k tokens on the H200 + 119 GiB: its Gated DeltaNet layers
+ * run in spans of the layer's chunk (model/mixer_deltanet.c), so their working memory is one
+ * span's (it was ~400 KB a token untiled, ~101 GiB: no plan fitted); the spans' remade forwards
+ * are in the estimate. */
+static void test_deltanet_long_context(void **state) {
+    (void)state;
+    static char out[OUT_SIZE];
+    char *cfg = mt_fixture_path("../../bench/configs/qwen3.5-27b.json");
+    int rc = mt_cli_run(&env, out, sizeof out, "plan --init '%s' --batch 1 --seq 131072 --device cuda "
+                        "--gpu-mem 139G --host-mem 119G --state tight", cfg);
+    fprintf(stderr, "%s", out);
+    mt_cli_expect(rc, 0, out, "layer in chunks of 1024 of its 131072 tokens");
+    mt_cli_expect(rc, 0, out, "s remaking the tiled Gated DeltaNet layers' spans in the backward");
+    mt_cli_expect(rc, 0, out, "fits");
+    /* untiled (4k) there is no span to remake */
+    rc = mt_cli_run(&env, out, sizeof out, "plan --init '%s' --batch 16 --seq 4096 --device cuda "
+                    "--gpu-mem 139G --host-mem 119G --state tight", cfg);
+    if (strstr(out, "spans in the backward")) fail_msg("an untiled plan remakes spans:\n%s", out);
+    free(cfg);
+}
+
 static void test_config_512k(void **state) {
     (void)state;
     char *path = mt_fixture_path("../../bench/configs/qwen2.5-7b-512k.json");
@@ -826,7 +847,7 @@ int main(void) {
         cmocka_unit_test(test_suggests_state),      cmocka_unit_test(test_long_context_tiles),
         cmocka_unit_test(test_long_context_h200),   cmocka_unit_test(test_long_context_what_fits),
         cmocka_unit_test(test_config_512k),         cmocka_unit_test(test_sparse_checkpoints),
-        cmocka_unit_test(test_update_on_auto),
+        cmocka_unit_test(test_update_on_auto),      cmocka_unit_test(test_deltanet_long_context),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

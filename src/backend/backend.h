@@ -94,6 +94,22 @@ typedef struct {
     double delta_rule_rate;
 } mt_backend_memory;
 
+/* Where a call of the gated delta rule sits in longer rows, for a layer that runs a long row in
+ * spans of tokens (model/mixer_deltanet.c): the call's tokens are positions t0.. of their rows
+ * (doc_start holds positions in the row, so a document begun before t0 continues into the call:
+ * its tokens read the incoming state), and the state crosses from span to span. state_in (B, Hv,
+ * Dk, Dv) fp32 is the state entering the call (NULL: zero); the forward writes the state after its
+ * last token to state_out (NULL: not written); the backward takes that state's gradient from
+ * dstate_out (NULL: zero) and writes state_in's to dstate_in (NULL: not written; it must not
+ * alias dstate_out). A NULL span is whole rows: t0 0 and no states. */
+typedef struct {
+    int t0;
+    const float *state_in;
+    float *state_out;
+    const float *dstate_out;
+    float *dstate_in;
+} mt_gated_delta_span;
+
 struct mt_backend {
     const char *name;
     mt_dtype dtype; /* compute dtype of weights and activations */
@@ -216,14 +232,16 @@ struct mt_backend {
      * K <= 8 taps and Dk <= 128, TF32 tensor-core products in the gated delta rule. */
     /* out (N, Ch) = silu(causal depthwise conv over each row's time of inp (N, Ch) with weight
      * (Ch, K), no bias): out[t, c] = silu(sum_j weight[c, j] * inp[t - (K-1) + j, c]), the taps
-     * before the token's document (or row) start reading zero. */
+     * before the token's document (or the call's row) start reading zero. The call's tokens are
+     * positions t0.. of their rows (doc_start holds positions in the row: a document begun before
+     * t0 reads from the call's first token on); t0 is 0 for whole rows. */
     void (*causal_conv1d_forward)(mt_backend *be, void *out, const void *inp, const void *weight,
-                                  const int32_t *doc_start, int B, int T, int C, int K);
+                                  const int32_t *doc_start, int B, int T, int C, int K, int t0);
     /* dinp (N, Ch) written (=), dweight (Ch, K) += (NULL: skipped), from dout; the pre-activation
      * recomputed. */
     void (*causal_conv1d_backward)(mt_backend *be, void *dinp, float *dweight, const void *dout,
                                    const void *inp, const void *weight, const int32_t *doc_start,
-                                   int B, int T, int C, int K);
+                                   int B, int T, int C, int K, int t0);
     /* Over R rows of width D (R = N*heads): rinv[r] = 1/sqrt(sum(inp[r]^2) + eps) (eps 1e-6 in
      * Qwen3.5), out = inp * rinv. */
     void (*l2norm_forward)(mt_backend *be, void *out, float *rinv, const void *inp, int R, int D,
@@ -249,19 +267,21 @@ struct mt_backend {
      * solve, the state scanned over chunks, a document start inside a chunk masked within it).
      * chunk_states (B, Hv, nchunks, Dk, Dv) fp32, nchunks = ceil(T / MT_GATED_DELTA_CHUNK): the
      * state entering each chunk (before the reset of a document starting at the chunk's first
-     * token), written for the backward. */
+     * token), written for the backward. span: where the call sits in longer rows (NULL: whole
+     * rows; mt_gated_delta_span). */
     void (*gated_delta_forward)(mt_backend *be, void *out, float *chunk_states, const void *q,
                                 const void *k, const void *v, const float *g, const float *beta,
                                 const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk,
-                                int Dv, float scale);
+                                int Dv, float scale, const mt_gated_delta_span *span);
     /* The chunked backward (fla's: each chunk recomputed from its saved incoming state, chunks in
      * reverse): dq, dk (N, Hk, Dk), dv (N, Hv, Dv) and dg, dbeta (N, Hv) fp32, all written (=),
-     * from dout (N, Hv, Dv) and the forward's chunk_states. */
+     * from dout (N, Hv, Dv) and the forward's chunk_states; span as the forward's. */
     void (*gated_delta_backward)(mt_backend *be, void *dq, void *dk, void *dv, float *dg,
                                  float *dbeta, const void *dout, const float *chunk_states,
                                  const void *q, const void *k, const void *v, const float *g,
                                  const float *beta, const int32_t *doc_start, int B, int T, int Hk,
-                                 int Hv, int Dk, int Dv, float scale);
+                                 int Hv, int Dk, int Dv, float scale,
+                                 const mt_gated_delta_span *span);
     /* Over R rows of width C (R = N*Hv, C = Dv), as transformers' Qwen3_5RMSNormGated (a plain
      * weight, not 1 + weight): rstd[r] = 1/sqrt(mean(inp[r]^2) + eps),
      * out = weight * inp * rstd * silu(gate). */

@@ -671,7 +671,7 @@ static void print_tier_reason(const mt_plan *p, FILE *out) {
 static void print_step_time(const mt_plan *p, FILE *out) {
     const mt_step_time *s = &p->time;
     const mt_config *c = &p->cfg;
-    char moe[384] = "";
+    char moe[512] = "";
     if (c->n_experts)
         snprintf(moe, sizeof moe, ", active experts only; + %.2f s for the MoE layers' GEMM calls and routing",
                  s->moe_s);
@@ -681,6 +681,9 @@ static void print_step_time(const mt_plan *p, FILE *out) {
     if (s->remake_s > 0)
         snprintf(moe + strlen(moe), sizeof moe - strlen(moe), "; of which %.2f s remakes the inputs that "
                  "sparse checkpoints do not keep", s->remake_s);
+    if (s->span_s > 0)
+        snprintf(moe + strlen(moe), sizeof moe - strlen(moe), "; + %.2f s remaking the tiled Gated "
+                 "DeltaNet layers' spans in the backward", s->span_s);
     char upd[256];
     if (s->streamed)
         snprintf(upd, sizeof upd, "the update on the GPU %.2f s (--update-on gpu: %.2f Gparam, their "

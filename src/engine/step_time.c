@@ -52,6 +52,19 @@ static double delta_extra_s(const mt_config *c, int l, double N, const mt_backen
     return mt_flops_deltanet_core_forward(c, N) * (1 / m->delta_rule_rate - 1 / m->flops_rate);
 }
 
+/* A tiled call's Gated DeltaNet layer remakes its spans' mixer forward in the backward, all but
+ * the last span's (model/mixer_deltanet.c): about one more forward of the mixer (its projections
+ * and the delta rule), in seconds. 0 untiled or for attention. */
+static double span_remake_s(const mt_config *c, int l, const mt_engine_opts *eo, double N,
+                            const mt_backend_memory *m) {
+    double n = (double)eo->micro_batch * eo->T;
+    int tiled = eo->mlp_chunk > 0 && eo->mlp_chunk < n;
+    if (mt_config_layer_mixer(c, l) != MT_MIXER_GATED_DELTANET || !tiled) return 0;
+    double rule = m->delta_rule_rate > 0 ? m->delta_rule_rate : m->flops_rate;
+    return mt_flops_layer_projections(c, l, N, 0) / m->flops_rate +
+           mt_flops_deltanet_core_forward(c, N) / rule;
+}
+
 /* Layer l's forward in seconds (projections, MLP or experts, attention or the delta rule; an MoE
  * layer's extra). */
 static double layer_forward_s(const mt_config *c, int l, const mt_engine_opts *eo, double N,
@@ -118,7 +131,8 @@ void mt_step_time_of(const mt_param_table *t, mt_dtype dtype, const mt_engine_op
     /* sparse checkpoints: the layer before each odd one runs its forward again in the backward
      * (its time in remake_s; its FLOPs join the executed ones after) */
     for (int l = 1; eo->checkpoint_every == 2 && l < L; l += 2) st->remake_s += layer_forward_s(c, l - 1, eo, N, m);
-    st->compute_s = st->flops / m->flops_rate + st->moe_s + st->delta_s + st->remake_s;
+    for (int l = 0; l < L; l++) st->span_s += span_remake_s(c, l, eo, N, m);
+    st->compute_s = st->flops / m->flops_rate + st->moe_s + st->delta_s + st->remake_s + st->span_s;
     st->flops += mt_flops_remade(c, N, eo->T, eo->checkpoint_every);
 
     /* the host groups: embed, the streamed layers, head */

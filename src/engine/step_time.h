@@ -52,6 +52,9 @@ typedef struct {
     double forward_s;              /* of which the forward (layers and the LM head's product) */
     double remake_s;               /* of which sparse checkpoints' remade inputs (the forward of
                                       every layer before an odd one, again in the backward) */
+    double span_s;                 /* of which a tiled call's Gated DeltaNet spans, remade in the
+                                      backward (model/mixer_deltanet.c: about one mixer forward
+                                      more a DeltaNet layer) */
     double h2d_bytes, d2h_bytes, pcie_s;
     double host_params, host_s;    /* parameters the host updates; at host_rate */
     double start_s;                /* the next forward starts this long after the backward */

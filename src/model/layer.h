@@ -21,9 +21,17 @@ typedef struct mt_moe_stats mt_moe_stats; /* model/moe.h */
  * forward writes and the backward reads: one buffer for every copy of a workspace (a copy with
  * saved fields shares it), taken on the first call that needs more (its size depends on B and T,
  * not on N alone). */
+/* The Gated DeltaNet mixer's fp32 states on the compute side (model/mixer_deltanet.c), each grown
+ * on demand: the delta rule's chunk states of a call (or span), and for a tiled layer the state
+ * entering each span after a row's first, the state's gradient between spans (two), and the
+ * conv's context-row gradients between spans (K-1 rows of the compute dtype). */
 typedef struct mt_lin_states {
     float *p;
     size_t bytes;
+    float *spans, *dstates;
+    size_t span_bytes, dstate_bytes;
+    void *conv_tail;
+    size_t conv_tail_bytes;
 } mt_lin_states;
 
 /* What every layer call shares. inv_freq (D/2 fp32) lives on the compute side. */

@@ -27,6 +27,13 @@ static inline int mt_layer_chunk_rows(int chunk, int N) {
     return chunk > 0 && chunk < N ? chunk : N;
 }
 
+/* Tokens a span of the Gated DeltaNet mixer covers when a call is tiled into chunks of `chunk`
+ * tokens (mixer_deltanet.c): the chunk, but at least one of the delta rule's chunks, so that a
+ * span's conv context (K-1 <= 64 tokens) lies in the span before. */
+static inline int mt_lin_span_tokens(int chunk) {
+    return chunk > MT_GATED_DELTA_CHUNK ? chunk : MT_GATED_DELTA_CHUNK;
+}
+
 /* Row r0 of a token-major (N, width) tensor of the compute dtype. */
 static inline void *mt_layer_row(const mt_layer_ctx *lc, const void *base, int r0, int width) {
     return (char *)base + (size_t)r0 * (size_t)width * mt_dtype_size(lc->be->dtype);

@@ -14,8 +14,12 @@ typedef struct {
     int is_f32;    /* fp32 statistic rather than compute dtype */
     int saved;     /* kept per layer when its backward skips the recompute (a chunk field only
                         when the call is untiled) */
-    int chunk;     /* chunk rows: one chunk of tokens when the call is tiled */
+    int chunk;     /* WS_CHUNK: one chunk of tokens when the call is tiled; WS_SPAN: one span of
+                      the Gated DeltaNet mixer and its conv's ctx context rows */
+    int ctx;
 } ws_field;
+
+enum { WS_WHOLE, WS_CHUNK, WS_SPAN };
 
 #define WS(field) offsetof(mt_layer_ws, field)
 #define WS_MAX_FIELDS 128 /* room for every list of ws_fields; it checks */
@@ -67,6 +71,7 @@ static int ws_fields(const mt_config *cfg, ws_field *f) {
     if (mt_config_mixer_layers(cfg, MT_MIXER_GATED_DELTANET) > 0) {
         int KD = cfg->lin_Hk * cfg->lin_Dk, VD = cfg->lin_Hv * cfg->lin_Dv, Ch = 2 * KD + VD;
         int Hk = cfg->lin_Hk, Hv = cfg->lin_Hv;
+        int first = n; /* every field of the mixer holds a span when tiled (mixer_deltanet.c) */
         ws_field lin[] = {
             {WS(lin_xn), C, 0, 0, 0},         {WS(lin_d_xn), C, 0, 0, 0},
             {WS(lin_d_x), C, 0, 0, 0},        {WS(lin_rstd1), 1, 1, 0, 0},
@@ -89,6 +94,7 @@ static int ws_fields(const mt_config *cfg, ws_field *f) {
             {WS(lin_dbeta), Hv, 1, 0, 0},
         };
         ws_append(f, &n, lin, sizeof lin / sizeof lin[0]);
+        for (int i = first; i < n; i++) f[i].chunk = WS_SPAN, f[i].ctx = cfg->lin_K - 1;
     }
     if (cfg->lora_rank > 0) { /* one adapter's x A^T and its gradient at a time (model/linear.h) */
         ws_field lora[] = {{WS(lora_u), cfg->lora_rank, 0, 0, 0}, {WS(lora_du), cfg->lora_rank, 0, 0, 0}};
@@ -143,7 +149,11 @@ static size_t field_bytes(const ws_field *f, mt_dtype dtype, int rows) {
 
 /* Rows a workspace for max_N tokens gives field f. */
 static int ws_rows(const ws_field *f, int max_N, int chunk) {
-    return f->chunk ? mt_layer_chunk_rows(chunk, max_N) : max_N;
+    int rows = mt_layer_chunk_rows(chunk, max_N);
+    if (f->chunk == WS_WHOLE || rows == max_N) return max_N;
+    if (f->chunk == WS_CHUNK) return rows;
+    rows = mt_lin_span_tokens(rows) + f->ctx;
+    return rows < max_N ? rows : max_N;
 }
 
 /* Whether field f is saved for a call over N tokens (a chunk field only when untiled). */
@@ -161,23 +171,46 @@ static size_t fields_bytes(const mt_config *cfg, mt_dtype dtype, int max_N, int 
     return total;
 }
 
-/* The delta rule's chunk states (mt_lin_states): one Dk x Dv fp32 state per chunk of 64 tokens
- * and value head, none without DeltaNet layers. */
-static size_t states_bytes(const mt_config *cfg, size_t chunks) {
+/* The delta rule's states (mt_lin_states): Dk x Dv fp32 a value head, none without DeltaNet
+ * layers. */
+static size_t states_bytes(const mt_config *cfg, size_t states) {
     if (mt_config_mixer_layers(cfg, MT_MIXER_GATED_DELTANET) == 0) return 0;
-    return chunks * (size_t)cfg->lin_Hv * cfg->lin_Dk * cfg->lin_Dv * sizeof(float);
+    return states * (size_t)cfg->lin_Hv * cfg->lin_Dk * cfg->lin_Dv * sizeof(float);
 }
 
 static size_t chunks_of(size_t T) { return (T + MT_GATED_DELTA_CHUNK - 1) / MT_GATED_DELTA_CHUNK; }
 
+/* A tiled call's states beside one span's chunk states (mixer_deltanet.c): `spans` saved span
+ * starts, the two gradients between spans, and the conv's K-1 context rows (compute dtype). */
+static size_t span_extra_bytes(const mt_config *cfg, mt_dtype dtype, size_t spans) {
+    if (mt_config_mixer_layers(cfg, MT_MIXER_GATED_DELTANET) == 0) return 0;
+    size_t Ch = 2 * (size_t)cfg->lin_Hk * cfg->lin_Dk + (size_t)cfg->lin_Hv * cfg->lin_Dv;
+    size_t tail = (size_t)(cfg->lin_K > 1 ? cfg->lin_K - 1 : 1) * Ch * mt_dtype_size(dtype);
+    return states_bytes(cfg, spans + 2) + tail;
+}
+
 size_t mt_layer_ws_bytes_tiled(const mt_config *cfg, mt_dtype dtype, int max_N, int mlp_chunk) {
-    /* states counted for rows of at least 64 tokens (a row's last chunk may be partial: one more
-     * chunk a row, bounded by rows of 64) */
-    return fields_bytes(cfg, dtype, max_N, mlp_chunk) + states_bytes(cfg, 2 * chunks_of((size_t)max_N));
+    size_t fields = fields_bytes(cfg, dtype, max_N, mlp_chunk);
+    int rows = mt_layer_chunk_rows(mlp_chunk, max_N);
+    /* untiled: states counted for rows of at least 64 tokens (a row's last chunk may be partial:
+     * one more chunk a row, bounded by rows of 64) */
+    if (rows == max_N) return fields + states_bytes(cfg, 2 * chunks_of((size_t)max_N));
+    /* tiled: one span's chunks (a span of a whole row: no more), and at most N / span saved
+     * starts (a row of T has ceil(T / span) - 1 of them, each after a full span) */
+    size_t span = (size_t)mt_lin_span_tokens(rows);
+    return fields + states_bytes(cfg, chunks_of(span)) +
+           span_extra_bytes(cfg, dtype, (size_t)max_N / span);
 }
 
 size_t mt_layer_ws_bytes_rows(const mt_config *cfg, mt_dtype dtype, int B, int T, int mlp_chunk) {
-    return fields_bytes(cfg, dtype, B * T, mlp_chunk) + states_bytes(cfg, (size_t)B * chunks_of((size_t)T));
+    size_t fields = fields_bytes(cfg, dtype, B * T, mlp_chunk);
+    int N = B * T, rows = mt_layer_chunk_rows(mlp_chunk, N);
+    if (rows == N) return fields + states_bytes(cfg, (size_t)B * chunks_of((size_t)T));
+    size_t span = (size_t)mt_lin_span_tokens(rows);
+    if (span > (size_t)T) span = (size_t)T;
+    size_t per_row = ((size_t)T + span - 1) / span;
+    return fields + states_bytes(cfg, chunks_of(span)) +
+           span_extra_bytes(cfg, dtype, (size_t)B * (per_row - 1));
 }
 
 size_t mt_layer_ws_bytes(const mt_config *cfg, mt_dtype dtype, int max_N) {
@@ -276,7 +309,10 @@ void mt_layer_ws_free(mt_layer_ws *ws, const mt_layer_ctx *lc) {
     }
     mt_moe_ws_free(ws, lc);
     if (ws->lin_states) {
-        if (ws->lin_states->p) lc->be->free(lc->be, ws->lin_states->p);
+        mt_lin_states *st = ws->lin_states;
+        void *bufs[] = {st->p, st->spans, st->dstates, st->conv_tail};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            if (bufs[i]) lc->be->free(lc->be, bufs[i]);
         free(ws->lin_states);
     }
     ws->lin_states = NULL;

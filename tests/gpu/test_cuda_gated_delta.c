@@ -96,7 +96,9 @@ static void test_ops_present(void **state) {
 
 /* ---------------- causal conv1d ---------------- */
 
-static void conv_case(int B, int T, int C, int K, const int starts[][6], uint64_t seed) {
+/* t0 > 0: the call is positions t0.. of longer rows (a span), doc_start then holds the row's
+ * positions: a row's first document began before the call (0), the others at t0 + their start. */
+static void conv_case(int B, int T, int C, int K, const int starts[][6], uint64_t seed, int t0) {
     mt_test_rng rng;
     mt_test_rng_seed(&rng, seed);
     char what[128];
@@ -105,17 +107,20 @@ static void conv_case(int B, int T, int C, int K, const int starts[][6], uint64_
           *dy = mt_test_randn_bf(&rng, n, 1.0f);
     float *fill = mt_test_randn(&rng, nw, 1.0f);
     int32_t *ds = docs_from(starts, B, T);
+    for (size_t i = 0; ds && t0 > 0 && i < (size_t)B * T; i++)
+        if (ds[i] > 0) ds[i] += t0;
     int32_t *d_ds = ds ? mt_test_up_raw(gpu, ds, (size_t)B * T * sizeof(int32_t)) : NULL;
     void *d_x = mt_test_up_bf(gpu, x, n), *d_w = mt_test_up_bf(gpu, w, nw), *d_dy = mt_test_up_bf(gpu, dy, n);
     float *out = mt_test_fnew(n), *dx = mt_test_fnew(n), *dw = mt_test_copyf(fill, nw);
-    cpu->causal_conv1d_forward(cpu, out, x, w, ds, B, T, C, K);
+    cpu->causal_conv1d_forward(cpu, out, x, w, ds, B, T, C, K, t0);
     mt_test_nan_fill(dx, n);
-    cpu->causal_conv1d_backward(cpu, dx, dw, dy, x, w, ds, B, T, C, K);
+    cpu->causal_conv1d_backward(cpu, dx, dw, dy, x, w, ds, B, T, C, K, t0);
     void *d_out = mt_test_poison_bf(gpu, n), *d_dx = mt_test_poison_bf(gpu, n);
     float *d_dw = mt_test_up_raw(gpu, fill, nw * sizeof(float));
-    gpu->causal_conv1d_forward(gpu, d_out, d_x, d_w, d_ds, B, T, C, K);
-    gpu->causal_conv1d_backward(gpu, d_dx, d_dw, d_dy, d_x, d_w, d_ds, B, T, C, K);
-    const char *tag = ds ? " docs" : "";
+    gpu->causal_conv1d_forward(gpu, d_out, d_x, d_w, d_ds, B, T, C, K, t0);
+    gpu->causal_conv1d_backward(gpu, d_dx, d_dw, d_dy, d_x, d_w, d_ds, B, T, C, K, t0);
+    char tag[32];
+    snprintf(tag, sizeof tag, "%s t0=%d", ds ? " docs" : "", t0);
     snprintf(what, sizeof what, "conv1d_fwd B=%d T=%d C=%d K=%d%s", B, T, C, K, tag);
     assert_true(mt_test_check_bf(gpu, what, d_out, out, n, BF_ATOL, BF_RTOL));
     snprintf(what, sizeof what, "conv1d_bwd dinp B=%d T=%d C=%d%s", B, T, C, tag);
@@ -124,12 +129,12 @@ static void conv_case(int B, int T, int C, int K, const int starts[][6], uint64_
     assert_true(mt_test_check_f32(gpu, what, d_dw, dw, nw, F32_ATOL, F32_RTOL));
     float *g1 = mt_test_down_f32(gpu, d_dw, nw);
     gpu->upload(gpu, d_dw, fill, nw * sizeof(float));
-    gpu->causal_conv1d_backward(gpu, d_dx, d_dw, d_dy, d_x, d_w, d_ds, B, T, C, K);
+    gpu->causal_conv1d_backward(gpu, d_dx, d_dw, d_dy, d_x, d_w, d_ds, B, T, C, K, t0);
     float *g2 = mt_test_down_f32(gpu, d_dw, nw);
     assert_true(mt_test_same_bits(what, g1, g2, nw * sizeof(float)));
     free(g1), free(g2);
     void *d_dx2 = mt_test_poison_bf(gpu, n); /* dweight NULL (a frozen conv) */
-    gpu->causal_conv1d_backward(gpu, d_dx2, NULL, d_dy, d_x, d_w, d_ds, B, T, C, K);
+    gpu->causal_conv1d_backward(gpu, d_dx2, NULL, d_dy, d_x, d_w, d_ds, B, T, C, K, t0);
     snprintf(what, sizeof what, "conv1d_bwd dinp, dweight NULL B=%d T=%d C=%d%s", B, T, C, tag);
     assert_true(same_dev(what, d_dx2, d_dx, n, sizeof(mt_bf16)));
     gfree(d_dx2);
@@ -140,10 +145,12 @@ static void conv_case(int B, int T, int C, int K, const int starts[][6], uint64_
 
 static void test_causal_conv1d(void **state) {
     static const int docs[2][6] = {{0, 2, 40, 41, 77, 77}, {0, 77, 77, 77, 77, 77}};
-    conv_case(2, 77, 200, 4, NULL, 31);
-    conv_case(2, 77, 200, 4, docs, 32);
-    conv_case(1, 300, 1024, 4, NULL, 33); /* several parts */
-    conv_case(1, 9, 5, 3, NULL, 34);
+    conv_case(2, 77, 200, 4, NULL, 31, 0);
+    conv_case(2, 77, 200, 4, docs, 32, 0);
+    conv_case(1, 300, 1024, 4, NULL, 33, 0); /* several parts */
+    conv_case(1, 9, 5, 3, NULL, 34, 0);
+    conv_case(2, 77, 200, 4, docs, 35, 100); /* a span: documents begun before it */
+    conv_case(1, 77, 200, 4, NULL, 36, 3);
 }
 
 /* ---------------- l2norm ---------------- */
@@ -390,18 +397,19 @@ static void gd_case(int B, int T, int Hk, int Hv, int Dk, int Dv, float gscale, 
           *dk = mt_test_fnew(in.nk);
     float *dv = mt_test_fnew(in.nv), *dg = mt_test_fnew(in.ng), *db = mt_test_fnew(in.ng);
     cpu->gated_delta_forward(cpu, out, cs, in.q, in.k, in.v, in.g, in.beta, in.ds, B, T, Hk, Hv,
-                             Dk, Dv, scale);
+                             Dk, Dv, scale, NULL);
     cpu->gated_delta_backward(cpu, dq, dk, dv, dg, db, in.dout, cs, in.q, in.k, in.v, in.g, in.beta,
-                              in.ds, B, T, Hk, Hv, Dk, Dv, scale);
+                              in.ds, B, T, Hk, Hv, Dk, Dv, scale, NULL);
     void *d_out = mt_test_poison_bf(gpu, in.nv), *d_dq = mt_test_poison_bf(gpu, in.nk),
          *d_dk = mt_test_poison_bf(gpu, in.nk);
     void *d_dv = mt_test_poison_bf(gpu, in.nv);
     float *d_cs = mt_test_poison_f32(gpu, in.ns), *d_dg = mt_test_poison_f32(gpu, in.ng),
           *d_db = mt_test_poison_f32(gpu, in.ng);
     gpu->gated_delta_forward(gpu, d_out, d_cs, in.d_q, in.d_k, in.d_v, in.d_g, in.d_beta, in.d_ds,
-                             B, T, Hk, Hv, Dk, Dv, scale);
+                             B, T, Hk, Hv, Dk, Dv, scale, NULL);
     gpu->gated_delta_backward(gpu, d_dq, d_dk, d_dv, d_dg, d_db, in.d_dout, d_cs, in.d_q, in.d_k,
-                              in.d_v, in.d_g, in.d_beta, in.d_ds, B, T, Hk, Hv, Dk, Dv, scale);
+                              in.d_v, in.d_g, in.d_beta, in.d_ds, B, T, Hk, Hv, Dk, Dv, scale,
+                              NULL);
     int ok = 1;
     snprintf(what, sizeof what, "gd_fwd out %s", tag);
     ok &= check_gd(what, d_out, 1, out, in.nv);
@@ -420,7 +428,8 @@ static void gd_case(int B, int T, int Hk, int Hv, int Dk, int Dv, float gscale, 
     /* the backward again: the same bits */
     float *q1 = mt_test_down_bf(gpu, d_dq, in.nk), *g1 = mt_test_down_f32(gpu, d_dg, in.ng);
     gpu->gated_delta_backward(gpu, d_dq, d_dk, d_dv, d_dg, d_db, in.d_dout, d_cs, in.d_q, in.d_k,
-                              in.d_v, in.d_g, in.d_beta, in.d_ds, B, T, Hk, Hv, Dk, Dv, scale);
+                              in.d_v, in.d_g, in.d_beta, in.d_ds, B, T, Hk, Hv, Dk, Dv, scale,
+                              NULL);
     float *q2 = mt_test_down_bf(gpu, d_dq, in.nk), *g2 = mt_test_down_f32(gpu, d_dg, in.ng);
     snprintf(what, sizeof what, "gd_bwd dq, dg %s", tag);
     ok &= mt_test_same_bits(what, q1, q2, in.nk * sizeof(float)) &&
@@ -456,6 +465,86 @@ static void test_gated_delta(void **state) {
     unsetenv("MT_GATED_DELTA_RANGE");
 }
 
+/* One row of T tokens run as two spans, [0, S) and [S, T), as the tiled layer runs a long row
+ * (mt_gated_delta_span, model/mixer_deltanet.c): the first span's forward hands its final state
+ * to the second, whose doc_start positions are the row's (t0 = S); the backward runs the second
+ * span first and hands the gradient of that state back. Against the CPU op over the whole row,
+ * the same bounds as gd_case's. */
+static void gd_span_case(int T, int S, int Hk, int Hv, int Dk, int Dv, float gscale, float kcorr,
+                         const int starts[][6], uint64_t seed) {
+    gd_inputs in;
+    gd_make(&in, 1, T, Hk, Hv, Dk, Dv, gscale, kcorr, starts, seed, 1);
+    float scale = 1.0f / sqrtf((float)Dk);
+    char what[200], tag[128];
+    snprintf(tag, sizeof tag, "T=%d as spans of %d + %d, Hk=%d Hv=%d Dk=%d Dv=%d%s", T, S, T - S,
+             Hk, Hv, Dk, Dv, in.ds ? " docs" : "");
+    float *out = mt_test_fnew(in.nv), *cs = mt_test_fnew(in.ns), *dq = mt_test_fnew(in.nk),
+          *dk = mt_test_fnew(in.nk);
+    float *dv = mt_test_fnew(in.nv), *dg = mt_test_fnew(in.ng), *db = mt_test_fnew(in.ng);
+    cpu->gated_delta_forward(cpu, out, cs, in.q, in.k, in.v, in.g, in.beta, in.ds, 1, T, Hk, Hv,
+                             Dk, Dv, scale, NULL);
+    cpu->gated_delta_backward(cpu, dq, dk, dv, dg, db, in.dout, cs, in.q, in.k, in.v, in.g, in.beta,
+                              in.ds, 1, T, Hk, Hv, Dk, Dv, scale, NULL);
+    void *d_out = mt_test_poison_bf(gpu, in.nv), *d_dq = mt_test_poison_bf(gpu, in.nk),
+         *d_dk = mt_test_poison_bf(gpu, in.nk);
+    void *d_dv = mt_test_poison_bf(gpu, in.nv);
+    float *d_dg = mt_test_poison_f32(gpu, in.ng), *d_db = mt_test_poison_f32(gpu, in.ng);
+    size_t SS = (size_t)Hv * Dk * Dv;
+    float *d_cs[2] = {mt_test_poison_f32(gpu, in.ns), mt_test_poison_f32(gpu, in.ns)};
+    float *d_state = mt_test_poison_f32(gpu, SS), *d_dstate = mt_test_poison_f32(gpu, SS);
+    const int t0[2] = {0, S}, n[2] = {S, T - S};
+    size_t kb = (size_t)Hk * Dk * sizeof(mt_bf16), vb = (size_t)Hv * Dv * sizeof(mt_bf16);
+#define AT(p, row_bytes, s) ((void *)((char *)(p) + (size_t)t0[s] * (row_bytes)))
+    for (int s = 0; s < 2; s++) {
+        mt_gated_delta_span sp = {t0[s], s ? d_state : NULL, s ? NULL : d_state, NULL, NULL};
+        gpu->gated_delta_forward(gpu, AT(d_out, vb, s), d_cs[s], AT(in.d_q, kb, s),
+                                 AT(in.d_k, kb, s), AT(in.d_v, vb, s), in.d_g + t0[s] * Hv,
+                                 in.d_beta + t0[s] * Hv, in.d_ds ? in.d_ds + t0[s] : NULL, 1, n[s],
+                                 Hk, Hv, Dk, Dv, scale, &sp);
+    }
+    for (int s = 1; s >= 0; s--) {
+        mt_gated_delta_span sp = {t0[s], NULL, NULL, s ? NULL : d_dstate, s ? d_dstate : NULL};
+        gpu->gated_delta_backward(gpu, AT(d_dq, kb, s), AT(d_dk, kb, s), AT(d_dv, vb, s),
+                                  d_dg + t0[s] * Hv, d_db + t0[s] * Hv, AT(in.d_dout, vb, s),
+                                  d_cs[s], AT(in.d_q, kb, s), AT(in.d_k, kb, s), AT(in.d_v, vb, s),
+                                  in.d_g + t0[s] * Hv, in.d_beta + t0[s] * Hv,
+                                  in.d_ds ? in.d_ds + t0[s] : NULL, 1, n[s], Hk, Hv, Dk, Dv, scale,
+                                  &sp);
+    }
+#undef AT
+    int ok = 1;
+    snprintf(what, sizeof what, "gd_fwd out %s", tag);
+    ok &= check_gd(what, d_out, 1, out, in.nv);
+    snprintf(what, sizeof what, "gd_bwd dq %s", tag);
+    ok &= check_gd(what, d_dq, 1, dq, in.nk);
+    snprintf(what, sizeof what, "gd_bwd dk %s", tag);
+    ok &= check_gd(what, d_dk, 1, dk, in.nk);
+    snprintf(what, sizeof what, "gd_bwd dv %s", tag);
+    ok &= check_gd(what, d_dv, 1, dv, in.nv);
+    snprintf(what, sizeof what, "gd_bwd dg %s", tag);
+    ok &= check_gd(what, d_dg, 0, dg, in.ng);
+    snprintf(what, sizeof what, "gd_bwd dbeta %s", tag);
+    ok &= check_gd(what, d_db, 0, db, in.ng);
+    free(out), free(cs), free(dq), free(dk), free(dv), free(dg), free(db);
+    gfree(d_out), gfree(d_dq), gfree(d_dk), gfree(d_dv), gfree(d_dg), gfree(d_db);
+    gfree(d_cs[0]), gfree(d_cs[1]), gfree(d_state), gfree(d_dstate);
+    gd_free(&in);
+    assert_true(ok);
+}
+
+static void test_gated_delta_spans(void **state) {
+    (void)state;
+    /* documents at 37, 64 and 200; and one starting at the second span's first token (100) */
+    static const int docs300[1][6] = {{0, 37, 64, 200, 300, 300}};
+    static const int docs_at_span[1][6] = {{0, 37, 100, 200, 300, 300}};
+    gd_span_case(300, 128, 2, 4, 128, 128, 0.1f, 0.5f, docs300, 81); /* on a chunk boundary */
+    gd_span_case(300, 100, 2, 4, 128, 128, 0.02f, 0, NULL, 82);      /* inside a chunk */
+    gd_span_case(300, 100, 2, 4, 128, 128, 1.0f, 0, docs_at_span, 83);
+    setenv("MT_GATED_DELTA_RANGE", "1", 1); /* the spans' own ranges carry the state too */
+    gd_span_case(300, 200, 1, 2, 32, 48, 0.1f, 0, docs300, 84);
+    unsetenv("MT_GATED_DELTA_RANGE");
+}
+
 /* The same cases with split TF32 only where Tm or W meets a product (MT_GATED_DELTA_TF32=tm,
  * gated_delta_chunk.cuh), the rest plain TF32: the same bounds as the default's. */
 static void test_gated_delta_split_tm(void **state) {
@@ -479,11 +568,11 @@ static void bench_one(int B, int T, int Hk, int Hv, int Dk, int Dv, int iters, i
     for (int it = 0; it <= iters; it++) {
         gpu->event_record(gpu, e0, MT_STREAM_COMPUTE);
         gpu->gated_delta_forward(gpu, d_out, d_cs, in.d_q, in.d_k, in.d_v, in.d_g, in.d_beta, NULL,
-                                 B, T, Hk, Hv, Dk, Dv, scale);
+                                 B, T, Hk, Hv, Dk, Dv, scale, NULL);
         gpu->event_record(gpu, e1, MT_STREAM_COMPUTE);
         gpu->gated_delta_backward(gpu, d_dq, d_dk, d_dv, d_dg, d_db, in.d_dout, d_cs, in.d_q,
                                   in.d_k, in.d_v, in.d_g, in.d_beta, NULL, B, T, Hk, Hv, Dk, Dv,
-                                  scale);
+                                  scale, NULL);
         gpu->event_record(gpu, e2, MT_STREAM_COMPUTE);
         gpu->event_sync(gpu, e2);
         if (it) {
@@ -537,7 +626,7 @@ int main(int argc, char **argv) {
             cmocka_unit_test(test_ops_present), cmocka_unit_test(test_causal_conv1d),
             cmocka_unit_test(test_l2norm),      cmocka_unit_test(test_gdn_gates),
             cmocka_unit_test(test_gated_rmsnorm), cmocka_unit_test(test_gated_delta),
-            cmocka_unit_test(test_gated_delta_split_tm),
+            cmocka_unit_test(test_gated_delta_split_tm), cmocka_unit_test(test_gated_delta_spans),
         };
         failed = cmocka_run_group_tests(tests, NULL, NULL);
     }

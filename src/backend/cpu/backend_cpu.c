@@ -121,13 +121,14 @@ static void cpu_cols_join(mt_backend *be, void *out, const void *a, const void *
 }
 static void cpu_causal_conv1d_forward(mt_backend *be, void *out, const void *inp,
                                       const void *weight, const int32_t *doc_start, int B, int T,
-                                      int C, int K) {
-    mt_cpu_causal_conv1d_forward(out, inp, weight, doc_start, B, T, C, K);
+                                      int C, int K, int t0) {
+    mt_cpu_causal_conv1d_forward(out, inp, weight, doc_start, B, T, C, K, t0);
 }
 static void cpu_causal_conv1d_backward(mt_backend *be, void *dinp, float *dweight,
                                        const void *dout, const void *inp, const void *weight,
-                                       const int32_t *doc_start, int B, int T, int C, int K) {
-    mt_cpu_causal_conv1d_backward(dinp, dweight, dout, inp, weight, doc_start, B, T, C, K);
+                                       const int32_t *doc_start, int B, int T, int C, int K,
+                                       int t0) {
+    mt_cpu_causal_conv1d_backward(dinp, dweight, dout, inp, weight, doc_start, B, T, C, K, t0);
 }
 static void cpu_l2norm_forward(mt_backend *be, void *out, float *rinv, const void *inp, int R,
                                int D, float eps) {
@@ -151,17 +152,19 @@ static void cpu_gdn_gates_backward(mt_backend *be, void *da, void *db, float *dA
 static void cpu_gated_delta_forward(mt_backend *be, void *out, float *chunk_states, const void *q,
                                     const void *k, const void *v, const float *g,
                                     const float *beta, const int32_t *doc_start, int B, int T,
-                                    int Hk, int Hv, int Dk, int Dv, float scale) {
+                                    int Hk, int Hv, int Dk, int Dv, float scale,
+                                    const mt_gated_delta_span *span) {
     mt_cpu_gated_delta_forward(out, chunk_states, q, k, v, g, beta, doc_start, B, T, Hk, Hv, Dk, Dv,
-                               scale);
+                               scale, span);
 }
 static void cpu_gated_delta_backward(mt_backend *be, void *dq, void *dk, void *dv, float *dg,
                                      float *dbeta, const void *dout, const float *chunk_states,
                                      const void *q, const void *k, const void *v, const float *g,
                                      const float *beta, const int32_t *doc_start, int B, int T,
-                                     int Hk, int Hv, int Dk, int Dv, float scale) {
+                                     int Hk, int Hv, int Dk, int Dv, float scale,
+                                     const mt_gated_delta_span *span) {
     mt_cpu_gated_delta_backward(dq, dk, dv, dg, dbeta, dout, chunk_states, q, k, v, g, beta,
-                                doc_start, B, T, Hk, Hv, Dk, Dv, scale);
+                                doc_start, B, T, Hk, Hv, Dk, Dv, scale, span);
 }
 static void cpu_gated_rmsnorm_forward(mt_backend *be, void *out, float *rstd, const void *inp,
                                       const void *gate, const void *weight, int R, int C,

@@ -1,7 +1,8 @@
 /* The Gated DeltaNet's short convolution: causal, depthwise (one K-tap filter per channel), then
  * SiLU, as transformers' causal_conv1d_fn with activation "silu" and no bias:
  *   out[t, c] = silu(sum_j w[c, j] * x[t - (K-1) + j, c]),  taps before the token's document start
- * (or its row's start) read zero, so packed documents never see each other. */
+ * (or its row's start) read zero, so packed documents never see each other. A call over positions
+ * t0.. of longer rows (a span of model/mixer_deltanet.c) reads nothing before its first token. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -10,13 +11,14 @@
 
 #define CONV_CH_BLOCK 64 /* channels per task of the backward */
 
-/* First token of row b that token t may read. */
-static inline int first_src(const int32_t *doc_start, int b, int T, int t) {
+/* First token of row b of the call that its token t may read: its document's start, or the
+ * call's first token (position t0 of the row) when the document began before it. */
+static inline int first_src(const int32_t *doc_start, int b, int T, int t, int t0) {
     if (!doc_start) return 0;
     int s = doc_start[(size_t)b * T + t];
-    MT_CHECK(s >= 0 && s <= t, "causal_conv1d: doc_start[%d*T+%d] = %d must lie in [0, t]", b, t,
-             s);
-    return s;
+    MT_CHECK(s >= 0 && s <= t0 + t, "causal_conv1d: doc_start[%d*T+%d] = %d must lie in [0, %d]",
+             b, t, s, t0 + t);
+    return s > t0 ? s - t0 : 0;
 }
 
 /* The pre-activation of token t (row b), channel c. */
@@ -35,10 +37,10 @@ static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 /* out, inp (B*T, C); weight (C, K). */
 void mt_cpu_causal_conv1d_forward(float *out, const float *inp, const float *weight,
-                                  const int32_t *doc_start, int B, int T, int C, int K) {
+                                  const int32_t *doc_start, int B, int T, int C, int K, int t0) {
 #pragma omp parallel for schedule(static)
     for (long n = 0; n < (long)B * T; n++) {
-        int b = (int)(n / T), t = (int)(n % T), lo = first_src(doc_start, b, T, t);
+        int b = (int)(n / T), t = (int)(n % T), lo = first_src(doc_start, b, T, t, t0);
         for (int c = 0; c < C; c++) {
             float p = conv_at(inp, weight, lo, b, t, c, T, C, K);
             out[(size_t)n * C + c] = p * sigmoidf(p);
@@ -52,12 +54,12 @@ void mt_cpu_causal_conv1d_forward(float *out, const float *inp, const float *wei
  * NULL (a frozen conv): its sums are skipped; dinp is the same bits. */
 void mt_cpu_causal_conv1d_backward(float *dinp, float *dweight, const float *dout,
                                    const float *inp, const float *weight, const int32_t *doc_start,
-                                   int B, int T, int C, int K) {
+                                   int B, int T, int C, int K, int t0) {
     size_t N = (size_t)B * T;
     float *dpre = mt_aligned_alloc((N ? N : 1) * C * sizeof(float));
 #pragma omp parallel for schedule(static)
     for (long n = 0; n < (long)N; n++) {
-        int b = (int)(n / T), t = (int)(n % T), lo = first_src(doc_start, b, T, t);
+        int b = (int)(n / T), t = (int)(n % T), lo = first_src(doc_start, b, T, t, t0);
         for (int c = 0; c < C; c++) {
             float p = conv_at(inp, weight, lo, b, t, c, T, C, K), sg = sigmoidf(p);
             dpre[(size_t)n * C + c] = dout[(size_t)n * C + c] * sg * (1.0f + p * (1.0f - sg));
@@ -79,7 +81,7 @@ void mt_cpu_causal_conv1d_backward(float *dinp, float *dweight, const float *dou
                 for (int c = c0; c < c1; c++) dinp[ns * C + c] = 0.0f;
                 /* the tokens t = s .. s+K-1 that read s: same row, and s not before t's start */
                 for (int t = s; t < T && t < s + K; t++) {
-                    if (first_src(doc_start, b, T, t) > s) break; /* a later document */
+                    if (first_src(doc_start, b, T, t, t0) > s) break; /* a later document */
                     int j = s - t + K - 1;
                     size_t nt = (size_t)b * T + t;
                     for (int c = c0; c < c1; c++) {

@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../backend.h" /* mt_gated_delta_span */
+
 /* Rows of the fused LM head handled per chunk (the (chunk, V) logits are the only scratch). */
 #define MT_CPU_LM_HEAD_CHUNK 256
 /* Query rows per attention tile (the scratch is two (tile, T) blocks per thread). */
@@ -76,10 +78,10 @@ void mt_cpu_cols_join(float *out, const float *a, const float *b, int R, int wa,
 /* The Gated DeltaNet's ops (causal_conv1d.c, l2norm.c, gdn_gates.c, gated_delta.c,
  * gated_delta_backward.c, gated_rmsnorm.c); scale multiplies q inside the delta rule. */
 void mt_cpu_causal_conv1d_forward(float *out, const float *inp, const float *weight,
-                                  const int32_t *doc_start, int B, int T, int C, int K);
+                                  const int32_t *doc_start, int B, int T, int C, int K, int t0);
 void mt_cpu_causal_conv1d_backward(float *dinp, float *dweight, const float *dout,
                                    const float *inp, const float *weight, const int32_t *doc_start,
-                                   int B, int T, int C, int K);
+                                   int B, int T, int C, int K, int t0);
 void mt_cpu_l2norm_forward(float *out, float *rinv, const float *inp, int R, int D, float eps);
 void mt_cpu_l2norm_backward(float *dinp, const float *dout, const float *inp, const float *rinv,
                             int R, int D);
@@ -91,12 +93,12 @@ void mt_cpu_gdn_gates_backward(float *da, float *db, float *dA_log, float *ddt_b
 void mt_cpu_gated_delta_forward(float *out, float *chunk_states, const float *q, const float *k,
                                 const float *v, const float *g, const float *beta,
                                 const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk,
-                                int Dv, float scale);
+                                int Dv, float scale, const mt_gated_delta_span *span);
 void mt_cpu_gated_delta_backward(float *dq, float *dk, float *dv, float *dg, float *dbeta,
                                  const float *dout, const float *chunk_states, const float *q,
                                  const float *k, const float *v, const float *g, const float *beta,
                                  const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk,
-                                 int Dv, float scale);
+                                 int Dv, float scale, const mt_gated_delta_span *span);
 void mt_cpu_gated_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *gate,
                                   const float *weight, int R, int C, float eps);
 void mt_cpu_gated_rmsnorm_backward(float *dinp, float *dgate, float *dweight, const float *dout,

@@ -36,7 +36,7 @@ void mt_gd_chunk_free(mt_gd_chunk *c) {
 
 void mt_gd_chunk_load(mt_gd_chunk *c, const float *q, const float *k, const float *v,
                       const float *g, const float *beta, const int32_t *doc_start, int b, int c0,
-                      int L, int kh, int vh, int T, int Hk, int Hv, float scale) {
+                      int L, int kh, int vh, int T, int Hk, int Hv, float scale, int t0) {
     int Dk = c->Dk, Dv = c->Dv;
     c->L = L;
     for (int i = 0; i < L; i++) {
@@ -50,11 +50,13 @@ void mt_gd_chunk_load(mt_gd_chunk *c, const float *q, const float *k, const floa
         for (int d = 0; d < Dv; d++) c->Vc[(size_t)i * Dv + d] = vi[d];
         c->beta[i] = beta[n * Hv + vh];
         c->G[i] = (i ? c->G[i - 1] : 0.0) + (double)g[n * Hv + vh];
+        /* s: the document start in the row; ds relative to the call (< 0: begun before it) */
         int t = c0 + i, s = doc_start ? doc_start[n] : 0;
-        /* documents are runs: a token starts one (s == t) or continues the previous token's */
-        MT_CHECK(s >= 0 && s <= t && (s == t || t == 0 || !doc_start || doc_start[n - 1] == s),
+        /* documents are runs: a token starts one (s == t0 + t) or continues the previous token's */
+        MT_CHECK(s >= 0 && s <= t0 + t &&
+                     (s == t0 + t || t == 0 || !doc_start || doc_start[n - 1] == s),
                  "gated_delta: doc_start[%d*T+%d] = %d is not a run of documents", b, t, s);
-        c->ds[i] = s;
+        c->ds[i] = s - t0;
     }
     double Gl = c->G[L - 1];
     for (int i = 0; i < L; i++) {
@@ -105,7 +107,7 @@ void mt_gd_chunk_solve(mt_gd_chunk *c, const double *S0) {
 void mt_cpu_gated_delta_forward(float *out, float *chunk_states, const float *q, const float *k,
                                 const float *v, const float *g, const float *beta,
                                 const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk,
-                                int Dv, float scale) {
+                                int Dv, float scale, const mt_gated_delta_span *span) {
     MT_CHECK(Hk > 0 && Hv % Hk == 0, "gated_delta: Hv=%d is not a multiple of Hk=%d", Hv, Hk);
     if (B <= 0 || T <= 0) return;
     int rep = Hv / Hk, nc = (T + MT_GD_CHUNK - 1) / MT_GD_CHUNK;
@@ -119,12 +121,14 @@ void mt_cpu_gated_delta_forward(float *out, float *chunk_states, const float *q,
 #pragma omp for schedule(dynamic, 1)
         for (int task = 0; task < B * Hv; task++) {
             int b = task / Hv, vh = task % Hv, kh = vh / rep;
-            memset(S, 0, SS * sizeof(double));
+            const float *S_in = span && span->state_in ? span->state_in + (size_t)task * SS : NULL;
+            for (size_t e = 0; e < SS; e++) S[e] = S_in ? S_in[e] : 0.0;
             for (int ci = 0; ci < nc; ci++) {
                 int c0 = ci * MT_GD_CHUNK, L = T - c0 < MT_GD_CHUNK ? T - c0 : MT_GD_CHUNK;
                 float *Ssave = chunk_states + (((size_t)b * Hv + vh) * nc + ci) * SS;
                 for (size_t e = 0; e < SS; e++) Ssave[e] = (float)S[e];
-                mt_gd_chunk_load(&c, q, k, v, g, beta, doc_start, b, c0, L, kh, vh, T, Hk, Hv, scale);
+                mt_gd_chunk_load(&c, q, k, v, g, beta, doc_start, b, c0, L, kh, vh, T, Hk, Hv,
+                                 scale, span ? span->t0 : 0);
                 mt_gd_chunk_solve(&c, S);
                 /* O = diag(fe) Q S0 + P U */
                 cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, Dv, Dk, 1.0, c.Qs, Dk, S,
@@ -143,6 +147,9 @@ void mt_cpu_gated_delta_forward(float *out, float *chunk_states, const float *q,
                 cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Dk, Dv, L, 1.0, c.Kc, Dk, c.U,
                             Dv, 1.0, S, Dv);
             }
+            if (span && span->state_out)
+                for (size_t e = 0; e < SS; e++)
+                    span->state_out[(size_t)task * SS + e] = (float)S[e];
         }
         free(S), free(Y);
         mt_gd_chunk_free(&c);

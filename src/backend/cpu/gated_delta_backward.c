@@ -172,8 +172,10 @@ void mt_cpu_gated_delta_backward(float *dq, float *dk, float *dv, float *dg, flo
                                  const float *dout, const float *chunk_states, const float *q,
                                  const float *k, const float *v, const float *g, const float *beta,
                                  const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk,
-                                 int Dv, float scale) {
+                                 int Dv, float scale, const mt_gated_delta_span *span) {
     MT_CHECK(Hk > 0 && Hv % Hk == 0, "gated_delta: Hv=%d is not a multiple of Hk=%d", Hv, Hk);
+    MT_CHECK(!span || !span->dstate_in || span->dstate_in != span->dstate_out,
+             "gated_delta_backward: dstate_in aliases dstate_out");
     if (B <= 0 || T <= 0) return;
     int rep = Hv / Hk, nc = (T + MT_GD_CHUNK - 1) / MT_GD_CHUNK;
     size_t SS = (size_t)Dk * Dv;
@@ -192,19 +194,23 @@ void mt_cpu_gated_delta_backward(float *dq, float *dk, float *dv, float *dg, flo
                 memset(dk + r, 0, (size_t)Dk * sizeof(float));
             }
             for (int vh = kh * rep; vh < (kh + 1) * rep; vh++) {
-                memset(w.dSn, 0, SS * sizeof(double));
+                size_t so = ((size_t)b * Hv + vh) * SS; /* this (row, head)'s state in span's */
+                const float *dS_out = span && span->dstate_out ? span->dstate_out + so : NULL;
+                for (size_t e = 0; e < SS; e++) w.dSn[e] = dS_out ? dS_out[e] : 0.0;
                 for (int ci = nc - 1; ci >= 0; ci--) {
                     int c0 = ci * MT_GD_CHUNK, L = T - c0 < MT_GD_CHUNK ? T - c0 : MT_GD_CHUNK;
                     const float *S0 = chunk_states + (((size_t)b * Hv + vh) * nc + ci) * SS;
                     for (size_t e = 0; e < SS; e++) w.S0[e] = S0[e];
                     mt_gd_chunk_load(&c, q, k, v, g, beta, doc_start, b, c0, L, kh, vh, T, Hk, Hv,
-                                     scale);
+                                     scale, span ? span->t0 : 0);
                     mt_gd_chunk_solve(&c, w.S0);
                     chunk_backward(&c, &w, w.S0, dout, dq, dk, dv, dg, dbeta, b, c0, kh, vh, T, Hk, Hv,
                                    scale);
                     double *t = w.dSn;
                     w.dSn = w.dS0, w.dS0 = t;
                 }
+                if (span && span->dstate_in) /* dSn: the gradient of the state entering chunk 0 */
+                    for (size_t e = 0; e < SS; e++) span->dstate_in[so + e] = (float)w.dSn[e];
             }
         }
         grads_free(&w);

@@ -29,7 +29,8 @@ typedef struct {
     int L, Dk, Dv;
     double *Qs, *Kc, *Vc;         /* (L, Dk), (L, Dk), (L, Dv): contiguous copies, Q scaled */
     double *beta, *fe, *lam;      /* (L) */
-    int32_t *ds;                  /* (L) document start of each token (0 without documents) */
+    int32_t *ds;                  /* (L) document start of each token relative to the call's first
+                                     (0 without documents; < 0: begun before the call) */
     double *G;                    /* (L) cumulative g from the chunk's start */
     double eL;
     double *Dm, *KD, *P, *Tm;     /* (L, L) */
@@ -41,10 +42,12 @@ void mt_gd_chunk_alloc(mt_gd_chunk *c, int Dk, int Dv);
 void mt_gd_chunk_free(mt_gd_chunk *c);
 
 /* Copies the chunk's tokens [c0, c0+L) of row b (value head vh, key head kh) and computes the
- * decay masks; doc_start may be NULL. Fatal on a doc_start that is not a run of documents. */
+ * decay masks; doc_start may be NULL. The call's tokens are positions t0.. of their rows
+ * (mt_gated_delta_span): ds holds document starts relative to t0, negative for one begun before.
+ * Fatal on a doc_start that is not a run of documents. */
 void mt_gd_chunk_load(mt_gd_chunk *c, const float *q, const float *k, const float *v,
                       const float *g, const float *beta, const int32_t *doc_start, int b, int c0,
-                      int L, int kh, int vh, int T, int Hk, int Hv, float scale);
+                      int L, int kh, int vh, int T, int Hk, int Hv, float scale, int t0);
 
 /* KD, P, Tm, X, R and U from the loaded chunk and its incoming state S0 (Dk, Dv). */
 void mt_gd_chunk_solve(mt_gd_chunk *c, const double *S0);

@@ -415,15 +415,16 @@ static void cu_cols_join(mt_backend *be, void *out, const void *a, const void *b
     mt_cuda_cols_join((bf16 *)out, (const bf16 *)a, (const bf16 *)b, R, wa, wb, S(be));
 }
 static void cu_causal_conv1d_forward(mt_backend *be, void *out, const void *inp, const void *weight,
-                                     const int32_t *doc_start, int B, int T, int C, int K) {
+                                     const int32_t *doc_start, int B, int T, int C, int K, int t0) {
     mt_cuda_causal_conv1d_forward((bf16 *)out, (const bf16 *)inp, (const bf16 *)weight, doc_start, B,
-                                  T, C, K, S(be));
+                                  T, C, K, t0, S(be));
 }
 static void cu_causal_conv1d_backward(mt_backend *be, void *dinp, float *dweight, const void *dout,
                                       const void *inp, const void *weight,
-                                      const int32_t *doc_start, int B, int T, int C, int K) {
+                                      const int32_t *doc_start, int B, int T, int C, int K,
+                                      int t0) {
     mt_cuda_causal_conv1d_backward((bf16 *)dinp, dweight, (const bf16 *)dout, (const bf16 *)inp,
-                                   (const bf16 *)weight, doc_start, B, T, C, K, S(be));
+                                   (const bf16 *)weight, doc_start, B, T, C, K, t0, S(be));
 }
 static void cu_l2norm_forward(mt_backend *be, void *out, float *rinv, const void *inp, int R, int D,
                               float eps) {
@@ -448,20 +449,21 @@ static void cu_gdn_gates_backward(mt_backend *be, void *da, void *db, float *dA_
 static void cu_gated_delta_forward(mt_backend *be, void *out, float *chunk_states, const void *q,
                                    const void *k, const void *v, const float *g, const float *beta,
                                    const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk,
-                                   int Dv, float scale) {
+                                   int Dv, float scale, const mt_gated_delta_span *span) {
     mt_cuda_gated_delta_forward(be, (bf16 *)out, chunk_states, (const bf16 *)q, (const bf16 *)k,
                                 (const bf16 *)v, g, beta, doc_start, B, T, Hk, Hv, Dk, Dv, scale,
-                                S(be));
+                                span, S(be));
 }
 static void cu_gated_delta_backward(mt_backend *be, void *dq, void *dk, void *dv, float *dg,
                                     float *dbeta, const void *dout, const float *chunk_states,
                                     const void *q, const void *k, const void *v, const float *g,
                                     const float *beta, const int32_t *doc_start, int B, int T,
-                                    int Hk, int Hv, int Dk, int Dv, float scale) {
+                                    int Hk, int Hv, int Dk, int Dv, float scale,
+                                    const mt_gated_delta_span *span) {
     mt_cuda_gated_delta_backward(be, (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, dg, dbeta,
                                  (const bf16 *)dout, chunk_states, (const bf16 *)q, (const bf16 *)k,
                                  (const bf16 *)v, g, beta, doc_start, B, T, Hk, Hv, Dk, Dv, scale,
-                                 S(be));
+                                 span, S(be));
 }
 static void cu_gated_rmsnorm_forward(mt_backend *be, void *out, float *rstd, const void *inp,
                                      const void *gate, const void *weight, int R, int C, float eps) {

@@ -21,7 +21,7 @@ template <int MODE>
 static __global__ void __launch_bounds__(GD_THREADS)
     gd_fwd_prep_kernel(float *W, float *U, const bf16 *k, const bf16 *v, const float *g,
                        const float *beta, const int32_t *doc_start, int T, int Hk, int Hv, int Dk,
-                       int Dv, int Dkp, int Dvp, int c_begin, int R) {
+                       int Dv, int Dkp, int Dvp, int c_begin, int R, int t0) {
     extern __shared__ __align__(128) float sm[];
     const int L = GD_L, tid = threadIdx.x, nt = blockDim.x, ldk = gd_ld(Dkp), ldv = gd_ld(Dvp);
     int lc = blockIdx.x, bh = blockIdx.y, b = bh / Hv, vh = bh % Hv, kh = vh / (Hv / Hk);
@@ -29,7 +29,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
     float *Kc = sm, *Vs = Kc + L * ldk, *KD = Vs + L * ldv, *Tm = KD + L * GD_LDL;
     gd_stats *st = (gd_stats *)(Tm + L * GD_LDL);
     gd_load_chunk(NULL, Kc, ldk, st, NULL, k, g, beta, doc_start, b, c0, Lc, kh, vh, T, Hk, Hv, Dk,
-                  Dkp, 1.0f);
+                  Dkp, 1.0f, t0);
     gd_tile(Vs, ldv, v + (((size_t)b * T + c0) * Hv + vh) * Dv, (size_t)Hv * Dv, Lc, Dv, L, Dvp);
     __syncthreads();
     gd_kd(KD, Kc, ldk, Dkp, st);
@@ -52,19 +52,24 @@ static __global__ void __launch_bounds__(GD_THREADS)
 
 template <int MODE>
 static __global__ void __launch_bounds__(GD_THREADS)
-    gd_fwd_scan_kernel(float *chunk_states, float *U, const float *W, const bf16 *k,
+    gd_fwd_scan_kernel(float *chunk_states, const float *state_in, float *state_out, float *U,
+                       const float *W, const bf16 *k,
                        const float *g, const float *beta, const int32_t *doc_start, int T, int Hk,
-                       int Hv, int Dk, int Dv, int Dkp, int Dvp, int c_begin, int R, int nc) {
+                       int Hv, int Dk, int Dv, int Dkp, int Dvp, int c_begin, int R, int nc,
+                       int t0) {
     extern __shared__ __align__(128) float sm[];
     const int L = GD_L, BV = GD_BV, LDB = GD_LDB, tid = threadIdx.x, nt = blockDim.x;
     const int ldk = gd_ld(Dkp);
     int v0 = blockIdx.x * BV, bh = blockIdx.y, b = bh / Hv, vh = bh % Hv, kh = vh / (Hv / Hk);
     float *S = sm, *Ws = S + Dkp * LDB, *Kc = Ws + L * ldk, *X = Kc + L * ldk, *Us = X + L * LDB;
     gd_stats *st = (gd_stats *)(Us + L * LDB);
-    const float *start = chunk_states + ((size_t)bh * nc + c_begin) * Dk * Dv;
+    /* the state entering the range: the range before's, else the span's (or zero) */
+    const float *start = c_begin > 0 ? chunk_states + ((size_t)bh * nc + c_begin) * Dk * Dv
+                         : state_in  ? state_in + (size_t)bh * Dk * Dv
+                                     : NULL;
     for (int e = tid; e < Dkp * BV; e += nt) {
         int r = e / BV, j = e % BV;
-        S[r * LDB + j] = c_begin > 0 && r < Dk && v0 + j < Dv ? start[(size_t)r * Dv + v0 + j] : 0.0f;
+        S[r * LDB + j] = start && r < Dk && v0 + j < Dv ? start[(size_t)r * Dv + v0 + j] : 0.0f;
     }
     for (int lc = 0; lc < R; lc++) {
         int c0 = (c_begin + lc) * L, Lc = min(L, T - c0);
@@ -77,7 +82,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
         gd_tile(Ws, ldk, W + gd_row(bh, R, lc, 0) * Dkp, Dkp, L, Dkp, L, Dkp);
         gd_tile(Us, LDB, Ug + v0, Dvp, L, min(BV, Dvp - v0), L, BV);
         gd_load_chunk(NULL, Kc, ldk, st, NULL, k, g, beta, doc_start, b, c0, Lc, kh, vh, T, Hk, Hv,
-                      Dk, Dkp, 1.0f);
+                      Dk, Dkp, 1.0f, t0);
         __syncthreads();
         gd_mm<false, false, GD_TM(MODE)>(X, LDB, Ws, ldk, S, LDB, L, BV, Dkp, false, 0, 8); /* W S */
         __syncthreads();
@@ -96,8 +101,11 @@ static __global__ void __launch_bounds__(GD_THREADS)
         gd_mm<true, false, GD_ALL(MODE)>(S, LDB, Kc, ldk, X, LDB, Dkp, BV, L, true, 0, 8);
         __syncthreads();
     }
-    if (c_begin + R < nc) { /* the next range starts from it */
-        float *cs = chunk_states + ((size_t)bh * nc + c_begin + R) * Dk * Dv;
+    /* the next range starts from it; after the last, it is the span's outgoing state */
+    float *cs = c_begin + R < nc ? chunk_states + ((size_t)bh * nc + c_begin + R) * Dk * Dv
+                : state_out ? state_out + (size_t)bh * Dk * Dv
+                            : NULL;
+    if (cs) {
         for (int e = tid; e < Dk * BV; e += nt) {
             int r = e / BV, j = e % BV;
             if (v0 + j < Dv) cs[(size_t)r * Dv + v0 + j] = S[r * LDB + j];
@@ -109,7 +117,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
     gd_fwd_out_kernel(bf16 *out, const float *chunk_states, const float *Vn, const bf16 *q,
                       const bf16 *k, const float *g, const float *beta,
                       const int32_t *doc_start, int T, int Hk, int Hv, int Dk, int Dv, int Dkp,
-                      int Dvp, float scale, int c_begin, int R, int nc) {
+                      int Dvp, float scale, int c_begin, int R, int nc, int t0) {
     extern __shared__ __align__(128) float sm[];
     const int L = GD_L, tid = threadIdx.x, nt = blockDim.x, ldk = gd_ld(Dkp), ldv = gd_ld(Dvp);
     int lc = blockIdx.x, bh = blockIdx.y, b = bh / Hv, vh = bh % Hv, kh = vh / (Hv / Hk);
@@ -119,7 +127,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
     float *Vs = Kc; /* once P is made */
     gd_stats *st = (gd_stats *)(X + L * ldv);
     gd_load_chunk(Qs, Kc, ldk, st, q, k, g, beta, doc_start, b, c0, Lc, kh, vh, T, Hk, Hv, Dk, Dkp,
-                  scale);
+                  scale, t0);
     gd_tile(Ss, ldv, chunk_states + ((size_t)bh * nc + c_begin + lc) * Dk * Dv, Dv, Dk, Dv, Dkp, Dvp);
     __syncthreads();
     gd_mm<false, true>(P, GD_LDL, Qs, ldk, Kc, ldk, L, L, Dkp, false, 0, 4);
@@ -224,7 +232,10 @@ template <int MODE>
 static void forward_ranges(mt_backend *be, bf16 *out, float *chunk_states, const bf16 *q,
                            const bf16 *k, const bf16 *v, const float *g, const float *beta,
                            const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk, int Dv,
-                           float scale, cudaStream_t s) {
+                           float scale, const mt_gated_delta_span *span, cudaStream_t s) {
+    int t0 = span ? span->t0 : 0;
+    const float *state_in = span ? span->state_in : NULL;
+    float *state_out = span ? span->state_out : NULL;
     int L = GD_L, nc = (T + L - 1) / L, Dkp = gd_round16(Dk), Dvp = gd_round16(Dv);
     int BH = B * Hv, nvb = (Dv + GD_BV - 1) / GD_BV;
     size_t per_chunk = (size_t)BH * L * (Dkp + Dvp) * sizeof(float);
@@ -241,16 +252,17 @@ static void forward_ranges(mt_backend *be, bf16 *out, float *chunk_states, const
         int Rr = min(R, nc - c);
         float *U = W + (size_t)BH * Rr * L * Dkp;
         gd_fwd_prep_kernel<MODE><<<dim3(Rr, BH), GD_THREADS, sp, s>>>(
-            W, U, k, v, g, beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, Dvp, c, Rr);
+            W, U, k, v, g, beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, Dvp, c, Rr, t0);
         CUDA_LAUNCH_CHECK();
         mt_cuda_gd_prof_mark(s, MT_GD_FWD_PREP);
         gd_fwd_scan_kernel<MODE><<<dim3(nvb, BH), GD_THREADS, ss, s>>>(
-            chunk_states, U, W, k, g, beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, Dvp, c, Rr, nc);
+            chunk_states, state_in, state_out, U, W, k, g, beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp,
+            Dvp, c, Rr, nc, t0);
         CUDA_LAUNCH_CHECK();
         mt_cuda_gd_prof_mark(s, MT_GD_FWD_SCAN);
         gd_fwd_out_kernel<<<dim3(Rr, BH), GD_THREADS, so, s>>>(out, chunk_states, U, q, k, g, beta,
                                                                 doc_start, T, Hk, Hv, Dk, Dv, Dkp,
-                                                                Dvp, scale, c, Rr, nc);
+                                                                Dvp, scale, c, Rr, nc, t0);
         CUDA_LAUNCH_CHECK();
         mt_cuda_gd_prof_mark(s, MT_GD_FWD_OUT);
     }
@@ -260,21 +272,22 @@ static void forward_ranges(mt_backend *be, bf16 *out, float *chunk_states, const
 void mt_cuda_gated_delta_forward(mt_backend *be, bf16 *out, float *chunk_states, const bf16 *q,
                                  const bf16 *k, const bf16 *v, const float *g, const float *beta,
                                  const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk,
-                                 int Dv, float scale, cudaStream_t s) {
+                                 int Dv, float scale, const mt_gated_delta_span *span,
+                                 cudaStream_t s) {
     mt_cuda_gated_delta_check("gated_delta_forward", B, T, Hk, Hv, Dk, Dv);
     if (B == 0 || T == 0) return;
     MT_CHECK(out && chunk_states && q && k && v && g && beta, "gated_delta_forward: NULL tensor");
     switch (mt_cuda_gd_mode()) {
     case GD_PLAIN:
         forward_ranges<GD_PLAIN>(be, out, chunk_states, q, k, v, g, beta, doc_start, B, T, Hk, Hv,
-                                 Dk, Dv, scale, s);
+                                 Dk, Dv, scale, span, s);
         break;
     case GD_SPLIT_TM:
         forward_ranges<GD_SPLIT_TM>(be, out, chunk_states, q, k, v, g, beta, doc_start, B, T, Hk,
-                                    Hv, Dk, Dv, scale, s);
+                                    Hv, Dk, Dv, scale, span, s);
         break;
     default:
         forward_ranges<GD_SPLIT_ALL>(be, out, chunk_states, q, k, v, g, beta, doc_start, B, T, Hk,
-                                     Hv, Dk, Dv, scale, s);
+                                     Hv, Dk, Dv, scale, span, s);
     }
 }

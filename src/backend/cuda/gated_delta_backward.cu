@@ -27,7 +27,8 @@ template <int MODE>
 static __global__ void __launch_bounds__(GD_THREADS)
     gd_bwd_prep_kernel(float *W, float *DUL, float *TKP, const bf16 *dout, const bf16 *q, const bf16 *k,
                        const float *g, const float *beta, const int32_t *doc_start, int T, int Hk,
-                       int Hv, int Dk, int Dv, int Dkp, int Dvp, float scale, int c_begin, int R) {
+                       int Hv, int Dk, int Dv, int Dkp, int Dvp, float scale, int c_begin, int R,
+                       int t0) {
     extern __shared__ __align__(128) float sm[];
     const int L = GD_L, LDL = GD_LDL, tid = threadIdx.x, nt = blockDim.x;
     const int ldk = gd_ld(Dkp), ldv = gd_ld(Dvp), ldm = max(ldk, ldv);
@@ -37,7 +38,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
     float *DO = Qs; /* once P is made */
     gd_stats *st = (gd_stats *)(P + L * LDL);
     gd_load_chunk(Qs, Kc, ldk, st, q, k, g, beta, doc_start, b, c0, Lc, kh, vh, T, Hk, Hv, Dk, Dkp,
-                  scale);
+                  scale, t0);
     __syncthreads();
     gd_kd(KD, Kc, ldk, Dkp, st);
     gd_mm<false, true, GD_ALL(MODE)>(P, LDL, Qs, ldk, Kc, ldk, L, L, Dkp, false, 0, 8);
@@ -65,10 +66,11 @@ static __global__ void __launch_bounds__(GD_THREADS)
 
 template <int MODE>
 static __global__ void __launch_bounds__(GD_THREADS)
-    gd_bwd_scan_kernel(float *dstates, float *carry, const float *W, const float *DUL,
+    gd_bwd_scan_kernel(float *dstates, float *carry, const float *dstate_out, float *dstate_in,
+                       const float *W, const float *DUL,
                        const bf16 *dout, const bf16 *q, const bf16 *k, const float *g,
                        const float *beta, const int32_t *doc_start, int T, int Hk, int Hv, int Dk,
-                       int Dv, int Dkp, int Dvp, float scale, int c_begin, int R, int nc) {
+                       int Dv, int Dkp, int Dvp, float scale, int c_begin, int R, int nc, int t0) {
     extern __shared__ __align__(128) float sm[];
     const int L = GD_L, BV = GD_BV, LDB = GD_LDB, tid = threadIdx.x, nt = blockDim.x;
     const int ldk = gd_ld(Dkp);
@@ -77,9 +79,13 @@ static __global__ void __launch_bounds__(GD_THREADS)
     float *DU = Ws + L * ldk, *DO = DU + L * LDB, *X = DO + L * LDB;
     gd_stats *st = (gd_stats *)(X + L * LDB);
     float *cr = carry + (size_t)bh * Dk * Dv;
+    /* the gradient entering the range's last chunk: the later range's, else the span's */
+    const float *from = c_begin + R < nc ? cr
+                        : dstate_out      ? dstate_out + (size_t)bh * Dk * Dv
+                                          : NULL;
     for (int e = tid; e < Dkp * BV; e += nt) {
         int r = e / BV, j = e % BV;
-        dS[r * LDB + j] = c_begin + R < nc && r < Dk && v0 + j < Dv ? cr[(size_t)r * Dv + v0 + j] : 0.0f;
+        dS[r * LDB + j] = from && r < Dk && v0 + j < Dv ? from[(size_t)r * Dv + v0 + j] : 0.0f;
     }
     for (int lc = R - 1; lc >= 0; lc--) {
         int c0 = (c_begin + lc) * L, Lc = min(L, T - c0);
@@ -92,7 +98,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
         gd_tile(Ws, ldk, W + row * Dkp, Dkp, L, Dkp, L, Dkp);
         gd_tile(DU, LDB, DUL + row * Dvp + v0, Dvp, L, min(BV, Dvp - v0), L, BV);
         gd_load_chunk(Qs, Kc, ldk, st, q, k, g, beta, doc_start, b, c0, Lc, kh, vh, T, Hk, Hv, Dk,
-                      Dkp, scale);
+                      Dkp, scale, t0);
         __syncthreads();
         gd_tile(DO, LDB, dout + (((size_t)b * T + c0) * Hv + vh) * Dv + v0, (size_t)Hv * Dv, Lc,
                 min(BV, Dv - v0), L, BV, 1.0f, st->fe); /* dO with its rows by fe */
@@ -109,10 +115,12 @@ static __global__ void __launch_bounds__(GD_THREADS)
         gd_mm<true, false, GD_TM(MODE)>(dS, LDB, Ws, ldk, DU, LDB, Dkp, BV, L, true, 0, 8);
         __syncthreads();
     }
-    if (c_begin > 0) { /* the range before starts from it */
+    /* the range before starts from it; the first range's is the incoming state's gradient */
+    float *to = c_begin > 0 ? cr : dstate_in ? dstate_in + (size_t)bh * Dk * Dv : NULL;
+    if (to) {
         for (int e = tid; e < Dk * BV; e += nt) {
             int r = e / BV, j = e % BV;
-            if (v0 + j < Dv) cr[(size_t)r * Dv + v0 + j] = dS[r * LDB + j];
+            if (v0 + j < Dv) to[(size_t)r * Dv + v0 + j] = dS[r * LDB + j];
         }
     }
 }
@@ -125,7 +133,8 @@ static __global__ void __launch_bounds__(GD_THREADS)
                         float *dbeta_part, const float *dstates, const float *TKP, const bf16 *dout,
                         const float *chunk_states, const bf16 *q, const bf16 *k, const bf16 *v,
                         const float *g, const float *beta, const int32_t *doc_start, int T, int Hk,
-                        int Hv, int Dk, int Dv, int Dkp, float scale, int c_begin, int R, int nc) {
+                        int Hv, int Dk, int Dv, int Dkp, float scale, int c_begin, int R, int nc,
+                        int t0) {
     extern __shared__ __align__(128) float sm[];
     const int L = GD_L, BV = GD_BV, LDB = GD_LDB, LDL = GD_LDL, tid = threadIdx.x, nt = blockDim.x;
     const int lane = tid % 32, warp = tid / 32, nw = nt / 32, ldk = gd_ld(Dkp);
@@ -151,7 +160,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
     gd_tile(Tm, LDL, tkp + L * L, L, L, L, L, L);
     gd_tile(Pm, LDL, tkp + 2 * L * L, L, L, L, L, L);
     gd_load_chunk(Qs, Kc, ldk, st, q, k, g, beta, doc_start, b, c0, Lc, kh, vh, T, Hk, Hv, Dk, Dkp,
-                  scale);
+                  scale, t0);
     __syncthreads();
     float sd = 0.0f; /* <S0, dSn> for eL's dG */
     for (int e = tid; e < Dkp * BV; e += nt) sd += S0[e / BV * LDB + e % BV] * dS[e / BV * LDB + e % BV];
@@ -327,7 +336,10 @@ static void backward_ranges(mt_backend *be, bf16 *dq, bf16 *dk, bf16 *dv, float 
                             const bf16 *dout, const float *chunk_states, const bf16 *q,
                             const bf16 *k, const bf16 *v, const float *g, const float *beta,
                             const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk, int Dv,
-                            float scale, cudaStream_t s) {
+                            float scale, const mt_gated_delta_span *span, cudaStream_t s) {
+    int t0 = span ? span->t0 : 0;
+    const float *dstate_out = span ? span->dstate_out : NULL;
+    float *dstate_in = span ? span->dstate_in : NULL;
     int L = GD_L, nc = (T + L - 1) / L, Dkp = gd_round16(Dk), Dvp = gd_round16(Dv);
     int BH = B * Hv, nvb = (Dv + GD_BV - 1) / GD_BV, P = Hv * nvb;
     size_t sdkv = (size_t)Dk * Dv;
@@ -353,17 +365,18 @@ static void backward_ranges(mt_backend *be, bf16 *dq, bf16 *dk, bf16 *dv, float 
         float *dk_part = dq_part + Nr * P * Dk, *dg_part = dk_part + Nr * P * Dk;
         float *dbeta_part = dg_part + Nr * P, *TKP = dbeta_part + Nr * P;
         gd_bwd_prep_kernel<MODE><<<dim3(Rr, BH), GD_THREADS, sp, s>>>(
-            W, DUL, TKP, dout, q, k, g, beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, Dvp, scale, c, Rr);
+            W, DUL, TKP, dout, q, k, g, beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, Dvp, scale, c, Rr,
+            t0);
         CUDA_LAUNCH_CHECK();
         mt_cuda_gd_prof_mark(s, MT_GD_BWD_PREP);
         gd_bwd_scan_kernel<MODE><<<dim3(nvb, BH), GD_THREADS, ss, s>>>(
-            dstates, carry, W, DUL, dout, q, k, g, beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, Dvp,
-            scale, c, Rr, nc);
+            dstates, carry, dstate_out, dstate_in, W, DUL, dout, q, k, g, beta, doc_start, T, Hk,
+            Hv, Dk, Dv, Dkp, Dvp, scale, c, Rr, nc, t0);
         CUDA_LAUNCH_CHECK();
         mt_cuda_gd_prof_mark(s, MT_GD_BWD_SCAN);
         gd_bwd_chunk_kernel<MODE><<<dim3(Rr, BH, nvb), GD_THREADS, sc, s>>>(
             dv, dq_part, dk_part, dg_part, dbeta_part, dstates, TKP, dout, chunk_states, q, k, v, g,
-            beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, scale, c, Rr, nc);
+            beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, scale, c, Rr, nc, t0);
         CUDA_LAUNCH_CHECK();
         mt_cuda_gd_prof_mark(s, MT_GD_BWD_CHUNK);
         size_t total = Nr * Hk * Dk + Nr * Hv, blocks = (total + 255) / 256;
@@ -382,22 +395,25 @@ void mt_cuda_gated_delta_backward(mt_backend *be, bf16 *dq, bf16 *dk, bf16 *dv, 
                                   float *dbeta, const bf16 *dout, const float *chunk_states,
                                   const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
                                   const float *beta, const int32_t *doc_start, int B, int T,
-                                  int Hk, int Hv, int Dk, int Dv, float scale, cudaStream_t s) {
+                                  int Hk, int Hv, int Dk, int Dv, float scale,
+                                  const mt_gated_delta_span *span, cudaStream_t s) {
     mt_cuda_gated_delta_check("gated_delta_backward", B, T, Hk, Hv, Dk, Dv);
     if (B == 0 || T == 0) return;
     MT_CHECK(dq && dk && dv && dg && dbeta && dout && chunk_states && q && k && v && g && beta,
              "gated_delta_backward: NULL tensor");
+    MT_CHECK(!span || !span->dstate_in || span->dstate_in != span->dstate_out,
+             "gated_delta_backward: dstate_in aliases dstate_out");
     switch (mt_cuda_gd_mode()) {
     case GD_PLAIN:
         backward_ranges<GD_PLAIN>(be, dq, dk, dv, dg, dbeta, dout, chunk_states, q, k, v, g, beta,
-                                  doc_start, B, T, Hk, Hv, Dk, Dv, scale, s);
+                                  doc_start, B, T, Hk, Hv, Dk, Dv, scale, span, s);
         break;
     case GD_SPLIT_TM:
         backward_ranges<GD_SPLIT_TM>(be, dq, dk, dv, dg, dbeta, dout, chunk_states, q, k, v, g,
-                                     beta, doc_start, B, T, Hk, Hv, Dk, Dv, scale, s);
+                                     beta, doc_start, B, T, Hk, Hv, Dk, Dv, scale, span, s);
         break;
     default:
         backward_ranges<GD_SPLIT_ALL>(be, dq, dk, dv, dg, dbeta, dout, chunk_states, q, k, v, g,
-                                      beta, doc_start, B, T, Hk, Hv, Dk, Dv, scale, s);
+                                      beta, doc_start, B, T, Hk, Hv, Dk, Dv, scale, span, s);
     }
 }

@@ -37,6 +37,7 @@
 #ifndef MT_CUDA_GATED_DELTA_CHUNK_CUH
 #define MT_CUDA_GATED_DELTA_CHUNK_CUH
 
+#include <climits>
 #include <mma.h>
 #include <type_traits>
 
@@ -48,6 +49,7 @@
 #define GD_MAX_DK 128
 #define GD_LDL (GD_L + 4)         /* row stride of (L, L) matrices */
 #define GD_LDB (GD_BV + 4)        /* row stride of (., GD_BV) matrices */
+#define GD_PAD INT_MIN            /* gd_stats.ds of a padding token */
 
 static inline int gd_round16(int x) { return (x + 15) / 16 * 16; }
 /* Row stride of a matrix of width Dp (a multiple of 16) in shared memory. */
@@ -57,7 +59,8 @@ static inline __host__ __device__ int gd_ld(int Dp) { return Dp + 4; }
 struct gd_stats {
     double G[GD_L]; /* cumulative g from the chunk's start */
     float beta[GD_L], fe[GD_L], lam[GD_L];
-    int ds[GD_L];   /* document start (-1: padding) */
+    int ds[GD_L];   /* document start relative to the call's first token (< 0: begun before it,
+                       mt_gated_delta_span; GD_PAD: padding) */
     float eL;
     int Lc;         /* valid tokens */
 };
@@ -189,11 +192,13 @@ static __device__ __forceinline__ void gd_tile(float *dst, int ldd, const T *src
  * stride ldk, zero-padded) for key head kh, and the scalars of value head vh (as
  * gated_delta_chunk.h's mt_gd_chunk_load), these by warp 0: two tokens a lane, G by a shuffle scan
  * in double. doc_start is trusted to be a run of documents (the CPU op checks it; the layer hands
- * both backends the same array). The caller synchronises after. */
+ * both backends the same array); its positions are the row's, the call's first token at t0
+ * (mt_gated_delta_span). The caller synchronises after. */
 static __device__ void gd_load_chunk(float *Qs, float *Kc, int ldk, gd_stats *st, const bf16 *q,
                                      const bf16 *k, const float *g, const float *beta,
                                      const int32_t *doc_start, int b, int c0, int Lc, int kh,
-                                     int vh, int T, int Hk, int Hv, int Dk, int Dkp, float scale) {
+                                     int vh, int T, int Hk, int Hv, int Dk, int Dkp, float scale,
+                                     int t0) {
     size_t off = ((size_t)b * T + c0) * Hk * Dk + (size_t)kh * Dk, srow = (size_t)Hk * Dk;
     if (Qs) gd_tile(Qs, ldk, q + off, srow, Lc, Dk, GD_L, Dkp, scale);
     gd_tile(Kc, ldk, k + off, srow, Lc, Dk, GD_L, Dkp);
@@ -206,7 +211,7 @@ static __device__ void gd_load_chunk(float *Qs, float *Kc, int ldk, gd_stats *st
         size_t n = (size_t)b * T + c0 + i;
         gi[u] = i < Lc ? (double)g[n * Hv + vh] : 0.0;
         st->beta[i] = i < Lc ? beta[n * Hv + vh] : 0.0f;
-        st->ds[i] = i < Lc ? (doc_start ? doc_start[n] : 0) : -1;
+        st->ds[i] = i < Lc ? (doc_start ? doc_start[n] : 0) - t0 : GD_PAD;
         part += gi[u];
     }
     double incl = part; /* inclusive scan of the lanes' pair sums */
@@ -235,7 +240,8 @@ static __device__ void gd_load_chunk(float *Qs, float *Kc, int ldk, gd_stats *st
 
 /* The decay mask Dm_ij: exp(G_i - G_j) for j <= i in the same document, else 0. */
 static __device__ __forceinline__ float gd_dm(const gd_stats *st, int i, int j) {
-    return j <= i && st->ds[i] >= 0 && st->ds[j] == st->ds[i] ? expf((float)(st->G[i] - st->G[j]))
+    return j <= i && st->ds[i] != GD_PAD && st->ds[j] == st->ds[i]
+               ? expf((float)(st->G[i] - st->G[j]))
                                                                : 0.0f;
 }
 

@@ -93,11 +93,11 @@ void mt_cuda_cols_join(bf16 *out, const bf16 *a, const bf16 *b, int R, int wa, i
  * MT_CUDA_GATED_DELTA_SCRATCH (long inputs run in ranges of chunks). doc_start is not
  * re-validated on the device. */
 void mt_cuda_causal_conv1d_forward(bf16 *out, const bf16 *inp, const bf16 *weight,
-                                   const int32_t *doc_start, int B, int T, int C, int K,
+                                   const int32_t *doc_start, int B, int T, int C, int K, int t0,
                                    cudaStream_t s);
 void mt_cuda_causal_conv1d_backward(bf16 *dinp, float *dweight, const bf16 *dout, const bf16 *inp,
                                     const bf16 *weight, const int32_t *doc_start, int B, int T,
-                                    int C, int K, cudaStream_t s);
+                                    int C, int K, int t0, cudaStream_t s);
 void mt_cuda_l2norm_forward(bf16 *out, float *rinv, const bf16 *inp, int R, int D, float eps,
                             cudaStream_t s);
 void mt_cuda_l2norm_backward(bf16 *dinp, const bf16 *dout, const bf16 *inp, const float *rinv,
@@ -117,12 +117,14 @@ void mt_cuda_gated_rmsnorm_backward(bf16 *dinp, bf16 *dgate, float *dweight, con
 void mt_cuda_gated_delta_forward(mt_backend *be, bf16 *out, float *chunk_states, const bf16 *q, const bf16 *k,
                                  const bf16 *v, const float *g, const float *beta,
                                  const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk,
-                                 int Dv, float scale, cudaStream_t s);
+                                 int Dv, float scale, const mt_gated_delta_span *span,
+                                 cudaStream_t s);
 void mt_cuda_gated_delta_backward(mt_backend *be, bf16 *dq, bf16 *dk, bf16 *dv, float *dg,
                                   float *dbeta, const bf16 *dout, const float *chunk_states,
                                   const bf16 *q, const bf16 *k, const bf16 *v, const float *g,
                                   const float *beta, const int32_t *doc_start, int B, int T,
-                                  int Hk, int Hv, int Dk, int Dv, float scale, cudaStream_t s);
+                                  int Hk, int Hv, int Dk, int Dv, float scale,
+                                  const mt_gated_delta_span *span, cudaStream_t s);
 /* Shared by the two: the shape checks. */
 void mt_cuda_gated_delta_check(const char *op, int B, int T, int Hk, int Hv, int Dk, int Dv);
 
