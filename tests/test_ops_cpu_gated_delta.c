@@ -324,6 +324,84 @@ static void test_gated_delta_packed_equals_separate(void **state) {
     free(edb), free(scs);
 }
 
+/* A row run as spans [0, S) and [S, T) (mt_gated_delta_span: the second at t0 = S from the state
+ * the first left, the backward handing the state's gradient back) equals the whole row, forward
+ * and backward, with documents inside each span and one starting at S; the spans cut a chunk
+ * (S = 100) and fall on one (S = 128). The state crosses in fp32 (the op keeps it in double
+ * within a call): GD_FWD_TOL. The conv's spans: the second span's window over rows [S - 3, T)
+ * at t0 = S - 3 gives the whole row's outputs and input gradients from S on. */
+static void test_gated_delta_spans_equal_whole(void **state) {
+    enum { T = 150, Hk = 1, Hv = 2, Dk = 6, Dv = 5 };
+    static const int starts[2][1][6] = {{{0, 30, 100, 120, T, T}}, {{0, 30, 64, 140, T, T}}};
+    const int cut[2] = {100, 128};
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 14);
+    size_t nk = (size_t)T * Hk * Dk, nv = (size_t)T * Hv * Dv, ng = (size_t)T * Hv;
+    size_t SS = (size_t)Hv * Dk * Dv;
+    float *q = mt_test_randn(&rng, nk, 1), *k = mt_test_randn(&rng, nk, 1), *v = mt_test_randn(&rng, nv, 1);
+    float *R = mt_test_randn(&rng, nv, 1), *g = mt_test_randn(&rng, ng, 0.1f),
+          *beta = mt_test_randn(&rng, ng, 1);
+    normalise_rows(q, nk / Dk, Dk), normalise_rows(k, nk / Dk, Dk);
+    for (size_t i = 0; i < ng; i++) g[i] = -fabsf(g[i]), beta[i] = 1.0f / (1.0f + expf(-beta[i]));
+    float scale = 1.0f / sqrtf((float)Dk);
+    for (int c = 0; c < 2; c++) {
+        int32_t *ds = docs_from(starts[c], 1, T);
+        float *out = mt_test_fnew(nv), *cs = mt_test_fnew(3 * SS), *dq = mt_test_fnew(nk),
+              *dk = mt_test_fnew(nk), *dv = mt_test_fnew(nv), *dg = mt_test_fnew(ng), *db = mt_test_fnew(ng);
+        be->gated_delta_forward(be, out, cs, q, k, v, g, beta, ds, 1, T, Hk, Hv, Dk, Dv, scale, NULL);
+        be->gated_delta_backward(be, dq, dk, dv, dg, db, R, cs, q, k, v, g, beta, ds, 1, T, Hk, Hv,
+                                 Dk, Dv, scale, NULL);
+        float *so = mt_test_fnew(nv), *sdq = mt_test_fnew(nk), *sdk = mt_test_fnew(nk),
+              *sdv = mt_test_fnew(nv), *sdg = mt_test_fnew(ng), *sdb = mt_test_fnew(ng);
+        float *scs[2] = {mt_test_fnew(3 * SS), mt_test_fnew(3 * SS)};
+        float *S = mt_test_fnew(SS), *dS = mt_test_fnew(SS);
+        const int t0[2] = {0, cut[c]}, n[2] = {cut[c], T - cut[c]};
+        for (int s = 0; s < 2; s++) {
+            size_t ok = (size_t)t0[s] * Hk * Dk, ov = (size_t)t0[s] * Hv * Dv, og = (size_t)t0[s] * Hv;
+            mt_gated_delta_span sp = {t0[s], s ? S : NULL, s ? NULL : S, NULL, NULL};
+            be->gated_delta_forward(be, so + ov, scs[s], q + ok, k + ok, v + ov, g + og, beta + og,
+                                    ds + t0[s], 1, n[s], Hk, Hv, Dk, Dv, scale, &sp);
+        }
+        for (int s = 1; s >= 0; s--) {
+            size_t ok = (size_t)t0[s] * Hk * Dk, ov = (size_t)t0[s] * Hv * Dv, og = (size_t)t0[s] * Hv;
+            mt_gated_delta_span sp = {t0[s], NULL, NULL, s ? NULL : dS, s ? dS : NULL};
+            be->gated_delta_backward(be, sdq + ok, sdk + ok, sdv + ov, sdg + og, sdb + og, R + ov,
+                                     scs[s], q + ok, k + ok, v + ov, g + og, beta + og, ds + t0[s],
+                                     1, n[s], Hk, Hv, Dk, Dv, scale, &sp);
+        }
+        assert_true(check_rel("spans vs whole: out", so, out, nv, GD_FWD_TOL));
+        assert_true(check_rel("spans vs whole: dq", sdq, dq, nk, GD_FWD_TOL));
+        assert_true(check_rel("spans vs whole: dk", sdk, dk, nk, GD_FWD_TOL));
+        assert_true(check_rel("spans vs whole: dv", sdv, dv, nv, GD_FWD_TOL));
+        assert_true(check_rel("spans vs whole: dg", sdg, dg, ng, GD_FWD_TOL));
+        assert_true(check_rel("spans vs whole: dbeta", sdb, db, ng, GD_FWD_TOL));
+        /* the conv over the same documents, channels Dk */
+        enum { C = 7, K = 4 };
+        float *x = mt_test_randn(&rng, (size_t)T * C, 1), *w = mt_test_randn(&rng, (size_t)C * K, 0.5f),
+              *dy = mt_test_randn(&rng, (size_t)T * C, 1);
+        float *y = mt_test_fnew((size_t)T * C), *dx = mt_test_fnew((size_t)T * C),
+              *dw = calloc((size_t)C * K, sizeof(float)); /* += */
+        be->causal_conv1d_forward(be, y, x, w, ds, 1, T, C, K, 0);
+        for (int e = 0; e < T; e++) /* the gradient only from S on, as the span's own outputs */
+            for (int ch = 0; ch < C; ch++) if (e < cut[c]) dy[e * C + ch] = 0;
+        be->causal_conv1d_backward(be, dx, dw, dy, x, w, ds, 1, T, C, K, 0);
+        int w0 = cut[c] - (K - 1), m = T - w0;
+        float *sy = mt_test_fnew((size_t)m * C), *sdx = mt_test_fnew((size_t)m * C),
+              *sdw = calloc((size_t)C * K, sizeof(float));
+        be->causal_conv1d_forward(be, sy, x + w0 * C, w, ds + w0, 1, m, C, K, w0);
+        be->causal_conv1d_backward(be, sdx, sdw, dy + w0 * C, x + w0 * C, w, ds + w0, 1, m, C, K, w0);
+        assert_true(check_rel("conv span vs whole: out", sy + (K - 1) * C, y + cut[c] * C,
+                              (size_t)(T - cut[c]) * C, 1e-6));
+        assert_true(check_rel("conv span vs whole: dinp", sdx, dx + w0 * C, (size_t)m * C, 1e-6));
+        assert_true(check_rel("conv span vs whole: dweight", sdw, dw, (size_t)C * K, 1e-6));
+        free(x), free(w), free(dy), free(y), free(dx), free(dw), free(sy), free(sdx), free(sdw);
+        free(ds), free(out), free(cs), free(dq), free(dk), free(dv), free(dg), free(db), free(so);
+        free(sdq), free(sdk), free(sdv), free(sdg), free(sdb), free(scs[0]), free(scs[1]), free(S);
+        free(dS);
+    }
+    free(q), free(k), free(v), free(R), free(g), free(beta);
+}
+
 /* The count per chunk by hand (gated_delta_flops.c's formula): L = 64 and 6, Dk = 8, Dv = 4. */
 static void test_gated_delta_flops(void **state) {
     double f, b;
@@ -690,6 +768,7 @@ int main(void) {
         cmocka_unit_test(test_gated_delta_decays),
         cmocka_unit_test(test_gated_delta_documents),
         cmocka_unit_test(test_gated_delta_packed_equals_separate),
+        cmocka_unit_test(test_gated_delta_spans_equal_whole),
         cmocka_unit_test(test_gated_delta_flops),
         cmocka_unit_test(test_gated_delta_transformers),
         cmocka_unit_test(test_causal_conv1d),
