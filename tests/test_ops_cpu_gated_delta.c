@@ -280,6 +280,21 @@ static void test_gated_delta_documents(void **state) {
     check_gated_delta(1, 80, 1, 2, 4, 6, G_MODERATE, s80, 1, 12);
 }
 
+/* The delta rule's out, dq, dk, dv, dg, dbeta of two runs of the same problem, each within
+ * GD_FWD_TOL (nk, nv, ng elements of the key, value and gate tensors). */
+static int same_op_results(const char *label, float *const got[6], float *const want[6], size_t nk,
+                           size_t nv, size_t ng) {
+    static const char *names[6] = {"out", "dq", "dk", "dv", "dg", "dbeta"};
+    const size_t n[6] = {nv, nk, nk, nv, ng, ng};
+    int ok = 1;
+    char what[96];
+    for (int i = 0; i < 6; i++) {
+        snprintf(what, sizeof what, "%s: %s", label, names[i]);
+        ok &= check_rel(what, got[i], want[i], n[i], GD_FWD_TOL);
+    }
+    return ok;
+}
+
 /* A row packing documents (starts 0, 30, 64, 100 of T 150) equals the documents run one at a time
  * as rows of their own (fla's cu_seqlens semantics), forward and backward. */
 static void test_gated_delta_packed_equals_separate(void **state) {
@@ -313,12 +328,8 @@ static void test_gated_delta_packed_equals_separate(void **state) {
                                  q + ok, k + ok, v + ov, g + og, beta + og, NULL, 1, len, Hk, Hv,
                                  Dk, Dv, scale, NULL);
     }
-    assert_true(check_rel("packed vs separate: out", out, eo, nv, GD_FWD_TOL));
-    assert_true(check_rel("packed vs separate: dq", dq, edq, nk, GD_FWD_TOL));
-    assert_true(check_rel("packed vs separate: dk", dk, edk, nk, GD_FWD_TOL));
-    assert_true(check_rel("packed vs separate: dv", dv, edv, nv, GD_FWD_TOL));
-    assert_true(check_rel("packed vs separate: dg", dg, edg, ng, GD_FWD_TOL));
-    assert_true(check_rel("packed vs separate: dbeta", db, edb, ng, GD_FWD_TOL));
+    float *got[6] = {out, dq, dk, dv, dg, db}, *want[6] = {eo, edq, edk, edv, edg, edb};
+    assert_true(same_op_results("packed vs separate", got, want, nk, nv, ng));
     free(q), free(k), free(v), free(R), free(g), free(beta), free(ds), free(out), free(cs), free(dq);
     free(dk), free(dv), free(dg), free(db), free(eo), free(edq), free(edk), free(edv), free(edg);
     free(edb), free(scs);
@@ -369,12 +380,8 @@ static void test_gated_delta_spans_equal_whole(void **state) {
                                      scs[s], q + ok, k + ok, v + ov, g + og, beta + og, ds + t0[s],
                                      1, n[s], Hk, Hv, Dk, Dv, scale, &sp);
         }
-        assert_true(check_rel("spans vs whole: out", so, out, nv, GD_FWD_TOL));
-        assert_true(check_rel("spans vs whole: dq", sdq, dq, nk, GD_FWD_TOL));
-        assert_true(check_rel("spans vs whole: dk", sdk, dk, nk, GD_FWD_TOL));
-        assert_true(check_rel("spans vs whole: dv", sdv, dv, nv, GD_FWD_TOL));
-        assert_true(check_rel("spans vs whole: dg", sdg, dg, ng, GD_FWD_TOL));
-        assert_true(check_rel("spans vs whole: dbeta", sdb, db, ng, GD_FWD_TOL));
+        float *got[6] = {so, sdq, sdk, sdv, sdg, sdb}, *want[6] = {out, dq, dk, dv, dg, db};
+        assert_true(same_op_results("spans vs whole", got, want, nk, nv, ng));
         /* the conv over the same documents, channels Dk */
         enum { C = 7, K = 4 };
         float *x = mt_test_randn(&rng, (size_t)T * C, 1), *w = mt_test_randn(&rng, (size_t)C * K, 0.5f),

@@ -60,7 +60,10 @@ typedef mt_layer_view mt_layer_weights;
  * the residual add; in the MLP half the post-attention norm, gate/up, SwiGLU, down and its add.
  * (The knob kept the MLP's name of the first step; it tiles both halves.) Only the attention sees
  * all N tokens at once, so its inputs and outputs (q, k, v, att, lse, their gradients d_att, dq,
- * dk, dv) and h, the MLP's input, stay (N, .); the fields marked "chunk rows" hold one chunk:
+ * dk, dv) and h, the MLP's input, stay (N, .); a Gated DeltaNet mixer runs each row in spans of
+ * the chunk (at least 64 tokens), its state carried between them, so all its fields (lin_*) hold
+ * one span and the conv's K-1 context rows (model/mixer_deltanet.c); the fields marked "chunk
+ * rows" hold one chunk:
  * min(mlp_chunk, max_N) rows instead of max_N. The backward then remakes each chunk's xn1 (and
  * qwen3's q_raw, k_raw and their rstd) from inp and each chunk's hn, gate, up and act from h
  * before their gradients, whatever `recompute` says (it still governs q, k, v, att, lse and h).

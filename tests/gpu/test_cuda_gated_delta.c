@@ -382,6 +382,34 @@ static void gd_free(gd_inputs *in) {
     if (in->d_ds) gfree(in->d_ds);
 }
 
+/* The GPU's out and gradients (device) against the CPU's (host), each within check_gd's bounds;
+ * names them with tag. Returns 1 when all pass. */
+typedef struct {
+    const void *out, *dq, *dk, *dv;
+    const float *dg, *db;
+} gd_results;
+
+static int check_gd_results(const char *tag, const gd_inputs *in, gd_results gpu_r, const float *out,
+                            const float *dq, const float *dk, const float *dv, const float *dg,
+                            const float *db) {
+    const struct {
+        const char *name;
+        const void *d;
+        int is_bf;
+        const float *ref;
+        size_t n;
+    } t[] = {{"gd_fwd out", gpu_r.out, 1, out, in->nv}, {"gd_bwd dq", gpu_r.dq, 1, dq, in->nk},
+             {"gd_bwd dk", gpu_r.dk, 1, dk, in->nk},   {"gd_bwd dv", gpu_r.dv, 1, dv, in->nv},
+             {"gd_bwd dg", gpu_r.dg, 0, dg, in->ng},   {"gd_bwd dbeta", gpu_r.db, 0, db, in->ng}};
+    int ok = 1;
+    char what[200];
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        snprintf(what, sizeof what, "%s %s", t[i].name, tag);
+        ok &= check_gd(what, t[i].d, t[i].is_bf, t[i].ref, t[i].n);
+    }
+    return ok;
+}
+
 static void gd_case(int B, int T, int Hk, int Hv, int Dk, int Dv, float gscale, float kcorr,
                     const int starts[][6], uint64_t seed) {
     gd_inputs in;
@@ -410,21 +438,10 @@ static void gd_case(int B, int T, int Hk, int Hv, int Dk, int Dv, float gscale, 
     gpu->gated_delta_backward(gpu, d_dq, d_dk, d_dv, d_dg, d_db, in.d_dout, d_cs, in.d_q, in.d_k,
                               in.d_v, in.d_g, in.d_beta, in.d_ds, B, T, Hk, Hv, Dk, Dv, scale,
                               NULL);
-    int ok = 1;
-    snprintf(what, sizeof what, "gd_fwd out %s", tag);
-    ok &= check_gd(what, d_out, 1, out, in.nv);
     snprintf(what, sizeof what, "gd_fwd chunk_states %s", tag);
-    ok &= check_gd(what, d_cs, 0, cs, in.ns);
-    snprintf(what, sizeof what, "gd_bwd dq %s", tag);
-    ok &= check_gd(what, d_dq, 1, dq, in.nk);
-    snprintf(what, sizeof what, "gd_bwd dk %s", tag);
-    ok &= check_gd(what, d_dk, 1, dk, in.nk);
-    snprintf(what, sizeof what, "gd_bwd dv %s", tag);
-    ok &= check_gd(what, d_dv, 1, dv, in.nv);
-    snprintf(what, sizeof what, "gd_bwd dg %s", tag);
-    ok &= check_gd(what, d_dg, 0, dg, in.ng);
-    snprintf(what, sizeof what, "gd_bwd dbeta %s", tag);
-    ok &= check_gd(what, d_db, 0, db, in.ng);
+    int ok = check_gd(what, d_cs, 0, cs, in.ns);
+    gd_results r = {d_out, d_dq, d_dk, d_dv, d_dg, d_db};
+    ok &= check_gd_results(tag, &in, r, out, dq, dk, dv, dg, db);
     /* the backward again: the same bits */
     float *q1 = mt_test_down_bf(gpu, d_dq, in.nk), *g1 = mt_test_down_f32(gpu, d_dg, in.ng);
     gpu->gated_delta_backward(gpu, d_dq, d_dk, d_dv, d_dg, d_db, in.d_dout, d_cs, in.d_q, in.d_k,
@@ -475,7 +492,7 @@ static void gd_span_case(int T, int S, int Hk, int Hv, int Dk, int Dv, float gsc
     gd_inputs in;
     gd_make(&in, 1, T, Hk, Hv, Dk, Dv, gscale, kcorr, starts, seed, 1);
     float scale = 1.0f / sqrtf((float)Dk);
-    char what[200], tag[128];
+    char tag[128];
     snprintf(tag, sizeof tag, "T=%d as spans of %d + %d, Hk=%d Hv=%d Dk=%d Dv=%d%s", T, S, T - S,
              Hk, Hv, Dk, Dv, in.ds ? " docs" : "");
     float *out = mt_test_fnew(in.nv), *cs = mt_test_fnew(in.ns), *dq = mt_test_fnew(in.nk),
@@ -512,19 +529,8 @@ static void gd_span_case(int T, int S, int Hk, int Hv, int Dk, int Dv, float gsc
                                   &sp);
     }
 #undef AT
-    int ok = 1;
-    snprintf(what, sizeof what, "gd_fwd out %s", tag);
-    ok &= check_gd(what, d_out, 1, out, in.nv);
-    snprintf(what, sizeof what, "gd_bwd dq %s", tag);
-    ok &= check_gd(what, d_dq, 1, dq, in.nk);
-    snprintf(what, sizeof what, "gd_bwd dk %s", tag);
-    ok &= check_gd(what, d_dk, 1, dk, in.nk);
-    snprintf(what, sizeof what, "gd_bwd dv %s", tag);
-    ok &= check_gd(what, d_dv, 1, dv, in.nv);
-    snprintf(what, sizeof what, "gd_bwd dg %s", tag);
-    ok &= check_gd(what, d_dg, 0, dg, in.ng);
-    snprintf(what, sizeof what, "gd_bwd dbeta %s", tag);
-    ok &= check_gd(what, d_db, 0, db, in.ng);
+    gd_results r = {d_out, d_dq, d_dk, d_dv, d_dg, d_db};
+    int ok = check_gd_results(tag, &in, r, out, dq, dk, dv, dg, db);
     free(out), free(cs), free(dq), free(dk), free(dv), free(dg), free(db);
     gfree(d_out), gfree(d_dq), gfree(d_dk), gfree(d_dv), gfree(d_dg), gfree(d_db);
     gfree(d_cs[0]), gfree(d_cs[1]), gfree(d_state), gfree(d_dstate);
