@@ -559,6 +559,18 @@ static void test_gated_delta_split_tm(void **state) {
     unsetenv("MT_GATED_DELTA_TF32");
 }
 
+/* The batched-GEMM chunk backward (MT_GATED_DELTA_BWD=gemm, gated_delta_gemm.cu): every case
+ * above, ranges and spans included, against the CPU within the same bounds; and in tm mode. */
+static void test_gated_delta_gemm_backward(void **state) {
+    setenv("MT_GATED_DELTA_BWD", "gemm", 1);
+    test_gated_delta(state);
+    test_gated_delta_spans(state);
+    setenv("MT_GATED_DELTA_TF32", "tm", 1);
+    test_gated_delta(state);
+    unsetenv("MT_GATED_DELTA_TF32");
+    unsetenv("MT_GATED_DELTA_BWD");
+}
+
 /* ---------------- timing ---------------- */
 
 static void bench_one(int B, int T, int Hk, int Hv, int Dk, int Dv, int iters, int seed) {
@@ -600,20 +612,30 @@ static void bench_one(int B, int T, int Hk, int Hv, int Dk, int Dv, int iters, i
 
 /* The Qwen3.6-35B-A3B layer at B = 1 (the peers' shape) and at the training batch 16 x 4096; with
  * the split TF32 products (the default), split only through Tm and W, and plain TF32. */
-static int bench(void) {
+/* The Qwen3.6-35B-A3B layer's shape at 4k, 32k and 128k tokens and 16 x 4096: the default
+ * precision with the fused chunk backward, then with the batched-GEMM one (MT_GATED_DELTA_BWD=gemm,
+ * gated_delta_gemm.cu); `--bench all` adds the other precision modes of each. */
+static int bench(int all) {
     const int Hk = 16, Hv = 32, Dk = 128, Dv = 128, iters = 3;
     const int Ts[3] = {4096, 32768, 131072};
     static const char *modes[3] = {"split", "tm", "1"};
-    static const char *names[3] = {"split TF32, the default", "split TF32 where Tm or W meets a product",
+    static const char *names[3] = {"split TF32 (fp32 GEMMs), the default",
+                                   "split TF32 (fp32 GEMMs) where Tm or W meets a product",
                                    "plain TF32"};
-    for (int mode = 0; mode < 3; mode++) {
-        setenv("MT_GATED_DELTA_TF32", modes[mode], 1);
-        printf("gated_delta bench (%s): Hk=%d Hv=%d Dk=%d Dv=%d, chunk %d, %d timed runs each "
-               "(after one warm-up)\n", names[mode], Hk, Hv, Dk, Dv, MT_GATED_DELTA_CHUNK, iters);
-        for (int ti = 0; ti < 3; ti++) bench_one(1, Ts[ti], Hk, Hv, Dk, Dv, iters, 90 + ti);
-        bench_one(16, 4096, Hk, Hv, Dk, Dv, iters, 95);
-    }
+    static const char *bwds[2] = {"fused", "gemm"};
+    for (int mode = 0; mode < (all ? 3 : 1); mode++)
+        for (int bw = 0; bw < 2; bw++) {
+            setenv("MT_GATED_DELTA_TF32", modes[mode], 1);
+            setenv("MT_GATED_DELTA_BWD", bwds[bw], 1);
+            printf("gated_delta bench (%s, %s backward): Hk=%d Hv=%d Dk=%d Dv=%d, chunk %d, %d timed "
+                   "runs each (after one warm-up)\n", names[mode], bwds[bw], Hk, Hv, Dk, Dv,
+                   MT_GATED_DELTA_CHUNK, iters);
+            for (int ti = 0; ti < 3; ti++) bench_one(1, Ts[ti], Hk, Hv, Dk, Dv, iters, 90 + ti);
+            bench_one(16, 4096, Hk, Hv, Dk, Dv, iters, 95);
+            fflush(stdout);
+        }
     unsetenv("MT_GATED_DELTA_TF32");
+    unsetenv("MT_GATED_DELTA_BWD");
     return 0;
 }
 
@@ -626,13 +648,14 @@ int main(int argc, char **argv) {
     gpu = mt_backend_cuda_create(0);
     int failed;
     if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
-        failed = bench();
+        failed = bench(argc > 2 && strcmp(argv[2], "all") == 0);
     } else {
         const struct CMUnitTest tests[] = {
             cmocka_unit_test(test_ops_present), cmocka_unit_test(test_causal_conv1d),
             cmocka_unit_test(test_l2norm),      cmocka_unit_test(test_gdn_gates),
             cmocka_unit_test(test_gated_rmsnorm), cmocka_unit_test(test_gated_delta),
             cmocka_unit_test(test_gated_delta_split_tm), cmocka_unit_test(test_gated_delta_spans),
+            cmocka_unit_test(test_gated_delta_gemm_backward),
         };
         failed = cmocka_run_group_tests(tests, NULL, NULL);
     }

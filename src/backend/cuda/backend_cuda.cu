@@ -242,6 +242,7 @@ static void cuda_destroy(mt_backend *be) {
     CUDA_CHECK(cudaSetDevice(c->device));
     CUDA_CHECK(cudaDeviceSynchronize());
     mt_cuda_moe_gemm_free(c);
+    mt_cuda_gd_blas_free(c);
     if (c->scratch) device_free(st, c->scratch);
     device_free(st, c->lt_workspace);
     CUBLAS_CHECK(cublasLtDestroy(c->lt));

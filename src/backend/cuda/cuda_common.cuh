@@ -32,6 +32,7 @@ typedef __nv_bfloat16 bf16;
 #define CUDA_LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
 
 typedef struct mt_cuda_moe_gemm mt_cuda_moe_gemm; /* moe_gemm.cu's state */
+typedef struct mt_cuda_gd_blas mt_cuda_gd_blas;   /* gated_delta_gemm.cu's cuBLAS handle */
 
 /* The backend's context (be->ctx). */
 typedef struct {
@@ -47,6 +48,7 @@ typedef struct {
     size_t scratch_bytes;
     int moe_gemm_mode;        /* MT_MOE_GEMM (mt_moe_gemm_mode): loop, grouped (moe_gemm.cu), auto */
     mt_cuda_moe_gemm *moe_gemm; /* its cuBLAS handle and arrays, made on first use */
+    mt_cuda_gd_blas *gd_blas;   /* the gated delta rule's batched GEMMs' handle, the same */
 } mt_cuda_ctx;
 
 static inline mt_cuda_ctx *mt_cuda_ctx_of(mt_backend *be) { return (mt_cuda_ctx *)be->ctx; }

@@ -343,9 +343,12 @@ static void backward_ranges(mt_backend *be, bf16 *dq, bf16 *dk, bf16 *dv, float 
     int L = GD_L, nc = (T + L - 1) / L, Dkp = gd_round16(Dk), Dvp = gd_round16(Dv);
     int BH = B * Hv, nvb = (Dv + GD_BV - 1) / GD_BV, P = Hv * nvb;
     size_t sdkv = (size_t)Dk * Dv;
-    /* a chunk of all rows: W and P^T dO, the scan's dSn, and the parts */
-    size_t per_chunk = ((size_t)BH * L * (Dkp + Dvp + 3 * L) + BH * sdkv +
-                        (size_t)B * L * P * (2 * (size_t)Dk + 2)) * sizeof(float);
+    /* a chunk of all rows: W and P^T dO, the scan's dSn, KD, Tm and P, and the chunk kernel's
+     * parts, or the batched GEMMs' operands (gated_delta_gemm.cu); 3 x 64 floats of alignment */
+    int gemm = mt_cuda_gd_bwd_gemm();
+    size_t tail = gemm ? (size_t)BH * mt_cuda_gd_gemm_bytes_per_problem(Dk, Dv) / sizeof(float)
+                       : (size_t)B * L * P * (2 * (size_t)Dk + 2);
+    size_t per_chunk = ((size_t)BH * L * (Dkp + Dvp + 3 * L) + BH * sdkv + 192 + tail) * sizeof(float);
     /* W and DUL after the carry are written by wmma tiles (32-byte aligned): pad the carry */
     size_t carry_floats = ((size_t)BH * sdkv + 63) / 64 * 64, carry_bytes = carry_floats * sizeof(float);
     int R = mt_cuda_gd_range_chunks(per_chunk, nc);
@@ -361,9 +364,11 @@ static void backward_ranges(mt_backend *be, bf16 *dq, bf16 *dk, bf16 *dv, float 
         int Rr = min(R, end), c = end - Rr;
         size_t Nr = (size_t)B * Rr * L;
         float *W = carry + carry_floats, *DUL = W + (size_t)BH * Rr * L * Dkp;
-        float *dstates = DUL + (size_t)BH * Rr * L * Dvp, *dq_part = dstates + BH * Rr * sdkv;
+        float *dstates = DUL + (size_t)BH * Rr * L * Dvp;
+        float *TKP = carry + gd_round64((size_t)(dstates + BH * Rr * sdkv - carry));
+        float *dq_part = carry + gd_round64((size_t)(TKP + (size_t)BH * Rr * 3 * L * L - carry));
         float *dk_part = dq_part + Nr * P * Dk, *dg_part = dk_part + Nr * P * Dk;
-        float *dbeta_part = dg_part + Nr * P, *TKP = dbeta_part + Nr * P;
+        float *dbeta_part = dg_part + Nr * P;
         gd_bwd_prep_kernel<MODE><<<dim3(Rr, BH), GD_THREADS, sp, s>>>(
             W, DUL, TKP, dout, q, k, g, beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, Dvp, scale, c, Rr,
             t0);
@@ -374,6 +379,14 @@ static void backward_ranges(mt_backend *be, bf16 *dq, bf16 *dk, bf16 *dv, float 
             Hv, Dk, Dv, Dkp, Dvp, scale, c, Rr, nc, t0);
         CUDA_LAUNCH_CHECK();
         mt_cuda_gd_prof_mark(s, MT_GD_BWD_SCAN);
+        if (gemm) { /* the chunk backward and the sums as batched GEMMs, over dq_part's room */
+            mt_cuda_gd_gemm_backward(be, dq_part, dq, dk, dv, dg, dbeta, dstates, TKP, dout,
+                                     chunk_states, q, k, v, g, beta, doc_start, B, T, Hk, Hv, Dk,
+                                     Dv, scale, c, Rr, nc, t0, MODE, s);
+            mt_cuda_gd_prof_mark(s, MT_GD_BWD_CHUNK);
+            end = c;
+            continue;
+        }
         gd_bwd_chunk_kernel<MODE><<<dim3(Rr, BH, nvb), GD_THREADS, sc, s>>>(
             dv, dq_part, dk_part, dg_part, dbeta_part, dstates, TKP, dout, chunk_states, q, k, v, g,
             beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, scale, c, Rr, nc, t0);

@@ -52,6 +52,7 @@
 #define GD_PAD INT_MIN            /* gd_stats.ds of a padding token */
 
 static inline int gd_round16(int x) { return (x + 15) / 16 * 16; }
+static inline size_t gd_round64(size_t x) { return (x + 63) / 64 * 64; }
 /* Row stride of a matrix of width Dp (a multiple of 16) in shared memory. */
 static inline __host__ __device__ int gd_ld(int Dp) { return Dp + 4; }
 
@@ -301,6 +302,19 @@ enum { GD_PLAIN = 0, GD_SPLIT_TM = 1, GD_SPLIT_ALL = 2 };
 #define GD_ALL(MODE) ((MODE) >= GD_SPLIT_ALL)
 int mt_cuda_gd_mode(void);
 void mt_cuda_gd_set_smem(const void *kernel, size_t smem);
+
+/* The chunk backward as batched GEMMs (gated_delta_gemm.cu), MT_GATED_DELTA_BWD=gemm: its scratch
+ * a (row, value head, chunk), and the call for one range (after the prep and scan kernels; writes
+ * dq, dk, dv, dg, dbeta for the range's tokens; mode one of GD_*). */
+int mt_cuda_gd_bwd_gemm(void);
+size_t mt_cuda_gd_gemm_bytes_per_problem(int Dk, int Dv);
+void mt_cuda_gd_gemm_backward(mt_backend *be, void *scratch, bf16 *dq, bf16 *dk, bf16 *dv,
+                              float *dg, float *dbeta, const float *dstates, const float *TKP,
+                              const bf16 *dout, const float *chunk_states, const bf16 *q,
+                              const bf16 *k, const bf16 *v, const float *g, const float *beta,
+                              const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk,
+                              int Dv, float scale, int c_begin, int R, int nc, int t0, int mode,
+                              cudaStream_t s);
 
 /* Chunks a range so that `per_chunk` bytes of scratch a chunk (all rows and heads) stay under
  * MT_CUDA_GATED_DELTA_SCRATCH; MT_GATED_DELTA_RANGE (a test's knob) sets it. */

@@ -215,6 +215,7 @@ int mt_cuda_moe_matmul_backward(mt_cuda_ctx *ctx, bf16 *dinp, float *dweight, co
                                 const int32_t *offsets, const int32_t *offsets_host, int E, int K,
                                 int M, int accumulate, cudaStream_t s);
 void mt_cuda_moe_gemm_free(mt_cuda_ctx *ctx);
+void mt_cuda_gd_blas_free(mt_cuda_ctx *ctx); /* gated_delta_gemm.cu */
 /* The weight gradients of moe_matmul_backward as zero-padded strided batches through the op
  * scratch (when cuBLAS refuses the grouped fp32 D). Returns 0 with nothing enqueued when padding
  * would cost over 4x the rows or one expert's slab exceeds MT_CUDA_MOE_PAD_SCRATCH (the caller
