@@ -33,7 +33,9 @@
  * (L, L) x (L, Dk) products of dq and dk. What a faster design needs: operands kept in registers
  * across products (mma fragments, not shared-memory round trips), bf16 storage of the inputs
  * that are bf16 already (q, k, v, dO: exact, half the bytes), the chunk-wide products done once
- * a chunk rather than once a column block, and enough warps an SM to hide the latency. */
+ * a chunk rather than once a column block, and enough warps an SM to hide the latency.
+ * gated_delta_gemm.cu (MT_GATED_DELTA_BWD=gemm, not yet run on a GPU) takes the last two: the chunk
+ * backward's products once a chunk over all value columns, as cuBLAS batched GEMMs. */
 #ifndef MT_CUDA_GATED_DELTA_CHUNK_CUH
 #define MT_CUDA_GATED_DELTA_CHUNK_CUH
 
