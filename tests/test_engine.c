@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "model/runner.h"
+#include "util/config_check.h"
 #include "util/state_snapshot.h"
 #include "util/testutil.h"
 #include "util/tiny_config.h"
@@ -512,6 +513,73 @@ static void test_mlp_tiled_engine(void **state) {
     setup_free(&s);
 }
 
+/* Qwen3.5's Gated DeltaNet layers tiled (qwen3_5_dense's config, random init, 2 rows of 150
+ * tokens a micro-batch of 1): the mixer runs each row in spans of the chunk (64, 100 tokens: 3 and
+ * 2 spans), its state carried between them, with and without saved internals and the GPU tier.
+ * The same training as untiled within what test_mlp_tiled_engine allows. Its eps is 1e-4, not
+ * 1e-8: the DeltaNet's tiled gradients differ from the untiled ones by up to ~1e-5 of each
+ * tensor's largest (the state crosses spans in fp32, which the CPU op otherwise carries in
+ * double, and the delta rule's triangular inverse amplifies it: test_layer_tiling), and with eps
+ * 1e-8 AdamW's first steps move an element whose gradient is ~1e-8 by lr times a ratio those
+ * differences change by 10% (measured: 1.3e-3 apart after one step, the step-2 norm 1.2e-4). */
+static const mt_adamw_hparams hp_eps = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-4,
+                                        .weight_decay = 0.1};
+static void test_deltanet_tiled_engine(void **state) {
+    (void)state;
+    enum { B = 2, T = 150 };
+    mt_config cfg = mt_test_config_load("qwen3_5_dense/config.json");
+    mt_param_table table;
+    mt_param_table_init(&table, &cfg);
+    float *weights = mt_aligned_alloc((size_t)table.total * sizeof(float));
+    mt_param_init(&table, weights, 0.2f, 3);
+    int32_t ids[B * T], targets[B * T];
+    mt_test_rng rng;
+    mt_test_rng_seed(&rng, 19);
+    for (int i = 0; i < B * T; i++) {
+        ids[i] = (int32_t)(mt_test_rng_u64(&rng) % (uint64_t)cfg.V);
+        targets[i] = (int32_t)(mt_test_rng_u64(&rng) % (uint64_t)cfg.V);
+    }
+    const struct { int chunk, saved, tier; } mode[4] = {{0, 0, 0}, {64, 0, 0}, {100, 2, 0}, {64, 0, 1}};
+    double loss[4][2], norm[4][2];
+    float *w[4];
+    for (int k = 0; k < 4; k++) {
+        mt_backend *be = mt_backend_cpu_create();
+        mt_engine_opts o = {.batch = B, .micro_batch = 1, .T = T, .n_slots = 2, .opt_threads = 1,
+                            .mlp_chunk = mode[k].chunk, .saved_layers = mode[k].saved,
+                            .gpu_layers = mode[k].tier, .state = MT_STATE_FULL};
+        mt_engine *e = mt_engine_create(&table, be, &o, weights);
+        for (int step = 0; step < 2; step++) {
+            mt_step_result r;
+            mt_engine_step(e, ids, targets, &hp_eps, step + 1, 1.0, &r);
+            loss[k][step] = r.loss;
+            norm[k][step] = r.grad_norm;
+        }
+        w[k] = malloc((size_t)table.total * sizeof(float));
+        mt_engine_get_weights(e, w[k]);
+        fprintf(stderr, "qwen3_5 mlp_chunk %d saved %d tier %d: losses %.8f %.8f, norms %.6f %.6f\n",
+                mode[k].chunk, mode[k].saved, mode[k].tier, loss[k][0], loss[k][1], norm[k][0],
+                norm[k][1]);
+        mt_engine_destroy(e);
+        be->destroy(be);
+    }
+    for (int k = 1; k < 4; k++) {
+        for (int step = 0; step < 2; step++) {
+            assert_true(fabs(loss[k][step] - loss[0][step]) <= 1e-5 * loss[0][step]);
+            assert_true(fabs(norm[k][step] - norm[0][step]) <= 1e-4 * norm[0][step]);
+        }
+        double dmax = 0, wmax = 0;
+        for (int64_t i = 0; i < table.total; i++) {
+            dmax = fmax(dmax, fabs((double)w[k][i] - w[0][i]));
+            wmax = fmax(wmax, fabs(w[0][i]));
+        }
+        fprintf(stderr, "  weights: max |tiled - untiled| %.3g of max |w| %.3g\n", dmax, wmax);
+        assert_true(dmax <= 1e-4 * wmax);
+    }
+    for (int k = 0; k < 4; k++) free(w[k]);
+    free(weights);
+    mt_param_table_free(&table);
+}
+
 static void test_nonfinite_step_skipped(void **state) {
     (void)state;
     for (int f = MT_STATE_FULL; f <= MT_STATE_TIGHT; f++) {
@@ -530,7 +598,7 @@ int main(void) {
         cmocka_unit_test(test_memory_modes),
         cmocka_unit_test(test_set_weights_between_steps),
         cmocka_unit_test(test_nonfinite_step_skipped),
-        cmocka_unit_test(test_mlp_tiled_engine),
+        cmocka_unit_test(test_mlp_tiled_engine), cmocka_unit_test(test_deltanet_tiled_engine),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
