@@ -32,6 +32,7 @@
 #                with --trace (trace-CFG-LAYERS.json): where a new family's step goes, cheaply
 #   oldfull:CFG:STATE[:BATCH]  full: with MT_OLD_BIN's megatrain (a baseline build, carried beside)
 #   long:CFG:SEQ:STATE      full-parameter, one row of SEQ tokens a step, 2 steps (long context)
+#   env:NAME=VALUE  exports NAME=VALUE for the stages after it (e.g. env:MT_GATED_DELTA_BWD=gemm)
 #   moebench[:ONLY]  bench/moe_bench.cu --iters 3 (--only qwen3|mixtral, or quick: --quick): the MoE block by piece,
 #                the experts' GEMMs loop against grouped
 # MT_BIN=DIR runs the binaries built here in DIR (scripts/gpu-prebuilt.sh says how; carry DIR's
@@ -214,6 +215,7 @@ PY
         say "rc $?"; tail -n 3 "$OUT/adamw-$cfg-$state-$u.log" | tee -a "$log"
       done ;;
     mt70:*) ensure_built; run_mt "70b-lora-${stage#mt70:}" bench/configs/llama-3.3-70b.json 2 8 --lora 16 --base-dtype "${stage#mt70:}" ;;
+    env:*) export "${stage#env:}"; say "== env ${stage#env:}" ;;
     *) say "unknown stage $stage"; exit 2 ;;
   esac
   stamp
