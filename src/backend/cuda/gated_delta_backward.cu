@@ -369,10 +369,15 @@ static void backward_ranges(mt_backend *be, bf16 *dq, bf16 *dk, bf16 *dv, float 
         float *dq_part = carry + gd_round64((size_t)(TKP + (size_t)BH * Rr * 3 * L * L - carry));
         float *dk_part = dq_part + Nr * P * Dk, *dg_part = dk_part + Nr * P * Dk;
         float *dbeta_part = dg_part + Nr * P;
-        gd_bwd_prep_kernel<MODE><<<dim3(Rr, BH), GD_THREADS, sp, s>>>(
-            W, DUL, TKP, dout, q, k, g, beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, Dvp, scale, c, Rr,
-            t0);
-        CUDA_LAUNCH_CHECK();
+        if (gemm) { /* the operands into dq_part's room, then the prep as batched GEMMs */
+            mt_cuda_gd_gemm_prep(be, dq_part, W, DUL, TKP, dout, chunk_states, q, k, v, g, beta,
+                                 doc_start, B, T, Hk, Hv, Dk, Dv, scale, c, Rr, nc, t0, MODE, s);
+        } else {
+            gd_bwd_prep_kernel<MODE><<<dim3(Rr, BH), GD_THREADS, sp, s>>>(
+                W, DUL, TKP, dout, q, k, g, beta, doc_start, T, Hk, Hv, Dk, Dv, Dkp, Dvp, scale, c,
+                Rr, t0);
+            CUDA_LAUNCH_CHECK();
+        }
         mt_cuda_gd_prof_mark(s, MT_GD_BWD_PREP);
         gd_bwd_scan_kernel<MODE><<<dim3(nvb, BH), GD_THREADS, ss, s>>>(
             dstates, carry, dstate_out, dstate_in, W, DUL, dout, q, k, g, beta, doc_start, T, Hk,
@@ -380,9 +385,8 @@ static void backward_ranges(mt_backend *be, bf16 *dq, bf16 *dk, bf16 *dv, float 
         CUDA_LAUNCH_CHECK();
         mt_cuda_gd_prof_mark(s, MT_GD_BWD_SCAN);
         if (gemm) { /* the chunk backward and the sums as batched GEMMs, over dq_part's room */
-            mt_cuda_gd_gemm_backward(be, dq_part, dq, dk, dv, dg, dbeta, dstates, TKP, dout,
-                                     chunk_states, q, k, v, g, beta, doc_start, B, T, Hk, Hv, Dk,
-                                     Dv, scale, c, Rr, nc, t0, MODE, s);
+            mt_cuda_gd_gemm_backward(be, dq_part, dq, dk, dv, dg, dbeta, dstates, TKP, DUL, B, T,
+                                     Hk, Hv, Dk, Dv, scale, c, Rr, MODE, s);
             mt_cuda_gd_prof_mark(s, MT_GD_BWD_CHUNK);
             end = c;
             continue;

@@ -305,18 +305,23 @@ enum { GD_PLAIN = 0, GD_SPLIT_TM = 1, GD_SPLIT_ALL = 2 };
 int mt_cuda_gd_mode(void);
 void mt_cuda_gd_set_smem(const void *kernel, size_t smem);
 
-/* The chunk backward as batched GEMMs (gated_delta_gemm.cu), MT_GATED_DELTA_BWD=gemm: its scratch
- * a (row, value head, chunk), and the call for one range (after the prep and scan kernels; writes
- * dq, dk, dv, dg, dbeta for the range's tokens; mode one of GD_*). */
+/* The backward's prep and chunk kernels as batched GEMMs (gated_delta_gemm.cu),
+ * MT_GATED_DELTA_BWD=gemm: its scratch a (row, value head, chunk), and for one range the prep (the
+ * operands loaded into the scratch; W, DUL and TKP as the prep kernel writes them, for the scan)
+ * and, after the scan, the chunk backward (writes dq, dk, dv, dg, dbeta for the range's tokens);
+ * mode one of GD_*. */
 int mt_cuda_gd_bwd_gemm(void);
 size_t mt_cuda_gd_gemm_bytes_per_problem(int Dk, int Dv);
+void mt_cuda_gd_gemm_prep(mt_backend *be, void *scratch, float *W, float *DUL, float *TKP,
+                          const bf16 *dout, const float *chunk_states, const bf16 *q,
+                          const bf16 *k, const bf16 *v, const float *g, const float *beta,
+                          const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk, int Dv,
+                          float scale, int c_begin, int R, int nc, int t0, int mode,
+                          cudaStream_t s);
 void mt_cuda_gd_gemm_backward(mt_backend *be, void *scratch, bf16 *dq, bf16 *dk, bf16 *dv,
                               float *dg, float *dbeta, const float *dstates, const float *TKP,
-                              const bf16 *dout, const float *chunk_states, const bf16 *q,
-                              const bf16 *k, const bf16 *v, const float *g, const float *beta,
-                              const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk,
-                              int Dv, float scale, int c_begin, int R, int nc, int t0, int mode,
-                              cudaStream_t s);
+                              const float *DUL, int B, int T, int Hk, int Hv, int Dk, int Dv,
+                              float scale, int c_begin, int R, int mode, cudaStream_t s);
 
 /* Chunks a range so that `per_chunk` bytes of scratch a chunk (all rows and heads) stay under
  * MT_CUDA_GATED_DELTA_SCRATCH; MT_GATED_DELTA_RANGE (a test's knob) sets it. */

@@ -1,5 +1,6 @@
-/* The gated delta rule's chunk backward (gated_delta_backward.cu's chunk and reduce kernels) as
- * batched GEMMs (MT_GATED_DELTA_BWD=gemm): the same algebra as the CPU op
+/* The gated delta rule's backward prep and chunk backward (gated_delta_backward.cu's prep, chunk
+ * and reduce kernels; its scan stays) as batched GEMMs (MT_GATED_DELTA_BWD=gemm): the same algebra
+ * as the CPU op
  * (src/backend/cpu/gated_delta_backward.c), but each product runs once a chunk over all Dv value
  * columns, as a cuBLAS strided-batched GEMM over every (row, value head, chunk) of a range at once,
  * with small kernels for the masks, the row sums and the decays' gradient between them.
@@ -11,8 +12,10 @@
  *
  * A problem p = bh R + lc (bh = b Hv + vh, lc the range's chunk) has its operands in the scratch
  * at a fixed stride (gdg_layout): Q (scaled) and K of its key head, V and dO as fp32 rows (zero past
- * the chunk's tokens), S0 (the chunk's incoming state), and the intermediates
- *   X = K S0, R = diag(beta)(V - diag(fe) X), U = Tm R, DU = P^T dO + diag(lam) K dSn,
+ * the chunk's tokens), S0 (the chunk's incoming state). The prep makes K K^T and Q K^T, then
+ * (gdg_prep_kernel) KD, Tm = (I + diag(beta) KD)^-1 and P, and W = Tm diag(beta fe) K and DUL =
+ * P^T dO in the layout the scan reads; after the scan, the intermediates
+ *   X = K S0, R = diag(beta)(V - diag(fe) X), U = Tm R, DU = DUL + diag(lam) K dSn,
  *   DR = Tm^T DU, A' = DR U^T (dA = -A'), dP = dO U^T, LQ = dO S0^T, LK = U dSn^T
  * then (gdg_mid_kernel) dG, dbeta, dv, dX = -diag(beta fe) DR, M + M^T, dP o Dm and the rows' fe,
  * lam scalings, and finally
@@ -129,8 +132,10 @@ static __global__ void __launch_bounds__(GD_THREADS)
     for (int e = threadIdx.x; e < nw; e += blockDim.x) dst[e] = src[e];
 }
 
-/* R = diag(beta)(V - diag(fe) X) (add 0), or DU += diag(lam) DR (add 1), over every problem. */
-static __global__ void gdg_rows_kernel(gdg_layout a, gdg_sizes z, int Dv, size_t P, int add) {
+/* R = diag(beta)(V - diag(fe) X) (DUL NULL), or DU = DUL + diag(lam) DR (DUL the prep's P^T dO,
+ * rows of Dvp), over every problem. */
+static __global__ void gdg_rows_kernel(gdg_layout a, gdg_sizes z, int Dv, size_t P,
+                                       const float *DUL, int Dvp) {
     size_t n = P * GD_L * Dv;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n;
          e += (size_t)gridDim.x * blockDim.x) {
@@ -138,8 +143,46 @@ static __global__ void gdg_rows_kernel(gdg_layout a, gdg_sizes z, int Dv, size_t
         int r = (int)(e % ((size_t)GD_L * Dv)), i = r / Dv;
         size_t o = p * z.v + r;
         const gd_stats *st = a.st + p;
-        if (add) a.DU[o] += st->lam[i] * a.DR[o];
+        if (DUL) a.DU[o] = DUL[(p * GD_L + i) * Dvp + r % Dv] + st->lam[i] * a.DR[o];
         else a.R[o] = st->beta[i] * (a.V[o] - st->fe[i] * a.X[o]);
+    }
+}
+
+/* Per problem, the prep (gated_delta_backward.cu's prep kernel): from KK = K K^T (in A's room) and
+ * QK = Q K^T (in dP's), KD = strict_lower(KK o Dm), Tm = (I + diag(beta) KD)^-1 and P = QK o Dm
+ * into TKP (KD, Tm, P a problem), and Kb = diag(beta fe) K into LQ's room for W = Tm Kb. */
+static __global__ void __launch_bounds__(GD_THREADS)
+    gdg_prep_kernel(gdg_layout a, gdg_sizes z, float *TKP, int Dk) {
+    __shared__ float KD[GD_L * GD_LDL], Tm[GD_L * GD_LDL];
+    __shared__ gd_stats st;
+    const int L = GD_L, LDL = GD_LDL, tid = threadIdx.x;
+    size_t p = blockIdx.x;
+    {
+        const int *src = (const int *)(a.st + p), n = (int)(sizeof(gd_stats) / sizeof(int));
+        for (int e = tid; e < n; e += blockDim.x) ((int *)&st)[e] = src[e];
+    }
+    __syncthreads();
+    const float *KK = a.A + p * z.l2, *QK = a.dP + p * z.l2;
+    float *tkp = TKP + p * 3 * L * L;
+    for (int e = tid; e < L * L; e += blockDim.x) {
+        int i = e / L, j = e % L;
+        float dm = gd_dm(&st, i, j);
+        KD[i * LDL + j] = j < i ? KK[e] * dm : 0.0f;
+        tkp[2 * L * L + e] = QK[e] * dm;
+    }
+    __syncthreads();
+    gd_solve(Tm, KD, &st, tid);
+    __syncthreads();
+    for (int e = tid; e < L * L; e += blockDim.x) {
+        int i = e / L, j = e % L;
+        tkp[e] = KD[i * LDL + j];
+        tkp[L * L + e] = Tm[i * LDL + j];
+    }
+    const float *K = a.K + p * z.q;
+    float *Kb = a.LQ + p * z.q;
+    for (int e = tid; e < L * Dk; e += blockDim.x) {
+        int i = e / Dk;
+        Kb[e] = st.beta[i] * st.fe[i] * K[e];
     }
 }
 
@@ -307,42 +350,76 @@ static unsigned ew_blocks(size_t n) {
     return (unsigned)(b > 8192 ? 8192 : b);
 }
 
+/* The precisions of a mode: fp32 where a product meets Tm (or its result next does) unless
+ * plain, and TF32 elsewhere in the tm and plain modes. */
+typedef struct {
+    cublasComputeType_t tm, rest;
+} gdg_precision;
+
+static gdg_precision precision_of(int mode) {
+    gdg_precision c = {mode == GD_PLAIN ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+                       mode == GD_SPLIT_ALL ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32};
+    return c;
+}
+
+void mt_cuda_gd_gemm_prep(mt_backend *be, void *scratch, float *W, float *DUL, float *TKP,
+                          const bf16 *dout, const float *chunk_states, const bf16 *q,
+                          const bf16 *k, const bf16 *v, const float *g, const float *beta,
+                          const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk, int Dv,
+                          float scale, int c_begin, int R, int nc, int t0, int mode,
+                          cudaStream_t s) {
+    const int L = GD_L, Dkp = gd_round16(Dk), Dvp = gd_round16(Dv);
+    size_t P = (size_t)B * Hv * R, tkp = 3 * (size_t)L * L;
+    gdg_sizes z = sizes_of(Dk, Dv);
+    gdg_layout a = layout_of((float *)scratch, P, z);
+    cublasHandle_t h = blas_of(be, s);
+    gdg_precision pr = precision_of(mode);
+    size_t smem = (size_t)L * gd_ld(Dkp) * sizeof(float) + sizeof(gd_stats);
+    mt_cuda_gd_set_smem((const void *)gdg_load_kernel, smem);
+    gdg_load_kernel<<<(unsigned)P, GD_THREADS, smem, s>>>(a, z, chunk_states, q, k, v, dout, g,
+                                                          beta, doc_start, T, Hk, Hv, Dk, Dv, scale,
+                                                          c_begin, R, nc, t0, Dkp);
+    CUDA_LAUNCH_CHECK();
+    gdg_mat Km = {a.K, Dk, z.q, false}, KT = Km, Qm = {a.Q, Dk, z.q, false};
+    KT.t = true;
+    gemm(h, pr.rest, L, L, Dk, Km, KT, 0.0f, a.A, L, z.l2, P);             /* K K^T */
+    gemm(h, pr.rest, L, L, Dk, Qm, KT, 0.0f, a.dP, L, z.l2, P);            /* Q K^T */
+    gdg_prep_kernel<<<(unsigned)P, GD_THREADS, 0, s>>>(a, z, TKP, Dk);     /* KD, Tm, P; Kb */
+    CUDA_LAUNCH_CHECK();
+    /* the scan reads W and DUL's padded columns (zero S rows meet them): zero them first */
+    if (Dkp != Dk) CUDA_CHECK(cudaMemsetAsync(W, 0, P * L * Dkp * sizeof(float), s));
+    if (Dvp != Dv) CUDA_CHECK(cudaMemsetAsync(DUL, 0, P * L * Dvp * sizeof(float), s));
+    gdg_mat Tmm = {TKP + L * L, L, tkp, false}, Kb = {a.LQ, Dk, z.q, false};
+    gdg_mat PT = {TKP + 2 * L * L, L, tkp, true}, dOm = {a.dO, Dv, z.v, false};
+    gemm(h, pr.tm, L, Dk, L, Tmm, Kb, 0.0f, W, Dkp, (size_t)L * Dkp, P);   /* W = Tm Kb */
+    gemm(h, pr.rest, L, Dv, L, PT, dOm, 0.0f, DUL, Dvp, (size_t)L * Dvp, P); /* P^T dO */
+}
+
 void mt_cuda_gd_gemm_backward(mt_backend *be, void *scratch, bf16 *dq, bf16 *dk, bf16 *dv,
                               float *dg, float *dbeta, const float *dstates, const float *TKP,
-                              const bf16 *dout, const float *chunk_states, const bf16 *q,
-                              const bf16 *k, const bf16 *v, const float *g, const float *beta,
-                              const int32_t *doc_start, int B, int T, int Hk, int Hv, int Dk,
-                              int Dv, float scale, int c_begin, int R, int nc, int t0, int mode,
-                              cudaStream_t s) {
+                              const float *DUL, int B, int T, int Hk, int Hv, int Dk, int Dv,
+                              float scale, int c_begin, int R, int mode, cudaStream_t s) {
     const int L = GD_L;
     size_t P = (size_t)B * Hv * R;
     gdg_sizes z = sizes_of(Dk, Dv);
     gdg_layout a = layout_of((float *)scratch, P, z);
     cublasHandle_t h = blas_of(be, s);
-    /* fp32 where a product meets Tm (or its result next does) unless plain; TF32 elsewhere in tm */
-    cublasComputeType_t tm = mode == GD_PLAIN ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    cublasComputeType_t rest = mode == GD_SPLIT_ALL ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
+    gdg_precision pr = precision_of(mode);
+    cublasComputeType_t tm = pr.tm, rest = pr.rest;
     size_t sl = (size_t)Dk * Dv, tkp = 3 * (size_t)L * L;
     gdg_mat Km = {a.K, Dk, z.q, false}, Qm = {a.Q, Dk, z.q, false}, S0m = {a.S0, Dv, z.s, false};
     gdg_mat dSm = {dstates, Dv, sl, false}, Tmm = {TKP + L * L, L, tkp, false};
-    gdg_mat Pmm = {TKP + 2 * L * L, L, tkp, true}, dOm = {a.dO, Dv, z.v, false};
+    gdg_mat dOm = {a.dO, Dv, z.v, false};
     gdg_mat Um = {a.U, Dv, z.v, false};
 
-    size_t smem = (size_t)L * gd_ld(gd_round16(Dk)) * sizeof(float) + sizeof(gd_stats);
-    mt_cuda_gd_set_smem((const void *)gdg_load_kernel, smem);
-    gdg_load_kernel<<<(unsigned)P, GD_THREADS, smem, s>>>(a, z, chunk_states, q, k, v, dout, g,
-                                                          beta, doc_start, T, Hk, Hv, Dk, Dv, scale,
-                                                          c_begin, R, nc, t0, gd_round16(Dk));
-    CUDA_LAUNCH_CHECK();
     gemm(h, tm, L, Dv, Dk, Km, S0m, 0.0f, a.X, Dv, z.v, P);                 /* X = K S0 */
-    gdg_rows_kernel<<<ew_blocks(P * L * Dv), 256, 0, s>>>(a, z, Dv, P, 0);  /* R */
+    gdg_rows_kernel<<<ew_blocks(P * L * Dv), 256, 0, s>>>(a, z, Dv, P, NULL, 0); /* R */
     CUDA_LAUNCH_CHECK();
     gdg_mat Rm = {a.R, Dv, z.v, false};
     gemm(h, tm, L, Dv, L, Tmm, Rm, 0.0f, a.U, Dv, z.v, P);                  /* U = Tm R */
     gemm(h, rest, L, Dv, Dk, Km, dSm, 0.0f, a.DR, Dv, z.v, P);              /* K dSn */
-    gemm(h, rest, L, Dv, L, Pmm, dOm, 0.0f, a.DU, Dv, z.v, P);              /* P^T dO */
-    gdg_rows_kernel<<<ew_blocks(P * L * Dv), 256, 0, s>>>(a, z, Dv, P, 1);  /* DU += lam K dSn */
-    CUDA_LAUNCH_CHECK();
+    gdg_rows_kernel<<<ew_blocks(P * L * Dv), 256, 0, s>>>(a, z, Dv, P, DUL, gd_round16(Dv));
+    CUDA_LAUNCH_CHECK();                                                   /* DU = P^T dO + lam K dSn */
     gdg_mat TmT = Tmm, DUm = {a.DU, Dv, z.v, false};
     TmT.t = true;
     gemm(h, tm, L, Dv, L, TmT, DUm, 0.0f, a.DR, Dv, z.v, P);                /* DR = Tm^T DU */
