@@ -462,6 +462,68 @@ static void check_nonfinite_step_skipped(mt_state_format format, int tier, int u
 }
 
 
+/* A training run of one engine layout: `steps` steps of a fixed batch from the same weights. */
+typedef struct {
+    int chunk, saved, tier;
+} tiled_mode;
+
+typedef struct {
+    const mt_param_table *table;
+    const float *weights;
+    const int32_t *ids, *targets;
+    int batch, micro_batch, T, steps;
+    const mt_adamw_hparams *hp;
+    const char *name;
+} tiled_run;
+
+/* Trains run r in each of the n modes (mode 0 the reference) and checks every other against it:
+ * each step's loss within 1e-5 and gradient norm within 1e-4 (relative), and the weights at the
+ * end within 1e-4 of the largest. */
+static void expect_tiled_match(const tiled_run *r, const tiled_mode *mode, int n) {
+    double loss[4][3], norm[4][3];
+    float *w[4];
+    assert_true(n <= 4 && r->steps <= 3);
+    for (int k = 0; k < n; k++) {
+        mt_backend *be = mt_backend_cpu_create();
+        mt_engine_opts o = {.batch = r->batch, .micro_batch = r->micro_batch, .T = r->T, .n_slots = 2,
+                            .opt_threads = 1, .mlp_chunk = mode[k].chunk,
+                            .saved_layers = mode[k].saved, .gpu_layers = mode[k].tier,
+                            .state = MT_STATE_FULL};
+        mt_engine *e = mt_engine_create(r->table, be, &o, r->weights);
+        for (int step = 0; step < r->steps; step++) {
+            mt_step_result res;
+            mt_engine_step(e, r->ids, r->targets, r->hp, step + 1, 1.0, &res);
+            loss[k][step] = res.loss;
+            norm[k][step] = res.grad_norm;
+        }
+        w[k] = malloc((size_t)r->table->total * sizeof(float));
+        mt_engine_get_weights(e, w[k]);
+        fprintf(stderr, "%s mlp_chunk %d saved %d tier %d: losses", r->name, mode[k].chunk,
+                mode[k].saved, mode[k].tier);
+        for (int step = 0; step < r->steps; step++) fprintf(stderr, " %.8f", loss[k][step]);
+        fprintf(stderr, ", norms");
+        for (int step = 0; step < r->steps; step++) fprintf(stderr, " %.6f", norm[k][step]);
+        fprintf(stderr, "\n");
+        mt_engine_destroy(e);
+        be->destroy(be);
+    }
+    assert_true(loss[0][r->steps - 1] < loss[0][0]); /* it trains */
+    for (int k = 1; k < n; k++) {
+        for (int step = 0; step < r->steps; step++) {
+            assert_true(fabs(loss[k][step] - loss[0][step]) <= 1e-5 * loss[0][step]);
+            assert_true(fabs(norm[k][step] - norm[0][step]) <= 1e-4 * norm[0][step]);
+        }
+        double dmax = 0, wmax = 0;
+        for (int64_t i = 0; i < r->table->total; i++) {
+            dmax = fmax(dmax, fabs((double)w[k][i] - w[0][i]));
+            wmax = fmax(wmax, fabs(w[0][i]));
+        }
+        fprintf(stderr, "  weights: max |tiled - untiled| %.3g of max |w| %.3g\n", dmax, wmax);
+        assert_true(dmax <= 1e-4 * wmax);
+    }
+    for (int k = 0; k < n; k++) free(w[k]);
+}
+
 /* The layer tiled over token chunks (the long-context plan): the same training as untiled within a
  * few fp32 ulp (BLAS blocks rows by the GEMM's row count, so a chunk's rows may round differently;
  * tests/test_layer_tiling.c), with and without saved internals and the GPU tier. In full state:
@@ -472,44 +534,9 @@ static void test_mlp_tiled_engine(void **state) {
     (void)state;
     setup s;
     setup_init(&s, "qwen3_qknorm", 3);
-    const struct { int chunk, saved, tier; } mode[4] = {{0, 0, 0}, {5, 0, 0}, {3, 2, 0}, {7, 0, 1}};
-    double loss[4][3], norm[4][3];
-    float *w[4];
-    for (int k = 0; k < 4; k++) {
-        mt_backend *be = mt_backend_cpu_create();
-        mt_engine_opts o = {.batch = B_ROWS, .micro_batch = 2, .T = T_LEN, .n_slots = 2, .opt_threads = 1,
-                            .mlp_chunk = mode[k].chunk, .saved_layers = mode[k].saved,
-                            .gpu_layers = mode[k].tier, .state = MT_STATE_FULL};
-        mt_engine *e = mt_engine_create(&s.table, be, &o, s.weights);
-        for (int step = 0; step < 3; step++) {
-            mt_step_result r;
-            mt_engine_step(e, s.ids, s.targets, &hp, step + 1, 1.0, &r);
-            loss[k][step] = r.loss;
-            norm[k][step] = r.grad_norm;
-        }
-        w[k] = malloc((size_t)s.table.total * sizeof(float));
-        mt_engine_get_weights(e, w[k]);
-        fprintf(stderr, "mlp_chunk %d saved %d tier %d: losses %.8f %.8f %.8f\n", mode[k].chunk,
-                mode[k].saved, mode[k].tier, loss[k][0], loss[k][1], loss[k][2]);
-        mt_engine_destroy(e);
-        be->destroy(be);
-    }
-    assert_true(loss[0][2] < loss[0][0]);
-    for (int k = 1; k < 4; k++) {
-        for (int step = 0; step < 3; step++) {
-            assert_true(fabs(loss[k][step] - loss[0][step]) <= 1e-5 * loss[0][step]);
-            assert_true(fabs(norm[k][step] - norm[0][step]) <= 1e-4 * norm[0][step]);
-        }
-        double dmax = 0, wmax = 0;
-        for (int64_t i = 0; i < s.table.total; i++) {
-            double d = fabs((double)w[k][i] - w[0][i]);
-            if (d > dmax) dmax = d;
-            if (fabs(w[0][i]) > wmax) wmax = fabs(w[0][i]);
-        }
-        fprintf(stderr, "  weights: max |tiled - untiled| %.3g of max |w| %.3g\n", dmax, wmax);
-        assert_true(dmax <= 1e-4 * wmax);
-    }
-    for (int k = 0; k < 4; k++) free(w[k]);
+    const tiled_mode mode[4] = {{0, 0, 0}, {5, 0, 0}, {3, 2, 0}, {7, 0, 1}};
+    tiled_run r = {&s.table, s.weights, s.ids, s.targets, B_ROWS, 2, T_LEN, 3, &hp, "qwen3"};
+    expect_tiled_match(&r, mode, 4);
     setup_free(&s);
 }
 
@@ -539,43 +566,9 @@ static void test_deltanet_tiled_engine(void **state) {
         ids[i] = (int32_t)(mt_test_rng_u64(&rng) % (uint64_t)cfg.V);
         targets[i] = (int32_t)(mt_test_rng_u64(&rng) % (uint64_t)cfg.V);
     }
-    const struct { int chunk, saved, tier; } mode[4] = {{0, 0, 0}, {64, 0, 0}, {100, 2, 0}, {64, 0, 1}};
-    double loss[4][2], norm[4][2];
-    float *w[4];
-    for (int k = 0; k < 4; k++) {
-        mt_backend *be = mt_backend_cpu_create();
-        mt_engine_opts o = {.batch = B, .micro_batch = 1, .T = T, .n_slots = 2, .opt_threads = 1,
-                            .mlp_chunk = mode[k].chunk, .saved_layers = mode[k].saved,
-                            .gpu_layers = mode[k].tier, .state = MT_STATE_FULL};
-        mt_engine *e = mt_engine_create(&table, be, &o, weights);
-        for (int step = 0; step < 2; step++) {
-            mt_step_result r;
-            mt_engine_step(e, ids, targets, &hp_eps, step + 1, 1.0, &r);
-            loss[k][step] = r.loss;
-            norm[k][step] = r.grad_norm;
-        }
-        w[k] = malloc((size_t)table.total * sizeof(float));
-        mt_engine_get_weights(e, w[k]);
-        fprintf(stderr, "qwen3_5 mlp_chunk %d saved %d tier %d: losses %.8f %.8f, norms %.6f %.6f\n",
-                mode[k].chunk, mode[k].saved, mode[k].tier, loss[k][0], loss[k][1], norm[k][0],
-                norm[k][1]);
-        mt_engine_destroy(e);
-        be->destroy(be);
-    }
-    for (int k = 1; k < 4; k++) {
-        for (int step = 0; step < 2; step++) {
-            assert_true(fabs(loss[k][step] - loss[0][step]) <= 1e-5 * loss[0][step]);
-            assert_true(fabs(norm[k][step] - norm[0][step]) <= 1e-4 * norm[0][step]);
-        }
-        double dmax = 0, wmax = 0;
-        for (int64_t i = 0; i < table.total; i++) {
-            dmax = fmax(dmax, fabs((double)w[k][i] - w[0][i]));
-            wmax = fmax(wmax, fabs(w[0][i]));
-        }
-        fprintf(stderr, "  weights: max |tiled - untiled| %.3g of max |w| %.3g\n", dmax, wmax);
-        assert_true(dmax <= 1e-4 * wmax);
-    }
-    for (int k = 0; k < 4; k++) free(w[k]);
+    const tiled_mode mode[4] = {{0, 0, 0}, {64, 0, 0}, {100, 2, 0}, {64, 0, 1}};
+    tiled_run r = {&table, weights, ids, targets, B, 1, T, 2, &hp_eps, "qwen3_5"};
+    expect_tiled_match(&r, mode, 4);
     free(weights);
     mt_param_table_free(&table);
 }
