@@ -34,6 +34,18 @@ static inline int mt_lin_span_tokens(int chunk) {
     return chunk > MT_GATED_DELTA_CHUNK ? chunk : MT_GATED_DELTA_CHUNK;
 }
 
+/* Floats of one delta-rule state of every value head (Hv x Dk x Dv). */
+static inline size_t mt_lin_state_floats(const mt_config *cfg) {
+    return (size_t)cfg->lin_Hv * cfg->lin_Dk * cfg->lin_Dv;
+}
+
+/* Bytes of the conv's context-row gradients carried between spans: K-1 rows (at least one) of
+ * the conv's 2 Hk Dk + Hv Dv channels in the compute dtype. */
+static inline size_t mt_lin_conv_tail_bytes(const mt_config *cfg, mt_dtype dtype) {
+    size_t Ch = 2 * (size_t)cfg->lin_Hk * cfg->lin_Dk + (size_t)cfg->lin_Hv * cfg->lin_Dv;
+    return (size_t)(cfg->lin_K > 1 ? cfg->lin_K - 1 : 1) * Ch * mt_dtype_size(dtype);
+}
+
 /* Row r0 of a token-major (N, width) tensor of the compute dtype. */
 static inline void *mt_layer_row(const mt_layer_ctx *lc, const void *base, int r0, int width) {
     return (char *)base + (size_t)r0 * (size_t)width * mt_dtype_size(lc->be->dtype);

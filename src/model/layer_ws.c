@@ -175,7 +175,7 @@ static size_t fields_bytes(const mt_config *cfg, mt_dtype dtype, int max_N, int 
  * layers. */
 static size_t states_bytes(const mt_config *cfg, size_t states) {
     if (mt_config_mixer_layers(cfg, MT_MIXER_GATED_DELTANET) == 0) return 0;
-    return states * (size_t)cfg->lin_Hv * cfg->lin_Dk * cfg->lin_Dv * sizeof(float);
+    return states * mt_lin_state_floats(cfg) * sizeof(float);
 }
 
 static size_t chunks_of(size_t T) { return (T + MT_GATED_DELTA_CHUNK - 1) / MT_GATED_DELTA_CHUNK; }
@@ -184,9 +184,7 @@ static size_t chunks_of(size_t T) { return (T + MT_GATED_DELTA_CHUNK - 1) / MT_G
  * starts, the two gradients between spans, and the conv's K-1 context rows (compute dtype). */
 static size_t span_extra_bytes(const mt_config *cfg, mt_dtype dtype, size_t spans) {
     if (mt_config_mixer_layers(cfg, MT_MIXER_GATED_DELTANET) == 0) return 0;
-    size_t Ch = 2 * (size_t)cfg->lin_Hk * cfg->lin_Dk + (size_t)cfg->lin_Hv * cfg->lin_Dv;
-    size_t tail = (size_t)(cfg->lin_K > 1 ? cfg->lin_K - 1 : 1) * Ch * mt_dtype_size(dtype);
-    return states_bytes(cfg, spans + 2) + tail;
+    return states_bytes(cfg, spans + 2) + mt_lin_conv_tail_bytes(cfg, dtype);
 }
 
 size_t mt_layer_ws_bytes_tiled(const mt_config *cfg, mt_dtype dtype, int max_N, int mlp_chunk) {

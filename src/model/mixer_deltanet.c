@@ -38,14 +38,9 @@ static lin_dims lin_dims_of(const mt_config *c) {
  * context: their xn and qkv rows come first in the lin fields). Untiled: every row, t0 = ctx = 0;
  * a span: one row's tokens [t0, t0 + T). */
 typedef struct {
-    int B, T, t0, ctx;
-    size_t r0;
+    int B, T, t0, ctx, r0;
     const int32_t *doc_start; /* the call's first token's (NULL: no documents) */
 } lin_call;
-
-static size_t state_floats(const mt_config *c) {
-    return (size_t)c->lin_Hv * c->lin_Dk * c->lin_Dv;
-}
 
 /* Grows a compute-side buffer to at least `bytes` (its contents are lost when it grows). */
 static void *grown(const mt_layer_ctx *lc, void **p, size_t *have, size_t bytes) {
@@ -62,7 +57,7 @@ static float *chunk_states(const mt_layer_ctx *lc, mt_layer_ws *ws, int B, int T
     size_t chunks = (size_t)B * (size_t)((T + MT_GATED_DELTA_CHUNK - 1) / MT_GATED_DELTA_CHUNK);
     mt_lin_states *st = ws->lin_states;
     MT_CHECK(st, "layer workspace without the Gated DeltaNet's chunk states");
-    return grown(lc, (void **)&st->p, &st->bytes, chunks * state_floats(lc->cfg) * sizeof(float));
+    return grown(lc, (void **)&st->p, &st->bytes, chunks * mt_lin_state_floats(lc->cfg) * sizeof(float));
 }
 
 /* The spans of a tiled call: per row, spans of `span` tokens (the last one shorter). */
@@ -87,7 +82,7 @@ static lin_call span_call(const mt_config *cfg, const mt_tokens *tok, lin_tiling
     c.t0 = s * t.span;
     c.T = mt_min_int(t.span, tok->T - c.t0);
     c.ctx = mt_min_int(cfg->lin_K - 1, c.t0);
-    c.r0 = (size_t)b * tok->T + c.t0;
+    c.r0 = b * tok->T + c.t0;
     c.doc_start = tok->doc_start ? tok->doc_start + c.r0 : NULL;
     return c;
 }
@@ -99,12 +94,8 @@ static float *span_state(const mt_layer_ctx *lc, mt_layer_ws *ws, lin_tiling t, 
     mt_lin_states *st = ws->lin_states;
     size_t n = (size_t)(t.per_row - 1) * (size_t)B;
     float *p = grown(lc, (void **)&st->spans, &st->span_bytes,
-                     n * state_floats(lc->cfg) * sizeof(float));
-    return p + ((size_t)b * (t.per_row - 1) + (s - 1)) * state_floats(lc->cfg);
-}
-
-static const void *row_at(const mt_layer_ctx *lc, const void *base, size_t r, int width) {
-    return mt_layer_row(lc, base, (int)r, width);
+                     n * mt_lin_state_floats(lc->cfg) * sizeof(float));
+    return p + ((size_t)b * (t.per_row - 1) + (s - 1)) * mt_lin_state_floats(lc->cfg);
 }
 
 /* The forward of one call into the lin fields; h rows r0.. = inp + out_proj(...) when want_h. */
@@ -115,7 +106,7 @@ static void call_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, cons
     const mt_config *cfg = lc->cfg;
     lin_dims d = lin_dims_of(cfg);
     int n = c->B * c->T, m = n + c->ctx; /* the call's tokens, with the conv's context */
-    be->rmsnorm_forward(be, ws->lin_xn, ws->lin_rstd1, row_at(lc, inp, c->r0 - c->ctx, d.C),
+    be->rmsnorm_forward(be, ws->lin_xn, ws->lin_rstd1, mt_layer_row(lc, inp, c->r0 - c->ctx, d.C),
                         w->input_norm, m, d.C, cfg->rms_norm_eps, mt_layer_norm_offset(lc));
     mt_linear_forward(lc, w, MT_W_LIN_QKV, ws->lin_qkv_pre, ws->lin_xn, w->lin_qkv, NULL, m, d.C,
                       d.Ch, ws);
@@ -139,9 +130,9 @@ static void call_forward(const mt_layer_ctx *lc, const mt_layer_weights *w, cons
     be->gated_rmsnorm_forward(be, ws->lin_on, ws->lin_rstd, ws->lin_o, ws->lin_z, w->lin_norm,
                               n * d.Hv, d.Dv, cfg->rms_norm_eps);
     if (!want_h) return;
-    void *h = mt_layer_row(lc, ws->h, (int)c->r0, d.C);
+    void *h = mt_layer_row(lc, ws->h, c->r0, d.C);
     mt_linear_forward(lc, w, MT_W_LIN_OUT, h, ws->lin_on, w->lin_out, NULL, n, d.VD, d.C, ws);
-    be->add(be, h, h, row_at(lc, inp, c->r0, d.C), (size_t)n * d.C);
+    be->add(be, h, h, mt_layer_row(lc, inp, c->r0, d.C), (size_t)n * d.C);
 }
 
 /* The conv's context rows between spans in the backward: the gradient a span's conv sends to the
@@ -162,7 +153,7 @@ static void call_backward(const mt_layer_ctx *lc, const mt_layer_weights *w,
     const mt_config *cfg = lc->cfg;
     lin_dims d = lin_dims_of(cfg);
     int n = c->B * c->T, m = n + c->ctx;
-    void *dh = mt_layer_row(lc, dinp, (int)c->r0, d.C);
+    void *dh = mt_layer_row(lc, dinp, c->r0, d.C);
     /* h = x + out_proj(on): d_on from d_h */
     mt_linear_backward(lc, w, g, MT_W_LIN_OUT, ws->lin_d_on, mt_f32(g->lin_out), NULL, dh,
                        ws->lin_on, w->lin_out, n, d.VD, d.C, 0, ws);
@@ -208,7 +199,7 @@ static void call_backward(const mt_layer_ctx *lc, const mt_layer_weights *w,
                        w->lin_a, n, d.C, d.Hv, 1, ws);
     /* dinp = d_h + rmsnorm1'(d_xn) */
     be->rmsnorm_backward(be, ws->lin_d_x, mt_f32(g->input_norm), ws->lin_d_xn,
-                         row_at(lc, inp, c->r0, d.C), w->input_norm, ws->lin_rstd1 + c->ctx, n, d.C,
+                         mt_layer_row(lc, inp, c->r0, d.C), w->input_norm, ws->lin_rstd1 + c->ctx, n, d.C,
                          0, mt_layer_norm_offset(lc));
     be->add(be, dh, ws->lin_d_x, dh, (size_t)n * d.C);
 }
@@ -255,12 +246,10 @@ void mt_deltanet_mixer_backward(const mt_layer_ctx *lc, const mt_tokens *tok,
     }
     const mt_config *cfg = lc->cfg;
     mt_lin_states *st = ws->lin_states;
-    size_t sbytes = state_floats(cfg) * sizeof(float);
+    size_t sbytes = mt_lin_state_floats(cfg) * sizeof(float);
     float *dS = grown(lc, (void **)&st->dstates, &st->dstate_bytes, 2 * sbytes);
-    size_t tail_bytes = (size_t)(cfg->lin_K > 1 ? cfg->lin_K - 1 : 1) *
-                        (size_t)(2 * cfg->lin_Hk * cfg->lin_Dk + cfg->lin_Hv * cfg->lin_Dv) *
-                        mt_dtype_size(lc->be->dtype);
-    void *tail = grown(lc, &st->conv_tail, &st->conv_tail_bytes, tail_bytes);
+    void *tail = grown(lc, &st->conv_tail, &st->conv_tail_bytes,
+                       mt_lin_conv_tail_bytes(cfg, lc->be->dtype));
     int cur = 0, next_ctx = 0;
     for (int b = tok->B - 1; b >= 0; b--)
         for (int s = t.per_row - 1; s >= 0; s--) {
@@ -268,8 +257,8 @@ void mt_deltanet_mixer_backward(const mt_layer_ctx *lc, const mt_tokens *tok,
             int last = b == tok->B - 1 && s == t.per_row - 1; /* ws holds its forward */
             mt_gated_delta_span sp = forward_carry(lc, ws, t, &c, tok->B, b, s, 0);
             if (!last) call_forward(lc, w, inp, ws, &c, &sp, 0);
-            float *d_out = dS + (size_t)cur * state_floats(cfg);
-            float *d_in = dS + (size_t)(1 - cur) * state_floats(cfg);
+            float *d_out = dS + (size_t)cur * mt_lin_state_floats(cfg);
+            float *d_in = dS + (size_t)(1 - cur) * mt_lin_state_floats(cfg);
             sp.dstate_out = s + 1 < t.per_row ? d_out : NULL;
             sp.dstate_in = s > 0 ? d_in : NULL;
             conv_carry cc = {s + 1 < t.per_row ? tail : NULL, next_ctx, s > 0 ? tail : NULL};

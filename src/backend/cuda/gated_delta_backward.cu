@@ -17,12 +17,6 @@
 #include "gated_delta_chunk.cuh"
 #include "ops.cuh"
 
-static __device__ __forceinline__ float gd_warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 template <int MODE>
 static __global__ void __launch_bounds__(GD_THREADS)
     gd_bwd_prep_kernel(float *W, float *DUL, float *TKP, const bf16 *dout, const bf16 *q, const bf16 *k,

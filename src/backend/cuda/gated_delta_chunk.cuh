@@ -241,6 +241,13 @@ static __device__ void gd_load_chunk(float *Qs, float *Kc, int ldk, gd_stats *st
     }
 }
 
+/* The sum of v over the warp's 32 lanes, in every lane. */
+static __device__ __forceinline__ float gd_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 /* The decay mask Dm_ij: exp(G_i - G_j) for j <= i in the same document, else 0. */
 static __device__ __forceinline__ float gd_dm(const gd_stats *st, int i, int j) {
     return j <= i && st->ds[i] != GD_PAD && st->ds[j] == st->ds[i]

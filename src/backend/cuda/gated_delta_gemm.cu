@@ -96,6 +96,12 @@ static gdg_layout layout_of(float *base, size_t P, gdg_sizes z) {
     return a;
 }
 
+/* The block's threads copy a chunk's scalars (a gd_stats, word by word); the caller syncs. */
+static __device__ __forceinline__ void gdg_copy_stats(gd_stats *dst, const gd_stats *src) {
+    const int *from = (const int *)src, n = (int)(sizeof(gd_stats) / sizeof(int));
+    for (int e = threadIdx.x; e < n; e += blockDim.x) ((int *)dst)[e] = from[e];
+}
+
 /* Per problem: its chunk's scalars (gd_load_chunk), Q scaled, K, V, dO as fp32 rows and S0. */
 static __global__ void __launch_bounds__(GD_THREADS)
     gdg_load_kernel(gdg_layout a, gdg_sizes z, const float *chunk_states, const bf16 *q,
@@ -127,9 +133,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
     __syncthreads();
     float *K = a.K + p * z.q;
     for (int e = threadIdx.x; e < L * Dk; e += blockDim.x) K[e] = Kc[e / Dk * ldk + e % Dk];
-    const int *src = (const int *)st, nw = (int)(sizeof(gd_stats) / sizeof(int));
-    int *dst = (int *)(a.st + p);
-    for (int e = threadIdx.x; e < nw; e += blockDim.x) dst[e] = src[e];
+    gdg_copy_stats(a.st + p, st);
 }
 
 /* R = diag(beta)(V - diag(fe) X) (DUL NULL), or DU = DUL + diag(lam) DR (DUL the prep's P^T dO,
@@ -157,10 +161,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
     __shared__ gd_stats st;
     const int L = GD_L, LDL = GD_LDL, tid = threadIdx.x;
     size_t p = blockIdx.x;
-    {
-        const int *src = (const int *)(a.st + p), n = (int)(sizeof(gd_stats) / sizeof(int));
-        for (int e = tid; e < n; e += blockDim.x) ((int *)&st)[e] = src[e];
-    }
+    gdg_copy_stats(&st, a.st + p);
     __syncthreads();
     const float *KK = a.A + p * z.l2, *QK = a.dP + p * z.l2;
     float *tkp = TKP + p * 3 * L * L;
@@ -186,12 +187,6 @@ static __global__ void __launch_bounds__(GD_THREADS)
     }
 }
 
-static __device__ __forceinline__ float gdg_warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 /* Per problem, between the GEMMs (the chunk kernel's middle): from A' = DR U^T, dP, KD and P,
  * the decays' gradient dG (rows, columns, the scalings' rows, eL's) and dbeta; dv = diag(beta) DR
  * and dg, dbeta written; A' becomes M + M^T (M = diag(beta) dA o Dm, strict lower), dP becomes
@@ -205,10 +200,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
     const int L = GD_L, tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nw = blockDim.x / 32;
     size_t p = blockIdx.x;
     int bh = (int)(p / R), lc = (int)(p % R), b = bh / Hv, vh = bh % Hv;
-    {
-        const int *src = (const int *)(a.st + p), n = (int)(sizeof(gd_stats) / sizeof(int));
-        for (int e = tid; e < n; e += blockDim.x) ((int *)&st)[e] = src[e];
-    }
+    gdg_copy_stats(&st, a.st + p);
     const float *KD = TKP + p * 3 * L * L, *Pm = KD + 2 * L * L;
     float *Ap = a.A + p * z.l2, *dP = a.dP + p * z.l2;
     __syncthreads();
@@ -231,7 +223,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
             rs += W[i][j];
             db -= Ap[i * L + j] * KD[i * L + j];
         }
-        rs = gdg_warp_sum(rs), db = gdg_warp_sum(db);
+        rs = gd_warp_sum(rs), db = gd_warp_sum(db);
         if (lane == 0) dG[i] = rs, dB[i] = db;
     }
     if (tid < L) { /* the columns' (- at G_j) */
@@ -272,7 +264,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
             LQ[o] *= fe;
             LK[o] *= lam;
         }
-        db = gdg_warp_sum(db), xdx = gdg_warp_sum(xdx), q = gdg_warp_sum(q), kk = gdg_warp_sum(kk);
+        db = gd_warp_sum(db), xdx = gd_warp_sum(xdx), q = gd_warp_sum(q), kk = gd_warp_sum(kk);
         if (lane == 0) {
             dB[i] += db;
             dG[i] += fe * q + xdx - lam * kk;
@@ -283,7 +275,7 @@ static __global__ void __launch_bounds__(GD_THREADS)
     const float *S0 = a.S0 + p * z.s, *dS = dstates + p * (size_t)Dk * Dv;
     float sd = 0.0f;
     for (int e = tid; e < Dk * Dv; e += blockDim.x) sd += S0[e] * dS[e];
-    sd = gdg_warp_sum(sd);
+    sd = gd_warp_sum(sd);
     if (lane == 0) red[warp] = sd;
     __syncthreads();
     if (tid == 0) {
